@@ -1,0 +1,4 @@
+//! Switchyard's control plane.
+#![forbid(unsafe_code)]
+
+pub mod store;

@@ -1,0 +1,1 @@
+//! Leader election over any [`super::Store`] (to be written).

@@ -1,0 +1,196 @@
+//! The revisioned key-value store behind the control plane.
+//!
+//! One trait, two backends: [`etcd`] for production (several control planes may share one
+//! cluster) and [`embedded`] for `switchyard dev` and single-machine installs. Both follow
+//! etcd's semantics, which the conformance suite (`tests/store_conformance.rs`) pins down:
+//!
+//! - every write transaction increments one store-wide revision; a key remembers the
+//!   revision that created it, the one that last changed it, and how many times it changed;
+//! - a missing key compares as version/create/mod revision 0 (and never equals any value);
+//! - a watch from revision R delivers every change at R or later, in revision order, all
+//!   changes of one revision in the same batch; asking for history that compaction removed
+//!   yields [`StoreError::Compacted`] as the stream's first item;
+//! - a key written with a lease disappears (as a delete at a new revision) when the lease
+//!   expires or is revoked.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+
+pub mod election;
+pub mod embedded;
+pub mod etcd;
+
+pub type Revision = i64;
+pub type LeaseId = i64;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub create_revision: Revision,
+    pub mod_revision: Revision,
+    /// Number of writes since the key was (re)created; 1 after the first put.
+    pub version: i64,
+    /// 0 when the key has no lease.
+    pub lease: LeaseId,
+}
+
+/// Keys under a prefix, sorted by key, as of `revision`.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    pub kvs: Vec<KeyValue>,
+    pub revision: Revision,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compare {
+    pub key: String,
+    pub op: CompareOp,
+    pub target: CompareTarget,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareOp {
+    Equal,
+    NotEqual,
+    Greater,
+    Less,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompareTarget {
+    Version(i64),
+    CreateRevision(Revision),
+    ModRevision(Revision),
+    Value(Vec<u8>),
+}
+
+impl Compare {
+    /// True when the key does not exist (etcd's `create_revision == 0`).
+    pub fn absent(key: impl Into<String>) -> Self {
+        Self { key: key.into(), op: CompareOp::Equal, target: CompareTarget::CreateRevision(0) }
+    }
+
+    /// True when the key was last written at `revision` (0: the key does not exist).
+    pub fn mod_revision(key: impl Into<String>, revision: Revision) -> Self {
+        Self { key: key.into(), op: CompareOp::Equal, target: CompareTarget::ModRevision(revision) }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxnOp {
+    Put { key: String, value: Vec<u8>, lease: Option<LeaseId> },
+    Delete { key: String },
+    DeletePrefix { prefix: String },
+}
+
+/// If every comparison holds, `success` runs, else `failure`; atomically, at one revision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Txn {
+    pub compare: Vec<Compare>,
+    pub success: Vec<TxnOp>,
+    pub failure: Vec<TxnOp>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxnResult {
+    pub succeeded: bool,
+    /// The store's revision after the transaction.
+    pub revision: Revision,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub kind: EventKind,
+    /// For a delete: the key, with `mod_revision` the revision of the delete and an empty value.
+    pub kv: KeyValue,
+}
+
+/// Changes of one or more whole revisions, in revision order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchBatch {
+    pub events: Vec<WatchEvent>,
+}
+
+/// A live watch. Dropping it cancels the watch.
+pub struct WatchStream {
+    rx: mpsc::Receiver<Result<WatchBatch, StoreError>>,
+}
+
+impl WatchStream {
+    pub fn new(rx: mpsc::Receiver<Result<WatchBatch, StoreError>>) -> Self {
+        Self { rx }
+    }
+
+    /// The next batch; `None` when the watch ended (after an error, or the store closed).
+    pub async fn next(&mut self) -> Option<Result<WatchBatch, StoreError>> {
+        self.rx.recv().await
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("requested revision was compacted; the oldest available is {compact_revision}")]
+    Compacted { compact_revision: Revision },
+    #[error("lease {0:x} not found or expired")]
+    LeaseNotFound(LeaseId),
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("invalid store address {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("store I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
+    async fn list(&self, prefix: &str) -> Result<Listing, StoreError>;
+    /// Returns the revision of the write.
+    async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision, StoreError>;
+    /// Returns whether the key existed.
+    async fn delete(&self, key: &str) -> Result<bool, StoreError>;
+    async fn txn(&self, txn: Txn) -> Result<TxnResult, StoreError>;
+    /// Changes to keys under `prefix` from revision `from` on (0: from now on).
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError>;
+    /// Forgets history before `revision`.
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
+    async fn current_revision(&self) -> Result<Revision, StoreError>;
+    /// The store may round `ttl` up to its minimum (etcd's is a few seconds).
+    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError>;
+    /// Renews the lease to its full TTL and returns that TTL.
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError>;
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError>;
+}
+
+/// Opens the store named by `url`: `etcd://host:port[,host:port…]` or `file://DIR`.
+pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    if let Some(endpoints) = url.strip_prefix("etcd://") {
+        let endpoints: Vec<String> =
+            endpoints.split(',').filter(|e| !e.is_empty()).map(|e| format!("http://{e}")).collect();
+        if endpoints.is_empty() {
+            return Err(StoreError::InvalidUrl { url: url.into(), reason: "no etcd endpoint".into() });
+        }
+        Ok(std::sync::Arc::new(etcd::EtcdStore::connect(&endpoints).await?))
+    } else if let Some(dir) = url.strip_prefix("file://") {
+        if dir.is_empty() {
+            return Err(StoreError::InvalidUrl { url: url.into(), reason: "no directory".into() });
+        }
+        Ok(std::sync::Arc::new(embedded::EmbeddedStore::open(std::path::Path::new(dir)).await?))
+    } else {
+        Err(StoreError::InvalidUrl {
+            url: url.into(),
+            reason: "expected etcd://host:port[,host:port] or file://DIR".into(),
+        })
+    }
+}
