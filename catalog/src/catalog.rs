@@ -1,0 +1,469 @@
+//! The model catalog: what `switchyard apply -f catalog.yaml` declares (DESIGN §2).
+//!
+//! Parsing is strict (`deny_unknown_fields`: a typo fails loudly, naming the field);
+//! [`Catalog::validate`] then checks what serde cannot: references between sections,
+//! uniqueness, ranges.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{CredentialRef, FieldError, ValidationErrors};
+
+pub const STALL_TIMEOUT_MS_DEFAULT: u32 = 30_000;
+pub const STALL_TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 600_000);
+
+/// Event types a webhook may subscribe to (`*`: all of them).
+pub const WEBHOOK_EVENTS: &[&str] = &[
+    "api:model_failover",
+    "breaker.opened",
+    "breaker.half_open",
+    "breaker.closed",
+    "node.disconnected",
+    "*",
+];
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Catalog {
+    #[serde(default)]
+    pub providers: Vec<Provider>,
+    #[serde(default)]
+    pub models: Vec<Model>,
+    #[serde(default)]
+    pub breaker_policy: BreakerPolicy,
+    #[serde(default)]
+    pub webhooks: Vec<Webhook>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    Openai,
+    AzureOpenai,
+    Anthropic,
+    Gemini,
+    OpenaiCompatible,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provider {
+    pub name: String,
+    pub kind: ProviderKind,
+    pub base_url: String,
+    /// Credential references; the first is the primary, the rest are reserves tried on an
+    /// upstream 401/403.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_keys: Vec<CredentialRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    /// The gateway name clients send, e.g. `openai/gpt-5-nano`.
+    pub name: String,
+    pub provider: String,
+    pub upstream_model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_timeout_ms: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<BreakerOverride>,
+}
+
+impl Model {
+    pub fn stall_timeout_ms(&self) -> u32 {
+        self.stall_timeout_ms.unwrap_or(STALL_TIMEOUT_MS_DEFAULT)
+    }
+}
+
+/// US dollars per million tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerPolicy {
+    /// The last N calls counted.
+    pub window_size: u32,
+    /// No opening on fewer calls than this.
+    pub min_requests: u32,
+    pub failure_rate_threshold: f64,
+    pub consecutive_timeouts: u32,
+    /// First open; doubles on each re-open up to `max_cooldown_ms`.
+    pub cooldown_ms: u64,
+    pub max_cooldown_ms: u64,
+    /// Requests admitted while half-open; all must succeed for the breaker to close.
+    pub half_open_probes: u32,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        Self {
+            window_size: 20,
+            min_requests: 10,
+            failure_rate_threshold: 0.5,
+            consecutive_timeouts: 5,
+            cooldown_ms: 30_000,
+            max_cooldown_ms: 300_000,
+            half_open_probes: 1,
+        }
+    }
+}
+
+/// Per-model changes to the global [`BreakerPolicy`]; unset fields inherit it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_requests: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_rate_threshold: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_timeouts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cooldown_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub half_open_probes: Option<u32>,
+}
+
+impl BreakerPolicy {
+    pub fn with_override(self, o: &BreakerOverride) -> Self {
+        Self {
+            window_size: o.window_size.unwrap_or(self.window_size),
+            min_requests: o.min_requests.unwrap_or(self.min_requests),
+            failure_rate_threshold: o.failure_rate_threshold.unwrap_or(self.failure_rate_threshold),
+            consecutive_timeouts: o.consecutive_timeouts.unwrap_or(self.consecutive_timeouts),
+            cooldown_ms: o.cooldown_ms.unwrap_or(self.cooldown_ms),
+            max_cooldown_ms: o.max_cooldown_ms.unwrap_or(self.max_cooldown_ms),
+            half_open_probes: o.half_open_probes.unwrap_or(self.half_open_probes),
+        }
+    }
+
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        let mut check = |ok: bool, field: &str, what: &str| {
+            if !ok {
+                errors.push(FieldError::new(format!("{path}.{field}"), what.to_owned()));
+            }
+        };
+        check((1..=1000).contains(&self.window_size), "window_size", "must be 1–1000");
+        check(
+            self.min_requests >= 1 && self.min_requests <= self.window_size,
+            "min_requests",
+            "must be at least 1 and at most window_size",
+        );
+        check(
+            self.failure_rate_threshold > 0.0 && self.failure_rate_threshold <= 1.0,
+            "failure_rate_threshold",
+            "must be greater than 0 and at most 1",
+        );
+        check(self.consecutive_timeouts >= 1, "consecutive_timeouts", "must be at least 1");
+        check((100..=3_600_000).contains(&self.cooldown_ms), "cooldown_ms", "must be 100–3600000");
+        check(
+            self.max_cooldown_ms >= self.cooldown_ms && self.max_cooldown_ms <= 86_400_000,
+            "max_cooldown_ms",
+            "must be at least cooldown_ms and at most 86400000",
+        );
+        check((1..=100).contains(&self.half_open_probes), "half_open_probes", "must be 1–100");
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Webhook {
+    pub name: String,
+    pub url: String,
+    pub events: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<CredentialRef>,
+    /// Allows private and loopback targets, which are refused otherwise (SSRF guard).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub internal: bool,
+}
+
+impl Catalog {
+    pub fn provider(&self, name: &str) -> Option<&Provider> {
+        self.providers.iter().find(|p| p.name == name)
+    }
+
+    pub fn model(&self, name: &str) -> Option<&Model> {
+        self.models.iter().find(|m| m.name == name)
+    }
+
+    /// Every rule the catalog must meet beyond its shape, each broken one named by path.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut errors = Vec::new();
+        let mut seen = BTreeMap::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            let path = format!("providers[{i}]");
+            name_rule(&p.name, &format!("{path}.name"), &mut seen, &mut errors);
+            if let Err(msg) = http_url(&p.base_url) {
+                errors.push(FieldError::new(format!("{path}.base_url"), msg));
+            }
+            if let Some(region) = &p.region {
+                if region.trim().is_empty() {
+                    errors.push(FieldError::new(format!("{path}.region"), "must not be empty"));
+                }
+            }
+        }
+        seen.clear();
+        for (i, m) in self.models.iter().enumerate() {
+            let path = format!("models[{i}]");
+            name_rule(&m.name, &format!("{path}.name"), &mut seen, &mut errors);
+            if self.provider(&m.provider).is_none() {
+                errors.push(FieldError::new(
+                    format!("{path}.provider"),
+                    format!("unknown provider {:?}: not in providers", m.provider),
+                ));
+            }
+            if m.upstream_model.trim().is_empty() {
+                errors.push(FieldError::new(format!("{path}.upstream_model"), "must not be empty"));
+            }
+            if let Some(price) = &m.price {
+                for (field, v) in [
+                    ("input_per_mtok", price.input_per_mtok),
+                    ("output_per_mtok", price.output_per_mtok),
+                ] {
+                    if !(v.is_finite() && v >= 0.0) {
+                        errors.push(FieldError::new(
+                            format!("{path}.price.{field}"),
+                            "must be a number ≥ 0",
+                        ));
+                    }
+                }
+            }
+            if let Some(stall) = m.stall_timeout_ms {
+                let (lo, hi) = STALL_TIMEOUT_MS_RANGE;
+                if !(lo..=hi).contains(&stall) {
+                    errors.push(FieldError::new(
+                        format!("{path}.stall_timeout_ms"),
+                        format!("must be {lo}–{hi}"),
+                    ));
+                }
+            }
+            if let Some(o) = &m.breaker {
+                self.breaker_policy
+                    .with_override(o)
+                    .validate(&format!("{path}.breaker"), &mut errors);
+            }
+        }
+        self.breaker_policy.validate("breaker_policy", &mut errors);
+        seen.clear();
+        for (i, w) in self.webhooks.iter().enumerate() {
+            let path = format!("webhooks[{i}]");
+            name_rule(&w.name, &format!("{path}.name"), &mut seen, &mut errors);
+            match http_url(&w.url) {
+                Err(msg) => errors.push(FieldError::new(format!("{path}.url"), msg)),
+                Ok(host) if !w.internal && is_private_host(host) => errors.push(FieldError::new(
+                    format!("{path}.url"),
+                    "targets a private or loopback address; set `internal: true` to allow it",
+                )),
+                Ok(_) => {}
+            }
+            if w.events.is_empty() {
+                errors.push(FieldError::new(
+                    format!("{path}.events"),
+                    "must name at least one event",
+                ));
+            }
+            for (j, e) in w.events.iter().enumerate() {
+                if !WEBHOOK_EVENTS.contains(&e.as_str()) {
+                    errors.push(FieldError::new(
+                        format!("{path}.events[{j}]"),
+                        format!(
+                            "unknown event {e:?}; expected one of {}",
+                            WEBHOOK_EVENTS.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        if errors.is_empty() { Ok(()) } else { Err(ValidationErrors(errors)) }
+    }
+
+    /// What applying `new` over `self` changes, one line per resource, in a stable order:
+    /// `+ models/x` added, `- models/x` removed, `~ models/x: price, breaker` changed.
+    pub fn diff(&self, new: &Catalog) -> Vec<String> {
+        let mut changes = Vec::new();
+        section_diff("providers", &self.providers, &new.providers, |p| &p.name, &mut changes);
+        section_diff("models", &self.models, &new.models, |m| &m.name, &mut changes);
+        if self.breaker_policy != new.breaker_policy {
+            let fields = field_changes(&self.breaker_policy, &new.breaker_policy);
+            changes.push(format!("~ breaker_policy: {}", fields.join(", ")));
+        }
+        section_diff("webhooks", &self.webhooks, &new.webhooks, |w| &w.name, &mut changes);
+        changes
+    }
+}
+
+fn name_rule(
+    name: &str,
+    path: &str,
+    seen: &mut BTreeMap<String, String>,
+    errors: &mut Vec<FieldError>,
+) {
+    if name.trim().is_empty() {
+        errors.push(FieldError::new(path, "must not be empty"));
+    } else if let Some(first) = seen.get(name) {
+        errors.push(FieldError::new(path, format!("duplicate name {name:?} (first at {first})")));
+    } else {
+        seen.insert(name.to_owned(), path.to_owned());
+    }
+}
+
+/// Checks that `url` is an absolute http(s) URL and returns its host.
+fn http_url(url: &str) -> Result<&str, String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or_else(|| "must be an http:// or https:// URL".to_owned())?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    if host.is_empty() { Err("has no host".to_owned()) } else { Ok(host) }
+}
+
+/// Loopback, private, link-local and unspecified addresses, and `localhost`. Names that
+/// resolve to such addresses are caught again at delivery time.
+fn is_private_host(host: &str) -> bool {
+    if host.eq_ignore_ascii_case("localhost") || host.ends_with(".localhost") {
+        return true;
+    }
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) => {
+            ip.is_loopback() || ip.is_private() || ip.is_link_local() || ip.is_unspecified()
+        }
+        Ok(IpAddr::V6(ip)) => {
+            ip.is_loopback()
+                || ip.is_unspecified()
+                || (ip.segments()[0] & 0xfe00) == 0xfc00
+                || (ip.segments()[0] & 0xffc0) == 0xfe80
+        }
+        Err(_) => false,
+    }
+}
+
+fn section_diff<T: Serialize + PartialEq>(
+    section: &str,
+    old: &[T],
+    new: &[T],
+    name: impl Fn(&T) -> &String,
+    changes: &mut Vec<String>,
+) {
+    let old_by_name: BTreeMap<_, _> = old.iter().map(|t| (name(t), t)).collect();
+    let new_by_name: BTreeMap<_, _> = new.iter().map(|t| (name(t), t)).collect();
+    for (n, item) in &new_by_name {
+        match old_by_name.get(n) {
+            None => changes.push(format!("+ {section}/{n}")),
+            Some(before) if *before != *item => changes
+                .push(format!("~ {section}/{n}: {}", field_changes(*before, *item).join(", "))),
+            Some(_) => {}
+        }
+    }
+    for n in old_by_name.keys() {
+        if !new_by_name.contains_key(n) {
+            changes.push(format!("- {section}/{n}"));
+        }
+    }
+}
+
+/// Names of the top-level fields whose values differ between two serialisations.
+fn field_changes<T: Serialize>(old: &T, new: &T) -> Vec<String> {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+        (serde_json::to_value(old), serde_json::to_value(new))
+    else {
+        return vec!["value".to_owned()];
+    };
+    let mut fields: Vec<String> =
+        a.keys().chain(b.keys()).filter(|k| a.get(*k) != b.get(*k)).cloned().collect();
+    fields.sort();
+    fields.dedup();
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Catalog {
+        serde_json::from_value(serde_json::json!({
+            "providers": [{"name": "openai", "kind": "openai", "base_url": "https://api.openai.com/v1",
+                           "api_keys": ["env:OPENAI_API_KEY"], "region": "us"}],
+            "models": [{"name": "openai/gpt-5-nano", "provider": "openai", "upstream_model": "gpt-5-nano",
+                        "price": {"input_per_mtok": 0.05, "output_per_mtok": 0.4}}],
+            "webhooks": [{"name": "oncall", "url": "https://hooks.example.com/x", "events": ["api:model_failover"]}]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_valid_catalog_passes() {
+        sample().validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        let err = serde_json::from_value::<Catalog>(serde_json::json!({"modles": []})).unwrap_err();
+        assert!(err.to_string().contains("modles"), "{err}");
+    }
+
+    #[test]
+    fn a_model_naming_an_unknown_provider_is_refused_with_its_path() {
+        let mut c = sample();
+        c.models[0].provider = "nope".into();
+        let err = c.validate().unwrap_err();
+        assert_eq!(err.0[0].path, "models[0].provider");
+    }
+
+    #[test]
+    fn duplicate_names_are_refused() {
+        let mut c = sample();
+        c.models.push(c.models[0].clone());
+        let err = c.validate().unwrap_err();
+        assert_eq!(err.0[0].path, "models[1].name");
+    }
+
+    #[test]
+    fn private_webhook_targets_need_internal() {
+        let mut c = sample();
+        c.webhooks[0].url = "http://127.0.0.1:9000/hook".into();
+        assert_eq!(c.validate().unwrap_err().0[0].path, "webhooks[0].url");
+        c.webhooks[0].internal = true;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn diff_lists_added_changed_and_removed_resources() {
+        let old = sample();
+        let mut new = sample();
+        new.models[0].price = None;
+        new.providers[0].region = Some("eu".into());
+        new.webhooks.clear();
+        new.breaker_policy.cooldown_ms = 1000;
+        assert_eq!(
+            old.diff(&new),
+            [
+                "~ providers/openai: region",
+                "~ models/openai/gpt-5-nano: price",
+                "~ breaker_policy: cooldown_ms",
+                "- webhooks/oncall"
+            ]
+        );
+        assert!(old.diff(&old).is_empty());
+    }
+}

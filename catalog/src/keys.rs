@@ -1,0 +1,244 @@
+//! API keys and their `failoverDefaults` (DESIGN §1 "Admin defaults", §2).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::{FieldError, ValidationErrors};
+
+/// The most distinct models a chain may hold (DESIGN §1).
+pub const MAX_CHAIN_MODELS: usize = 3;
+pub const TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 300_000);
+pub const FIRST_TOKEN_TIMEOUT_MS_RANGE: (u32, u32) = (500, 60_000);
+/// The prefix of every key secret, so a leaked key is recognisable (and greppable).
+pub const SECRET_PREFIX: &str = "sy-";
+
+/// Why an attempt failed, in the spec's words; the values of `redundancy.on`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailoverReason {
+    ConnectionError,
+    ServerError,
+    RateLimit,
+    Timeout,
+}
+
+impl FailoverReason {
+    pub const ALL: [FailoverReason; 4] =
+        [Self::ConnectionError, Self::ServerError, Self::RateLimit, Self::Timeout];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConnectionError => "connection_error",
+            Self::ServerError => "server_error",
+            Self::RateLimit => "rate_limit",
+            Self::Timeout => "timeout",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyStatus {
+    Active,
+    Revoked,
+}
+
+impl KeyStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Revoked => "revoked",
+        }
+    }
+}
+
+/// A key's default chain and options, applied when a request names only `model`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailoverDefaults {
+    pub models: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_timeout_ms: Option<u32>,
+    /// `None`: all four triggers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<Vec<FailoverReason>>,
+}
+
+impl FailoverDefaults {
+    /// Normalises defaults as an admin saves them: duplicates dropped (first kept), more than
+    /// three distinct or unknown models refused, timeouts clamped into range. Returns the
+    /// saved value and a warning for each clamp, so the admin learns what was stored.
+    pub fn normalize(
+        self,
+        model_exists: impl Fn(&str) -> bool,
+    ) -> Result<(Self, Vec<String>), ValidationErrors> {
+        let mut errors = Vec::new();
+        let mut warnings = Vec::new();
+        let models = dedup(self.models);
+        if models.is_empty() {
+            errors.push(FieldError::new("failoverDefaults.models", "must name 1 to 3 models"));
+        } else if models.len() > MAX_CHAIN_MODELS {
+            errors.push(FieldError::new(
+                "failoverDefaults.models",
+                format!("at most {MAX_CHAIN_MODELS} distinct models, got {}", models.len()),
+            ));
+        }
+        for (i, model) in models.iter().enumerate() {
+            if !model_exists(model) {
+                errors.push(FieldError::new(
+                    format!("failoverDefaults.models[{i}]"),
+                    format!("unknown model {model:?}: not in the catalog"),
+                ));
+            }
+        }
+        let timeout_ms = self
+            .timeout_ms
+            .map(|v| clamp("failoverDefaults.timeout_ms", v, TIMEOUT_MS_RANGE, &mut warnings));
+        let first_token_timeout_ms = self.first_token_timeout_ms.map(|v| {
+            clamp(
+                "failoverDefaults.first_token_timeout_ms",
+                v,
+                FIRST_TOKEN_TIMEOUT_MS_RANGE,
+                &mut warnings,
+            )
+        });
+        let on = self.on.map(|mut on| {
+            on.sort();
+            on.dedup();
+            on
+        });
+        let on = match on {
+            Some(on) if on.is_empty() || on.len() == FailoverReason::ALL.len() => None,
+            other => other,
+        };
+        if errors.is_empty() {
+            Ok((Self { models, timeout_ms, first_token_timeout_ms, on }, warnings))
+        } else {
+            Err(ValidationErrors(errors))
+        }
+    }
+}
+
+fn clamp(field: &str, value: u32, (lo, hi): (u32, u32), warnings: &mut Vec<String>) -> u32 {
+    let clamped = value.clamp(lo, hi);
+    if clamped != value {
+        warnings.push(format!("{field}: {value} is outside {lo}–{hi}, saved as {clamped}"));
+    }
+    clamped
+}
+
+/// Drops repeated entries, keeping the first occurrence (DESIGN §1).
+pub fn dedup(items: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(items.len());
+    for item in items {
+        if !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    out
+}
+
+/// An API key as stored: the secret itself is never kept, only its SHA-256.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApiKeyRecord {
+    pub id: String,
+    pub name: String,
+    pub created_unix_ms: i64,
+    #[serde(default)]
+    pub updated_unix_ms: i64,
+    pub status: KeyStatus,
+    /// Lower-case hex SHA-256 of the whole secret string.
+    pub secret_sha256: String,
+    /// The secret's last four characters, to tell keys apart in listings.
+    pub secret_hint: String,
+    #[serde(default, rename = "failoverDefaults", skip_serializing_if = "Option::is_none")]
+    pub failover_defaults: Option<FailoverDefaults>,
+    /// Empty: every model in the catalog.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_models: Vec<String>,
+    /// Empty: every region.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_regions: Vec<String>,
+}
+
+impl ApiKeyRecord {
+    pub fn is_active(&self) -> bool {
+        self.status == KeyStatus::Active
+    }
+}
+
+/// Hex SHA-256 of a key secret, the form in which keys are stored and looked up.
+pub fn hash_secret(secret: &str) -> String {
+    let digest = Sha256::digest(secret.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for byte in digest {
+        hex.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
+        hex.push(char::from(b"0123456789abcdef"[usize::from(byte & 0xf)]));
+    }
+    hex
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(m: &str) -> bool {
+        ["a", "b", "c", "d"].contains(&m)
+    }
+
+    #[test]
+    fn defaults_drop_duplicates_before_counting() {
+        let d = FailoverDefaults {
+            models: vec!["a".into(), "b".into(), "a".into(), "c".into()],
+            ..Default::default()
+        };
+        let (saved, warnings) = d.normalize(known).unwrap();
+        assert_eq!(saved.models, ["a", "b", "c"]);
+        assert!(warnings.is_empty());
+    }
+
+    #[test]
+    fn defaults_refuse_more_than_three_distinct_models() {
+        let d = FailoverDefaults {
+            models: ["a", "b", "c", "d"].map(String::from).to_vec(),
+            ..Default::default()
+        };
+        let err = d.normalize(known).unwrap_err();
+        assert_eq!(err.0[0].path, "failoverDefaults.models");
+    }
+
+    #[test]
+    fn defaults_refuse_unknown_models_naming_them() {
+        let d = FailoverDefaults { models: vec!["a".into(), "zz".into()], ..Default::default() };
+        let err = d.normalize(known).unwrap_err();
+        assert_eq!(err.0[0].path, "failoverDefaults.models[1]");
+        assert!(err.0[0].message.contains("\"zz\""));
+    }
+
+    #[test]
+    fn defaults_clamp_timeouts_into_range_with_a_warning() {
+        let d = FailoverDefaults {
+            models: vec!["a".into()],
+            timeout_ms: Some(999_999),
+            first_token_timeout_ms: Some(10),
+            on: None,
+        };
+        let (saved, warnings) = d.normalize(known).unwrap();
+        assert_eq!(saved.timeout_ms, Some(300_000));
+        assert_eq!(saved.first_token_timeout_ms, Some(500));
+        assert_eq!(warnings.len(), 2);
+    }
+
+    #[test]
+    fn hash_is_hex_sha256() {
+        assert_eq!(
+            hash_secret("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}
