@@ -1,4 +1,11 @@
-//! Switchyard's control plane.
+//! Switchyard's control plane: keeps keys and the catalog in the store, serves the admin
+//! API, and streams config to data-plane nodes.
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod auth;
+pub mod fanout;
+pub mod layout;
+pub mod nodes;
+pub mod server;
 pub mod store;

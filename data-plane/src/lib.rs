@@ -1,1 +1,10 @@
+//! Switchyard's data-plane node: applies config streamed from the control plane and
+//! serves the HTTP API.
+#![forbid(unsafe_code)]
 
+pub mod config;
+pub mod http;
+pub mod node;
+pub mod persist;
+pub mod state;
+pub mod sync;

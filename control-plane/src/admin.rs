@@ -1,0 +1,448 @@
+//! The admin API (`switchyard.admin.v1.Admin`): catalog and API keys in the store, the
+//! fleet as the nodes' presence records show it.
+//!
+//! Every write is a compare-and-swap on the revision that was read, so two admins (or two
+//! replicas) racing on one resource never lose an update silently: the loser gets `Aborted`.
+
+use std::sync::Arc;
+
+use rand::Rng;
+use tonic::{Request, Response, Status};
+use tracing::info;
+
+use switchyard_catalog::keys::{SECRET_PREFIX, hash_secret};
+use switchyard_catalog::{
+    ApiKeyRecord, Catalog, FailoverDefaults, FailoverReason, FieldError, KeyStatus,
+    ValidationErrors,
+};
+use switchyard_proto::admin::v1::{self as pb, admin_server::Admin};
+
+use crate::fanout::ConfigCache;
+use crate::layout::Layout;
+use crate::nodes::{NodeRecord, now_ms};
+use crate::store::{Compare, KeyValue, Revision, Store, StoreError, Txn, TxnOp};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("{0}")]
+    Invalid(#[from] ValidationErrors),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("stored {what} is unreadable: {reason}")]
+    Corrupt { what: String, reason: String },
+}
+
+impl From<AdminError> for Status {
+    fn from(e: AdminError) -> Self {
+        let message = e.to_string();
+        match e {
+            AdminError::Invalid(_) => Status::invalid_argument(message),
+            AdminError::NotFound(_) => Status::not_found(message),
+            AdminError::Conflict(_) => Status::aborted(message),
+            AdminError::FailedPrecondition(_) => Status::failed_precondition(message),
+            AdminError::Store(_) => Status::unavailable(message),
+            AdminError::Corrupt { .. } => Status::internal(message),
+        }
+    }
+}
+
+fn invalid(path: &str, message: impl Into<String>) -> AdminError {
+    AdminError::Invalid(ValidationErrors(vec![FieldError::new(path, message)]))
+}
+
+pub struct AdminService {
+    pub store: Arc<dyn Store>,
+    pub layout: Layout,
+    pub cache: Arc<ConfigCache>,
+}
+
+// === impl AdminService ===
+
+impl AdminService {
+    async fn load_catalog(&self) -> Result<(Catalog, Revision), AdminError> {
+        match self.store.get(&self.layout.catalog()).await? {
+            None => Ok((Catalog::default(), 0)),
+            Some(kv) => Ok((decode(&kv.value, "catalog")?, kv.mod_revision)),
+        }
+    }
+
+    async fn load_key(&self, id: &str) -> Result<(ApiKeyRecord, Revision), AdminError> {
+        if id.is_empty() {
+            return Err(invalid("id", "must not be empty"));
+        }
+        let kv = self
+            .store
+            .get(&self.layout.key(id))
+            .await?
+            .ok_or_else(|| AdminError::NotFound(format!("no API key with id {id:?}")))?;
+        Ok((decode(&kv.value, "API key")?, kv.mod_revision))
+    }
+
+    /// Stores `record` if the key is still at `expected` (0: does not exist yet).
+    async fn save_key(
+        &self,
+        record: &ApiKeyRecord,
+        expected: Revision,
+    ) -> Result<Revision, AdminError> {
+        let key = self.layout.key(&record.id);
+        let value = serde_json::to_vec(record)
+            .map_err(|e| AdminError::Corrupt { what: "API key".into(), reason: e.to_string() })?;
+        let result = self
+            .store
+            .txn(Txn {
+                compare: vec![Compare::mod_revision(key.clone(), expected)],
+                success: vec![TxnOp::Put { key, value, lease: None }],
+                failure: vec![],
+            })
+            .await?;
+        if result.succeeded {
+            Ok(result.revision)
+        } else {
+            Err(AdminError::Conflict(format!(
+                "API key {} changed while this request ran; try again",
+                record.id
+            )))
+        }
+    }
+
+    /// Checks a key's defaults and allow-lists against the catalog.
+    async fn check_key_settings(
+        &self,
+        defaults: Option<pb::FailoverDefaults>,
+        allowed_models: &[String],
+        allowed_regions: &[String],
+    ) -> Result<(Option<FailoverDefaults>, Vec<String>), AdminError> {
+        let (catalog, _) = self.load_catalog().await?;
+        let mut errors = Vec::new();
+        for (i, model) in allowed_models.iter().enumerate() {
+            if catalog.model(model).is_none() {
+                errors.push(FieldError::new(
+                    format!("allowed_models[{i}]"),
+                    format!("unknown model {model:?}: not in the catalog"),
+                ));
+            }
+        }
+        for (i, region) in allowed_regions.iter().enumerate() {
+            if region.trim().is_empty() {
+                errors.push(FieldError::new(format!("allowed_regions[{i}]"), "must not be empty"));
+            }
+        }
+        let normalized = match defaults {
+            None => None,
+            Some(d) => match defaults_from_pb(d) {
+                Err(e) => {
+                    errors.extend(e.0);
+                    None
+                }
+                Ok(d) => match d.normalize(|m| catalog.model(m).is_some()) {
+                    Ok(ok) => Some(ok),
+                    Err(e) => {
+                        errors.extend(e.0);
+                        None
+                    }
+                },
+            },
+        };
+        if !errors.is_empty() {
+            return Err(ValidationErrors(errors).into());
+        }
+        Ok(match normalized {
+            Some((d, warnings)) => (Some(d), warnings),
+            None => (None, Vec::new()),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn apply_catalog(
+        &self,
+        request: Request<pb::ApplyCatalogRequest>,
+    ) -> Result<Response<pb::ApplyCatalogResponse>, Status> {
+        let request = request.into_inner();
+        let deserializer = &mut serde_json::Deserializer::from_str(&request.catalog_json);
+        let new: Catalog = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            AdminError::from(ValidationErrors(vec![FieldError::new(
+                path,
+                e.into_inner().to_string(),
+            )]))
+        })?;
+        new.validate().map_err(AdminError::from)?;
+        let (old, old_rev) = self.load_catalog().await?;
+        let changes = old.diff(&new);
+        if request.dry_run || changes.is_empty() {
+            return Ok(Response::new(pb::ApplyCatalogResponse {
+                changes,
+                applied: false,
+                version: 0,
+            }));
+        }
+        let key = self.layout.catalog();
+        let value = serde_json::to_vec(&new)
+            .map_err(|e| AdminError::Corrupt { what: "catalog".into(), reason: e.to_string() })?;
+        let result = self
+            .store
+            .txn(Txn {
+                compare: vec![Compare::mod_revision(key.clone(), old_rev)],
+                success: vec![TxnOp::Put { key, value, lease: None }],
+                failure: vec![],
+            })
+            .await
+            .map_err(AdminError::from)?;
+        if !result.succeeded {
+            return Err(AdminError::Conflict(
+                "the catalog changed while this apply ran; nothing was applied, try again".into(),
+            )
+            .into());
+        }
+        info!(version = result.revision, changes = changes.len(), "catalog applied");
+        Ok(Response::new(pb::ApplyCatalogResponse {
+            changes,
+            applied: true,
+            version: result.revision,
+        }))
+    }
+
+    async fn get_catalog(
+        &self,
+        _request: Request<pb::GetCatalogRequest>,
+    ) -> Result<Response<pb::GetCatalogResponse>, Status> {
+        let (catalog, version) = self.load_catalog().await?;
+        let catalog_json = serde_json::to_string(&catalog)
+            .map_err(|e| AdminError::Corrupt { what: "catalog".into(), reason: e.to_string() })?;
+        Ok(Response::new(pb::GetCatalogResponse { catalog_json, version }))
+    }
+
+    async fn create_key(
+        &self,
+        request: Request<pb::CreateKeyRequest>,
+    ) -> Result<Response<pb::KeySecretResponse>, Status> {
+        let request = request.into_inner();
+        let name = request.name.trim().to_owned();
+        if name.is_empty() {
+            return Err(invalid("name", "must not be empty").into());
+        }
+        let (failover_defaults, warnings) = self
+            .check_key_settings(
+                request.failover_defaults,
+                &request.allowed_models,
+                &request.allowed_regions,
+            )
+            .await?;
+        let secret = new_secret();
+        let now = now_ms();
+        let record = ApiKeyRecord {
+            id: new_key_id(),
+            name,
+            created_unix_ms: now,
+            updated_unix_ms: now,
+            status: KeyStatus::Active,
+            secret_sha256: hash_secret(&secret),
+            secret_hint: hint(&secret),
+            failover_defaults,
+            allowed_models: request.allowed_models,
+            allowed_regions: request.allowed_regions,
+        };
+        let version = self.save_key(&record, 0).await?;
+        info!(key = %record.id, "API key created");
+        Ok(Response::new(pb::KeySecretResponse {
+            key: Some(key_to_pb(&record)),
+            secret,
+            warnings,
+            version,
+        }))
+    }
+
+    async fn list_keys(
+        &self,
+        _request: Request<pb::ListKeysRequest>,
+    ) -> Result<Response<pb::ListKeysResponse>, Status> {
+        let listing =
+            self.store.list(&self.layout.keys_prefix()).await.map_err(AdminError::from)?;
+        let keys = listing
+            .kvs
+            .iter()
+            .map(|kv: &KeyValue| {
+                decode::<ApiKeyRecord>(&kv.value, "API key").map(|r| key_to_pb(&r))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Response::new(pb::ListKeysResponse { keys }))
+    }
+
+    async fn get_key(
+        &self,
+        request: Request<pb::KeyIdRequest>,
+    ) -> Result<Response<pb::KeyResponse>, Status> {
+        let (record, _) = self.load_key(&request.into_inner().id).await?;
+        Ok(Response::new(pb::KeyResponse {
+            key: Some(key_to_pb(&record)),
+            warnings: vec![],
+            version: 0,
+        }))
+    }
+
+    async fn revoke_key(
+        &self,
+        request: Request<pb::KeyIdRequest>,
+    ) -> Result<Response<pb::KeyResponse>, Status> {
+        let (mut record, rev) = self.load_key(&request.into_inner().id).await?;
+        if record.status == KeyStatus::Revoked {
+            return Ok(Response::new(pb::KeyResponse {
+                key: Some(key_to_pb(&record)),
+                warnings: vec!["key was already revoked".into()],
+                version: 0,
+            }));
+        }
+        record.status = KeyStatus::Revoked;
+        record.updated_unix_ms = now_ms();
+        let version = self.save_key(&record, rev).await?;
+        info!(key = %record.id, "API key revoked");
+        Ok(Response::new(pb::KeyResponse {
+            key: Some(key_to_pb(&record)),
+            warnings: vec![],
+            version,
+        }))
+    }
+
+    async fn rotate_key(
+        &self,
+        request: Request<pb::KeyIdRequest>,
+    ) -> Result<Response<pb::KeySecretResponse>, Status> {
+        let (mut record, rev) = self.load_key(&request.into_inner().id).await?;
+        if record.status == KeyStatus::Revoked {
+            return Err(AdminError::FailedPrecondition(format!(
+                "API key {} is revoked; create a new key instead",
+                record.id
+            ))
+            .into());
+        }
+        let secret = new_secret();
+        record.secret_sha256 = hash_secret(&secret);
+        record.secret_hint = hint(&secret);
+        record.updated_unix_ms = now_ms();
+        let version = self.save_key(&record, rev).await?;
+        info!(key = %record.id, "API key rotated");
+        Ok(Response::new(pb::KeySecretResponse {
+            key: Some(key_to_pb(&record)),
+            secret,
+            warnings: vec![],
+            version,
+        }))
+    }
+
+    async fn set_key_defaults(
+        &self,
+        request: Request<pb::SetKeyDefaultsRequest>,
+    ) -> Result<Response<pb::KeyResponse>, Status> {
+        let request = request.into_inner();
+        let (mut record, rev) = self.load_key(&request.id).await?;
+        let (defaults, warnings) =
+            self.check_key_settings(request.failover_defaults, &[], &[]).await?;
+        record.failover_defaults = defaults;
+        record.updated_unix_ms = now_ms();
+        let version = self.save_key(&record, rev).await?;
+        info!(key = %record.id, "API key defaults set");
+        Ok(Response::new(pb::KeyResponse { key: Some(key_to_pb(&record)), warnings, version }))
+    }
+
+    async fn list_nodes(
+        &self,
+        _request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let listing =
+            self.store.list(&self.layout.nodes_prefix()).await.map_err(AdminError::from)?;
+        let config_version = self.cache.latest_change();
+        let nodes = listing
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<NodeRecord>(&kv.value).ok())
+            .map(|n| pb::Node {
+                lag: (config_version - n.applied_version).max(0),
+                node_id: n.node_id,
+                listen_address: n.listen_address,
+                applied_version: n.applied_version,
+                last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
+                control_plane: n.control_plane,
+                software_version: n.software_version,
+                connected_unix_ms: n.connected_unix_ms,
+            })
+            .collect();
+        Ok(Response::new(pb::ListNodesResponse { nodes, config_version }))
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, AdminError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| AdminError::Corrupt { what: what.into(), reason: e.to_string() })
+}
+
+fn defaults_from_pb(d: pb::FailoverDefaults) -> Result<FailoverDefaults, ValidationErrors> {
+    let mut errors = Vec::new();
+    let mut on = Vec::new();
+    for (i, text) in d.on.iter().enumerate() {
+        match FailoverReason::parse(text) {
+            Some(reason) => on.push(reason),
+            None => errors.push(FieldError::new(
+                format!("failoverDefaults.on[{i}]"),
+                format!(
+                    "unknown trigger {text:?}; expected connection_error, server_error, rate_limit or timeout"
+                ),
+            )),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ValidationErrors(errors));
+    }
+    Ok(FailoverDefaults {
+        models: d.models,
+        timeout_ms: d.timeout_ms,
+        first_token_timeout_ms: d.first_token_timeout_ms,
+        on: if on.is_empty() { None } else { Some(on) },
+    })
+}
+
+pub fn key_to_pb(r: &ApiKeyRecord) -> pb::ApiKey {
+    pb::ApiKey {
+        id: r.id.clone(),
+        name: r.name.clone(),
+        created_unix_ms: r.created_unix_ms,
+        updated_unix_ms: r.updated_unix_ms,
+        status: r.status.as_str().to_owned(),
+        secret_hint: r.secret_hint.clone(),
+        failover_defaults: r.failover_defaults.as_ref().map(|d| pb::FailoverDefaults {
+            models: d.models.clone(),
+            timeout_ms: d.timeout_ms,
+            first_token_timeout_ms: d.first_token_timeout_ms,
+            on: d.on.iter().flatten().map(|r| r.as_str().to_owned()).collect(),
+        }),
+        allowed_models: r.allowed_models.clone(),
+        allowed_regions: r.allowed_regions.clone(),
+    }
+}
+
+const ALPHANUMERIC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+fn random_text(len: usize) -> String {
+    let mut rng = rand::rng();
+    (0..len).map(|_| char::from(ALPHANUMERIC[rng.random_range(0..ALPHANUMERIC.len())])).collect()
+}
+
+/// `sy-` and 40 alphanumerics: about 238 bits from the OS-seeded CSPRNG.
+fn new_secret() -> String {
+    format!("{SECRET_PREFIX}{}", random_text(40))
+}
+
+fn new_key_id() -> String {
+    format!("key_{}", random_text(16).to_ascii_lowercase())
+}
+
+fn hint(secret: &str) -> String {
+    secret.chars().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect()
+}

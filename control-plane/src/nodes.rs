@@ -1,0 +1,292 @@
+//! Node streams: `NodeControl.Connect`, and node presence in the store.
+//!
+//! Each connected node gets a starting point from the [`ConfigCache`] and then every
+//! update, plus a ping when nothing else was sent for a while. A stream ends when the node
+//! goes quiet for longer than [`IDLE_LIMIT`] or reaches its maximum lifetime (so that nodes
+//! spread over replicas again after one comes back).
+//!
+//! Presence: while a node is connected this replica keeps `nodes/<id>` in the store,
+//! attached to the replica's lease, so that any replica can list the whole fleet and a
+//! crashed replica's nodes vanish when its lease expires.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::Stream;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, mpsc};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use switchyard_proto::node::v1::{
+    self as pb, control_message, node_control_server::NodeControl, node_message,
+};
+
+use crate::auth::TokenCheck;
+use crate::fanout::{ConfigCache, ConfigUpdate, Start};
+use crate::layout::Layout;
+use crate::store::{Compare, LeaseId, Revision, Store, Txn, TxnOp};
+
+pub const PING_INTERVAL: Duration = Duration::from_secs(2);
+/// A node that sends nothing (it heartbeats every 2 s) for this long is considered gone.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(10);
+/// Streams end after this long (±20 %), so nodes rebalance across replicas.
+pub const MAX_LIFETIME: Duration = Duration::from_secs(15 * 60);
+/// Presence records are rewritten at most this often unless the applied version changed.
+const PRESENCE_REFRESH: Duration = Duration::from_secs(5);
+/// Resources per snapshot chunk, keeping each message far below gRPC's 4 MiB default.
+const SNAPSHOT_CHUNK: usize = 500;
+
+/// What `switchyard nodes` shows, as stored under `nodes/<id>`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub node_id: String,
+    pub listen_address: String,
+    pub applied_version: Revision,
+    pub last_heartbeat_unix_ms: i64,
+    pub connected_unix_ms: i64,
+    pub control_plane: String,
+    #[serde(default)]
+    pub software_version: String,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+pub struct NodeShared {
+    pub cache: Arc<ConfigCache>,
+    pub store: Arc<dyn Store>,
+    pub layout: Layout,
+    pub lease: LeaseId,
+    /// This replica's address, shown in `switchyard nodes`.
+    pub control_plane: String,
+    pub join: TokenCheck,
+}
+
+/// The `NodeControl` gRPC service; each stream runs as a task over the shared state.
+pub struct NodeService(pub Arc<NodeShared>);
+
+type ControlStream = Pin<Box<dyn Stream<Item = Result<pb::ControlMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl NodeControl for NodeService {
+    type ConnectStream = ControlStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::NodeMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        self.0.join.check_node(&request)?;
+        let mut inbound = request.into_inner();
+        let hello = match tokio::time::timeout(IDLE_LIMIT, inbound.message()).await {
+            Ok(Ok(Some(pb::NodeMessage { msg: Some(node_message::Msg::Hello(hello)) }))) => hello,
+            Ok(Ok(_)) => return Err(Status::invalid_argument("the first message must be Hello")),
+            Ok(Err(status)) => return Err(status),
+            Err(_) => return Err(Status::deadline_exceeded("no Hello within the idle limit")),
+        };
+        if hello.node_id.is_empty() {
+            return Err(Status::invalid_argument("Hello.node_id must not be empty"));
+        }
+        self.0.cache.wait_ready().await;
+        let (tx, rx) = mpsc::channel(64);
+        let service = Arc::clone(&self.0);
+        tokio::spawn(async move { service.serve_node(hello, inbound, tx).await });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+impl NodeShared {
+    async fn serve_node(
+        self: Arc<Self>,
+        hello: pb::Hello,
+        mut inbound: Streaming<pb::NodeMessage>,
+        tx: mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    ) {
+        let node_id = hello.node_id.clone();
+        info!(node = %node_id, version = hello.last_applied_version, "node connected");
+        let connected = now_ms();
+        let mut record = NodeRecord {
+            node_id: node_id.clone(),
+            listen_address: hello.listen_address.clone(),
+            applied_version: hello.last_applied_version,
+            last_heartbeat_unix_ms: connected,
+            connected_unix_ms: connected,
+            control_plane: self.control_plane.clone(),
+            software_version: hello.software_version.clone(),
+        };
+        let mut presence_rev = self.write_presence(&record).await;
+        let mut last_presence = tokio::time::Instant::now();
+
+        let (start, mut updates) = self.cache.subscribe(hello.last_applied_version);
+        let mut sent_version = hello.last_applied_version;
+        if !send_start(&tx, start, &mut sent_version).await {
+            return self.forget(&node_id, presence_rev).await;
+        }
+
+        let lifetime = MAX_LIFETIME.mul_f64(0.8 + 0.4 * rand::random::<f64>());
+        let end_of_life = tokio::time::sleep(lifetime);
+        tokio::pin!(end_of_life);
+        let mut ping = tokio::time::interval(PING_INTERVAL);
+        let mut idle_deadline = tokio::time::Instant::now() + IDLE_LIMIT;
+        loop {
+            tokio::select! {
+                update = updates.recv() => match update {
+                    Ok(update) => {
+                        if update.version > sent_version && !send_update(&tx, &update, &mut sent_version).await {
+                            break;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        warn!(node = %node_id, missed = n, "node stream lagged; resyncing");
+                        if !send_start(&tx, self.cache.resync(sent_version), &mut sent_version).await {
+                            break;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                message = inbound.message() => match message {
+                    Ok(Some(message)) => {
+                        idle_deadline = tokio::time::Instant::now() + IDLE_LIMIT;
+                        let changed = self.on_message(&node_id, message, &mut record);
+                        if changed || last_presence.elapsed() >= PRESENCE_REFRESH {
+                            record.last_heartbeat_unix_ms = now_ms();
+                            presence_rev = self.write_presence(&record).await;
+                            last_presence = tokio::time::Instant::now();
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        debug!(node = %node_id, %status, "node stream error");
+                        break;
+                    }
+                },
+                _ = ping.tick() => {
+                    let ping = pb::Ping { config_version: self.cache.revision() };
+                    let msg = pb::ControlMessage { msg: Some(control_message::Msg::Ping(ping)) };
+                    if tx.send(Ok(msg)).await.is_err() {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep_until(idle_deadline) => {
+                    warn!(node = %node_id, "node went quiet; closing its stream");
+                    break;
+                }
+                _ = &mut end_of_life => {
+                    debug!(node = %node_id, "stream reached its lifetime; asking the node to reconnect");
+                    let _ = tx.send(Err(Status::unavailable("stream lifetime reached; reconnect"))).await;
+                    break;
+                }
+            }
+        }
+        self.forget(&node_id, presence_rev).await;
+        info!(node = %node_id, "node disconnected");
+    }
+
+    /// Returns whether the node's applied version changed.
+    fn on_message(&self, node_id: &str, message: pb::NodeMessage, record: &mut NodeRecord) -> bool {
+        let before = record.applied_version;
+        match message.msg {
+            Some(node_message::Msg::Ack(ack)) => {
+                record.applied_version = record.applied_version.max(ack.version);
+            }
+            Some(node_message::Msg::Nack(nack)) => {
+                warn!(node = %node_id, version = nack.version, error = %nack.error, "node rejected config");
+            }
+            Some(node_message::Msg::Heartbeat(hb)) => {
+                record.applied_version = record.applied_version.max(hb.applied_version);
+            }
+            Some(node_message::Msg::Hello(_)) | None => {}
+        }
+        record.applied_version != before
+    }
+
+    /// Writes the presence record; returns its revision (0 when the write failed).
+    async fn write_presence(&self, record: &NodeRecord) -> Revision {
+        let value = match serde_json::to_vec(record) {
+            Ok(v) => v,
+            Err(_) => return 0,
+        };
+        match self.store.put(&self.layout.node(&record.node_id), value, Some(self.lease)).await {
+            Ok(rev) => rev,
+            Err(e) => {
+                warn!(node = %record.node_id, error = %e, "could not record node presence");
+                0
+            }
+        }
+    }
+
+    /// Removes the presence record, unless the node has meanwhile connected elsewhere
+    /// (another replica's write changed the record's revision).
+    async fn forget(&self, node_id: &str, presence_rev: Revision) {
+        if presence_rev == 0 {
+            return;
+        }
+        let key = self.layout.node(node_id);
+        let txn = Txn {
+            compare: vec![Compare::mod_revision(key.clone(), presence_rev)],
+            success: vec![TxnOp::Delete { key }],
+            failure: vec![],
+        };
+        if let Err(e) = self.store.txn(txn).await {
+            warn!(node = %node_id, error = %e, "could not remove node presence");
+        }
+    }
+}
+
+async fn send_start(
+    tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    start: Start,
+    sent_version: &mut Revision,
+) -> bool {
+    match start {
+        Start::UpToDate => true,
+        Start::Delta(update) => send_update(tx, &update, sent_version).await,
+        Start::Snapshot { version, resources } => {
+            let mut chunks: Vec<Vec<pb::Resource>> = resources
+                .chunks(SNAPSHOT_CHUNK)
+                .map(|chunk| chunk.iter().map(|(n, v)| resource(n, v)).collect())
+                .collect();
+            if chunks.is_empty() {
+                chunks.push(Vec::new());
+            }
+            let count = chunks.len();
+            for (i, resources) in chunks.into_iter().enumerate() {
+                let snapshot = pb::Snapshot { version, resources, last: i + 1 == count };
+                let msg =
+                    pb::ControlMessage { msg: Some(control_message::Msg::Snapshot(snapshot)) };
+                if tx.send(Ok(msg)).await.is_err() {
+                    return false;
+                }
+            }
+            *sent_version = version;
+            true
+        }
+    }
+}
+
+async fn send_update(
+    tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    update: &ConfigUpdate,
+    sent_version: &mut Revision,
+) -> bool {
+    let msg = pb::Update {
+        version: update.version,
+        upserts: update.upserts.iter().map(|(n, v)| resource(n, v)).collect(),
+        deletes: update.deletes.clone(),
+    };
+    *sent_version = update.version;
+    tx.send(Ok(pb::ControlMessage { msg: Some(control_message::Msg::Update(msg)) })).await.is_ok()
+}
+
+fn resource(name: &str, value: &[u8]) -> pb::Resource {
+    pb::Resource { name: name.to_owned(), value: value.to_vec() }
+}
+
+/// Whether a peer address is loopback, for control planes that run without a join token.
+pub fn is_loopback(addr: Option<SocketAddr>) -> bool {
+    addr.is_some_and(|a| a.ip().is_loopback())
+}

@@ -1,0 +1,215 @@
+//! The node's config: an immutable snapshot, built from the control plane's resources and
+//! swapped in whole. Requests read it without taking a lock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use switchyard_catalog::{ApiKeyRecord, Catalog};
+
+/// Resource names, as the control plane sends them.
+const CATALOG: &str = "catalog";
+const KEYS: &str = "keys/";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("resource {name}: {reason}")]
+    Invalid { name: String, reason: String },
+}
+
+/// One applied config version.
+#[derive(Clone, Debug, Default)]
+pub struct NodeConfig {
+    /// The store revision this config reflects.
+    pub version: i64,
+    pub catalog: Arc<Catalog>,
+    /// By key id.
+    pub keys: HashMap<String, Arc<ApiKeyRecord>>,
+    /// By hex SHA-256 of the secret: the lookup each request makes.
+    pub keys_by_hash: HashMap<String, Arc<ApiKeyRecord>>,
+}
+
+/// A change to apply: a full snapshot replaces everything, an update patches.
+pub enum Change {
+    Snapshot { version: i64, resources: Vec<(String, Vec<u8>)> },
+    Update { version: i64, upserts: Vec<(String, Vec<u8>)>, deletes: Vec<String> },
+}
+
+impl Change {
+    pub fn version(&self) -> i64 {
+        match self {
+            Self::Snapshot { version, .. } | Self::Update { version, .. } => *version,
+        }
+    }
+}
+
+enum Parsed {
+    Catalog(Catalog),
+    Key(ApiKeyRecord),
+    /// A resource kind this node does not know (a newer control plane); ignored.
+    Unknown,
+}
+
+fn parse(name: &str, value: &[u8]) -> Result<Parsed, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid { name: name.to_owned(), reason };
+    if name == CATALOG {
+        let catalog: Catalog = serde_json::from_slice(value).map_err(|e| invalid(e.to_string()))?;
+        catalog.validate().map_err(|e| invalid(e.to_string()))?;
+        Ok(Parsed::Catalog(catalog))
+    } else if let Some(id) = name.strip_prefix(KEYS) {
+        let key: ApiKeyRecord =
+            serde_json::from_slice(value).map_err(|e| invalid(e.to_string()))?;
+        if key.id != id {
+            return Err(invalid(format!("holds key id {:?}", key.id)));
+        }
+        Ok(Parsed::Key(key))
+    } else {
+        Ok(Parsed::Unknown)
+    }
+}
+
+impl NodeConfig {
+    /// Builds the config that results from `change`, or says why it cannot be applied (the
+    /// current config then stays in force: all or nothing).
+    pub fn apply(&self, change: Change) -> Result<NodeConfig, ConfigError> {
+        let (version, mut next, upserts, deletes) = match change {
+            Change::Snapshot { version, resources } => {
+                (version, NodeConfig::default(), resources, Vec::new())
+            }
+            Change::Update { version, upserts, deletes } => {
+                (version, self.clone(), upserts, deletes)
+            }
+        };
+        // Parse everything before changing anything.
+        let parsed = upserts
+            .iter()
+            .map(|(name, value)| parse(name, value))
+            .collect::<Result<Vec<_>, _>>()?;
+        for name in &deletes {
+            if name == CATALOG {
+                next.catalog = Arc::default();
+            } else if let Some(id) = name.strip_prefix(KEYS) {
+                if let Some(old) = next.keys.remove(id) {
+                    next.keys_by_hash.remove(&old.secret_sha256);
+                }
+            }
+        }
+        for item in parsed {
+            match item {
+                Parsed::Catalog(catalog) => next.catalog = Arc::new(catalog),
+                Parsed::Key(key) => {
+                    let key = Arc::new(key);
+                    if let Some(old) = next.keys.insert(key.id.clone(), Arc::clone(&key)) {
+                        next.keys_by_hash.remove(&old.secret_sha256);
+                    }
+                    next.keys_by_hash.insert(key.secret_sha256.clone(), key);
+                }
+                Parsed::Unknown => {}
+            }
+        }
+        next.version = version;
+        Ok(next)
+    }
+
+    /// The config as resources, the form in which it is persisted and re-applied.
+    pub fn to_persisted(&self) -> Result<Persisted, serde_json::Error> {
+        let mut resources = BTreeMap::new();
+        resources.insert(CATALOG.to_owned(), serde_json::to_value(&*self.catalog)?);
+        for (id, key) in &self.keys {
+            resources.insert(format!("{KEYS}{id}"), serde_json::to_value(&**key)?);
+        }
+        Ok(Persisted { version: self.version, resources })
+    }
+}
+
+/// The last-known-good config as kept in the node's data dir.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Persisted {
+    pub version: i64,
+    pub resources: BTreeMap<String, serde_json::Value>,
+}
+
+impl Persisted {
+    pub fn into_change(self) -> Result<Change, serde_json::Error> {
+        let resources = self
+            .resources
+            .into_iter()
+            .map(|(name, value)| Ok((name, serde_json::to_vec(&value)?)))
+            .collect::<Result<Vec<_>, serde_json::Error>>()?;
+        Ok(Change::Snapshot { version: self.version, resources })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_json(id: &str, hash: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "id": id, "name": "n", "created_unix_ms": 1, "status": "active",
+            "secret_sha256": hash, "secret_hint": "abcd"
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_update_patches_and_a_snapshot_replaces() {
+        let base = NodeConfig::default()
+            .apply(Change::Snapshot {
+                version: 5,
+                resources: vec![
+                    ("keys/k1".into(), key_json("k1", "h1")),
+                    ("keys/k2".into(), key_json("k2", "h2")),
+                ],
+            })
+            .unwrap();
+        assert_eq!(base.keys_by_hash.len(), 2);
+        let next = base
+            .apply(Change::Update {
+                version: 6,
+                upserts: vec![("keys/k1".into(), key_json("k1", "h9"))],
+                deletes: vec!["keys/k2".into()],
+            })
+            .unwrap();
+        assert_eq!(next.version, 6);
+        assert!(next.keys_by_hash.contains_key("h9"));
+        assert!(
+            !next.keys_by_hash.contains_key("h1"),
+            "a rotated key's old hash must stop working"
+        );
+        assert!(!next.keys.contains_key("k2"));
+        assert_eq!(base.keys.len(), 2, "the old snapshot is untouched");
+    }
+
+    #[test]
+    fn an_invalid_resource_rejects_the_whole_change() {
+        let base = NodeConfig::default();
+        let err = base
+            .apply(Change::Update {
+                version: 2,
+                upserts: vec![
+                    ("keys/k1".into(), key_json("k1", "h1")),
+                    ("catalog".into(), b"{\"modles\":[]}".to_vec()),
+                ],
+                deletes: vec![],
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("catalog"), "{err}");
+    }
+
+    #[test]
+    fn persisted_config_round_trips() {
+        let cfg = NodeConfig::default()
+            .apply(Change::Snapshot {
+                version: 7,
+                resources: vec![("keys/k1".into(), key_json("k1", "h1"))],
+            })
+            .unwrap();
+        let again = NodeConfig::default()
+            .apply(cfg.to_persisted().unwrap().into_change().unwrap())
+            .unwrap();
+        assert_eq!(again.version, 7);
+        assert!(again.keys_by_hash.contains_key("h1"));
+    }
+}

@@ -1,0 +1,158 @@
+//! The node's side of the config stream: one task owns the gRPC stream to a control plane,
+//! re-opens it (rotating over the configured control planes) with capped, jittered backoff,
+//! and publishes each applied config. Requests never wait on it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+use tracing::{debug, info, warn};
+
+use switchyard_proto::node::v1::{
+    self as pb, control_message, node_control_client::NodeControlClient, node_message,
+};
+
+use crate::config::{Change, NodeConfig};
+use crate::state::NodeState;
+
+const HEARTBEAT: Duration = Duration::from_secs(2);
+/// No message (the control plane pings every 2 s) for this long: the stream is dead.
+const IDLE_LIMIT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const BACKOFF_START: Duration = Duration::from_millis(100);
+/// DESIGN §2: a node is back within seconds of a control plane returning.
+const BACKOFF_CAP: Duration = Duration::from_secs(2);
+
+pub struct SyncOptions {
+    pub controls: Vec<String>,
+    pub node_id: String,
+    pub listen_address: String,
+    pub join_token: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("invalid control-plane URL: {0}")]
+    Url(String),
+    #[error("cannot connect: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("stream failed: {0}")]
+    Status(#[from] tonic::Status),
+    #[error("control plane went quiet")]
+    Idle,
+    #[error("control plane closed the stream")]
+    Closed,
+}
+
+pub async fn run(options: SyncOptions, state: Arc<NodeState>) {
+    let mut backoff = BACKOFF_START;
+    for endpoint in options.controls.iter().cycle() {
+        let started = tokio::time::Instant::now();
+        match session(endpoint, &options, &state).await {
+            Ok(()) => {}
+            Err(e) => warn!(control = %endpoint, error = %e, "config stream ended"),
+        }
+        // A stream that lived a while was healthy: start the backoff over.
+        if started.elapsed() > Duration::from_secs(10) {
+            backoff = BACKOFF_START;
+        }
+        let jittered = backoff.mul_f64(0.5 + 0.5 * rand::random::<f64>());
+        tokio::time::sleep(jittered).await;
+        backoff = (backoff * 2).min(BACKOFF_CAP);
+    }
+}
+
+async fn session(url: &str, options: &SyncOptions, state: &NodeState) -> Result<(), SessionError> {
+    let channel = Endpoint::from_shared(url.to_owned())
+        .map_err(|e| SessionError::Url(e.to_string()))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let mut client = NodeControlClient::new(channel);
+    let (tx, rx) = mpsc::channel::<pb::NodeMessage>(16);
+    let hello = pb::Hello {
+        node_id: options.node_id.clone(),
+        last_applied_version: state.version(),
+        listen_address: options.listen_address.clone(),
+        software_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    let _ = tx.send(node_msg(node_message::Msg::Hello(hello))).await;
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(token) = &options.join_token {
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| SessionError::Url("join token is not a valid header value".into()))?;
+        request.metadata_mut().insert("authorization", value);
+    }
+    let mut inbound = client.connect(request).await?.into_inner();
+    info!(control = %url, version = state.version(), "config stream open");
+
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    let mut pending_snapshot: Option<(i64, Vec<(String, Vec<u8>)>)> = None;
+    loop {
+        tokio::select! {
+            message = tokio::time::timeout(IDLE_LIMIT, inbound.message()) => {
+                let message = message.map_err(|_| SessionError::Idle)??.ok_or(SessionError::Closed)?;
+                let change = match message.msg {
+                    Some(control_message::Msg::Snapshot(chunk)) => {
+                        let (version, resources) = pending_snapshot.get_or_insert_with(|| (chunk.version, Vec::new()));
+                        *version = chunk.version;
+                        resources.extend(chunk.resources.into_iter().map(|r| (r.name, r.value)));
+                        if !chunk.last {
+                            continue;
+                        }
+                        let (version, resources) = pending_snapshot.take().unwrap_or_default();
+                        Change::Snapshot { version, resources }
+                    }
+                    Some(control_message::Msg::Update(update)) => Change::Update {
+                        version: update.version,
+                        upserts: update.upserts.into_iter().map(|r| (r.name, r.value)).collect(),
+                        deletes: update.deletes,
+                    },
+                    Some(control_message::Msg::Ping(_)) | None => continue,
+                };
+                let reply = apply(state, change);
+                if tx.send(reply).await.is_err() {
+                    return Err(SessionError::Closed);
+                }
+            }
+            _ = heartbeat.tick() => {
+                let hb = pb::Heartbeat { applied_version: state.version() };
+                if tx.send(node_msg(node_message::Msg::Heartbeat(hb))).await.is_err() {
+                    return Err(SessionError::Closed);
+                }
+            }
+        }
+    }
+}
+
+/// Applies a change all or nothing and says so to the control plane. Versions only grow:
+/// a replica that lags behind the one the node last heard from cannot roll it back.
+fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
+    let current = state.current();
+    let have = current.as_ref().map_or(0, |c| c.version);
+    let version = change.version();
+    if current.is_some() && version <= have {
+        debug!(version, have, "ignoring config that is not newer");
+        return node_msg(node_message::Msg::Ack(pb::Ack { version: have }));
+    }
+    let empty = NodeConfig::default();
+    match current.as_deref().unwrap_or(&empty).apply(change) {
+        Ok(next) => {
+            state.publish(next);
+            debug!(version, "config applied");
+            node_msg(node_message::Msg::Ack(pb::Ack { version }))
+        }
+        Err(e) => {
+            warn!(version, error = %e, "rejected config; keeping version {have}");
+            node_msg(node_message::Msg::Nack(pb::Nack { version, error: e.to_string() }))
+        }
+    }
+}
+
+fn node_msg(msg: node_message::Msg) -> pb::NodeMessage {
+    pb::NodeMessage { msg: Some(msg) }
+}
