@@ -1,14 +1,21 @@
 //! The long-running subcommands: `control`, `node` and `dev`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
+
+use switchyard_control_plane::server::{self, ControlError, ControlOptions};
+use switchyard_data_plane::node::{self, NodeError, NodeOptions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("{0}")]
     Config(String),
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error(transparent)]
+    Node(#[from] NodeError),
 }
 
 #[derive(Debug, Args)]
@@ -51,7 +58,7 @@ pub struct NodeArgs {
 
 #[derive(Debug, Args)]
 pub struct DevArgs {
-    /// Directory for the embedded store and the node's data (default: a temporary one).
+    /// Directory for the embedded store and the node's data (default: $TMPDIR/switchyard-dev).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     #[arg(long, default_value = "127.0.0.1:7400")]
@@ -60,14 +67,110 @@ pub struct DevArgs {
     pub listen: SocketAddr,
 }
 
-pub async fn control(_args: ControlArgs) -> Result<(), ServeError> {
-    Err(ServeError::Config("not yet built".into()))
+pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
+    let admin_token = secret_from("SWITCHYARD_ADMIN_TOKEN", args.admin_token_file.as_deref())?
+        .ok_or_else(|| {
+            ServeError::Config(
+                "no admin token: set SWITCHYARD_ADMIN_TOKEN or pass --admin-token-file".into(),
+            )
+        })?;
+    let join_token = secret_from("SWITCHYARD_JOIN_TOKEN", args.join_token_file.as_deref())?;
+    let control = server::start(ControlOptions {
+        store_url: args.store,
+        listen: args.listen,
+        prefix: args.prefix,
+        admin_token,
+        join_token,
+    })
+    .await?;
+    // The one line on stdout: scripts and tests read the bound address from it.
+    println!("switchyard control listening on {}", control.local_addr);
+    control.run().await?;
+    Ok(())
 }
 
-pub async fn node(_args: NodeArgs) -> Result<(), ServeError> {
-    Err(ServeError::Config("not yet built".into()))
+pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
+    let join_token = secret_from("SWITCHYARD_JOIN_TOKEN", args.join_token_file.as_deref())?;
+    let controls: Vec<String> =
+        args.control.split(',').map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect();
+    let node = node::start(NodeOptions {
+        controls,
+        listen: args.listen,
+        data_dir: args.data_dir,
+        node_id: args.node_id,
+        join_token,
+    })
+    .await?;
+    println!("switchyard node {} listening on {}", node.node_id, node.local_addr);
+    node.run().await?;
+    Ok(())
 }
 
-pub async fn dev(_args: DevArgs) -> Result<(), ServeError> {
-    Err(ServeError::Config("not yet built".into()))
+pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
+    // Kept across runs, so keys created in one dev session still work in the next.
+    let dir = args.data_dir.unwrap_or_else(|| std::env::temp_dir().join("switchyard-dev"));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| ServeError::Config(format!("cannot create {}: {e}", dir.display())))?;
+    let admin_token = std::env::var("SWITCHYARD_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| format!("dev-{:032x}", rand_u128()));
+    let control = server::start(ControlOptions {
+        store_url: format!("file://{}", dir.join("store").display()),
+        listen: args.control_listen,
+        prefix: "/switchyard/".into(),
+        admin_token: admin_token.clone(),
+        join_token: None,
+    })
+    .await?;
+    let control_url = format!("http://{}", control.local_addr);
+    tokio::spawn(async move {
+        if let Err(e) = control.run().await {
+            tracing::error!(error = %e, "control plane stopped");
+        }
+    });
+    let node = node::start(NodeOptions {
+        controls: vec![control_url.clone()],
+        listen: args.listen,
+        data_dir: Some(dir.join("node")),
+        node_id: Some("dev-node".into()),
+        join_token: None,
+    })
+    .await?;
+    println!("Switchyard dev is running (data in {}).", dir.display());
+    println!();
+    println!("  node (OpenAI-compatible HTTP):  http://{}", node.local_addr);
+    println!("  control plane (gRPC):           {control_url}");
+    println!();
+    println!("Admin commands from another terminal:");
+    println!("  export SWITCHYARD_CONTROL={control_url}");
+    println!("  export SWITCHYARD_ADMIN_TOKEN={admin_token}");
+    println!("  switchyard apply -f deploy/catalog.example.yaml");
+    println!("  switchyard keys create --name demo");
+    println!("  switchyard nodes");
+    println!("  curl -H 'Authorization: Bearer <key>' http://{}/v1/models", node.local_addr);
+    node.run().await?;
+    Ok(())
+}
+
+fn rand_u128() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    // Two independently seeded SipHash states: enough for a throwaway dev token.
+    let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let b = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    (u128::from(a) << 64) | u128::from(b)
+}
+
+/// A secret from the environment variable `var`, or else from `file`.
+fn secret_from(var: &str, file: Option<&Path>) -> Result<Option<String>, ServeError> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ServeError::Config(format!("cannot read {}: {e}", path.display())))?;
+        let secret = text.trim();
+        if secret.is_empty() {
+            return Err(ServeError::Config(format!("{} is empty", path.display())));
+        }
+        return Ok(Some(secret.to_owned()));
+    }
+    Ok(std::env::var(var).ok().filter(|v| !v.is_empty()))
 }
