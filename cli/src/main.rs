@@ -1,1 +1,229 @@
-fn main() {}
+//! `switchyard`: one binary for the control plane, the data-plane node, the all-in-one dev
+//! mode and the admin commands (DESIGN §4; the names and flags there are a contract).
+#![forbid(unsafe_code)]
+
+mod admin;
+mod catalog_file;
+mod error;
+mod output;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::CliError;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "An LLM gateway that keeps AI features up when a provider fails"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+// `breakers`, `events [--follow]` and `usage [--key ID]` are reserved for coming admin
+// commands (DESIGN §4); keep those names free.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// All-in-one: control plane (embedded store) + node + simulated providers.
+    Dev(serve::DevArgs),
+    /// Run a control plane.
+    Control(serve::ControlArgs),
+    /// Run a data-plane node.
+    Node(serve::NodeArgs),
+    /// Apply a catalog file (providers, models, breaker policy, webhooks); declarative.
+    Apply(admin::ApplyArgs),
+    /// Print the stored catalog, in the format `apply -f` takes.
+    Catalog(admin::CatalogArgs),
+    /// Manage API keys.
+    Keys(admin::KeysArgs),
+    /// List the data-plane nodes of the fleet.
+    Nodes(admin::NodesArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(&cli.command);
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        // `switchyard catalog | head` closes our stdout early; that is not a failure.
+        Err(CliError::Stdout(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            for line in e.report() {
+                eprintln!("{line}");
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+async fn run(command: Command) -> Result<(), CliError> {
+    match command {
+        Command::Dev(args) => Ok(serve::dev(args).await?),
+        Command::Control(args) => Ok(serve::control(args).await?),
+        Command::Node(args) => Ok(serve::node(args).await?),
+        Command::Apply(args) => admin::apply(args).await,
+        Command::Catalog(args) => admin::catalog(args).await,
+        Command::Keys(args) => admin::keys(args).await,
+        Command::Nodes(args) => admin::nodes(args).await,
+    }
+}
+
+/// Servers log at info; admin commands stay quiet so their stdout and stderr are only
+/// what they mean to say. `RUST_LOG` overrides both.
+fn init_tracing(command: &Command) {
+    let default = match command {
+        Command::Dev(_) | Command::Control(_) | Command::Node(_) => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // try_init: a server that installs its own subscriber keeps it.
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use switchyard_catalog::FailoverReason;
+
+    use super::*;
+    use crate::admin::{KeysCommand, control_url, read_token};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("switchyard").chain(args.iter().copied()))
+    }
+
+    fn keys(args: &[&str]) -> admin::KeysArgs {
+        let mut all = vec!["keys"];
+        all.extend_from_slice(args);
+        match parse(&all).unwrap().command {
+            Command::Keys(k) => k,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_command_tree_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn keys_create_takes_lists_and_json_after_the_subcommand() {
+        let k = keys(&[
+            "create",
+            "--name",
+            "app",
+            "--default-models",
+            "a, b,c",
+            "--allowed-regions",
+            "eu",
+            "--on",
+            "timeout,rate_limit",
+            "--json",
+        ]);
+        assert!(k.opts.json);
+        let KeysCommand::Create(c) = k.command else { panic!() };
+        assert_eq!(c.default_models, ["a", "b", "c"]);
+        assert_eq!(c.allowed_regions, ["eu"]);
+        assert_eq!(c.options.on, Some(vec![FailoverReason::Timeout, FailoverReason::RateLimit]));
+    }
+
+    #[test]
+    fn json_may_also_come_before_the_keys_subcommand() {
+        assert!(keys(&["--json", "list"]).opts.json);
+    }
+
+    #[test]
+    fn unknown_triggers_are_a_usage_error_naming_the_choices() {
+        let err =
+            parse(&["keys", "create", "--name", "a", "--default-models", "a", "--on", "oops"])
+                .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(r#"unknown trigger "oops""#), "{text}");
+        assert!(text.contains("connection_error, server_error, rate_limit, timeout"), "{text}");
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn empty_list_entries_are_refused() {
+        let err =
+            parse(&["keys", "create", "--name", "a", "--default-models", "a,,b"]).unwrap_err();
+        assert!(err.to_string().contains("empty entry"), "{err}");
+    }
+
+    #[test]
+    fn set_defaults_needs_models_or_clear_but_not_both() {
+        assert!(parse(&["keys", "set-defaults", "k1"]).is_err());
+        assert!(parse(&["keys", "set-defaults", "k1", "--clear", "--models", "a"]).is_err());
+        let KeysCommand::SetDefaults(s) = keys(&["set-defaults", "k1", "--clear"]).command else {
+            panic!()
+        };
+        assert!(s.clear);
+        let KeysCommand::SetDefaults(s) =
+            keys(&["set-defaults", "k1", "--models", "a,b", "--timeout-ms", "20000"]).command
+        else {
+            panic!()
+        };
+        assert_eq!((s.models.len(), s.options.timeout_ms), (2, Some(20_000)));
+    }
+
+    #[test]
+    fn apply_takes_a_file_and_dry_run() {
+        let Command::Apply(a) = parse(&["apply", "-f", "c.yaml", "--dry-run"]).unwrap().command
+        else {
+            panic!()
+        };
+        assert!(a.dry_run);
+        assert_eq!(a.file, std::path::Path::new("c.yaml"));
+        assert!(parse(&["apply"]).is_err());
+    }
+
+    #[test]
+    fn admin_commands_take_control_and_json() {
+        let Command::Nodes(n) =
+            parse(&["nodes", "--control", "http://cp:7400", "--json"]).unwrap().command
+        else {
+            panic!()
+        };
+        assert_eq!((n.opts.control.as_str(), n.opts.json), ("http://cp:7400", true));
+        assert!(
+            matches!(parse(&["catalog", "--json"]).unwrap().command, Command::Catalog(c) if c.opts.json)
+        );
+    }
+
+    #[test]
+    fn serve_commands_parse() {
+        assert!(matches!(parse(&["dev"]).unwrap().command, Command::Dev(_)));
+        assert!(matches!(
+            parse(&["node", "--control", "http://127.0.0.1:7400", "--listen", "127.0.0.1:8080"])
+                .unwrap()
+                .command,
+            Command::Node(_)
+        ));
+    }
+
+    #[test]
+    fn the_token_comes_from_the_file_or_the_environment() {
+        assert_eq!(read_token(None, Some(" t0k \n".into())).unwrap(), "t0k");
+        assert!(matches!(read_token(None, None), Err(CliError::NoToken)));
+        assert!(matches!(read_token(None, Some(" ".into())), Err(CliError::NoToken)));
+        let dir = std::env::temp_dir().join(format!("sy-cli-token-{}", std::process::id()));
+        std::fs::write(&dir, "from-file\n").unwrap();
+        assert_eq!(read_token(Some(&dir), Some("env".into())).unwrap(), "from-file");
+        std::fs::remove_file(&dir).unwrap();
+        assert!(matches!(read_token(Some(&dir), None), Err(CliError::TokenFile { .. })));
+    }
+
+    #[test]
+    fn a_control_url_without_scheme_gets_http() {
+        assert_eq!(control_url("127.0.0.1:7400"), "http://127.0.0.1:7400");
+        assert_eq!(control_url("https://cp.example.com/"), "https://cp.example.com");
+    }
+}

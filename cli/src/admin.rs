@@ -1,0 +1,389 @@
+//! The admin commands: a thin gRPC client of `switchyard.admin.v1` (DESIGN §2, §4).
+//!
+//! Everything that can be checked without the control plane (the catalog file, list and
+//! trigger syntax, the token's presence) is checked here first, so a mistake costs no
+//! round trip and sends nothing.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use switchyard_catalog::{Catalog, FailoverReason};
+use switchyard_proto::admin::v1 as pb;
+use switchyard_proto::admin::v1::admin_client::AdminClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::catalog_file;
+use crate::error::CliError;
+use crate::output::{self, ApplyView, KeySecretView, KeyView, KeyWithWarnings, NodesView};
+
+pub const TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
+
+/// Options every admin command takes. `global` lets them follow a nested subcommand
+/// (`switchyard keys create --json`) as well as precede it (`switchyard keys --json create`).
+#[derive(Debug, Clone, Args)]
+pub struct AdminOpts {
+    /// The control plane's gRPC URL.
+    #[arg(
+        long,
+        env = "SWITCHYARD_CONTROL",
+        default_value = "http://127.0.0.1:7400",
+        global = true
+    )]
+    pub control: String,
+    /// File holding the admin token (instead of SWITCHYARD_ADMIN_TOKEN).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Print JSON for scripts instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// The catalog file (YAML or JSON): providers, models, breaker policy, webhooks.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: PathBuf,
+    /// Show what would change without storing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub opts: AdminOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct CatalogArgs {
+    #[command(flatten)]
+    pub opts: AdminOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct NodesArgs {
+    #[command(flatten)]
+    pub opts: AdminOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct KeysArgs {
+    #[command(subcommand)]
+    pub command: KeysCommand,
+    #[command(flatten)]
+    pub opts: AdminOpts,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create an API key; its secret is printed once.
+    Create(CreateKeyArgs),
+    /// List every key (secrets are never shown, only their last four characters).
+    List,
+    /// Show one key.
+    Show { id: String },
+    /// Revoke a key; requests with it are refused at once.
+    Revoke { id: String },
+    /// Replace a key's secret; the old one stops working at once. Prints the new one once.
+    Rotate { id: String },
+    /// Set (or with --clear, remove) the key's default failover chain.
+    SetDefaults(SetDefaultsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateKeyArgs {
+    /// A name to tell the key apart (an app, a team).
+    #[arg(long)]
+    pub name: String,
+    /// Default failover chain for requests that name only `model`: up to 3 models, in order.
+    #[arg(long, value_delimiter = ',', value_parser = list_item, value_name = "A,B,C")]
+    pub default_models: Vec<String>,
+    /// Models the key may use (default: all).
+    #[arg(long, value_delimiter = ',', value_parser = list_item, value_name = "LIST")]
+    pub allowed_models: Vec<String>,
+    /// Provider regions the key may use (default: all).
+    #[arg(long, value_delimiter = ',', value_parser = list_item, value_name = "LIST")]
+    pub allowed_regions: Vec<String>,
+    #[command(flatten)]
+    pub options: ChainOptions,
+}
+
+#[derive(Debug, Args)]
+pub struct SetDefaultsArgs {
+    pub id: String,
+    /// The default chain: up to 3 models, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = list_item,
+        value_name = "A,B,C",
+        required_unless_present = "clear"
+    )]
+    pub models: Vec<String>,
+    /// Remove the key's defaults.
+    #[arg(long, conflicts_with_all = ["models", "timeout_ms", "first_token_timeout_ms", "on"])]
+    pub clear: bool,
+    #[command(flatten)]
+    pub options: ChainOptions,
+}
+
+/// Chain-wide options stored with a key's defaults; out-of-range values are clamped by the
+/// control plane, which says so in its warnings.
+#[derive(Debug, Args)]
+pub struct ChainOptions {
+    /// Time allowed for one attempt (1000–300000).
+    #[arg(long, value_name = "MS")]
+    pub timeout_ms: Option<u32>,
+    /// Streaming: wait for the first token before failing over (500–60000).
+    #[arg(long, value_name = "MS")]
+    pub first_token_timeout_ms: Option<u32>,
+    /// Which failures fail over: connection_error,server_error,rate_limit,timeout (default all).
+    #[arg(long, value_delimiter = ',', value_parser = failover_reason, value_name = "LIST")]
+    pub on: Option<Vec<FailoverReason>>,
+}
+
+impl ChainOptions {
+    fn is_set(&self) -> bool {
+        self.timeout_ms.is_some() || self.first_token_timeout_ms.is_some() || self.on.is_some()
+    }
+
+    fn defaults(&self, models: Vec<String>) -> pb::FailoverDefaults {
+        pb::FailoverDefaults {
+            models,
+            timeout_ms: self.timeout_ms,
+            first_token_timeout_ms: self.first_token_timeout_ms,
+            on: self.on.iter().flatten().map(|r| r.as_str().to_owned()).collect(),
+        }
+    }
+}
+
+/// One entry of a comma-separated list: `a,,b` and `a, ` are mistakes, not empty names.
+pub fn list_item(text: &str) -> Result<String, String> {
+    let item = text.trim();
+    if item.is_empty() { Err("empty entry in the list".to_owned()) } else { Ok(item.to_owned()) }
+}
+
+pub fn failover_reason(text: &str) -> Result<FailoverReason, String> {
+    FailoverReason::parse(text.trim()).ok_or_else(|| {
+        let all: Vec<&str> = FailoverReason::ALL.iter().map(|r| r.as_str()).collect();
+        format!("unknown trigger {text:?}; expected one of {}", all.join(", "))
+    })
+}
+
+// === connection ===
+
+/// A connected admin client; every request it builds carries the admin token.
+struct Admin {
+    client: AdminClient<Channel>,
+    auth: MetadataValue<Ascii>,
+    url: String,
+}
+
+impl Admin {
+    fn connect(opts: &AdminOpts) -> Result<Self, CliError> {
+        let token = read_token(opts.admin_token_file.as_deref(), std::env::var(TOKEN_ENV).ok())?;
+        let auth = MetadataValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| CliError::TokenInvalid)?;
+        let url = control_url(&opts.control);
+        let endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| CliError::BadControlUrl { url: url.clone(), reason: e.to_string() })?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30));
+        // Lazy: an unreachable control plane then surfaces as `Unavailable` from the call,
+        // through the same error mapping as every other status.
+        Ok(Self { client: AdminClient::new(endpoint.connect_lazy()), auth, url })
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.metadata_mut().insert("authorization", self.auth.clone());
+        request
+    }
+
+    fn status(&self, status: tonic::Status) -> CliError {
+        CliError::from_status(status, &self.url)
+    }
+}
+
+/// The token from `--admin-token-file` if given, else from the environment.
+pub fn read_token(file: Option<&std::path::Path>, env: Option<String>) -> Result<String, CliError> {
+    let token = match file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|source| CliError::TokenFile { path: path.display().to_string(), source })?,
+        None => env.unwrap_or_default(),
+    };
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(match file {
+            Some(path) => CliError::TokenFileEmpty(path.display().to_string()),
+            None => CliError::NoToken,
+        });
+    }
+    Ok(token.to_owned())
+}
+
+/// `127.0.0.1:7400` is what people type; gRPC needs a scheme.
+pub fn control_url(text: &str) -> String {
+    let text = text.trim().trim_end_matches('/');
+    if text.contains("://") { text.to_owned() } else { format!("http://{text}") }
+}
+
+fn print(text: &str) -> Result<(), CliError> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).map_err(CliError::Stdout)
+}
+
+fn warn(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+fn key_of(key: Option<pb::ApiKey>) -> Result<KeyView, CliError> {
+    key.map(KeyView::from).ok_or_else(|| CliError::BadResponse("the reply holds no key".into()))
+}
+
+// === commands ===
+
+pub async fn apply(args: ApplyArgs) -> Result<(), CliError> {
+    let catalog = catalog_file::load(&args.file)?;
+    let catalog_json = serde_json::to_string(&catalog).map_err(CliError::Json)?;
+    let mut admin = Admin::connect(&args.opts)?;
+    let request = admin.request(pb::ApplyCatalogRequest { catalog_json, dry_run: args.dry_run });
+    let reply = admin.client.apply_catalog(request).await.map_err(|s| admin.status(s))?;
+    let reply = reply.into_inner();
+    let view = ApplyView {
+        changes: reply.changes,
+        applied: reply.applied,
+        dry_run: args.dry_run,
+        version: reply.version,
+    };
+    if args.opts.json { print(&output::json(&view)?) } else { print(&output::apply_result(&view)) }
+}
+
+pub async fn catalog(args: CatalogArgs) -> Result<(), CliError> {
+    let mut admin = Admin::connect(&args.opts)?;
+    let request = admin.request(pb::GetCatalogRequest {});
+    let reply = admin.client.get_catalog(request).await.map_err(|s| admin.status(s))?;
+    let reply = reply.into_inner();
+    // Read into the apply schema, so what we print is exactly what `apply -f` accepts.
+    let catalog: Catalog = if reply.catalog_json.trim().is_empty() {
+        Catalog::default()
+    } else {
+        serde_json::from_str(&reply.catalog_json).map_err(|e| {
+            CliError::BadResponse(format!(
+                "the stored catalog is not in the format this CLI reads ({e}); \
+                 is the CLI older than the control plane?"
+            ))
+        })?
+    };
+    if args.opts.json {
+        print(&output::json(&catalog)?)
+    } else {
+        let yaml = catalog_file::to_yaml(&catalog).map_err(CliError::Yaml)?;
+        print(&format!("# switchyard catalog, version {}\n{yaml}", reply.version))
+    }
+}
+
+pub async fn nodes(args: NodesArgs) -> Result<(), CliError> {
+    let mut admin = Admin::connect(&args.opts)?;
+    let request = admin.request(pb::ListNodesRequest {});
+    let reply = admin.client.list_nodes(request).await.map_err(|s| admin.status(s))?;
+    let view = NodesView::from(reply.into_inner());
+    if args.opts.json {
+        print(&output::json(&view)?)
+    } else {
+        print(&output::nodes_table(&view, output::now_ms()))
+    }
+}
+
+pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
+    let json = args.opts.json;
+    if let KeysCommand::Create(create) = &args.command {
+        if create.default_models.is_empty() && create.options.is_set() {
+            return Err(CliError::Usage(
+                "--timeout-ms, --first-token-timeout-ms and --on belong to the default chain: \
+                 give --default-models too"
+                    .into(),
+            ));
+        }
+    }
+    let mut admin = Admin::connect(&args.opts)?;
+    match args.command {
+        KeysCommand::Create(create) => {
+            let failover_defaults = (!create.default_models.is_empty())
+                .then(|| create.options.defaults(create.default_models));
+            let request = admin.request(pb::CreateKeyRequest {
+                name: create.name,
+                failover_defaults,
+                allowed_models: create.allowed_models,
+                allowed_regions: create.allowed_regions,
+            });
+            let reply = admin.client.create_key(request).await.map_err(|s| admin.status(s))?;
+            print_secret("Created", reply.into_inner(), json)
+        }
+        KeysCommand::List => {
+            let request = admin.request(pb::ListKeysRequest {});
+            let reply = admin.client.list_keys(request).await.map_err(|s| admin.status(s))?;
+            let keys: Vec<KeyView> = reply.into_inner().keys.into_iter().map(Into::into).collect();
+            if json {
+                print(&output::json(&keys)?)
+            } else {
+                print(&output::keys_table(&keys, output::now_ms()))
+            }
+        }
+        KeysCommand::Show { id } => {
+            let request = admin.request(pb::KeyIdRequest { id });
+            let reply = admin.client.get_key(request).await.map_err(|s| admin.status(s))?;
+            print_key(None, reply.into_inner(), json)
+        }
+        KeysCommand::Revoke { id } => {
+            let request = admin.request(pb::KeyIdRequest { id });
+            let reply = admin.client.revoke_key(request).await.map_err(|s| admin.status(s))?;
+            print_key(Some("Revoked"), reply.into_inner(), json)
+        }
+        KeysCommand::Rotate { id } => {
+            let request = admin.request(pb::KeyIdRequest { id });
+            let reply = admin.client.rotate_key(request).await.map_err(|s| admin.status(s))?;
+            print_secret("Rotated", reply.into_inner(), json)
+        }
+        KeysCommand::SetDefaults(set) => {
+            let failover_defaults = (!set.clear).then(|| set.options.defaults(set.models));
+            let request =
+                admin.request(pb::SetKeyDefaultsRequest { id: set.id, failover_defaults });
+            let reply =
+                admin.client.set_key_defaults(request).await.map_err(|s| admin.status(s))?;
+            let verb = if set.clear { "Cleared the defaults of" } else { "Set the defaults of" };
+            print_key(Some(verb), reply.into_inner(), json)
+        }
+    }
+}
+
+fn print_secret(verb: &str, reply: pb::KeySecretResponse, json: bool) -> Result<(), CliError> {
+    let key = key_of(reply.key)?;
+    if json {
+        let view = KeySecretView {
+            key,
+            secret: reply.secret,
+            warnings: reply.warnings,
+            version: reply.version,
+        };
+        return print(&output::json(&view)?);
+    }
+    warn(&reply.warnings);
+    print(&output::key_secret(verb, &key, &reply.secret))
+}
+
+fn print_key(verb: Option<&str>, reply: pb::KeyResponse, json: bool) -> Result<(), CliError> {
+    let key = key_of(reply.key)?;
+    if json {
+        return print(&output::json(&KeyWithWarnings {
+            key,
+            warnings: reply.warnings,
+            version: reply.version,
+        })?);
+    }
+    warn(&reply.warnings);
+    let mut text = verb.map(|v| format!("{v} key {}\n\n", key.id)).unwrap_or_default();
+    text.push_str(&output::key_details(&key, output::now_ms()));
+    print(&text)
+}

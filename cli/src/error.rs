@@ -1,0 +1,128 @@
+//! The CLI's one error type, and how it reaches the terminal: `error: ...` lines on stderr,
+//! exit 2 for usage mistakes (as clap does), 1 for everything else.
+
+use tonic::Code;
+
+use crate::admin::TOKEN_ENV;
+use crate::catalog_file::CatalogFileError;
+use crate::serve::ServeError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    #[error(transparent)]
+    CatalogFile(#[from] CatalogFileError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("no admin token: set {TOKEN_ENV} or pass --admin-token-file")]
+    NoToken,
+    #[error("cannot read admin token file {path}: {source}")]
+    TokenFile { path: String, source: std::io::Error },
+    #[error("admin token file {0} is empty")]
+    TokenFileEmpty(String),
+    // The token itself is never echoed.
+    #[error("the admin token holds characters a gRPC header cannot carry")]
+    TokenInvalid,
+    #[error("invalid control-plane URL {url:?}: {reason}")]
+    BadControlUrl { url: String, reason: String },
+    /// A status from the control plane; `message` is the server's own words.
+    #[error("{message}")]
+    Status { code: Code, message: String, hint: Option<String> },
+    #[error("unexpected reply from the control plane: {0}")]
+    BadResponse(String),
+    #[error("cannot encode JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("cannot encode YAML: {0}")]
+    Yaml(serde_yaml_ng::Error),
+    #[error("cannot write to stdout: {0}")]
+    Stdout(std::io::Error),
+}
+
+impl CliError {
+    pub fn from_status(status: tonic::Status, url: &str) -> Self {
+        let code = status.code();
+        let mut message = status.message().trim().to_owned();
+        if message.is_empty() {
+            message = code.description().to_owned();
+        }
+        let hint = match code {
+            Code::Unauthenticated | Code::PermissionDenied => Some(format!(
+                "the control plane refused the admin token: set {TOKEN_ENV} (or \
+                 --admin-token-file) to the token it was started with"
+            )),
+            Code::Unavailable => Some(format!(
+                "no control plane answers at {url}: start one (`switchyard control` or \
+                 `switchyard dev`) or point --control / SWITCHYARD_CONTROL at it"
+            )),
+            Code::DeadlineExceeded => {
+                Some(format!("the control plane at {url} did not answer in time"))
+            }
+            _ => None,
+        };
+        Self::Status { code, message, hint }
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+
+    /// The lines printed on stderr.
+    pub fn report(&self) -> Vec<String> {
+        match self {
+            Self::CatalogFile(e) => {
+                let mut lines: Vec<String> =
+                    e.lines().iter().map(|l| format!("error: {l}")).collect();
+                if let CatalogFileError::Invalid { file, errors } = e {
+                    let n = errors.0.len();
+                    let s = if n == 1 { "" } else { "s" };
+                    lines.push(format!("{file}: {n} error{s}; nothing was sent"));
+                }
+                lines
+            }
+            Self::Status { hint, .. } => {
+                let mut lines = vec![format!("error: {self}")];
+                lines.extend(hint.iter().map(|h| format!("hint: {h}")));
+                lines
+            }
+            other => vec![format!("error: {other}")],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_messages_are_printed_as_sent() {
+        let status =
+            tonic::Status::invalid_argument(r#"failoverDefaults.models[1]: unknown model "x""#);
+        let e = CliError::from_status(status, "http://127.0.0.1:7400");
+        assert_eq!(e.report(), [r#"error: failoverDefaults.models[1]: unknown model "x""#]);
+        assert_eq!(e.exit_code(), 1);
+    }
+
+    #[test]
+    fn unauthenticated_hints_at_the_token_variable() {
+        let e = CliError::from_status(tonic::Status::unauthenticated("bad token"), "http://x");
+        let lines = e.report();
+        assert_eq!(lines[0], "error: bad token");
+        assert!(lines[1].starts_with("hint: ") && lines[1].contains("SWITCHYARD_ADMIN_TOKEN"));
+    }
+
+    #[test]
+    fn unavailable_hints_that_nothing_answers_at_the_url() {
+        let e =
+            CliError::from_status(tonic::Status::unavailable("tcp connect error"), "http://h:1");
+        assert!(e.report()[1].contains("no control plane answers at http://h:1"));
+    }
+
+    #[test]
+    fn a_missing_token_names_the_variable() {
+        assert!(CliError::NoToken.to_string().contains("SWITCHYARD_ADMIN_TOKEN"));
+    }
+}

@@ -1,0 +1,440 @@
+//! How admin results look: aligned tables and key/value blocks for people, JSON for scripts.
+//!
+//! Renderers are pure (`-> String`) so tests can pin the format without a control plane.
+
+use serde::Serialize;
+use switchyard_proto::admin::v1 as pb;
+
+/// A plain text table: columns padded to their widest cell, two spaces apart.
+pub struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new<const N: usize>(headers: [&str; N]) -> Self {
+        Self { rows: vec![headers.iter().map(|h| (*h).to_owned()).collect()] }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut widths = vec![0; columns];
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for row in &self.rows {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate() {
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                line.push_str(cell);
+                line.extend(std::iter::repeat_n(' ', widths[i] - cell.chars().count()));
+            }
+            // Padding of the last column is invisible but breaks `diff` and copy/paste.
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// `3s ago`, `5m ago`, `2h ago`, `4d ago`; `never` for an unset (0) timestamp.
+pub fn ago(unix_ms: i64, now_ms: i64) -> String {
+    if unix_ms <= 0 {
+        return "never".to_owned();
+    }
+    // A clock slightly ahead of ours is "just now", not a negative age.
+    let secs = (now_ms - unix_ms).max(0) / 1000;
+    match secs {
+        0..60 => format!("{secs}s ago"),
+        60..3600 => format!("{}m ago", secs / 60),
+        3600..86_400 => format!("{}h ago", secs / 3600),
+        _ => format!("{}d ago", secs / 86_400),
+    }
+}
+
+/// `2026-12-02 13:52:37 UTC`, without a date-time crate.
+pub fn utc(unix_ms: i64) -> String {
+    let secs = unix_ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant's algorithm, proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+pub fn json<T: Serialize>(value: &T) -> Result<String, serde_json::Error> {
+    serde_json::to_string_pretty(value).map(|mut s| {
+        s.push('\n');
+        s
+    })
+}
+
+// === keys ===
+
+/// A key as scripts see it; field names follow the catalog's `ApiKeyRecord`.
+#[derive(Debug, Serialize)]
+pub struct KeyView {
+    pub id: String,
+    pub name: String,
+    pub status: String,
+    pub secret_hint: String,
+    pub created_unix_ms: i64,
+    pub updated_unix_ms: i64,
+    #[serde(rename = "failoverDefaults")]
+    pub failover_defaults: Option<DefaultsView>,
+    pub allowed_models: Vec<String>,
+    pub allowed_regions: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DefaultsView {
+    pub models: Vec<String>,
+    pub timeout_ms: Option<u32>,
+    pub first_token_timeout_ms: Option<u32>,
+    /// Empty on the wire means all four triggers; scripts get the list spelled out.
+    pub on: Vec<String>,
+}
+
+impl From<pb::ApiKey> for KeyView {
+    fn from(k: pb::ApiKey) -> Self {
+        Self {
+            id: k.id,
+            name: k.name,
+            status: k.status,
+            secret_hint: k.secret_hint,
+            created_unix_ms: k.created_unix_ms,
+            updated_unix_ms: k.updated_unix_ms,
+            failover_defaults: k.failover_defaults.map(|d| DefaultsView {
+                models: d.models,
+                timeout_ms: d.timeout_ms,
+                first_token_timeout_ms: d.first_token_timeout_ms,
+                on: if d.on.is_empty() {
+                    switchyard_catalog::FailoverReason::ALL
+                        .iter()
+                        .map(|r| r.as_str().to_owned())
+                        .collect()
+                } else {
+                    d.on
+                },
+            }),
+            allowed_models: k.allowed_models,
+            allowed_regions: k.allowed_regions,
+        }
+    }
+}
+
+/// What `keys create --json` and `keys rotate --json` print: the key's fields, plus the
+/// secret as `key` (DESIGN §4) and the server's warnings.
+#[derive(Debug, Serialize)]
+pub struct KeySecretView {
+    #[serde(flatten)]
+    pub key: KeyView,
+    #[serde(rename = "key")]
+    pub secret: String,
+    pub warnings: Vec<String>,
+    /// Store revision of the write: a node whose applied version reaches it has the key.
+    pub version: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KeyWithWarnings {
+    #[serde(flatten)]
+    pub key: KeyView,
+    pub warnings: Vec<String>,
+    /// Store revision of the write; 0 for reads.
+    pub version: i64,
+}
+
+fn hint(secret_hint: &str) -> String {
+    if secret_hint.is_empty() { "-".to_owned() } else { format!("sy-…{secret_hint}") }
+}
+
+fn chain(d: &DefaultsView) -> String {
+    d.models.join(" → ")
+}
+
+fn list_or(items: &[String], empty: &str) -> String {
+    if items.is_empty() { empty.to_owned() } else { items.join(", ") }
+}
+
+pub fn keys_table(keys: &[KeyView], now_ms: i64) -> String {
+    if keys.is_empty() {
+        return "no keys\n".to_owned();
+    }
+    let mut t = Table::new(["ID", "NAME", "STATUS", "SECRET", "DEFAULT CHAIN", "CREATED"]);
+    for k in keys {
+        t.row(vec![
+            k.id.clone(),
+            k.name.clone(),
+            k.status.clone(),
+            hint(&k.secret_hint),
+            k.failover_defaults.as_ref().map_or_else(|| "-".to_owned(), chain),
+            ago(k.created_unix_ms, now_ms),
+        ]);
+    }
+    t.render()
+}
+
+pub fn key_details(k: &KeyView, now_ms: i64) -> String {
+    let mut rows: Vec<(&str, String)> = vec![
+        ("id", k.id.clone()),
+        ("name", k.name.clone()),
+        ("status", k.status.clone()),
+        ("secret", hint(&k.secret_hint)),
+        ("created", format!("{} ({})", utc(k.created_unix_ms), ago(k.created_unix_ms, now_ms))),
+    ];
+    if k.updated_unix_ms > 0 {
+        let when = format!("{} ({})", utc(k.updated_unix_ms), ago(k.updated_unix_ms, now_ms));
+        rows.push(("updated", when));
+    }
+    match &k.failover_defaults {
+        None => rows.push(("default chain", "none (requests name their models)".to_owned())),
+        Some(d) => {
+            rows.push(("default chain", chain(d)));
+            let ms =
+                |v: Option<u32>, default: &str| v.map_or(default.to_owned(), |v| format!("{v} ms"));
+            rows.push(("timeout", ms(d.timeout_ms, "default (60000 ms)")));
+            rows.push(("first token timeout", ms(d.first_token_timeout_ms, "default (10000 ms)")));
+            rows.push(("fails over on", d.on.join(", ")));
+        }
+    }
+    rows.push(("allowed models", list_or(&k.allowed_models, "all")));
+    rows.push(("allowed regions", list_or(&k.allowed_regions, "all")));
+    let width = rows.iter().map(|(label, _)| label.len()).max().unwrap_or(0) + 1;
+    rows.iter().map(|(label, value)| format!("{:width$} {value}\n", format!("{label}:"))).collect()
+}
+
+/// The one time a secret is shown: it says so, because only its hash is kept.
+pub fn key_secret(verb: &str, k: &KeyView, secret: &str) -> String {
+    format!(
+        "{verb} key {} ({})\n\n    {secret}\n\nThis secret will not be shown again: store it now. \
+         Only its SHA-256 is kept.\n",
+        k.id, k.name
+    )
+}
+
+// === nodes ===
+
+#[derive(Debug, Serialize)]
+pub struct NodeView {
+    pub node_id: String,
+    pub listen_address: String,
+    pub applied_version: i64,
+    pub lag: i64,
+    pub last_heartbeat_unix_ms: i64,
+    pub control_plane: String,
+    pub software_version: String,
+    pub connected_unix_ms: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodesView {
+    pub config_version: i64,
+    pub nodes: Vec<NodeView>,
+}
+
+impl From<pb::ListNodesResponse> for NodesView {
+    fn from(r: pb::ListNodesResponse) -> Self {
+        let nodes = r
+            .nodes
+            .into_iter()
+            .map(|n| NodeView {
+                node_id: n.node_id,
+                listen_address: n.listen_address,
+                applied_version: n.applied_version,
+                lag: n.lag,
+                last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
+                control_plane: n.control_plane,
+                software_version: n.software_version,
+                connected_unix_ms: n.connected_unix_ms,
+            })
+            .collect();
+        Self { config_version: r.config_version, nodes }
+    }
+}
+
+pub fn nodes_table(v: &NodesView, now_ms: i64) -> String {
+    if v.nodes.is_empty() {
+        return format!("no nodes (config version {})\n", v.config_version);
+    }
+    let mut t = Table::new(["NODE", "LISTEN", "VERSION", "LAG", "LAST HEARTBEAT", "CONTROL PLANE"]);
+    for n in &v.nodes {
+        t.row(vec![
+            n.node_id.clone(),
+            n.listen_address.clone(),
+            n.applied_version.to_string(),
+            n.lag.to_string(),
+            ago(n.last_heartbeat_unix_ms, now_ms),
+            n.control_plane.clone(),
+        ]);
+    }
+    t.render()
+}
+
+// === apply ===
+
+#[derive(Debug, Serialize)]
+pub struct ApplyView {
+    pub changes: Vec<String>,
+    pub applied: bool,
+    pub dry_run: bool,
+    pub version: i64,
+}
+
+pub fn apply_result(v: &ApplyView) -> String {
+    let mut out: String = v.changes.iter().map(|c| format!("{c}\n")).collect();
+    if v.changes.is_empty() {
+        out.push_str("no changes\n");
+    }
+    if v.dry_run {
+        out.push_str("dry run: nothing was applied\n");
+    } else if v.applied {
+        out.push_str(&format!("applied: catalog version {}\n", v.version));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_columns_are_aligned_without_trailing_spaces() {
+        let mut t = Table::new(["ID", "NAME", "CHAIN"]);
+        t.row(vec!["k1".into(), "a-long-name".into(), "a → b".into()]);
+        t.row(vec!["key-22".into(), "x".into(), "-".into()]);
+        assert_eq!(
+            t.render(),
+            "ID      NAME         CHAIN\n\
+             k1      a-long-name  a → b\n\
+             key-22  x            -\n"
+        );
+    }
+
+    #[test]
+    fn ages_read_as_people_say_them() {
+        let now = 1_000_000_000;
+        assert_eq!(ago(now - 3_400, now), "3s ago");
+        assert_eq!(ago(now - 125_000, now), "2m ago");
+        assert_eq!(ago(now - 7_200_000, now), "2h ago");
+        assert_eq!(ago(now - 3 * 86_400_000, now), "3d ago");
+        assert_eq!(ago(now + 5_000, now), "0s ago");
+        assert_eq!(ago(0, now), "never");
+    }
+
+    #[test]
+    fn utc_timestamps_are_calendar_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_796_219_557_000), "2026-12-02 13:52:37 UTC");
+    }
+
+    fn key() -> KeyView {
+        KeyView::from(pb::ApiKey {
+            id: "key_1".into(),
+            name: "app".into(),
+            created_unix_ms: 1_000,
+            status: "active".into(),
+            secret_hint: "wxyz".into(),
+            failover_defaults: Some(pb::FailoverDefaults {
+                models: vec!["a".into(), "b".into()],
+                timeout_ms: Some(20_000),
+                first_token_timeout_ms: None,
+                on: vec![],
+            }),
+            allowed_models: vec![],
+            allowed_regions: vec!["eu".into()],
+            updated_unix_ms: 0,
+        })
+    }
+
+    #[test]
+    fn created_key_json_carries_id_name_and_secret() {
+        let v = KeySecretView {
+            key: key(),
+            secret: "sy-secret".into(),
+            warnings: vec!["w".into()],
+            version: 9,
+        };
+        let j: serde_json::Value = serde_json::from_str(&json(&v).unwrap()).unwrap();
+        assert_eq!(j["id"], "key_1");
+        assert_eq!(j["name"], "app");
+        assert_eq!(j["key"], "sy-secret");
+        assert_eq!(j["warnings"][0], "w");
+        assert_eq!(j["failoverDefaults"]["on"].as_array().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn a_shown_secret_says_it_will_not_be_shown_again() {
+        let text = key_secret("Created", &key(), "sy-secret");
+        assert!(text.contains("sy-secret") && text.contains("will not be shown again"), "{text}");
+    }
+
+    #[test]
+    fn key_listing_shows_hint_and_chain_never_the_secret() {
+        let text = keys_table(&[key()], 61_000);
+        assert!(text.contains("sy-…wxyz") && text.contains("a → b") && text.contains("1m ago"));
+        let details = key_details(&key(), 61_000);
+        assert!(details.contains("timeout:             20000 ms"), "{details}");
+        assert!(details.contains("allowed regions:     eu"), "{details}");
+    }
+
+    #[test]
+    fn nodes_table_shows_heartbeat_age() {
+        let v = NodesView::from(pb::ListNodesResponse {
+            nodes: vec![pb::Node {
+                node_id: "n1".into(),
+                listen_address: "10.0.0.1:8080".into(),
+                applied_version: 41,
+                lag: 1,
+                last_heartbeat_unix_ms: 7_000,
+                control_plane: "cp-a".into(),
+                ..Default::default()
+            }],
+            config_version: 42,
+        });
+        let text = nodes_table(&v, 10_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "NODE  LISTEN         VERSION  LAG  LAST HEARTBEAT  CONTROL PLANE");
+        assert_eq!(lines[1], "n1    10.0.0.1:8080  41       1    3s ago          cp-a");
+    }
+
+    #[test]
+    fn apply_says_no_changes_and_dry_run() {
+        let v = ApplyView { changes: vec![], applied: false, dry_run: true, version: 0 };
+        assert_eq!(apply_result(&v), "no changes\ndry run: nothing was applied\n");
+        let v = ApplyView {
+            changes: vec!["+ models/x".into(), "- webhooks/oncall".into()],
+            applied: true,
+            dry_run: false,
+            version: 7,
+        };
+        assert_eq!(apply_result(&v), "+ models/x\n- webhooks/oncall\napplied: catalog version 7\n");
+    }
+}
