@@ -1,1 +1,968 @@
-//! The embedded store (to be written).
+//! The embedded store: etcd's semantics in one directory, for `switchyard dev` and
+//! single-machine installs.
+//!
+//! Layout of the directory:
+//! - `LOCK`: held with an exclusive OS lock for as long as the store is open, so a second
+//!   process opening the same directory fails at once instead of corrupting the log;
+//! - `snapshot.json`: the whole key space, the leases and the revision counter as of log
+//!   sequence number `seq`, replaced atomically (write temp, fsync, rename, fsync dir);
+//! - `wal.jsonl`: one JSON record per line after the snapshot, each fsynced before the call
+//!   that wrote it returns. When it grows past [`Options::log_rewrite_bytes`] a new snapshot
+//!   is written and the log truncated; records at or below the snapshot's `seq` are skipped
+//!   on replay, so a crash between the two steps is harmless.
+//!
+//! One writer thread owns the files and is the only code that mutates the state. It plans a
+//! change against the current state, makes the record durable, and only then applies it, so
+//! readers (which take the state's mutex briefly, never across I/O) never see a write that
+//! a crash could still lose.
+//!
+//! Knowing differences from etcd:
+//! - history survives a restart only for the revisions still in the log: after reopening,
+//!   the compaction floor is at least the snapshot's revision + 1 (a watcher asking for
+//!   older history gets [`StoreError::Compacted`] and must re-list, as it must on etcd);
+//! - history is bounded to the last [`Options::retain_revisions`] revisions (etcd keeps
+//!   everything until someone compacts);
+//! - lease TTLs are honoured to the millisecond (etcd rounds up to seconds and to a minimum);
+//!   after a restart every lease gets its full TTL again, as etcd does after a leader change.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{
+    Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Listing, Revision, Store,
+    StoreError, Txn, TxnOp, TxnResult, WatchBatch, WatchEvent, WatchStream,
+};
+
+const LOCK_FILE: &str = "LOCK";
+const SNAPSHOT_FILE: &str = "snapshot.json";
+const SNAPSHOT_TMP_FILE: &str = "snapshot.json.tmp";
+const LOG_FILE: &str = "wal.jsonl";
+
+/// How often the writer thread looks for expired leases.
+const EXPIRY_TICK: Duration = Duration::from_millis(250);
+/// A process that just dropped its store releases the lock a moment later (its writer
+/// thread finishes the last fsync first); waiting this long spares a reopen in the same
+/// process a spurious "in use" error while a real second process still fails fast.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+/// Most revisions a watcher copies out of history per lock acquisition.
+const WATCH_CHUNK: usize = 256;
+
+/// Tunables; [`Default`] is what `file://DIR` uses.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Revisions of history kept for watchers; older ones are compacted automatically.
+    pub retain_revisions: usize,
+    /// Log size that triggers a snapshot rewrite and log truncation.
+    pub log_rewrite_bytes: u64,
+    /// Batches buffered per watcher. A watcher that does not keep up is not dropped for
+    /// that alone: it reads on from history at its own pace, and only when automatic
+    /// retention passes its position does its stream yield [`StoreError::Compacted`] and
+    /// end (memory stays bounded by this buffer plus the shared history).
+    pub watch_buffer: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { retain_revisions: 10_000, log_rewrite_bytes: 64 * 1024 * 1024, watch_buffer: 64 }
+    }
+}
+
+pub struct EmbeddedStore {
+    state: Arc<Mutex<State>>,
+    commands: std_mpsc::Sender<Command>,
+    /// Bumped by the writer after every applied revision; watchers wait on it. Dropped with
+    /// the writer thread, which ends every watch.
+    revisions: watch::Receiver<Revision>,
+    watch_buffer: usize,
+}
+
+// === impl EmbeddedStore ===
+
+impl EmbeddedStore {
+    pub async fn open(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with(dir, Options::default()).await
+    }
+
+    pub async fn open_with(dir: &Path, options: Options) -> Result<Self, StoreError> {
+        let dir = dir.to_path_buf();
+        let opts = options.clone();
+        let recovered =
+            tokio::task::spawn_blocking(move || recover(&dir, &opts)).await.map_err(|e| {
+                StoreError::Unavailable(format!("embedded store recovery task failed: {e}"))
+            })??;
+        let state = Arc::new(Mutex::new(recovered.state));
+        let current = lock(&state).revision;
+        let (rev_tx, rev_rx) = watch::channel(current);
+        let (cmd_tx, cmd_rx) = std_mpsc::channel();
+        let writer = Writer {
+            state: state.clone(),
+            files: recovered.files,
+            seq: recovered.seq,
+            log_len: recovered.log_len,
+            options: options.clone(),
+            revisions: rev_tx,
+            rng: rand::rngs::StdRng::from_os_rng(),
+            failed: None,
+        };
+        std::thread::Builder::new()
+            .name("embedded-store-writer".into())
+            .spawn(move || writer.run(cmd_rx))?;
+        Ok(Self {
+            state,
+            commands: cmd_tx,
+            revisions: rev_rx,
+            watch_buffer: options.watch_buffer.max(1),
+        })
+    }
+
+    /// Stops the writer and releases the directory lock before returning, so the directory
+    /// can be reopened at once. Dropping the store does the same, just without waiting.
+    pub async fn close(self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Close(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    async fn request<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Command,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        // The queue is unbounded but every caller waits for its reply, so it never holds more
+        // than one command per concurrent caller.
+        self.commands.send(make(tx)).map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
+    }
+}
+
+fn closed() -> StoreError {
+    StoreError::Unavailable("the embedded store is closed".into())
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        Ok(lock(&self.state).kvs.get(key).cloned())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
+        let st = lock(&self.state);
+        let kvs = st
+            .kvs
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, kv)| kv.clone())
+            .collect();
+        Ok(Listing { kvs, revision: st.revision })
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> Result<Revision, StoreError> {
+        let txn =
+            Txn { success: vec![TxnOp::Put { key: key.into(), value, lease }], ..Txn::default() };
+        Ok(self.txn(txn).await?.revision)
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let txn = Txn {
+            compare: vec![Compare {
+                key: key.into(),
+                op: CompareOp::Greater,
+                target: CompareTarget::Version(0),
+            }],
+            success: vec![TxnOp::Delete { key: key.into() }],
+            failure: vec![],
+        };
+        Ok(self.txn(txn).await?.succeeded)
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResult, StoreError> {
+        self.request(|reply| Command::Txn(txn, reply)).await
+    }
+
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError> {
+        let cursor = if from <= 0 { lock(&self.state).revision + 1 } else { from };
+        let (tx, rx) = mpsc::channel(self.watch_buffer);
+        let watcher = Watcher {
+            state: self.state.clone(),
+            revisions: self.revisions.clone(),
+            prefix: prefix.to_owned(),
+            cursor,
+            tx,
+        };
+        tokio::spawn(watcher.run());
+        Ok(WatchStream::new(rx))
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        self.request(|reply| Command::Compact(revision, reply)).await
+    }
+
+    async fn current_revision(&self) -> Result<Revision, StoreError> {
+        Ok(lock(&self.state).revision)
+    }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        self.request(|reply| Command::Grant(ttl, reply)).await
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
+        self.request(|reply| Command::KeepAlive(lease, reply)).await
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError> {
+        self.request(|reply| Command::Revoke(lease, reply)).await
+    }
+}
+
+// === State ===
+
+#[derive(Default)]
+struct State {
+    revision: Revision,
+    /// The oldest revision a watch may start from; history holds every revision from here on.
+    floor: Revision,
+    kvs: BTreeMap<String, KeyValue>,
+    /// One entry per revision, ascending; every revision changed at least one key.
+    history: VecDeque<(Revision, Vec<WatchEvent>)>,
+    leases: HashMap<LeaseId, LeaseState>,
+}
+
+struct LeaseState {
+    ttl: Duration,
+    deadline: Instant,
+    keys: BTreeSet<String>,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // The state is only mutated by `apply`, which does not panic midway on valid records; a
+    // poisoned lock therefore still guards consistent data.
+    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl State {
+    fn empty() -> Self {
+        // etcd starts an empty key space at revision 1; the first write is revision 2.
+        Self { revision: 1, floor: 1, ..Self::default() }
+    }
+
+    fn holds(&self, c: &Compare) -> bool {
+        let kv = self.kvs.get(&c.key);
+        let num = |actual: i64, target: i64| match c.op {
+            CompareOp::Equal => actual == target,
+            CompareOp::NotEqual => actual != target,
+            CompareOp::Greater => actual > target,
+            CompareOp::Less => actual < target,
+        };
+        match &c.target {
+            CompareTarget::Version(v) => num(kv.map_or(0, |kv| kv.version), *v),
+            CompareTarget::CreateRevision(r) => num(kv.map_or(0, |kv| kv.create_revision), *r),
+            CompareTarget::ModRevision(r) => num(kv.map_or(0, |kv| kv.mod_revision), *r),
+            // etcd: a value comparison against a missing key is false whatever the operator.
+            CompareTarget::Value(v) => kv.is_some_and(|kv| match c.op {
+                CompareOp::Equal => kv.value == *v,
+                CompareOp::NotEqual => kv.value != *v,
+                CompareOp::Greater => kv.value > *v,
+                CompareOp::Less => kv.value < *v,
+            }),
+        }
+    }
+
+    /// Resolves a transaction into concrete single-key changes without touching the state.
+    fn plan_txn(&self, txn: &Txn) -> Result<(bool, Vec<Change>), StoreError> {
+        let succeeded = txn.compare.iter().all(|c| self.holds(c));
+        let ops = if succeeded { &txn.success } else { &txn.failure };
+        // Existence of keys as changed by earlier ops of this transaction.
+        let mut overlay: BTreeMap<String, bool> = BTreeMap::new();
+        let exists = |overlay: &BTreeMap<String, bool>, key: &str| {
+            overlay.get(key).copied().unwrap_or_else(|| self.kvs.contains_key(key))
+        };
+        let mut changes = Vec::new();
+        for op in ops {
+            match op {
+                TxnOp::Put { key, value, lease } => {
+                    let lease = lease.unwrap_or(0);
+                    if lease != 0 && !self.leases.contains_key(&lease) {
+                        return Err(StoreError::LeaseNotFound(lease));
+                    }
+                    overlay.insert(key.clone(), true);
+                    changes.push(Change::Put { key: key.clone(), value: value.clone(), lease });
+                }
+                TxnOp::Delete { key } => {
+                    if exists(&overlay, key) {
+                        overlay.insert(key.clone(), false);
+                        changes.push(Change::Delete { key: key.clone() });
+                    }
+                }
+                TxnOp::DeletePrefix { prefix } => {
+                    let keys: BTreeSet<String> = self
+                        .kvs
+                        .range(prefix.clone()..)
+                        .map(|(k, _)| k)
+                        .take_while(|k| k.starts_with(prefix.as_str()))
+                        .chain(overlay.keys().filter(|k| k.starts_with(prefix.as_str())))
+                        .cloned()
+                        .collect();
+                    for key in keys {
+                        if exists(&overlay, &key) {
+                            overlay.insert(key.clone(), false);
+                            changes.push(Change::Delete { key });
+                        }
+                    }
+                }
+            }
+        }
+        Ok((succeeded, changes))
+    }
+
+    /// Applies a durable record. Also used for replay, so it must be deterministic.
+    fn apply(&mut self, record: &Record, now: Instant, retain: usize) {
+        match record {
+            Record::Commit { changes } => self.commit(changes, retain),
+            Record::Grant { id, ttl_ms } => {
+                let ttl = Duration::from_millis(*ttl_ms);
+                self.leases
+                    .insert(*id, LeaseState { ttl, deadline: now + ttl, keys: BTreeSet::new() });
+            }
+            Record::Revoke { id } => {
+                if let Some(lease) = self.leases.remove(id) {
+                    let changes: Vec<Change> = lease
+                        .keys
+                        .into_iter()
+                        .filter(|k| self.kvs.get(k).is_some_and(|kv| kv.lease == *id))
+                        .map(|key| Change::Delete { key })
+                        .collect();
+                    self.commit(&changes, retain);
+                }
+            }
+            Record::Compact { revision } => self.compact_to(*revision),
+        }
+    }
+
+    fn commit(&mut self, changes: &[Change], retain: usize) {
+        if changes.is_empty() {
+            return;
+        }
+        let rev = self.revision + 1;
+        let mut events = Vec::with_capacity(changes.len());
+        for change in changes {
+            match change {
+                Change::Put { key, value, lease } => {
+                    let previous = self.kvs.get(key);
+                    let (create_revision, version, old_lease) = previous
+                        .map_or((rev, 1, 0), |kv| (kv.create_revision, kv.version + 1, kv.lease));
+                    if old_lease != 0 && old_lease != *lease {
+                        if let Some(l) = self.leases.get_mut(&old_lease) {
+                            l.keys.remove(key);
+                        }
+                    }
+                    if *lease != 0 {
+                        if let Some(l) = self.leases.get_mut(lease) {
+                            l.keys.insert(key.clone());
+                        }
+                    }
+                    let kv = KeyValue {
+                        key: key.clone(),
+                        value: value.clone(),
+                        create_revision,
+                        mod_revision: rev,
+                        version,
+                        lease: *lease,
+                    };
+                    self.kvs.insert(key.clone(), kv.clone());
+                    events.push(WatchEvent { kind: EventKind::Put, kv });
+                }
+                Change::Delete { key } => {
+                    if let Some(old) = self.kvs.remove(key) {
+                        if old.lease != 0 {
+                            if let Some(l) = self.leases.get_mut(&old.lease) {
+                                l.keys.remove(key);
+                            }
+                        }
+                        events
+                            .push(WatchEvent { kind: EventKind::Delete, kv: tombstone(key, rev) });
+                    }
+                }
+            }
+        }
+        if events.is_empty() {
+            return;
+        }
+        self.revision = rev;
+        self.history.push_back((rev, events));
+        while self.history.len() > retain.max(1) {
+            if let Some((oldest, _)) = self.history.pop_front() {
+                self.floor = self.floor.max(oldest + 1);
+            }
+        }
+    }
+
+    fn compact_to(&mut self, revision: Revision) {
+        if revision <= self.floor {
+            return;
+        }
+        self.floor = revision;
+        while self.history.front().is_some_and(|(r, _)| *r < revision) {
+            self.history.pop_front();
+        }
+    }
+}
+
+fn tombstone(key: &str, revision: Revision) -> KeyValue {
+    // etcd's delete events carry only the key and the revision of the delete.
+    KeyValue {
+        key: key.to_owned(),
+        value: Vec::new(),
+        create_revision: 0,
+        mod_revision: revision,
+        version: 0,
+        lease: 0,
+    }
+}
+
+// === On-disk records ===
+
+#[derive(Serialize, Deserialize)]
+struct LogEntry {
+    seq: u64,
+    record: Record,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Record {
+    /// One revision: every change of one transaction.
+    Commit {
+        changes: Vec<Change>,
+    },
+    Grant {
+        id: LeaseId,
+        ttl_ms: u64,
+    },
+    /// Removes the lease and deletes its keys at a new revision.
+    Revoke {
+        id: LeaseId,
+    },
+    Compact {
+        revision: Revision,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Change {
+    Put {
+        key: String,
+        #[serde(with = "hex_bytes")]
+        value: Vec<u8>,
+        lease: LeaseId,
+    },
+    Delete {
+        key: String,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Snapshot {
+    seq: u64,
+    revision: Revision,
+    floor: Revision,
+    kvs: Vec<StoredKv>,
+    leases: Vec<StoredLease>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredKv {
+    key: String,
+    #[serde(with = "hex_bytes")]
+    value: Vec<u8>,
+    create_revision: Revision,
+    mod_revision: Revision,
+    version: i64,
+    lease: LeaseId,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredLease {
+    id: LeaseId,
+    ttl_ms: u64,
+}
+
+/// Values are arbitrary bytes; hex keeps the files readable and half the size of a JSON
+/// array of numbers.
+mod hex_bytes {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(bytes.len() * 2);
+        for b in bytes {
+            out.push(char::from(DIGITS[usize::from(b >> 4)]));
+            out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+        }
+        s.serialize_str(&out)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.len() % 2 != 0 {
+            return Err(D::Error::custom("odd-length hex value"));
+        }
+        (0..s.len())
+            .step_by(2)
+            .map(|i| {
+                s.get(i..i + 2)
+                    .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                    .ok_or_else(|| D::Error::custom("invalid hex value"))
+            })
+            .collect()
+    }
+}
+
+// === Recovery ===
+
+struct Files {
+    dir: PathBuf,
+    log: File,
+    /// Held (and locked) for as long as the writer lives.
+    _lock: File,
+}
+
+struct Recovered {
+    state: State,
+    files: Files,
+    seq: u64,
+    log_len: u64,
+}
+
+fn recover(dir: &Path, options: &Options) -> Result<Recovered, StoreError> {
+    std::fs::create_dir_all(dir)?;
+    let lock_file = acquire_lock(dir)?;
+    let now = Instant::now();
+
+    let mut state = State::empty();
+    let mut seq = 0;
+    let snapshot_path = dir.join(SNAPSHOT_FILE);
+    if snapshot_path.exists() {
+        let bytes = std::fs::read(&snapshot_path)?;
+        let snap: Snapshot = serde_json::from_slice(&bytes)
+            .map_err(|e| StoreError::Corrupt(format!("{}: {e}", snapshot_path.display())))?;
+        seq = snap.seq;
+        state.revision = snap.revision;
+        // History before the snapshot is not kept on disk.
+        state.floor = snap.floor.max(snap.revision + 1);
+        for l in snap.leases {
+            let ttl = Duration::from_millis(l.ttl_ms);
+            state
+                .leases
+                .insert(l.id, LeaseState { ttl, deadline: now + ttl, keys: BTreeSet::new() });
+        }
+        for kv in snap.kvs {
+            if kv.lease != 0 {
+                if let Some(l) = state.leases.get_mut(&kv.lease) {
+                    l.keys.insert(kv.key.clone());
+                }
+            }
+            state.kvs.insert(
+                kv.key.clone(),
+                KeyValue {
+                    key: kv.key,
+                    value: kv.value,
+                    create_revision: kv.create_revision,
+                    mod_revision: kv.mod_revision,
+                    version: kv.version,
+                    lease: kv.lease,
+                },
+            );
+        }
+    }
+
+    let log_path = dir.join(LOG_FILE);
+    let mut log_len = 0u64;
+    if log_path.exists() {
+        let mut reader = BufReader::new(File::open(&log_path)?);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = reader.read_until(b'\n', &mut line)?;
+            if n == 0 {
+                break;
+            }
+            if line.last() != Some(&b'\n') {
+                // A torn final line is a write that never returned to its caller: drop it.
+                tracing::warn!(path = %log_path.display(), "dropping torn last record of the embedded store log");
+                break;
+            }
+            let entry: LogEntry = serde_json::from_slice(&line).map_err(|e| {
+                StoreError::Corrupt(format!("{} at byte {log_len}: {e}", log_path.display()))
+            })?;
+            if entry.seq > seq {
+                state.apply(&entry.record, now, options.retain_revisions);
+                seq = entry.seq;
+            }
+            log_len += n as u64;
+        }
+    }
+    let log = OpenOptions::new().create(true).append(true).open(&log_path)?;
+    if log.metadata()?.len() != log_len {
+        log.set_len(log_len)?;
+        log.sync_all()?;
+    }
+    sync_dir(dir)?;
+    Ok(Recovered {
+        state,
+        files: Files { dir: dir.to_path_buf(), log, _lock: lock_file },
+        seq,
+        log_len,
+    })
+}
+
+fn acquire_lock(dir: &Path) -> Result<File, StoreError> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+    let started = Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_WAIT => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Unavailable(format!(
+                    "store directory {} is in use by another process (lock held on {})",
+                    dir.display(),
+                    path.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+// === Writer thread ===
+
+enum Command {
+    Txn(Txn, oneshot::Sender<Result<TxnResult, StoreError>>),
+    Grant(Duration, oneshot::Sender<Result<LeaseId, StoreError>>),
+    KeepAlive(LeaseId, oneshot::Sender<Result<Duration, StoreError>>),
+    Revoke(LeaseId, oneshot::Sender<Result<(), StoreError>>),
+    Compact(Revision, oneshot::Sender<Result<(), StoreError>>),
+    Close(oneshot::Sender<()>),
+}
+
+struct Writer {
+    state: Arc<Mutex<State>>,
+    files: Files,
+    seq: u64,
+    log_len: u64,
+    options: Options,
+    revisions: watch::Sender<Revision>,
+    rng: rand::rngs::StdRng,
+    /// After a failed write the log may end in a partial record; refusing further writes
+    /// keeps what is on disk replayable.
+    failed: Option<String>,
+}
+
+impl Writer {
+    fn run(mut self, commands: std_mpsc::Receiver<Command>) {
+        let mut last_expiry = Instant::now();
+        loop {
+            match commands.recv_timeout(EXPIRY_TICK) {
+                Ok(Command::Close(done)) => {
+                    drop(self);
+                    let _ = done.send(());
+                    return;
+                }
+                Ok(command) => self.handle(command),
+                Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            if last_expiry.elapsed() >= EXPIRY_TICK {
+                last_expiry = Instant::now();
+                self.expire_leases();
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Txn(txn, reply) => {
+                let _ = reply.send(self.txn(&txn));
+            }
+            Command::Grant(ttl, reply) => {
+                let _ = reply.send(self.grant(ttl));
+            }
+            Command::KeepAlive(id, reply) => {
+                let _ = reply.send(self.keep_alive(id));
+            }
+            Command::Revoke(id, reply) => {
+                let _ = reply.send(self.revoke(id));
+            }
+            Command::Compact(revision, reply) => {
+                let _ = reply.send(self.compact(revision));
+            }
+            Command::Close(_) => {}
+        }
+    }
+
+    fn txn(&mut self, txn: &Txn) -> Result<TxnResult, StoreError> {
+        let (succeeded, changes) = lock(&self.state).plan_txn(txn)?;
+        if !changes.is_empty() {
+            self.write(Record::Commit { changes })?;
+        }
+        Ok(TxnResult { succeeded, revision: lock(&self.state).revision })
+    }
+
+    fn grant(&mut self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let id = {
+            let st = lock(&self.state);
+            loop {
+                // etcd lease IDs are positive; 0 means "no lease".
+                let id = self.rng.random::<i64>() & i64::MAX;
+                if id != 0 && !st.leases.contains_key(&id) {
+                    break id;
+                }
+            }
+        };
+        self.write(Record::Grant { id, ttl_ms })?;
+        Ok(id)
+    }
+
+    fn keep_alive(&mut self, id: LeaseId) -> Result<Duration, StoreError> {
+        // Deadlines are not persisted (a restart renews every lease), so this needs no write.
+        let mut st = lock(&self.state);
+        let now = Instant::now();
+        match st.leases.get_mut(&id) {
+            Some(lease) if lease.deadline > now => {
+                lease.deadline = now + lease.ttl;
+                Ok(lease.ttl)
+            }
+            _ => Err(StoreError::LeaseNotFound(id)),
+        }
+    }
+
+    fn revoke(&mut self, id: LeaseId) -> Result<(), StoreError> {
+        if !lock(&self.state).leases.contains_key(&id) {
+            return Err(StoreError::LeaseNotFound(id));
+        }
+        self.write(Record::Revoke { id })
+    }
+
+    fn compact(&mut self, revision: Revision) -> Result<(), StoreError> {
+        let (current, floor) = {
+            let st = lock(&self.state);
+            (st.revision, st.floor)
+        };
+        if revision > current {
+            return Err(StoreError::Unavailable(format!(
+                "cannot compact to revision {revision}: the store is at revision {current}"
+            )));
+        }
+        if revision <= floor {
+            return Ok(());
+        }
+        self.write(Record::Compact { revision })
+    }
+
+    fn expire_leases(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<LeaseId> = lock(&self.state)
+            .leases
+            .iter()
+            .filter(|(_, l)| l.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            if let Err(e) = self.write(Record::Revoke { id }) {
+                tracing::error!(error = %e, lease = id, "embedded store could not expire a lease");
+                return;
+            }
+        }
+    }
+
+    /// Makes `record` durable, then applies it and wakes the watchers.
+    fn write(&mut self, record: Record) -> Result<(), StoreError> {
+        if let Some(reason) = &self.failed {
+            return Err(StoreError::Unavailable(format!(
+                "embedded store stopped accepting writes: {reason}"
+            )));
+        }
+        let entry = LogEntry { seq: self.seq + 1, record };
+        let mut line = serde_json::to_vec(&entry)
+            .map_err(|e| StoreError::Corrupt(format!("encoding a record: {e}")))?;
+        line.push(b'\n');
+        if let Err(e) = self.files.log.write_all(&line).and_then(|()| self.files.log.sync_data()) {
+            self.failed = Some(e.to_string());
+            return Err(e.into());
+        }
+        self.seq = entry.seq;
+        self.log_len += line.len() as u64;
+        let revision = {
+            let mut st = lock(&self.state);
+            st.apply(&entry.record, Instant::now(), self.options.retain_revisions);
+            st.revision
+        };
+        self.revisions.send_replace(revision);
+        if self.log_len > self.options.log_rewrite_bytes {
+            if let Err(e) = self.rewrite() {
+                // The record itself is durable in the log; only the rewrite failed.
+                tracing::error!(error = %e, "embedded store could not rewrite its snapshot");
+            }
+        }
+        Ok(())
+    }
+
+    fn rewrite(&mut self) -> Result<(), StoreError> {
+        let bytes = {
+            let st = lock(&self.state);
+            let snapshot = Snapshot {
+                seq: self.seq,
+                revision: st.revision,
+                floor: st.floor,
+                kvs: st
+                    .kvs
+                    .values()
+                    .map(|kv| StoredKv {
+                        key: kv.key.clone(),
+                        value: kv.value.clone(),
+                        create_revision: kv.create_revision,
+                        mod_revision: kv.mod_revision,
+                        version: kv.version,
+                        lease: kv.lease,
+                    })
+                    .collect(),
+                leases: st
+                    .leases
+                    .iter()
+                    .map(|(id, l)| StoredLease {
+                        id: *id,
+                        ttl_ms: u64::try_from(l.ttl.as_millis()).unwrap_or(u64::MAX),
+                    })
+                    .collect(),
+            };
+            serde_json::to_vec(&snapshot)
+                .map_err(|e| StoreError::Corrupt(format!("encoding the snapshot: {e}")))?
+        };
+        let tmp = self.files.dir.join(SNAPSHOT_TMP_FILE);
+        let mut file = File::create(&tmp)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&tmp, self.files.dir.join(SNAPSHOT_FILE))?;
+        sync_dir(&self.files.dir)?;
+        // Records up to `seq` are in the snapshot now; should this truncate not happen, replay
+        // skips them by their sequence number.
+        self.files.log.set_len(0)?;
+        self.files.log.sync_all()?;
+        self.log_len = 0;
+        Ok(())
+    }
+}
+
+// === Watchers ===
+
+struct Watcher {
+    state: Arc<Mutex<State>>,
+    revisions: watch::Receiver<Revision>,
+    prefix: String,
+    /// The next revision this watcher has not yet looked at.
+    cursor: Revision,
+    tx: mpsc::Sender<Result<WatchBatch, StoreError>>,
+}
+
+impl Watcher {
+    async fn run(mut self) {
+        loop {
+            self.revisions.borrow_and_update();
+            let gathered = {
+                let st = lock(&self.state);
+                if self.cursor < st.floor {
+                    Err(st.floor)
+                } else {
+                    let start = st.history.partition_point(|(r, _)| *r < self.cursor);
+                    let mut batches = Vec::new();
+                    for (rev, events) in st.history.range(start..).take(WATCH_CHUNK) {
+                        let events: Vec<WatchEvent> = events
+                            .iter()
+                            .filter(|e| e.kv.key.starts_with(&self.prefix))
+                            .cloned()
+                            .collect();
+                        if !events.is_empty() {
+                            batches.push(WatchBatch { events });
+                        }
+                        self.cursor = rev + 1;
+                    }
+                    Ok((batches, self.cursor > st.revision))
+                }
+            };
+            let (batches, caught_up) = match gathered {
+                Ok(gathered) => gathered,
+                Err(compact_revision) => {
+                    let _ = self.tx.send(Err(StoreError::Compacted { compact_revision })).await;
+                    return;
+                }
+            };
+            for batch in batches {
+                if self.tx.send(Ok(batch)).await.is_err() {
+                    return;
+                }
+            }
+            if caught_up {
+                tokio::select! {
+                    changed = self.revisions.changed() => if changed.is_err() { return },
+                    () = self.tx.closed() => return,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delete_prefix_in_txn_sees_earlier_puts() {
+        let mut st = State::empty();
+        st.apply(
+            &Record::Commit {
+                changes: vec![Change::Put { key: "a/1".into(), value: vec![], lease: 0 }],
+            },
+            Instant::now(),
+            10,
+        );
+        let txn = Txn {
+            success: vec![
+                TxnOp::Put { key: "a/2".into(), value: vec![1], lease: None },
+                TxnOp::DeletePrefix { prefix: "a/".into() },
+                TxnOp::Delete { key: "a/1".into() },
+            ],
+            ..Txn::default()
+        };
+        let (ok, changes) = st.plan_txn(&txn).unwrap();
+        assert!(ok);
+        // put a/2, delete a/1, delete a/2; the later single delete of a/1 is a no-op.
+        assert_eq!(changes.len(), 3);
+    }
+}

@@ -157,7 +157,12 @@ pub trait Store: Send + Sync + 'static {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError>;
     /// Returns the revision of the write.
-    async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision, StoreError>;
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> Result<Revision, StoreError>;
     /// Returns whether the key existed.
     async fn delete(&self, key: &str) -> Result<bool, StoreError>;
     async fn txn(&self, txn: Txn) -> Result<TxnResult, StoreError>;
@@ -179,7 +184,10 @@ pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
         let endpoints: Vec<String> =
             endpoints.split(',').filter(|e| !e.is_empty()).map(|e| format!("http://{e}")).collect();
         if endpoints.is_empty() {
-            return Err(StoreError::InvalidUrl { url: url.into(), reason: "no etcd endpoint".into() });
+            return Err(StoreError::InvalidUrl {
+                url: url.into(),
+                reason: "no etcd endpoint".into(),
+            });
         }
         Ok(std::sync::Arc::new(etcd::EtcdStore::connect(&endpoints).await?))
     } else if let Some(dir) = url.strip_prefix("file://") {

@@ -1,0 +1,610 @@
+//! One suite, both backends: every case in `cases` runs against the embedded store and
+//! against a real etcd started for the test (see `support/etcd.rs`). Cases that only make
+//! sense for one backend (restart, directory lock, retention) are at the end.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/etcd.rs"]
+mod etcd_process;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use switchyard_control_plane::store::embedded::{EmbeddedStore, Options};
+use switchyard_control_plane::store::etcd::EtcdStore;
+use switchyard_control_plane::store::{
+    Compare, CompareOp, CompareTarget, EventKind, Store, StoreError, Txn, TxnOp, WatchBatch,
+    WatchEvent, WatchStream, election,
+};
+
+/// A backend under test plus whatever must outlive it (its directory or its etcd process).
+pub struct Backend {
+    store: Arc<dyn Store>,
+    _guard: Guard,
+}
+
+enum Guard {
+    Dir(#[allow(dead_code)] tempfile::TempDir),
+    Etcd(#[allow(dead_code)] etcd_process::EtcdProcess),
+}
+
+impl Backend {
+    async fn embedded() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).await.unwrap();
+        Self { store: Arc::new(store), _guard: Guard::Dir(dir) }
+    }
+
+    async fn etcd() -> Self {
+        let etcd = etcd_process::EtcdProcess::start().await;
+        let store = EtcdStore::connect(&[etcd.endpoint().to_owned()]).await.unwrap();
+        Self { store: Arc::new(store), _guard: Guard::Etcd(etcd) }
+    }
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::cases::$name(super::Backend::embedded().await).await;
+                }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::cases::$name(super::Backend::etcd().await).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    get_put_delete_round_trip,
+    versions_and_revisions_are_tracked_per_key,
+    revision_starts_at_one_and_grows_by_one_per_changing_write,
+    list_is_sorted_and_respects_prefix_boundaries,
+    txn_absent_compare_runs_success_then_failure_branch,
+    txn_mod_revision_compare_is_compare_and_swap,
+    txn_value_compare_and_missing_key_never_matches_a_value,
+    txn_not_equal_greater_less_compares,
+    watch_from_past_revision_replays_history_in_order,
+    live_watch_sees_only_later_writes_under_its_prefix,
+    delete_event_carries_key_and_delete_revision,
+    events_of_one_txn_arrive_in_one_batch,
+    watch_from_compacted_revision_yields_compacted_with_the_floor,
+    lease_expiry_deletes_keys_and_emits_delete_events,
+    revoke_deletes_attached_keys_at_one_new_revision,
+    keep_alive_keeps_keys_past_their_ttl,
+    keep_alive_of_expired_lease_is_lease_not_found,
+    put_with_unknown_lease_is_lease_not_found,
+    election_has_one_leader_and_hands_over_on_resign,
+    election_hands_over_when_the_leaders_lease_is_revoked,
+);
+
+const WAIT: Duration = Duration::from_secs(10);
+/// Etcd's minimum with the harness's raft timings; the embedded store honours it as is.
+const SHORT_TTL: Duration = Duration::from_secs(1);
+
+async fn next_batch(watch: &mut WatchStream) -> WatchBatch {
+    match tokio::time::timeout(WAIT, watch.next()).await {
+        Ok(Some(Ok(batch))) => batch,
+        Ok(Some(Err(e))) => panic!("watch failed: {e}"),
+        Ok(None) => panic!("watch ended"),
+        Err(_) => panic!("no watch batch within {WAIT:?}"),
+    }
+}
+
+/// The next `n` events, whatever batches they came in.
+async fn next_events(watch: &mut WatchStream, n: usize) -> Vec<WatchEvent> {
+    let mut events = Vec::new();
+    while events.len() < n {
+        events.extend(next_batch(watch).await.events);
+    }
+    assert_eq!(events.len(), n, "more events than expected: {events:?}");
+    events
+}
+
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < WAIT, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn put(key: &str, value: &str) -> TxnOp {
+    TxnOp::Put { key: key.into(), value: value.as_bytes().to_vec(), lease: None }
+}
+
+fn cmp(key: &str, op: CompareOp, target: CompareTarget) -> Compare {
+    Compare { key: key.into(), op, target }
+}
+
+mod cases {
+    use super::*;
+
+    pub async fn get_put_delete_round_trip(b: Backend) {
+        let s = &b.store;
+        assert_eq!(s.get("k").await.unwrap(), None);
+        s.put("k", b"v1".to_vec(), None).await.unwrap();
+        let kv = s.get("k").await.unwrap().unwrap();
+        assert_eq!((kv.key.as_str(), kv.value.as_slice(), kv.lease), ("k", &b"v1"[..], 0));
+        assert!(s.delete("k").await.unwrap(), "delete of an existing key reports it existed");
+        assert_eq!(s.get("k").await.unwrap(), None);
+        assert!(!s.delete("k").await.unwrap(), "delete of a missing key reports it did not");
+    }
+
+    pub async fn versions_and_revisions_are_tracked_per_key(b: Backend) {
+        let s = &b.store;
+        let r1 = s.put("k", b"1".to_vec(), None).await.unwrap();
+        let kv = s.get("k").await.unwrap().unwrap();
+        assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (r1, r1, 1));
+        let r2 = s.put("k", b"2".to_vec(), None).await.unwrap();
+        assert_eq!(r2, r1 + 1);
+        let kv = s.get("k").await.unwrap().unwrap();
+        assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (r1, r2, 2));
+        s.put("other", b"x".to_vec(), None).await.unwrap();
+        assert_eq!(s.get("k").await.unwrap().unwrap().mod_revision, r2, "other keys don't touch k");
+        s.delete("k").await.unwrap();
+        let r4 = s.put("k", b"3".to_vec(), None).await.unwrap();
+        let kv = s.get("k").await.unwrap().unwrap();
+        assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (r4, r4, 1), "recreated");
+    }
+
+    pub async fn revision_starts_at_one_and_grows_by_one_per_changing_write(b: Backend) {
+        let s = &b.store;
+        assert_eq!(s.current_revision().await.unwrap(), 1);
+        assert_eq!(s.put("a", b"1".to_vec(), None).await.unwrap(), 2);
+        let txn = Txn { success: vec![put("b", "1"), put("c", "1")], ..Txn::default() };
+        assert_eq!(s.txn(txn).await.unwrap().revision, 3, "one txn is one revision");
+        assert!(!s.delete("missing").await.unwrap());
+        assert_eq!(s.current_revision().await.unwrap(), 3, "a delete that deletes nothing");
+        let failing = Txn { compare: vec![Compare::absent("a")], ..Txn::default() };
+        let result = s.txn(failing).await.unwrap();
+        assert!(!result.succeeded);
+        assert_eq!(result.revision, 3, "a txn that changes nothing");
+        assert!(s.delete("a").await.unwrap());
+        assert_eq!(s.current_revision().await.unwrap(), 4);
+    }
+
+    pub async fn list_is_sorted_and_respects_prefix_boundaries(b: Backend) {
+        let s = &b.store;
+        for key in ["a/2", "a0", "a/1", "a", "b/1", "a/1/x", "a/"] {
+            s.put(key, key.as_bytes().to_vec(), None).await.unwrap();
+        }
+        let listing = s.list("a/").await.unwrap();
+        let keys: Vec<&str> = listing.kvs.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(keys, ["a/", "a/1", "a/1/x", "a/2"]);
+        assert_eq!(listing.revision, s.current_revision().await.unwrap());
+        assert!(s.list("zzz/").await.unwrap().kvs.is_empty());
+        assert_eq!(s.list("").await.unwrap().kvs.len(), 7, "the empty prefix lists every key");
+    }
+
+    pub async fn txn_absent_compare_runs_success_then_failure_branch(b: Backend) {
+        let s = &b.store;
+        let create = || Txn {
+            compare: vec![Compare::absent("lock")],
+            success: vec![put("lock", "me")],
+            failure: vec![put("lost", "yes")],
+        };
+        let first = s.txn(create()).await.unwrap();
+        assert!(first.succeeded);
+        assert_eq!(s.get("lock").await.unwrap().unwrap().value, b"me");
+        assert_eq!(s.get("lost").await.unwrap(), None, "failure branch did not run");
+        let second = s.txn(create()).await.unwrap();
+        assert!(!second.succeeded);
+        assert_eq!(second.revision, first.revision + 1, "the failure branch wrote");
+        assert_eq!(s.get("lost").await.unwrap().unwrap().value, b"yes");
+    }
+
+    pub async fn txn_mod_revision_compare_is_compare_and_swap(b: Backend) {
+        let s = &b.store;
+        let r = s.put("k", b"1".to_vec(), None).await.unwrap();
+        let cas = |rev| Txn {
+            compare: vec![Compare::mod_revision("k", rev)],
+            success: vec![put("k", "2")],
+            failure: vec![],
+        };
+        assert!(s.txn(cas(r)).await.unwrap().succeeded);
+        assert!(!s.txn(cas(r)).await.unwrap().succeeded, "stale mod revision");
+        assert_eq!(s.get("k").await.unwrap().unwrap().value, b"2");
+        assert!(
+            s.txn(Txn { compare: vec![Compare::mod_revision("missing", 0)], ..Txn::default() })
+                .await
+                .unwrap()
+                .succeeded
+        );
+    }
+
+    pub async fn txn_value_compare_and_missing_key_never_matches_a_value(b: Backend) {
+        let s = &b.store;
+        s.put("k", b"v".to_vec(), None).await.unwrap();
+        let check = |key: &str, op, value: &[u8]| Txn {
+            compare: vec![cmp(key, op, CompareTarget::Value(value.to_vec()))],
+            ..Txn::default()
+        };
+        assert!(s.txn(check("k", CompareOp::Equal, b"v")).await.unwrap().succeeded);
+        assert!(!s.txn(check("k", CompareOp::Equal, b"w")).await.unwrap().succeeded);
+        assert!(s.txn(check("k", CompareOp::NotEqual, b"w")).await.unwrap().succeeded);
+        assert!(s.txn(check("k", CompareOp::Greater, b"a")).await.unwrap().succeeded);
+        assert!(s.txn(check("k", CompareOp::Less, b"z")).await.unwrap().succeeded);
+        for op in [CompareOp::Equal, CompareOp::NotEqual, CompareOp::Greater, CompareOp::Less] {
+            assert!(
+                !s.txn(check("missing", op, b"")).await.unwrap().succeeded,
+                "{op:?} on a missing key's value"
+            );
+        }
+    }
+
+    pub async fn txn_not_equal_greater_less_compares(b: Backend) {
+        let s = &b.store;
+        let r1 = s.put("k", b"1".to_vec(), None).await.unwrap();
+        s.put("k", b"2".to_vec(), None).await.unwrap();
+        let holds = |c: Compare| {
+            let s = s.clone();
+            async move { s.txn(Txn { compare: vec![c], ..Txn::default() }).await.unwrap().succeeded }
+        };
+        assert!(holds(cmp("k", CompareOp::Greater, CompareTarget::Version(1))).await);
+        assert!(!holds(cmp("k", CompareOp::Greater, CompareTarget::Version(2))).await);
+        assert!(holds(cmp("k", CompareOp::Less, CompareTarget::Version(3))).await);
+        assert!(holds(cmp("k", CompareOp::NotEqual, CompareTarget::Version(1))).await);
+        assert!(holds(cmp("k", CompareOp::Equal, CompareTarget::CreateRevision(r1))).await);
+        assert!(holds(cmp("k", CompareOp::Greater, CompareTarget::ModRevision(r1))).await);
+        assert!(holds(cmp("k", CompareOp::Less, CompareTarget::CreateRevision(r1 + 1))).await);
+        // A missing key counts as 0 for version and revisions.
+        assert!(holds(cmp("missing", CompareOp::Equal, CompareTarget::Version(0))).await);
+        assert!(holds(cmp("missing", CompareOp::Less, CompareTarget::ModRevision(1))).await);
+        assert!(!holds(cmp("missing", CompareOp::Greater, CompareTarget::CreateRevision(0))).await);
+        // Every comparison must hold.
+        let mixed = Txn {
+            compare: vec![
+                cmp("k", CompareOp::Equal, CompareTarget::Version(2)),
+                cmp("k", CompareOp::Equal, CompareTarget::Version(1)),
+            ],
+            ..Txn::default()
+        };
+        assert!(!s.txn(mixed).await.unwrap().succeeded);
+    }
+
+    pub async fn watch_from_past_revision_replays_history_in_order(b: Backend) {
+        let s = &b.store;
+        let r1 = s.put("a/1", b"1".to_vec(), None).await.unwrap();
+        let r2 = s.put("a/2", b"2".to_vec(), None).await.unwrap();
+        s.put("b/1", b"x".to_vec(), None).await.unwrap();
+        s.delete("a/1").await.unwrap();
+        let r4 = s.current_revision().await.unwrap();
+        let mut watch = s.watch("a/", r1).await.unwrap();
+        let events = next_events(&mut watch, 3).await;
+        let seen: Vec<(EventKind, &str, i64)> =
+            events.iter().map(|e| (e.kind, e.kv.key.as_str(), e.kv.mod_revision)).collect();
+        assert_eq!(
+            seen,
+            [
+                (EventKind::Put, "a/1", r1),
+                (EventKind::Put, "a/2", r2),
+                (EventKind::Delete, "a/1", r4)
+            ]
+        );
+        assert_eq!(events[1].kv.value, b"2");
+        // ...then live.
+        let r5 = s.put("a/3", b"3".to_vec(), None).await.unwrap();
+        let live = next_events(&mut watch, 1).await;
+        assert_eq!((live[0].kv.key.as_str(), live[0].kv.mod_revision), ("a/3", r5));
+    }
+
+    pub async fn live_watch_sees_only_later_writes_under_its_prefix(b: Backend) {
+        let s = &b.store;
+        s.put("a/old", b"old".to_vec(), None).await.unwrap();
+        let mut watch = s.watch("a/", 0).await.unwrap();
+        s.put("a0", b"outside".to_vec(), None).await.unwrap();
+        s.put("b/1", b"outside".to_vec(), None).await.unwrap();
+        let r = s.put("a/new", b"new".to_vec(), None).await.unwrap();
+        let events = next_events(&mut watch, 1).await;
+        assert_eq!(events[0].kind, EventKind::Put);
+        assert_eq!(
+            (events[0].kv.key.as_str(), events[0].kv.value.as_slice(), events[0].kv.mod_revision),
+            ("a/new", &b"new"[..], r)
+        );
+        assert_eq!((events[0].kv.create_revision, events[0].kv.version), (r, 1));
+    }
+
+    pub async fn delete_event_carries_key_and_delete_revision(b: Backend) {
+        let s = &b.store;
+        s.put("a/k", b"v".to_vec(), None).await.unwrap();
+        let mut watch = s.watch("a/", 0).await.unwrap();
+        assert!(s.delete("a/k").await.unwrap());
+        let deleted_at = s.current_revision().await.unwrap();
+        let events = next_events(&mut watch, 1).await;
+        assert_eq!(events[0].kind, EventKind::Delete);
+        assert_eq!(events[0].kv.key, "a/k");
+        assert_eq!(events[0].kv.mod_revision, deleted_at);
+        assert!(events[0].kv.value.is_empty());
+    }
+
+    pub async fn events_of_one_txn_arrive_in_one_batch(b: Backend) {
+        let s = &b.store;
+        s.put("a/0", b"0".to_vec(), None).await.unwrap();
+        let mut watch = s.watch("a/", 0).await.unwrap();
+        let txn = Txn {
+            success: vec![put("a/1", "1"), put("a/2", "2"), TxnOp::Delete { key: "a/0".into() }],
+            ..Txn::default()
+        };
+        let r = s.txn(txn).await.unwrap().revision;
+        let batch = next_batch(&mut watch).await;
+        assert_eq!(batch.events.len(), 3, "{batch:?}");
+        assert!(batch.events.iter().all(|e| e.kv.mod_revision == r));
+        let kinds: Vec<EventKind> = batch.events.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [EventKind::Put, EventKind::Put, EventKind::Delete]);
+    }
+
+    pub async fn watch_from_compacted_revision_yields_compacted_with_the_floor(b: Backend) {
+        let s = &b.store;
+        let r1 = s.put("k", b"1".to_vec(), None).await.unwrap();
+        s.put("k", b"2".to_vec(), None).await.unwrap();
+        let r3 = s.put("k", b"3".to_vec(), None).await.unwrap();
+        s.compact(r3).await.unwrap();
+        let mut watch = s.watch("k", r1).await.unwrap();
+        match tokio::time::timeout(WAIT, watch.next()).await.unwrap() {
+            Some(Err(StoreError::Compacted { compact_revision })) => {
+                assert_eq!(compact_revision, r3)
+            }
+            other => panic!("expected Compacted, got {other:?}"),
+        }
+        assert!(tokio::time::timeout(WAIT, watch.next()).await.unwrap().is_none(), "stream ends");
+        // The floor itself is still watchable.
+        let mut watch = s.watch("k", r3).await.unwrap();
+        let events = next_events(&mut watch, 1).await;
+        assert_eq!((events[0].kv.mod_revision, events[0].kv.value.as_slice()), (r3, &b"3"[..]));
+    }
+
+    pub async fn lease_expiry_deletes_keys_and_emits_delete_events(b: Backend) {
+        let s = &b.store;
+        let lease = s.grant_lease(SHORT_TTL).await.unwrap();
+        s.put("l/k", b"v".to_vec(), Some(lease)).await.unwrap();
+        s.put("l/keep", b"v".to_vec(), None).await.unwrap();
+        assert_eq!(s.get("l/k").await.unwrap().unwrap().lease, lease);
+        let mut watch = s.watch("l/", 0).await.unwrap();
+        let events = next_events(&mut watch, 1).await;
+        assert_eq!((events[0].kind, events[0].kv.key.as_str()), (EventKind::Delete, "l/k"));
+        assert_eq!(s.get("l/k").await.unwrap(), None);
+        assert!(s.get("l/keep").await.unwrap().is_some(), "keys without the lease stay");
+    }
+
+    pub async fn revoke_deletes_attached_keys_at_one_new_revision(b: Backend) {
+        let s = &b.store;
+        let lease = s.grant_lease(Duration::from_secs(60)).await.unwrap();
+        s.put("r/1", b"1".to_vec(), Some(lease)).await.unwrap();
+        s.put("r/2", b"2".to_vec(), Some(lease)).await.unwrap();
+        s.put("r/3", b"3".to_vec(), None).await.unwrap();
+        let before = s.current_revision().await.unwrap();
+        let mut watch = s.watch("r/", 0).await.unwrap();
+        s.revoke_lease(lease).await.unwrap();
+        assert_eq!(s.current_revision().await.unwrap(), before + 1);
+        let batch = next_batch(&mut watch).await;
+        let deleted: Vec<&str> = batch.events.iter().map(|e| e.kv.key.as_str()).collect();
+        assert_eq!(deleted.len(), 2, "both keys in one batch: {batch:?}");
+        assert!(deleted.contains(&"r/1") && deleted.contains(&"r/2"));
+        assert!(
+            batch
+                .events
+                .iter()
+                .all(|e| e.kind == EventKind::Delete && e.kv.mod_revision == before + 1)
+        );
+        let left: Vec<String> =
+            s.list("r/").await.unwrap().kvs.into_iter().map(|kv| kv.key).collect();
+        assert_eq!(left, ["r/3"]);
+        assert!(
+            matches!(s.revoke_lease(lease).await, Err(StoreError::LeaseNotFound(id)) if id == lease)
+        );
+    }
+
+    pub async fn keep_alive_keeps_keys_past_their_ttl(b: Backend) {
+        let s = &b.store;
+        let lease = s.grant_lease(SHORT_TTL).await.unwrap();
+        s.put("ka", b"v".to_vec(), Some(lease)).await.unwrap();
+        let started = Instant::now();
+        while started.elapsed() < SHORT_TTL * 3 {
+            let ttl = s.keep_alive(lease).await.unwrap();
+            assert!(ttl >= SHORT_TTL, "keep_alive returns the full TTL, got {ttl:?}");
+            assert!(s.get("ka").await.unwrap().is_some(), "key gone at {:?}", started.elapsed());
+            tokio::time::sleep(SHORT_TTL / 4).await;
+        }
+        // Without renewals the key goes, so the renewals are what kept it.
+        eventually("the key expires once renewals stop", || async {
+            s.get("ka").await.unwrap().is_none()
+        })
+        .await;
+    }
+
+    pub async fn keep_alive_of_expired_lease_is_lease_not_found(b: Backend) {
+        let s = &b.store;
+        let lease = s.grant_lease(SHORT_TTL).await.unwrap();
+        s.put("exp", b"v".to_vec(), Some(lease)).await.unwrap();
+        eventually("the lease expires", || async { s.get("exp").await.unwrap().is_none() }).await;
+        match s.keep_alive(lease).await {
+            Err(StoreError::LeaseNotFound(id)) => assert_eq!(id, lease),
+            other => panic!("expected LeaseNotFound, got {other:?}"),
+        }
+    }
+
+    pub async fn put_with_unknown_lease_is_lease_not_found(b: Backend) {
+        let s = &b.store;
+        match s.put("k", b"v".to_vec(), Some(0x1234_5678)).await {
+            Err(StoreError::LeaseNotFound(id)) => assert_eq!(id, 0x1234_5678),
+            other => panic!("expected LeaseNotFound, got {other:?}"),
+        }
+        assert_eq!(s.get("k").await.unwrap(), None);
+    }
+
+    pub async fn election_has_one_leader_and_hands_over_on_resign(b: Backend) {
+        let s = b.store.clone();
+        let la = s.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let lb = s.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let a = election::campaign(s.clone(), "/election/webhooks", "a", la).await.unwrap();
+        assert!(a.is_leader().await.unwrap());
+        let mut b_campaign =
+            tokio::spawn(election::campaign(s.clone(), "/election/webhooks", "b", lb));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), &mut b_campaign).await.is_err(),
+            "b must not lead while a does"
+        );
+        let leader = election::leader(s.as_ref(), "/election/webhooks").await.unwrap().unwrap();
+        assert_eq!((leader.key.as_str(), leader.value.as_slice()), (a.key(), &b"a"[..]));
+        a.resign().await.unwrap();
+        let b_lead = tokio::time::timeout(WAIT, b_campaign).await.unwrap().unwrap().unwrap();
+        assert!(b_lead.is_leader().await.unwrap());
+        let leader = election::leader(s.as_ref(), "/election/webhooks").await.unwrap().unwrap();
+        assert_eq!(leader.value, b"b");
+    }
+
+    pub async fn election_hands_over_when_the_leaders_lease_is_revoked(b: Backend) {
+        let s = b.store.clone();
+        let la = s.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let lb = s.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let a = election::campaign(s.clone(), "/election/x", "a", la).await.unwrap();
+        let b_campaign = tokio::spawn(election::campaign(s.clone(), "/election/x", "b", lb));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!b_campaign.is_finished(), "b must not lead while a does");
+        s.revoke_lease(la).await.unwrap();
+        tokio::time::timeout(WAIT, a.lost()).await.unwrap().unwrap();
+        let b_lead = tokio::time::timeout(WAIT, b_campaign).await.unwrap().unwrap().unwrap();
+        assert!(b_lead.is_leader().await.unwrap());
+        assert!(!a.is_leader().await.unwrap());
+    }
+}
+
+// === Embedded store only ===
+
+mod embedded_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn restart_keeps_data_revision_and_leases() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lease, revision, plain, leased) = {
+            let s = EmbeddedStore::open(dir.path()).await.unwrap();
+            s.put("plain", b"1".to_vec(), None).await.unwrap();
+            s.put("plain", b"2".to_vec(), None).await.unwrap();
+            let lease = s.grant_lease(Duration::from_secs(30)).await.unwrap();
+            s.put("leased", b"l".to_vec(), Some(lease)).await.unwrap();
+            s.put("gone", b"x".to_vec(), None).await.unwrap();
+            s.delete("gone").await.unwrap();
+            let revision = s.current_revision().await.unwrap();
+            let plain = s.get("plain").await.unwrap().unwrap();
+            let leased = s.get("leased").await.unwrap().unwrap();
+            s.close().await;
+            (lease, revision, plain, leased)
+        };
+        let s = EmbeddedStore::open(dir.path()).await.unwrap();
+        assert_eq!(s.current_revision().await.unwrap(), revision);
+        assert_eq!(s.get("plain").await.unwrap().unwrap(), plain);
+        assert_eq!(s.get("leased").await.unwrap().unwrap(), leased);
+        assert_eq!(s.get("gone").await.unwrap(), None);
+        assert_eq!(s.keep_alive(lease).await.unwrap(), Duration::from_secs(30), "lease restored");
+        assert_eq!(s.put("plain", b"3".to_vec(), None).await.unwrap(), revision + 1);
+        // Dropping (not closing) releases the directory too.
+        drop(s);
+        let s = EmbeddedStore::open(dir.path()).await.unwrap();
+        assert_eq!(s.current_revision().await.unwrap(), revision + 1);
+        assert_eq!(s.get("plain").await.unwrap().unwrap().version, 3);
+        s.revoke_lease(lease).await.unwrap();
+        assert_eq!(s.get("leased").await.unwrap(), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn restarted_lease_expires_after_its_full_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = EmbeddedStore::open(dir.path()).await.unwrap();
+            let lease = s.grant_lease(Duration::from_millis(800)).await.unwrap();
+            s.put("k", b"v".to_vec(), Some(lease)).await.unwrap();
+            s.close().await;
+        }
+        let reopened = Instant::now();
+        let s = EmbeddedStore::open(dir.path()).await.unwrap();
+        assert!(s.get("k").await.unwrap().is_some());
+        eventually("the restored lease expires", || async { s.get("k").await.unwrap().is_none() })
+            .await;
+        assert!(reopened.elapsed() >= Duration::from_millis(800), "TTL restarted at reopen");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn second_open_of_the_same_dir_fails_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = EmbeddedStore::open(dir.path()).await.unwrap();
+        match EmbeddedStore::open(dir.path()).await {
+            Err(StoreError::Unavailable(message)) => {
+                assert!(message.contains("in use"), "{message}");
+                assert!(message.contains(&dir.path().display().to_string()), "{message}");
+            }
+            Err(other) => panic!("expected Unavailable, got {other}"),
+            Ok(_) => panic!("a second open of a locked directory succeeded"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn history_is_bounded_by_the_retention_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options { retain_revisions: 10, ..Options::default() };
+        let s = EmbeddedStore::open_with(dir.path(), options).await.unwrap();
+        for i in 0..30 {
+            s.put("k", i.to_string().into_bytes(), None).await.unwrap();
+        }
+        let current = s.current_revision().await.unwrap();
+        let floor = current - 9;
+        let mut watch = s.watch("k", 2).await.unwrap();
+        match tokio::time::timeout(WAIT, watch.next()).await.unwrap() {
+            Some(Err(StoreError::Compacted { compact_revision })) => {
+                assert_eq!(compact_revision, floor)
+            }
+            other => panic!("expected Compacted, got {other:?}"),
+        }
+        let mut watch = s.watch("k", floor).await.unwrap();
+        let events = next_events(&mut watch, 10).await;
+        assert_eq!(events[0].kv.mod_revision, floor);
+        assert_eq!(events[9].kv.mod_revision, current);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn log_is_rewritten_into_a_snapshot_and_reloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options { log_rewrite_bytes: 4096, ..Options::default() };
+        let s = EmbeddedStore::open_with(dir.path(), options.clone()).await.unwrap();
+        for i in 0..300 {
+            s.put(&format!("k/{}", i % 20), vec![7; 64], None).await.unwrap();
+        }
+        let revision = s.current_revision().await.unwrap();
+        let listing = s.list("k/").await.unwrap();
+        s.close().await;
+        let log_len = std::fs::metadata(dir.path().join("wal.jsonl")).unwrap().len();
+        assert!(log_len <= 4096 + 1024, "log was not truncated: {log_len} bytes");
+        assert!(dir.path().join("snapshot.json").exists());
+        let s = EmbeddedStore::open_with(dir.path(), options).await.unwrap();
+        assert_eq!(s.current_revision().await.unwrap(), revision);
+        assert_eq!(s.list("k/").await.unwrap().kvs, listing.kvs);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_torn_last_log_record_is_dropped_on_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = EmbeddedStore::open(dir.path()).await.unwrap();
+        let revision = s.put("k", b"v".to_vec(), None).await.unwrap();
+        s.close().await;
+        let mut log =
+            std::fs::OpenOptions::new().append(true).open(dir.path().join("wal.jsonl")).unwrap();
+        std::io::Write::write_all(&mut log, b"{\"seq\":99,\"record\":{\"op\":\"comm").unwrap();
+        drop(log);
+        let s = EmbeddedStore::open(dir.path()).await.unwrap();
+        assert_eq!(s.current_revision().await.unwrap(), revision);
+        assert_eq!(s.put("k2", b"v".to_vec(), None).await.unwrap(), revision + 1);
+    }
+}

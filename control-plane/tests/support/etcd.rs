@@ -1,0 +1,164 @@
+//! A real, throw-away `etcd` for tests: one member on random loopback ports with a temporary
+//! data directory, killed when the handle is dropped.
+//!
+//! Self-contained (std + tokio + tempfile only) so other test crates can copy it as is:
+//!
+//! ```ignore
+//! let etcd = EtcdProcess::start().await;
+//! let store = EtcdStore::connect(&[etcd.endpoint().to_owned()]).await?;
+//! ```
+//!
+//! The binary is `$SWITCHYARD_ETCD_BIN`, else `etcd` on `PATH`, else `/usr/bin/etcd`. A
+//! missing binary fails the test with install instructions: these tests are never skipped.
+#![allow(dead_code, clippy::expect_used, clippy::panic)]
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+/// How long a started member may take to elect itself and answer.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// Attempts with fresh ports: a port picked by binding :0 can be taken before etcd binds it.
+const START_ATTEMPTS: usize = 5;
+
+pub struct EtcdProcess {
+    child: Child,
+    endpoint: String,
+    /// Dropped after `child` (fields drop in order), so etcd is killed before its data dir goes.
+    data: tempfile::TempDir,
+}
+
+impl EtcdProcess {
+    /// Starts etcd and waits until it serves requests. Panics (failing the test) when etcd is
+    /// not installed or does not come up.
+    pub async fn start() -> Self {
+        let binary = find_binary();
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            match Self::try_start(&binary).await {
+                Ok(process) => return process,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!(
+            "could not start etcd ({}) after {START_ATTEMPTS} attempts: {last_error}",
+            binary.display()
+        );
+    }
+
+    /// `http://127.0.0.1:PORT`, the client URL.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        self.data.path()
+    }
+
+    /// Kills etcd now (it is also killed on drop).
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    async fn try_start(binary: &Path) -> Result<Self, String> {
+        let data = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+        let client = free_port()?;
+        let peer = free_port()?;
+        let client_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log_path = data.path().join("etcd.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| format!("log file: {e}"))?;
+        let log_err = log.try_clone().map_err(|e| format!("log file: {e}"))?;
+        let mut child = Command::new(binary)
+            .arg("--name=test")
+            .arg(format!("--data-dir={}", data.path().join("data").display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=test={peer_url}"))
+            .arg("--initial-cluster-state=new")
+            // Short raft timings make the single member lead within milliseconds and lower
+            // etcd's minimum lease TTL (1.5 election timeouts, rounded up) to 1 s.
+            .arg("--heartbeat-interval=10")
+            .arg("--election-timeout=100")
+            .env_remove("ETCD_DATA_DIR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("spawning {}: {e}", binary.display()))?;
+
+        let started = Instant::now();
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, client));
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                return Err(format!("etcd exited with {status}; its log:\n{}", tail(&log)));
+            }
+            if healthy(addr).await {
+                return Ok(Self { child, endpoint: client_url, data });
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                let _ = child.kill().await;
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                return Err(format!(
+                    "etcd not healthy after {READY_TIMEOUT:?}; its log:\n{}",
+                    tail(&log)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+fn find_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("SWITCHYARD_ETCD_BIN") {
+        return PathBuf::from(path);
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("etcd"))
+        .find(|candidate| candidate.is_file());
+    if let Some(path) = on_path {
+        return path;
+    }
+    let fallback = PathBuf::from("/usr/bin/etcd");
+    if fallback.is_file() {
+        return fallback;
+    }
+    panic!(
+        "etcd is required by this test but was not found (looked at $SWITCHYARD_ETCD_BIN, `etcd` on PATH, \
+         /usr/bin/etcd). Install it with `apt-get install etcd-server` (Debian/Ubuntu) or put an etcd \
+         3.4+ binary on PATH."
+    );
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("binding a port: {e}"))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| format!("reading the port: {e}"))
+}
+
+/// etcd's `/health` is true only once the member has a leader and serves requests.
+async fn healthy(addr: SocketAddr) -> bool {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        stream.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").await.ok()?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.ok()?;
+        Some(body.contains("\"health\":\"true\""))
+    };
+    matches!(tokio::time::timeout(Duration::from_secs(1), attempt).await, Ok(Some(true)))
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
