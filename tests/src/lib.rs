@@ -1,1 +1,228 @@
+//! Harness for Switchyard's end-to-end tests: real `switchyard` processes (and a real etcd)
+//! on loopback, driven the way users drive them — the CLI and HTTP.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+#[path = "../../control-plane/tests/support/etcd.rs"]
+pub mod etcd;
+
+pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+
+/// The `switchyard` binary cargo built next to this test (target/<profile>/switchyard).
+pub fn switchyard_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("SWITCHYARD_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/switchyard
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = profile_dir.join("switchyard");
+    assert!(
+        bin.is_file(),
+        "{} not found: build it first (`cargo build -p switchyard-cli`; `cargo nextest run --workspace` does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A free loopback port (a process binding it later may race, which tests tolerate by
+/// binding port 0 wherever they can).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A running `switchyard` server process, killed on drop.
+pub struct Proc {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `switchyard ARGS` and waits for its "listening on ADDR" line on stdout.
+    pub async fn start(args: &[&str], envs: &[(&str, &str)], log: PathBuf) -> Proc {
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(switchyard_bin());
+        cmd.args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("SWITCHYARD_JOIN_TOKEN")
+            .env_remove("SWITCHYARD_ADMIN_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let deadline = Duration::from_secs(20);
+        let addr = tokio::time::timeout(deadline, async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some((_, addr)) = line.split_once("listening on ") {
+                    return addr.trim().parse::<SocketAddr>().ok();
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(addr) = addr else {
+            let _ = child.kill().await;
+            let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("switchyard {args:?} did not start; its log:\n{log_text}");
+        };
+        // Keep draining stdout so the process never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Proc { child, addr, log }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Starts a control plane on `store` (`etcd://…` or `file://…`), listening on `listen`.
+pub async fn start_control(store: &str, listen: &str, dir: &Path, name: &str) -> Proc {
+    Proc::start(
+        &["control", "--store", store, "--listen", listen],
+        &[("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)],
+        dir.join(format!("{name}.log")),
+    )
+    .await
+}
+
+/// Starts a node following the given control planes (comma-separated URLs).
+pub async fn start_node(controls: &str, data_dir: &Path, listen: &str, log: PathBuf) -> Proc {
+    let data = data_dir.display().to_string();
+    Proc::start(&["node", "--control", controls, "--listen", listen, "--data-dir", &data], &[], log)
+        .await
+}
+
+pub struct CliOutput {
+    pub success: bool,
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CliOutput {
+    pub fn json(&self) -> serde_json::Value {
+        assert!(self.success, "command failed: {}\n{}", self.stderr, self.stdout);
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+    }
+}
+
+/// Runs an admin command against `control` with the e2e admin token.
+pub async fn cli(control: &str, args: &[&str]) -> CliOutput {
+    cli_with_env(control, args, &[("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)]).await
+}
+
+pub async fn cli_with_env(control: &str, args: &[&str], envs: &[(&str, &str)]) -> CliOutput {
+    let mut cmd = Command::new(switchyard_bin());
+    cmd.args(args).env("SWITCHYARD_CONTROL", control).env_remove("SWITCHYARD_ADMIN_TOKEN");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.unwrap();
+    CliOutput {
+        success: out.status.success(),
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+pub struct HttpResponse {
+    pub status: u16,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// A minimal HTTP/1.1 GET (connection closed after one request); `None` if nothing answers.
+pub async fn http_get(addr: SocketAddr, path: &str, bearer: Option<&str>) -> Option<HttpResponse> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let auth = bearer.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked { dechunk(body) } else { body.to_owned() };
+    Some(HttpResponse { status, body })
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Polls `check` every 10 ms until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The config version a node reports on /readyz (`None`: not ready or not answering).
+pub async fn node_version(addr: SocketAddr) -> Option<i64> {
+    let response = http_get(addr, "/readyz", None).await?;
+    if response.status != 200 {
+        return None;
+    }
+    response.json()["config_version"].as_i64()
+}
+
+/// Percentile (0–100) of a list of durations, nearest rank.
+pub fn percentile(samples: &[Duration], p: f64) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}

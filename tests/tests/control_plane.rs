@@ -1,0 +1,313 @@
+//! End to end: real etcd, real control planes, real nodes; driven through the CLI and HTTP.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use switchyard_e2e::etcd::EtcdProcess;
+use switchyard_e2e::*;
+
+const CATALOG: &str = r#"
+providers:
+  - name: openai
+    kind: openai
+    base_url: https://api.openai.com/v1
+    api_keys: ["env:OPENAI_API_KEY"]
+    region: us
+  - name: anthropic
+    kind: anthropic
+    base_url: https://api.anthropic.com
+    api_keys: ["env:ANTHROPIC_API_KEY"]
+    region: eu
+models:
+  - name: openai/gpt-5-nano
+    provider: openai
+    upstream_model: gpt-5-nano
+    price: {input_per_mtok: 0.05, output_per_mtok: 0.40}
+  - name: anthropic/claude-sonnet-4
+    provider: anthropic
+    upstream_model: claude-sonnet-4-20250514
+  - name: openai/gpt-5-mini
+    provider: openai
+    upstream_model: gpt-5-mini
+"#;
+
+fn write_catalog(dir: &Path) -> String {
+    let path = dir.join("catalog.yaml");
+    std::fs::write(&path, CATALOG).unwrap();
+    path.display().to_string()
+}
+
+/// The config a node persisted as last-known-good, once it has reached `version`.
+fn persisted(data_dir: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(data_dir.join("config.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+async fn wait_persisted(
+    data_dir: &Path,
+    what: &str,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    eventually(Duration::from_secs(5), what, || async { persisted(data_dir).filter(|c| check(c)) })
+        .await
+}
+
+/// Waits until every node reports a config version ≥ `version`; returns how long it took.
+async fn propagation(nodes: &[&Proc], version: i64, since: Instant) -> Duration {
+    for node in nodes {
+        eventually(Duration::from_secs(5), "a node to apply the change", || async {
+            node_version(node.addr).await.filter(|v| *v >= version)
+        })
+        .await;
+    }
+    since.elapsed()
+}
+
+struct Fleet {
+    dir: tempfile::TempDir,
+    etcd: EtcdProcess,
+    cp_addrs: [String; 2],
+    cps: Vec<Option<Proc>>,
+    nodes: Vec<Option<Proc>>,
+}
+
+impl Fleet {
+    /// etcd, two control planes, two nodes: node A prefers cp1, node B prefers cp2, each
+    /// knowing both so that it can move when its control plane goes away.
+    async fn start() -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let etcd = EtcdProcess::start().await;
+        let store = etcd.endpoint().replace("http://", "etcd://");
+        let cp_addrs = [0, 1].map(|_| format!("127.0.0.1:{}", free_port()));
+        let mut cps = Vec::new();
+        for (i, addr) in cp_addrs.iter().enumerate() {
+            cps.push(Some(start_control(&store, addr, dir.path(), &format!("cp{i}")).await));
+        }
+        let mut fleet = Fleet { dir, etcd, cp_addrs, cps, nodes: vec![None, None] };
+        for i in 0..2 {
+            fleet.start_node(i, "127.0.0.1:0").await;
+        }
+        fleet
+    }
+
+    fn cp_url(&self, i: usize) -> String {
+        format!("http://{}", self.cp_addrs[i])
+    }
+
+    fn node_dir(&self, i: usize) -> std::path::PathBuf {
+        self.dir.path().join(format!("node{i}"))
+    }
+
+    async fn start_node(&mut self, i: usize, listen: &str) {
+        let controls = format!("{},{}", self.cp_url(i), self.cp_url(1 - i));
+        let log = self.dir.path().join(format!("node{i}-{}.log", free_port()));
+        let node = start_node(&controls, &self.node_dir(i), listen, log).await;
+        self.nodes[i] = Some(node);
+    }
+
+    async fn restart_control(&mut self, i: usize) {
+        let store = self.etcd.endpoint().replace("http://", "etcd://");
+        let name = format!("cp{i}-again");
+        self.cps[i] = Some(start_control(&store, &self.cp_addrs[i], self.dir.path(), &name).await);
+    }
+
+    fn node(&self, i: usize) -> &Proc {
+        self.nodes[i].as_ref().unwrap()
+    }
+
+    async fn wait_ready(&self) {
+        for i in 0..2 {
+            let addr = self.node(i).addr;
+            eventually(Duration::from_secs(10), "node ready", || node_version(addr)).await;
+        }
+    }
+}
+
+async fn models_status(node: &Proc, key: &str) -> Option<u16> {
+    http_get(node.addr, "/v1/models", Some(key)).await.map(|r| r.status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_changes_reach_every_node_on_both_control_planes_within_a_second() {
+    let fleet = Fleet::start().await;
+    fleet.wait_ready().await;
+    let cp0 = fleet.cp_url(0);
+    let cp1 = fleet.cp_url(1);
+    let nodes = [fleet.node(0), fleet.node(1)];
+
+    let applied =
+        cli(&cp0, &["apply", "-f", &write_catalog(fleet.dir.path()), "--json"]).await.json();
+    let t = Instant::now();
+    propagation(&nodes, applied["version"].as_i64().unwrap(), t).await;
+
+    // Create through one replica, change through the other: both replicas feed both nodes.
+    let t = Instant::now();
+    let created = cli(
+        &cp0,
+        &[
+            "keys",
+            "create",
+            "--name",
+            "checkout",
+            "--default-models",
+            "openai/gpt-5-nano,anthropic/claude-sonnet-4",
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let secret = created["key"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("sy-"), "{secret}");
+    let mut samples = vec![propagation(&nodes, created["version"].as_i64().unwrap(), t).await];
+    for node in nodes {
+        assert_eq!(
+            models_status(node, &secret).await,
+            Some(200),
+            "the new key works on every node"
+        );
+    }
+
+    for round in 0..20 {
+        let models = if round % 2 == 0 {
+            "anthropic/claude-sonnet-4"
+        } else {
+            "openai/gpt-5-nano,openai/gpt-5-mini"
+        };
+        let t = Instant::now();
+        let changed =
+            cli(&cp1, &["keys", "set-defaults", &id, "--models", models, "--json"]).await.json();
+        samples.push(propagation(&nodes, changed["version"].as_i64().unwrap(), t).await);
+    }
+    for i in 0..2 {
+        let config = wait_persisted(&fleet.node_dir(i), "node persists the last defaults", |c| {
+            c["resources"][format!("keys/{id}")]["failoverDefaults"]["models"]
+                == serde_json::json!(["openai/gpt-5-nano", "openai/gpt-5-mini"])
+        })
+        .await;
+        assert!(config["version"].as_i64().unwrap() > 0);
+    }
+
+    let t = Instant::now();
+    let revoked = cli(&cp0, &["keys", "revoke", &id, "--json"]).await.json();
+    assert_eq!(revoked["status"], "revoked");
+    samples.push(propagation(&nodes, revoked["version"].as_i64().unwrap(), t).await);
+    for node in nodes {
+        assert_eq!(models_status(node, &secret).await, Some(401), "a revoked key is refused");
+    }
+
+    let listed = cli(&cp1, &["nodes", "--json"]).await.json();
+    let listed = listed["nodes"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "both replicas' nodes are listed: {listed:?}");
+    let version = revoked["version"].as_i64().unwrap();
+    for n in listed {
+        assert!(n["applied_version"].as_i64().unwrap() >= version - 0, "{n}");
+        assert_eq!(n["lag"], 0, "{n}");
+    }
+    let control_planes: std::collections::BTreeSet<_> =
+        listed.iter().map(|n| n["control_plane"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(control_planes.len(), 2, "one node on each control plane: {listed:?}");
+
+    let p50 = percentile(&samples, 50.0);
+    let p99 = percentile(&samples, 99.0);
+    println!(
+        "propagation to both nodes over {} changes (CLI call included): p50 {p50:?}, p99 {p99:?}, max {:?}",
+        samples.len(),
+        samples.iter().max().unwrap()
+    );
+    assert!(p99 < Duration::from_secs(1), "p99 propagation {p99:?} exceeds 1 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_serve_last_known_good_while_control_planes_are_down_and_resync_after() {
+    let mut fleet = Fleet::start().await;
+    fleet.wait_ready().await;
+    let cp0 = fleet.cp_url(0);
+    cli(&cp0, &["apply", "-f", &write_catalog(fleet.dir.path())]).await;
+    let created = cli(&cp0, &["keys", "create", "--name", "support", "--json"]).await.json();
+    let secret = created["key"].as_str().unwrap().to_owned();
+    let version = created["version"].as_i64().unwrap();
+    for i in 0..2 {
+        let addr = fleet.node(i).addr;
+        eventually(Duration::from_secs(5), "node has the key", || async {
+            node_version(addr).await.filter(|v| *v >= version)
+        })
+        .await;
+        wait_persisted(&fleet.node_dir(i), "node persisted the key", |c| {
+            c["version"].as_i64().unwrap_or(0) >= version
+        })
+        .await;
+    }
+
+    for cp in fleet.cps.iter_mut() {
+        cp.take().unwrap().kill().await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..2 {
+        assert_eq!(
+            node_version(fleet.node(i).addr).await,
+            Some(version),
+            "still ready on last-known-good"
+        );
+        assert_eq!(models_status(fleet.node(i), &secret).await, Some(200));
+    }
+
+    // A node restarted with no control plane anywhere comes back ready from its disk.
+    let old = fleet.nodes[0].take().unwrap();
+    let listen = old.addr.to_string();
+    old.kill().await;
+    fleet.start_node(0, &listen).await;
+    assert_eq!(
+        node_version(fleet.node(0).addr).await,
+        Some(version),
+        "ready from persisted config"
+    );
+    assert_eq!(models_status(fleet.node(0), &secret).await, Some(200));
+
+    // One control plane returns: both nodes find it and take new changes, without restarts.
+    let node1_pid = fleet.node(1).child.id();
+    fleet.restart_control(1).await;
+    let cp1 = fleet.cp_url(1);
+    let started = Instant::now();
+    let second = cli(&cp1, &["keys", "create", "--name", "after-outage", "--json"]).await.json();
+    let new_secret = second["key"].as_str().unwrap().to_owned();
+    let nodes = [fleet.node(0), fleet.node(1)];
+    let took = propagation(&nodes, second["version"].as_i64().unwrap(), started).await;
+    println!("after a control plane returned, both nodes had a new key within {took:?}");
+    for node in nodes {
+        assert_eq!(models_status(node, &new_secret).await, Some(200));
+        assert_eq!(models_status(node, &secret).await, Some(200));
+    }
+    assert_eq!(fleet.node(1).child.id(), node1_pid, "node 1 was not restarted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_refuses_calls_without_the_admin_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let cp = start_control(&store, "127.0.0.1:0", dir.path(), "cp").await;
+    let none = cli_with_env(&cp.url(), &["keys", "list"], &[]).await;
+    assert!(!none.success);
+    assert!(none.stderr.contains("SWITCHYARD_ADMIN_TOKEN"), "{}", none.stderr);
+    let wrong =
+        cli_with_env(&cp.url(), &["keys", "list"], &[("SWITCHYARD_ADMIN_TOKEN", "nope")]).await;
+    assert!(!wrong.success);
+    assert!(wrong.stderr.to_lowercase().contains("token"), "{}", wrong.stderr);
+    let right = cli(&cp.url(), &["keys", "list", "--json"]).await;
+    assert!(right.success, "{}", right.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_refuses_to_start_without_an_admin_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let out = tokio::process::Command::new(switchyard_bin())
+        .args(["control", "--store", &store, "--listen", "127.0.0.1:0"])
+        .env_remove("SWITCHYARD_ADMIN_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("SWITCHYARD_ADMIN_TOKEN"), "{stderr}");
+}
