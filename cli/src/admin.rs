@@ -24,8 +24,9 @@ pub const TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
 /// Options every admin command takes. `global` lets them follow a nested subcommand
 /// (`switchyard keys create --json`) as well as precede it (`switchyard keys --json create`).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Admin options")]
 pub struct AdminOpts {
-    /// The control plane's gRPC URL.
+    /// The control plane's gRPC URL; a comma-separated list is tried in order.
     #[arg(
         long,
         env = "SWITCHYARD_CONTROL",
@@ -80,11 +81,23 @@ pub enum KeysCommand {
     /// List every key (secrets are never shown, only their last four characters).
     List,
     /// Show one key.
-    Show { id: String },
+    Show {
+        /// The key's id, as `keys list` shows it.
+        #[arg(value_name = "ID")]
+        id: String,
+    },
     /// Revoke a key; requests with it are refused at once.
-    Revoke { id: String },
+    Revoke {
+        /// The key's id, as `keys list` shows it.
+        #[arg(value_name = "ID")]
+        id: String,
+    },
     /// Replace a key's secret; the old one stops working at once. Prints the new one once.
-    Rotate { id: String },
+    Rotate {
+        /// The key's id, as `keys list` shows it.
+        #[arg(value_name = "ID")]
+        id: String,
+    },
     /// Set (or with --clear, remove) the key's default failover chain.
     SetDefaults(SetDefaultsArgs),
 }
@@ -109,6 +122,8 @@ pub struct CreateKeyArgs {
 
 #[derive(Debug, Args)]
 pub struct SetDefaultsArgs {
+    /// The key's id, as `keys list` shows it.
+    #[arg(value_name = "ID")]
     pub id: String,
     /// The default chain: up to 3 models, in order.
     #[arg(
@@ -179,18 +194,28 @@ struct Admin {
 }
 
 impl Admin {
-    fn connect(opts: &AdminOpts) -> Result<Self, CliError> {
+    /// Connects to the first control plane of `--control` that answers. Only connecting
+    /// moves on to the next URL: once a request is sent it is never repeated elsewhere, so
+    /// a `keys create` cannot happen twice.
+    async fn connect(opts: &AdminOpts) -> Result<Self, CliError> {
         let token = read_token(opts.admin_token_file.as_deref(), std::env::var(TOKEN_ENV).ok())?;
         let auth = MetadataValue::try_from(format!("Bearer {token}"))
             .map_err(|_| CliError::TokenInvalid)?;
-        let url = control_url(&opts.control);
-        let endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|e| CliError::BadControlUrl { url: url.clone(), reason: e.to_string() })?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30));
-        // Lazy: an unreachable control plane then surfaces as `Unavailable` from the call,
-        // through the same error mapping as every other status.
-        Ok(Self { client: AdminClient::new(endpoint.connect_lazy()), auth, url })
+        let urls = control_urls(&opts.control);
+        let mut failures = Vec::new();
+        for url in &urls {
+            let endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|e| CliError::BadControlUrl { url: url.clone(), reason: e.to_string() })?
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(30));
+            match endpoint.connect().await {
+                Ok(channel) => {
+                    return Ok(Self { client: AdminClient::new(channel), auth, url: url.clone() });
+                }
+                Err(e) => failures.push(format!("{url}: {}", error_chain(&e))),
+            }
+        }
+        Err(CliError::Unreachable { urls: urls.join(", "), failures })
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
@@ -221,10 +246,32 @@ pub fn read_token(file: Option<&std::path::Path>, env: Option<String>) -> Result
     Ok(token.to_owned())
 }
 
-/// `127.0.0.1:7400` is what people type; gRPC needs a scheme.
-pub fn control_url(text: &str) -> String {
-    let text = text.trim().trim_end_matches('/');
-    if text.contains("://") { text.to_owned() } else { format!("http://{text}") }
+/// `--control` as nodes take it: one URL or a comma-separated list. `127.0.0.1:7400` is
+/// what people type; gRPC needs a scheme.
+pub fn control_urls(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(|u| u.trim().trim_end_matches('/'))
+        .filter(|u| !u.is_empty())
+        .map(|u| if u.contains("://") { u.to_owned() } else { format!("http://{u}") })
+        .collect()
+}
+
+/// tonic's transport error says only "transport error"; the cause is further down.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    let mut last = text.clone();
+    while let Some(cause) = source {
+        // hyper's connect error repeats itself one level down.
+        let line = cause.to_string();
+        if line != last {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        last = line;
+        source = cause.source();
+    }
+    text
 }
 
 fn print(text: &str) -> Result<(), CliError> {
@@ -247,7 +294,7 @@ fn key_of(key: Option<pb::ApiKey>) -> Result<KeyView, CliError> {
 pub async fn apply(args: ApplyArgs) -> Result<(), CliError> {
     let catalog = catalog_file::load(&args.file)?;
     let catalog_json = serde_json::to_string(&catalog).map_err(CliError::Json)?;
-    let mut admin = Admin::connect(&args.opts)?;
+    let mut admin = Admin::connect(&args.opts).await?;
     let request = admin.request(pb::ApplyCatalogRequest { catalog_json, dry_run: args.dry_run });
     let reply = admin.client.apply_catalog(request).await.map_err(|s| admin.status(s))?;
     let reply = reply.into_inner();
@@ -261,7 +308,7 @@ pub async fn apply(args: ApplyArgs) -> Result<(), CliError> {
 }
 
 pub async fn catalog(args: CatalogArgs) -> Result<(), CliError> {
-    let mut admin = Admin::connect(&args.opts)?;
+    let mut admin = Admin::connect(&args.opts).await?;
     let request = admin.request(pb::GetCatalogRequest {});
     let reply = admin.client.get_catalog(request).await.map_err(|s| admin.status(s))?;
     let reply = reply.into_inner();
@@ -285,7 +332,7 @@ pub async fn catalog(args: CatalogArgs) -> Result<(), CliError> {
 }
 
 pub async fn nodes(args: NodesArgs) -> Result<(), CliError> {
-    let mut admin = Admin::connect(&args.opts)?;
+    let mut admin = Admin::connect(&args.opts).await?;
     let request = admin.request(pb::ListNodesRequest {});
     let reply = admin.client.list_nodes(request).await.map_err(|s| admin.status(s))?;
     let view = NodesView::from(reply.into_inner());
@@ -298,16 +345,17 @@ pub async fn nodes(args: NodesArgs) -> Result<(), CliError> {
 
 pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
     let json = args.opts.json;
-    if let KeysCommand::Create(create) = &args.command {
-        if create.default_models.is_empty() && create.options.is_set() {
-            return Err(CliError::Usage(
-                "--timeout-ms, --first-token-timeout-ms and --on belong to the default chain: \
-                 give --default-models too"
-                    .into(),
-            ));
-        }
+    if let KeysCommand::Create(create) = &args.command
+        && create.default_models.is_empty()
+        && create.options.is_set()
+    {
+        return Err(CliError::Usage(
+            "--timeout-ms, --first-token-timeout-ms and --on belong to the default chain: \
+             give --default-models too"
+                .into(),
+        ));
     }
-    let mut admin = Admin::connect(&args.opts)?;
+    let mut admin = Admin::connect(&args.opts).await?;
     match args.command {
         KeysCommand::Create(create) => {
             let failover_defaults = (!create.default_models.is_empty())

@@ -111,10 +111,10 @@ fn parse_error(file: &str, e: serde_path_to_error::Error<serde_yaml_ng::Error>) 
     }
     // Name the unknown field itself (`models[0].upstream_modle`), should serde report it at
     // its parent.
-    if let Some(field) = message.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
-        if !path.ends_with(field) {
-            path = if path.is_empty() { field.to_owned() } else { format!("{path}.{field}") };
-        }
+    if let Some(field) = message.strip_prefix("unknown field `").and_then(|r| r.split('`').next())
+        && path.rsplit('.').next() != Some(field)
+    {
+        path = if path.is_empty() { field.to_owned() } else { format!("{path}.{field}") };
     }
     ParseError { file: file.to_owned(), path, location, message }
 }

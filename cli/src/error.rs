@@ -26,6 +26,8 @@ pub enum CliError {
     TokenInvalid,
     #[error("invalid control-plane URL {url:?}: {reason}")]
     BadControlUrl { url: String, reason: String },
+    #[error("no control plane answers at {urls}")]
+    Unreachable { urls: String, failures: Vec<String> },
     /// A status from the control plane; `message` is the server's own words.
     #[error("{message}")]
     Status { code: Code, message: String, hint: Option<String> },
@@ -52,8 +54,7 @@ impl CliError {
                  --admin-token-file) to the token it was started with"
             )),
             Code::Unavailable => Some(format!(
-                "no control plane answers at {url}: start one (`switchyard control` or \
-                 `switchyard dev`) or point --control / SWITCHYARD_CONTROL at it"
+                "the control plane at {url} is unavailable; is it running and is its store up?"
             )),
             Code::DeadlineExceeded => {
                 Some(format!("the control plane at {url} did not answer in time"))
@@ -81,6 +82,16 @@ impl CliError {
                     let s = if n == 1 { "" } else { "s" };
                     lines.push(format!("{file}: {n} error{s}; nothing was sent"));
                 }
+                lines
+            }
+            Self::Unreachable { failures, .. } => {
+                let mut lines = vec![format!("error: {self}")];
+                lines.extend(failures.iter().map(|f| format!("  {f}")));
+                lines.push(
+                    "hint: start one (`switchyard control` or `switchyard dev`) or point \
+                     --control / SWITCHYARD_CONTROL at it"
+                        .to_owned(),
+                );
                 lines
             }
             Self::Status { hint, .. } => {
@@ -115,10 +126,22 @@ mod tests {
     }
 
     #[test]
-    fn unavailable_hints_that_nothing_answers_at_the_url() {
-        let e =
-            CliError::from_status(tonic::Status::unavailable("tcp connect error"), "http://h:1");
-        assert!(e.report()[1].contains("no control plane answers at http://h:1"));
+    fn unavailable_hints_at_the_url() {
+        let e = CliError::from_status(tonic::Status::unavailable("store down"), "http://h:1");
+        assert_eq!(e.report()[0], "error: store down");
+        assert!(e.report()[1].contains("http://h:1"));
+    }
+
+    #[test]
+    fn unreachable_lists_each_url_and_hints_at_the_flag() {
+        let e = CliError::Unreachable {
+            urls: "http://a:1, http://b:1".into(),
+            failures: vec!["http://a:1: refused".into(), "http://b:1: refused".into()],
+        };
+        let lines = e.report();
+        assert_eq!(lines[0], "error: no control plane answers at http://a:1, http://b:1");
+        assert_eq!(lines[1], "  http://a:1: refused");
+        assert!(lines[3].contains("SWITCHYARD_CONTROL"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `switchyard`: one binary for the control plane, the data-plane node, the all-in-one dev
 //! mode and the admin commands (DESIGN §4; the names and flags there are a contract).
 #![forbid(unsafe_code)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod admin;
 mod catalog_file;
@@ -94,7 +95,7 @@ mod tests {
     use switchyard_catalog::FailoverReason;
 
     use super::*;
-    use crate::admin::{KeysCommand, control_url, read_token};
+    use crate::admin::{KeysCommand, control_urls, read_token};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("switchyard").chain(args.iter().copied()))
@@ -222,8 +223,11 @@ mod tests {
     }
 
     #[test]
-    fn a_control_url_without_scheme_gets_http() {
-        assert_eq!(control_url("127.0.0.1:7400"), "http://127.0.0.1:7400");
-        assert_eq!(control_url("https://cp.example.com/"), "https://cp.example.com");
+    fn control_urls_get_a_scheme_and_may_be_a_list() {
+        assert_eq!(control_urls("127.0.0.1:7400"), ["http://127.0.0.1:7400"]);
+        assert_eq!(
+            control_urls("https://cp.example.com/, http://b:7400,"),
+            ["https://cp.example.com", "http://b:7400"]
+        );
     }
 }
