@@ -25,7 +25,7 @@ pub struct Backend {
 
 enum Guard {
     Dir(#[allow(dead_code)] tempfile::TempDir),
-    Etcd(#[allow(dead_code)] etcd_process::EtcdProcess),
+    Etcd(#[allow(dead_code)] Box<etcd_process::EtcdProcess>),
 }
 
 impl Backend {
@@ -38,7 +38,7 @@ impl Backend {
     async fn etcd() -> Self {
         let etcd = etcd_process::EtcdProcess::start().await;
         let store = EtcdStore::connect(&[etcd.endpoint().to_owned()]).await.unwrap();
-        Self { store: Arc::new(store), _guard: Guard::Etcd(etcd) }
+        Self { store: Arc::new(store), _guard: Guard::Etcd(Box::new(etcd)) }
     }
 }
 
@@ -72,6 +72,9 @@ conformance!(
     txn_mod_revision_compare_is_compare_and_swap,
     txn_value_compare_and_missing_key_never_matches_a_value,
     txn_not_equal_greater_less_compares,
+    txn_writing_one_key_twice_is_rejected,
+    txn_with_more_than_128_ops_per_branch_is_rejected,
+    compact_to_a_future_revision_is_rejected,
     watch_from_past_revision_replays_history_in_order,
     live_watch_sees_only_later_writes_under_its_prefix,
     delete_event_carries_key_and_delete_revision,
@@ -273,6 +276,54 @@ mod cases {
             ..Txn::default()
         };
         assert!(!s.txn(mixed).await.unwrap().succeeded);
+    }
+
+    pub async fn txn_writing_one_key_twice_is_rejected(b: Backend) {
+        let s = &b.store;
+        let before = s.current_revision().await.unwrap();
+        let twice = Txn { success: vec![put("k", "1"), put("k", "2")], ..Txn::default() };
+        let put_and_delete = Txn {
+            success: vec![put("a/1", "1"), TxnOp::DeletePrefix { prefix: "a/".into() }],
+            ..Txn::default()
+        };
+        // Both branches are checked, even the one that would not run.
+        let in_failure = Txn {
+            success: vec![put("x", "1")],
+            failure: vec![TxnOp::Delete { key: "y".into() }, put("y", "1")],
+            ..Txn::default()
+        };
+        for txn in [twice, put_and_delete, in_failure] {
+            match s.txn(txn.clone()).await {
+                Err(StoreError::InvalidRequest(_)) => {}
+                other => panic!("expected InvalidRequest for {txn:?}, got {other:?}"),
+            }
+        }
+        assert_eq!(s.current_revision().await.unwrap(), before, "nothing was written");
+        let deletes_twice = Txn {
+            success: vec![TxnOp::Delete { key: "k".into() }, TxnOp::Delete { key: "k".into() }],
+            ..Txn::default()
+        };
+        assert!(s.txn(deletes_twice).await.unwrap().succeeded, "deleting twice is allowed");
+    }
+
+    pub async fn txn_with_more_than_128_ops_per_branch_is_rejected(b: Backend) {
+        let s = &b.store;
+        let puts = |n: usize| Txn {
+            success: (0..n).map(|i| put(&format!("bulk/{i}"), "v")).collect(),
+            ..Txn::default()
+        };
+        assert!(matches!(s.txn(puts(129)).await, Err(StoreError::InvalidRequest(_))));
+        assert!(s.txn(puts(128)).await.unwrap().succeeded);
+        assert_eq!(s.list("bulk/").await.unwrap().kvs.len(), 128);
+    }
+
+    pub async fn compact_to_a_future_revision_is_rejected(b: Backend) {
+        let s = &b.store;
+        let current = s.current_revision().await.unwrap();
+        assert!(matches!(s.compact(current + 10).await, Err(StoreError::InvalidRequest(_))));
+        s.compact(current).await.unwrap();
+        s.compact(current).await.unwrap();
+        assert!(s.compact(current - 1).await.is_ok(), "compacting below the floor is a no-op");
     }
 
     pub async fn watch_from_past_revision_replays_history_in_order(b: Backend) {

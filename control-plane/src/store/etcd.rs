@@ -362,6 +362,9 @@ fn status_error(what: &str, status: &tonic::Status) -> StoreError {
     if message.contains("lease not found") {
         return StoreError::LeaseNotFound(0);
     }
+    if status.code() == tonic::Code::InvalidArgument || message.contains("future revision") {
+        return StoreError::InvalidRequest(format!("etcd refused the {what}: {message}"));
+    }
     StoreError::Unavailable(format!("etcd {what} failed ({:?}): {message}", status.code()))
 }
 

@@ -146,6 +146,10 @@ pub enum StoreError {
     Unavailable(String),
     #[error("store data is corrupt: {0}")]
     Corrupt(String),
+    /// A request etcd would refuse (a txn writing one key twice or with too many operations,
+    /// compaction to a future revision); the embedded store refuses the same ones.
+    #[error("invalid store request: {0}")]
+    InvalidRequest(String),
     #[error("invalid store address {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
     #[error("store I/O error: {0}")]
