@@ -87,6 +87,7 @@ conformance!(
     put_with_unknown_lease_is_lease_not_found,
     election_has_one_leader_and_hands_over_on_resign,
     election_hands_over_when_the_leaders_lease_is_revoked,
+    campaign_fails_when_the_waiting_candidates_lease_is_revoked,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -531,6 +532,57 @@ mod cases {
         assert!(b_lead.is_leader().await.unwrap());
         assert!(!a.is_leader().await.unwrap());
     }
+
+    pub async fn campaign_fails_when_the_waiting_candidates_lease_is_revoked(b: Backend) {
+        let s = b.store.clone();
+        let la = s.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let lb = s.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let _a = election::campaign(s.clone(), "/election/y", "a", la).await.unwrap();
+        let b_campaign = tokio::spawn(election::campaign(s.clone(), "/election/y", "b", lb));
+        eventually("b is in line", || async {
+            s.list("/election/y/").await.unwrap().kvs.len() == 2
+        })
+        .await;
+        s.revoke_lease(lb).await.unwrap();
+        match tokio::time::timeout(WAIT, b_campaign).await.unwrap().unwrap() {
+            Err(StoreError::LeaseNotFound(id)) => assert_eq!(id, lb),
+            Err(other) => panic!("expected LeaseNotFound, got {other}"),
+            Ok(_) => panic!("b became leader while a leads"),
+        }
+    }
+}
+
+// === etcd only ===
+
+mod etcd_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connect_to_a_dead_endpoint_fails_fast_and_clearly() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        match EtcdStore::connect(std::slice::from_ref(&endpoint)).await {
+            Err(StoreError::Unavailable(message)) => {
+                assert!(message.contains(&endpoint), "{message}");
+            }
+            Err(other) => panic!("expected Unavailable, got {other}"),
+            Ok(_) => panic!("connected to nothing"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connect_balances_over_endpoints_when_one_is_dead() {
+        let etcd = etcd_process::EtcdProcess::start().await;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let endpoints = [format!("http://127.0.0.1:{port}"), etcd.endpoint().to_owned()];
+        let store = EtcdStore::connect(&endpoints).await.unwrap();
+        for i in 0..5 {
+            store.put(&format!("k{i}"), b"v".to_vec(), None).await.unwrap();
+        }
+        assert_eq!(store.list("k").await.unwrap().kvs.len(), 5);
+    }
 }
 
 // === Embedded store only ===
@@ -623,6 +675,30 @@ mod embedded_only {
         let events = next_events(&mut watch, 10).await;
         assert_eq!(events[0].kv.mod_revision, floor);
         assert_eq!(events[9].kv.mod_revision, current);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watcher_that_falls_behind_retained_history_gets_compacted_then_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options { retain_revisions: 10, watch_buffer: 1, ..Options::default() };
+        let s = EmbeddedStore::open_with(dir.path(), options).await.unwrap();
+        let mut watch = s.watch("k", 0).await.unwrap();
+        for i in 0..1000 {
+            s.put("k", i.to_string().into_bytes(), None).await.unwrap();
+        }
+        let mut delivered = 0;
+        loop {
+            match tokio::time::timeout(WAIT, watch.next()).await.unwrap() {
+                Some(Ok(batch)) => delivered += batch.events.len(),
+                Some(Err(StoreError::Compacted { compact_revision })) => {
+                    assert_eq!(compact_revision, s.current_revision().await.unwrap() - 9);
+                    break;
+                }
+                other => panic!("expected batches then Compacted, got {other:?}"),
+            }
+        }
+        assert!(delivered < 1000, "the slow watcher was not cut off ({delivered} events)");
+        assert!(tokio::time::timeout(WAIT, watch.next()).await.unwrap().is_none(), "stream ends");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,7 +63,18 @@ pub async fn campaign(
         let Some(ahead) = ahead else {
             return Ok(Leadership { store, key, create_revision, lease });
         };
-        wait_for_delete(store.as_ref(), &ahead.key, listing.revision + 1).await?;
+        // Watching our own key too notices a lost lease while still in line.
+        let from = listing.revision + 1;
+        tokio::select! {
+            ahead_gone = wait_for_delete(store.as_ref(), &ahead.key, from) => {
+                ahead_gone?;
+            }
+            own_gone = wait_for_delete(store.as_ref(), &key, from) => {
+                if own_gone? {
+                    return Err(StoreError::LeaseNotFound(lease));
+                }
+            }
+        }
     }
 }
 
@@ -76,19 +87,19 @@ pub async fn leader(
     Ok(store.list(&prefix).await?.kvs.into_iter().min_by_key(|kv| kv.create_revision))
 }
 
-/// Returns once `key` is deleted at or after `from`. Keys under one election prefix have a
+/// Returns `true` once `key` is deleted at or after `from`, `false` when the history needed to
+/// tell was compacted (the caller re-reads the key). Keys under one election prefix have a
 /// fixed length, so watching `key` as a prefix matches only `key`.
-async fn wait_for_delete(store: &dyn Store, key: &str, from: Revision) -> Result<(), StoreError> {
+async fn wait_for_delete(store: &dyn Store, key: &str, from: Revision) -> Result<bool, StoreError> {
     let mut watch = store.watch(key, from).await?;
     loop {
         match watch.next().await {
             Some(Ok(batch)) => {
                 if batch.events.iter().any(|e| e.kind == EventKind::Delete && e.kv.key == key) {
-                    return Ok(());
+                    return Ok(true);
                 }
             }
-            // History we needed is gone: the caller re-lists, which is just as good.
-            Some(Err(StoreError::Compacted { .. })) => return Ok(()),
+            Some(Err(StoreError::Compacted { .. })) => return Ok(false),
             Some(Err(e)) => return Err(e),
             None => return Err(StoreError::Unavailable("election watch ended".into())),
         }

@@ -54,6 +54,8 @@ const EXPIRY_TICK: Duration = Duration::from_millis(250);
 /// thread finishes the last fsync first); waiting this long spares a reopen in the same
 /// process a spurious "in use" error while a real second process still fails fast.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
+/// etcd's `MaxLeaseTTL`.
+const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
 /// etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
 /// Most revisions a watcher copies out of history per lock acquisition.
@@ -251,6 +253,11 @@ struct LeaseState {
     keys: BTreeSet<String>,
 }
 
+fn deadline(now: Instant, ttl: Duration) -> Instant {
+    // Only a hand-edited file can hold a TTL past MAX_LEASE_TTL; such a lease never expires.
+    now.checked_add(ttl).unwrap_or(now + MAX_LEASE_TTL)
+}
+
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     // The state is only mutated by `apply`, which does not panic midway on valid records; a
     // poisoned lock therefore still guards consistent data.
@@ -339,8 +346,10 @@ impl State {
             Record::Commit { changes } => self.commit(changes, retain),
             Record::Grant { id, ttl_ms } => {
                 let ttl = Duration::from_millis(*ttl_ms);
-                self.leases
-                    .insert(*id, LeaseState { ttl, deadline: now + ttl, keys: BTreeSet::new() });
+                self.leases.insert(
+                    *id,
+                    LeaseState { ttl, deadline: deadline(now, ttl), keys: BTreeSet::new() },
+                );
             }
             Record::Revoke { id } => {
                 if let Some(lease) = self.leases.remove(id) {
@@ -613,9 +622,10 @@ fn recover(dir: &Path, options: &Options) -> Result<Recovered, StoreError> {
         state.floor = snap.floor.max(snap.revision + 1);
         for l in snap.leases {
             let ttl = Duration::from_millis(l.ttl_ms);
-            state
-                .leases
-                .insert(l.id, LeaseState { ttl, deadline: now + ttl, keys: BTreeSet::new() });
+            state.leases.insert(
+                l.id,
+                LeaseState { ttl, deadline: deadline(now, ttl), keys: BTreeSet::new() },
+            );
         }
         for kv in snap.kvs {
             if kv.lease != 0
@@ -783,6 +793,11 @@ impl Writer {
     }
 
     fn grant(&mut self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        if ttl > MAX_LEASE_TTL {
+            return Err(StoreError::InvalidRequest(format!(
+                "lease TTL {ttl:?} is longer than the maximum {MAX_LEASE_TTL:?}"
+            )));
+        }
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let id = {
             let st = lock(&self.state);
@@ -804,7 +819,7 @@ impl Writer {
         let now = Instant::now();
         match st.leases.get_mut(&id) {
             Some(lease) if lease.deadline > now => {
-                lease.deadline = now + lease.ttl;
+                lease.deadline = deadline(now, lease.ttl);
                 Ok(lease.ttl)
             }
             _ => Err(StoreError::LeaseNotFound(id)),

@@ -1,16 +1,21 @@
 //! The etcd store: the [`Store`] trait over etcd's v3 gRPC API, with the client generated
 //! from our own copy of etcd's protos (`switchyard_proto::etcd`).
 //!
-//! Several endpoints are load-balanced by one tonic channel (`Channel::balance_list`): a
-//! request goes to any endpoint that is connected, and endpoints that fail are retried in
-//! the background. Every member of an etcd cluster serves linearizable reads and writes, so
-//! which one answers does not matter.
+//! Several endpoints are used in order, not balanced: requests go to the current endpoint
+//! until it fails at the transport level, then to the next one. (tonic's `balance_list`
+//! keeps routing requests to a dead member and fails them, so it is not used.) Every member
+//! of an etcd cluster serves linearizable reads and writes, so which one answers does not
+//! matter. A failed request moves to the next endpoint at once when that cannot apply it
+//! twice: reads, watches, lease grants and keep-alives always; writes only when the
+//! connection was never established (nothing was sent). Otherwise the error is returned and
+//! the next call uses the next endpoint.
 //!
 //! Knowing differences from the embedded store: etcd rounds lease TTLs up to whole seconds
-//! and to its minimum; it rejects a transaction that touches one key twice; it keeps history
-//! until someone calls [`Store::compact`].
+//! and to its minimum; it keeps history until someone calls [`Store::compact`].
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,8 +33,8 @@ use super::{
 };
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Bound on every unary call: etcd answers in milliseconds when it has a leader, and a
-/// caller is better served by an error than by waiting out an election forever.
+/// Bound on every call: etcd answers in milliseconds when it has a leader, and a caller is
+/// better served by an error than by waiting out an election forever.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Keys per page when listing, so a prefix with 100,000+ keys never needs one huge message.
 const LIST_PAGE: i64 = 1000;
@@ -37,9 +42,21 @@ const WATCH_BUFFER: usize = 64;
 
 #[derive(Clone)]
 pub struct EtcdStore {
-    kv: KvClient<Channel>,
-    watch: WatchClient<Channel>,
-    lease: LeaseClient<Channel>,
+    endpoints: Arc<Endpoints>,
+}
+
+struct Endpoints {
+    /// `(url, lazily connected channel)`, in the order given.
+    channels: Vec<(String, Channel)>,
+    current: AtomicUsize,
+}
+
+/// Whether a request may be sent again after an ambiguous failure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    Always,
+    /// Only if it never left this process.
+    IfNotSent,
 }
 
 // === impl EtcdStore ===
@@ -53,52 +70,90 @@ impl EtcdStore {
                 reason: "no etcd endpoint".into(),
             });
         }
-        let mut list = Vec::with_capacity(endpoints.len());
+        let mut channels = Vec::with_capacity(endpoints.len());
         for url in endpoints {
-            let endpoint = Endpoint::from_shared(url.clone())
+            let channel = Endpoint::from_shared(url.clone())
                 .map_err(|e| StoreError::InvalidUrl { url: url.clone(), reason: e.to_string() })?
                 .connect_timeout(CONNECT_TIMEOUT)
                 .tcp_nodelay(true)
                 // Notices a dead member (e.g. a partitioned host) on long-lived watch streams.
                 .http2_keep_alive_interval(Duration::from_secs(10))
                 .keep_alive_timeout(Duration::from_secs(5))
-                .keep_alive_while_idle(true);
-            list.push(endpoint);
+                .keep_alive_while_idle(true)
+                .connect_lazy();
+            channels.push((url.clone(), channel));
         }
-        let channel = Channel::balance_list(list.into_iter());
-        let store = Self {
-            kv: KvClient::new(channel.clone()),
-            watch: WatchClient::new(channel.clone()),
-            lease: LeaseClient::new(channel),
-        };
-        store.current_revision().await.map_err(|e| {
-            StoreError::Unavailable(format!(
-                "no etcd endpoint of {} answered: {e}",
-                endpoints.join(",")
-            ))
-        })?;
+        let store =
+            Self { endpoints: Arc::new(Endpoints { channels, current: AtomicUsize::new(0) }) };
+        store.current_revision().await?;
         Ok(store)
     }
 
-    async fn range_page(
+    /// Runs `attempt` on the current endpoint, moving on to the next ones as `retry` allows.
+    async fn call<T, F, Fut>(&self, what: &str, retry: Retry, attempt: F) -> Result<T, StoreError>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let endpoints = &self.endpoints;
+        let count = endpoints.channels.len();
+        let mut failures = Vec::new();
+        for _ in 0..count {
+            let index = endpoints.current.load(Ordering::Relaxed) % count;
+            let (url, channel) = &endpoints.channels[index];
+            let (error, sent) =
+                match tokio::time::timeout(REQUEST_TIMEOUT, attempt(channel.clone())).await {
+                    Ok(Ok(response)) => return Ok(response),
+                    Ok(Err(status)) if !is_transport_failure(&status) => {
+                        return Err(status_error(what, &status));
+                    }
+                    Ok(Err(status)) => {
+                        let sent = !is_connect_failure(&status);
+                        (status_error(what, &status), sent)
+                    }
+                    Err(_) => (
+                        StoreError::Unavailable(format!(
+                            "etcd {what} timed out after {REQUEST_TIMEOUT:?}"
+                        )),
+                        true,
+                    ),
+                };
+            // Another caller may have moved on already; don't skip a healthy endpoint.
+            let _ = endpoints.current.compare_exchange(
+                index,
+                (index + 1) % count,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            failures.push(match &error {
+                StoreError::Unavailable(message) => format!("{url}: {message}"),
+                other => format!("{url}: {other}"),
+            });
+            if sent && retry == Retry::IfNotSent {
+                return Err(error);
+            }
+        }
+        Err(StoreError::Unavailable(format!("no etcd endpoint answered: {}", failures.join("; "))))
+    }
+
+    async fn range(
         &self,
-        key: Vec<u8>,
-        range_end: Vec<u8>,
-        revision: Revision,
+        what: &str,
+        request: pb::RangeRequest,
     ) -> Result<pb::RangeResponse, StoreError> {
-        let mut kv = self.kv.clone();
-        let request =
-            pb::RangeRequest { key, range_end, limit: LIST_PAGE, revision, ..Default::default() };
-        call("range", kv.range(request)).await
+        self.call(what, Retry::Always, |channel| {
+            let request = request.clone();
+            async move { KvClient::new(channel).range(request).await.map(tonic::Response::into_inner) }
+        })
+        .await
     }
 }
 
 #[async_trait]
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let mut kv = self.kv.clone();
         let request = pb::RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() };
-        let response = call("get", kv.range(request)).await?;
+        let response = self.range("get", request).await?;
         response.kvs.into_iter().next().map(from_pb_kv).transpose()
     }
 
@@ -108,7 +163,14 @@ impl Store for EtcdStore {
         // Later pages are read at the first page's revision, so the listing is one snapshot.
         let mut revision = 0;
         loop {
-            let page = self.range_page(key, range_end.clone(), revision).await?;
+            let request = pb::RangeRequest {
+                key,
+                range_end: range_end.clone(),
+                limit: LIST_PAGE,
+                revision,
+                ..Default::default()
+            };
+            let page = self.range("list", request).await?;
             if revision == 0 {
                 revision = header_revision(page.header.as_ref());
             }
@@ -135,17 +197,32 @@ impl Store for EtcdStore {
         value: Vec<u8>,
         lease: Option<LeaseId>,
     ) -> Result<Revision, StoreError> {
-        let mut kv = self.kv.clone();
         let lease = lease.unwrap_or(0);
         let request = pb::PutRequest { key: key.as_bytes().to_vec(), value, lease, prev_kv: false };
-        let response = call("put", kv.put(request)).await.map_err(|e| lease_error(e, lease))?;
+        let response = self
+            .call("put", Retry::IfNotSent, |channel| {
+                let request = request.clone();
+                async move { KvClient::new(channel).put(request).await.map(tonic::Response::into_inner) }
+            })
+            .await
+            .map_err(|e| lease_error(e, lease))?;
         Ok(header_revision(response.header.as_ref()))
     }
 
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        let mut kv = self.kv.clone();
         let request = pb::DeleteRangeRequest { key: key.as_bytes().to_vec(), ..Default::default() };
-        Ok(call("delete", kv.delete_range(request)).await?.deleted > 0)
+        let response = self
+            .call("delete", Retry::IfNotSent, |channel| {
+                let request = request.clone();
+                async move {
+                    KvClient::new(channel)
+                        .delete_range(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            })
+            .await?;
+        Ok(response.deleted > 0)
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult, StoreError> {
@@ -163,9 +240,13 @@ impl Store for EtcdStore {
             success: txn.success.into_iter().map(to_pb_op).collect(),
             failure: txn.failure.into_iter().map(to_pb_op).collect(),
         };
-        let mut kv = self.kv.clone();
-        let response =
-            call("txn", kv.txn(request)).await.map_err(|e| lease_error(e, first_lease))?;
+        let response = self
+            .call("txn", Retry::IfNotSent, |channel| {
+                let request = request.clone();
+                async move { KvClient::new(channel).txn(request).await.map(tonic::Response::into_inner) }
+            })
+            .await
+            .map_err(|e| lease_error(e, first_lease))?;
         Ok(TxnResult {
             succeeded: response.succeeded,
             revision: header_revision(response.header.as_ref()),
@@ -184,29 +265,30 @@ impl Store for EtcdStore {
                 },
             )),
         };
-        let (requests, request_rx) = mpsc::channel(1);
-        requests
-            .send(create)
-            .await
-            .map_err(|_| StoreError::Unavailable("etcd watch request dropped".into()))?;
-        let mut client = self.watch.clone();
-        let mut inbound = call("watch", client.watch(ReceiverStream::new(request_rx))).await?;
-
-        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         // Returning only once etcd confirmed the watch guarantees that a write made after
         // `watch()` returns is seen, as with the embedded store.
-        let first = match tokio::time::timeout(REQUEST_TIMEOUT, inbound.message()).await {
-            Err(_) => {
-                return Err(StoreError::Unavailable(
-                    "etcd did not confirm the watch in time".into(),
-                ));
-            }
-            Ok(Err(status)) => return Err(status_error("watch", &status)),
-            Ok(Ok(None)) => {
-                return Err(StoreError::Unavailable("etcd closed the watch stream".into()));
-            }
-            Ok(Ok(Some(first))) => first,
-        };
+        let (requests, mut inbound, first) = self
+            .call("watch", Retry::Always, |channel| {
+                let create = create.clone();
+                async move {
+                    let (requests, request_rx) = mpsc::channel(1);
+                    requests
+                        .send(create)
+                        .await
+                        .map_err(|_| tonic::Status::internal("watch request dropped"))?;
+                    let mut inbound = WatchClient::new(channel)
+                        .watch(ReceiverStream::new(request_rx))
+                        .await?
+                        .into_inner();
+                    match inbound.message().await? {
+                        Some(first) => Ok((requests, inbound, first)),
+                        None => Err(tonic::Status::unavailable("etcd closed the watch stream")),
+                    }
+                }
+            })
+            .await?;
+
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         tokio::spawn(async move {
             // The request half must stay open: etcd ends the watch when the client stops sending.
             let _requests = requests;
@@ -222,11 +304,9 @@ impl Store for EtcdStore {
                         match message {
                             Ok(Some(response)) => response,
                             Ok(None) => {
-                                let _ = tx
-                                    .send(Err(StoreError::Unavailable(
-                                        "etcd closed the watch stream".into(),
-                                    )))
-                                    .await;
+                                let closed =
+                                    StoreError::Unavailable("etcd closed the watch stream".into());
+                                let _ = tx.send(Err(closed)).await;
                                 return;
                             }
                             Err(status) => {
@@ -249,9 +329,9 @@ impl Store for EtcdStore {
                 if response.events.is_empty() {
                     continue;
                 }
-                let batch =
+                let events =
                     response.events.into_iter().map(from_pb_event).collect::<Result<Vec<_>, _>>();
-                let item = batch.map(|events| WatchBatch { events });
+                let item = events.map(|events| WatchBatch { events });
                 let failed = item.is_err();
                 if tx.send(item).await.is_err() || failed {
                     return;
@@ -262,21 +342,24 @@ impl Store for EtcdStore {
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
-        let mut kv = self.kv.clone();
-        match call("compact", kv.compact(pb::CompactionRequest { revision, physical: false })).await
-        {
-            Ok(_) => Ok(()),
+        let request = pb::CompactionRequest { revision, physical: false };
+        // Compaction is idempotent, so it can always be sent again.
+        let result = self
+            .call("compact", Retry::Always, |channel| async move {
+                KvClient::new(channel).compact(request).await.map(tonic::Response::into_inner)
+            })
+            .await;
+        match result {
             // Compacting again at or below the floor is a no-op, as in the embedded store.
-            Err(StoreError::Compacted { .. }) => Ok(()),
+            Ok(_) | Err(StoreError::Compacted { .. }) => Ok(()),
             Err(e) => Err(e),
         }
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {
-        let mut kv = self.kv.clone();
         let request =
             pb::RangeRequest { key: vec![0], limit: 1, count_only: true, ..Default::default() };
-        let response = call("range", kv.range(request)).await?;
+        let response = self.range("range", request).await?;
         Ok(header_revision(response.header.as_ref()))
     }
 
@@ -285,9 +368,16 @@ impl Store for EtcdStore {
         if ttl.subsec_nanos() > 0 {
             seconds = seconds.saturating_add(1);
         }
-        let mut lease = self.lease.clone();
         let request = pb::LeaseGrantRequest { ttl: seconds.max(1), id: 0 };
-        let response = call("lease grant", lease.lease_grant(request)).await?;
+        // A grant sent twice leaves one unused lease behind, which expires on its own.
+        let response = self
+            .call("lease grant", Retry::Always, |channel| async move {
+                LeaseClient::new(channel)
+                    .lease_grant(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            })
+            .await?;
         if !response.error.is_empty() {
             return Err(StoreError::Unavailable(format!(
                 "etcd refused the lease: {}",
@@ -300,27 +390,24 @@ impl Store for EtcdStore {
     async fn keep_alive(&self, id: LeaseId) -> Result<Duration, StoreError> {
         // One short stream per renewal: callers renew every few seconds at most, and this
         // keeps no background state to clean up.
-        let (requests, request_rx) = mpsc::channel(1);
-        requests
-            .send(pb::LeaseKeepAliveRequest { id })
+        let response = self
+            .call("lease keep-alive", Retry::Always, |channel| async move {
+                let (requests, request_rx) = mpsc::channel(1);
+                requests
+                    .send(pb::LeaseKeepAliveRequest { id })
+                    .await
+                    .map_err(|_| tonic::Status::internal("keep-alive request dropped"))?;
+                let mut inbound = LeaseClient::new(channel)
+                    .lease_keep_alive(ReceiverStream::new(request_rx))
+                    .await?
+                    .into_inner();
+                let response = inbound.message().await?;
+                drop(requests);
+                response
+                    .ok_or_else(|| tonic::Status::unavailable("etcd closed the keep-alive stream"))
+            })
             .await
-            .map_err(|_| StoreError::Unavailable("etcd keep-alive request dropped".into()))?;
-        let mut lease = self.lease.clone();
-        let mut inbound =
-            call("lease keep-alive", lease.lease_keep_alive(ReceiverStream::new(request_rx)))
-                .await
-                .map_err(|e| lease_error(e, id))?;
-        let response = match tokio::time::timeout(REQUEST_TIMEOUT, inbound.message()).await {
-            Err(_) => return Err(StoreError::Unavailable("etcd keep-alive timed out".into())),
-            Ok(Err(status)) => {
-                return Err(lease_error(status_error("lease keep-alive", &status), id));
-            }
-            Ok(Ok(None)) => {
-                return Err(StoreError::Unavailable("etcd closed the keep-alive stream".into()));
-            }
-            Ok(Ok(Some(response))) => response,
-        };
-        drop(requests);
+            .map_err(|e| lease_error(e, id))?;
         if response.ttl <= 0 {
             return Err(StoreError::LeaseNotFound(id));
         }
@@ -328,27 +415,54 @@ impl Store for EtcdStore {
     }
 
     async fn revoke_lease(&self, id: LeaseId) -> Result<(), StoreError> {
-        let mut lease = self.lease.clone();
-        call("lease revoke", lease.lease_revoke(pb::LeaseRevokeRequest { id }))
-            .await
-            .map_err(|e| lease_error(e, id))?;
+        // Revoking twice is harmless: the second attempt reports the lease as not found.
+        self.call("lease revoke", Retry::Always, |channel| async move {
+            LeaseClient::new(channel)
+                .lease_revoke(pb::LeaseRevokeRequest { id })
+                .await
+                .map(tonic::Response::into_inner)
+        })
+        .await
+        .map_err(|e| lease_error(e, id))?;
         Ok(())
     }
 }
 
 // === Conversions ===
 
-async fn call<T>(
-    what: &str,
-    request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
-        Err(_) => {
-            Err(StoreError::Unavailable(format!("etcd {what} timed out after {REQUEST_TIMEOUT:?}")))
+/// Failures of the connection rather than answers from etcd (whose own errors, even those
+/// with code `Unavailable`, carry an `etcdserver:` or `mvcc:` message).
+fn is_transport_failure(status: &tonic::Status) -> bool {
+    let message = status.message();
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    ) && !message.starts_with("etcdserver:")
+        && !message.starts_with("mvcc:")
+}
+
+/// The status's message followed by its causes (a transport error's message alone is just
+/// "tcp connect error"; the cause says "Connection refused").
+fn describe(status: &tonic::Status) -> String {
+    let mut chain = status.message().to_owned();
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !chain.contains(&text) {
+            chain.push_str(": ");
+            chain.push_str(&text);
         }
-        Ok(Err(status)) => Err(status_error(what, &status)),
-        Ok(Ok(response)) => Ok(response.into_inner()),
+        source = cause.source();
     }
+    chain
+}
+
+/// The connection could not be set up, so the request was certainly not sent.
+fn is_connect_failure(status: &tonic::Status) -> bool {
+    let chain = describe(status).to_ascii_lowercase();
+    chain.contains("connect error")
+        || chain.contains("connection refused")
+        || chain.contains("error trying to connect")
 }
 
 /// etcd reports its domain errors as gRPC statuses with fixed messages (rpctypes in etcd's
@@ -365,7 +479,11 @@ fn status_error(what: &str, status: &tonic::Status) -> StoreError {
     if status.code() == tonic::Code::InvalidArgument || message.contains("future revision") {
         return StoreError::InvalidRequest(format!("etcd refused the {what}: {message}"));
     }
-    StoreError::Unavailable(format!("etcd {what} failed ({:?}): {message}", status.code()))
+    StoreError::Unavailable(format!(
+        "etcd {what} failed ({:?}): {}",
+        status.code(),
+        describe(status)
+    ))
 }
 
 /// Fills in the lease a `LeaseNotFound` from [`status_error`] is about.
