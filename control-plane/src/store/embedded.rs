@@ -16,14 +16,20 @@
 //! readers (which take the state's mutex briefly, never across I/O) never see a write that
 //! a crash could still lose.
 //!
-//! Knowing differences from etcd:
+//! Known differences from etcd:
 //! - history survives a restart only for the revisions still in the log: after reopening,
 //!   the compaction floor is at least the snapshot's revision + 1 (a watcher asking for
 //!   older history gets [`StoreError::Compacted`] and must re-list, as it must on etcd);
 //! - history is bounded to the last [`Options::retain_revisions`] revisions (etcd keeps
 //!   everything until someone compacts);
 //! - lease TTLs are honoured to the millisecond (etcd rounds up to seconds and to a minimum);
-//!   after a restart every lease gets its full TTL again, as etcd does after a leader change.
+//!   after a restart every lease gets its full TTL again, as etcd does after a leader change;
+//! - a watcher that reads slower than writes arrive keeps reading from history and is cut
+//!   off with [`StoreError::Compacted`] once retention passes it (see [`Options::watch_buffer`]);
+//! - one fsync per write, no group commit: write throughput is the disk's fsync rate, which
+//!   is plenty for configuration data;
+//! - one process per directory, so replicas cannot share it (election still works between
+//!   tasks of that process).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -898,9 +904,10 @@ impl Writer {
     }
 
     fn rewrite(&mut self) -> Result<(), StoreError> {
-        let bytes = {
+        // Copied under the lock, encoded outside it: readers wait for a copy, not for JSON.
+        let snapshot = {
             let st = lock(&self.state);
-            let snapshot = Snapshot {
+            Snapshot {
                 seq: self.seq,
                 revision: st.revision,
                 floor: st.floor,
@@ -924,10 +931,10 @@ impl Writer {
                         ttl_ms: u64::try_from(l.ttl.as_millis()).unwrap_or(u64::MAX),
                     })
                     .collect(),
-            };
-            serde_json::to_vec(&snapshot)
-                .map_err(|e| StoreError::Corrupt(format!("encoding the snapshot: {e}")))?
+            }
         };
+        let bytes = serde_json::to_vec(&snapshot)
+            .map_err(|e| StoreError::Corrupt(format!("encoding the snapshot: {e}")))?;
         let tmp = self.files.dir.join(SNAPSHOT_TMP_FILE);
         let mut file = File::create(&tmp)?;
         file.write_all(&bytes)?;

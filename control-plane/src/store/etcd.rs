@@ -10,7 +10,7 @@
 //! connection was never established (nothing was sent). Otherwise the error is returned and
 //! the next call uses the next endpoint.
 //!
-//! Knowing differences from the embedded store: etcd rounds lease TTLs up to whole seconds
+//! Known differences from the embedded store: etcd rounds lease TTLs up to whole seconds
 //! and to its minimum; it keeps history until someone calls [`Store::compact`].
 
 use std::future::Future;

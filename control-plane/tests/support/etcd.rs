@@ -117,9 +117,19 @@ impl EtcdProcess {
     }
 }
 
+const INSTALL_HINT: &str = "Install it with `apt-get install etcd-server` (Debian/Ubuntu), put an \
+    etcd 3.4+ binary on PATH, or point $SWITCHYARD_ETCD_BIN at one.";
+
 fn find_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("SWITCHYARD_ETCD_BIN") {
-        return PathBuf::from(path);
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            panic!(
+                "$SWITCHYARD_ETCD_BIN is {} but no such file exists. {INSTALL_HINT}",
+                path.display()
+            );
+        }
+        return path;
     }
     let on_path = std::env::var_os("PATH")
         .into_iter()
@@ -134,9 +144,8 @@ fn find_binary() -> PathBuf {
         return fallback;
     }
     panic!(
-        "etcd is required by this test but was not found (looked at $SWITCHYARD_ETCD_BIN, `etcd` on PATH, \
-         /usr/bin/etcd). Install it with `apt-get install etcd-server` (Debian/Ubuntu) or put an etcd \
-         3.4+ binary on PATH."
+        "etcd is required by this test but was not found (looked for `etcd` on PATH and at \
+         /usr/bin/etcd). {INSTALL_HINT}"
     );
 }
 
