@@ -721,6 +721,26 @@ mod embedded_only {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_corrupt_record_before_the_end_fails_open_with_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = EmbeddedStore::open(dir.path()).await.unwrap();
+        s.put("k", b"v".to_vec(), None).await.unwrap();
+        s.close().await;
+        let log_path = dir.path().join("wal.jsonl");
+        let valid = std::fs::read(&log_path).unwrap();
+        let mut damaged = b"{not json}\n".to_vec();
+        damaged.extend_from_slice(&valid);
+        std::fs::write(&log_path, damaged).unwrap();
+        match EmbeddedStore::open(dir.path()).await {
+            Err(StoreError::Corrupt(message)) => {
+                assert!(message.contains("wal.jsonl"), "{message}")
+            }
+            Err(other) => panic!("expected Corrupt, got {other}"),
+            Ok(_) => panic!("opened a corrupt log"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_torn_last_log_record_is_dropped_on_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let s = EmbeddedStore::open(dir.path()).await.unwrap();
