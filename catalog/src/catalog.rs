@@ -213,10 +213,10 @@ impl Catalog {
             if let Err(msg) = http_url(&p.base_url) {
                 errors.push(FieldError::new(format!("{path}.base_url"), msg));
             }
-            if let Some(region) = &p.region {
-                if region.trim().is_empty() {
-                    errors.push(FieldError::new(format!("{path}.region"), "must not be empty"));
-                }
+            if let Some(region) = &p.region
+                && region.trim().is_empty()
+            {
+                errors.push(FieldError::new(format!("{path}.region"), "must not be empty"));
             }
         }
         seen.clear();

@@ -91,8 +91,13 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
 
 pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
     let join_token = secret_from("SWITCHYARD_JOIN_TOKEN", args.join_token_file.as_deref())?;
-    let controls: Vec<String> =
-        args.control.split(',').map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect();
+    let controls: Vec<String> = args
+        .control
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect();
     let node = node::start(NodeOptions {
         controls,
         listen: args.listen,

@@ -89,10 +89,10 @@ impl NodeConfig {
         for name in &deletes {
             if name == CATALOG {
                 next.catalog = Arc::default();
-            } else if let Some(id) = name.strip_prefix(KEYS) {
-                if let Some(old) = next.keys.remove(id) {
-                    next.keys_by_hash.remove(&old.secret_sha256);
-                }
+            } else if let Some(id) = name.strip_prefix(KEYS)
+                && let Some(old) = next.keys.remove(id)
+            {
+                next.keys_by_hash.remove(&old.secret_sha256);
             }
         }
         for item in parsed {

@@ -53,6 +53,7 @@ fn not_ready() -> Response {
 }
 
 /// The active key presenting `Authorization: Bearer <key>`, or the 401 to send.
+#[allow(clippy::result_large_err)] // the error is the response itself, built once per refusal
 pub fn authenticate(
     config: &NodeConfig,
     headers: &HeaderMap,

@@ -25,6 +25,8 @@ const BACKOFF_START: Duration = Duration::from_millis(100);
 /// DESIGN §2: a node is back within seconds of a control plane returning.
 const BACKOFF_CAP: Duration = Duration::from_secs(2);
 
+type Resources = Vec<(String, Vec<u8>)>;
+
 pub struct SyncOptions {
     pub controls: Vec<String>,
     pub node_id: String,
@@ -91,7 +93,8 @@ async fn session(url: &str, options: &SyncOptions, state: &NodeState) -> Result<
     info!(control = %url, version = state.version(), "config stream open");
 
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
-    let mut pending_snapshot: Option<(i64, Vec<(String, Vec<u8>)>)> = None;
+    // Snapshot chunks received so far: (version, resources).
+    let mut pending_snapshot: Option<(i64, Resources)> = None;
     loop {
         tokio::select! {
             message = tokio::time::timeout(IDLE_LIMIT, inbound.message()) => {

@@ -1,4 +1,5 @@
 //! The admin CLI against a real control plane on the embedded store.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 

@@ -693,10 +693,7 @@ fn recover(dir: &Path, options: &Options) -> Result<Recovered, StoreError> {
     })
 }
 
-// `File::try_lock` is stable since 1.89, one release past the workspace's declared MSRV; the
-// toolchain that builds Switchyard is newer, and the lock is what keeps two processes from
-// interleaving writes to one log.
-#[allow(clippy::incompatible_msrv)]
+// The lock is what keeps two processes from interleaving writes to one log.
 fn acquire_lock(dir: &Path) -> Result<File, StoreError> {
     let path = dir.join(LOCK_FILE);
     let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
