@@ -161,6 +161,35 @@ impl AdminService {
 
 #[tonic::async_trait]
 impl Admin for AdminService {
+    type ListEventsStream = std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<
+                    Item = Result<switchyard_proto::node::v1::FailoverEvent, Status>,
+                > + Send,
+        >,
+    >;
+
+    async fn list_breakers(
+        &self,
+        _request: Request<pb::ListBreakersRequest>,
+    ) -> Result<Response<pb::ListBreakersResponse>, Status> {
+        Err(Status::unimplemented("breakers are not reported yet"))
+    }
+
+    async fn list_events(
+        &self,
+        _request: Request<pb::ListEventsRequest>,
+    ) -> Result<Response<Self::ListEventsStream>, Status> {
+        Err(Status::unimplemented("events are not recorded yet"))
+    }
+
+    async fn get_usage(
+        &self,
+        _request: Request<pb::GetUsageRequest>,
+    ) -> Result<Response<pb::GetUsageResponse>, Status> {
+        Err(Status::unimplemented("usage is not recorded yet"))
+    }
+
     async fn apply_catalog(
         &self,
         request: Request<pb::ApplyCatalogRequest>,

@@ -199,7 +199,14 @@ impl NodeShared {
             Some(node_message::Msg::Heartbeat(hb)) => {
                 record.applied_version = record.applied_version.max(hb.applied_version);
             }
-            Some(node_message::Msg::Hello(_)) | None => {}
+            // Breaker transitions, events and usage are handled by later work.
+            Some(
+                node_message::Msg::Hello(_)
+                | node_message::Msg::Breaker(_)
+                | node_message::Msg::Events(_)
+                | node_message::Msg::Usage(_),
+            )
+            | None => {}
         }
         record.applied_version != before
     }

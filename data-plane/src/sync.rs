@@ -115,7 +115,7 @@ async fn session(url: &str, options: &SyncOptions, state: &NodeState) -> Result<
                         upserts: update.upserts.into_iter().map(|r| (r.name, r.value)).collect(),
                         deletes: update.deletes,
                     },
-                    Some(control_message::Msg::Ping(_)) | None => continue,
+                    Some(control_message::Msg::Ping(_) | control_message::Msg::EventsAck(_)) | None => continue,
                 };
                 let reply = apply(state, change);
                 if tx.send(reply).await.is_err() {
