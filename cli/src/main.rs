@@ -36,6 +36,8 @@ enum Command {
     Control(serve::ControlArgs),
     /// Run a data-plane node.
     Node(serve::NodeArgs),
+    /// Run simulated providers (OpenAI-compatible, scriptable faults) for demos and tests.
+    Sim(serve::SimArgs),
     /// Apply a catalog file (providers, models, breaker policy, webhooks); declarative.
     Apply(admin::ApplyArgs),
     /// Print the stored catalog, in the format `apply -f` takes.
@@ -68,6 +70,7 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Dev(args) => Ok(serve::dev(args).await?),
         Command::Control(args) => Ok(serve::control(args).await?),
         Command::Node(args) => Ok(serve::node(args).await?),
+        Command::Sim(args) => Ok(serve::sim(args).await?),
         Command::Apply(args) => admin::apply(args).await,
         Command::Catalog(args) => admin::catalog(args).await,
         Command::Keys(args) => admin::keys(args).await,
@@ -79,7 +82,7 @@ async fn run(command: Command) -> Result<(), CliError> {
 /// what they mean to say. `RUST_LOG` overrides both.
 fn init_tracing(command: &Command) {
     let default = match command {
-        Command::Dev(_) | Command::Control(_) | Command::Node(_) => "info",
+        Command::Dev(_) | Command::Control(_) | Command::Node(_) | Command::Sim(_) => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

@@ -16,6 +16,8 @@ pub enum ServeError {
     Control(#[from] ControlError),
     #[error(transparent)]
     Node(#[from] NodeError),
+    #[error(transparent)]
+    Sim(#[from] switchyard_sim::SimError),
 }
 
 #[derive(Debug, Args)]
@@ -54,6 +56,13 @@ pub struct NodeArgs {
     /// File holding the join token (instead of SWITCHYARD_JOIN_TOKEN).
     #[arg(long)]
     pub join_token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Address of the simulator's HTTP listener.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    pub listen: SocketAddr,
 }
 
 #[derive(Debug, Args)]
@@ -155,6 +164,13 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     println!("  switchyard nodes");
     println!("  curl -H 'Authorization: Bearer <key>' http://{}/v1/models", node.local_addr);
     node.run().await?;
+    Ok(())
+}
+
+pub async fn sim(args: SimArgs) -> Result<(), ServeError> {
+    let sim = switchyard_sim::start(args.listen).await?;
+    println!("switchyard sim listening on {}", sim.local_addr);
+    std::future::pending::<()>().await;
     Ok(())
 }
 
