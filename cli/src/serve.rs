@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use switchyard_control_plane::audit::{self, AuditRetention};
 use switchyard_control_plane::server::{self, ControlError, ControlOptions};
 use switchyard_data_plane::node::{self, NodeError, NodeOptions};
 
@@ -37,6 +38,12 @@ pub struct ControlArgs {
     /// File holding the node join token (instead of SWITCHYARD_JOIN_TOKEN).
     #[arg(long)]
     pub join_token_file: Option<PathBuf>,
+    /// Failover events kept in the audit log; the oldest beyond this are pruned.
+    #[arg(long, default_value_t = AuditRetention::default().max_entries)]
+    pub audit_max_entries: usize,
+    /// Age after which audit-log events are pruned: 30s, 15m, 12h, 7d.
+    #[arg(long, default_value = "7d", value_parser = audit::parse_max_age)]
+    pub audit_max_age: std::time::Duration,
 }
 
 #[derive(Debug, Args)]
@@ -90,6 +97,7 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
         prefix: args.prefix,
         admin_token,
         join_token,
+        audit: AuditRetention { max_entries: args.audit_max_entries, max_age: args.audit_max_age },
     })
     .await?;
     // The one line on stdout: scripts and tests read the bound address from it.
@@ -135,6 +143,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         prefix: "/switchyard/".into(),
         admin_token: admin_token.clone(),
         join_token: None,
+        audit: AuditRetention::default(),
     })
     .await?;
     let control_url = format!("http://{}", control.local_addr);

@@ -1,5 +1,6 @@
 //! The admin API (`switchyard.admin.v1.Admin`): catalog and API keys in the store, the
-//! fleet as the nodes' presence records show it.
+//! fleet as the nodes' presence records show it, and what nodes report: breaker states,
+//! the failover-event audit log, usage totals.
 //!
 //! Every write is a compare-and-swap on the revision that was read, so two admins (or two
 //! replicas) racing on one resource never lose an update silently: the loser gets `Aborted`.
@@ -17,10 +18,15 @@ use switchyard_catalog::{
 };
 use switchyard_proto::admin::v1::{self as pb, admin_server::Admin};
 
+use crate::audit;
 use crate::fanout::ConfigCache;
 use crate::layout::Layout;
 use crate::nodes::{NodeRecord, now_ms};
+use crate::reports::{BreakerRecord, UsageRecord};
 use crate::store::{Compare, KeyValue, Revision, Store, StoreError, Txn, TxnOp};
+
+/// Events `ListEvents` sends first when the request names no limit.
+const DEFAULT_EVENTS_LIMIT: usize = 100;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -173,21 +179,126 @@ impl Admin for AdminService {
         &self,
         _request: Request<pb::ListBreakersRequest>,
     ) -> Result<Response<pb::ListBreakersResponse>, Status> {
-        Err(Status::unimplemented("breakers are not reported yet"))
+        let listing =
+            self.store.list(&self.layout.breakers_prefix()).await.map_err(AdminError::from)?;
+        // Keys sort by node, provider, model: the order the table shows.
+        let breakers = listing
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<BreakerRecord>(&kv.value).ok())
+            .map(|b| pb::Breaker {
+                node_id: b.node_id,
+                provider: b.provider,
+                upstream_model: b.upstream_model,
+                state: b.state,
+                since_unix_ms: b.since_unix_ms,
+                failure_rate: b.failure_rate,
+                next_probe_unix_ms: b.next_probe_unix_ms,
+                cause: b.cause,
+                cooldown_ms: b.cooldown_ms,
+            })
+            .collect();
+        Ok(Response::new(pb::ListBreakersResponse { breakers }))
     }
 
     async fn list_events(
         &self,
-        _request: Request<pb::ListEventsRequest>,
+        request: Request<pb::ListEventsRequest>,
     ) -> Result<Response<Self::ListEventsStream>, Status> {
-        Err(Status::unimplemented("events are not recorded yet"))
+        let request = request.into_inner();
+        let limit = match request.limit {
+            0 => DEFAULT_EVENTS_LIMIT,
+            n => n as usize,
+        };
+        let key_id = request.key_id;
+        let wanted = move |e: &audit::AuditEvent| key_id.is_empty() || e.key_id == key_id;
+        let prefix = self.layout.audit_prefix();
+        let listing = self.store.list(&prefix).await.map_err(AdminError::from)?;
+        // Keys sort by time, so the newest `limit` are the tail, already oldest-first.
+        let mut first: Vec<_> = listing
+            .kvs
+            .iter()
+            .rev()
+            .filter_map(audit::decode)
+            .filter(|e| wanted(e))
+            .take(limit)
+            .collect();
+        first.reverse();
+        // Watch before answering, so that a follower misses nothing written meanwhile.
+        let watch = if request.follow {
+            Some(self.store.watch(&prefix, listing.revision + 1).await.map_err(AdminError::from)?)
+        } else {
+            None
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            for event in first {
+                if tx.send(Ok(event.to_pb())).await.is_err() {
+                    return;
+                }
+            }
+            let Some(mut watch) = watch else { return };
+            loop {
+                tokio::select! {
+                    // The client went away: stop watching.
+                    _ = tx.closed() => return,
+                    batch = watch.next() => match batch {
+                        Some(Ok(batch)) => {
+                            let new = batch
+                                .events
+                                .iter()
+                                .filter(|e| audit::is_new(e.kind, &e.kv))
+                                .filter_map(|e| audit::decode(&e.kv))
+                                .filter(|e| wanted(e));
+                            for event in new {
+                                if tx.send(Ok(event.to_pb())).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        Some(Err(e)) => {
+                            let _ = tx.send(Err(Status::from(AdminError::from(e)))).await;
+                            return;
+                        }
+                        None => {
+                            let _ = tx.send(Err(Status::unavailable("the store ended the watch; follow again"))).await;
+                            return;
+                        }
+                    },
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn get_usage(
         &self,
-        _request: Request<pb::GetUsageRequest>,
+        request: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::GetUsageResponse>, Status> {
-        Err(Status::unimplemented("usage is not recorded yet"))
+        let key_id = request.into_inner().key_id;
+        let listing =
+            self.store.list(&self.layout.usage_prefix()).await.map_err(AdminError::from)?;
+        let mut totals: std::collections::BTreeMap<(String, String), pb::UsageRow> =
+            std::collections::BTreeMap::new();
+        for kv in &listing.kvs {
+            let Ok(record) = serde_json::from_slice::<UsageRecord>(&kv.value) else {
+                tracing::warn!(key = %kv.key, "unreadable usage record; skipped");
+                continue;
+            };
+            for e in record.entries {
+                if !key_id.is_empty() && e.key_id != key_id {
+                    continue;
+                }
+                let row = totals.entry((e.key_id.clone(), e.model.clone())).or_insert_with(|| {
+                    pb::UsageRow { key_id: e.key_id, model: e.model, ..Default::default() }
+                });
+                row.requests += e.requests;
+                row.prompt_tokens += e.prompt_tokens;
+                row.completion_tokens += e.completion_tokens;
+                row.cost_usd += e.cost_usd;
+            }
+        }
+        Ok(Response::new(pb::GetUsageResponse { rows: totals.into_values().collect() }))
     }
 
     async fn apply_catalog(

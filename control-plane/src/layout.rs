@@ -2,6 +2,15 @@
 //!
 //! `config/` holds everything nodes receive (the node stream watches only it);
 //! `nodes/` holds node presence, kept apart so heartbeats never wake config watchers.
+//! What nodes report lives beside it, also outside `config/`:
+//! - `audit/<at_unix_ms, 13 digits>-<event id>`: failover events, so key order is time order
+//!   and a redelivered event lands on its own key again;
+//! - `breakers/<node>/<provider>/<upstream model>`: each node's current breaker states;
+//! - `usage/<node>/<boot id>`: each node process's cumulative usage totals;
+//! - `elections/<name>/`: leader elections for work one replica does (audit retention).
+//!
+//! Segments that come from nodes are escaped (`%` → `%25`, `/` → `%2F`), so that a node id
+//! holding a `/` cannot reach into another node's records.
 
 #[derive(Clone, Debug)]
 pub struct Layout {
@@ -46,8 +55,74 @@ impl Layout {
         format!("{}nodes/{id}", self.prefix)
     }
 
+    pub fn audit_prefix(&self) -> String {
+        format!("{}audit/", self.prefix)
+    }
+
+    /// Zero-padded to 13 digits (good until the year 2286), so keys sort by time.
+    pub fn audit(&self, at_unix_ms: i64, event_id: &str) -> String {
+        format!("{}audit/{:013}-{}", self.prefix, at_unix_ms.max(0), escape(event_id))
+    }
+
+    pub fn breakers_prefix(&self) -> String {
+        format!("{}breakers/", self.prefix)
+    }
+
+    pub fn node_breakers_prefix(&self, node_id: &str) -> String {
+        format!("{}breakers/{}/", self.prefix, escape(node_id))
+    }
+
+    pub fn breaker(&self, node_id: &str, provider: &str, upstream_model: &str) -> String {
+        format!(
+            "{}breakers/{}/{}/{}",
+            self.prefix,
+            escape(node_id),
+            escape(provider),
+            escape(upstream_model)
+        )
+    }
+
+    pub fn usage_prefix(&self) -> String {
+        format!("{}usage/", self.prefix)
+    }
+
+    pub fn usage(&self, node_id: &str, boot_id: &str) -> String {
+        format!("{}usage/{}/{}", self.prefix, escape(node_id), escape(boot_id))
+    }
+
+    /// The election whose leader prunes the audit log.
+    pub fn audit_retention_election(&self) -> String {
+        format!("{}elections/audit-retention", self.prefix)
+    }
+
     /// The resource name nodes see for a store key under `config/`.
     pub fn resource_name<'k>(&self, key: &'k str) -> Option<&'k str> {
         key.strip_prefix(&self.prefix)?.strip_prefix("config/")
+    }
+}
+
+/// One key segment from outside (node id, provider, model, event id).
+fn escape(segment: &str) -> String {
+    segment.replace('%', "%25").replace('/', "%2F")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn audit_keys_sort_by_time() {
+        let l = Layout::new("/s");
+        assert_eq!(l.audit(734, "ev1"), "/s/audit/0000000000734-ev1");
+        assert!(l.audit(9_999, "z") < l.audit(10_000, "a"));
+        assert!(l.audit(1, "e").starts_with(&l.audit_prefix()));
+    }
+
+    #[test]
+    fn node_segments_cannot_reach_into_other_nodes() {
+        let l = Layout::new("/s/");
+        assert_eq!(l.breaker("n1", "openai", "org/model"), "/s/breakers/n1/openai/org%2Fmodel");
+        assert!(!l.breaker("a/b", "p", "m").starts_with(&l.node_breakers_prefix("a")));
+        assert_eq!(l.usage("n%1", "boot"), "/s/usage/n%251/boot");
     }
 }

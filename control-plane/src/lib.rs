@@ -3,9 +3,11 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod audit;
 pub mod auth;
 pub mod fanout;
 pub mod layout;
 pub mod nodes;
+pub mod reports;
 pub mod server;
 pub mod store;

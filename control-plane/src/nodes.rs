@@ -8,6 +8,12 @@
 //! Presence: while a node is connected this replica keeps `nodes/<id>` in the store,
 //! attached to the replica's lease, so that any replica can list the whole fleet and a
 //! crashed replica's nodes vanish when its lease expires.
+//!
+//! Reports: failover events go to the audit log and are acked only once written (the node
+//! holds them until then); breaker transitions and usage totals are stored as
+//! [`crate::reports`] describes. An events batch that cannot be written ends the stream
+//! with `Unavailable` rather than going unacked on a live stream: acks are cumulative, so a
+//! later batch's ack would cover the lost one, and a reconnecting node resends all it holds.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -24,9 +30,11 @@ use switchyard_proto::node::v1::{
     self as pb, control_message, node_control_server::NodeControl, node_message,
 };
 
+use crate::audit::{self, AuditEvent};
 use crate::auth::TokenCheck;
 use crate::fanout::{ConfigCache, ConfigUpdate, Start};
 use crate::layout::Layout;
+use crate::reports::{self, BreakerRecord, UsageRecord};
 use crate::store::{Compare, LeaseId, Revision, Store, Txn, TxnOp};
 
 pub const PING_INTERVAL: Duration = Duration::from_secs(2);
@@ -120,6 +128,13 @@ impl NodeShared {
         };
         let mut presence_rev = self.write_presence(&record).await;
         let mut last_presence = tokio::time::Instant::now();
+        // After the presence write, so that the previous replica's grace timer sees the
+        // node back and leaves the records alone.
+        if let Err(e) =
+            reports::adopt_breakers(self.store.as_ref(), &self.layout, &node_id, self.lease).await
+        {
+            warn!(node = %node_id, error = %e, "could not adopt the node's breaker records");
+        }
 
         let (start, mut updates) = self.cache.subscribe(hello.last_applied_version);
         let mut sent_version = hello.last_applied_version;
@@ -151,7 +166,13 @@ impl NodeShared {
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {
                         idle_deadline = tokio::time::Instant::now() + IDLE_LIMIT;
-                        let changed = self.on_message(&node_id, message, &mut record);
+                        let changed = match self.on_message(&node_id, message, &mut record, &tx).await {
+                            Ok(changed) => changed,
+                            Err(status) => {
+                                let _ = tx.send(Err(status)).await;
+                                break;
+                            }
+                        };
                         if changed || last_presence.elapsed() >= PRESENCE_REFRESH {
                             record.last_heartbeat_unix_ms = now_ms();
                             presence_rev = self.write_presence(&record).await;
@@ -186,8 +207,14 @@ impl NodeShared {
         info!(node = %node_id, "node disconnected");
     }
 
-    /// Returns whether the node's applied version changed.
-    fn on_message(&self, node_id: &str, message: pb::NodeMessage, record: &mut NodeRecord) -> bool {
+    /// Returns whether the node's applied version changed; an error ends the stream.
+    async fn on_message(
+        &self,
+        node_id: &str,
+        message: pb::NodeMessage,
+        record: &mut NodeRecord,
+        tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    ) -> Result<bool, Status> {
         let before = record.applied_version;
         match message.msg {
             Some(node_message::Msg::Ack(ack)) => {
@@ -199,16 +226,61 @@ impl NodeShared {
             Some(node_message::Msg::Heartbeat(hb)) => {
                 record.applied_version = record.applied_version.max(hb.applied_version);
             }
-            // Breaker transitions, events and usage are handled by later work.
-            Some(
-                node_message::Msg::Hello(_)
-                | node_message::Msg::Breaker(_)
-                | node_message::Msg::Events(_)
-                | node_message::Msg::Usage(_),
-            )
-            | None => {}
+            Some(node_message::Msg::Events(batch)) => self.on_events(node_id, batch, tx).await?,
+            Some(node_message::Msg::Breaker(transition)) => {
+                let breaker = BreakerRecord::from_transition(node_id, transition);
+                debug!(node = %node_id, provider = %breaker.provider, model = %breaker.upstream_model, state = %breaker.state, "breaker transition");
+                // A lost write is corrected by the node's next transition of this breaker.
+                if let Err(e) =
+                    reports::record_breaker(self.store.as_ref(), &self.layout, self.lease, &breaker)
+                        .await
+                {
+                    warn!(node = %node_id, error = %e, "could not record a breaker transition");
+                }
+            }
+            Some(node_message::Msg::Usage(report)) => {
+                if report.boot_id.is_empty() {
+                    warn!(node = %node_id, "usage report without a boot id; ignored");
+                } else {
+                    let usage = UsageRecord::from_report(node_id, report);
+                    // Totals are cumulative: the next report makes up for a lost write.
+                    if let Err(e) =
+                        reports::record_usage(self.store.as_ref(), &self.layout, &usage).await
+                    {
+                        warn!(node = %node_id, error = %e, "could not record a usage report");
+                    }
+                }
+            }
+            Some(node_message::Msg::Hello(_)) | None => {}
         }
-        record.applied_version != before
+        Ok(record.applied_version != before)
+    }
+
+    /// Writes the batch to the audit log, then acks it.
+    async fn on_events(
+        &self,
+        node_id: &str,
+        batch: pb::FailoverEvents,
+        tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    ) -> Result<(), Status> {
+        let events = batch.events.into_iter().map(|e| AuditEvent::from_pb(e, node_id)).collect();
+        match audit::write_events(self.store.as_ref(), &self.layout, events).await {
+            Ok(written) => {
+                debug!(node = %node_id, seq = batch.seq, written, "failover events stored");
+                let ack = pb::EventsAck { seq: batch.seq };
+                let msg = pb::ControlMessage { msg: Some(control_message::Msg::EventsAck(ack)) };
+                // A closed stream is noticed by the caller's next receive.
+                let _ = tx.send(Ok(msg)).await;
+                Ok(())
+            }
+            Err(e) => {
+                warn!(node = %node_id, seq = batch.seq, error = %e, "could not store failover events; closing the stream so the node resends");
+                Err(Status::unavailable(format!(
+                    "failover events batch {} was not stored ({e}); reconnect and resend",
+                    batch.seq
+                )))
+            }
+        }
     }
 
     /// Writes the presence record; returns its revision (0 when the write failed).
@@ -227,8 +299,14 @@ impl NodeShared {
     }
 
     /// Removes the presence record, unless the node has meanwhile connected elsewhere
-    /// (another replica's write changed the record's revision).
+    /// (another replica's write changed the record's revision); its breaker records follow
+    /// after a grace period unless it is back by then.
     async fn forget(&self, node_id: &str, presence_rev: Revision) {
+        let (store, layout, id) =
+            (Arc::clone(&self.store), self.layout.clone(), node_id.to_owned());
+        tokio::spawn(
+            async move { reports::forget_breakers_later(store.as_ref(), &layout, &id).await },
+        );
         if presence_rev == 0 {
             return;
         }

@@ -12,6 +12,7 @@ use switchyard_proto::admin::v1::admin_server::AdminServer;
 use switchyard_proto::node::v1::node_control_server::NodeControlServer;
 
 use crate::admin::AdminService;
+use crate::audit::{self, AuditRetention};
 use crate::auth::{AdminAuth, Token, TokenCheck};
 use crate::fanout::{self, ConfigCache};
 use crate::layout::Layout;
@@ -28,6 +29,8 @@ pub struct ControlOptions {
     pub admin_token: String,
     /// `None`: nodes are accepted from loopback only.
     pub join_token: Option<String>,
+    /// Bounds on the failover-event audit log, kept by the elected replica.
+    pub audit: AuditRetention,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +95,13 @@ pub async fn start_with_store(
         control_plane: local_addr.to_string(),
         join: TokenCheck { join_token: options.join_token.as_deref().map(Token::new) },
     }));
+    tokio::spawn(audit::run_retention(
+        Arc::clone(&store),
+        layout.clone(),
+        lease,
+        local_addr.to_string(),
+        options.audit,
+    ));
     let admin = AdminService { store, layout, cache };
     let admin = AdminServer::with_interceptor(admin, AdminAuth(Token::new(&options.admin_token)));
 

@@ -1,0 +1,373 @@
+//! The audit log of failover events (`api:model_failover`), as nodes report them.
+//!
+//! Each event is stored under `audit/<at_unix_ms>-<event id>` (see [`Layout::audit`]): key
+//! order is time order, and a batch the node resends (it holds events until acked) writes
+//! the same keys again instead of adding copies. A rewrite bumps the key's `version`, so
+//! readers of the watch treat only a key's first write (`version == 1`) as a new event.
+//!
+//! Retention (at most [`AuditRetention::max_entries`] entries, none older than
+//! [`AuditRetention::max_age`]) runs on one replica, the leader of an election over the
+//! replicas' leases: the leader watches the log, so it prunes as soon as the count bound is
+//! passed, and sweeps for age every [`PRUNE_INTERVAL`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use switchyard_proto::node::v1 as pb;
+
+use crate::layout::Layout;
+use crate::nodes::now_ms;
+use crate::store::election::{self, Leadership};
+use crate::store::{
+    Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Revision, Store, StoreError,
+    Txn, TxnOp,
+};
+
+/// etcd's default `--max-txn-ops`; both store backends refuse larger transactions.
+pub const MAX_TXN_OPS: usize = 128;
+/// How often the leader sweeps the log for entries past the age bound.
+pub const PRUNE_INTERVAL: Duration = Duration::from_secs(30);
+/// After a prune, the next one waits at least this long, so a flood of events costs one
+/// listing per second rather than one per batch.
+const PRUNE_DEBOUNCE: Duration = Duration::from_secs(1);
+/// Pause before campaigning again after the store failed us.
+const RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// Bounds on the audit log (`--audit-max-entries`, `--audit-max-age`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuditRetention {
+    pub max_entries: usize,
+    pub max_age: Duration,
+}
+
+impl Default for AuditRetention {
+    fn default() -> Self {
+        Self { max_entries: 100_000, max_age: Duration::from_secs(7 * 86_400) }
+    }
+}
+
+/// One failover event as the audit log stores it (JSON). Unknown fields are tolerated, so
+/// a log written by a newer release still reads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    pub id: String,
+    pub at_unix_ms: i64,
+    pub node_id: String,
+    pub key_id: String,
+    pub requested_model: String,
+    #[serde(default)]
+    pub served_model: String,
+    #[serde(default)]
+    pub attempts: Vec<AuditAttempt>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub status: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditAttempt {
+    pub model: String,
+    pub status: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub latency_ms: u64,
+    #[serde(default)]
+    pub probe: bool,
+}
+
+impl AuditEvent {
+    /// The event as reported by `node_id`; an event that names no node gets the stream's.
+    pub fn from_pb(e: pb::FailoverEvent, node_id: &str) -> Self {
+        Self {
+            id: e.id,
+            at_unix_ms: e.at_unix_ms,
+            node_id: if e.node_id.is_empty() { node_id.to_owned() } else { e.node_id },
+            key_id: e.key_id,
+            requested_model: e.requested_model,
+            served_model: e.served_model,
+            attempts: e
+                .attempts
+                .into_iter()
+                .map(|a| AuditAttempt {
+                    model: a.model,
+                    status: a.status,
+                    reason: a.reason,
+                    latency_ms: a.latency_ms,
+                    probe: a.probe,
+                })
+                .collect(),
+            stream: e.stream,
+            status: e.status,
+        }
+    }
+
+    pub fn to_pb(&self) -> pb::FailoverEvent {
+        pb::FailoverEvent {
+            id: self.id.clone(),
+            at_unix_ms: self.at_unix_ms,
+            node_id: self.node_id.clone(),
+            key_id: self.key_id.clone(),
+            requested_model: self.requested_model.clone(),
+            served_model: self.served_model.clone(),
+            attempts: self
+                .attempts
+                .iter()
+                .map(|a| pb::Attempt {
+                    model: a.model.clone(),
+                    status: a.status.clone(),
+                    reason: a.reason.clone(),
+                    latency_ms: a.latency_ms,
+                    probe: a.probe,
+                })
+                .collect(),
+            stream: self.stream,
+            status: self.status,
+        }
+    }
+}
+
+/// Writes every event durably, in transactions of at most [`MAX_TXN_OPS`] puts. Events
+/// without an id are skipped (they could not be deduplicated on redelivery); an event
+/// repeated within the batch is written once (etcd refuses a txn writing a key twice).
+/// Returns how many events were written.
+pub async fn write_events(
+    store: &dyn Store,
+    layout: &Layout,
+    events: Vec<AuditEvent>,
+) -> Result<usize, StoreError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut ops = Vec::with_capacity(events.len());
+    for event in events {
+        if event.id.is_empty() {
+            warn!(node = %event.node_id, "failover event without an id; not recorded");
+            continue;
+        }
+        let key = layout.audit(event.at_unix_ms, &event.id);
+        if !seen.insert(key.clone()) {
+            continue;
+        }
+        let value = serde_json::to_vec(&event)
+            .map_err(|e| StoreError::InvalidRequest(format!("cannot encode event: {e}")))?;
+        ops.push(TxnOp::Put { key, value, lease: None });
+    }
+    let written = ops.len();
+    for chunk in ops.chunks(MAX_TXN_OPS) {
+        store.txn(Txn { compare: vec![], success: chunk.to_vec(), failure: vec![] }).await?;
+    }
+    Ok(written)
+}
+
+/// Decodes a stored event; `None` (with a warning) for one this release cannot read.
+pub fn decode(kv: &KeyValue) -> Option<AuditEvent> {
+    match serde_json::from_slice(&kv.value) {
+        Ok(event) => Some(event),
+        Err(e) => {
+            warn!(key = %kv.key, error = %e, "unreadable audit entry; skipped");
+            None
+        }
+    }
+}
+
+/// Whether a watched put is an event's first write rather than a redelivery's rewrite.
+pub fn is_new(kind: EventKind, kv: &KeyValue) -> bool {
+    kind == EventKind::Put && kv.version == 1
+}
+
+/// `--audit-max-age`: `30s`, `15m`, `12h`, `7d`, or plain seconds.
+pub fn parse_max_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a duration like 7d"))?;
+    let secs = match unit {
+        "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3_600),
+        "d" => n.checked_mul(86_400),
+        _ => return Err(format!("unknown unit {unit:?} in {text:?}; use s, m, h or d")),
+    };
+    match secs {
+        Some(0) => Err("the maximum age must be more than zero".to_owned()),
+        Some(secs) => Ok(Duration::from_secs(secs)),
+        None => Err(format!("{text:?} is too long")),
+    }
+}
+
+// === retention ===
+
+/// Campaigns for the audit-retention election with the replica's `lease` and, while
+/// leading, keeps the log within `retention`. Runs for the life of the replica.
+pub async fn run_retention(
+    store: Arc<dyn Store>,
+    layout: Layout,
+    lease: LeaseId,
+    candidate: String,
+    retention: AuditRetention,
+) {
+    let election = layout.audit_retention_election();
+    loop {
+        let leadership =
+            match election::campaign(Arc::clone(&store), &election, &candidate, lease).await {
+                Ok(leadership) => leadership,
+                Err(e) => {
+                    warn!(error = %e, "audit retention: campaign failed; retrying");
+                    tokio::time::sleep(RETRY_DELAY).await;
+                    continue;
+                }
+            };
+        info!("audit retention: this replica prunes the audit log");
+        tokio::select! {
+            result = lead(store.as_ref(), &layout, &leadership, retention) => {
+                if let Err(e) = result {
+                    warn!(error = %e, "audit retention stopped; campaigning again");
+                }
+            }
+            lost = leadership.lost() => {
+                match lost {
+                    Ok(()) => info!("audit retention: leadership lost"),
+                    Err(e) => warn!(error = %e, "audit retention: cannot watch leadership"),
+                }
+            }
+        }
+        // Leaving the queue lets another replica take over at once; if our lease is gone
+        // the key went with it and this fails harmlessly.
+        let _ = leadership.resign().await;
+        tokio::time::sleep(RETRY_DELAY).await;
+    }
+}
+
+/// The leader's loop: prune now, then whenever the watched count passes the bound (at most
+/// once per [`PRUNE_DEBOUNCE`]) and on every age sweep.
+async fn lead(
+    store: &dyn Store,
+    layout: &Layout,
+    leadership: &Leadership,
+    retention: AuditRetention,
+) -> Result<(), StoreError> {
+    let prefix = layout.audit_prefix();
+    let (mut count, revision) = prune(store, layout, leadership, retention).await?;
+    let mut watch = store.watch(&prefix, revision + 1).await?;
+    let mut sweep = tokio::time::interval(PRUNE_INTERVAL);
+    sweep.reset();
+    let mut next_allowed = tokio::time::Instant::now() + PRUNE_DEBOUNCE;
+    loop {
+        let over = count > retention.max_entries;
+        tokio::select! {
+            batch = watch.next() => match batch {
+                Some(Ok(batch)) => {
+                    for e in &batch.events {
+                        match e.kind {
+                            EventKind::Put if e.kv.version == 1 => count += 1,
+                            EventKind::Delete => count = count.saturating_sub(1),
+                            EventKind::Put => {}
+                        }
+                    }
+                    continue;
+                }
+                // Compacted history or a broken watch: re-count from a fresh listing.
+                Some(Err(e)) => debug!(error = %e, "audit watch interrupted; re-listing"),
+                None => debug!("audit watch ended; re-listing"),
+            },
+            _ = sweep.tick() => {}
+            _ = tokio::time::sleep_until(next_allowed), if over => {}
+        }
+        let (remaining, revision) = prune(store, layout, leadership, retention).await?;
+        count = remaining;
+        // Counting from a fresh listing is simpler to get right than patching the count.
+        watch = store.watch(&prefix, revision + 1).await?;
+        next_allowed = tokio::time::Instant::now() + PRUNE_DEBOUNCE;
+    }
+}
+
+/// Deletes entries older than the age bound and the oldest beyond the count bound. Returns
+/// the entries left and the revision of the listing. Every delete is fenced on this
+/// replica still leading, so a deposed leader cannot prune on stale knowledge.
+async fn prune(
+    store: &dyn Store,
+    layout: &Layout,
+    leadership: &Leadership,
+    retention: AuditRetention,
+) -> Result<(usize, Revision), StoreError> {
+    let listing = store.list(&layout.audit_prefix()).await?;
+    let total = listing.kvs.len();
+    let cutoff =
+        now_ms().saturating_sub(i64::try_from(retention.max_age.as_millis()).unwrap_or(i64::MAX));
+    let too_old = layout.audit(cutoff, "");
+    // Keys sort by time: everything before `too_old`, and the first `total - max` keys.
+    let excess = total.saturating_sub(retention.max_entries);
+    let doomed: Vec<TxnOp> = listing
+        .kvs
+        .iter()
+        .enumerate()
+        .take_while(|(i, kv)| *i < excess || kv.key < too_old)
+        .map(|(_, kv)| TxnOp::Delete { key: kv.key.clone() })
+        .collect();
+    if doomed.is_empty() {
+        return Ok((total, listing.revision));
+    }
+    let fence = Compare {
+        key: leadership.key().to_owned(),
+        op: CompareOp::Equal,
+        target: CompareTarget::CreateRevision(leadership.revision()),
+    };
+    let mut revision = listing.revision;
+    for chunk in doomed.chunks(MAX_TXN_OPS) {
+        let txn = Txn { compare: vec![fence.clone()], success: chunk.to_vec(), failure: vec![] };
+        let result = store.txn(txn).await?;
+        if !result.succeeded {
+            return Err(StoreError::LeaseNotFound(leadership.lease()));
+        }
+        revision = result.revision;
+    }
+    info!(pruned = doomed.len(), kept = total - doomed.len(), "audit log pruned");
+    Ok((total - doomed.len(), revision))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn max_age_takes_units_and_plain_seconds() {
+        assert_eq!(parse_max_age("7d"), Ok(Duration::from_secs(604_800)));
+        assert_eq!(parse_max_age("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_max_age("15m"), Ok(Duration::from_secs(900)));
+        assert!(parse_max_age("0s").is_err());
+        assert!(parse_max_age("3w").unwrap_err().contains("unknown unit"));
+        assert!(parse_max_age("d").is_err());
+    }
+
+    #[test]
+    fn events_round_trip_through_the_stored_json() {
+        let pb_event = pb::FailoverEvent {
+            id: "ev1".into(),
+            at_unix_ms: 5,
+            node_id: String::new(),
+            key_id: "key_1".into(),
+            requested_model: "a".into(),
+            served_model: "b".into(),
+            attempts: vec![pb::Attempt {
+                model: "a".into(),
+                status: "failed".into(),
+                reason: "timeout".into(),
+                latency_ms: 30_011,
+                probe: false,
+            }],
+            stream: true,
+            status: 200,
+        };
+        let event = AuditEvent::from_pb(pb_event.clone(), "n1");
+        assert_eq!(event.node_id, "n1");
+        let back: AuditEvent =
+            serde_json::from_slice(&serde_json::to_vec(&event).unwrap()).unwrap();
+        assert_eq!(back.to_pb(), pb::FailoverEvent { node_id: "n1".into(), ..pb_event });
+    }
+}
