@@ -2,6 +2,7 @@
 //! serves the HTTP API.
 #![forbid(unsafe_code)]
 
+pub mod breaker;
 pub mod config;
 pub mod http;
 pub mod node;

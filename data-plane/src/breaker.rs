@@ -1,0 +1,889 @@
+//! Circuit breakers, one per (provider name, upstream model) (DESIGN §1 failover, §3).
+//!
+//! A [`Breaker`] is a small state machine — [`State::Closed`] → [`State::Open`] →
+//! [`State::HalfOpen`] → closed or open again — driven by the outcomes the executor reports
+//! through a [`Permit`]. It does no I/O and reads no clock of its own: time is passed in, and
+//! every state change comes back to the caller as a [`Transition`] (the node forwards it to
+//! the control plane and updates its metrics). [`Breakers`] is the node's registry.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use switchyard_catalog::BreakerPolicy;
+
+/// What one upstream call came to, as far as the breaker cares.
+///
+/// The executor classifies: a client's own 4xx says nothing about the upstream's health and
+/// is reported as [`Outcome::Success`]; connection errors, 5xx and 429 are failures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Failure,
+    /// A failure too, for the failure rate; in a row they also trip the breaker on their own.
+    Timeout,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Calls flow; outcomes fill the window.
+    Closed,
+    /// Calls are rejected with no network call until the cool-down has passed.
+    Open,
+    /// A few probes are let through; the rest are rejected.
+    HalfOpen,
+}
+
+impl State {
+    /// The wire name (`BreakerTransition.from`/`to` in the node proto).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// Why a breaker changed state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// Trip: at least `min_requests` calls in the window and a failure rate at or above
+    /// `failure_rate_threshold`.
+    FailureRate,
+    /// Trip: `consecutive_timeouts` timeouts in a row.
+    ConsecutiveTimeouts,
+    /// Trip: a half-open probe failed; the cool-down doubles.
+    ProbeFailed,
+    /// Open → half-open: the cool-down has passed.
+    CooldownElapsed,
+    /// Half-open → closed: every probe succeeded.
+    ProbesSucceeded,
+    /// Open → half-open before the cool-down passed: every entry of a chain was open, so the
+    /// executor forced a probe on the one due soonest (DESIGN §1).
+    ForcedProbe,
+}
+
+impl Cause {
+    /// The wire name (`BreakerTransition.cause` in the node proto).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::FailureRate => "failure_rate",
+            Cause::ConsecutiveTimeouts => "consecutive_timeouts",
+            Cause::ProbeFailed => "probe_failed",
+            Cause::CooldownElapsed => "cooldown_elapsed",
+            Cause::ProbesSucceeded => "probe_succeeded",
+            Cause::ForcedProbe => "forced_probe",
+        }
+    }
+}
+
+/// One state change, for the control plane and the metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    pub provider: String,
+    pub upstream_model: String,
+    pub from: State,
+    pub to: State,
+    pub cause: Cause,
+    pub at: SystemTime,
+    /// Over the window when the transition happened (0–1).
+    pub failure_rate: f64,
+    pub calls_in_window: u32,
+    /// When the breaker will admit a probe; set only when `to` is [`State::Open`].
+    pub next_probe: Option<SystemTime>,
+    /// The cool-down in force: the one just started when opening, otherwise the one the next
+    /// opening would use.
+    pub cooldown: Duration,
+}
+
+/// A breaker as it is now, for `ListBreakers` and `/metrics`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    pub provider: String,
+    pub upstream_model: String,
+    /// The stored state: an open breaker whose cool-down has passed reads as open until the
+    /// next call moves it to half-open.
+    pub state: State,
+    pub since: SystemTime,
+    /// The cause of the last transition; `None` for a breaker that never changed state.
+    pub cause: Option<Cause>,
+    pub failure_rate: f64,
+    pub calls_in_window: u32,
+    /// Set while open.
+    pub next_probe: Option<SystemTime>,
+    pub cooldown: Duration,
+}
+
+/// Whether a call may go upstream.
+#[derive(Debug)]
+pub enum Admission {
+    Admitted(Permit),
+    /// Skip this entry (`circuit_open`). `ready_at` is when it is due for a probe (in the past
+    /// for a half-open breaker whose probes are all in flight): when every entry of a chain is
+    /// rejected, the executor forces a probe on the soonest.
+    Rejected {
+        ready_at: Instant,
+    },
+}
+
+// === impl Breaker ===
+
+pub struct Breaker {
+    provider: String,
+    upstream_model: String,
+    // Held for a few comparisons at a time, never across an await.
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    policy: BreakerPolicy,
+    state: State,
+    since: Instant,
+    cause: Option<Cause>,
+    /// Last `window_size` outcomes, oldest first; `true` is a failure.
+    window: VecDeque<bool>,
+    failures: u32,
+    timeouts_in_a_row: u32,
+    /// Of the current or last opening; `None` once closed, so the next opening starts again
+    /// at `cooldown_ms`.
+    cooldown: Option<Duration>,
+    /// When open: when the cool-down ends.
+    ready_at: Instant,
+    /// When half-open: probes admitted and not yet settled, and probes that succeeded.
+    probes_in_flight: u32,
+    probes_succeeded: u32,
+    /// Bumped on every state change. A permit remembers the generation it was admitted in
+    /// and its outcome counts only in that one: a call started before the breaker opened says
+    /// nothing about the upstream since.
+    generation: u64,
+}
+
+impl Breaker {
+    pub fn new(provider: &str, upstream_model: &str, policy: BreakerPolicy) -> Arc<Self> {
+        let now = Instant::now();
+        Arc::new(Self {
+            provider: provider.to_owned(),
+            upstream_model: upstream_model.to_owned(),
+            inner: Mutex::new(Inner {
+                window: VecDeque::with_capacity(policy.window_size as usize),
+                policy,
+                state: State::Closed,
+                since: now,
+                cause: None,
+                failures: 0,
+                timeouts_in_a_row: 0,
+                cooldown: None,
+                ready_at: now,
+                probes_in_flight: 0,
+                probes_succeeded: 0,
+                generation: 0,
+            }),
+        })
+    }
+
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    pub fn upstream_model(&self) -> &str {
+        &self.upstream_model
+    }
+
+    /// Admit a call or reject it. An open breaker whose cool-down has passed turns half-open
+    /// here (and says so in the transition).
+    pub fn try_acquire(self: &Arc<Self>, now: Instant) -> (Admission, Option<Transition>) {
+        let mut inner = self.lock();
+        let mut transition = None;
+        if inner.state == State::Open {
+            if now < inner.ready_at {
+                return (Admission::Rejected { ready_at: inner.ready_at }, None);
+            }
+            transition =
+                Some(self.transition(&mut inner, State::HalfOpen, Cause::CooldownElapsed, now));
+        }
+        let admission = match inner.state {
+            State::Closed => Admission::Admitted(self.permit(&inner, Kind::Call, false)),
+            State::HalfOpen => {
+                if inner.probes_in_flight + inner.probes_succeeded < inner.policy.half_open_probes {
+                    inner.probes_in_flight += 1;
+                    Admission::Admitted(self.permit(&inner, Kind::Probe, false))
+                } else {
+                    Admission::Rejected { ready_at: inner.since }
+                }
+            }
+            // Turned half-open above.
+            State::Open => Admission::Rejected { ready_at: inner.ready_at },
+        };
+        (admission, transition)
+    }
+
+    /// Admit one call whatever the state: every entry of the chain was rejected and this one
+    /// is due soonest (DESIGN §1: breakers alone never fail a request). An open breaker turns
+    /// half-open now and the call is its probe; a half-open one takes it as one more probe
+    /// over the limit; a closed one (it closed meanwhile) as an ordinary call. The permit
+    /// reports itself as a probe in every case, as the attempt report does.
+    pub fn force_probe(self: &Arc<Self>, now: Instant) -> (Permit, Option<Transition>) {
+        let mut inner = self.lock();
+        let mut transition = None;
+        if inner.state == State::Open {
+            let cause =
+                if now >= inner.ready_at { Cause::CooldownElapsed } else { Cause::ForcedProbe };
+            transition = Some(self.transition(&mut inner, State::HalfOpen, cause, now));
+        }
+        let permit = match inner.state {
+            State::Closed => self.permit(&inner, Kind::Call, true),
+            _ => {
+                inner.probes_in_flight += 1;
+                self.permit(&inner, Kind::Probe, true)
+            }
+        };
+        (permit, transition)
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let inner = self.lock();
+        Snapshot {
+            provider: self.provider.clone(),
+            upstream_model: self.upstream_model.clone(),
+            state: inner.state,
+            since: wall(inner.since),
+            cause: inner.cause,
+            failure_rate: inner.failure_rate(),
+            calls_in_window: inner.calls(),
+            next_probe: (inner.state == State::Open).then(|| wall(inner.ready_at)),
+            cooldown: inner.cooldown_in_force(),
+        }
+    }
+
+    /// Use `policy` from the next call on; the state, window and cool-down carry over. A
+    /// smaller window drops its oldest outcomes.
+    pub fn set_policy(&self, policy: BreakerPolicy) {
+        let mut inner = self.lock();
+        if inner.policy != policy {
+            inner.policy = policy;
+            inner.trim_window();
+        }
+    }
+
+    fn permit(self: &Arc<Self>, inner: &Inner, kind: Kind, forced: bool) -> Permit {
+        Permit {
+            breaker: Arc::clone(self),
+            kind,
+            forced,
+            generation: inner.generation,
+            settled: false,
+        }
+    }
+
+    fn record(
+        &self,
+        kind: Kind,
+        generation: u64,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Option<Transition> {
+        let mut inner = self.lock();
+        if inner.generation != generation {
+            return None;
+        }
+        match (kind, inner.state) {
+            (Kind::Call, State::Closed) => {
+                inner.push(outcome);
+                let cause = if inner.timeouts_in_a_row >= inner.policy.consecutive_timeouts {
+                    // Checked first: the more specific cause when both hold.
+                    Some(Cause::ConsecutiveTimeouts)
+                } else if inner.calls() >= inner.policy.min_requests
+                    && inner.failure_rate() >= inner.policy.failure_rate_threshold
+                {
+                    Some(Cause::FailureRate)
+                } else {
+                    None
+                };
+                cause.map(|cause| self.transition(&mut inner, State::Open, cause, now))
+            }
+            (Kind::Probe, State::HalfOpen) => {
+                inner.probes_in_flight = inner.probes_in_flight.saturating_sub(1);
+                if outcome != Outcome::Success {
+                    return Some(self.transition(&mut inner, State::Open, Cause::ProbeFailed, now));
+                }
+                inner.probes_succeeded += 1;
+                (inner.probes_succeeded >= inner.policy.half_open_probes).then(|| {
+                    self.transition(&mut inner, State::Closed, Cause::ProbesSucceeded, now)
+                })
+            }
+            // The generation pins the state a permit was admitted in.
+            _ => None,
+        }
+    }
+
+    /// A permit went away without an outcome (the client hung up): free its probe slot.
+    fn abandon(&self, kind: Kind, generation: u64) {
+        let mut inner = self.lock();
+        if kind == Kind::Probe && inner.generation == generation && inner.state == State::HalfOpen {
+            inner.probes_in_flight = inner.probes_in_flight.saturating_sub(1);
+        }
+    }
+
+    fn transition(&self, inner: &mut Inner, to: State, cause: Cause, now: Instant) -> Transition {
+        let from = inner.state;
+        // Read before the window is cleared on closing: the report says what led here.
+        let failure_rate = inner.failure_rate();
+        let calls_in_window = inner.calls();
+        match to {
+            State::Open => {
+                let cooldown = match inner.cooldown {
+                    // Re-opening from half-open (or a forced probe): twice the last, capped.
+                    Some(last) if from == State::HalfOpen => {
+                        (last * 2).min(Duration::from_millis(inner.policy.max_cooldown_ms))
+                    }
+                    _ => Duration::from_millis(inner.policy.cooldown_ms),
+                };
+                inner.cooldown = Some(cooldown);
+                inner.ready_at = now + cooldown;
+            }
+            State::HalfOpen => {
+                inner.probes_in_flight = 0;
+                inner.probes_succeeded = 0;
+            }
+            State::Closed => {
+                inner.cooldown = None;
+                inner.window.clear();
+                inner.failures = 0;
+            }
+        }
+        inner.timeouts_in_a_row = 0;
+        inner.state = to;
+        inner.since = now;
+        inner.cause = Some(cause);
+        inner.generation += 1;
+        Transition {
+            provider: self.provider.clone(),
+            upstream_model: self.upstream_model.clone(),
+            from,
+            to,
+            cause,
+            at: wall(now),
+            failure_rate,
+            calls_in_window,
+            next_probe: (to == State::Open).then(|| wall(inner.ready_at)),
+            cooldown: inner.cooldown_in_force(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic elsewhere while holding the lock leaves counters that are still coherent
+        // enough for a breaker; failing every request after it would be worse.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl std::fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Breaker")
+            .field("provider", &self.provider)
+            .field("upstream_model", &self.upstream_model)
+            .field("state", &self.lock().state)
+            .finish()
+    }
+}
+
+impl Inner {
+    fn push(&mut self, outcome: Outcome) {
+        let failed = outcome != Outcome::Success;
+        self.window.push_back(failed);
+        self.failures += u32::from(failed);
+        self.trim_window();
+        if outcome == Outcome::Timeout {
+            self.timeouts_in_a_row += 1;
+        } else {
+            self.timeouts_in_a_row = 0;
+        }
+    }
+
+    fn trim_window(&mut self) {
+        // A validated policy has window_size ≥ 1; keep at least the newest outcome anyway.
+        let size = self.policy.window_size.max(1) as usize;
+        while self.window.len() > size {
+            if self.window.pop_front() == Some(true) {
+                self.failures -= 1;
+            }
+        }
+    }
+
+    fn calls(&self) -> u32 {
+        u32::try_from(self.window.len()).unwrap_or(u32::MAX)
+    }
+
+    fn failure_rate(&self) -> f64 {
+        if self.window.is_empty() {
+            0.0
+        } else {
+            f64::from(self.failures) / self.window.len() as f64
+        }
+    }
+
+    fn cooldown_in_force(&self) -> Duration {
+        self.cooldown.unwrap_or(Duration::from_millis(self.policy.cooldown_ms))
+    }
+}
+
+/// The wall-clock time of `at`. Callers pass `Instant`s (tests build them without sleeping);
+/// reports need wall time. One process-wide anchor maps one to the other consistently, so
+/// `at` and `next_probe` of a transition are exactly the cool-down apart.
+fn wall(at: Instant) -> SystemTime {
+    static ANCHOR: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+    let (instant, system) = *ANCHOR.get_or_init(|| (Instant::now(), SystemTime::now()));
+    match at.checked_duration_since(instant) {
+        Some(later) => system + later,
+        // Only instants from before the first report; saturate rather than panic.
+        None => system.checked_sub(instant - at).unwrap_or(SystemTime::UNIX_EPOCH),
+    }
+}
+
+// === impl Permit ===
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Admitted while closed; its outcome goes into the window.
+    Call,
+    /// Holds a half-open probe slot.
+    Probe,
+}
+
+/// Leave to make one upstream call. Report how it went with [`Permit::record`]; dropping it
+/// instead (the client went away) records nothing and frees a probe slot.
+#[must_use = "record the call's outcome, or drop the permit if the call was abandoned"]
+pub struct Permit {
+    breaker: Arc<Breaker>,
+    kind: Kind,
+    forced: bool,
+    generation: u64,
+    settled: bool,
+}
+
+impl Permit {
+    pub fn record(mut self, outcome: Outcome, now: Instant) -> Option<Transition> {
+        self.settled = true;
+        self.breaker.record(self.kind, self.generation, outcome, now)
+    }
+
+    /// A half-open probe, or a call forced through by [`Breaker::force_probe`]; the attempt
+    /// is reported with `probe: true`.
+    pub fn is_probe(&self) -> bool {
+        self.forced || self.kind == Kind::Probe
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.breaker.abandon(self.kind, self.generation);
+        }
+    }
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit")
+            .field("provider", &self.breaker.provider)
+            .field("upstream_model", &self.breaker.upstream_model)
+            .field("probe", &self.is_probe())
+            .finish()
+    }
+}
+
+// === impl Breakers ===
+
+/// Every breaker of the node, created on first use.
+#[derive(Debug, Default)]
+pub struct Breakers {
+    // Nested so a hit looks up by borrowed `&str`s and allocates nothing; read on every
+    // request, written once per new (provider, model).
+    by_provider: RwLock<HashMap<String, HashMap<String, Arc<Breaker>>>>,
+}
+
+impl Breakers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The breaker of (`provider`, `upstream_model`), with `policy` (the catalog's, with the
+    /// model's override applied) in force from its next call on.
+    pub fn get(&self, provider: &str, upstream_model: &str, policy: BreakerPolicy) -> Arc<Breaker> {
+        let found = self
+            .by_provider
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(provider)
+            .and_then(|models| models.get(upstream_model))
+            .cloned();
+        if let Some(breaker) = found {
+            breaker.set_policy(policy);
+            return breaker;
+        }
+        let mut map = self.by_provider.write().unwrap_or_else(PoisonError::into_inner);
+        // Another request may have created it between the two locks.
+        let breaker = map
+            .entry(provider.to_owned())
+            .or_default()
+            .entry(upstream_model.to_owned())
+            .or_insert_with(|| Breaker::new(provider, upstream_model, policy));
+        breaker.set_policy(policy);
+        Arc::clone(breaker)
+    }
+
+    /// Every breaker, sorted by provider then model.
+    pub fn snapshots(&self) -> Vec<Snapshot> {
+        let breakers: Vec<Arc<Breaker>> = self
+            .by_provider
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .flat_map(|models| models.values().cloned())
+            .collect();
+        // Each breaker's own lock is taken after the registry's is released.
+        let mut snapshots: Vec<Snapshot> = breakers.iter().map(|b| b.snapshot()).collect();
+        snapshots.sort_by(|a, b| {
+            (&a.provider, &a.upstream_model).cmp(&(&b.provider, &b.upstream_model))
+        });
+        snapshots
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> BreakerPolicy {
+        BreakerPolicy {
+            window_size: 10,
+            min_requests: 4,
+            failure_rate_threshold: 0.5,
+            consecutive_timeouts: 3,
+            cooldown_ms: 1_000,
+            max_cooldown_ms: 3_000,
+            half_open_probes: 1,
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn admit(b: &Arc<Breaker>, now: Instant) -> Permit {
+        match b.try_acquire(now).0 {
+            Admission::Admitted(p) => p,
+            Admission::Rejected { .. } => panic!("rejected at {now:?}"),
+        }
+    }
+
+    fn is_rejected(b: &Arc<Breaker>, now: Instant) -> bool {
+        matches!(b.try_acquire(now).0, Admission::Rejected { .. })
+    }
+
+    fn call(b: &Arc<Breaker>, outcome: Outcome, now: Instant) -> Option<Transition> {
+        admit(b, now).record(outcome, now)
+    }
+
+    fn state(b: &Breaker) -> State {
+        b.snapshot().state
+    }
+
+    /// Opens a breaker with `policy()` by failure rate at `t0`.
+    fn opened(t0: Instant) -> Arc<Breaker> {
+        let b = Breaker::new("openai", "gpt-5-nano", policy());
+        for _ in 0..3 {
+            assert!(call(&b, Outcome::Failure, t0).is_none());
+        }
+        assert!(call(&b, Outcome::Failure, t0).is_some());
+        assert_eq!(state(&b), State::Open);
+        b
+    }
+
+    #[test]
+    fn opens_on_failure_rate_after_min_requests() {
+        let t0 = Instant::now();
+        let b = Breaker::new("openai", "gpt-5-nano", policy());
+        call(&b, Outcome::Success, t0);
+        call(&b, Outcome::Failure, t0);
+        assert!(call(&b, Outcome::Success, t0).is_none());
+        // Fourth call: min_requests reached, 2 of 4 failed = threshold.
+        let t = call(&b, Outcome::Failure, t0).expect("opens");
+        assert_eq!((t.from, t.to, t.cause), (State::Closed, State::Open, Cause::FailureRate));
+        assert!(is_rejected(&b, t0));
+    }
+
+    #[test]
+    fn does_not_open_below_min_requests() {
+        let t0 = Instant::now();
+        let b = Breaker::new("openai", "gpt-5-nano", policy());
+        for _ in 0..3 {
+            assert!(call(&b, Outcome::Failure, t0).is_none());
+        }
+        assert_eq!(state(&b), State::Closed);
+        assert_eq!(b.snapshot().failure_rate, 1.0);
+    }
+
+    #[test]
+    fn opens_on_consecutive_timeouts() {
+        let t0 = Instant::now();
+        let b = Breaker::new(
+            "openai",
+            "gpt-5-nano",
+            BreakerPolicy { window_size: 20, min_requests: 20, ..policy() },
+        );
+        for _ in 0..6 {
+            call(&b, Outcome::Success, t0);
+        }
+        call(&b, Outcome::Timeout, t0);
+        call(&b, Outcome::Timeout, t0);
+        // A plain failure breaks the row.
+        call(&b, Outcome::Failure, t0);
+        call(&b, Outcome::Timeout, t0);
+        assert!(call(&b, Outcome::Timeout, t0).is_none());
+        assert_eq!(state(&b), State::Closed);
+        let t = call(&b, Outcome::Timeout, t0).expect("opens");
+        assert_eq!(t.cause, Cause::ConsecutiveTimeouts);
+        assert_eq!(t.to, State::Open);
+    }
+
+    #[test]
+    fn open_rejects_until_cooldown() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        match b.try_acquire(t0 + ms(999)) {
+            (Admission::Rejected { ready_at }, None) => assert_eq!(ready_at, t0 + ms(1_000)),
+            other => panic!("{other:?}"),
+        }
+        let (admission, t) = b.try_acquire(t0 + ms(1_000));
+        let permit = match admission {
+            Admission::Admitted(p) => p,
+            Admission::Rejected { .. } => panic!("still open after the cool-down"),
+        };
+        assert!(permit.is_probe());
+        let t = t.expect("open → half-open is reported");
+        assert_eq!((t.from, t.to, t.cause), (State::Open, State::HalfOpen, Cause::CooldownElapsed));
+    }
+
+    #[test]
+    fn half_open_admits_only_the_configured_probes() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        b.set_policy(BreakerPolicy { half_open_probes: 2, ..policy() });
+        let t1 = t0 + ms(1_000);
+        let p1 = admit(&b, t1);
+        let p2 = admit(&b, t1);
+        assert!(p1.is_probe() && p2.is_probe());
+        match b.try_acquire(t1).0 {
+            // Due already: its probes are under way.
+            Admission::Rejected { ready_at } => assert_eq!(ready_at, t1),
+            Admission::Admitted(_) => panic!("third probe admitted"),
+        }
+        // A success frees no slot for a third probe: two successes are all it needs.
+        assert!(p1.record(Outcome::Success, t1).is_none());
+        assert!(is_rejected(&b, t1));
+        drop(p2);
+    }
+
+    #[test]
+    fn closes_after_all_probes_succeed() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        b.set_policy(BreakerPolicy { half_open_probes: 2, ..policy() });
+        let t1 = t0 + ms(1_000);
+        let p1 = admit(&b, t1);
+        let p2 = admit(&b, t1);
+        assert!(p1.record(Outcome::Success, t1).is_none());
+        assert_eq!(state(&b), State::HalfOpen);
+        let t = p2.record(Outcome::Success, t1).expect("closes");
+        assert_eq!(
+            (t.from, t.to, t.cause),
+            (State::HalfOpen, State::Closed, Cause::ProbesSucceeded)
+        );
+        assert_eq!(t.next_probe, None);
+        let s = b.snapshot();
+        assert_eq!((s.state, s.calls_in_window), (State::Closed, 0), "window cleared");
+        assert!(!admit(&b, t1).is_probe());
+    }
+
+    #[test]
+    fn reopens_with_doubled_cooldown_capped_at_max() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        let mut now = t0;
+        let mut wait = ms(1_000);
+        for expected in [2_000, 3_000, 3_000] {
+            now += wait;
+            assert!(is_rejected(&b, now - ms(1)));
+            let t = call(&b, Outcome::Failure, now).expect("probe failure re-opens");
+            assert_eq!((t.from, t.to, t.cause), (State::HalfOpen, State::Open, Cause::ProbeFailed));
+            assert_eq!(t.cooldown, ms(expected));
+            assert_eq!(t.next_probe, Some(t.at + ms(expected)));
+            wait = ms(expected);
+        }
+    }
+
+    #[test]
+    fn cooldown_resets_after_closing() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        let t1 = t0 + ms(1_000);
+        call(&b, Outcome::Timeout, t1).expect("re-opens at 2 s");
+        let t2 = t1 + ms(2_000);
+        let closed = call(&b, Outcome::Success, t2).expect("closes");
+        assert_eq!(closed.cooldown, ms(1_000));
+        for _ in 0..3 {
+            call(&b, Outcome::Failure, t2);
+        }
+        let t = call(&b, Outcome::Failure, t2).expect("opens again");
+        assert_eq!(t.cooldown, ms(1_000));
+        assert_eq!(t.next_probe, Some(t.at + ms(1_000)));
+    }
+
+    #[test]
+    fn dropped_permit_frees_the_probe_slot() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        let t1 = t0 + ms(1_000);
+        let probe = admit(&b, t1);
+        assert!(is_rejected(&b, t1));
+        drop(probe);
+        let s = b.snapshot();
+        assert_eq!((s.state, s.cause), (State::HalfOpen, Some(Cause::CooldownElapsed)));
+        let t = call(&b, Outcome::Success, t1).expect("the next probe closes it");
+        assert_eq!(t.to, State::Closed);
+        // A dropped call in the closed state leaves no trace in the window either.
+        drop(admit(&b, t1));
+        assert_eq!(b.snapshot().calls_in_window, 0);
+    }
+
+    #[test]
+    fn force_probe_admits_when_open() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        let (probe, t) = b.force_probe(t0 + ms(10));
+        assert!(probe.is_probe());
+        let t = t.expect("reported");
+        assert_eq!((t.from, t.to, t.cause), (State::Open, State::HalfOpen, Cause::ForcedProbe));
+        // It holds the only probe slot.
+        assert!(is_rejected(&b, t0 + ms(10)));
+        // Its failure drives the breaker as a half-open probe's would.
+        let t = probe.record(Outcome::Failure, t0 + ms(20)).expect("re-opens");
+        assert_eq!((t.to, t.cause, t.cooldown), (State::Open, Cause::ProbeFailed, ms(2_000)));
+        // And its success closes it.
+        let (probe, _) = b.force_probe(t0 + ms(30));
+        let t = probe.record(Outcome::Success, t0 + ms(40)).expect("closes");
+        assert_eq!(t.to, State::Closed);
+        // Forced on a closed breaker: an ordinary call, still reported as a probe.
+        let (probe, t) = b.force_probe(t0 + ms(50));
+        assert!(t.is_none() && probe.is_probe());
+        assert!(probe.record(Outcome::Failure, t0 + ms(50)).is_none());
+        assert_eq!(b.snapshot().calls_in_window, 1);
+    }
+
+    #[test]
+    fn policy_change_keeps_state() {
+        let t0 = Instant::now();
+        let breakers = Breakers::new();
+        let b = breakers.get("openai", "gpt-5-nano", policy());
+        for outcome in [Outcome::Success, Outcome::Success, Outcome::Failure] {
+            call(&b, outcome, t0);
+        }
+        let lenient = BreakerPolicy { failure_rate_threshold: 0.9, ..policy() };
+        assert!(Arc::ptr_eq(&b, &breakers.get("openai", "gpt-5-nano", lenient)));
+        assert_eq!(b.snapshot().calls_in_window, 3, "window kept");
+        // 2 of 4 would trip the old policy; the new one is in force from this call on.
+        assert!(call(&b, Outcome::Failure, t0).is_none());
+        // A smaller window drops the oldest outcomes (the two successes).
+        breakers.get(
+            "openai",
+            "gpt-5-nano",
+            BreakerPolicy { window_size: 2, min_requests: 2, ..lenient },
+        );
+        assert_eq!(b.snapshot().calls_in_window, 2);
+        let t = call(&b, Outcome::Failure, t0).expect("2 of the last 2 failed");
+        assert_eq!((t.failure_rate, t.calls_in_window), (1.0, 2));
+        // An open breaker stays open, on the cool-down it started with.
+        breakers.get("openai", "gpt-5-nano", BreakerPolicy { cooldown_ms: 60_000, ..lenient });
+        assert_eq!(breakers.snapshots()[0].state, State::Open);
+        assert!(is_rejected(&b, t0 + ms(999)));
+        assert!(!is_rejected(&b, t0 + ms(1_000)));
+    }
+
+    #[test]
+    fn transitions_report_cause_and_rate() {
+        let t0 = Instant::now();
+        let b = Breaker::new("anthropic", "claude-sonnet-4", policy());
+        for outcome in [Outcome::Success, Outcome::Success, Outcome::Failure, Outcome::Success] {
+            call(&b, outcome, t0);
+        }
+        call(&b, Outcome::Failure, t0);
+        let t = call(&b, Outcome::Failure, t0).expect("3 of 6 failed");
+        assert_eq!(t.provider, "anthropic");
+        assert_eq!(t.upstream_model, "claude-sonnet-4");
+        assert_eq!(
+            (t.from.as_str(), t.to.as_str(), t.cause.as_str()),
+            ("closed", "open", "failure_rate")
+        );
+        assert_eq!((t.failure_rate, t.calls_in_window), (0.5, 6));
+        assert_eq!(t.cooldown, ms(1_000));
+        assert_eq!(t.next_probe, Some(t.at + ms(1_000)));
+        let s = b.snapshot();
+        assert_eq!(
+            (s.state, s.cause, s.next_probe, s.since),
+            (State::Open, Some(Cause::FailureRate), t.next_probe, t.at)
+        );
+        let t = call(&b, Outcome::Success, t0 + ms(1_000)).expect("closes");
+        assert_eq!(t.cause.as_str(), "probe_succeeded");
+        // What led to closing is reported before the window is cleared.
+        assert_eq!((t.failure_rate, t.calls_in_window), (0.5, 6));
+    }
+
+    #[test]
+    fn the_window_slides_old_outcomes_fall_out() {
+        let t0 = Instant::now();
+        let b = Breaker::new("openai", "gpt-5-nano", BreakerPolicy { window_size: 4, ..policy() });
+        // One failure short of tripping: 1 of 4.
+        for outcome in [Outcome::Failure, Outcome::Success, Outcome::Success, Outcome::Success] {
+            call(&b, outcome, t0);
+        }
+        // The old failure falls out as this one comes in: still 1 of 4.
+        assert!(call(&b, Outcome::Failure, t0).is_none());
+        let s = b.snapshot();
+        assert_eq!((s.calls_in_window, s.failure_rate), (4, 0.25));
+        // 2 of 4 trips.
+        assert!(call(&b, Outcome::Failure, t0).is_some());
+    }
+
+    #[test]
+    fn a_call_admitted_before_opening_does_not_count_after() {
+        let t0 = Instant::now();
+        let b = Breaker::new("openai", "gpt-5-nano", policy());
+        let late = admit(&b, t0);
+        for _ in 0..4 {
+            call(&b, Outcome::Failure, t0);
+        }
+        let probe = admit(&b, t0 + ms(1_000));
+        // The stale success neither closes the breaker nor uses the probe's slot.
+        assert!(late.record(Outcome::Success, t0 + ms(1_000)).is_none());
+        assert_eq!(state(&b), State::HalfOpen);
+        assert!(probe.record(Outcome::Success, t0 + ms(1_000)).is_some());
+    }
+
+    #[test]
+    fn registry_get_returns_one_breaker_per_provider_and_model() {
+        let breakers = Breakers::new();
+        let a = breakers.get("openai", "gpt-5-nano", policy());
+        let b = breakers.get("azure", "gpt-5-nano", policy());
+        let c = breakers.get("openai", "gpt-5", policy());
+        assert!(Arc::ptr_eq(&a, &breakers.get("openai", "gpt-5-nano", policy())));
+        assert!(!Arc::ptr_eq(&a, &b) && !Arc::ptr_eq(&a, &c));
+        let names: Vec<_> = breakers
+            .snapshots()
+            .into_iter()
+            .map(|s| format!("{}/{}", s.provider, s.upstream_model))
+            .collect();
+        assert_eq!(names, ["azure/gpt-5-nano", "openai/gpt-5", "openai/gpt-5-nano"]);
+    }
+}
