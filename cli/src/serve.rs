@@ -63,6 +63,9 @@ pub struct NodeArgs {
     /// File holding the join token (instead of SWITCHYARD_JOIN_TOKEN).
     #[arg(long)]
     pub join_token_file: Option<PathBuf>,
+    /// Largest accepted request body; larger ones get 413.
+    #[arg(long, default_value_t = switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +124,7 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
         data_dir: args.data_dir,
         node_id: args.node_id,
         join_token,
+        max_body_bytes: args.max_body_bytes,
     })
     .await?;
     println!("switchyard node {} listening on {}", node.node_id, node.local_addr);
@@ -158,6 +162,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         data_dir: Some(dir.join("node")),
         node_id: Some("dev-node".into()),
         join_token: None,
+        max_body_bytes: switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES,
     })
     .await?;
     println!("Switchyard dev is running (data in {}).", dir.display());

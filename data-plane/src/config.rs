@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use switchyard_catalog::{ApiKeyRecord, Catalog};
+use switchyard_catalog::{ApiKeyRecord, Catalog, Model};
+
+use crate::providers::ProviderRuntime;
 
 /// Resource names, as the control plane sends them.
 const CATALOG: &str = "catalog";
@@ -28,6 +30,10 @@ pub struct NodeConfig {
     pub keys: HashMap<String, Arc<ApiKeyRecord>>,
     /// By hex SHA-256 of the secret: the lookup each request makes.
     pub keys_by_hash: HashMap<String, Arc<ApiKeyRecord>>,
+    /// The catalog's models by gateway name.
+    pub models: HashMap<String, Arc<Model>>,
+    /// Providers with their connection pools and resolved credentials, by name.
+    pub providers: HashMap<String, Arc<ProviderRuntime>>,
 }
 
 /// A change to apply: a full snapshot replaces everything, an update patches.
@@ -73,9 +79,12 @@ impl NodeConfig {
     /// Builds the config that results from `change`, or says why it cannot be applied (the
     /// current config then stays in force: all or nothing).
     pub fn apply(&self, change: Change) -> Result<NodeConfig, ConfigError> {
+        let snapshot = matches!(change, Change::Snapshot { .. });
         let (version, mut next, upserts, deletes) = match change {
             Change::Snapshot { version, resources } => {
-                (version, NodeConfig::default(), resources, Vec::new())
+                // Warm provider pools survive a resync; set_catalog drops the stale ones.
+                let fresh = NodeConfig { providers: self.providers.clone(), ..Default::default() };
+                (version, fresh, resources, Vec::new())
             }
             Change::Update { version, upserts, deletes } => {
                 (version, self.clone(), upserts, deletes)
@@ -88,7 +97,7 @@ impl NodeConfig {
             .collect::<Result<Vec<_>, _>>()?;
         for name in &deletes {
             if name == CATALOG {
-                next.catalog = Arc::default();
+                next.set_catalog(Catalog::default());
             } else if let Some(id) = name.strip_prefix(KEYS)
                 && let Some(old) = next.keys.remove(id)
             {
@@ -97,7 +106,7 @@ impl NodeConfig {
         }
         for item in parsed {
             match item {
-                Parsed::Catalog(catalog) => next.catalog = Arc::new(catalog),
+                Parsed::Catalog(catalog) => next.set_catalog(catalog),
                 Parsed::Key(key) => {
                     let key = Arc::new(key);
                     if let Some(old) = next.keys.insert(key.id.clone(), Arc::clone(&key)) {
@@ -108,8 +117,31 @@ impl NodeConfig {
                 Parsed::Unknown => {}
             }
         }
+        if snapshot && !upserts.iter().any(|(name, _)| name == CATALOG) {
+            next.set_catalog(Catalog::default());
+        }
         next.version = version;
         Ok(next)
+    }
+
+    /// Installs a catalog, keeping the connection pool of every provider whose definition
+    /// did not change (a catalog edit must not drop warm connections).
+    fn set_catalog(&mut self, catalog: Catalog) {
+        self.models =
+            catalog.models.iter().map(|m| (m.name.clone(), Arc::new(m.clone()))).collect();
+        let old = std::mem::take(&mut self.providers);
+        self.providers = catalog
+            .providers
+            .iter()
+            .map(|p| {
+                let runtime = match old.get(&p.name) {
+                    Some(existing) if existing.def == *p => Arc::clone(existing),
+                    _ => Arc::new(ProviderRuntime::new(p.clone())),
+                };
+                (p.name.clone(), runtime)
+            })
+            .collect();
+        self.catalog = Arc::new(catalog);
     }
 
     /// The config as resources, the form in which it is persisted and re-applied.

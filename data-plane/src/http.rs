@@ -1,31 +1,53 @@
-//! The node's HTTP surface. In this version: health, readiness and the model list; the
-//! completion endpoints build on the same router.
+//! The node's HTTP surface: a request reads top to bottom here — auth, body, parse, chain,
+//! executor, response — and every error leaves through [`ApiError::render`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use serde_json::value::RawValue;
+use tracing::{Instrument, info_span};
 
 use switchyard_catalog::ApiKeyRecord;
 use switchyard_catalog::keys::hash_secret;
+use switchyard_proto::node::v1 as pb;
 
+use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
+use crate::error::{ApiError, Flavor};
+use crate::executor::{Executor, Served, unix_ms};
+use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
+use crate::request::ChatRequest;
 use crate::state::NodeState;
 
-pub fn router(state: Arc<NodeState>) -> Router {
+/// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+pub struct App {
+    pub state: Arc<NodeState>,
+    pub executor: Executor,
+    pub max_body_bytes: usize,
+}
+
+pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/v1/models", get(models))
-        .with_state(state)
+        .route("/v1/chat/completions", post(|s, h, b| chat(s, h, b, Flavor::OpenAi)))
+        .route("/chat/completions", post(|s, h, b| chat(s, h, b, Flavor::Classic)))
+        .with_state(app)
 }
 
-async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
-    match state.current() {
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    match app.state.current() {
         Some(config) => {
             Json(json!({"ready": true, "config_version": config.version})).into_response()
         }
@@ -37,49 +59,32 @@ async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
     }
 }
 
-/// The error envelope OpenAI clients parse.
-pub fn openai_error(status: StatusCode, kind: &str, code: &str, message: &str) -> Response {
-    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
-    (status, Json(body)).into_response()
-}
-
-fn not_ready() -> Response {
-    openai_error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "server_error",
-        "not_ready",
-        "node has no config yet",
-    )
-}
-
-/// The active key presenting `Authorization: Bearer <key>`, or the 401 to send.
-#[allow(clippy::result_large_err)] // the error is the response itself, built once per refusal
+/// The active key presenting `Authorization: Bearer <key>`.
 pub fn authenticate(
     config: &NodeConfig,
     headers: &HeaderMap,
-) -> Result<Arc<ApiKeyRecord>, Response> {
-    let unauthorized = |message: &str| {
-        openai_error(StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key", message)
-    };
+) -> Result<Arc<ApiKeyRecord>, ApiError> {
     let Some(secret) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
     else {
-        return Err(unauthorized("Missing API key: send `Authorization: Bearer <key>`."));
+        return Err(ApiError::Unauthorized("Missing API key: send `Authorization: Bearer <key>`."));
     };
     match config.keys_by_hash.get(&hash_secret(secret.trim())) {
         Some(key) if key.is_active() => Ok(Arc::clone(key)),
-        Some(_) => Err(unauthorized("This API key has been revoked.")),
-        None => Err(unauthorized("Incorrect API key provided.")),
+        Some(_) => Err(ApiError::Unauthorized("This API key has been revoked.")),
+        None => Err(ApiError::Unauthorized("Incorrect API key provided.")),
     }
 }
 
-async fn models(State(state): State<Arc<NodeState>>, headers: HeaderMap) -> Response {
-    let Some(config) = state.current() else { return not_ready() };
+async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let Some(config) = app.state.current() else {
+        return ApiError::NotReady.render(Flavor::OpenAi);
+    };
     let key = match authenticate(&config, &headers) {
         Ok(key) => key,
-        Err(response) => return response,
+        Err(e) => return e.render(Flavor::OpenAi),
     };
     let data: Vec<_> = config
         .catalog
@@ -97,4 +102,160 @@ async fn models(State(state): State<Arc<NodeState>>, headers: HeaderMap) -> Resp
         .map(|m| json!({"id": m.name, "object": "model", "created": 0, "owned_by": m.provider}))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn chat(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+    flavor: Flavor,
+) -> Response {
+    let span = info_span!("request", endpoint = ?flavor, key = tracing::field::Empty);
+    async move {
+        match handle(&app, &headers, body, flavor).await {
+            Ok(response) => response,
+            Err(e) => e.render(flavor),
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn handle(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+    flavor: Flavor,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let config = app.state.current().ok_or(ApiError::NotReady)?;
+    // The key is checked before the body is read or validated.
+    let key = authenticate(&config, headers)?;
+    tracing::Span::current().record("key", key.id.as_str());
+    let bytes = axum::body::to_bytes(body, app.max_body_bytes)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge { limit: app.max_body_bytes })?;
+    let request = ChatRequest::parse(&bytes)?;
+    if request.stream {
+        return Err(ApiError::invalid("stream", "streaming is not available on this node yet"));
+    }
+    let chain = chain::resolve(&request, &key, &config)?;
+    let outcome = app.executor.run(&chain, &request, &config).await;
+    let attempts = match &outcome {
+        Ok(served) => &served.attempts,
+        Err(failed) => &failed.attempts,
+    };
+    if chain.is_multi_model() && failover_occurred(attempts) {
+        let (served_model, status) = match &outcome {
+            Ok(s) => (s.model.name.clone(), 200),
+            Err(f) => (String::new(), u32::from(f.error.status().as_u16())),
+        };
+        app.executor.telemetry.push_event(failover_event(
+            app,
+            &key,
+            &chain,
+            attempts,
+            served_model,
+            status,
+        ));
+    }
+    let served = outcome.map_err(|failed| failed.error)?;
+    record_usage(app, &key, &served);
+    tracing::debug!(served = %served.model.name, elapsed_ms = started.elapsed().as_millis() as u64, "served");
+    Ok(render_served(served, &chain, flavor))
+}
+
+fn record_usage(app: &App, key: &ApiKeyRecord, served: &Served) {
+    let usage = served.completion.usage;
+    let cost = served.model.price.map_or(0.0, |p| {
+        (usage.prompt_tokens as f64 * p.input_per_mtok
+            + usage.completion_tokens as f64 * p.output_per_mtok)
+            / 1_000_000.0
+    });
+    app.executor.telemetry.record_usage(
+        &key.id,
+        &served.model.name,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        cost,
+    );
+}
+
+fn failover_event(
+    app: &App,
+    key: &ApiKeyRecord,
+    chain: &Chain,
+    attempts: &[AttemptReport],
+    served_model: String,
+    status: u32,
+) -> pb::FailoverEvent {
+    let now = std::time::SystemTime::now();
+    pb::FailoverEvent {
+        id: format!("evt_{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
+        at_unix_ms: unix_ms(now),
+        node_id: app.executor.telemetry.node_id.clone(),
+        key_id: key.id.clone(),
+        requested_model: chain.requested_model().to_owned(),
+        served_model,
+        attempts: attempts
+            .iter()
+            .map(|a| pb::Attempt {
+                model: a.model.clone(),
+                status: serde_json::to_value(a.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                reason: a.reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
+                latency_ms: a.latency_ms,
+                probe: a.probe,
+            })
+            .collect(),
+        stream: false,
+        status,
+    }
+}
+
+fn raw(value: &impl serde::Serialize) -> Option<Box<RawValue>> {
+    serde_json::value::to_raw_value(value).ok()
+}
+
+fn render_served(served: Served, chain: &Chain, flavor: Flavor) -> Response {
+    let Served { completion, model, attempts } = served;
+    let mut fields: BTreeMap<String, Box<RawValue>> = completion.fields;
+    // The response names the model that served, by its gateway name.
+    if let Some(name) = raw(&model.name) {
+        fields.insert("model".to_owned(), name);
+    }
+    let report = FailoverReport {
+        requested_model: chain.requested_model().to_owned(),
+        served_model: model.name.clone(),
+        failover: Failover { occurred: failover_occurred(&attempts), attempts },
+    };
+    let body = match flavor {
+        Flavor::OpenAi => {
+            if chain.is_multi_model()
+                && let Some(report) = raw(&report)
+            {
+                fields.insert("secureai".to_owned(), report);
+            }
+            serde_json::to_vec(&fields)
+        }
+        Flavor::Classic => {
+            let metadata = if chain.is_multi_model() {
+                json!(report)
+            } else {
+                json!({"requested_model": report.requested_model, "served_model": report.served_model})
+            };
+            serde_json::to_vec(&json!({"success": true, "data": fields, "metadata": metadata}))
+        }
+    };
+    match body {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => ApiError::AllFailed {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("could not encode the response: {e}"),
+            attempts: None,
+        }
+        .render(flavor),
+    }
 }

@@ -2,12 +2,17 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tracing::info;
 
+use crate::breaker::Breakers;
+use crate::executor::Executor;
+use crate::http::App;
 use crate::state::NodeState;
 use crate::sync::{self, SyncOptions};
+use crate::telemetry::Telemetry;
 use crate::{http, persist};
 
 pub struct NodeOptions {
@@ -16,6 +21,7 @@ pub struct NodeOptions {
     pub data_dir: Option<PathBuf>,
     pub node_id: Option<String>,
     pub join_token: Option<String>,
+    pub max_body_bytes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,9 +95,15 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         listen_address: local_addr.to_string(),
         join_token: options.join_token,
     };
-    tokio::spawn(sync::run(sync_options, state.clone()));
+    let telemetry = Arc::new(Telemetry::new(node_id.clone()));
+    tokio::spawn(sync::run(sync_options, state.clone(), Arc::clone(&telemetry)));
+    let app = Arc::new(App {
+        state,
+        executor: Executor { breakers: Breakers::new(), telemetry },
+        max_body_bytes: options.max_body_bytes,
+    });
     info!(addr = %local_addr, node = %node_id, "node listening");
-    Ok(Node { local_addr, node_id, listener, router: http::router(state) })
+    Ok(Node { local_addr, node_id, listener, router: http::router(app) })
 }
 
 fn random_node_id() -> String {

@@ -16,10 +16,13 @@ use switchyard_proto::node::v1::{
 
 use crate::config::{Change, NodeConfig};
 use crate::state::NodeState;
+use crate::telemetry::Telemetry;
 
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// No message (the control plane pings every 2 s) for this long: the stream is dead.
 const IDLE_LIMIT: Duration = Duration::from_secs(10);
+/// Usage totals go to the control plane at most this often.
+const USAGE_INTERVAL: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const BACKOFF_START: Duration = Duration::from_millis(100);
 /// DESIGN §2: a node is back within seconds of a control plane returning.
@@ -48,11 +51,15 @@ enum SessionError {
     Closed,
 }
 
-pub async fn run(options: SyncOptions, state: Arc<NodeState>) {
+pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Telemetry>) {
     let mut backoff = BACKOFF_START;
     for endpoint in options.controls.iter().cycle() {
         let started = tokio::time::Instant::now();
-        match session(endpoint, &options, &state).await {
+        let result = session(endpoint, &options, &state, &telemetry).await;
+        // Whatever was sent but not acked goes out again on the next stream.
+        telemetry.requeue_in_flight();
+        telemetry.mark_usage_dirty();
+        match result {
             Ok(()) => {}
             Err(e) => warn!(control = %endpoint, error = %e, "config stream ended"),
         }
@@ -66,7 +73,12 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>) {
     }
 }
 
-async fn session(url: &str, options: &SyncOptions, state: &NodeState) -> Result<(), SessionError> {
+async fn session(
+    url: &str,
+    options: &SyncOptions,
+    state: &NodeState,
+    telemetry: &Telemetry,
+) -> Result<(), SessionError> {
     let channel = Endpoint::from_shared(url.to_owned())
         .map_err(|e| SessionError::Url(e.to_string()))?
         .connect_timeout(CONNECT_TIMEOUT)
@@ -93,6 +105,9 @@ async fn session(url: &str, options: &SyncOptions, state: &NodeState) -> Result<
     info!(control = %url, version = state.version(), "config stream open");
 
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    let mut usage_tick = tokio::time::interval(USAGE_INTERVAL);
+    // Anything queued while no stream was open goes out now.
+    telemetry.wake.notify_one();
     // Snapshot chunks received so far: (version, resources).
     let mut pending_snapshot: Option<(i64, Resources)> = None;
     loop {
@@ -115,11 +130,29 @@ async fn session(url: &str, options: &SyncOptions, state: &NodeState) -> Result<
                         upserts: update.upserts.into_iter().map(|r| (r.name, r.value)).collect(),
                         deletes: update.deletes,
                     },
-                    Some(control_message::Msg::Ping(_) | control_message::Msg::EventsAck(_)) | None => continue,
+                    Some(control_message::Msg::EventsAck(ack)) => {
+                        telemetry.ack_events(ack.seq);
+                        continue;
+                    }
+                    Some(control_message::Msg::Ping(_)) | None => continue,
                 };
-                let reply = apply(state, change);
+                let reply = apply(state, change).await;
                 if tx.send(reply).await.is_err() {
                     return Err(SessionError::Closed);
+                }
+            }
+            _ = telemetry.wake.notified() => {
+                for message in outbound(telemetry, false) {
+                    if tx.send(message).await.is_err() {
+                        return Err(SessionError::Closed);
+                    }
+                }
+            }
+            _ = usage_tick.tick() => {
+                for message in outbound(telemetry, true) {
+                    if tx.send(message).await.is_err() {
+                        return Err(SessionError::Closed);
+                    }
                 }
             }
             _ = heartbeat.tick() => {
@@ -134,7 +167,7 @@ async fn session(url: &str, options: &SyncOptions, state: &NodeState) -> Result<
 
 /// Applies a change all or nothing and says so to the control plane. Versions only grow:
 /// a replica that lags behind the one the node last heard from cannot roll it back.
-fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
+async fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
     let current = state.current();
     let have = current.as_ref().map_or(0, |c| c.version);
     let version = change.version();
@@ -142,8 +175,21 @@ fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
         debug!(version, have, "ignoring config that is not newer");
         return node_msg(node_message::Msg::Ack(pb::Ack { version: have }));
     }
-    let empty = NodeConfig::default();
-    match current.as_deref().unwrap_or(&empty).apply(change) {
+    // Applying parses every changed resource and may read credential files: off the
+    // async threads.
+    let applied = tokio::task::spawn_blocking(move || match current.as_deref() {
+        Some(c) => c.apply(change),
+        None => NodeConfig::default().apply(change),
+    })
+    .await;
+    let applied = match applied {
+        Ok(result) => result,
+        Err(e) => {
+            warn!(version, error = %e, "config apply task failed");
+            return node_msg(node_message::Msg::Nack(pb::Nack { version, error: e.to_string() }));
+        }
+    };
+    match applied {
         Ok(next) => {
             state.publish(next);
             debug!(version, "config applied");
@@ -154,6 +200,27 @@ fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
             node_msg(node_message::Msg::Nack(pb::Nack { version, error: e.to_string() }))
         }
     }
+}
+
+/// Queued breaker transitions and event batches, and with `usage` the usage totals.
+fn outbound(telemetry: &Telemetry, usage: bool) -> Vec<pb::NodeMessage> {
+    let mut out: Vec<pb::NodeMessage> = telemetry
+        .take_transitions()
+        .into_iter()
+        .map(|t| node_msg(node_message::Msg::Breaker(t)))
+        .collect();
+    while let Some(batch) = telemetry.next_event_batch() {
+        out.push(node_msg(node_message::Msg::Events(batch)));
+    }
+    if usage {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        if let Some(report) = telemetry.usage_report(now) {
+            out.push(node_msg(node_message::Msg::Usage(report)));
+        }
+    }
+    out
 }
 
 fn node_msg(msg: node_message::Msg) -> pb::NodeMessage {

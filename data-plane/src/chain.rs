@@ -1,0 +1,176 @@
+//! How a chain is formed (DESIGN §1 "How a chain is formed"): from `models`, from `model` +
+//! `fallback_models`, or from the key's `failoverDefaults`; checked against the catalog and
+//! the key's policy before any upstream call.
+
+use std::time::Duration;
+
+use switchyard_catalog::keys::MAX_CHAIN_MODELS;
+use switchyard_catalog::{ApiKeyRecord, FailoverReason, Model};
+
+use crate::config::NodeConfig;
+use crate::error::ApiError;
+use crate::request::{ChatRequest, EntrySpec};
+
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(60_000);
+pub const DEFAULT_FIRST_TOKEN_TIMEOUT: Duration = Duration::from_millis(10_000);
+
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub model: std::sync::Arc<Model>,
+    /// Bounds the whole attempt, a stream's body included.
+    pub timeout: Duration,
+    pub first_token_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct Chain {
+    pub entries: Vec<Entry>,
+    /// Failure classes that fail over.
+    pub on: Vec<FailoverReason>,
+    /// One budget across every attempt, when the client set `redundancy.deadline_ms`.
+    pub deadline: Option<Duration>,
+}
+
+impl Chain {
+    pub fn requested_model(&self) -> &str {
+        self.entries.first().map_or("", |e| e.model.name.as_str())
+    }
+
+    /// A chain of one is a legacy request: no failover report.
+    pub fn is_multi_model(&self) -> bool {
+        self.entries.len() > 1
+    }
+
+    pub fn fails_over_on(&self, reason: FailoverReason) -> bool {
+        self.on.contains(&reason)
+    }
+}
+
+pub fn resolve(
+    request: &ChatRequest,
+    key: &ApiKeyRecord,
+    config: &NodeConfig,
+) -> Result<Chain, ApiError> {
+    let (specs, count_param) = match (&request.models, &request.model, &request.fallback_models) {
+        (Some(_), _, Some(_)) => {
+            return Err(ApiError::invalid(
+                "fallback_models",
+                "models and fallback_models cannot be combined in one request",
+            ));
+        }
+        (Some(models), _, None) => (models.clone(), "models"),
+        (None, Some(model), Some(fallbacks)) => {
+            let mut specs = vec![spec(model, "model")];
+            specs.extend(fallbacks.iter().cloned());
+            (specs, "fallback_models")
+        }
+        (None, Some(model), None) => (from_defaults(model, key), "model"),
+        (None, None, _) => {
+            return Err(ApiError::invalid("model", "you must provide a model parameter"));
+        }
+    };
+
+    // Duplicates are dropped, first occurrence kept, before counting (never truncated).
+    let mut distinct: Vec<EntrySpec> = Vec::with_capacity(specs.len());
+    for s in specs {
+        if !distinct.iter().any(|d| d.model == s.model) {
+            distinct.push(s);
+        }
+    }
+    if distinct.len() > MAX_CHAIN_MODELS {
+        return Err(ApiError::invalid(
+            count_param,
+            format!(
+                "a chain holds at most {MAX_CHAIN_MODELS} distinct models; this request names {}",
+                distinct.len()
+            ),
+        ));
+    }
+
+    let defaults = key.failover_defaults.as_ref();
+    let chain_timeout = request.redundancy.timeout_ms.or(defaults.and_then(|d| d.timeout_ms));
+    let chain_first_token = request
+        .redundancy
+        .first_token_timeout_ms
+        .or(defaults.and_then(|d| d.first_token_timeout_ms));
+    let mut entries = Vec::with_capacity(distinct.len());
+    for s in distinct {
+        let model =
+            config.models.get(&s.model).cloned().ok_or_else(|| ApiError::ModelNotFound {
+                message: format!(
+                    "The model `{}` does not exist in this gateway's catalog.",
+                    s.model
+                ),
+                param: s.param.clone(),
+            })?;
+        check_policy(key, config, &model, &s.param)?;
+        entries.push(Entry {
+            timeout: s
+                .timeout_ms
+                .or(chain_timeout)
+                .map_or(DEFAULT_TIMEOUT, |ms| Duration::from_millis(ms.into())),
+            first_token_timeout: s
+                .first_token_timeout_ms
+                .or(chain_first_token)
+                .map_or(DEFAULT_FIRST_TOKEN_TIMEOUT, |ms| Duration::from_millis(ms.into())),
+            model,
+        });
+    }
+    let on = request
+        .redundancy
+        .on
+        .clone()
+        .or_else(|| defaults.and_then(|d| d.on.clone()))
+        .unwrap_or_else(|| FailoverReason::ALL.to_vec());
+    let deadline = request.redundancy.deadline_ms.map(|ms| Duration::from_millis(ms.into()));
+    Ok(Chain { entries, on, deadline })
+}
+
+fn spec(model: &str, param: &str) -> EntrySpec {
+    EntrySpec {
+        model: model.to_owned(),
+        timeout_ms: None,
+        first_token_timeout_ms: None,
+        param: param.to_owned(),
+    }
+}
+
+/// `model` alone: the key's default chain from `model`'s position on, else a single attempt.
+fn from_defaults(model: &str, key: &ApiKeyRecord) -> Vec<EntrySpec> {
+    let defaults = key.failover_defaults.as_ref().map(|d| d.models.as_slice()).unwrap_or(&[]);
+    match defaults.iter().position(|m| m == model) {
+        Some(pos) => defaults[pos..].iter().map(|m| spec(m, "model")).collect(),
+        None => vec![spec(model, "model")],
+    }
+}
+
+/// The key's allow-list and allowed regions, checked for every model of the chain (each
+/// attempt is a full, independent call under the same policy).
+fn check_policy(
+    key: &ApiKeyRecord,
+    config: &NodeConfig,
+    model: &Model,
+    param: &str,
+) -> Result<(), ApiError> {
+    if !key.allowed_models.is_empty() && !key.allowed_models.contains(&model.name) {
+        return Err(ApiError::ModelNotAllowed {
+            message: format!("This API key may not use the model `{}`.", model.name),
+            param: param.to_owned(),
+        });
+    }
+    if !key.allowed_regions.is_empty() {
+        let region = config.catalog.provider(&model.provider).and_then(|p| p.region.as_deref());
+        if !region.is_some_and(|r| key.allowed_regions.iter().any(|a| a == r)) {
+            return Err(ApiError::ModelNotAllowed {
+                message: format!(
+                    "The model `{}` is served from region {}, outside this API key's allowed regions ({}).",
+                    model.name,
+                    region.unwrap_or("(none)"),
+                    key.allowed_regions.join(", ")
+                ),
+                param: param.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}

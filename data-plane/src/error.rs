@@ -1,0 +1,148 @@
+//! Errors returned to API clients, and the one place that renders them: the OpenAI error
+//! envelope on `/v1`, the classic `success: false` body on `/chat/completions`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::report::AttemptReport;
+
+/// Which endpoint's body shape a response takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// `/v1/chat/completions`: OpenAI-compatible.
+    OpenAi,
+    /// `/chat/completions`: `{"success", "data" | "error", "metadata"}`.
+    Classic,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The client's request is wrong; `param` names the field.
+    #[error("{message}")]
+    InvalidRequest { message: String, param: Option<String>, code: Option<&'static str> },
+    #[error("{message}")]
+    ModelNotFound { message: String, param: String },
+    #[error("{message}")]
+    ModelNotAllowed { message: String, param: String },
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    #[error("request body is larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("node has no config yet")]
+    NotReady,
+    /// A non-retryable error from the upstream (the client's own 4xx), passed on as is.
+    #[error("{message}")]
+    Upstream {
+        status: StatusCode,
+        message: String,
+        kind: String,
+        code: Option<String>,
+        param: Option<String>,
+        attempts: Option<Vec<AttemptReport>>,
+    },
+    /// Every attempt failed (or the chain ended on a reason outside `on`).
+    #[error("{message}")]
+    AllFailed { status: StatusCode, message: String, attempts: Option<Vec<AttemptReport>> },
+}
+
+impl ApiError {
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidRequest { message: message.into(), param: Some(param.into()), code: None }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidRequest { .. } | Self::ModelNotFound { .. } => StatusCode::BAD_REQUEST,
+            Self::ModelNotAllowed { .. } => StatusCode::FORBIDDEN,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::NotReady => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Upstream { status, .. } | Self::AllFailed { status, .. } => *status,
+        }
+    }
+
+    /// A short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest { .. } => "invalid_request",
+            Self::ModelNotFound { .. } => "model_not_found",
+            Self::ModelNotAllowed { .. } => "model_not_allowed",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::NotReady => "not_ready",
+            Self::Upstream { .. } => "upstream_client_error",
+            Self::AllFailed { .. } => "all_models_failed",
+        }
+    }
+
+    fn envelope(&self) -> (Value, Option<&[AttemptReport]>) {
+        let (kind, code, param): (&str, Option<&str>, Option<&str>) = match self {
+            Self::InvalidRequest { param, code, .. } => {
+                ("invalid_request_error", *code, param.as_deref())
+            }
+            Self::ModelNotFound { param, .. } => {
+                ("invalid_request_error", Some("model_not_found"), Some(param))
+            }
+            Self::ModelNotAllowed { param, .. } => {
+                ("invalid_request_error", Some("model_not_allowed"), Some(param))
+            }
+            Self::Unauthorized(_) => ("invalid_request_error", Some("invalid_api_key"), None),
+            Self::PayloadTooLarge { .. } => {
+                ("invalid_request_error", Some("request_too_large"), None)
+            }
+            Self::NotReady => ("server_error", Some("not_ready"), None),
+            Self::Upstream { kind, code, param, .. } => {
+                (kind.as_str(), code.as_deref(), param.as_deref())
+            }
+            Self::AllFailed { status, .. } => {
+                let kind = if *status == StatusCode::TOO_MANY_REQUESTS {
+                    "rate_limit_error"
+                } else {
+                    "server_error"
+                };
+                (kind, Some("all_models_failed"), None)
+            }
+        };
+        let attempts = match self {
+            Self::Upstream { attempts, .. } | Self::AllFailed { attempts, .. } => {
+                attempts.as_deref()
+            }
+            _ => None,
+        };
+        let body = json!({"error": {
+            "message": self.to_string(), "type": kind, "param": param, "code": code,
+        }});
+        (body, attempts)
+    }
+
+    pub fn render(&self, flavor: Flavor) -> Response {
+        let (mut body, attempts) = self.envelope();
+        match flavor {
+            Flavor::OpenAi => {
+                if let Some(attempts) = attempts {
+                    body["secureai"] = json!({"attempts": attempts});
+                }
+            }
+            Flavor::Classic => {
+                let headline = match self {
+                    Self::AllFailed { attempts: Some(_), .. } => "All model attempts failed",
+                    _ => "Request failed",
+                };
+                let mut classic = json!({
+                    "success": false,
+                    "error": headline,
+                    "message": self.to_string(),
+                    "code": body["error"]["code"],
+                    "param": body["error"]["param"],
+                });
+                if let Some(attempts) = attempts {
+                    classic["attempts"] = json!(attempts);
+                }
+                body = classic;
+            }
+        }
+        (self.status(), Json(body)).into_response()
+    }
+}

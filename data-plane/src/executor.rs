@@ -1,0 +1,280 @@
+//! The failover executor: tries a chain's entries in order, each attempt under its own
+//! timeout and inside the chain's optional deadline, skipping entries whose breaker is
+//! open, and reports what every attempt did.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use http::StatusCode;
+use tracing::{Instrument, debug, info_span};
+
+use switchyard_catalog::{BreakerPolicy, FailoverReason, Model};
+use switchyard_proto::node::v1 as pb;
+
+use crate::breaker::{Admission, Breakers, Outcome, Permit, Transition};
+use crate::chain::{Chain, Entry};
+use crate::config::NodeConfig;
+use crate::error::ApiError;
+use crate::providers::{CallError, Classified, Completion};
+use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_message};
+use crate::request::ChatRequest;
+use crate::telemetry::Telemetry;
+
+/// DESIGN §1: an attempt is not started with less than `min(1000 ms, its timeout)` left.
+const FAIR_MINIMUM: Duration = Duration::from_millis(1000);
+
+pub struct Served {
+    pub completion: Completion,
+    pub model: Arc<Model>,
+    pub attempts: Vec<AttemptReport>,
+}
+
+pub struct Failed {
+    pub error: ApiError,
+    pub attempts: Vec<AttemptReport>,
+}
+
+/// What is shared by every request of a node.
+pub struct Executor {
+    pub breakers: Breakers,
+    pub telemetry: Arc<Telemetry>,
+}
+
+enum AttemptResult {
+    Served(Completion),
+    Failover(FailoverReason, String),
+    ClientError(StatusCode, crate::providers::UpstreamError),
+}
+
+impl Executor {
+    pub async fn run(
+        &self,
+        chain: &Chain,
+        request: &ChatRequest,
+        config: &NodeConfig,
+    ) -> Result<Served, Failed> {
+        let started = Instant::now();
+        let mut attempts: Vec<AttemptReport> = Vec::with_capacity(chain.entries.len());
+        // Entries skipped on an open breaker, with when each is due for a probe.
+        let mut skipped: Vec<(usize, Instant)> = Vec::new();
+        let mut tried = false;
+        let mut last_failure: Option<(FailoverReason, usize)> = None;
+
+        for (i, entry) in chain.entries.iter().enumerate() {
+            let Some(timeout) = budget(chain, entry, started) else { break };
+            let breaker = self.breaker(config, &entry.model);
+            let (admission, transition) = breaker.try_acquire(Instant::now());
+            self.report_transition(transition);
+            let permit = match admission {
+                Admission::Admitted(permit) => permit,
+                Admission::Rejected { ready_at } => {
+                    skipped.push((i, ready_at));
+                    attempts.push(AttemptReport {
+                        model: entry.model.name.clone(),
+                        status: AttemptStatus::Skipped,
+                        reason: Some(AttemptReason::CircuitOpen),
+                        latency_ms: 0,
+                        probe: false,
+                    });
+                    continue;
+                }
+            };
+            tried = true;
+            match self.attempt(entry, timeout, permit, request, config, &mut attempts).await {
+                AttemptResult::Served(completion) => {
+                    return Ok(Served { completion, model: Arc::clone(&entry.model), attempts });
+                }
+                AttemptResult::ClientError(status, error) => {
+                    return Err(client_error(chain, status, error, attempts));
+                }
+                AttemptResult::Failover(reason, _) => {
+                    last_failure = Some((reason, i));
+                    if !chain.fails_over_on(reason) {
+                        break;
+                    }
+                }
+            }
+        }
+
+        // Every entry's breaker was open: do not fail on breaker state alone, probe the one
+        // due soonest (DESIGN §1), so a fleet never turns a partial outage into a total one.
+        if !tried && let Some(&(i, _)) = skipped.iter().min_by_key(|(_, ready_at)| *ready_at) {
+            let entry = &chain.entries[i];
+            if let Some(timeout) = budget(chain, entry, started) {
+                let breaker = self.breaker(config, &entry.model);
+                let (permit, transition) = breaker.force_probe(Instant::now());
+                self.report_transition(transition);
+                let mut probe_report = Vec::with_capacity(1);
+                let result =
+                    self.attempt(entry, timeout, permit, request, config, &mut probe_report).await;
+                if let Some(mut report) = probe_report.pop() {
+                    report.probe = true;
+                    attempts[i] = report;
+                }
+                match result {
+                    AttemptResult::Served(completion) => {
+                        return Ok(Served {
+                            completion,
+                            model: Arc::clone(&entry.model),
+                            attempts,
+                        });
+                    }
+                    AttemptResult::ClientError(status, error) => {
+                        return Err(client_error(chain, status, error, attempts));
+                    }
+                    AttemptResult::Failover(reason, _) => last_failure = Some((reason, i)),
+                }
+            }
+        }
+
+        Err(all_failed(chain, attempts, last_failure))
+    }
+
+    fn breaker(&self, config: &NodeConfig, model: &Model) -> Arc<crate::breaker::Breaker> {
+        let policy: BreakerPolicy = match &model.breaker {
+            Some(o) => config.catalog.breaker_policy.with_override(o),
+            None => config.catalog.breaker_policy,
+        };
+        self.breakers.get(&model.provider, &model.upstream_model, policy)
+    }
+
+    async fn attempt(
+        &self,
+        entry: &Entry,
+        timeout: Duration,
+        permit: Permit,
+        request: &ChatRequest,
+        config: &NodeConfig,
+        attempts: &mut Vec<AttemptReport>,
+    ) -> AttemptResult {
+        let model = &entry.model;
+        let span = info_span!("attempt", model = %model.name, provider = %model.provider);
+        let started = Instant::now();
+        let call = async {
+            let Some(provider) = config.providers.get(&model.provider) else {
+                return Err(CallError::NoCredential(format!(
+                    "provider {} is not configured",
+                    model.provider
+                )));
+            };
+            provider.complete(model, request).await
+        };
+        let result = tokio::time::timeout(timeout, call).instrument(span).await;
+        let latency_ms = started.elapsed().as_millis() as u64;
+        let (outcome, result) = match result {
+            Err(_elapsed) => (
+                Outcome::Timeout,
+                AttemptResult::Failover(
+                    FailoverReason::Timeout,
+                    format!("no answer within {timeout:?}"),
+                ),
+            ),
+            Ok(Ok(completion)) => (Outcome::Success, AttemptResult::Served(completion)),
+            Ok(Err(e)) => match e.classify() {
+                Classified::Failover(reason) => {
+                    (Outcome::Failure, AttemptResult::Failover(reason, e.to_string()))
+                }
+                // The upstream answered: it is healthy, the request is at fault.
+                Classified::ClientError { status, error } => {
+                    (Outcome::Success, AttemptResult::ClientError(status, error))
+                }
+            },
+        };
+        self.report_transition(permit.record(outcome, Instant::now()));
+        let (status, reason) = match &result {
+            AttemptResult::Served(_) => (AttemptStatus::Served, None),
+            AttemptResult::Failover(reason, detail) => {
+                debug!(model = %model.name, %detail, reason = reason.as_str(), "attempt failed");
+                (AttemptStatus::Failed, Some(AttemptReason::Failover(*reason)))
+            }
+            AttemptResult::ClientError(..) => {
+                (AttemptStatus::Failed, Some(AttemptReason::ClientError))
+            }
+        };
+        attempts.push(AttemptReport {
+            model: model.name.clone(),
+            status,
+            reason,
+            latency_ms,
+            probe: false,
+        });
+        result
+    }
+
+    fn report_transition(&self, transition: Option<Transition>) {
+        let Some(t) = transition else { return };
+        tracing::info!(
+            provider = %t.provider, model = %t.upstream_model,
+            from = t.from.as_str(), to = t.to.as_str(), cause = t.cause.as_str(),
+            "circuit breaker changed state"
+        );
+        self.telemetry.push_transition(pb::BreakerTransition {
+            provider: t.provider,
+            upstream_model: t.upstream_model,
+            from: t.from.as_str().to_owned(),
+            to: t.to.as_str().to_owned(),
+            cause: t.cause.as_str().to_owned(),
+            at_unix_ms: unix_ms(t.at),
+            failure_rate: t.failure_rate,
+            calls_in_window: t.calls_in_window,
+            next_probe_unix_ms: t.next_probe.map_or(0, unix_ms),
+            cooldown_ms: t.cooldown.as_millis() as u64,
+        });
+    }
+}
+
+pub fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The time this attempt may take: its timeout, cut to what is left of the chain's
+/// deadline; `None` when too little is left to start it.
+fn budget(chain: &Chain, entry: &Entry, started: Instant) -> Option<Duration> {
+    let Some(deadline) = chain.deadline else { return Some(entry.timeout) };
+    let left = deadline.saturating_sub(started.elapsed());
+    if left < FAIR_MINIMUM.min(entry.timeout) { None } else { Some(entry.timeout.min(left)) }
+}
+
+fn client_error(
+    chain: &Chain,
+    status: StatusCode,
+    error: crate::providers::UpstreamError,
+    attempts: Vec<AttemptReport>,
+) -> Failed {
+    let error = ApiError::Upstream {
+        status,
+        message: error.message,
+        kind: error.kind,
+        code: error.code,
+        param: error.param,
+        attempts: chain.is_multi_model().then(|| attempts.clone()),
+    };
+    Failed { error, attempts }
+}
+
+/// 429 when every failure was a rate limit, else 502 (DESIGN §1 "All attempts failed").
+fn all_failed(
+    chain: &Chain,
+    attempts: Vec<AttemptReport>,
+    last_failure: Option<(FailoverReason, usize)>,
+) -> Failed {
+    let failures: Vec<_> = attempts.iter().filter(|a| a.status == AttemptStatus::Failed).collect();
+    let all_rate_limited = !failures.is_empty()
+        && failures
+            .iter()
+            .all(|a| a.reason == Some(AttemptReason::Failover(FailoverReason::RateLimit)));
+    let status =
+        if all_rate_limited { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::BAD_GATEWAY };
+    let message = if chain.is_multi_model() {
+        all_failed_message(&attempts)
+    } else {
+        let reason = last_failure.map_or("unknown", |(r, _)| r.as_str());
+        format!("The model `{}` failed ({reason}).", chain.requested_model())
+    };
+    let error = ApiError::AllFailed {
+        status,
+        message,
+        attempts: chain.is_multi_model().then(|| attempts.clone()),
+    };
+    Failed { error, attempts }
+}

@@ -1,0 +1,274 @@
+//! Upstream providers: one pooled HTTP client per provider, credentials resolved on the
+//! node, and a wire-format adapter per provider kind behind one trait.
+//!
+//! The unified request is the client's OpenAI-shaped body ([`ChatRequest`]); the unified
+//! response is an OpenAI `chat.completion` ([`Completion`]). Adapters translate both ways.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::value::RawValue;
+use tracing::warn;
+
+use switchyard_catalog::{FailoverReason, Model, Provider, ProviderKind};
+
+use crate::request::ChatRequest;
+
+pub mod openai;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Upstream bodies larger than this are refused (a completion is kilobytes).
+const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+pub type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A provider secret. Never printed: `Debug` and `Display` show only that it is there.
+#[derive(Clone)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// Token counts as the upstream reported them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// An OpenAI-shaped `chat.completion`, top-level fields as raw JSON.
+#[derive(Debug)]
+pub struct Completion {
+    pub fields: BTreeMap<String, Box<RawValue>>,
+    pub usage: Usage,
+}
+
+/// The upstream's own error, as its body described it.
+#[derive(Clone, Debug, Default)]
+pub struct UpstreamError {
+    pub message: String,
+    pub kind: String,
+    pub code: Option<String>,
+    pub param: Option<String>,
+}
+
+/// How one upstream call failed, before classification.
+#[derive(Debug)]
+pub enum CallError {
+    /// No HTTP response: refused, reset, DNS, TLS, a body cut short.
+    Connection(String),
+    /// An HTTP error status.
+    Status { status: StatusCode, error: UpstreamError },
+    /// A 200 whose body is not a completion.
+    Malformed(String),
+    /// The provider has no usable credential on this node (a missing env var or file).
+    NoCredential(String),
+}
+
+/// What a failed call means for the chain: fail over (if the reason is in `on`), or stop
+/// and hand the upstream's answer to the client.
+#[derive(Debug)]
+pub enum Classified {
+    Failover(FailoverReason),
+    ClientError { status: StatusCode, error: UpstreamError },
+}
+
+impl CallError {
+    /// The one place that classifies upstream failures (DESIGN §1 "Failover triggers").
+    pub fn classify(&self) -> Classified {
+        match self {
+            Self::Connection(_) => Classified::Failover(FailoverReason::ConnectionError),
+            Self::Status { status, .. } if *status == StatusCode::TOO_MANY_REQUESTS => {
+                Classified::Failover(FailoverReason::RateLimit)
+            }
+            Self::Status { status, .. } if status.is_server_error() => {
+                Classified::Failover(FailoverReason::ServerError)
+            }
+            // An upstream 401/403 (after every reserve credential) is the gateway's own
+            // credential failing, not the client's fault: the next provider may serve.
+            Self::Status { status, .. }
+                if *status == StatusCode::UNAUTHORIZED || *status == StatusCode::FORBIDDEN =>
+            {
+                Classified::Failover(FailoverReason::ServerError)
+            }
+            Self::Status { status, error } => {
+                Classified::ClientError { status: *status, error: error.clone() }
+            }
+            Self::Malformed(_) | Self::NoCredential(_) => {
+                Classified::Failover(FailoverReason::ServerError)
+            }
+        }
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Connection(e) => write!(f, "connection failed: {e}"),
+            Self::Status { status, error } => write!(f, "HTTP {status}: {}", error.message),
+            Self::Malformed(e) => write!(f, "malformed response: {e}"),
+            Self::NoCredential(e) => write!(f, "no usable credential: {e}"),
+        }
+    }
+}
+
+/// A provider kind's wire format.
+pub trait Adapter: Send + Sync {
+    /// The upstream HTTP request for one attempt.
+    fn request(
+        &self,
+        provider: &Provider,
+        model: &Model,
+        request: &ChatRequest,
+        credential: Option<&Secret>,
+    ) -> Result<http::Request<Full<Bytes>>, CallError>;
+
+    /// A 200 body as a unified completion.
+    fn completion(&self, body: &[u8]) -> Result<Completion, CallError>;
+
+    /// An error body as the upstream's error.
+    fn error(&self, status: StatusCode, body: &[u8]) -> UpstreamError;
+}
+
+/// A provider as this node uses it: its definition, resolved credentials, its connection pool.
+pub struct ProviderRuntime {
+    pub def: Provider,
+    /// Primary first, then reserves; a reference that cannot be resolved is kept as its error.
+    credentials: Vec<Result<Secret, String>>,
+    client: HttpsClient,
+    adapter: Box<dyn Adapter>,
+}
+
+impl fmt::Debug for ProviderRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProviderRuntime").field("name", &self.def.name).finish_non_exhaustive()
+    }
+}
+
+impl ProviderRuntime {
+    /// Resolves credentials (blocking: a file read) and builds the pool. Call off the
+    /// request path, when config is applied.
+    pub fn new(def: Provider) -> Self {
+        let credentials = def
+            .api_keys
+            .iter()
+            .map(|r| {
+                r.resolve().map(|s| Secret(s.into())).map_err(|e| {
+                    warn!(provider = %def.name, credential = %r, error = %e, "credential unavailable");
+                    e.to_string()
+                })
+            })
+            .collect();
+        let adapter: Box<dyn Adapter> = match def.kind {
+            ProviderKind::Openai
+            | ProviderKind::OpenaiCompatible
+            | ProviderKind::AzureOpenai
+            | ProviderKind::Anthropic
+            | ProviderKind::Gemini => Box::new(openai::OpenAi),
+        };
+        Self { def, credentials, client: build_client(), adapter }
+    }
+
+    /// One attempt's upstream call; the caller bounds it in time. On 401/403 the reserve
+    /// credentials are tried in order before the call counts as failed.
+    pub async fn complete(
+        &self,
+        model: &Model,
+        request: &ChatRequest,
+    ) -> Result<Completion, CallError> {
+        if self.credentials.is_empty() {
+            return self.send(model, request, None).await;
+        }
+        let mut last = CallError::NoCredential("no credential resolved".into());
+        for credential in &self.credentials {
+            let secret = match credential {
+                Ok(secret) => secret,
+                Err(reason) => {
+                    last = CallError::NoCredential(reason.clone());
+                    continue;
+                }
+            };
+            match self.send(model, request, Some(secret)).await {
+                Err(CallError::Status { status, error })
+                    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN =>
+                {
+                    warn!(provider = %self.def.name, %status, "provider refused a credential; trying the next");
+                    last = CallError::Status { status, error };
+                }
+                other => return other,
+            }
+        }
+        Err(last)
+    }
+
+    async fn send(
+        &self,
+        model: &Model,
+        request: &ChatRequest,
+        credential: Option<&Secret>,
+    ) -> Result<Completion, CallError> {
+        let upstream = self.adapter.request(&self.def, model, request, credential)?;
+        let response = self
+            .client
+            .request(upstream)
+            .await
+            .map_err(|e| CallError::Connection(error_chain(&e)))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| CallError::Connection(format!("reading the response body: {e}")))?
+            .to_bytes();
+        if status.is_success() {
+            self.adapter.completion(&body)
+        } else {
+            Err(CallError::Status { status, error: self.adapter.error(status, &body) })
+        }
+    }
+}
+
+fn build_client() -> HttpsClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    http.set_nodelay(true);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(1024)
+        .build(https)
+}
+
+/// A transport error with its causes ("connection refused"), which hyper keeps in `source`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

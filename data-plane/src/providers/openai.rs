@@ -1,0 +1,166 @@
+//! OpenAI's Chat Completions wire format (`POST {base_url}/chat/completions`), also spoken
+//! by OpenAI-compatible servers (vLLM, Mistral and the like). The client's body already is
+//! this format: only `model` changes, every other field passes through byte for byte.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use http::{StatusCode, header};
+use http_body_util::Full;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use switchyard_catalog::{Model, Provider};
+
+use super::{Adapter, CallError, Completion, Secret, UpstreamError, Usage};
+use crate::request::ChatRequest;
+
+pub struct OpenAi;
+
+impl Adapter for OpenAi {
+    fn request(
+        &self,
+        provider: &Provider,
+        model: &Model,
+        request: &ChatRequest,
+        credential: Option<&Secret>,
+    ) -> Result<http::Request<Full<Bytes>>, CallError> {
+        let url = format!("{}/chat/completions", provider.base_url.trim_end_matches('/'));
+        let mut builder = http::Request::post(url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json");
+        if let Some(secret) = credential {
+            builder = builder.header(header::AUTHORIZATION, format!("Bearer {}", secret.expose()));
+        }
+        builder
+            .body(Full::new(Bytes::from(body(&model.upstream_model, request))))
+            .map_err(|e| CallError::Connection(format!("building the request: {e}")))
+    }
+
+    fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {
+        let fields: BTreeMap<String, Box<RawValue>> =
+            serde_json::from_slice(body).map_err(|e| CallError::Malformed(e.to_string()))?;
+        if !fields.contains_key("choices") {
+            return Err(CallError::Malformed("no `choices` in the completion".into()));
+        }
+        let usage = fields
+            .get("usage")
+            .and_then(|raw| serde_json::from_str::<WireUsage>(raw.get()).ok())
+            .map(|u| Usage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            })
+            .unwrap_or_default();
+        Ok(Completion { fields, usage })
+    }
+
+    fn error(&self, status: StatusCode, body: &[u8]) -> UpstreamError {
+        parse_error(status, body)
+    }
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    #[serde(default)]
+    message: String,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+    #[serde(default)]
+    param: Option<String>,
+}
+
+/// OpenAI's error envelope `{"error": {"message", "type", "param", "code"}}`; anything else
+/// becomes a generic message for its status (raw bodies are not shown to clients).
+pub fn parse_error(status: StatusCode, body: &[u8]) -> UpstreamError {
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(ErrorBody { error }) => UpstreamError {
+            message: error.message,
+            kind: error.kind.unwrap_or_else(|| default_kind(status).to_owned()),
+            code: error.code.map(|c| match c {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            }),
+            param: error.param,
+        },
+        Err(_) => UpstreamError {
+            message: format!("The upstream provider returned HTTP {}.", status.as_u16()),
+            kind: default_kind(status).to_owned(),
+            code: None,
+            param: None,
+        },
+    }
+}
+
+fn default_kind(status: StatusCode) -> &'static str {
+    if status.is_server_error() { "server_error" } else { "invalid_request_error" }
+}
+
+/// The client's body with `model` set to the upstream name.
+pub fn body(upstream_model: &str, request: &ChatRequest) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        256 + request.passthrough.values().map(|v| v.get().len() + 24).sum::<usize>(),
+    );
+    out.extend_from_slice(b"{\"model\":");
+    // Serialising a &str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut out, upstream_model);
+    for (key, value) in &request.passthrough {
+        out.push(b',');
+        let _ = serde_json::to_writer(&mut out, key);
+        out.push(b':');
+        out.extend_from_slice(value.get().as_bytes());
+    }
+    out.push(b'}');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_keeps_every_client_field_and_swaps_the_model() {
+        let req = ChatRequest::parse(
+            br#"{"model":"openai/gpt-5-nano","fallback_models":["x"],"messages":[{"role":"user","content":"h\u00e9"}],"temperature":0.2,"tools":[{"type":"function"}]}"#,
+        )
+        .unwrap();
+        let sent: serde_json::Value = serde_json::from_slice(&body("gpt-5-nano", &req)).unwrap();
+        assert_eq!(
+            sent,
+            serde_json::json!({"model":"gpt-5-nano","messages":[{"role":"user","content":"hé"}],"temperature":0.2,"tools":[{"type":"function"}]})
+        );
+    }
+
+    #[test]
+    fn openai_error_bodies_keep_message_type_and_code() {
+        // Shape from OpenAI's API reference ("Error codes") and openai-python's APIError.
+        let e = parse_error(
+            StatusCode::BAD_REQUEST,
+            br#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        );
+        assert_eq!(e.kind, "invalid_request_error");
+        assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
+        assert_eq!(e.param.as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn a_non_json_error_body_is_not_shown_raw() {
+        let e = parse_error(StatusCode::BAD_GATEWAY, b"<html>nginx</html>");
+        assert!(!e.message.contains("nginx"));
+        assert_eq!(e.kind, "server_error");
+    }
+}

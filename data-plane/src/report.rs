@@ -1,0 +1,85 @@
+//! The failover report: what every attempt of a chain did (DESIGN §1 "What comes back").
+
+use serde::Serialize;
+
+use switchyard_catalog::FailoverReason;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptStatus {
+    Served,
+    Failed,
+    Skipped,
+}
+
+/// Why an attempt did not serve: one of the four failover triggers, a skip, or an error
+/// that is never failed over (the client's own 4xx from the upstream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptReason {
+    Failover(FailoverReason),
+    CircuitOpen,
+    /// Not enough of the chain's `deadline_ms` was left to start this attempt.
+    DeadlineExceeded,
+    ClientError,
+}
+
+impl AttemptReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Failover(r) => r.as_str(),
+            Self::CircuitOpen => "circuit_open",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::ClientError => "client_error",
+        }
+    }
+}
+
+impl Serialize for AttemptReason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AttemptReport {
+    pub model: String,
+    pub status: AttemptStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<AttemptReason>,
+    pub latency_ms: u64,
+    /// Tried although its breaker was open, because every entry's breaker was open.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub probe: bool,
+}
+
+/// `secureai` on `/v1`, `metadata` on the classic endpoint.
+#[derive(Clone, Debug, Serialize)]
+pub struct FailoverReport {
+    pub requested_model: String,
+    pub served_model: String,
+    pub failover: Failover,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Failover {
+    pub occurred: bool,
+    pub attempts: Vec<AttemptReport>,
+}
+
+/// `All N model attempt(s) failed (last: MODEL — REASON)`, the spec's message.
+pub fn all_failed_message(attempts: &[AttemptReport]) -> String {
+    match attempts.last() {
+        Some(last) => format!(
+            "All {} model attempt(s) failed (last: {} — {})",
+            attempts.len(),
+            last.model,
+            last.reason.map_or("unknown", AttemptReason::as_str)
+        ),
+        None => "All model attempts failed".to_owned(),
+    }
+}
+
+/// True when the chain moved past its first model (a failover event is due).
+pub fn failover_occurred(attempts: &[AttemptReport]) -> bool {
+    attempts.first().is_some_and(|a| a.status != AttemptStatus::Served)
+}

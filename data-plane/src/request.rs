@@ -1,0 +1,348 @@
+//! The client's chat-completion request: the gateway's own fields parsed and validated
+//! (each error names its field), every other field kept as raw JSON and forwarded untouched.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use switchyard_catalog::FailoverReason;
+use switchyard_catalog::keys::{FIRST_TOKEN_TIMEOUT_MS_RANGE, TIMEOUT_MS_RANGE};
+
+use crate::error::ApiError;
+
+pub const DEADLINE_MS_RANGE: (u32, u32) = (1_000, 600_000);
+
+/// Fields that steer the gateway and are not sent upstream.
+const GATEWAY_FIELDS: [&str; 4] = ["model", "models", "fallback_models", "redundancy"];
+
+#[derive(Debug)]
+pub struct ChatRequest {
+    /// Every top-level field but the gateway's own, as the client sent it.
+    pub passthrough: BTreeMap<String, Box<RawValue>>,
+    pub model: Option<String>,
+    pub models: Option<Vec<EntrySpec>>,
+    pub fallback_models: Option<Vec<EntrySpec>>,
+    pub redundancy: Redundancy,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// One chain entry as the client wrote it: a name, or an object with per-attempt timeouts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntrySpec {
+    pub model: String,
+    pub timeout_ms: Option<u32>,
+    pub first_token_timeout_ms: Option<u32>,
+    /// Where the entry was in the request (`models[1]`), for error messages.
+    pub param: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Redundancy {
+    pub timeout_ms: Option<u32>,
+    pub first_token_timeout_ms: Option<u32>,
+    pub on: Option<Vec<FailoverReason>>,
+    pub deadline_ms: Option<u32>,
+}
+
+impl ChatRequest {
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let fields: BTreeMap<String, Box<RawValue>> =
+            serde_json::from_slice(body).map_err(|e| ApiError::InvalidRequest {
+                message: format!(
+                    "We could not parse the JSON body of your request ({e}). The body must be a JSON object."
+                ),
+                param: None,
+                code: None,
+            })?;
+        let value = |name: &str| -> Result<Option<Value>, ApiError> {
+            fields
+                .get(name)
+                .map(|raw| serde_json::from_str::<Value>(raw.get()))
+                .transpose()
+                .map_err(|e| ApiError::invalid(name, format!("{name}: {e}")))
+        };
+
+        let model = match value("model")? {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.trim().is_empty() => Some(s),
+            Some(_) => return Err(ApiError::invalid("model", "model must be a non-empty string")),
+        };
+        let models = value("models")?.map(|v| entries(v, "models")).transpose()?;
+        let fallback_models =
+            value("fallback_models")?.map(|v| entries(v, "fallback_models")).transpose()?;
+        let redundancy = match value("redundancy")? {
+            None | Some(Value::Null) => Redundancy::default(),
+            Some(v) => redundancy(v)?,
+        };
+        check_messages(value("messages")?)?;
+        let stream = match value("stream")? {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => b,
+            Some(_) => return Err(ApiError::invalid("stream", "stream must be a boolean")),
+        };
+        let include_usage = match value("stream_options")? {
+            None | Some(Value::Null) => false,
+            Some(Value::Object(o)) => match o.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "stream_options.include_usage",
+                        "stream_options.include_usage must be a boolean",
+                    ));
+                }
+            },
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    "stream_options must be an object",
+                ));
+            }
+        };
+        let mut passthrough = fields;
+        for name in GATEWAY_FIELDS {
+            passthrough.remove(name);
+        }
+        Ok(Self { passthrough, model, models, fallback_models, redundancy, stream, include_usage })
+    }
+}
+
+fn check_messages(messages: Option<Value>) -> Result<(), ApiError> {
+    let Some(Value::Array(messages)) = messages else {
+        return Err(ApiError::invalid("messages", "messages is required and must be an array"));
+    };
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must contain at least one message"));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        match m.get("role") {
+            Some(Value::String(_)) => {}
+            _ if !m.is_object() => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}]"),
+                    format!("messages[{i}] must be an object"),
+                ));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!("messages[{i}].role is required and must be a string"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn entries(value: Value, field: &str) -> Result<Vec<EntrySpec>, ApiError> {
+    let Value::Array(items) = value else {
+        return Err(ApiError::invalid(field, format!("{field} must be an array of model names")));
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid(field, format!("{field} must not be empty")));
+    }
+    items.into_iter().enumerate().map(|(i, item)| entry(item, &format!("{field}[{i}]"))).collect()
+}
+
+fn entry(item: Value, param: &str) -> Result<EntrySpec, ApiError> {
+    match item {
+        Value::String(model) if !model.trim().is_empty() => Ok(EntrySpec {
+            model,
+            timeout_ms: None,
+            first_token_timeout_ms: None,
+            param: param.into(),
+        }),
+        Value::Object(map) => {
+            let mut spec = EntrySpec {
+                model: String::new(),
+                timeout_ms: None,
+                first_token_timeout_ms: None,
+                param: param.into(),
+            };
+            for (key, v) in map {
+                let path = format!("{param}.{key}");
+                match key.as_str() {
+                    "model" => match v {
+                        Value::String(m) if !m.trim().is_empty() => spec.model = m,
+                        _ => {
+                            return Err(ApiError::invalid(
+                                path.clone(),
+                                format!("{path} must be a non-empty string"),
+                            ));
+                        }
+                    },
+                    "timeout_ms" => spec.timeout_ms = Some(ranged(&v, &path, TIMEOUT_MS_RANGE)?),
+                    "first_token_timeout_ms" => {
+                        spec.first_token_timeout_ms =
+                            Some(ranged(&v, &path, FIRST_TOKEN_TIMEOUT_MS_RANGE)?)
+                    }
+                    _ => {
+                        return Err(ApiError::invalid(
+                            path.clone(),
+                            format!(
+                                "unknown field {path}; expected model, timeout_ms, first_token_timeout_ms"
+                            ),
+                        ));
+                    }
+                }
+            }
+            if spec.model.is_empty() {
+                let path = format!("{param}.model");
+                return Err(ApiError::invalid(path.clone(), format!("{path} is required")));
+            }
+            Ok(spec)
+        }
+        _ => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a model name or an object with a model"),
+        )),
+    }
+}
+
+fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
+    let Value::Object(map) = value else {
+        return Err(ApiError::invalid("redundancy", "redundancy must be an object"));
+    };
+    let mut r = Redundancy::default();
+    for (key, v) in map {
+        let path = format!("redundancy.{key}");
+        match key.as_str() {
+            "timeout_ms" => r.timeout_ms = Some(ranged(&v, &path, TIMEOUT_MS_RANGE)?),
+            "first_token_timeout_ms" => {
+                r.first_token_timeout_ms = Some(ranged(&v, &path, FIRST_TOKEN_TIMEOUT_MS_RANGE)?)
+            }
+            "deadline_ms" => r.deadline_ms = Some(ranged(&v, &path, DEADLINE_MS_RANGE)?),
+            "on" => {
+                let Value::Array(items) = v else {
+                    return Err(ApiError::invalid(
+                        path,
+                        "redundancy.on must be an array of triggers",
+                    ));
+                };
+                let mut on = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    match item.as_str().and_then(FailoverReason::parse) {
+                        Some(reason) => on.push(reason),
+                        None => {
+                            return Err(ApiError::invalid(
+                                format!("redundancy.on[{i}]"),
+                                format!(
+                                    "redundancy.on[{i}]: unknown trigger {item}; expected connection_error, server_error, rate_limit or timeout"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                r.on = Some(on);
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    path.clone(),
+                    format!(
+                        "unknown field {path}; expected timeout_ms, first_token_timeout_ms, on, deadline_ms"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(r)
+}
+
+fn ranged(v: &Value, path: &str, (lo, hi): (u32, u32)) -> Result<u32, ApiError> {
+    match v.as_u64() {
+        Some(n) if (u64::from(lo)..=u64::from(hi)).contains(&n) => Ok(n as u32),
+        _ => Err(ApiError::invalid(path, format!("{path} must be an integer from {lo} to {hi}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn param(body: &str) -> Option<String> {
+        match ChatRequest::parse(body.as_bytes()) {
+            Err(ApiError::InvalidRequest { param, .. }) => param,
+            other => panic!("expected a 400, got {other:?}"),
+        }
+    }
+
+    const MSG: &str = r#""messages":[{"role":"user","content":"hi"}]"#;
+
+    #[test]
+    fn gateway_fields_are_taken_out_and_the_rest_passes_through() {
+        let body = format!(
+            r#"{{"model":"a","fallback_models":["b"],"redundancy":{{"timeout_ms":2000}},"temperature":0.3,"user":"u1",{MSG}}}"#
+        );
+        let r = ChatRequest::parse(body.as_bytes()).unwrap();
+        assert_eq!(r.model.as_deref(), Some("a"));
+        assert_eq!(r.fallback_models.unwrap()[0].model, "b");
+        assert_eq!(r.redundancy.timeout_ms, Some(2000));
+        let keys: Vec<_> = r.passthrough.keys().cloned().collect();
+        assert_eq!(keys, ["messages", "temperature", "user"]);
+        assert_eq!(r.passthrough["temperature"].get(), "0.3");
+    }
+
+    #[test]
+    fn malformed_json_is_a_400_without_param() {
+        assert_eq!(param("{not json"), None);
+        assert_eq!(param("[1,2]"), None);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        assert_eq!(param(&format!(r#"{{"model":5,{MSG}}}"#)).as_deref(), Some("model"));
+        assert_eq!(param(r#"{"model":"a","messages":[]}"#).as_deref(), Some("messages"));
+        assert_eq!(param(r#"{"model":"a"}"#).as_deref(), Some("messages"));
+        assert_eq!(
+            param(r#"{"model":"a","messages":[{"content":"x"}]}"#).as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            param(&format!(r#"{{"model":"a","stream":"yes",{MSG}}}"#)).as_deref(),
+            Some("stream")
+        );
+        assert_eq!(
+            param(&format!(r#"{{"model":"a","redundancy":{{"timeout_ms":10}},{MSG}}}"#)).as_deref(),
+            Some("redundancy.timeout_ms")
+        );
+        assert_eq!(
+            param(&format!(
+                r#"{{"model":"a","redundancy":{{"first_token_timeout_ms":100}},{MSG}}}"#
+            ))
+            .as_deref(),
+            Some("redundancy.first_token_timeout_ms")
+        );
+        assert_eq!(
+            param(&format!(r#"{{"model":"a","redundancy":{{"on":["timeout","oops"]}},{MSG}}}"#))
+                .as_deref(),
+            Some("redundancy.on[1]")
+        );
+        assert_eq!(
+            param(&format!(r#"{{"model":"a","redundancy":{{"retries":2}},{MSG}}}"#)).as_deref(),
+            Some("redundancy.retries")
+        );
+        assert_eq!(
+            param(&format!(r#"{{"models":["a",{{"model":"b","timeout_ms":5}}],{MSG}}}"#))
+                .as_deref(),
+            Some("models[1].timeout_ms")
+        );
+        assert_eq!(
+            param(&format!(r#"{{"models":[{{"timeout_ms":5000}}],{MSG}}}"#)).as_deref(),
+            Some("models[0].model")
+        );
+    }
+
+    #[test]
+    fn entry_objects_carry_per_attempt_timeouts() {
+        let body = format!(
+            r#"{{"models":["a",{{"model":"b","timeout_ms":5000,"first_token_timeout_ms":800}}],{MSG}}}"#
+        );
+        let r = ChatRequest::parse(body.as_bytes()).unwrap();
+        let models = r.models.unwrap();
+        assert_eq!(models[1].timeout_ms, Some(5000));
+        assert_eq!(models[1].first_token_timeout_ms, Some(800));
+        assert_eq!(models[1].param, "models[1]");
+    }
+}

@@ -1,0 +1,212 @@
+//! What the node reports to the control plane: failover events (at least once: held until
+//! acked), usage totals, breaker transitions. Requests only push into bounded in-memory
+//! queues; the config-stream task drains them.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::sync::Notify;
+
+use switchyard_proto::node::v1 as pb;
+
+/// Events held (queued or sent but not acked); beyond this new events are dropped and counted.
+const MAX_EVENTS: usize = 10_000;
+const EVENTS_PER_BATCH: usize = 100;
+const MAX_TRANSITIONS: usize = 1_000;
+
+#[derive(Default)]
+struct EventQueue {
+    pending: VecDeque<pb::FailoverEvent>,
+    in_flight: BTreeMap<u64, Vec<pb::FailoverEvent>>,
+    held: usize,
+    next_seq: u64,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    requests: u64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    cost_usd: f64,
+}
+
+pub struct Telemetry {
+    pub node_id: String,
+    boot_id: String,
+    events: Mutex<EventQueue>,
+    pub events_dropped: AtomicU64,
+    transitions: Mutex<VecDeque<pb::BreakerTransition>>,
+    usage: Mutex<HashMap<(String, String), Totals>>,
+    usage_dirty: AtomicBool,
+    /// Wakes the stream task when something is queued.
+    pub wake: Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Telemetry {
+    pub fn new(node_id: String) -> Self {
+        Self {
+            node_id,
+            boot_id: format!("{:016x}", rand::random::<u64>()),
+            events: Mutex::default(),
+            events_dropped: AtomicU64::new(0),
+            transitions: Mutex::default(),
+            usage: Mutex::default(),
+            usage_dirty: AtomicBool::new(false),
+            wake: Notify::new(),
+        }
+    }
+
+    pub fn push_event(&self, event: pb::FailoverEvent) {
+        {
+            let mut q = lock(&self.events);
+            if q.held >= MAX_EVENTS {
+                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            q.held += 1;
+            q.pending.push_back(event);
+        }
+        self.wake.notify_one();
+    }
+
+    /// The next batch to send, now in flight until [`Self::ack_events`].
+    pub fn next_event_batch(&self) -> Option<pb::FailoverEvents> {
+        let mut q = lock(&self.events);
+        if q.pending.is_empty() {
+            return None;
+        }
+        let n = q.pending.len().min(EVENTS_PER_BATCH);
+        let events: Vec<_> = q.pending.drain(..n).collect();
+        q.next_seq += 1;
+        let seq = q.next_seq;
+        q.in_flight.insert(seq, events.clone());
+        Some(pb::FailoverEvents { seq, events })
+    }
+
+    /// The control plane stored every batch up to `seq`.
+    pub fn ack_events(&self, seq: u64) {
+        let mut q = lock(&self.events);
+        let acked: Vec<u64> = q.in_flight.range(..=seq).map(|(s, _)| *s).collect();
+        for s in acked {
+            if let Some(batch) = q.in_flight.remove(&s) {
+                q.held -= batch.len();
+            }
+        }
+    }
+
+    /// A stream ended: whatever was sent but not acked goes out again, first.
+    pub fn requeue_in_flight(&self) {
+        let mut q = lock(&self.events);
+        let batches = std::mem::take(&mut q.in_flight);
+        for (_, batch) in batches.into_iter().rev() {
+            for event in batch.into_iter().rev() {
+                q.pending.push_front(event);
+            }
+        }
+    }
+
+    pub fn events_held(&self) -> usize {
+        lock(&self.events).held
+    }
+
+    pub fn push_transition(&self, transition: pb::BreakerTransition) {
+        {
+            let mut t = lock(&self.transitions);
+            if t.len() >= MAX_TRANSITIONS {
+                t.pop_front();
+            }
+            t.push_back(transition);
+        }
+        self.wake.notify_one();
+    }
+
+    pub fn take_transitions(&self) -> Vec<pb::BreakerTransition> {
+        lock(&self.transitions).drain(..).collect()
+    }
+
+    /// Usage is billed to the model that served.
+    pub fn record_usage(&self, key_id: &str, model: &str, prompt: u64, completion: u64, cost: f64) {
+        let mut usage = lock(&self.usage);
+        let totals = usage.entry((key_id.to_owned(), model.to_owned())).or_default();
+        totals.requests += 1;
+        totals.prompt_tokens += prompt;
+        totals.completion_tokens += completion;
+        totals.cost_usd += cost;
+        self.usage_dirty.store(true, Ordering::Relaxed);
+    }
+
+    /// Totals since this process started, if anything changed since the last report.
+    pub fn usage_report(&self, now_ms: i64) -> Option<pb::UsageReport> {
+        if !self.usage_dirty.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        let usage = lock(&self.usage);
+        let entries = usage
+            .iter()
+            .map(|((key_id, model), t)| pb::UsageEntry {
+                key_id: key_id.clone(),
+                model: model.clone(),
+                requests: t.requests,
+                prompt_tokens: t.prompt_tokens,
+                completion_tokens: t.completion_tokens,
+                cost_usd: t.cost_usd,
+            })
+            .collect();
+        Some(pb::UsageReport { boot_id: self.boot_id.clone(), at_unix_ms: now_ms, entries })
+    }
+
+    /// After a failed send the next report must go out even if nothing new happened.
+    pub fn mark_usage_dirty(&self) {
+        self.usage_dirty.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: &str) -> pb::FailoverEvent {
+        pb::FailoverEvent { id: id.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn events_stay_held_until_acked_and_go_out_again_after_a_reconnect() {
+        let t = Telemetry::new("n".into());
+        t.push_event(event("a"));
+        t.push_event(event("b"));
+        let batch = t.next_event_batch().unwrap();
+        assert_eq!(batch.events.len(), 2);
+        assert!(t.next_event_batch().is_none());
+        t.requeue_in_flight();
+        let again = t.next_event_batch().unwrap();
+        assert_eq!(again.events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        t.ack_events(again.seq);
+        assert_eq!(t.events_held(), 0);
+    }
+
+    #[test]
+    fn a_full_buffer_drops_and_counts() {
+        let t = Telemetry::new("n".into());
+        for i in 0..MAX_EVENTS + 3 {
+            t.push_event(event(&i.to_string()));
+        }
+        assert_eq!(t.events_dropped.load(Ordering::Relaxed), 3);
+        assert_eq!(t.events_held(), MAX_EVENTS);
+    }
+
+    #[test]
+    fn usage_reports_are_cumulative_totals() {
+        let t = Telemetry::new("n".into());
+        t.record_usage("k", "m", 10, 5, 0.5);
+        t.record_usage("k", "m", 1, 1, 0.25);
+        let r = t.usage_report(0).unwrap();
+        assert_eq!(r.entries[0].requests, 2);
+        assert_eq!(r.entries[0].prompt_tokens, 11);
+        assert!(t.usage_report(0).is_none(), "nothing new, nothing sent");
+    }
+}
