@@ -15,6 +15,7 @@ use crate::breaker::{Admission, Breakers, Outcome, Permit, Transition};
 use crate::chain::{Chain, Entry};
 use crate::config::NodeConfig;
 use crate::error::ApiError;
+use crate::metrics::{AttemptLabels, BreakerLabels, Metrics, ModelLabels, TransitionLabels};
 use crate::providers::{CallError, Classified, Completion};
 use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_message};
 use crate::request::ChatRequest;
@@ -38,6 +39,7 @@ pub struct Failed {
 pub struct Executor {
     pub breakers: Breakers,
     pub telemetry: Arc<Telemetry>,
+    pub metrics: Arc<Metrics>,
 }
 
 enum AttemptResult {
@@ -69,6 +71,14 @@ impl Executor {
                 Admission::Admitted(permit) => permit,
                 Admission::Rejected { ready_at } => {
                     skipped.push((i, ready_at));
+                    self.metrics
+                        .attempts
+                        .get_or_create(&AttemptLabels {
+                            model: entry.model.name.clone(),
+                            status: "skipped",
+                            reason: "circuit_open",
+                        })
+                        .inc();
                     attempts.push(AttemptReport {
                         model: entry.model.name.clone(),
                         status: AttemptStatus::Skipped,
@@ -191,6 +201,22 @@ impl Executor {
                 (AttemptStatus::Failed, Some(AttemptReason::ClientError))
             }
         };
+        self.metrics
+            .attempts
+            .get_or_create(&AttemptLabels {
+                model: model.name.clone(),
+                status: match status {
+                    AttemptStatus::Served => "served",
+                    AttemptStatus::Failed => "failed",
+                    AttemptStatus::Skipped => "skipped",
+                },
+                reason: reason.map_or("", AttemptReason::as_str),
+            })
+            .inc();
+        self.metrics
+            .attempt_duration
+            .get_or_create(&ModelLabels { model: model.name.clone() })
+            .observe(started.elapsed().as_secs_f64());
         attempts.push(AttemptReport {
             model: model.name.clone(),
             status,
@@ -203,6 +229,26 @@ impl Executor {
 
     fn report_transition(&self, transition: Option<Transition>) {
         let Some(t) = transition else { return };
+        let state = match t.to {
+            crate::breaker::State::Closed => 0,
+            crate::breaker::State::HalfOpen => 1,
+            crate::breaker::State::Open => 2,
+        };
+        self.metrics
+            .breaker_state
+            .get_or_create(&BreakerLabels {
+                provider: t.provider.clone(),
+                upstream_model: t.upstream_model.clone(),
+            })
+            .set(state);
+        self.metrics
+            .breaker_transitions
+            .get_or_create(&TransitionLabels {
+                provider: t.provider.clone(),
+                upstream_model: t.upstream_model.clone(),
+                to: t.to.as_str(),
+            })
+            .inc();
         tracing::info!(
             provider = %t.provider, model = %t.upstream_model,
             from = t.from.as_str(), to = t.to.as_str(), cause = t.cause.as_str(),

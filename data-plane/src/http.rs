@@ -23,6 +23,7 @@ use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
 use crate::error::{ApiError, Flavor};
 use crate::executor::{Executor, Served, unix_ms};
+use crate::metrics::{EndpointLabels, FailoverLabels, RequestLabels};
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
 use crate::state::NodeState;
@@ -41,9 +42,19 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(|s, h, b| chat(s, h, b, Flavor::OpenAi)))
         .route("/chat/completions", post(|s, h, b| chat(s, h, b, Flavor::Classic)))
         .with_state(app)
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    app.executor.metrics.config_version.set(app.state.version());
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        app.executor.metrics.render(),
+    )
+        .into_response()
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {
@@ -112,10 +123,25 @@ async fn chat(
 ) -> Response {
     let span = info_span!("request", endpoint = ?flavor, key = tracing::field::Empty);
     async move {
-        match handle(&app, &headers, body, flavor).await {
+        let started = Instant::now();
+        let response = match handle(&app, &headers, body, flavor).await {
             Ok(response) => response,
             Err(e) => e.render(flavor),
-        }
+        };
+        let endpoint = match flavor {
+            Flavor::OpenAi => "/v1/chat/completions",
+            Flavor::Classic => "/chat/completions",
+        };
+        let metrics = &app.executor.metrics;
+        metrics
+            .requests
+            .get_or_create(&RequestLabels { endpoint, status: response.status().as_u16() })
+            .inc();
+        metrics
+            .request_duration
+            .get_or_create(&EndpointLabels { endpoint })
+            .observe(started.elapsed().as_secs_f64());
+        response
     }
     .instrument(span)
     .await
@@ -127,7 +153,6 @@ async fn handle(
     body: Body,
     flavor: Flavor,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
     let config = app.state.current().ok_or(ApiError::NotReady)?;
     // The key is checked before the body is read or validated.
     let key = authenticate(&config, headers)?;
@@ -150,6 +175,14 @@ async fn handle(
             Ok(s) => (s.model.name.clone(), 200),
             Err(f) => (String::new(), u32::from(f.error.status().as_u16())),
         };
+        app.executor
+            .metrics
+            .failovers
+            .get_or_create(&FailoverLabels {
+                requested_model: chain.requested_model().to_owned(),
+                served_model: served_model.clone(),
+            })
+            .inc();
         app.executor.telemetry.push_event(failover_event(
             app,
             &key,
@@ -161,7 +194,7 @@ async fn handle(
     }
     let served = outcome.map_err(|failed| failed.error)?;
     record_usage(app, &key, &served);
-    tracing::debug!(served = %served.model.name, elapsed_ms = started.elapsed().as_millis() as u64, "served");
+    tracing::debug!(served = %served.model.name, "served");
     Ok(render_served(served, &chain, flavor))
 }
 

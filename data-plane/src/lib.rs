@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod executor;
 pub mod http;
+pub mod metrics;
 pub mod node;
 pub mod persist;
 pub mod providers;

@@ -10,6 +10,7 @@ use tracing::info;
 use crate::breaker::Breakers;
 use crate::executor::Executor;
 use crate::http::App;
+use crate::metrics::Metrics;
 use crate::state::NodeState;
 use crate::sync::{self, SyncOptions};
 use crate::telemetry::Telemetry;
@@ -95,11 +96,12 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         listen_address: local_addr.to_string(),
         join_token: options.join_token,
     };
-    let telemetry = Arc::new(Telemetry::new(node_id.clone()));
+    let metrics = Arc::new(Metrics::new());
+    let telemetry = Arc::new(Telemetry::new(node_id.clone(), metrics.events_dropped.clone()));
     tokio::spawn(sync::run(sync_options, state.clone(), Arc::clone(&telemetry)));
     let app = Arc::new(App {
         state,
-        executor: Executor { breakers: Breakers::new(), telemetry },
+        executor: Executor { breakers: Breakers::new(), telemetry, metrics },
         max_body_bytes: options.max_body_bytes,
     });
     info!(addr = %local_addr, node = %node_id, "node listening");

@@ -28,10 +28,15 @@ pub async fn load(data_dir: &Path) -> Option<NodeConfig> {
             return None;
         }
     };
-    let applied = serde_json::from_slice::<Persisted>(&bytes)
-        .map_err(|e| e.to_string())
-        .and_then(|p| p.into_change().map_err(|e| e.to_string()))
-        .and_then(|change| NodeConfig::default().apply(change).map_err(|e| e.to_string()));
+    // Applying resolves provider credentials (file reads): off the async threads.
+    let applied = tokio::task::spawn_blocking(move || {
+        serde_json::from_slice::<Persisted>(&bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|p| p.into_change().map_err(|e| e.to_string()))
+            .and_then(|change| NodeConfig::default().apply(change).map_err(|e| e.to_string()))
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
     match applied {
         Ok(config) => Some(config),
         Err(e) => {

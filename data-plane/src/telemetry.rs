@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus_client::metrics::counter::Counter;
 
 use tokio::sync::Notify;
 
@@ -35,7 +37,7 @@ pub struct Telemetry {
     pub node_id: String,
     boot_id: String,
     events: Mutex<EventQueue>,
-    pub events_dropped: AtomicU64,
+    pub events_dropped: Counter,
     transitions: Mutex<VecDeque<pb::BreakerTransition>>,
     usage: Mutex<HashMap<(String, String), Totals>>,
     usage_dirty: AtomicBool,
@@ -48,12 +50,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Telemetry {
-    pub fn new(node_id: String) -> Self {
+    pub fn new(node_id: String, events_dropped: Counter) -> Self {
         Self {
             node_id,
             boot_id: format!("{:016x}", rand::random::<u64>()),
             events: Mutex::default(),
-            events_dropped: AtomicU64::new(0),
+            events_dropped,
             transitions: Mutex::default(),
             usage: Mutex::default(),
             usage_dirty: AtomicBool::new(false),
@@ -65,7 +67,7 @@ impl Telemetry {
         {
             let mut q = lock(&self.events);
             if q.held >= MAX_EVENTS {
-                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                self.events_dropped.inc();
                 return;
             }
             q.held += 1;
@@ -176,7 +178,7 @@ mod tests {
 
     #[test]
     fn events_stay_held_until_acked_and_go_out_again_after_a_reconnect() {
-        let t = Telemetry::new("n".into());
+        let t = Telemetry::new("n".into(), Counter::default());
         t.push_event(event("a"));
         t.push_event(event("b"));
         let batch = t.next_event_batch().unwrap();
@@ -191,17 +193,17 @@ mod tests {
 
     #[test]
     fn a_full_buffer_drops_and_counts() {
-        let t = Telemetry::new("n".into());
+        let t = Telemetry::new("n".into(), Counter::default());
         for i in 0..MAX_EVENTS + 3 {
             t.push_event(event(&i.to_string()));
         }
-        assert_eq!(t.events_dropped.load(Ordering::Relaxed), 3);
+        assert_eq!(t.events_dropped.get(), 3);
         assert_eq!(t.events_held(), MAX_EVENTS);
     }
 
     #[test]
     fn usage_reports_are_cumulative_totals() {
-        let t = Telemetry::new("n".into());
+        let t = Telemetry::new("n".into(), Counter::default());
         t.record_usage("k", "m", 10, 5, 0.5);
         t.record_usage("k", "m", 1, 1, 0.25);
         let r = t.usage_report(0).unwrap();

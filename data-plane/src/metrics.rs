@@ -1,0 +1,159 @@
+//! Prometheus metrics at `/metrics` (OpenMetrics text). Names carry their unit; labels are
+//! low-cardinality: endpoint, status class, gateway model names, providers, reasons.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: &'static str,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub endpoint: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    pub model: String,
+    pub status: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailoverLabels {
+    pub requested_model: String,
+    pub served_model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BreakerLabels {
+    pub provider: String,
+    pub upstream_model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub provider: String,
+    pub upstream_model: String,
+    pub to: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: Family<EndpointLabels, Histogram>,
+    pub attempts: Family<AttemptLabels, Counter>,
+    pub attempt_duration: Family<ModelLabels, Histogram>,
+    pub failovers: Family<FailoverLabels, Counter>,
+    /// 0 closed, 1 half-open, 2 open.
+    pub breaker_state: Family<BreakerLabels, Gauge>,
+    pub breaker_transitions: Family<TransitionLabels, Counter>,
+    pub events_dropped: Counter,
+    pub config_version: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms … ~65 s: gateway overhead at the low end, slow completions at the high end.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.0005, 2.0, 18))
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("switchyard");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "Chat-completion requests by endpoint and HTTP status",
+            requests.clone(),
+        );
+        let request_duration = Family::<EndpointLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "Time from request to response headers",
+            request_duration.clone(),
+        );
+        let attempts = Family::<AttemptLabels, Counter>::default();
+        registry.register(
+            "upstream_attempts",
+            "Upstream attempts by model, status and reason",
+            attempts.clone(),
+        );
+        let attempt_duration = Family::<ModelLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "upstream_attempt_duration_seconds",
+            "Duration of each upstream attempt",
+            attempt_duration.clone(),
+        );
+        let failovers = Family::<FailoverLabels, Counter>::default();
+        registry.register(
+            "failovers",
+            "Requests that moved past their first model",
+            failovers.clone(),
+        );
+        let breaker_state = Family::<BreakerLabels, Gauge>::default();
+        registry.register(
+            "breaker_state",
+            "Circuit breaker state: 0 closed, 1 half-open, 2 open",
+            breaker_state.clone(),
+        );
+        let breaker_transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "breaker_transitions",
+            "Circuit breaker state changes",
+            breaker_transitions.clone(),
+        );
+        let events_dropped = Counter::default();
+        registry.register(
+            "failover_events_dropped",
+            "Failover events dropped because the node's buffer was full",
+            events_dropped.clone(),
+        );
+        let config_version = Gauge::default();
+        registry.register(
+            "config_version",
+            "Store revision of the applied config",
+            config_version.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            request_duration,
+            attempts,
+            attempt_duration,
+            failovers,
+            breaker_state,
+            breaker_transitions,
+            events_dropped,
+            config_version,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
