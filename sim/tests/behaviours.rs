@@ -1,0 +1,610 @@
+//! Every behaviour over real loopback HTTP: a hyper client for well-formed exchanges, raw
+//! TCP where the point is what happens to the socket.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{HeaderMap, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use switchyard_sim::{Behaviour, Reply, SimServer, StatusReply, start};
+
+async fn sim() -> SimServer {
+    start("127.0.0.1:0".parse().unwrap()).await.unwrap()
+}
+
+struct Client {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+impl Client {
+    async fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Client { sender }
+    }
+
+    async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> Response<Incoming> {
+        let mut req = Request::builder().method(method).uri(path).header("host", "sim");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let body = body.map(|b| Bytes::from(serde_json::to_vec(&b).unwrap())).unwrap_or_default();
+        if !body.is_empty() {
+            req = req.header("content-type", "application/json");
+        }
+        self.sender.ready().await.unwrap();
+        self.sender.send_request(req.body(Full::new(body)).unwrap()).await.unwrap()
+    }
+}
+
+/// One request on a fresh connection: status, headers, whole body.
+async fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, Bytes) {
+    let resp = Client::connect(addr).await.send(method, path, body, headers).await;
+    let (parts, body) = resp.into_parts();
+    (parts.status, parts.headers, body.collect().await.unwrap().to_bytes())
+}
+
+async fn chat(addr: SocketAddr, model: &str) -> (StatusCode, HeaderMap, Value) {
+    let (status, headers, body) =
+        call(addr, "POST", "/v1/chat/completions", Some(request(model, false)), &[]).await;
+    (status, headers, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+fn request(model: &str, stream: bool) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "say hi to me"}], "stream": stream,
+           "stream_options": {"include_usage": true}})
+}
+
+fn raw_request(model: &str, stream: bool) -> Vec<u8> {
+    let body = serde_json::to_vec(&request(model, stream)).unwrap();
+    let mut req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    req
+}
+
+/// SSE `data:` payloads from a streaming response, until the body ends or errors.
+async fn events(resp: Response<Incoming>) -> (Vec<String>, bool) {
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let mut failed = false;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => buf.push_str(std::str::from_utf8(frame.data_ref().unwrap()).unwrap()),
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    let data = buf
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").unwrap().to_owned())
+        .collect();
+    (data, failed)
+}
+
+fn content(events: &[String]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < within, "{what} not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// === Non-streaming ===
+
+#[tokio::test]
+async fn unscripted_model_answers_a_chat_completion() {
+    let sim = sim().await;
+    let (status, headers, v) = chat(sim.local_addr, "openai/gpt-4o").await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-type"], "application/json");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["created"].as_u64().unwrap() > 1_700_000_000);
+    assert_eq!(v["model"], "openai/gpt-4o");
+    assert_eq!(
+        v["choices"][0]["message"],
+        json!({"role": "assistant", "content": "Hello from openai/gpt-4o.", "refusal": null, "annotations": []})
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(v["usage"]["total_tokens"], 7);
+    assert_eq!(sim.requests("openai/gpt-4o"), 1);
+}
+
+#[tokio::test]
+async fn classic_path_and_models_list_are_served() {
+    let sim = sim().await;
+    sim.set("m", Behaviour::Ok(Reply::text("custom")));
+    let (status, _, body) =
+        call(sim.local_addr, "POST", "/chat/completions", Some(request("m", false)), &[]).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "custom");
+    let (status, _, body) = call(sim.local_addr, "GET", "/v1/models", None, &[]).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "m");
+    let (status, _, body) = call(sim.local_addr, "GET", "/v1/nope", None, &[]).await;
+    assert_eq!(status, 404);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["message"], "Invalid URL (GET /v1/nope)");
+}
+
+#[tokio::test]
+async fn scripted_statuses_send_openai_error_bodies() {
+    let sim = sim().await;
+    let cases: [(u16, &str, Value); 6] = [
+        (400, "invalid_request_error", Value::Null),
+        (401, "invalid_request_error", Value::Null),
+        (404, "invalid_request_error", json!("model_not_found")),
+        (429, "requests", json!("rate_limit_exceeded")),
+        (500, "server_error", Value::Null),
+        (503, "server_error", Value::Null),
+    ];
+    for (status, kind, code) in cases {
+        let model = format!("err/{status}");
+        sim.set(&model, Behaviour::Status(StatusReply::new(status)));
+        let (got, headers, v) = chat(sim.local_addr, &model).await;
+        assert_eq!(got.as_u16(), status);
+        let error = v["error"].as_object().unwrap();
+        assert_eq!(
+            error.keys().collect::<Vec<_>>(),
+            ["code", "message", "param", "type"],
+            "{status}"
+        );
+        assert_eq!(error["type"], kind, "{status}");
+        assert_eq!(error["code"], code, "{status}");
+        assert!(error["param"].is_null());
+        assert_eq!(headers.contains_key("retry-after"), status == 429, "{status}");
+    }
+    let (_, headers, v) = chat(sim.local_addr, "err/429").await;
+    assert_eq!(headers["retry-after"], "1");
+    assert!(v["error"]["message"].as_str().unwrap().starts_with("Rate limit reached for err/429"));
+    sim.set(
+        "custom",
+        Behaviour::Status(StatusReply {
+            message: Some("nope".into()),
+            retry_after: Some(7),
+            ..StatusReply::new(503)
+        }),
+    );
+    let (_, headers, v) = chat(sim.local_addr, "custom").await;
+    assert_eq!(
+        (v["error"]["message"].as_str(), headers["retry-after"].to_str().unwrap()),
+        (Some("nope"), "7")
+    );
+}
+
+#[tokio::test]
+async fn invalid_requests_get_400() {
+    let sim = sim().await;
+    let (status, _, body) =
+        call(sim.local_addr, "POST", "/v1/chat/completions", Some(json!({"model": "m"})), &[])
+            .await;
+    assert_eq!(status, 400);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["param"], "messages");
+}
+
+#[tokio::test]
+async fn delay_holds_the_answer() {
+    let sim = sim().await;
+    sim.set("slow", Behaviour::Ok(Reply { delay_ms: 300, ..Reply::default() }));
+    let start = Instant::now();
+    let (status, _, _) = chat(sim.local_addr, "slow").await;
+    assert_eq!(status, 200);
+    assert!(start.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn malformed_is_200_with_a_body_that_is_not_json() {
+    let sim = sim().await;
+    sim.set("bad", Behaviour::Malformed);
+    let (status, _, body) =
+        call(sim.local_addr, "POST", "/v1/chat/completions", Some(request("bad", false)), &[])
+            .await;
+    assert_eq!(status, 200);
+    assert!(serde_json::from_slice::<Value>(&body).is_err());
+}
+
+#[tokio::test]
+async fn sequence_fails_then_recovers_and_restarts_when_set_again() {
+    let sim = sim().await;
+    let script: Behaviour = serde_json::from_value(json!({"kind": "sequence",
+        "steps": [{"kind": "status", "status": 503}, {"kind": "status", "status": 429}],
+        "then": {"kind": "ok", "text": "recovered"}}))
+    .unwrap();
+    sim.set("flaky", script.clone());
+    let statuses: Vec<u16> = {
+        let mut out = Vec::new();
+        for _ in 0..4 {
+            out.push(chat(sim.local_addr, "flaky").await.0.as_u16());
+        }
+        out
+    };
+    assert_eq!(statuses, [503, 429, 200, 200]);
+    sim.set("flaky", script);
+    assert_eq!(chat(sim.local_addr, "flaky").await.0, 503);
+    assert_eq!(sim.requests("flaky"), 5);
+}
+
+// === Connection faults ===
+
+#[tokio::test]
+async fn reset_closes_the_connection_without_a_response() {
+    let sim = sim().await;
+    sim.set("rst", Behaviour::Reset);
+    let mut stream = TcpStream::connect(sim.local_addr).await.unwrap();
+    stream.write_all(&raw_request("rst", false)).await.unwrap();
+    let mut buf = Vec::new();
+    let read =
+        tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut buf)).await.unwrap();
+    assert!(buf.is_empty(), "got {:?}", String::from_utf8_lossy(&buf));
+    // SO_LINGER 0 turns the close into an RST, which the reader sees as a reset.
+    assert_eq!(read.unwrap_err().kind(), std::io::ErrorKind::ConnectionReset);
+    eventually("close counted", Duration::from_secs(1), || sim.stats().connections.closed == 1)
+        .await;
+}
+
+#[tokio::test]
+async fn hang_keeps_the_connection_open_until_the_client_leaves() {
+    let sim = sim().await;
+    sim.set("hang", Behaviour::Hang);
+    let mut stream = TcpStream::connect(sim.local_addr).await.unwrap();
+    stream.write_all(&raw_request("hang", false)).await.unwrap();
+    let mut buf = [0u8; 64];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buf)).await.is_err(),
+        "hang answered"
+    );
+    assert_eq!(sim.requests("hang"), 1);
+    let conns = sim.stats().connections;
+    assert_eq!((conns.opened, conns.open), (1, 1));
+    drop(stream);
+    eventually("close seen", Duration::from_secs(1), || sim.stats().connections.closed == 1).await;
+    assert_eq!(sim.stats().connections.open, 0);
+}
+
+#[tokio::test]
+async fn keep_alive_serves_many_requests_on_one_connection() {
+    let sim = sim().await;
+    let mut client = Client::connect(sim.local_addr).await;
+    for _ in 0..3 {
+        let resp =
+            client.send("POST", "/v1/chat/completions", Some(request("m", false)), &[]).await;
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.unwrap();
+    }
+    assert_eq!(sim.stats().connections.opened, 1);
+    assert_eq!(sim.stats().requests, 3);
+    drop(client);
+    eventually("close seen", Duration::from_secs(1), || sim.stats().connections.open == 0).await;
+}
+
+// === Streaming ===
+
+#[tokio::test]
+async fn stream_sends_openai_chunks_usage_and_done() {
+    let sim = sim().await;
+    sim.set(
+        "s",
+        Behaviour::Ok(Reply {
+            text: Some("one two three four".into()),
+            chunks: 3,
+            ..Reply::default()
+        }),
+    );
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(request("s", true)), &[])
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream; charset=utf-8");
+    let (events, failed) = events(resp).await;
+    assert!(!failed);
+    // role, 3 content pieces, finish, usage, [DONE]
+    assert_eq!(events.len(), 7, "{events:#?}");
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["model"], "s");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(content(&events).concat(), "one two three four");
+    let fin: Value = serde_json::from_str(&events[4]).unwrap();
+    assert_eq!(fin["choices"][0]["finish_reason"], "stop");
+    let usage: Value = serde_json::from_str(&events[5]).unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 4);
+    assert_eq!(usage["id"], first["id"]);
+    assert_eq!(events[6], "[DONE]");
+}
+
+#[tokio::test]
+async fn first_token_and_chunk_delays_pace_the_stream() {
+    let sim = sim().await;
+    sim.set(
+        "paced",
+        Behaviour::Ok(Reply {
+            first_token_delay_ms: 200,
+            chunk_delay_ms: 50,
+            chunks: 3,
+            ..Reply::default()
+        }),
+    );
+    let start = Instant::now();
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(request("paced", true)), &[])
+        .await;
+    // Headers and the role chunk come at once; the content waits.
+    assert!(start.elapsed() < Duration::from_millis(150));
+    let (events, _) = events(resp).await;
+    assert_eq!(content(&events).len(), 3);
+    assert!(start.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn stall_after_sends_k_chunks_then_holds_the_connection() {
+    let sim = sim().await;
+    sim.set("stall", Behaviour::Ok(Reply { stall_after: Some(2), ..Reply::default() }));
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(request("stall", true)), &[])
+        .await;
+    let mut body = resp.into_body();
+    let mut text = String::new();
+    let got_more = tokio::time::timeout(Duration::from_millis(400), async {
+        while let Some(Ok(frame)) = body.frame().await {
+            text.push_str(std::str::from_utf8(frame.data_ref().unwrap()).unwrap());
+        }
+    })
+    .await;
+    assert!(got_more.is_err(), "stream ended: {text}");
+    assert_eq!(text.matches("\"content\"").count(), 3, "role + 2 pieces: {text}");
+    assert_eq!(sim.stats().connections.open, 1);
+    drop(body);
+    eventually("client disconnect seen", Duration::from_secs(1), || {
+        sim.stats().connections.closed == 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn drop_after_closes_the_stream_abruptly() {
+    let sim = sim().await;
+    sim.set("drop", Behaviour::Ok(Reply { drop_after: Some(1), ..Reply::default() }));
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(request("drop", true)), &[])
+        .await;
+    let (events, failed) = events(resp).await;
+    assert!(failed, "the body must end in an error, not a clean end: {events:?}");
+    assert_eq!(content(&events), ["Hel"]);
+    assert!(!events.iter().any(|e| e == "[DONE]"));
+    eventually("close counted", Duration::from_secs(1), || sim.stats().connections.closed == 1)
+        .await;
+}
+
+#[tokio::test]
+async fn stream_error_sends_an_in_band_error_frame() {
+    let sim = sim().await;
+    sim.set(
+        "se",
+        serde_json::from_value(
+            json!({"kind": "stream_error", "after": 2, "message": "upstream died"}),
+        )
+        .unwrap(),
+    );
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(request("se", true)), &[])
+        .await;
+    let (events, failed) = events(resp).await;
+    assert!(!failed);
+    assert_eq!(content(&events).len(), 2);
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(
+        last,
+        json!({"error": {"message": "upstream died", "type": "server_error", "param": null, "code": null}})
+    );
+    // Non-streaming callers get the same failure as a 500.
+    let (status, _, v) = chat(sim.local_addr, "se").await;
+    assert_eq!((status.as_u16(), v["error"]["message"].as_str()), (500, Some("upstream died")));
+}
+
+#[tokio::test]
+async fn client_leaving_mid_stream_is_counted_as_closed() {
+    let sim = sim().await;
+    sim.set(
+        "slowstream",
+        Behaviour::Ok(Reply { chunk_delay_ms: 100, chunks: 50, ..Reply::default() }),
+    );
+    let mut stream = TcpStream::connect(sim.local_addr).await.unwrap();
+    stream.write_all(&raw_request("slowstream", true)).await.unwrap();
+    let mut buf = [0u8; 4096];
+    let n = stream.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    drop(stream);
+    eventually("close seen", Duration::from_secs(1), || sim.stats().connections.closed == 1).await;
+}
+
+// === Keys and inspection ===
+
+#[tokio::test]
+async fn accepted_keys_reject_other_requests_with_401() {
+    let sim = sim().await;
+    sim.set_keys(vec!["sk-good-key-123456".into()]);
+    let body = Some(request("k", false));
+    let (status, _, raw) =
+        call(sim.local_addr, "POST", "/v1/chat/completions", body.clone(), &[]).await;
+    assert_eq!(status, 401);
+    let v: Value = serde_json::from_slice(&raw).unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().starts_with("You didn't provide an API key"));
+    let (status, _, raw) = call(
+        sim.local_addr,
+        "POST",
+        "/v1/chat/completions",
+        body.clone(),
+        &[("authorization", "Bearer sk-wrong-key-0000000")],
+    )
+    .await;
+    assert_eq!(status, 401);
+    let v: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    let (status, _, _) = call(
+        sim.local_addr,
+        "POST",
+        "/v1/chat/completions",
+        body,
+        &[("authorization", "Bearer sk-good-key-123456"), ("x-trace", "t1")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(sim.requests("k"), 3);
+    let last = sim.last_request("k").unwrap();
+    assert_eq!(last.header("Authorization"), Some("Bearer sk-good-key-123456"));
+    assert_eq!(last.header("x-trace"), Some("t1"));
+    assert_eq!(last.body_json()["messages"][0]["content"], "say hi to me");
+}
+
+// === Control API ===
+
+#[tokio::test]
+async fn control_api_scripts_reads_and_resets() {
+    let sim = sim().await;
+    let addr = sim.local_addr;
+    let put = |path: &'static str, body: Value| async move {
+        call(addr, "PUT", path, Some(body), &[]).await.0
+    };
+    assert_eq!(
+        put("/_sim/models/openai/gpt-4o", json!({"kind": "status", "status": 503})).await,
+        204
+    );
+    assert_eq!(
+        put("/_sim/models/anthropic%2Fclaude", json!({"kind": "ok", "text": "hi"})).await,
+        204
+    );
+    assert_eq!(put("/_sim/models/x", json!({"kind": "ok", "txt": "typo"})).await, 400);
+    let (status, _, _) = call(
+        addr,
+        "POST",
+        "/_sim/script",
+        Some(json!({"model": "a/b", "behaviour": {"kind": "malformed"}})),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _, _) =
+        call(addr, "POST", "/_sim/script", Some(json!({"c": {"kind": "hang"}})), &[]).await;
+    assert_eq!(status, 204);
+
+    assert_eq!(chat(addr, "openai/gpt-4o").await.0, 503);
+    assert_eq!(chat(addr, "anthropic/claude").await.2["choices"][0]["message"]["content"], "hi");
+    assert_eq!(
+        call(addr, "POST", "/v1/chat/completions", Some(request("a/b", false)), &[]).await.0,
+        200
+    );
+
+    let (_, _, body) = call(addr, "GET", "/_sim/models/c", None, &[]).await;
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), json!({"kind": "hang"}));
+
+    let (status, _, body) = call(addr, "GET", "/_sim/stats", None, &[]).await;
+    assert_eq!(status, 200);
+    let stats: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(stats["models"]["openai/gpt-4o"], json!({"requests": 1}));
+    assert_eq!(stats["requests"], 3);
+    assert!(stats["connections"]["opened"].as_u64().unwrap() >= 9);
+
+    let (status, _, _) = call(addr, "GET", "/_sim/last_request?model=never-seen", None, &[]).await;
+    assert_eq!(status, 404);
+    call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(request("openai/gpt-4o", false)),
+        &[("x-pass", "through")],
+    )
+    .await;
+    let (status, _, body) =
+        call(addr, "GET", "/_sim/last_request?model=openai/gpt-4o", None, &[]).await;
+    assert_eq!(status, 200);
+    let last: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(last["headers"]["x-pass"], "through");
+    assert_eq!(last["body"]["model"], "openai/gpt-4o");
+    assert_eq!(last["path"], "/v1/chat/completions");
+
+    assert_eq!(put("/_sim/keys", json!(["k1"])).await, 204);
+    assert_eq!(chat(addr, "z").await.0, 401);
+    assert_eq!(call(addr, "POST", "/_sim/reset", None, &[]).await.0, 204);
+    assert_eq!(chat(addr, "openai/gpt-4o").await.0, 200);
+    let stats = sim.stats();
+    assert_eq!((stats.requests, stats.models.len()), (1, 1));
+}
+
+#[tokio::test]
+async fn script_file_loads_into_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("script.json");
+    std::fs::write(
+        &path,
+        r#"{"primary": {"kind": "status", "status": 500}, "fallback": {"kind": "ok"}}"#,
+    )
+    .unwrap();
+    let script = switchyard_sim::load_script(&path).unwrap();
+    let sim = sim().await;
+    sim.set_script(script);
+    assert_eq!(chat(sim.local_addr, "primary").await.0, 500);
+    assert_eq!(chat(sim.local_addr, "fallback").await.0, 200);
+    std::fs::write(&path, r#"{"primary": {"kind": "nope"}}"#).unwrap();
+    assert!(switchyard_sim::load_script(&path).is_err());
+}
+
+#[tokio::test]
+async fn dropping_the_handle_stops_the_listener() {
+    let sim = sim().await;
+    let addr = sim.local_addr;
+    drop(sim);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(TcpStream::connect(addr).await.is_err());
+}
