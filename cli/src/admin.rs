@@ -17,7 +17,10 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::catalog_file;
 use crate::error::CliError;
-use crate::output::{self, ApplyView, KeySecretView, KeyView, KeyWithWarnings, NodesView};
+use crate::output::{
+    self, ApplyView, BreakerView, EventView, KeySecretView, KeyView, KeyWithWarnings, NodesView,
+    UsageView,
+};
 
 pub const TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
 
@@ -62,6 +65,36 @@ pub struct CatalogArgs {
 
 #[derive(Debug, Args)]
 pub struct NodesArgs {
+    #[command(flatten)]
+    pub opts: AdminOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct BreakersArgs {
+    #[command(flatten)]
+    pub opts: AdminOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Keep streaming events as they are recorded (with --json: one JSON object per line).
+    #[arg(long)]
+    pub follow: bool,
+    /// How many of the newest events to show first.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub limit: u32,
+    /// Only this API key's events.
+    #[arg(long, value_name = "ID")]
+    pub key: Option<String>,
+    #[command(flatten)]
+    pub opts: AdminOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Only this API key.
+    #[arg(long, value_name = "ID")]
+    pub key: Option<String>,
     #[command(flatten)]
     pub opts: AdminOpts,
 }
@@ -341,6 +374,57 @@ pub async fn nodes(args: NodesArgs) -> Result<(), CliError> {
     } else {
         print(&output::nodes_table(&view, output::now_ms()))
     }
+}
+
+pub async fn breakers(args: BreakersArgs) -> Result<(), CliError> {
+    let mut admin = Admin::connect(&args.opts).await?;
+    let request = admin.request(pb::ListBreakersRequest {});
+    let reply = admin.client.list_breakers(request).await.map_err(|s| admin.status(s))?;
+    let breakers: Vec<BreakerView> =
+        reply.into_inner().breakers.into_iter().map(Into::into).collect();
+    if args.opts.json {
+        print(&output::json(&breakers)?)
+    } else {
+        print(&output::breakers_table(&breakers, output::now_ms()))
+    }
+}
+
+/// Prints each event as it arrives (one line, or one JSON object per line), so that
+/// `--follow` output can be piped into another program as it happens.
+pub async fn events(args: EventsArgs) -> Result<(), CliError> {
+    let mut admin = Admin::connect(&args.opts).await?;
+    let request = admin.request(pb::ListEventsRequest {
+        limit: args.limit,
+        follow: args.follow,
+        key_id: args.key.unwrap_or_default(),
+    });
+    let reply = admin.client.list_events(request).await.map_err(|s| admin.status(s))?;
+    let mut stream = reply.into_inner();
+    let mut printed = 0usize;
+    while let Some(event) = stream.message().await.map_err(|s| admin.status(s))? {
+        let view = EventView::from(event);
+        let line = if args.opts.json {
+            let mut line = serde_json::to_string(&view)?;
+            line.push('\n');
+            line
+        } else {
+            output::event_line(&view)
+        };
+        print(&line)?;
+        printed += 1;
+    }
+    if printed == 0 && !args.opts.json {
+        eprintln!("no failover events");
+    }
+    Ok(())
+}
+
+pub async fn usage(args: UsageArgs) -> Result<(), CliError> {
+    let mut admin = Admin::connect(&args.opts).await?;
+    let request = admin.request(pb::GetUsageRequest { key_id: args.key.unwrap_or_default() });
+    let reply = admin.client.get_usage(request).await.map_err(|s| admin.status(s))?;
+    let rows: Vec<UsageView> = reply.into_inner().rows.into_iter().map(Into::into).collect();
+    if args.opts.json { print(&output::json(&rows)?) } else { print(&output::usage_table(&rows)) }
 }
 
 pub async fn keys(args: KeysArgs) -> Result<(), CliError> {

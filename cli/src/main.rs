@@ -26,8 +26,6 @@ struct Cli {
     command: Command,
 }
 
-// `breakers`, `events [--follow]` and `usage [--key ID]` are reserved for coming admin
-// commands (DESIGN §4); keep those names free.
 #[derive(Debug, Subcommand)]
 enum Command {
     /// All-in-one: control plane (embedded store) + node + simulated providers.
@@ -46,6 +44,12 @@ enum Command {
     Keys(admin::KeysArgs),
     /// List the data-plane nodes of the fleet.
     Nodes(admin::NodesArgs),
+    /// Show every node's circuit breakers.
+    Breakers(admin::BreakersArgs),
+    /// Show failover events from the audit log; --follow keeps streaming new ones.
+    Events(admin::EventsArgs),
+    /// Show usage totals per key and model.
+    Usage(admin::UsageArgs),
 }
 
 #[tokio::main]
@@ -75,6 +79,9 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Catalog(args) => admin::catalog(args).await,
         Command::Keys(args) => admin::keys(args).await,
         Command::Nodes(args) => admin::nodes(args).await,
+        Command::Breakers(args) => admin::breakers(args).await,
+        Command::Events(args) => admin::events(args).await,
+        Command::Usage(args) => admin::usage(args).await,
     }
 }
 
@@ -199,6 +206,24 @@ mod tests {
         assert_eq!((n.opts.control.as_str(), n.opts.json), ("http://cp:7400", true));
         assert!(
             matches!(parse(&["catalog", "--json"]).unwrap().command, Command::Catalog(c) if c.opts.json)
+        );
+    }
+
+    #[test]
+    fn report_commands_take_their_flags() {
+        let Command::Events(e) =
+            parse(&["events", "--follow", "--limit", "5", "--key", "key_1", "--json"])
+                .unwrap()
+                .command
+        else {
+            panic!()
+        };
+        assert!(e.follow && e.opts.json);
+        assert_eq!((e.limit, e.key.as_deref()), (5, Some("key_1")));
+        let Command::Usage(u) = parse(&["usage", "--key", "k"]).unwrap().command else { panic!() };
+        assert_eq!(u.key.as_deref(), Some("k"));
+        assert!(
+            matches!(parse(&["breakers", "--json"]).unwrap().command, Command::Breakers(b) if b.opts.json)
         );
     }
 

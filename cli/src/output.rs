@@ -297,6 +297,206 @@ pub fn nodes_table(v: &NodesView, now_ms: i64) -> String {
     t.render()
 }
 
+// === breakers ===
+
+#[derive(Debug, Serialize)]
+pub struct BreakerView {
+    pub node_id: String,
+    pub provider: String,
+    pub upstream_model: String,
+    pub state: String,
+    pub since_unix_ms: i64,
+    pub failure_rate: f64,
+    pub next_probe_unix_ms: i64,
+    pub cause: String,
+    pub cooldown_ms: u64,
+}
+
+impl From<pb::Breaker> for BreakerView {
+    fn from(b: pb::Breaker) -> Self {
+        Self {
+            node_id: b.node_id,
+            provider: b.provider,
+            upstream_model: b.upstream_model,
+            state: b.state,
+            since_unix_ms: b.since_unix_ms,
+            failure_rate: b.failure_rate,
+            next_probe_unix_ms: b.next_probe_unix_ms,
+            cause: b.cause,
+            cooldown_ms: b.cooldown_ms,
+        }
+    }
+}
+
+/// `in 12s`, `due` once passed; `-` when no probe is scheduled (the breaker is not open).
+fn next_probe(unix_ms: i64, now_ms: i64) -> String {
+    if unix_ms <= 0 {
+        return "-".to_owned();
+    }
+    let ms = unix_ms - now_ms;
+    if ms <= 0 {
+        return "due".to_owned();
+    }
+    // Rounded up: "in 0s" for a probe still ahead would read as due.
+    let secs = (ms + 999) / 1000;
+    match secs {
+        0..120 => format!("in {secs}s"),
+        120..7200 => format!("in {}m", secs / 60),
+        _ => format!("in {}h", secs / 3600),
+    }
+}
+
+pub fn breakers_table(breakers: &[BreakerView], now_ms: i64) -> String {
+    if breakers.is_empty() {
+        return "no breakers reported\n".to_owned();
+    }
+    let mut t =
+        Table::new(["NODE", "PROVIDER", "MODEL", "STATE", "SINCE", "FAILURE RATE", "NEXT PROBE"]);
+    for b in breakers {
+        let state =
+            if b.cause.is_empty() { b.state.clone() } else { format!("{} ({})", b.state, b.cause) };
+        t.row(vec![
+            b.node_id.clone(),
+            b.provider.clone(),
+            b.upstream_model.clone(),
+            state,
+            ago(b.since_unix_ms, now_ms),
+            format!("{:.0}%", b.failure_rate * 100.0),
+            next_probe(b.next_probe_unix_ms, now_ms),
+        ]);
+    }
+    t.render()
+}
+
+// === events ===
+
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    pub model: String,
+    pub status: String,
+    pub reason: String,
+    pub latency_ms: u64,
+    pub probe: bool,
+}
+
+/// A failover event; field names follow the stored audit record.
+#[derive(Debug, Serialize)]
+pub struct EventView {
+    pub id: String,
+    pub at_unix_ms: i64,
+    pub node_id: String,
+    pub key_id: String,
+    pub requested_model: String,
+    pub served_model: String,
+    pub attempts: Vec<AttemptView>,
+    pub stream: bool,
+    pub status: u32,
+}
+
+impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
+    fn from(e: switchyard_proto::node::v1::FailoverEvent) -> Self {
+        Self {
+            id: e.id,
+            at_unix_ms: e.at_unix_ms,
+            node_id: e.node_id,
+            key_id: e.key_id,
+            requested_model: e.requested_model,
+            served_model: e.served_model,
+            attempts: e
+                .attempts
+                .into_iter()
+                .map(|a| AttemptView {
+                    model: a.model,
+                    status: a.status,
+                    reason: a.reason,
+                    latency_ms: a.latency_ms,
+                    probe: a.probe,
+                })
+                .collect(),
+            stream: e.stream,
+            status: e.status,
+        }
+    }
+}
+
+/// `failed(timeout 30011ms)`, `served(734ms)`, `skipped(circuit_open)`; `probe` marks an
+/// attempt made through an open breaker.
+fn attempt(a: &AttemptView) -> String {
+    let mut detail = Vec::new();
+    if !a.reason.is_empty() {
+        detail.push(a.reason.clone());
+    }
+    if a.status != "skipped" {
+        detail.push(format!("{}ms", a.latency_ms));
+    }
+    if a.probe {
+        detail.push("probe".to_owned());
+    }
+    format!("{} {}({})", a.model, a.status, detail.join(" "))
+}
+
+/// One line: when, which key, requested → served, then each attempt.
+pub fn event_line(e: &EventView) -> String {
+    let served = if e.served_model.is_empty() {
+        format!("none ({})", e.status)
+    } else {
+        e.served_model.clone()
+    };
+    let key = if e.key_id.is_empty() { "-" } else { &e.key_id };
+    let attempts: Vec<String> = e.attempts.iter().map(attempt).collect();
+    format!(
+        "{}  {key}  {} → {served}  {}\n",
+        utc(e.at_unix_ms),
+        e.requested_model,
+        attempts.join(" → ")
+    )
+}
+
+// === usage ===
+
+#[derive(Debug, Serialize)]
+pub struct UsageView {
+    pub key_id: String,
+    pub model: String,
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cost_usd: f64,
+}
+
+impl From<pb::UsageRow> for UsageView {
+    fn from(r: pb::UsageRow) -> Self {
+        Self {
+            key_id: r.key_id,
+            model: r.model,
+            requests: r.requests,
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.completion_tokens,
+            cost_usd: r.cost_usd,
+        }
+    }
+}
+
+pub fn usage_table(rows: &[UsageView]) -> String {
+    if rows.is_empty() {
+        return "no usage recorded\n".to_owned();
+    }
+    let mut t =
+        Table::new(["KEY", "MODEL", "REQUESTS", "PROMPT TOKENS", "COMPLETION TOKENS", "COST USD"]);
+    for r in rows {
+        t.row(vec![
+            r.key_id.clone(),
+            r.model.clone(),
+            r.requests.to_string(),
+            r.prompt_tokens.to_string(),
+            r.completion_tokens.to_string(),
+            // Nano models cost fractions of a cent per request.
+            format!("{:.6}", r.cost_usd),
+        ]);
+    }
+    t.render()
+}
+
 // === apply ===
 
 #[derive(Debug, Serialize)]
@@ -423,6 +623,81 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "NODE  LISTEN         VERSION  LAG  LAST HEARTBEAT  CONTROL PLANE");
         assert_eq!(lines[1], "n1    10.0.0.1:8080  41       1    3s ago          cp-a");
+    }
+
+    #[test]
+    fn an_event_reads_as_requested_served_and_each_attempt() {
+        let e = EventView::from(switchyard_proto::node::v1::FailoverEvent {
+            id: "ev1".into(),
+            at_unix_ms: 1_796_219_557_000,
+            key_id: "key_1".into(),
+            requested_model: "openai/gpt-5-nano".into(),
+            served_model: "anthropic/claude-sonnet-4".into(),
+            attempts: vec![
+                switchyard_proto::node::v1::Attempt {
+                    model: "openai/gpt-5-nano".into(),
+                    status: "failed".into(),
+                    reason: "timeout".into(),
+                    latency_ms: 30_011,
+                    probe: false,
+                },
+                switchyard_proto::node::v1::Attempt {
+                    model: "anthropic/claude-sonnet-4".into(),
+                    status: "served".into(),
+                    latency_ms: 734,
+                    ..Default::default()
+                },
+            ],
+            status: 200,
+            ..Default::default()
+        });
+        assert_eq!(
+            event_line(&e),
+            "2026-12-02 13:52:37 UTC  key_1  openai/gpt-5-nano → anthropic/claude-sonnet-4  \
+             openai/gpt-5-nano failed(timeout 30011ms) → anthropic/claude-sonnet-4 served(734ms)\n"
+        );
+    }
+
+    #[test]
+    fn breakers_show_rate_and_time_to_the_next_probe() {
+        let b = BreakerView::from(pb::Breaker {
+            node_id: "n1".into(),
+            provider: "openai".into(),
+            upstream_model: "gpt-5-nano".into(),
+            state: "open".into(),
+            since_unix_ms: 5_000,
+            failure_rate: 0.625,
+            next_probe_unix_ms: 40_000,
+            cause: "failure_rate".into(),
+            cooldown_ms: 30_000,
+        });
+        let text = breakers_table(&[b], 10_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "NODE  PROVIDER  MODEL       STATE                SINCE   FAILURE RATE  NEXT PROBE"
+        );
+        assert_eq!(
+            lines[1],
+            "n1    openai    gpt-5-nano  open (failure_rate)  5s ago  62%           in 30s"
+        );
+    }
+
+    #[test]
+    fn usage_table_lists_cost_to_the_micro_dollar() {
+        let rows = [UsageView::from(pb::UsageRow {
+            key_id: "key_1".into(),
+            model: "m".into(),
+            requests: 3,
+            prompt_tokens: 30,
+            completion_tokens: 12,
+            cost_usd: 0.0000063,
+        })];
+        let text = usage_table(&rows);
+        assert!(
+            text.ends_with("key_1  m      3         30             12                 0.000006\n"),
+            "{text}"
+        );
     }
 
     #[test]

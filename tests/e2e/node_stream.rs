@@ -1,0 +1,454 @@
+//! End to end: what nodes report on their stream (failover events, breaker transitions,
+//! usage) reaching the audit log, `switchyard breakers`, `events` and `usage`.
+//!
+//! A test plays the node with a real `NodeControlClient` against a real control-plane
+//! process, so it drives the control plane through its real protocol and store.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use switchyard_e2e::etcd::EtcdProcess;
+use switchyard_e2e::*;
+use switchyard_proto::node::v1::{
+    self as pb, control_message, node_control_client::NodeControlClient, node_message,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// A control plane on `store` with extra flags (`--audit-max-entries 5`).
+async fn control(store: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {
+    let mut args = vec!["control", "--store", store, "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    Proc::start(&args, &[("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)], dir.join(format!("{name}.log")))
+        .await
+}
+
+fn file_store(dir: &Path) -> String {
+    format!("file://{}", dir.join("store").display())
+}
+
+/// A node's end of the stream: Hello sent, heartbeats every second, replies readable.
+struct FakeNode {
+    tx: mpsc::Sender<pb::NodeMessage>,
+    replies: tonic::Streaming<pb::ControlMessage>,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl FakeNode {
+    async fn connect(control: &str, node_id: &str) -> FakeNode {
+        // `NodeControlClient::connect` is shadowed by the `Connect` rpc's method.
+        let channel = tonic::transport::Endpoint::from_shared(control.to_owned())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = NodeControlClient::new(channel);
+        let (tx, rx) = mpsc::channel(16);
+        let hello = pb::Hello {
+            node_id: node_id.into(),
+            last_applied_version: 0,
+            listen_address: "127.0.0.1:1".into(),
+            software_version: "e2e".into(),
+        };
+        tx.send(msg(node_message::Msg::Hello(hello))).await.unwrap();
+        let replies = client
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let beats = tx.clone();
+        let heartbeat = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let hb = pb::Heartbeat { applied_version: 0 };
+                if beats.send(msg(node_message::Msg::Heartbeat(hb))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        FakeNode { tx, replies, heartbeat }
+    }
+
+    async fn send(&self, m: node_message::Msg) {
+        self.tx.send(msg(m)).await.unwrap();
+    }
+
+    /// Sends a batch and waits for its ack (config messages and pings are skipped).
+    async fn send_events(&mut self, seq: u64, events: Vec<pb::FailoverEvent>) {
+        self.send(node_message::Msg::Events(pb::FailoverEvents { seq, events })).await;
+        self.wait_ack(seq).await;
+    }
+
+    async fn wait_ack(&mut self, seq: u64) {
+        let acked = tokio::time::timeout(WAIT, async {
+            loop {
+                let reply = self.replies.message().await.unwrap().expect("stream ended");
+                if let Some(control_message::Msg::EventsAck(ack)) = reply.msg
+                    && ack.seq == seq
+                {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(acked.is_ok(), "no ack for events batch {seq}");
+    }
+
+    /// Messages on one stream are handled in order: once an (empty) events batch is acked,
+    /// everything sent before it has been stored.
+    async fn barrier(&mut self, seq: u64) {
+        self.send_events(seq, vec![]).await;
+    }
+}
+
+impl Drop for FakeNode {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+    }
+}
+
+fn msg(m: node_message::Msg) -> pb::NodeMessage {
+    pb::NodeMessage { msg: Some(m) }
+}
+
+/// A request that timed out on `openai/gpt-5-nano` and was served by Claude.
+fn event(id: &str, at_unix_ms: i64, key_id: &str) -> pb::FailoverEvent {
+    pb::FailoverEvent {
+        id: id.into(),
+        at_unix_ms,
+        node_id: "n1".into(),
+        key_id: key_id.into(),
+        requested_model: "openai/gpt-5-nano".into(),
+        served_model: "anthropic/claude-sonnet-4".into(),
+        attempts: vec![
+            pb::Attempt {
+                model: "openai/gpt-5-nano".into(),
+                status: "failed".into(),
+                reason: "timeout".into(),
+                latency_ms: 30_011,
+                probe: false,
+            },
+            pb::Attempt {
+                model: "anthropic/claude-sonnet-4".into(),
+                status: "served".into(),
+                reason: String::new(),
+                latency_ms: 734,
+                probe: false,
+            },
+        ],
+        stream: false,
+        status: 200,
+    }
+}
+
+/// `switchyard events --json ARGS`, one object per line.
+async fn events_json(control: &str, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["events", "--json"];
+    all.extend_from_slice(args);
+    let out = cli(control, &all).await;
+    assert!(out.success, "events failed: {}", out.stderr);
+    out.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn ids(events: &[Value]) -> Vec<String> {
+    events.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect()
+}
+
+fn usage_row<'a>(rows: &'a Value, key: &str, model: &str) -> Option<&'a Value> {
+    rows.as_array()?.iter().find(|r| r["key_id"] == key && r["model"] == model)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_events_are_acked_once_in_the_audit_log_and_resends_are_not_duplicated() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = control(&file_store(dir.path()), dir.path(), "cp", &[]).await;
+    let mut node = FakeNode::connect(&cp.url(), "n1").await;
+    let t = now_ms() - 10_000;
+    let batch = vec![
+        event("ev-a", t, "key_1"),
+        event("ev-b", t + 1, "key_2"),
+        event("ev-c", t + 2, "key_1"),
+    ];
+
+    node.send_events(1, batch.clone()).await;
+    // Acked means stored: the log shows the batch at once, oldest first.
+    let listed = events_json(&cp.url(), &[]).await;
+    assert_eq!(ids(&listed), ["ev-a", "ev-b", "ev-c"]);
+    assert_eq!(listed[0]["key_id"], "key_1");
+    assert_eq!(listed[0]["served_model"], "anthropic/claude-sonnet-4");
+    assert_eq!(listed[0]["attempts"][0]["reason"], "timeout");
+
+    // The node resends what it holds until acked (a lost ack): no copies.
+    node.send_events(1, batch.clone()).await;
+    node.send_events(2, vec![batch[1].clone(), batch[1].clone()]).await;
+    assert_eq!(ids(&events_json(&cp.url(), &[]).await), ["ev-a", "ev-b", "ev-c"]);
+
+    assert_eq!(ids(&events_json(&cp.url(), &["--key", "key_1"]).await), ["ev-a", "ev-c"]);
+    assert_eq!(ids(&events_json(&cp.url(), &["--limit", "2"]).await), ["ev-b", "ev-c"]);
+
+    let human = cli(&cp.url(), &["events"]).await;
+    assert!(human.success, "{}", human.stderr);
+    let first = human.stdout.lines().next().unwrap();
+    assert!(first.contains("key_1  openai/gpt-5-nano → anthropic/claude-sonnet-4"), "{first}");
+    assert!(
+        first.ends_with(
+            "openai/gpt-5-nano failed(timeout 30011ms) → anthropic/claude-sonnet-4 served(734ms)"
+        ),
+        "{first}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_follow_streams_events_written_after_it_started_once_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = control(&file_store(dir.path()), dir.path(), "cp", &[]).await;
+    let mut node = FakeNode::connect(&cp.url(), "n1").await;
+    node.send_events(1, vec![event("old", now_ms() - 5_000, "key_1")]).await;
+
+    let mut follower = tokio::process::Command::new(switchyard_bin())
+        .args(["events", "--follow", "--json"])
+        .env("SWITCHYARD_CONTROL", cp.url())
+        .env("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    let mut next_id = async || {
+        let line = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap().unwrap();
+        serde_json::from_str::<Value>(&line).unwrap()["id"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(next_id().await, "old");
+
+    let new = event("new", now_ms(), "key_1");
+    node.send_events(2, vec![new.clone()]).await;
+    assert_eq!(next_id().await, "new");
+    // A resend rewrites the same record; followers must not see it twice.
+    node.send_events(3, vec![new]).await;
+    node.send_events(4, vec![event("newer", now_ms(), "key_2")]).await;
+    assert_eq!(next_id().await, "newer");
+    follower.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_only_the_newest_max_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp =
+        control(&file_store(dir.path()), dir.path(), "cp", &["--audit-max-entries", "5"]).await;
+    let mut node = FakeNode::connect(&cp.url(), "n1").await;
+    // More than one transaction's worth (128 ops), in one batch.
+    let t = now_ms() - 60_000;
+    let batch: Vec<_> = (0..300).map(|i| event(&format!("ev{i:03}"), t + i, "key_1")).collect();
+    node.send_events(1, batch).await;
+
+    let kept = eventually(WAIT, "the audit log pruned to 5 entries", || async {
+        let listed = events_json(&cp.url(), &["--limit", "1000"]).await;
+        (listed.len() == 5).then_some(listed)
+    })
+    .await;
+    assert_eq!(ids(&kept), ["ev295", "ev296", "ev297", "ev298", "ev299"]);
+    assert!(cp.log_text().contains("audit log pruned"), "{}", cp.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_older_than_the_max_age_are_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = control(&file_store(dir.path()), dir.path(), "cp", &["--audit-max-age", "1h"]).await;
+    let mut node = FakeNode::connect(&cp.url(), "n1").await;
+    let now = now_ms();
+    node.send_events(1, vec![event("stale", now - 2 * 3_600_000, "k"), event("fresh", now, "k")])
+        .await;
+    // The age sweep runs every 30 s on the leader; a new leader sweeps at once. The killed
+    // replica's election key lives until its lease (10 s) expires.
+    drop(node);
+    cp.kill().await;
+    let cp =
+        control(&file_store(dir.path()), dir.path(), "cp-again", &["--audit-max-age", "1h"]).await;
+    eventually(Duration::from_secs(30), "the stale event pruned", || async {
+        (ids(&events_json(&cp.url(), &[]).await) == ["fresh"]).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breaker_transitions_show_in_switchyard_breakers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = control(&file_store(dir.path()), dir.path(), "cp", &[]).await;
+    let mut node = FakeNode::connect(&cp.url(), "n1").await;
+    let now = now_ms();
+    let open = pb::BreakerTransition {
+        provider: "openai".into(),
+        upstream_model: "gpt-5-nano".into(),
+        from: "closed".into(),
+        to: "open".into(),
+        cause: "failure_rate".into(),
+        at_unix_ms: now,
+        failure_rate: 0.6,
+        calls_in_window: 20,
+        next_probe_unix_ms: now + 30_000,
+        cooldown_ms: 30_000,
+    };
+    node.send(node_message::Msg::Breaker(open.clone())).await;
+    let other = pb::BreakerTransition {
+        provider: "anthropic".into(),
+        upstream_model: "claude-sonnet-4".into(),
+        to: "half_open".into(),
+        cause: "cooldown_elapsed".into(),
+        next_probe_unix_ms: 0,
+        ..open.clone()
+    };
+    node.send(node_message::Msg::Breaker(other)).await;
+    node.barrier(1).await;
+
+    let listed = cli(&cp.url(), &["breakers", "--json"]).await.json();
+    let breakers = listed.as_array().unwrap();
+    assert_eq!(breakers.len(), 2, "{listed}");
+    let b = breakers.iter().find(|b| b["provider"] == "openai").unwrap();
+    assert_eq!(b["node_id"], "n1");
+    assert_eq!(b["upstream_model"], "gpt-5-nano");
+    assert_eq!(b["state"], "open");
+    assert_eq!(b["failure_rate"], 0.6);
+    assert_eq!(b["next_probe_unix_ms"], now + 30_000);
+
+    let table = cli(&cp.url(), &["breakers"]).await;
+    assert!(table.stdout.starts_with("NODE  PROVIDER"), "{}", table.stdout);
+    assert!(table.stdout.contains("FAILURE RATE  NEXT PROBE"), "{}", table.stdout);
+    let row = table.stdout.lines().find(|l| l.contains("gpt-5-nano")).unwrap();
+    assert!(
+        row.contains("open (failure_rate)") && row.contains("60%") && row.contains("in "),
+        "{row}"
+    );
+
+    // The newest transition is the state shown.
+    let closed = pb::BreakerTransition {
+        from: "half_open".into(),
+        to: "closed".into(),
+        cause: "probe_succeeded".into(),
+        at_unix_ms: now + 31_000,
+        failure_rate: 0.0,
+        next_probe_unix_ms: 0,
+        ..open
+    };
+    node.send(node_message::Msg::Breaker(closed)).await;
+    node.barrier(2).await;
+    let listed = cli(&cp.url(), &["breakers", "--json"]).await.json();
+    let b = listed.as_array().unwrap().iter().find(|b| b["provider"] == "openai").unwrap().clone();
+    assert_eq!(
+        (b["state"].as_str(), b["since_unix_ms"].as_i64()),
+        (Some("closed"), Some(now + 31_000))
+    );
+}
+
+fn usage(boot_id: &str, at_unix_ms: i64, entries: &[(&str, &str, u64)]) -> node_message::Msg {
+    node_message::Msg::Usage(pb::UsageReport {
+        boot_id: boot_id.into(),
+        at_unix_ms,
+        entries: entries
+            .iter()
+            .map(|(key, model, requests)| pb::UsageEntry {
+                key_id: (*key).into(),
+                model: (*model).into(),
+                requests: *requests,
+                prompt_tokens: requests * 10,
+                completion_tokens: requests * 4,
+                cost_usd: *requests as f64 * 0.001,
+            })
+            .collect(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_sums_nodes_and_boots_and_resent_reports_do_not_double_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = control(&file_store(dir.path()), dir.path(), "cp", &[]).await;
+    let mut n1 = FakeNode::connect(&cp.url(), "n1").await;
+    let mut n2 = FakeNode::connect(&cp.url(), "n2").await;
+    let t = now_ms();
+    let nano = "openai/gpt-5-nano";
+    n1.send(usage("boot-1", t, &[("key_1", nano, 3)])).await;
+    // Resent, then superseded by a newer total of the same boot.
+    n1.send(usage("boot-1", t, &[("key_1", nano, 3)])).await;
+    n1.send(usage("boot-1", t + 1_000, &[("key_1", nano, 4)])).await;
+    // A report that overtook nothing but arrives late must not roll the total back.
+    n1.send(usage("boot-1", t + 500, &[("key_1", nano, 1)])).await;
+    // The node restarted: a new boot's totals add to the old one's.
+    n1.send(usage("boot-2", t + 2_000, &[("key_1", nano, 1)])).await;
+    n2.send(usage("boot-x", t, &[("key_1", nano, 2), ("key_2", "anthropic/claude-sonnet-4", 5)]))
+        .await;
+    n1.barrier(1).await;
+    n2.barrier(1).await;
+
+    let rows = cli(&cp.url(), &["usage", "--json"]).await.json();
+    assert_eq!(rows.as_array().unwrap().len(), 2, "{rows}");
+    let row = usage_row(&rows, "key_1", nano).unwrap();
+    assert_eq!(row["requests"], 7, "{rows}");
+    assert_eq!(row["prompt_tokens"], 70);
+    assert_eq!(row["completion_tokens"], 28);
+    assert!((row["cost_usd"].as_f64().unwrap() - 0.007).abs() < 1e-9);
+
+    let only = cli(&cp.url(), &["usage", "--key", "key_2", "--json"]).await.json();
+    assert_eq!(only.as_array().unwrap().len(), 1, "{only}");
+    assert_eq!(usage_row(&only, "key_2", "anthropic/claude-sonnet-4").unwrap()["requests"], 5);
+
+    let table = cli(&cp.url(), &["usage"]).await;
+    let lines: Vec<&str> = table.stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        "KEY    MODEL                      REQUESTS  PROMPT TOKENS  COMPLETION TOKENS  COST USD"
+    );
+    assert!(
+        lines[1].starts_with("key_1  openai/gpt-5-nano") && lines[1].ends_with("0.007000"),
+        "{}",
+        lines[1]
+    );
+}
+
+/// The same reports through etcd: its transaction limit, its watch and its leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_work_on_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdProcess::start().await;
+    let store = etcd.endpoint().replace("http://", "etcd://");
+    let cp = control(&store, dir.path(), "cp", &["--audit-max-entries", "150"]).await;
+    let mut node = FakeNode::connect(&cp.url(), "n1").await;
+    let t = now_ms() - 60_000;
+    let batch: Vec<_> = (0..200).map(|i| event(&format!("ev{i:03}"), t + i, "key_1")).collect();
+    node.send_events(1, batch.clone()).await;
+    node.send_events(2, batch).await;
+    let kept = eventually(WAIT, "the audit log pruned to 150 entries", || async {
+        let listed = events_json(&cp.url(), &["--limit", "1000"]).await;
+        (listed.len() == 150).then_some(listed)
+    })
+    .await;
+    assert_eq!(ids(&kept)[0], "ev050");
+
+    let transition = pb::BreakerTransition {
+        provider: "openai".into(),
+        upstream_model: "gpt-5-nano".into(),
+        from: "closed".into(),
+        to: "open".into(),
+        cause: "consecutive_timeouts".into(),
+        at_unix_ms: now_ms(),
+        failure_rate: 0.25,
+        calls_in_window: 12,
+        next_probe_unix_ms: now_ms() + 10_000,
+        cooldown_ms: 10_000,
+    };
+    node.send(node_message::Msg::Breaker(transition)).await;
+    node.send(usage("boot-1", now_ms(), &[("key_1", "openai/gpt-5-nano", 2)])).await;
+    node.send(usage("boot-1", now_ms(), &[("key_1", "openai/gpt-5-nano", 2)])).await;
+    node.barrier(3).await;
+    let breakers = cli(&cp.url(), &["breakers", "--json"]).await.json();
+    assert_eq!(breakers[0]["state"], "open", "{breakers}");
+    let rows = cli(&cp.url(), &["usage", "--json"]).await.json();
+    assert_eq!(usage_row(&rows, "key_1", "openai/gpt-5-nano").unwrap()["requests"], 2);
+}
