@@ -73,6 +73,12 @@ pub struct SimArgs {
     /// Address of the simulator's HTTP listener.
     #[arg(long, default_value = "127.0.0.1:9100")]
     pub listen: SocketAddr,
+    /// JSON file of model name → behaviour, e.g. {"primary": {"kind": "status", "status": 503}}.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Accept only these bearer keys (comma-separated); by default any request is accepted.
+    #[arg(long, value_delimiter = ',')]
+    pub keys: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -182,7 +188,13 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
 }
 
 pub async fn sim(args: SimArgs) -> Result<(), ServeError> {
+    // Read the script before binding, so a bad file fails without a listener ever appearing.
+    let script = args.script.as_deref().map(switchyard_sim::load_script).transpose()?;
     let sim = switchyard_sim::start(args.listen).await?;
+    if let Some(script) = script {
+        sim.set_script(script);
+    }
+    sim.set_keys(args.keys);
     println!("switchyard sim listening on {}", sim.local_addr);
     std::future::pending::<()>().await;
     Ok(())
