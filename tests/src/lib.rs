@@ -12,6 +12,7 @@ use tokio::process::{Child, Command};
 
 #[path = "../../control-plane/tests/support/etcd.rs"]
 pub mod etcd;
+pub mod gateway;
 
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 
@@ -154,6 +155,7 @@ pub async fn cli_with_env(control: &str, args: &[&str], envs: &[(&str, &str)]) -
 
 pub struct HttpResponse {
     pub status: u16,
+    pub headers: String,
     pub body: String,
 }
 
@@ -165,10 +167,29 @@ impl HttpResponse {
 
 /// A minimal HTTP/1.1 GET (connection closed after one request); `None` if nothing answers.
 pub async fn http_get(addr: SocketAddr, path: &str, bearer: Option<&str>) -> Option<HttpResponse> {
+    http_request(addr, "GET", path, bearer, None).await
+}
+
+/// A minimal HTTP/1.1 request with an optional JSON body.
+pub async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<&[u8]>,
+) -> Option<HttpResponse> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let auth = bearer.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
+    let length = body
+        .map(|b| format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()))
+        .unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}{length}Connection: close\r\n\r\n"
+    );
     stream.write_all(request.as_bytes()).await.ok()?;
+    if let Some(body) = body {
+        stream.write_all(body).await.ok()?;
+    }
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.ok()?;
     let text = String::from_utf8_lossy(&raw);
@@ -176,7 +197,7 @@ pub async fn http_get(addr: SocketAddr, path: &str, bearer: Option<&str>) -> Opt
     let status = head.split(' ').nth(1)?.parse().ok()?;
     let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
     let body = if chunked { dechunk(body) } else { body.to_owned() };
-    Some(HttpResponse { status, body })
+    Some(HttpResponse { status, headers: head.to_owned(), body })
 }
 
 fn dechunk(mut body: &str) -> String {

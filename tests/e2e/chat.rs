@@ -1,0 +1,634 @@
+//! DESIGN §1, clause by clause, for non-streaming requests: real control plane, node and
+//! simulated provider processes on loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use switchyard_e2e::gateway::*;
+
+fn msg() -> serde_json::Value {
+    json!([{"role": "user", "content": "hello"}])
+}
+
+// === How a chain is formed ===
+
+#[tokio::test]
+async fn models_list_is_the_chain_and_overrides_model() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r = gw
+        .chat(json!({"model": TERTIARY, "models": [PRIMARY, SECONDARY], "messages": msg()}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], SECONDARY);
+    assert_eq!(v["secureai"]["requested_model"], PRIMARY);
+    assert_eq!(v["secureai"]["served_model"], SECONDARY);
+    assert_eq!(v["secureai"]["failover"]["occurred"], true);
+    assert_eq!(
+        attempts(&v),
+        [triple(PRIMARY, "failed", "server_error"), triple(SECONDARY, "served", "")]
+    );
+    assert_eq!(gw.upstream_requests("tertiary").await, 0, "`model` is overridden by `models`");
+}
+
+#[tokio::test]
+async fn model_with_fallback_models_forms_the_chain_in_order() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 500})).await;
+    gw.script("secondary", json!({"kind": "status", "status": 502})).await;
+    let r = gw
+        .chat(
+            json!({"model": PRIMARY, "fallback_models": [SECONDARY, TERTIARY], "messages": msg()}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], TERTIARY);
+    assert_eq!(
+        attempts(&v),
+        [
+            triple(PRIMARY, "failed", "server_error"),
+            triple(SECONDARY, "failed", "server_error"),
+            triple(TERTIARY, "served", "")
+        ]
+    );
+    for a in v["secureai"]["failover"]["attempts"].as_array().unwrap() {
+        assert!(a["latency_ms"].is_u64(), "latency_ms on every attempt: {a}");
+    }
+}
+
+#[tokio::test]
+async fn model_alone_starts_the_keys_default_chain_at_its_position() {
+    let gw = Gateway::start().await;
+    gw.set_defaults(&["--models", &format!("{PRIMARY},{SECONDARY},{TERTIARY}")]).await;
+    gw.script("secondary", json!({"kind": "status", "status": 503})).await;
+    let r = gw.chat(body(SECONDARY)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(
+        attempts(&v),
+        [triple(SECONDARY, "failed", "server_error"), triple(TERTIARY, "served", "")]
+    );
+    assert_eq!(
+        gw.upstream_requests("primary").await,
+        0,
+        "the chain starts at the requested model's position"
+    );
+}
+
+#[tokio::test]
+async fn model_alone_outside_the_defaults_is_a_single_attempt_without_report() {
+    let gw = Gateway::start().await;
+    gw.set_defaults(&["--models", &format!("{PRIMARY},{SECONDARY}")]).await;
+    let r = gw.chat(body(TERTIARY)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], TERTIARY);
+    assert!(v.get("secureai").is_none(), "a single-model request gets no failover report: {v}");
+    assert_eq!(v["object"], "chat.completion");
+}
+
+#[tokio::test]
+async fn duplicate_models_are_dropped_before_counting() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r = gw
+        .chat(json!({"models": [PRIMARY, PRIMARY, SECONDARY, PRIMARY, TERTIARY, SECONDARY], "messages": msg()}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        attempts(&r.json()),
+        [triple(PRIMARY, "failed", "server_error"), triple(SECONDARY, "served", "")]
+    );
+    assert_eq!(gw.upstream_requests("primary").await, 1, "a duplicate is not tried twice");
+}
+
+#[tokio::test]
+async fn more_than_three_distinct_models_is_a_400_naming_models() {
+    let gw = Gateway::start().await;
+    let r = gw
+        .chat(json!({"models": [PRIMARY, SECONDARY, TERTIARY, EU_MODEL], "messages": msg()}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "models");
+    let r = gw.chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY, TERTIARY, EU_MODEL], "messages": msg()})).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(gw.upstream_total().await, 0, "never silently truncated, never sent");
+}
+
+#[tokio::test]
+async fn models_together_with_fallback_models_is_a_400() {
+    let gw = Gateway::start().await;
+    let r = gw
+        .chat(json!({"models": [PRIMARY], "fallback_models": [SECONDARY], "messages": msg()}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "fallback_models");
+    assert_eq!(gw.upstream_total().await, 0);
+}
+
+#[tokio::test]
+async fn entry_timeouts_override_chain_wide_ones_for_that_attempt() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "hang"})).await;
+    let started = Instant::now();
+    let r = gw
+        .chat(json!({
+            "models": [{"model": PRIMARY, "timeout_ms": 1000}, SECONDARY],
+            "redundancy": {"timeout_ms": 30000},
+            "messages": msg()
+        }))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(
+        attempts(&v),
+        [triple(PRIMARY, "failed", "timeout"), triple(SECONDARY, "served", "")]
+    );
+    let first = v["secureai"]["failover"]["attempts"][0]["latency_ms"].as_u64().unwrap();
+    assert!(
+        (1000..5000).contains(&first),
+        "the entry's 1000 ms applied, not the chain's 30 s: {first}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn an_unknown_model_is_a_400_model_not_found_before_any_upstream_call() {
+    let gw = Gateway::start().await;
+    let r = gw.chat(json!({"models": [PRIMARY, "sim/nope"], "messages": msg()})).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "model_not_found");
+    assert_eq!(v["error"]["param"], "models[1]");
+    assert!(v["error"]["message"].as_str().unwrap().contains("sim/nope"));
+    assert_eq!(gw.upstream_total().await, 0);
+}
+
+#[tokio::test]
+async fn a_model_the_key_may_not_use_is_a_403_before_any_upstream_call() {
+    let gw = Gateway::start().await;
+    let limited = gw.create_key(&["--allowed-models", &format!("{PRIMARY},{SECONDARY}")]).await;
+    let r = gw
+        .post(
+            "/v1/chat/completions",
+            Some(&limited),
+            json!({"models": [PRIMARY, TERTIARY], "messages": msg()}).to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "models[1]");
+    assert!(r.body.contains(TERTIARY));
+    let us_only = gw.create_key(&["--allowed-regions", "us"]).await;
+    let r = gw
+        .post(
+            "/v1/chat/completions",
+            Some(&us_only),
+            json!({"model": PRIMARY, "fallback_models": [EU_MODEL], "messages": msg()})
+                .to_string()
+                .as_bytes(),
+        )
+        .await;
+    assert_eq!(r.status, 403, "a model in another region is refused: {}", r.body);
+    assert_eq!(gw.upstream_total().await, 0);
+}
+
+// === Chain-wide options ===
+
+#[tokio::test]
+async fn redundancy_values_out_of_range_are_400s_naming_the_field() {
+    let gw = Gateway::start().await;
+    for (redundancy, param) in [
+        (json!({"timeout_ms": 999}), "redundancy.timeout_ms"),
+        (json!({"timeout_ms": 300001}), "redundancy.timeout_ms"),
+        (json!({"first_token_timeout_ms": 499}), "redundancy.first_token_timeout_ms"),
+        (json!({"first_token_timeout_ms": 60001}), "redundancy.first_token_timeout_ms"),
+        (json!({"deadline_ms": 10}), "redundancy.deadline_ms"),
+        (json!({"on": ["server_error", "bad_gateway"]}), "redundancy.on[1]"),
+        (json!({"on": "timeout"}), "redundancy.on"),
+        (json!({"retries": 3}), "redundancy.retries"),
+    ] {
+        let r =
+            gw.chat(json!({"model": PRIMARY, "redundancy": redundancy, "messages": msg()})).await;
+        assert_eq!(r.status, 400, "{redundancy}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{redundancy}");
+    }
+    assert_eq!(gw.upstream_total().await, 0);
+}
+
+#[tokio::test]
+async fn a_failure_whose_reason_is_not_in_on_ends_the_chain() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r = gw
+        .chat(json!({"models": [PRIMARY, SECONDARY], "redundancy": {"on": ["timeout", "rate_limit"]}, "messages": msg()}))
+        .await;
+    assert_eq!(r.status, 502, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "all_models_failed");
+    assert_eq!(attempts(&v), [triple(PRIMARY, "failed", "server_error")]);
+    assert_eq!(gw.upstream_requests("secondary").await, 0);
+}
+
+#[tokio::test]
+async fn the_deadline_bounds_the_whole_chain() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "hang"})).await;
+    gw.script("secondary", json!({"kind": "hang"})).await;
+    let started = Instant::now();
+    let r = gw
+        .chat(json!({
+            "models": [PRIMARY, SECONDARY, TERTIARY],
+            "redundancy": {"timeout_ms": 1000, "deadline_ms": 2500},
+            "messages": msg()
+        }))
+        .await;
+    let took = started.elapsed();
+    assert_eq!(r.status, 502, "{}", r.body);
+    // Two 1 s attempts leave 0.5 s, less than the fair minimum: the third is not started.
+    assert_eq!(
+        attempts(&r.json()),
+        [triple(PRIMARY, "failed", "timeout"), triple(SECONDARY, "failed", "timeout")]
+    );
+    assert_eq!(gw.upstream_requests("tertiary").await, 0);
+    assert!(took < Duration::from_millis(2500 + 1500), "the chain kept to its deadline: {took:?}");
+}
+
+// === Failover triggers ===
+
+async fn fails_over_on(behaviour: serde_json::Value, reason: &str) {
+    let gw = Gateway::start().await;
+    gw.script("primary", behaviour).await;
+    let r = gw
+        .chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "redundancy": {"timeout_ms": 1000}, "messages": msg()}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        attempts(&r.json()),
+        [triple(PRIMARY, "failed", reason), triple(SECONDARY, "served", "")]
+    );
+}
+
+#[tokio::test]
+async fn fails_over_on_server_error() {
+    fails_over_on(json!({"kind": "status", "status": 503}), "server_error").await;
+}
+
+#[tokio::test]
+async fn fails_over_on_rate_limit() {
+    fails_over_on(json!({"kind": "status", "status": 429}), "rate_limit").await;
+}
+
+#[tokio::test]
+async fn fails_over_on_connection_reset() {
+    fails_over_on(json!({"kind": "reset"}), "connection_error").await;
+}
+
+#[tokio::test]
+async fn fails_over_on_connection_refused() {
+    let gw = Gateway::start().await;
+    let r = gw
+        .chat(json!({"model": "nowhere/model", "fallback_models": [SECONDARY], "messages": msg()}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        attempts(&r.json()),
+        [triple("nowhere/model", "failed", "connection_error"), triple(SECONDARY, "served", "")]
+    );
+}
+
+#[tokio::test]
+async fn fails_over_on_timeout() {
+    fails_over_on(json!({"kind": "hang"}), "timeout").await;
+}
+
+#[tokio::test]
+async fn fails_over_on_a_malformed_upstream_body_as_server_error() {
+    fails_over_on(json!({"kind": "malformed"}), "server_error").await;
+}
+
+#[tokio::test]
+async fn the_clients_own_4xx_from_upstream_is_returned_at_once_without_failover() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 400, "message": "max_tokens is too large for this model"})).await;
+    let r =
+        gw.chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()})).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["error"]["message"], "max_tokens is too large for this model");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        gw.upstream_requests("secondary").await,
+        0,
+        "never fail over on the client's own mistake"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_401_tries_the_providers_reserve_credential() {
+    let gw = Gateway::start_with(GatewayOptions {
+        api_keys: r#"["env:SIM_PRIMARY_KEY", "env:SIM_RESERVE_KEY"]"#,
+        node_env: vec![("SIM_PRIMARY_KEY", "sk-expired"), ("SIM_RESERVE_KEY", "sk-reserve")],
+        ..GatewayOptions::default()
+    })
+    .await;
+    let r = switchyard_e2e::http_request(
+        gw.sim.addr,
+        "PUT",
+        "/_sim/keys",
+        None,
+        Some(br#"["sk-reserve"]"#),
+    )
+    .await
+    .unwrap();
+    assert!(r.status < 300);
+    let res =
+        gw.chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()})).await;
+    assert_eq!(res.status, 200, "{}", res.body);
+    let v = res.json();
+    assert_eq!(v["model"], PRIMARY, "served by the same model, with its reserve credential");
+    assert_eq!(attempts(&v), [triple(PRIMARY, "served", "")]);
+    let last = gw.last_upstream_request("primary").await;
+    assert_eq!(last["headers"]["authorization"], "Bearer sk-reserve", "{last}");
+    assert!(!res.body.contains("sk-"), "no credential reaches the client");
+}
+
+// === What comes back ===
+
+#[tokio::test]
+async fn the_classic_endpoint_wraps_the_completion_with_success_and_metadata() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r = gw
+        .classic(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["success"], true);
+    assert_eq!(v["data"]["object"], "chat.completion");
+    assert_eq!(v["data"]["model"], SECONDARY);
+    assert_eq!(v["metadata"]["served_model"], SECONDARY);
+    assert_eq!(v["metadata"]["requested_model"], PRIMARY);
+    assert_eq!(v["metadata"]["failover"]["occurred"], true);
+    assert!(v["data"].get("secureai").is_none());
+}
+
+#[tokio::test]
+async fn all_attempts_rate_limited_is_a_429() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 429})).await;
+    gw.script("secondary", json!({"kind": "status", "status": 429})).await;
+    let r = gw.chat(json!({"models": [PRIMARY, SECONDARY], "messages": msg()})).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "all_models_failed");
+    assert_eq!(
+        v["error"]["message"],
+        format!("All 2 model attempt(s) failed (last: {SECONDARY} — rate_limit)")
+    );
+    assert_eq!(attempts(&v).len(), 2, "attempts under secureai.attempts: {v}");
+}
+
+#[tokio::test]
+async fn all_attempts_failed_for_mixed_reasons_is_a_502_with_the_specs_bodies() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 429})).await;
+    gw.script("secondary", json!({"kind": "reset"})).await;
+    gw.script("tertiary", json!({"kind": "status", "status": 500})).await;
+    let body = json!({"models": [PRIMARY, SECONDARY, TERTIARY], "messages": msg()});
+    let r = gw.chat(body.clone()).await;
+    assert_eq!(r.status, 502, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "all_models_failed");
+    assert_eq!(
+        v["error"]["message"],
+        format!("All 3 model attempt(s) failed (last: {TERTIARY} — server_error)")
+    );
+    assert_eq!(
+        attempts(&v),
+        [
+            triple(PRIMARY, "failed", "rate_limit"),
+            triple(SECONDARY, "failed", "connection_error"),
+            triple(TERTIARY, "failed", "server_error")
+        ]
+    );
+    let c = gw.classic(body).await;
+    assert_eq!(c.status, 502);
+    let cv = c.json();
+    assert_eq!(cv["success"], false);
+    assert_eq!(cv["error"], "All model attempts failed");
+    assert_eq!(
+        cv["message"],
+        format!("All 3 model attempt(s) failed (last: {TERTIARY} — server_error)")
+    );
+    assert_eq!(cv["attempts"].as_array().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_failed_single_model_request_gets_the_status_rule_without_a_report() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 429})).await;
+    let r = gw.chat(body(PRIMARY)).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    let v = r.json();
+    assert!(v.get("secureai").is_none(), "{v}");
+    assert!(v["error"]["message"].is_string());
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    assert_eq!(gw.chat(body(PRIMARY)).await.status, 502);
+}
+
+#[tokio::test]
+async fn every_other_openai_field_passes_through_untouched() {
+    let gw = Gateway::start().await;
+    let sent = json!({
+        "model": PRIMARY,
+        "fallback_models": [SECONDARY],
+        "redundancy": {"timeout_ms": 20000},
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo"}],
+        "temperature": 0.25,
+        "max_completion_tokens": 77,
+        "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
+        "user": "customer-42",
+        "metadata": {"trace": "abc"},
+        "seed": 7
+    });
+    assert_eq!(gw.chat(sent.clone()).await.status, 200);
+    let upstream = gw.last_upstream_request("primary").await["body"].clone();
+    let mut expected = sent;
+    let obj = expected.as_object_mut().unwrap();
+    obj.remove("fallback_models");
+    obj.remove("redundancy");
+    obj.insert("model".into(), json!("primary"));
+    assert_eq!(
+        upstream, expected,
+        "the upstream got the client's fields, the upstream model name, nothing of ours"
+    );
+}
+
+// === Circuit breakers ===
+
+const BREAKER: &str = "breaker_policy:
+  window_size: 4
+  min_requests: 4
+  failure_rate_threshold: 0.5
+  consecutive_timeouts: 5
+  cooldown_ms: 1500
+  max_cooldown_ms: 6000
+  half_open_probes: 1
+";
+
+#[tokio::test]
+async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary_recovers() {
+    let gw = Gateway::start_with(GatewayOptions {
+        breaker_policy: BREAKER,
+        ..GatewayOptions::default()
+    })
+    .await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let req = json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()});
+    for _ in 0..4 {
+        assert_eq!(gw.chat(req.clone()).await.status, 200);
+    }
+    let seen = gw.upstream_requests("primary").await;
+    assert_eq!(seen, 4);
+    // Open: the primary gets no more requests and the report says so.
+    for _ in 0..5 {
+        let v = gw.chat(req.clone()).await.json();
+        assert_eq!(
+            attempts(&v),
+            [triple(PRIMARY, "skipped", "circuit_open"), triple(SECONDARY, "served", "")]
+        );
+    }
+    assert_eq!(gw.upstream_requests("primary").await, seen, "no network call while open");
+    let metrics = switchyard_e2e::http_get(gw.node.addr, "/metrics", None).await.unwrap().body;
+    assert!(
+        metrics
+            .contains("switchyard_breaker_state{provider=\"sim-us\",upstream_model=\"primary\"} 2"),
+        "{metrics}"
+    );
+
+    // After the cool-down a probe goes through; the primary has recovered, so it closes.
+    gw.script("primary", json!({"kind": "ok"})).await;
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let v = gw.chat(req.clone()).await.json();
+    assert_eq!(attempts(&v), [triple(PRIMARY, "served", "")], "{v}");
+    for _ in 0..3 {
+        let v = gw.chat(req.clone()).await.json();
+        assert_eq!(v["model"], PRIMARY, "closed again");
+    }
+    assert_eq!(gw.upstream_requests("primary").await, seen + 4);
+}
+
+#[tokio::test]
+async fn when_every_breaker_is_open_the_one_due_soonest_is_probed() {
+    let gw = Gateway::start_with(GatewayOptions {
+        breaker_policy: BREAKER,
+        ..GatewayOptions::default()
+    })
+    .await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    gw.script("secondary", json!({"kind": "status", "status": 503})).await;
+    let req = json!({"models": [PRIMARY, SECONDARY], "messages": msg()});
+    for _ in 0..4 {
+        assert_eq!(gw.chat(req.clone()).await.status, 502);
+    }
+    let before = gw.upstream_total().await;
+    let r = gw.chat(req.clone()).await;
+    assert_eq!(r.status, 502, "{}", r.body);
+    let list = r.json()["secureai"]["attempts"].clone();
+    let probes: Vec<_> = list.as_array().unwrap().iter().filter(|a| a["probe"] == true).collect();
+    assert_eq!(probes.len(), 1, "one entry was probed although open: {list}");
+    assert_eq!(gw.upstream_total().await, before + 1, "exactly one network call");
+}
+
+// === Auth and bad input ===
+
+#[tokio::test]
+async fn missing_unknown_and_revoked_keys_get_401_invalid_api_key() {
+    let gw = Gateway::start().await;
+    let body = switchyard_e2e::gateway::body(PRIMARY).to_string();
+    for key in [None, Some("sy-not-a-key")] {
+        let r = gw.post("/v1/chat/completions", key, body.as_bytes()).await;
+        assert_eq!(r.status, 401, "{}", r.body);
+        assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    }
+    let revoked = cli_revoke(&gw).await;
+    let r = gw.post("/v1/chat/completions", Some(&revoked), body.as_bytes()).await;
+    assert_eq!(r.status, 401);
+    // The key is checked before the body: garbage with no key is still a 401.
+    assert_eq!(gw.post("/v1/chat/completions", None, b"{{{").await.status, 401);
+    assert_eq!(gw.upstream_total().await, 0);
+}
+
+async fn cli_revoke(gw: &Gateway) -> String {
+    let out = switchyard_e2e::cli(&gw.cp.url(), &["keys", "create", "--name", "gone", "--json"])
+        .await
+        .json();
+    let id = out["id"].as_str().unwrap();
+    let revoked = switchyard_e2e::cli(&gw.cp.url(), &["keys", "revoke", id, "--json"]).await.json();
+    gw.wait_for(revoked["version"].as_i64().unwrap()).await;
+    out["key"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_4xx_naming_the_field_and_no_upstream_call() {
+    let gw = Gateway::start().await;
+    let cases: Vec<(Vec<u8>, u16, serde_json::Value)> = vec![
+        (b"{\"model\": \"sim/primary\", \"messages\": [".to_vec(), 400, json!(null)),
+        (b"\"just a string\"".to_vec(), 400, json!(null)),
+        (json!({"model": 42, "messages": msg()}).to_string().into_bytes(), 400, json!("model")),
+        (
+            json!({"model": PRIMARY, "messages": "hi"}).to_string().into_bytes(),
+            400,
+            json!("messages"),
+        ),
+        (
+            json!({"model": PRIMARY, "messages": []}).to_string().into_bytes(),
+            400,
+            json!("messages"),
+        ),
+        (
+            json!({"model": PRIMARY, "messages": msg(), "stream": "yes"}).to_string().into_bytes(),
+            400,
+            json!("stream"),
+        ),
+        (
+            json!({"model": PRIMARY, "messages": msg(), "redundancy": {"timeout": 5}})
+                .to_string()
+                .into_bytes(),
+            400,
+            json!("redundancy.timeout"),
+        ),
+        (json!({"messages": msg()}).to_string().into_bytes(), 400, json!("model")),
+    ];
+    for (body, status, param) in cases {
+        let r = gw.post("/v1/chat/completions", Some(&gw.key), &body).await;
+        assert_eq!(r.status, status, "{}: {}", String::from_utf8_lossy(&body), r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["param"], param, "{}", r.body);
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+    }
+    let huge = json!({"model": PRIMARY, "messages": [{"role": "user", "content": "x".repeat(5 * 1024 * 1024)}]}).to_string();
+    let r = gw.post("/v1/chat/completions", Some(&gw.key), huge.as_bytes()).await;
+    assert_eq!(r.status, 413, "{}", &r.body[..r.body.len().min(300)]);
+    assert_eq!(gw.upstream_total().await, 0, "nothing bad reached the provider");
+}
+
+#[tokio::test]
+async fn the_models_endpoint_lists_what_the_key_may_use() {
+    let gw = Gateway::start().await;
+    let limited = gw.create_key(&["--allowed-models", PRIMARY]).await;
+    let r = switchyard_e2e::http_get(gw.node.addr, "/v1/models", Some(&limited)).await.unwrap();
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    let ids: Vec<_> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, [PRIMARY]);
+}

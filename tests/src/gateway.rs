@@ -1,0 +1,234 @@
+//! A whole gateway for data-plane tests: a control plane on the embedded store, a node,
+//! and a simulated provider, all real processes on loopback, with a catalog whose models
+//! are served by the simulator and a key to call them with.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::*;
+
+/// Gateway names → the simulator's upstream model names. `sim-us` is in region `us`,
+/// `sim-eu` in `eu`; both are the same simulator.
+pub const PRIMARY: &str = "sim/primary";
+pub const SECONDARY: &str = "sim/secondary";
+pub const TERTIARY: &str = "sim/tertiary";
+pub const EU_MODEL: &str = "sim-eu/model";
+pub const ALL_MODELS: [&str; 3] = [PRIMARY, SECONDARY, TERTIARY];
+
+pub struct Gateway {
+    pub dir: tempfile::TempDir,
+    pub sim: Proc,
+    pub cp: Proc,
+    pub node: Proc,
+    /// A key with no defaults and no limits.
+    pub key: String,
+    pub key_id: String,
+}
+
+pub struct GatewayOptions {
+    /// Extra YAML appended to the catalog's top level (e.g. a `breaker_policy:` block).
+    pub breaker_policy: &'static str,
+    /// Provider `api_keys` for the simulator providers.
+    pub api_keys: &'static str,
+    /// Environment for the node (credentials).
+    pub node_env: Vec<(&'static str, &'static str)>,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        Self { breaker_policy: "", api_keys: "[]", node_env: Vec::new() }
+    }
+}
+
+pub fn catalog_yaml(sim_url: &str, options: &GatewayOptions) -> String {
+    format!(
+        r#"providers:
+  - name: sim-us
+    kind: openai-compatible
+    base_url: {sim_url}/v1
+    api_keys: {keys}
+    region: us
+  - name: sim-eu
+    kind: openai-compatible
+    base_url: {sim_url}/v1
+    region: eu
+  - name: nowhere
+    kind: openai-compatible
+    base_url: http://127.0.0.1:9/v1
+    region: us
+models:
+  - name: {PRIMARY}
+    provider: sim-us
+    upstream_model: primary
+    price: {{input_per_mtok: 1.0, output_per_mtok: 2.0}}
+  - name: {SECONDARY}
+    provider: sim-us
+    upstream_model: secondary
+    price: {{input_per_mtok: 3.0, output_per_mtok: 4.0}}
+  - name: {TERTIARY}
+    provider: sim-us
+    upstream_model: tertiary
+  - name: {EU_MODEL}
+    provider: sim-eu
+    upstream_model: eu-model
+  - name: nowhere/model
+    provider: nowhere
+    upstream_model: unreachable
+{policy}"#,
+        keys = options.api_keys,
+        policy = options.breaker_policy,
+    )
+}
+
+impl Gateway {
+    pub async fn start() -> Gateway {
+        Self::start_with(GatewayOptions::default()).await
+    }
+
+    pub async fn start_with(options: GatewayOptions) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let sim =
+            Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
+        let store = format!("file://{}", dir.path().join("store").display());
+        let cp = start_control(&store, "127.0.0.1:0", dir.path(), "cp").await;
+        let catalog = dir.path().join("catalog.yaml");
+        std::fs::write(&catalog, catalog_yaml(&sim.url(), &options)).unwrap();
+        let applied =
+            cli(&cp.url(), &["apply", "-f", &catalog.display().to_string(), "--json"]).await.json();
+        let created = cli(&cp.url(), &["keys", "create", "--name", "e2e", "--json"]).await.json();
+        let version =
+            created["version"].as_i64().unwrap().max(applied["version"].as_i64().unwrap());
+        let node = Proc::start(
+            &[
+                "node",
+                "--control",
+                &cp.url(),
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                &dir.path().join("node").display().to_string(),
+            ],
+            &options.node_env,
+            dir.path().join("node.log"),
+        )
+        .await;
+        let addr = node.addr;
+        eventually(
+            Duration::from_secs(10),
+            "the node to apply the catalog and key",
+            || async move { node_version(addr).await.filter(|v| *v >= version) },
+        )
+        .await;
+        Gateway {
+            key: created["key"].as_str().unwrap().to_owned(),
+            key_id: created["id"].as_str().unwrap().to_owned(),
+            dir,
+            sim,
+            cp,
+            node,
+        }
+    }
+
+    /// Scripts what the simulator does for an upstream model (`primary`, `secondary`, …).
+    pub async fn script(&self, upstream_model: &str, behaviour: Value) {
+        let body = json!({"model": upstream_model, "behaviour": behaviour}).to_string();
+        let r = http_request(self.sim.addr, "POST", "/_sim/script", None, Some(body.as_bytes()))
+            .await
+            .unwrap();
+        assert!(r.status < 300, "scripting the simulator failed: {} {}", r.status, r.body);
+    }
+
+    /// Requests the simulator received for an upstream model.
+    pub async fn upstream_requests(&self, upstream_model: &str) -> u64 {
+        let stats = http_get(self.sim.addr, "/_sim/stats", None).await.unwrap().json();
+        stats["models"][upstream_model]["requests"].as_u64().unwrap_or(0)
+    }
+
+    /// Every request the simulator received, over all models.
+    pub async fn upstream_total(&self) -> u64 {
+        let stats = http_get(self.sim.addr, "/_sim/stats", None).await.unwrap().json();
+        stats["requests"].as_u64().unwrap_or(0)
+    }
+
+    /// The last request body and headers the simulator saw for an upstream model.
+    pub async fn last_upstream_request(&self, upstream_model: &str) -> Value {
+        http_get(self.sim.addr, &format!("/_sim/last_request?model={upstream_model}"), None)
+            .await
+            .unwrap()
+            .json()
+    }
+
+    /// POSTs a chat completion to the node's OpenAI-compatible endpoint with the test key.
+    pub async fn chat(&self, body: Value) -> HttpResponse {
+        self.post("/v1/chat/completions", Some(&self.key), body.to_string().as_bytes()).await
+    }
+
+    pub async fn classic(&self, body: Value) -> HttpResponse {
+        self.post("/chat/completions", Some(&self.key), body.to_string().as_bytes()).await
+    }
+
+    pub async fn post(&self, path: &str, key: Option<&str>, body: &[u8]) -> HttpResponse {
+        http_request(self.node.addr, "POST", path, key, Some(body)).await.expect("the node answers")
+    }
+
+    /// Creates another key (`extra` are more `keys create` flags) and waits until the node has it.
+    pub async fn create_key(&self, extra: &[&str]) -> String {
+        let mut args = vec!["keys", "create", "--name", "extra", "--json"];
+        args.extend_from_slice(extra);
+        let created = cli(&self.cp.url(), &args).await.json();
+        self.wait_for(created["version"].as_i64().unwrap()).await;
+        created["key"].as_str().unwrap().to_owned()
+    }
+
+    /// Sets the test key's failover defaults and waits until the node has them.
+    pub async fn set_defaults(&self, args: &[&str]) {
+        let mut all = vec!["keys", "set-defaults", &self.key_id, "--json"];
+        all.extend_from_slice(args);
+        let out = cli(&self.cp.url(), &all).await.json();
+        self.wait_for(out["version"].as_i64().unwrap()).await;
+    }
+
+    pub async fn wait_for(&self, version: i64) {
+        let addr = self.node.addr;
+        eventually(Duration::from_secs(5), "the node to apply a change", || async move {
+            node_version(addr).await.filter(|v| *v >= version)
+        })
+        .await;
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// A minimal valid request body for `model`.
+pub fn body(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hello"}]})
+}
+
+/// The `secureai.failover.attempts` of a response, as (model, status, reason) triples.
+pub fn attempts(response: &Value) -> Vec<(String, String, String)> {
+    response["secureai"]["failover"]["attempts"]
+        .as_array()
+        .or_else(|| response["secureai"]["attempts"].as_array())
+        .or_else(|| response["metadata"]["failover"]["attempts"].as_array())
+        .or_else(|| response["attempts"].as_array())
+        .map(|list| {
+            list.iter()
+                .map(|a| {
+                    (
+                        a["model"].as_str().unwrap_or_default().to_owned(),
+                        a["status"].as_str().unwrap_or_default().to_owned(),
+                        a["reason"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn triple(model: &str, status: &str, reason: &str) -> (String, String, String) {
+    (model.to_owned(), status.to_owned(), reason.to_owned())
+}
