@@ -452,3 +452,39 @@ async fn reports_work_on_etcd() {
     let rows = cli(&cp.url(), &["usage", "--json"]).await.json();
     assert_eq!(usage_row(&rows, "key_1", "openai/gpt-5-nano").unwrap()["requests"], 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_cannot_be_stored_is_not_acked_and_the_stream_ends_for_a_resend() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdProcess::start().await;
+    let store = etcd.endpoint().replace("http://", "etcd://");
+    let cp = control(&store, dir.path(), "cp", &[]).await;
+    let mut node = FakeNode::connect(&cp.url(), "n1").await;
+    node.send_events(1, vec![event("stored", now_ms(), "key_1")]).await;
+
+    etcd.stop().await;
+    node.send(node_message::Msg::Events(pb::FailoverEvents {
+        seq: 2,
+        events: vec![event("lost", now_ms(), "key_1")],
+    }))
+    .await;
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match node.replies.message().await {
+                Ok(Some(pb::ControlMessage {
+                    msg: Some(control_message::Msg::EventsAck(ack)),
+                })) => {
+                    panic!("batch {} acked although the store is down", ack.seq)
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("stream ended without an error"),
+                Err(status) => return status,
+            }
+        }
+    })
+    .await
+    .expect("the stream should end once the write fails");
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    assert!(ended.message().contains("batch 2 was not stored"), "{ended:?}");
+    drop(cp);
+}
