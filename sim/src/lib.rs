@@ -1,10 +1,29 @@
 //! Simulated LLM providers with scriptable faults, for `switchyard dev`, demos, chaos drills,
 //! the end-to-end tests and the load benchmark's direct target.
 //!
-//! One listener speaks OpenAI's chat-completions wire format (`POST /v1/chat/completions`,
-//! `POST /chat/completions`, `GET /v1/models`) and, under `/_sim/`, a control API to script
-//! each model's [`Behaviour`] and read [`Stats`]. The same is available in-process through
-//! the [`SimServer`] returned by [`start`].
+//! One listener speaks OpenAI's chat-completions wire format and, under `/_sim/`, a control
+//! API; the same controls are methods on the [`SimServer`] returned by [`start`].
+//!
+//! Provider endpoints:
+//! - `POST /v1/chat/completions` (any path ending in `/chat/completions`): answers per the
+//!   request's `model` as scripted; `"stream": true` gets `chat.completion.chunk` SSE frames.
+//! - `GET /v1/models` (or `/models`): every model scripted or seen, in OpenAI's list format.
+//! - With accepted keys set, a request without `Authorization: Bearer <accepted key>` gets
+//!   OpenAI's 401 (checked first, as OpenAI does; the request is still counted and kept).
+//!
+//! Control API (JSON in and out; model names may contain `/`, raw or as `%2F`):
+//! - `PUT /_sim/models/{model}` body [`Behaviour`]; `GET` reads it, `DELETE` unscripts it.
+//! - `POST /_sim/script` body `{"model": "...", "behaviour": {...}}` or `{"<model>": {...}, ...}`.
+//! - `PUT /_sim/keys` body `["k1", ...]` (`[]` accepts any request); `GET /_sim/keys`.
+//! - `GET /_sim/stats` → [`Stats`]: `{"models": {"<model>": {"requests": N}},
+//!   "connections": {"opened": N, "closed": N, "open": N}, "requests": N}`.
+//! - `GET /_sim/last_request?model=<m>` → `{"model", "path", "headers": {...}, "body": <json>}`
+//!   or 404 when that model has had no request.
+//! - `POST /_sim/reset`: scripts, keys, request counters and last requests are forgotten;
+//!   connection counters restart from the connections open now.
+//!
+//! Setting a model's behaviour restarts its sequence. Control calls answer 204 (or 400 with
+//! `{"error": "..."}` naming the bad field).
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;

@@ -4,6 +4,7 @@
 //! router cannot: close a connection with no response (`reset`), hold one open forever
 //! (`hang`, `stall_after`), and count the moment the server side sees a connection end.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::SocketAddr;
@@ -130,18 +131,42 @@ pub struct ConnectionStats {
 }
 
 /// A request as the simulator received it, for tests that check what the gateway forwarded.
+///
+/// Kept as received (cheap reference-counted clones of hyper's buffers) and turned into
+/// strings or JSON only when asked: the benchmark should not pay for inspection.
 #[derive(Debug, Clone)]
 pub struct LastRequest {
-    pub path: String,
-    /// Lower-case names; repeated headers joined with ", ".
-    pub headers: BTreeMap<String, String>,
-    /// Kept raw: parsing every body just in case someone asks would cost the benchmark.
-    pub body: Bytes,
+    uri: hyper::Uri,
+    headers: HeaderMap,
+    body: Bytes,
 }
 
 impl LastRequest {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(&name.to_ascii_lowercase()).map(String::as_str)
+    pub fn path(&self) -> &str {
+        self.uri.path()
+    }
+
+    /// A header's value (names are case-insensitive); repeated headers joined with ", ".
+    pub fn header(&self, name: &str) -> Option<String> {
+        let mut values = self.headers.get_all(name).iter();
+        let first = String::from_utf8_lossy(values.next()?.as_bytes()).into_owned();
+        Some(values.fold(first, |mut joined, v| {
+            joined.push_str(", ");
+            joined.push_str(&String::from_utf8_lossy(v.as_bytes()));
+            joined
+        }))
+    }
+
+    /// All headers: lower-case names, repeated headers joined with ", ".
+    pub fn headers(&self) -> BTreeMap<String, String> {
+        self.headers
+            .keys()
+            .filter_map(|name| Some((name.as_str().to_owned(), self.header(name.as_str())?)))
+            .collect()
+    }
+
+    pub fn body(&self) -> &Bytes {
+        &self.body
     }
 
     /// The body as JSON, or as a JSON string when it is not JSON.
@@ -246,8 +271,10 @@ impl State {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut id = String::with_capacity(38);
         id.push_str("chatcmpl-");
-        push_base62(&mut id, splitmix(n ^ self.started), 15);
-        push_base62(&mut id, splitmix(n.wrapping_add(0x9e37)), 14);
+        // 10 base-62 digits use 60 of a u64's 64 bits: three words make the 29 characters.
+        push_base62(&mut id, splitmix(n ^ self.started), 10);
+        push_base62(&mut id, splitmix(n.wrapping_add(1 << 40)), 10);
+        push_base62(&mut id, splitmix(n.wrapping_add(2 << 40)), 9);
         id
     }
 
@@ -462,30 +489,39 @@ async fn chat(
     let body = body.collect().await.map_err(|_| Aborted)?.to_bytes();
     state.requests.fetch_add(1, Ordering::Relaxed);
     let request_id = state.request_id();
-    let model = openai::request_model(&body);
+    let parsed = openai::parse_request(&body);
+    // A body that fails validation is still attributed to its model when it names one.
+    let model = match &parsed {
+        Ok(request) => Some(Cow::Borrowed(request.model.as_str())),
+        Err(_) => openai::request_model(&body).map(Cow::Owned),
+    };
     let authorized = authorize(state, &parts.headers);
 
     // One lock: count, remember, and (when the key is good) take the next scripted step.
-    let step = model.as_deref().map(|model| {
+    let step = model.map(|model| {
         let mut models = lock(&state.models);
-        let entry = models.entry(model.to_owned()).or_default();
+        let entry = match models.get_mut(&*model) {
+            Some(entry) => entry,
+            None => models.entry(model.into_owned()).or_default(),
+        };
         entry.requests += 1;
         entry.last = Some(LastRequest {
-            path: parts.uri.path().to_owned(),
-            headers: header_map(&parts.headers),
+            uri: parts.uri.clone(),
+            headers: parts.headers.clone(),
             body: body.clone(),
         });
         let script = entry.script.clone();
         let position = entry.position;
-        if authorized.is_ok() {
+        if authorized.is_ok() && parsed.is_ok() {
             entry.position += 1;
         }
         (script, position)
     });
+    // OpenAI checks the key before it looks at the body.
     if let Err(err) = authorized {
         return Ok(error_response(&err, &request_id));
     }
-    let request = match openai::parse_request(&body) {
+    let request = match parsed {
         Ok(request) => request,
         Err(err) => return Ok(error_response(&err, &request_id)),
     };
@@ -767,20 +803,6 @@ fn error_response(err: &ApiError, request_id: &str) -> HttpResponse {
     resp
 }
 
-fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
-    let mut out: BTreeMap<String, String> = BTreeMap::new();
-    for (name, value) in headers {
-        let value = String::from_utf8_lossy(value.as_bytes());
-        out.entry(name.as_str().to_owned())
-            .and_modify(|v| {
-                v.push_str(", ");
-                v.push_str(&value);
-            })
-            .or_insert_with(|| value.into_owned());
-    }
-    out
-}
-
 // === Control API (`/_sim/`) ===
 
 #[derive(Deserialize)]
@@ -852,8 +874,8 @@ async fn control(state: &State, req: Request<Incoming>) -> HttpResponse {
                     StatusCode::OK,
                     &serde_json::json!({
                         "model": model,
-                        "path": last.path,
-                        "headers": last.headers,
+                        "path": last.path(),
+                        "headers": last.headers(),
                         "body": last.body_json(),
                     }),
                 ),

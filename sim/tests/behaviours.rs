@@ -503,8 +503,9 @@ async fn accepted_keys_reject_other_requests_with_401() {
     assert_eq!(status, 200);
     assert_eq!(sim.requests("k"), 3);
     let last = sim.last_request("k").unwrap();
-    assert_eq!(last.header("Authorization"), Some("Bearer sk-good-key-123456"));
-    assert_eq!(last.header("x-trace"), Some("t1"));
+    assert_eq!(last.header("Authorization").as_deref(), Some("Bearer sk-good-key-123456"));
+    assert_eq!(last.header("x-trace").as_deref(), Some("t1"));
+    assert_eq!(last.path(), "/v1/chat/completions");
     assert_eq!(last.body_json()["messages"][0]["content"], "say hi to me");
 }
 
@@ -607,4 +608,39 @@ async fn dropping_the_handle_stops_the_listener() {
     drop(sim);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(TcpStream::connect(addr).await.is_err());
+}
+
+/// Not a correctness test: `cargo nextest run -p switchyard-sim --run-ignored only` prints
+/// the request rate over keep-alive connections, to catch the simulator becoming the
+/// bottleneck of the load benchmark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn throughput_over_keep_alive() {
+    let sim = sim().await;
+    let (conns, per_conn) = (32u32, 1000u32);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        let addr = sim.local_addr;
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(addr).await;
+            for _ in 0..per_conn {
+                let resp = client
+                    .send("POST", "/v1/chat/completions", Some(request("m", false)), &[])
+                    .await;
+                assert_eq!(resp.status(), 200);
+                resp.into_body().collect().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = start.elapsed();
+    let total = conns * per_conn;
+    println!(
+        "{total} requests in {elapsed:?}: {:.0} req/s",
+        f64::from(total) / elapsed.as_secs_f64()
+    );
+    assert_eq!(sim.stats().connections.opened, u64::from(conns));
 }
