@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use switchyard_sim::{Behaviour, Reply, StatusReply};
 
 use switchyard_control_plane::audit::{self, AuditRetention};
 use switchyard_control_plane::server::{self, ControlError, ControlOptions};
@@ -90,6 +91,9 @@ pub struct DevArgs {
     pub control_listen: SocketAddr,
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Address of the simulated providers (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub sim_listen: SocketAddr,
 }
 
 pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
@@ -147,13 +151,24 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         .ok()
         .filter(|t| !t.is_empty())
         .unwrap_or_else(|| format!("dev-{:032x}", rand_u128()));
+
+    // Simulated providers: the demo's primary model always answers 503, its fallback works.
+    let sim = switchyard_sim::start(args.sim_listen).await?;
+    sim.set(DEMO_PRIMARY_UPSTREAM, Behaviour::Status(StatusReply::new(503)));
+    sim.set(
+        DEMO_FALLBACK_UPSTREAM,
+        Behaviour::Ok(Reply::text(
+            "Hello from the fallback model: the primary failed and Switchyard moved on.",
+        )),
+    );
+
     let control = server::start(ControlOptions {
         store_url: format!("file://{}", dir.join("store").display()),
         listen: args.control_listen,
         prefix: "/switchyard/".into(),
         admin_token: admin_token.clone(),
         join_token: None,
-        audit: AuditRetention::default(),
+        audit: Default::default(),
     })
     .await?;
     let control_url = format!("http://{}", control.local_addr);
@@ -162,6 +177,9 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
             tracing::error!(error = %e, "control plane stopped");
         }
     });
+    let demo_key = seed_demo(&control_url, &admin_token, &sim.base_url())
+        .await
+        .map_err(|e| ServeError::Config(format!("setting up the demo catalog: {e}")))?;
     let node = node::start(NodeOptions {
         controls: vec![control_url.clone()],
         listen: args.listen,
@@ -171,20 +189,88 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         max_body_bytes: switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES,
     })
     .await?;
+    let url = format!("http://{}", node.local_addr);
     println!("Switchyard dev is running (data in {}).", dir.display());
     println!();
-    println!("  node (OpenAI-compatible HTTP):  http://{}", node.local_addr);
+    println!("  node (OpenAI-compatible HTTP):  {url}");
     println!("  control plane (gRPC):           {control_url}");
+    println!("  simulated providers:            {}", sim.base_url());
+    println!("  demo API key (shown once):      {demo_key}");
+    println!();
+    println!("A request whose primary model fails and whose fallback answers:");
+    println!();
+    println!("  curl -s {url}/v1/chat/completions \\");
+    println!("    -H 'Authorization: Bearer {demo_key}' -H 'Content-Type: application/json' \\");
+    println!(
+        "    -d '{{\"model\": \"{DEMO_PRIMARY}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+    );
     println!();
     println!("Admin commands from another terminal:");
     println!("  export SWITCHYARD_CONTROL={control_url}");
     println!("  export SWITCHYARD_ADMIN_TOKEN={admin_token}");
-    println!("  switchyard apply -f deploy/catalog.example.yaml");
-    println!("  switchyard keys create --name demo");
-    println!("  switchyard nodes");
-    println!("  curl -H 'Authorization: Bearer <key>' http://{}/v1/models", node.local_addr);
+    println!("  switchyard catalog; switchyard keys list; switchyard nodes; switchyard events");
     node.run().await?;
     Ok(())
+}
+
+fn authed<T>(
+    auth: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    message: T,
+) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", auth.clone());
+    request
+}
+
+const DEMO_PRIMARY: &str = "demo/flaky-primary";
+const DEMO_FALLBACK: &str = "demo/steady-fallback";
+const DEMO_PRIMARY_UPSTREAM: &str = "flaky-primary";
+const DEMO_FALLBACK_UPSTREAM: &str = "steady-fallback";
+
+/// Applies the demo catalog (pointing at this run's simulator) and creates a demo key whose
+/// default chain is primary → fallback. Returns the key's secret.
+async fn seed_demo(control_url: &str, admin_token: &str, sim_url: &str) -> Result<String, String> {
+    use switchyard_proto::admin::v1 as admin;
+    let catalog = serde_json::json!({
+        "providers": [{"name": "demo", "kind": "openai-compatible", "base_url": format!("{sim_url}/v1"), "region": "local"}],
+        "models": [
+            {"name": DEMO_PRIMARY, "provider": "demo", "upstream_model": DEMO_PRIMARY_UPSTREAM,
+             "price": {"input_per_mtok": 0.05, "output_per_mtok": 0.4}},
+            {"name": DEMO_FALLBACK, "provider": "demo", "upstream_model": DEMO_FALLBACK_UPSTREAM,
+             "price": {"input_per_mtok": 0.25, "output_per_mtok": 2.0}}
+        ],
+        "breaker_policy": {"cooldown_ms": 10000}
+    });
+    let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {admin_token}")
+        .parse()
+        .map_err(|_| "the admin token is not a valid header value")?;
+    let channel = tonic::transport::Endpoint::from_shared(control_url.to_owned())
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut client = admin::admin_client::AdminClient::new(channel);
+    client
+        .apply_catalog(authed(
+            &auth,
+            admin::ApplyCatalogRequest { catalog_json: catalog.to_string(), dry_run: false },
+        ))
+        .await
+        .map_err(|e| e.message().to_owned())?;
+    let request = authed(
+        &auth,
+        admin::CreateKeyRequest {
+            name: "dev-demo".into(),
+            failover_defaults: Some(admin::FailoverDefaults {
+                models: vec![DEMO_PRIMARY.into(), DEMO_FALLBACK.into()],
+                ..Default::default()
+            }),
+            allowed_models: vec![],
+            allowed_regions: vec![],
+        },
+    );
+    let created = client.create_key(request).await.map_err(|e| e.message().to_owned())?;
+    Ok(created.into_inner().secret)
 }
 
 pub async fn sim(args: SimArgs) -> Result<(), ServeError> {
