@@ -427,6 +427,22 @@ impl ApiError {
         ErrorInner { message: &self.message, kind: &self.kind, param: self.param, code: &self.code }
     }
 
+    /// Headers that go with the body: `retry-after` when set and, for a 429, OpenAI's
+    /// `x-ratelimit-*-requests` trio matching the message (limit 3, none left, reset at
+    /// `retry-after`), for clients that read those instead of `retry-after`.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = Vec::new();
+        if let Some(secs) = self.retry_after {
+            headers.push(("retry-after", secs.to_string()));
+            if self.status == 429 {
+                headers.push(("x-ratelimit-limit-requests", "3".to_owned()));
+                headers.push(("x-ratelimit-remaining-requests", "0".to_owned()));
+                headers.push(("x-ratelimit-reset-requests", format!("{secs}s")));
+            }
+        }
+        headers
+    }
+
     /// The JSON body.
     pub fn body(&self) -> Bytes {
         json_bytes(&ErrorEnvelope { error: self.inner() })

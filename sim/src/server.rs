@@ -796,8 +796,10 @@ fn insert_request_id(resp: &mut HttpResponse, request_id: &str) {
 fn error_response(err: &ApiError, request_id: &str) -> HttpResponse {
     let status = StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut resp = json_response(status, err.body());
-    if let Some(secs) = err.retry_after {
-        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    for (name, value) in err.headers() {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            resp.headers_mut().insert(name, value);
+        }
     }
     insert_request_id(&mut resp, request_id);
     resp
