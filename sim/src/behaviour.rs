@@ -107,6 +107,7 @@ impl Reply {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatusReply {
+    #[serde(deserialize_with = "http_status")]
     pub status: u16,
     #[serde(default)]
     pub delay_ms: u64,
@@ -121,6 +122,16 @@ pub struct StatusReply {
 impl StatusReply {
     pub fn new(status: u16) -> Self {
         StatusReply { status, delay_ms: 0, message: None, retry_after: None }
+    }
+}
+
+/// A status a response line can carry; anything else would be served as something else.
+fn http_status<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
+    let status = u16::deserialize(d)?;
+    if (100..=599).contains(&status) {
+        Ok(status)
+    } else {
+        Err(serde::de::Error::custom(format!("status {status} is not an HTTP status (100-599)")))
     }
 }
 
@@ -164,6 +175,7 @@ mod tests {
         assert!(serde_json::from_str::<Behaviour>(r#"{"kind":"ok","txt":"x"}"#).is_err());
         assert!(serde_json::from_str::<Behaviour>(r#"{"kind":"status"}"#).is_err());
         assert!(serde_json::from_str::<Behaviour>(r#"{"kind":"explode"}"#).is_err());
+        assert!(serde_json::from_str::<Behaviour>(r#"{"kind":"status","status":1000}"#).is_err());
     }
 
     #[test]
