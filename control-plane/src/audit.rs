@@ -28,6 +28,9 @@ use crate::store::{
 
 /// etcd's default `--max-txn-ops`; both store backends refuse larger transactions.
 pub const MAX_TXN_OPS: usize = 128;
+/// Bytes of event JSON per transaction, well under etcd's default 1.5 MiB request limit:
+/// a batch etcd refused would be resent, and refused, forever.
+const MAX_TXN_BYTES: usize = 1024 * 1024;
 /// How often the leader sweeps the log for entries past the age bound.
 pub const PRUNE_INTERVAL: Duration = Duration::from_secs(30);
 /// After a prune, the next one waits at least this long, so a flood of events costs one
@@ -131,7 +134,8 @@ impl AuditEvent {
     }
 }
 
-/// Writes every event durably, in transactions of at most [`MAX_TXN_OPS`] puts. Events
+/// Writes every event durably, in transactions of at most [`MAX_TXN_OPS`] puts and about
+/// [`MAX_TXN_BYTES`]. Events
 /// without an id are skipped (they could not be deduplicated on redelivery); an event
 /// repeated within the batch is written once (etcd refuses a txn writing a key twice).
 /// Returns how many events were written.
@@ -156,8 +160,25 @@ pub async fn write_events(
         ops.push(TxnOp::Put { key, value, lease: None });
     }
     let written = ops.len();
-    for chunk in ops.chunks(MAX_TXN_OPS) {
-        store.txn(Txn { compare: vec![], success: chunk.to_vec(), failure: vec![] }).await?;
+    let mut txn = Txn::default();
+    let mut bytes = 0;
+    for op in ops {
+        let size = match &op {
+            TxnOp::Put { key, value, .. } => key.len() + value.len(),
+            TxnOp::Delete { key } => key.len(),
+            TxnOp::DeletePrefix { prefix } => prefix.len(),
+        };
+        if !txn.success.is_empty()
+            && (txn.success.len() == MAX_TXN_OPS || bytes + size > MAX_TXN_BYTES)
+        {
+            store.txn(std::mem::take(&mut txn)).await?;
+            bytes = 0;
+        }
+        bytes += size;
+        txn.success.push(op);
+    }
+    if !txn.success.is_empty() {
+        store.txn(txn).await?;
     }
     Ok(written)
 }

@@ -488,3 +488,23 @@ async fn a_batch_that_cannot_be_stored_is_not_acked_and_the_stream_ends_for_a_re
     assert!(ended.message().contains("batch 2 was not stored"), "{ended:?}");
     drop(cp);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_larger_than_one_etcd_request_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdProcess::start().await;
+    let store = etcd.endpoint().replace("http://", "etcd://");
+    let cp = control(&store, dir.path(), "cp", &[]).await;
+    let mut node = FakeNode::connect(&cp.url(), "n1").await;
+    // 60 events of ~40 KB: 2.4 MB, past etcd's 1.5 MiB request limit, under 128 ops.
+    let t = now_ms();
+    let batch: Vec<_> = (0..60)
+        .map(|i| {
+            let mut e = event(&format!("big{i:02}"), t + i, "key_1");
+            e.attempts[0].reason = "x".repeat(40_000);
+            e
+        })
+        .collect();
+    node.send_events(1, batch).await;
+    assert_eq!(events_json(&cp.url(), &[]).await.len(), 60);
+}
