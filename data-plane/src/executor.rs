@@ -16,7 +16,10 @@ use crate::chain::{Chain, Entry};
 use crate::config::NodeConfig;
 use crate::error::ApiError;
 use crate::metrics::{AttemptLabels, BreakerLabels, Metrics, ModelLabels, TransitionLabels};
-use crate::providers::{CallError, Classified, Completion};
+use crate::providers::{
+    CallError, Classified, Completion, ProviderRuntime, StreamError, StreamEvent, UpstreamError,
+    UpstreamStream,
+};
 use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_message};
 use crate::request::ChatRequest;
 use crate::telemetry::Telemetry;
@@ -25,9 +28,27 @@ use crate::telemetry::Telemetry;
 const FAIR_MINIMUM: Duration = Duration::from_millis(1000);
 
 pub struct Served {
-    pub completion: Completion,
+    pub output: Output,
     pub model: Arc<Model>,
     pub attempts: Vec<AttemptReport>,
+}
+
+pub enum Output {
+    Completion(Completion),
+    Stream(CommittedStream),
+}
+
+/// A stream whose first content arrived in time: its model is locked (DESIGN §1
+/// "Streaming"). The breaker permit travels with it, to be settled when the stream ends.
+pub struct CommittedStream {
+    /// What the upstream sent up to and including the first content chunk.
+    pub buffered: Vec<StreamEvent>,
+    pub upstream: UpstreamStream,
+    pub permit: Permit,
+    /// `timeout_ms` bounds the whole attempt, the stream's body included.
+    pub deadline: Instant,
+    /// The model's `stall_timeout_ms`: the longest gap allowed between two chunks.
+    pub stall: Duration,
 }
 
 pub struct Failed {
@@ -43,7 +64,7 @@ pub struct Executor {
 }
 
 enum AttemptResult {
-    Served(Completion),
+    Served(Output),
     Failover(FailoverReason, String),
     ClientError(StatusCode, crate::providers::UpstreamError),
 }
@@ -91,8 +112,8 @@ impl Executor {
             };
             tried = true;
             match self.attempt(entry, timeout, permit, request, config, &mut attempts).await {
-                AttemptResult::Served(completion) => {
-                    return Ok(Served { completion, model: Arc::clone(&entry.model), attempts });
+                AttemptResult::Served(output) => {
+                    return Ok(Served { output, model: Arc::clone(&entry.model), attempts });
                 }
                 AttemptResult::ClientError(status, error) => {
                     return Err(client_error(chain, status, error, attempts));
@@ -122,12 +143,8 @@ impl Executor {
                     attempts[i] = report;
                 }
                 match result {
-                    AttemptResult::Served(completion) => {
-                        return Ok(Served {
-                            completion,
-                            model: Arc::clone(&entry.model),
-                            attempts,
-                        });
+                    AttemptResult::Served(output) => {
+                        return Ok(Served { output, model: Arc::clone(&entry.model), attempts });
                     }
                     AttemptResult::ClientError(status, error) => {
                         return Err(client_error(chain, status, error, attempts));
@@ -160,35 +177,44 @@ impl Executor {
         let model = &entry.model;
         let span = info_span!("attempt", model = %model.name, provider = %model.provider);
         let started = Instant::now();
-        let call = async {
-            let Some(provider) = config.providers.get(&model.provider) else {
-                return Err(CallError::NoCredential(format!(
-                    "provider {} is not configured",
-                    model.provider
-                )));
-            };
-            provider.complete(model, request).await
-        };
-        let result = tokio::time::timeout(timeout, call).instrument(span).await;
-        let latency_ms = started.elapsed().as_millis() as u64;
-        let (outcome, result) = match result {
-            Err(_elapsed) => (
-                Outcome::Timeout,
+        let provider = config.providers.get(&model.provider).cloned();
+        let deadline = started + timeout;
+        let (outcome, result) = match provider {
+            None => (
+                Outcome::Failure,
                 AttemptResult::Failover(
-                    FailoverReason::Timeout,
-                    format!("no answer within {timeout:?}"),
+                    FailoverReason::ServerError,
+                    format!("provider {} is not configured on this node", model.provider),
                 ),
             ),
-            Ok(Ok(completion)) => (Outcome::Success, AttemptResult::Served(completion)),
-            Ok(Err(e)) => match e.classify() {
-                Classified::Failover(reason) => {
-                    (Outcome::Failure, AttemptResult::Failover(reason, e.to_string()))
+            Some(provider) if request.stream => {
+                let first_token = deadline.min(started + entry.first_token_timeout);
+                match open_until_first_token(&provider, model, request, first_token)
+                    .instrument(span)
+                    .await
+                {
+                    Ok((buffered, upstream)) => {
+                        let stall = Duration::from_millis(model.stall_timeout_ms().into());
+                        let stream =
+                            CommittedStream { buffered, upstream, permit, deadline, stall };
+                        self.finish_attempt(model, started, AttemptStatus::Served, None, attempts);
+                        return AttemptResult::Served(Output::Stream(stream));
+                    }
+                    Err(failure) => failure.into_outcome(),
                 }
-                // The upstream answered: it is healthy, the request is at fault.
-                Classified::ClientError { status, error } => {
-                    (Outcome::Success, AttemptResult::ClientError(status, error))
+            }
+            Some(provider) => {
+                match tokio::time::timeout(timeout, provider.complete(model, request))
+                    .instrument(span)
+                    .await
+                {
+                    Err(_elapsed) => AttemptFailure::Timeout(timeout).into_outcome(),
+                    Ok(Ok(completion)) => {
+                        (Outcome::Success, AttemptResult::Served(Output::Completion(completion)))
+                    }
+                    Ok(Err(e)) => AttemptFailure::Call(e).into_outcome(),
                 }
-            },
+            }
         };
         self.report_transition(permit.record(outcome, Instant::now()));
         let (status, reason) = match &result {
@@ -201,6 +227,19 @@ impl Executor {
                 (AttemptStatus::Failed, Some(AttemptReason::ClientError))
             }
         };
+        self.finish_attempt(model, started, status, reason, attempts);
+        result
+    }
+
+    /// Reports an attempt: metrics, and its line in the failover report.
+    fn finish_attempt(
+        &self,
+        model: &Model,
+        started: Instant,
+        status: AttemptStatus,
+        reason: Option<AttemptReason>,
+        attempts: &mut Vec<AttemptReport>,
+    ) {
         self.metrics
             .attempts
             .get_or_create(&AttemptLabels {
@@ -221,13 +260,13 @@ impl Executor {
             model: model.name.clone(),
             status,
             reason,
-            latency_ms,
+            latency_ms: started.elapsed().as_millis() as u64,
             probe: false,
         });
-        result
     }
 
-    fn report_transition(&self, transition: Option<Transition>) {
+    /// Logs a breaker transition, updates its metrics and queues it for the control plane.
+    pub fn report_transition(&self, transition: Option<Transition>) {
         let Some(t) = transition else { return };
         let state = match t.to {
             crate::breaker::State::Closed => 0,
@@ -323,4 +362,98 @@ fn all_failed(
         attempts: chain.is_multi_model().then(|| attempts.clone()),
     };
     Failed { error, attempts }
+}
+
+/// Why an attempt failed, before classification into the report's reasons.
+enum AttemptFailure {
+    Timeout(Duration),
+    Call(CallError),
+    Stream(StreamError),
+    /// An in-band error before the first content (Anthropic's `overloaded_error`, an
+    /// OpenAI `error` frame): classified like its HTTP equivalent.
+    InBand(UpstreamError),
+}
+
+impl AttemptFailure {
+    fn into_outcome(self) -> (Outcome, AttemptResult) {
+        match self {
+            Self::Timeout(after) => (
+                Outcome::Timeout,
+                AttemptResult::Failover(
+                    FailoverReason::Timeout,
+                    format!("no answer within {after:?}"),
+                ),
+            ),
+            Self::Call(e) => match e.classify() {
+                Classified::Failover(reason) => {
+                    (Outcome::Failure, AttemptResult::Failover(reason, e.to_string()))
+                }
+                // The upstream answered: it is healthy, the request is at fault.
+                Classified::ClientError { status, error } => {
+                    (Outcome::Success, AttemptResult::ClientError(status, error))
+                }
+            },
+            Self::Stream(e) => {
+                let reason = match e {
+                    StreamError::Connection(_) => FailoverReason::ConnectionError,
+                    StreamError::Malformed(_) => FailoverReason::ServerError,
+                };
+                (Outcome::Failure, AttemptResult::Failover(reason, e.to_string()))
+            }
+            Self::InBand(error) => {
+                let rate_limited = error.kind.contains("rate_limit")
+                    || error.code.as_deref().is_some_and(|c| c.contains("rate_limit"))
+                    || error.kind == "requests"
+                    || error.kind == "tokens";
+                if error.kind == "invalid_request_error" {
+                    (Outcome::Success, AttemptResult::ClientError(StatusCode::BAD_REQUEST, error))
+                } else {
+                    let reason = if rate_limited {
+                        FailoverReason::RateLimit
+                    } else {
+                        FailoverReason::ServerError
+                    };
+                    (Outcome::Failure, AttemptResult::Failover(reason, error.message))
+                }
+            }
+        }
+    }
+}
+
+/// Opens the upstream stream and reads it until its first content (or its end), all before
+/// `first_token`: until then the attempt can still fail over and the client has seen nothing.
+async fn open_until_first_token(
+    provider: &Arc<ProviderRuntime>,
+    model: &Model,
+    request: &ChatRequest,
+    first_token: Instant,
+) -> Result<(Vec<StreamEvent>, UpstreamStream), AttemptFailure> {
+    let started = Instant::now();
+    let waited = || first_token.saturating_duration_since(started);
+    let deadline = tokio::time::Instant::from_std(first_token);
+    let mut upstream = tokio::time::timeout_at(deadline, provider.open_stream(model, request))
+        .await
+        .map_err(|_| AttemptFailure::Timeout(waited()))?
+        .map_err(AttemptFailure::Call)?;
+    let mut buffered = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, upstream.next()).await {
+            Err(_) => return Err(AttemptFailure::Timeout(waited())),
+            Ok(None) => {
+                return Err(AttemptFailure::Stream(StreamError::Connection(
+                    "the stream ended before any content".into(),
+                )));
+            }
+            Ok(Some(Err(e))) => return Err(AttemptFailure::Stream(e)),
+            Ok(Some(Ok(StreamEvent::Error(e)))) => return Err(AttemptFailure::InBand(e)),
+            Ok(Some(Ok(event))) => {
+                let commits =
+                    matches!(event, StreamEvent::Done | StreamEvent::Chunk { commits: true, .. });
+                buffered.push(event);
+                if commits {
+                    return Ok((buffered, upstream));
+                }
+            }
+        }
+    }
 }

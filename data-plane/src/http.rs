@@ -15,15 +15,16 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use tracing::{Instrument, info_span};
 
-use switchyard_catalog::ApiKeyRecord;
 use switchyard_catalog::keys::hash_secret;
+use switchyard_catalog::{ApiKeyRecord, Model};
 use switchyard_proto::node::v1 as pb;
 
 use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
 use crate::error::{ApiError, Flavor};
-use crate::executor::{Executor, Served, unix_ms};
+use crate::executor::{Executor, Output, unix_ms};
 use crate::metrics::{EndpointLabels, FailoverLabels, RequestLabels};
+use crate::providers::{Completion, Usage};
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
 use crate::state::NodeState;
@@ -148,7 +149,7 @@ async fn chat(
 }
 
 async fn handle(
-    app: &App,
+    app: &Arc<App>,
     headers: &HeaderMap,
     body: Body,
     flavor: Flavor,
@@ -161,9 +162,6 @@ async fn handle(
         .await
         .map_err(|_| ApiError::PayloadTooLarge { limit: app.max_body_bytes })?;
     let request = ChatRequest::parse(&bytes)?;
-    if request.stream {
-        return Err(ApiError::invalid("stream", "streaming is not available on this node yet"));
-    }
     let chain = chain::resolve(&request, &key, &config)?;
     let outcome = app.executor.run(&chain, &request, &config).await;
     let attempts = match &outcome {
@@ -193,21 +191,47 @@ async fn handle(
         ));
     }
     let served = outcome.map_err(|failed| failed.error)?;
-    record_usage(app, &key, &served);
     tracing::debug!(served = %served.model.name, "served");
-    Ok(render_served(served, &chain, flavor))
+    Ok(match served.output {
+        Output::Completion(completion) => {
+            record_usage(app, &key.id, &served.model, completion.usage);
+            render_completion(completion, served.model, served.attempts, &chain, flavor)
+        }
+        Output::Stream(stream) => crate::stream::respond(
+            app,
+            stream,
+            crate::stream::Context {
+                key_id: key.id.clone(),
+                model: served.model,
+                report: report(&chain, &served.attempts),
+                multi: chain.is_multi_model(),
+                include_usage: request.include_usage,
+                flavor,
+            },
+        ),
+    })
 }
 
-fn record_usage(app: &App, key: &ApiKeyRecord, served: &Served) {
-    let usage = served.completion.usage;
-    let cost = served.model.price.map_or(0.0, |p| {
+/// The failover report of a chain whose last attempt served.
+fn report(chain: &Chain, attempts: &[AttemptReport]) -> FailoverReport {
+    let served_model = attempts.last().map(|a| a.model.clone()).unwrap_or_default();
+    FailoverReport {
+        requested_model: chain.requested_model().to_owned(),
+        served_model,
+        failover: Failover { occurred: failover_occurred(attempts), attempts: attempts.to_vec() },
+    }
+}
+
+/// Usage is billed to the model that served, at the catalog's prices.
+pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
+    let cost = model.price.map_or(0.0, |p| {
         (usage.prompt_tokens as f64 * p.input_per_mtok
             + usage.completion_tokens as f64 * p.output_per_mtok)
             / 1_000_000.0
     });
     app.executor.telemetry.record_usage(
-        &key.id,
-        &served.model.name,
+        key_id,
+        &model.name,
         usage.prompt_tokens,
         usage.completion_tokens,
         cost,
@@ -248,22 +272,23 @@ fn failover_event(
     }
 }
 
-fn raw(value: &impl serde::Serialize) -> Option<Box<RawValue>> {
+pub fn raw(value: &impl serde::Serialize) -> Option<Box<RawValue>> {
     serde_json::value::to_raw_value(value).ok()
 }
 
-fn render_served(served: Served, chain: &Chain, flavor: Flavor) -> Response {
-    let Served { completion, model, attempts } = served;
+fn render_completion(
+    completion: Completion,
+    model: Arc<Model>,
+    attempts: Vec<AttemptReport>,
+    chain: &Chain,
+    flavor: Flavor,
+) -> Response {
     let mut fields: BTreeMap<String, Box<RawValue>> = completion.fields;
     // The response names the model that served, by its gateway name.
     if let Some(name) = raw(&model.name) {
         fields.insert("model".to_owned(), name);
     }
-    let report = FailoverReport {
-        requested_model: chain.requested_model().to_owned(),
-        served_model: model.name.clone(),
-        failover: Failover { occurred: failover_occurred(&attempts), attempts },
-    };
+    let report = report(chain, &attempts);
     let body = match flavor {
         Flavor::OpenAi => {
             if chain.is_multi_model()

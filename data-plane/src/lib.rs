@@ -16,5 +16,6 @@ pub mod providers;
 pub mod report;
 pub mod request;
 pub mod state;
+pub mod stream;
 pub mod sync;
 pub mod telemetry;

@@ -23,6 +23,7 @@ use switchyard_catalog::{FailoverReason, Model, Provider, ProviderKind};
 use crate::request::ChatRequest;
 
 pub mod openai;
+pub mod sse;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -130,6 +131,43 @@ impl fmt::Display for CallError {
     }
 }
 
+/// One event of an upstream stream, in OpenAI's shape.
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// A `chat.completion.chunk`, top-level fields raw.
+    Chunk {
+        fields: BTreeMap<String, Box<RawValue>>,
+        /// Carries content (text, a tool call, a refusal) or a finish reason: the point after
+        /// which the serving model is locked.
+        commits: bool,
+        usage: Option<Usage>,
+        /// No choices, only usage (OpenAI's final chunk with `include_usage`).
+        usage_only: bool,
+    },
+    /// The upstream's end marker.
+    Done,
+    /// An in-band error (`data: {"error": …}`, Anthropic's `event: error`).
+    Error(UpstreamError),
+}
+
+/// How reading an upstream stream failed.
+#[derive(Debug)]
+pub enum StreamError {
+    /// The connection broke, or the stream ended mid-event or without its end marker.
+    Connection(String),
+    /// A frame that is not what the provider's format says.
+    Malformed(String),
+}
+
+impl fmt::Display for StreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Connection(e) => write!(f, "upstream stream broke: {e}"),
+            Self::Malformed(e) => write!(f, "malformed upstream stream: {e}"),
+        }
+    }
+}
+
 /// A provider kind's wire format.
 pub trait Adapter: Send + Sync {
     /// The upstream HTTP request for one attempt.
@@ -146,6 +184,61 @@ pub trait Adapter: Send + Sync {
 
     /// An error body as the upstream's error.
     fn error(&self, status: StatusCode, body: &[u8]) -> UpstreamError;
+
+    /// One SSE frame of a streamed response; `None` for frames with nothing for the client.
+    fn stream_event(&self, frame: &sse::Frame) -> Result<Option<StreamEvent>, String>;
+}
+
+/// A streamed upstream response whose head was 200: events as they arrive.
+pub struct UpstreamStream {
+    body: hyper::body::Incoming,
+    parser: sse::Parser,
+    runtime: Arc<ProviderRuntime>,
+    ended: bool,
+}
+
+impl UpstreamStream {
+    /// The next event; `None` once the body ended cleanly after its end marker.
+    pub async fn next(&mut self) -> Option<Result<StreamEvent, StreamError>> {
+        loop {
+            match self.parser.next_frame() {
+                Err(e) => return Some(Err(StreamError::Malformed(e.to_string()))),
+                Ok(Some(frame)) => match self.runtime.adapter.stream_event(&frame) {
+                    Ok(Some(event)) => return Some(Ok(event)),
+                    Ok(None) => continue,
+                    Err(e) => return Some(Err(StreamError::Malformed(e))),
+                },
+                Ok(None) => {}
+            }
+            if self.ended {
+                return None;
+            }
+            match self.body.frame().await {
+                None => {
+                    self.ended = true;
+                    if self.parser.has_partial() {
+                        return Some(Err(StreamError::Connection(
+                            "the stream ended mid-event".into(),
+                        )));
+                    }
+                    return Some(Err(StreamError::Connection(
+                        "the upstream closed the stream before its end marker".into(),
+                    )));
+                }
+                Some(Err(e)) => {
+                    self.ended = true;
+                    return Some(Err(StreamError::Connection(error_chain(&e))));
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data()
+                        && let Err(e) = self.parser.push(&data)
+                    {
+                        return Some(Err(StreamError::Malformed(e.to_string())));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A provider as this node uses it: its definition, resolved credentials, its connection pool.
@@ -187,13 +280,40 @@ impl ProviderRuntime {
         Self { def, credentials, client: build_client(), adapter }
     }
 
-    /// One attempt's upstream call; the caller bounds it in time. On 401/403 the reserve
-    /// credentials are tried in order before the call counts as failed.
+    /// One attempt's upstream call; the caller bounds it in time.
     pub async fn complete(
         &self,
         model: &Model,
         request: &ChatRequest,
     ) -> Result<Completion, CallError> {
+        let response = self.respond(model, request).await?;
+        let body = read_body(response).await?;
+        self.adapter.completion(&body)
+    }
+
+    /// Opens a streamed call; returns once the upstream answered 2xx (an error status is
+    /// read whole and returned as the call's error).
+    pub async fn open_stream(
+        self: &Arc<Self>,
+        model: &Model,
+        request: &ChatRequest,
+    ) -> Result<UpstreamStream, CallError> {
+        let response = self.respond(model, request).await?;
+        Ok(UpstreamStream {
+            body: response.into_body(),
+            parser: sse::Parser::default(),
+            runtime: Arc::clone(self),
+            ended: false,
+        })
+    }
+
+    /// Sends with the primary credential and, on 401/403, with each reserve in order before
+    /// the call counts as failed; returns a 2xx response with its body unread.
+    async fn respond(
+        &self,
+        model: &Model,
+        request: &ChatRequest,
+    ) -> Result<http::Response<hyper::body::Incoming>, CallError> {
         if self.credentials.is_empty() {
             return self.send(model, request, None).await;
         }
@@ -224,7 +344,7 @@ impl ProviderRuntime {
         model: &Model,
         request: &ChatRequest,
         credential: Option<&Secret>,
-    ) -> Result<Completion, CallError> {
+    ) -> Result<http::Response<hyper::body::Incoming>, CallError> {
         let upstream = self.adapter.request(&self.def, model, request, credential)?;
         let response = self
             .client
@@ -232,17 +352,20 @@ impl ProviderRuntime {
             .await
             .map_err(|e| CallError::Connection(error_chain(&e)))?;
         let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-            .collect()
-            .await
-            .map_err(|e| CallError::Connection(format!("reading the response body: {e}")))?
-            .to_bytes();
         if status.is_success() {
-            self.adapter.completion(&body)
-        } else {
-            Err(CallError::Status { status, error: self.adapter.error(status, &body) })
+            return Ok(response);
         }
+        let body = read_body(response).await?;
+        Err(CallError::Status { status, error: self.adapter.error(status, &body) })
     }
+}
+
+async fn read_body(response: http::Response<hyper::body::Incoming>) -> Result<Bytes, CallError> {
+    Ok(Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(|e| CallError::Connection(format!("reading the response body: {e}")))?
+        .to_bytes())
 }
 
 fn build_client() -> HttpsClient {

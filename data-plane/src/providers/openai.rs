@@ -12,7 +12,8 @@ use serde_json::value::RawValue;
 
 use switchyard_catalog::{Model, Provider};
 
-use super::{Adapter, CallError, Completion, Secret, UpstreamError, Usage};
+use super::sse::Frame;
+use super::{Adapter, CallError, Completion, Secret, StreamEvent, UpstreamError, Usage};
 use crate::request::ChatRequest;
 
 pub struct OpenAi;
@@ -56,6 +57,65 @@ impl Adapter for OpenAi {
 
     fn error(&self, status: StatusCode, body: &[u8]) -> UpstreamError {
         parse_error(status, body)
+    }
+
+    fn stream_event(&self, frame: &Frame) -> Result<Option<StreamEvent>, String> {
+        let data = frame.data.trim();
+        if data == "[DONE]" {
+            return Ok(Some(StreamEvent::Done));
+        }
+        let fields: BTreeMap<String, Box<RawValue>> =
+            serde_json::from_str(data).map_err(|e| format!("a frame is not JSON: {e}"))?;
+        if fields.contains_key("error") {
+            return Ok(Some(StreamEvent::Error(parse_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                data.as_bytes(),
+            ))));
+        }
+        let choices: Vec<ChoiceProbe> = match fields.get("choices") {
+            Some(raw) => serde_json::from_str(raw.get()).map_err(|e| format!("`choices`: {e}"))?,
+            None => Vec::new(),
+        };
+        let commits = choices.iter().any(ChoiceProbe::commits);
+        let usage = fields
+            .get("usage")
+            .and_then(|raw| serde_json::from_str::<Option<WireUsage>>(raw.get()).ok().flatten())
+            .map(|u| Usage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            });
+        let usage_only = choices.is_empty() && usage.is_some();
+        Ok(Some(StreamEvent::Chunk { fields, commits, usage, usage_only }))
+    }
+}
+
+/// Just enough of a chunk's choice to know whether it carries content.
+#[derive(Deserialize)]
+struct ChoiceProbe {
+    #[serde(default)]
+    delta: Option<DeltaProbe>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct DeltaProbe {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    refusal: Option<String>,
+}
+
+impl ChoiceProbe {
+    fn commits(&self) -> bool {
+        self.finish_reason.is_some()
+            || self.delta.as_ref().is_some_and(|d| {
+                d.content.as_deref().is_some_and(|c| !c.is_empty())
+                    || d.tool_calls.is_some()
+                    || d.refusal.as_deref().is_some_and(|r| !r.is_empty())
+            })
     }
 }
 
@@ -118,7 +178,24 @@ pub fn body(upstream_model: &str, request: &ChatRequest) -> Vec<u8> {
     out.extend_from_slice(b"{\"model\":");
     // Serialising a &str into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut out, upstream_model);
+    if request.stream {
+        // Always ask for the final usage chunk: usage is billed to the model that served.
+        // The client sees it only if it asked (the node strips it otherwise).
+        let mut options = request
+            .passthrough
+            .get("stream_options")
+            .and_then(|raw| {
+                serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(raw.get()).ok()
+            })
+            .unwrap_or_default();
+        options.insert("include_usage".into(), serde_json::Value::Bool(true));
+        out.extend_from_slice(b",\"stream_options\":");
+        let _ = serde_json::to_writer(&mut out, &options);
+    }
     for (key, value) in &request.passthrough {
+        if request.stream && key == "stream_options" {
+            continue;
+        }
         out.push(b',');
         let _ = serde_json::to_writer(&mut out, key);
         out.push(b':');

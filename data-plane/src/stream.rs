@@ -1,0 +1,234 @@
+//! Forwarding a committed stream to the client (DESIGN §1 "Streaming"): chunks go out as
+//! they arrive, each naming the served model; the failover report rides in the first chunk;
+//! once the model is locked, a drop, a malformed frame or a stall ends the stream with an
+//! error frame — never a hang, never a second model's text.
+//!
+//! The body is pulled by hyper as the client reads, so a slow client slows the upstream
+//! read (bounded buffering), and a client that goes away drops the body, which drops the
+//! upstream response and closes its connection at once.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::json;
+
+use switchyard_catalog::Model;
+
+use crate::breaker::{Outcome, Permit};
+use crate::error::Flavor;
+use crate::executor::CommittedStream;
+use crate::http::{App, raw, record_usage};
+use crate::providers::{StreamError, StreamEvent, UpstreamStream, Usage};
+use crate::report::FailoverReport;
+
+pub struct Context {
+    pub key_id: String,
+    pub model: Arc<Model>,
+    pub report: FailoverReport,
+    /// A chain of one gets no report.
+    pub multi: bool,
+    /// The client asked for the final usage chunk (`stream_options.include_usage`).
+    pub include_usage: bool,
+    pub flavor: Flavor,
+}
+
+pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Response {
+    let CommittedStream { buffered, upstream, permit, deadline, stall } = stream;
+    let served = HeaderValue::from_str(&ctx.model.name).ok();
+    let requested = HeaderValue::from_str(&ctx.report.requested_model).ok();
+    let pump = Pump {
+        app: Arc::clone(app),
+        ctx,
+        buffered: buffered.into(),
+        upstream,
+        permit: Some(permit),
+        deadline,
+        stall,
+        first_sent: false,
+        report_in_content: false,
+        usage: None,
+        content_chunks: 0,
+        settled: false,
+    };
+    let body = futures_util::stream::unfold(pump, |mut pump| async move {
+        let frame = pump.next().await?;
+        Some((Ok::<Bytes, Infallible>(frame), pump))
+    });
+    let mut response = Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Some(v) = served {
+        headers.insert("x-served-model", v);
+    }
+    if let Some(v) = requested {
+        headers.insert("x-requested-model", v);
+    }
+    response
+}
+
+struct Pump {
+    app: Arc<App>,
+    ctx: Context,
+    buffered: VecDeque<StreamEvent>,
+    upstream: UpstreamStream,
+    permit: Option<Permit>,
+    deadline: Instant,
+    stall: std::time::Duration,
+    first_sent: bool,
+    report_in_content: bool,
+    usage: Option<Usage>,
+    content_chunks: u64,
+    settled: bool,
+}
+
+impl Pump {
+    /// The next SSE frame for the client; `None` when the stream is over.
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if self.settled {
+                return None;
+            }
+            let event = match self.buffered.pop_front() {
+                Some(event) => Some(Ok(event)),
+                None => match self.read().await {
+                    Ok(event) => event,
+                    Err(frame) => return Some(frame),
+                },
+            };
+            match event {
+                None => {
+                    self.settle(Outcome::Success);
+                    return None;
+                }
+                Some(Err(e)) => {
+                    let code = match e {
+                        StreamError::Connection(_) => "upstream_disconnected",
+                        StreamError::Malformed(_) => "upstream_malformed",
+                    };
+                    return Some(self.fail(Outcome::Failure, code, &e.to_string()));
+                }
+                Some(Ok(StreamEvent::Error(e))) => {
+                    let message = format!("The upstream model failed mid-stream: {}", e.message);
+                    return Some(self.fail(Outcome::Failure, "upstream_error", &message));
+                }
+                Some(Ok(StreamEvent::Done)) => {
+                    self.settle(Outcome::Success);
+                    return Some(Bytes::from_static(b"data: [DONE]\n\n"));
+                }
+                Some(Ok(StreamEvent::Chunk { mut fields, commits, usage, usage_only })) => {
+                    if usage.is_some() {
+                        self.usage = usage;
+                    }
+                    if usage_only && !self.ctx.include_usage {
+                        continue;
+                    }
+                    if commits {
+                        self.content_chunks += 1;
+                    }
+                    if let Some(name) = raw(&self.ctx.model.name) {
+                        fields.insert("model".to_owned(), name);
+                    }
+                    if !self.ctx.include_usage {
+                        fields.remove("usage");
+                    }
+                    // The report goes in the first chunk sent and, if that one carried no
+                    // content, again in the first one that does (DESIGN §1).
+                    let wants_report = !self.first_sent || (commits && !self.report_in_content);
+                    if self.ctx.multi
+                        && wants_report
+                        && let Some(report) = raw(&self.ctx.report)
+                    {
+                        let key = match self.ctx.flavor {
+                            Flavor::OpenAi => "secureai",
+                            Flavor::Classic => "metadata",
+                        };
+                        fields.insert(key.to_owned(), report);
+                    }
+                    self.first_sent = true;
+                    self.report_in_content |= commits;
+                    let Ok(json) = serde_json::to_vec(&fields) else { continue };
+                    return Some(sse_frame(&json));
+                }
+            }
+        }
+    }
+
+    /// The next upstream event within the stall and attempt limits, or the error frame
+    /// that ends the stream.
+    async fn read(&mut self) -> Result<Option<Result<StreamEvent, StreamError>>, Bytes> {
+        let now = Instant::now();
+        let left = self.deadline.saturating_duration_since(now);
+        if left.is_zero() {
+            return Err(self.timed_out());
+        }
+        match tokio::time::timeout(self.stall.min(left), self.upstream.next()).await {
+            Ok(event) => Ok(event),
+            Err(_) if Instant::now() >= self.deadline => Err(self.timed_out()),
+            Err(_) => {
+                let message = format!(
+                    "The upstream model stopped sending: no chunk for {} ms (stall_timeout_ms).",
+                    self.stall.as_millis()
+                );
+                Err(self.fail(Outcome::Timeout, "stream_stalled", &message))
+            }
+        }
+    }
+
+    fn timed_out(&mut self) -> Bytes {
+        self.fail(Outcome::Timeout, "timeout", "The attempt exceeded timeout_ms while streaming.")
+    }
+
+    fn fail(&mut self, outcome: Outcome, code: &str, message: &str) -> Bytes {
+        tracing::warn!(model = %self.ctx.model.name, code, %message, "stream ended with an error frame");
+        self.settle(outcome);
+        let body = json!({"error": {"message": message, "type": "server_error", "code": code, "param": null}});
+        sse_frame(body.to_string().as_bytes())
+    }
+
+    /// Settles the breaker permit and bills usage, once.
+    fn settle(&mut self, outcome: Outcome) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        if let Some(permit) = self.permit.take() {
+            self.app.executor.report_transition(permit.record(outcome, Instant::now()));
+        }
+        self.bill();
+    }
+
+    fn bill(&mut self) {
+        // Without the upstream's usage chunk, count one token per content chunk.
+        let usage = self
+            .usage
+            .take()
+            .unwrap_or(Usage { prompt_tokens: 0, completion_tokens: self.content_chunks });
+        record_usage(&self.app, &self.ctx.key_id, &self.ctx.model, usage);
+    }
+}
+
+impl Drop for Pump {
+    /// The client went away mid-stream: the permit is released unjudged (the upstream did
+    /// nothing wrong), and what was streamed so far is still billed.
+    fn drop(&mut self) {
+        if !self.settled {
+            self.settled = true;
+            self.bill();
+        }
+    }
+}
+
+fn sse_frame(json: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(json.len() + 8);
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(json);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
