@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use switchyard_e2e::etcd::EtcdProcess;
+use switchyard_e2e::gateway::{self, Gateway};
 use switchyard_e2e::*;
 use switchyard_proto::node::v1::{
     self as pb, control_message, node_control_client::NodeControlClient, node_message,
@@ -507,4 +508,36 @@ async fn a_batch_larger_than_one_etcd_request_is_stored() {
         .collect();
     node.send_events(1, batch).await;
     assert_eq!(events_json(&cp.url(), &[]).await.len(), 60);
+}
+
+/// Both halves together: a real node fails over against the simulator, and what it reports
+/// reaches `switchyard events` and `switchyard usage`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_nodes_failover_reaches_events_and_usage() {
+    let gw = Gateway::start().await;
+    gw.script("primary", serde_json::json!({"kind": "status", "status": 503})).await;
+    let mut body = gateway::body(gateway::PRIMARY);
+    body["fallback_models"] = serde_json::json!([gateway::SECONDARY]);
+    let r = gw.chat(body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    let url = gw.cp.url();
+    let listed = eventually(WAIT, "the failover in the audit log", || async {
+        let listed = events_json(&url, &[]).await;
+        (!listed.is_empty()).then_some(listed)
+    })
+    .await;
+    let e = &listed[0];
+    assert_eq!(e["key_id"], gw.key_id.as_str(), "{e}");
+    assert_eq!(e["requested_model"], gateway::PRIMARY, "{e}");
+    assert_eq!(e["served_model"], gateway::SECONDARY, "{e}");
+    assert_eq!(e["attempts"][0]["reason"], "server_error", "{e}");
+
+    // Usage goes out every 5 s.
+    let rows = eventually(Duration::from_secs(15), "the node's usage report", || async {
+        let rows = cli(&url, &["usage", "--key", &gw.key_id, "--json"]).await.json();
+        usage_row(&rows, &gw.key_id, gateway::SECONDARY).is_some().then_some(rows)
+    })
+    .await;
+    assert_eq!(usage_row(&rows, &gw.key_id, gateway::SECONDARY).unwrap()["requests"], 1, "{rows}");
 }
