@@ -183,6 +183,7 @@ async fn handle(
             .inc();
         app.executor.telemetry.push_event(failover_event(
             app,
+            request.stream,
             &key,
             &chain,
             attempts,
@@ -240,6 +241,7 @@ pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
 
 fn failover_event(
     app: &App,
+    stream: bool,
     key: &ApiKeyRecord,
     chain: &Chain,
     attempts: &[AttemptReport],
@@ -267,7 +269,7 @@ fn failover_event(
                 probe: a.probe,
             })
             .collect(),
-        stream: false,
+        stream,
         status,
     }
 }

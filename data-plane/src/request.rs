@@ -140,7 +140,8 @@ fn entries(value: Value, field: &str) -> Result<Vec<EntrySpec>, ApiError> {
     let Value::Array(items) = value else {
         return Err(ApiError::invalid(field, format!("{field} must be an array of model names")));
     };
-    if items.is_empty() {
+    // An empty `fallback_models` just means no fallbacks; an empty `models` names no model.
+    if items.is_empty() && field == "models" {
         return Err(ApiError::invalid(field, format!("{field} must not be empty")));
     }
     items.into_iter().enumerate().map(|(i, item)| entry(item, &format!("{field}[{i}]"))).collect()

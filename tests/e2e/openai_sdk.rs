@@ -7,26 +7,12 @@ use std::path::PathBuf;
 use serde_json::json;
 use switchyard_e2e::gateway::*;
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("SWITCHYARD_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    assert!(
-        venv.is_file(),
-        "{} not found: run .ci/run (it creates .venv with the `openai` package), or set SWITCHYARD_PYTHON \
-         to a Python that has it (`python3 -m venv .venv && .venv/bin/pip install openai`)",
-        venv.display()
-    );
-    venv
-}
-
 #[tokio::test]
 async fn the_official_openai_python_sdk_reads_plain_and_failover_responses() {
     let gw = Gateway::start().await;
     gw.script("primary", json!({"kind": "status", "status": 503})).await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e/openai_sdk.py");
-    let out = tokio::process::Command::new(python())
+    let out = tokio::process::Command::new(switchyard_e2e::python())
         .arg(&script)
         .arg(format!("{}/v1", gw.node.url()))
         .arg(&gw.key)
@@ -38,8 +24,13 @@ async fn the_official_openai_python_sdk_reads_plain_and_failover_responses() {
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "SDK check failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let checks: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(
+        out.status.success(),
+        "SDK check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let checks: Vec<serde_json::Value> =
+        stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(checks.len(), 3, "{stdout}");
     assert_eq!(checks[1]["served"], SECONDARY);
 }

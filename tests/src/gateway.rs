@@ -15,6 +15,8 @@ pub const PRIMARY: &str = "sim/primary";
 pub const SECONDARY: &str = "sim/secondary";
 pub const TERTIARY: &str = "sim/tertiary";
 pub const EU_MODEL: &str = "sim-eu/model";
+/// A model whose catalog entry sets `stall_timeout_ms: 1000`.
+pub const STALLY: &str = "sim/stally";
 pub const ALL_MODELS: [&str; 3] = [PRIMARY, SECONDARY, TERTIARY];
 
 pub struct Gateway {
@@ -73,6 +75,10 @@ models:
   - name: {EU_MODEL}
     provider: sim-eu
     upstream_model: eu-model
+  - name: {STALLY}
+    provider: sim-us
+    upstream_model: stally
+    stall_timeout_ms: 1000
   - name: nowhere/model
     provider: nowhere
     upstream_model: unreachable
@@ -231,4 +237,85 @@ pub fn attempts(response: &Value) -> Vec<(String, String, String)> {
 
 pub fn triple(model: &str, status: &str, reason: &str) -> (String, String, String) {
     (model.to_owned(), status.to_owned(), reason.to_owned())
+}
+
+/// A streamed response as the client saw it.
+pub struct Streamed {
+    pub status: u16,
+    pub headers: String,
+    /// The `data:` payloads, in order.
+    pub frames: Vec<String>,
+    /// From sending the request to the end of the response.
+    pub took: std::time::Duration,
+}
+
+impl Streamed {
+    /// The JSON chunks (every frame but `[DONE]`).
+    pub fn chunks(&self) -> Vec<Value> {
+        self.frames
+            .iter()
+            .filter(|f| *f != "[DONE]")
+            .filter_map(|f| serde_json::from_str(f).ok())
+            .collect()
+    }
+
+    /// The assistant text the chunks carry.
+    pub fn text(&self) -> String {
+        self.chunks()
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+    }
+
+    pub fn error_frame(&self) -> Option<Value> {
+        self.chunks().into_iter().find(|c| c.get("error").is_some())
+    }
+}
+
+impl Gateway {
+    /// POSTs a streaming request and reads the whole event stream (bounded by 30 s).
+    pub async fn stream(&self, body: Value) -> Streamed {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let started = std::time::Instant::now();
+        let payload = body.to_string();
+        let mut socket = tokio::net::TcpStream::connect(self.node.addr).await.unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.key,
+            payload.len()
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket.write_all(payload.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(30), socket.read_to_end(&mut raw))
+            .await
+            .expect("the stream ended within 30 s")
+            .unwrap();
+        let took = started.elapsed();
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            crate::dechunk(rest)
+        } else {
+            rest.to_owned()
+        };
+        let frames = body
+            .split("\n\n")
+            .filter_map(|f| {
+                f.trim()
+                    .strip_prefix("data: ")
+                    .or_else(|| f.trim().strip_prefix("data:"))
+                    .map(str::to_owned)
+            })
+            .collect();
+        Streamed { status, headers: head.to_owned(), frames, took }
+    }
 }

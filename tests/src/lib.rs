@@ -33,6 +33,22 @@ pub fn switchyard_bin() -> PathBuf {
     bin
 }
 
+/// The Python with the official `openai` SDK: `$SWITCHYARD_PYTHON`, else the repository's
+/// `.venv` that `.ci/run` creates.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("SWITCHYARD_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(
+        venv.is_file(),
+        "{} not found: run .ci/run (it creates .venv with the `openai` package), or set SWITCHYARD_PYTHON \
+         to a Python that has it (`python3 -m venv .venv && .venv/bin/pip install openai`)",
+        venv.display()
+    );
+    venv
+}
+
 /// A free loopback port (a process binding it later may race, which tests tolerate by
 /// binding port 0 wherever they can).
 pub fn free_port() -> u16 {
@@ -200,7 +216,8 @@ pub async fn http_request(
     Some(HttpResponse { status, headers: head.to_owned(), body })
 }
 
-fn dechunk(mut body: &str) -> String {
+/// Decodes an HTTP/1.1 chunked body.
+pub fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
         let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };

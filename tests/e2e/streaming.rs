@@ -1,0 +1,244 @@
+//! DESIGN §1 "Streaming": failover only before the first content token, a locked model
+//! after it, honest error frames; real processes on loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use switchyard_e2e::gateway::*;
+
+fn streaming(model: &str, fallbacks: &[&str]) -> serde_json::Value {
+    json!({"model": model, "fallback_models": fallbacks, "stream": true,
+           "messages": [{"role": "user", "content": "hello"}]})
+}
+
+fn assert_every_chunk_names(s: &Streamed, model: &str) {
+    for c in s.chunks() {
+        if c.get("error").is_none() {
+            assert_eq!(c["model"], model, "every chunk names the served model: {c}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn fails_over_on_first_token_timeout_without_leaking_the_slow_models_text() {
+    let gw = Gateway::start().await;
+    gw.script(
+        "primary",
+        json!({"kind": "ok", "text": "PRIMARY TEXT", "first_token_delay_ms": 3000}),
+    )
+    .await;
+    gw.script("secondary", json!({"kind": "ok", "text": "fallback answer"})).await;
+    let mut body = streaming(PRIMARY, &[SECONDARY]);
+    body["redundancy"] = json!({"first_token_timeout_ms": 800});
+    let s = gw.stream(body).await;
+    assert_eq!(s.status, 200);
+    assert_eq!(s.text(), "fallback answer");
+    assert!(
+        !s.frames.iter().any(|f| f.contains("PRIMARY")),
+        "nothing of the failed attempt reaches the client"
+    );
+    assert_eq!(s.header("x-served-model").as_deref(), Some(SECONDARY));
+    assert_eq!(s.header("x-requested-model").as_deref(), Some(PRIMARY));
+    assert_every_chunk_names(&s, SECONDARY);
+    let first = &s.chunks()[0];
+    assert_eq!(
+        attempts(first),
+        [triple(PRIMARY, "failed", "timeout"), triple(SECONDARY, "served", "")],
+        "the report rides in the first chunk: {first}"
+    );
+    assert_eq!(s.frames.last().map(String::as_str), Some("[DONE]"));
+    assert!(
+        s.took < Duration::from_millis(2500),
+        "failed over at the first-token timeout: {:?}",
+        s.took
+    );
+}
+
+#[tokio::test]
+async fn the_report_is_in_the_first_chunk_that_carries_content() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let s = gw.stream(streaming(PRIMARY, &[SECONDARY])).await;
+    let first_content = s
+        .chunks()
+        .into_iter()
+        .find(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()))
+        .unwrap();
+    assert_eq!(first_content["secureai"]["served_model"], SECONDARY, "{first_content}");
+}
+
+async fn fails_over_before_the_stream_on(behaviour: serde_json::Value, reason: &str) {
+    let gw = Gateway::start().await;
+    gw.script("primary", behaviour).await;
+    gw.script("secondary", json!({"kind": "ok", "text": "from the fallback"})).await;
+    let s = gw.stream(streaming(PRIMARY, &[SECONDARY])).await;
+    assert_eq!(s.status, 200);
+    assert_eq!(s.text(), "from the fallback");
+    assert_eq!(
+        attempts(&s.chunks()[0]),
+        [triple(PRIMARY, "failed", reason), triple(SECONDARY, "served", "")]
+    );
+}
+
+#[tokio::test]
+async fn streams_fail_over_on_a_5xx_before_the_stream() {
+    fails_over_before_the_stream_on(json!({"kind": "status", "status": 500}), "server_error").await;
+}
+
+#[tokio::test]
+async fn streams_fail_over_on_a_429_before_the_stream() {
+    fails_over_before_the_stream_on(json!({"kind": "status", "status": 429}), "rate_limit").await;
+}
+
+#[tokio::test]
+async fn streams_fail_over_on_a_connection_error_before_the_stream() {
+    fails_over_before_the_stream_on(json!({"kind": "reset"}), "connection_error").await;
+}
+
+#[tokio::test]
+async fn an_in_band_error_before_any_content_is_a_failed_attempt() {
+    fails_over_before_the_stream_on(
+        json!({"kind": "stream_error", "after": 0, "message": "overloaded"}),
+        "server_error",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_drop_after_the_first_token_ends_with_an_error_frame_and_no_failover() {
+    let gw = Gateway::start().await;
+    gw.script(
+        "primary",
+        json!({"kind": "ok", "text": "one two three four five six", "chunks": 6, "drop_after": 2}),
+    )
+    .await;
+    gw.script("secondary", json!({"kind": "ok", "text": "SECOND MODEL"})).await;
+    let s = gw.stream(streaming(PRIMARY, &[SECONDARY])).await;
+    assert_eq!(s.status, 200);
+    let error = s.error_frame().expect("an error frame");
+    assert!(
+        error["error"]["message"].is_string()
+            && error["error"]["type"].is_string()
+            && error["error"]["code"].is_string(),
+        "{error}"
+    );
+    assert!(!s.text().contains("SECOND"), "no second model's text spliced in: {}", s.text());
+    assert!(!s.text().is_empty(), "the first tokens were delivered");
+    assert_ne!(s.frames.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(
+        gw.upstream_requests("secondary").await,
+        0,
+        "the model is locked after the first token"
+    );
+    assert_every_chunk_names(&s, PRIMARY);
+}
+
+#[tokio::test]
+async fn a_stall_after_k_chunks_ends_with_an_error_frame_within_the_stall_timeout() {
+    let gw = Gateway::start().await;
+    gw.script("stally", json!({"kind": "ok", "chunks": 5, "stall_after": 2})).await;
+    let started = Instant::now();
+    let s = gw.stream(streaming(STALLY, &[])).await;
+    let took = started.elapsed();
+    let error = s.error_frame().expect("an error frame, not a hang");
+    assert_eq!(error["error"]["code"], "stream_stalled", "{error}");
+    assert!(took >= Duration::from_millis(1000), "waited the model's stall_timeout_ms: {took:?}");
+    assert!(
+        took < Duration::from_millis(1000 + 1500),
+        "ended within stall timeout + margin: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn timeout_ms_bounds_the_whole_streamed_attempt() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "ok", "chunks": 20, "chunk_delay_ms": 200})).await;
+    let mut body = streaming(PRIMARY, &[]);
+    body["redundancy"] = json!({"timeout_ms": 1500});
+    let s = gw.stream(body).await;
+    let error = s.error_frame().expect("the attempt's timeout ends the stream");
+    assert_eq!(error["error"]["code"], "timeout", "{error}");
+    assert!(s.took < Duration::from_millis(1500 + 1000), "{:?}", s.took);
+}
+
+#[tokio::test]
+async fn include_usage_adds_the_final_usage_chunk_and_only_then() {
+    let gw = Gateway::start().await;
+    let mut body = streaming(PRIMARY, &[]);
+    body["stream_options"] = json!({"include_usage": true});
+    let s = gw.stream(body).await;
+    let last = s.chunks().pop().unwrap();
+    assert_eq!(last["choices"], json!([]), "{last}");
+    assert!(last["usage"]["completion_tokens"].as_u64().unwrap() > 0, "{last}");
+    assert_eq!(last["model"], PRIMARY);
+    let plain = gw.stream(streaming(PRIMARY, &[])).await;
+    assert!(plain.chunks().iter().all(|c| c.get("usage").is_none()), "no usage unless asked");
+    assert_eq!(plain.frames.last().map(String::as_str), Some("[DONE]"));
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_closes_the_upstream_connection_within_a_second() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "ok", "chunks": 200, "chunk_delay_ms": 50})).await;
+    let before = switchyard_e2e::http_get(gw.sim.addr, "/_sim/stats", None).await.unwrap().json();
+    let closed_before = before["connections"]["closed"].as_u64().unwrap();
+    let payload = streaming(PRIMARY, &[]).to_string();
+    let mut socket = tokio::net::TcpStream::connect(gw.node.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        gw.key,
+        payload.len()
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(payload.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = socket.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let open = switchyard_e2e::http_get(gw.sim.addr, "/_sim/stats", None).await.unwrap().json();
+    assert!(
+        open["connections"]["open"].as_u64().unwrap() >= 1,
+        "the upstream stream is open: {open}"
+    );
+    drop(socket);
+    let gone = Instant::now();
+    switchyard_e2e::eventually(
+        Duration::from_secs(1),
+        "the simulator to see its connection closed",
+        || async {
+            let stats = switchyard_e2e::http_get(gw.sim.addr, "/_sim/stats", None).await?.json();
+            (stats["connections"]["closed"].as_u64()? > closed_before).then_some(())
+        },
+    )
+    .await;
+    println!("upstream connection closed {:?} after the client left", gone.elapsed());
+}
+
+#[tokio::test]
+async fn the_official_openai_python_sdk_streams_and_raises_on_a_mid_stream_drop() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    gw.script("secondary", json!({"kind": "ok", "text": "streamed fallback text"})).await;
+    gw.script("tertiary", json!({"kind": "ok", "text": "alpha beta gamma delta epsilon", "chunks": 5, "drop_after": 2})).await;
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/e2e/openai_sdk_stream.py");
+    let out = tokio::process::Command::new(switchyard_e2e::python())
+        .arg(&script)
+        .arg(format!("{}/v1", gw.node.url()))
+        .arg(&gw.key)
+        .args([PRIMARY, SECONDARY, TERTIARY])
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "SDK check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+}
