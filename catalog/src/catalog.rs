@@ -59,6 +59,10 @@ pub struct Provider {
     pub api_keys: Vec<CredentialRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// Azure OpenAI's `api-version` query parameter (required for `azure-openai`), or
+    /// Anthropic's `anthropic-version` header (default `2023-06-01`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,6 +78,10 @@ pub struct Model {
     pub stall_timeout_ms: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<BreakerOverride>,
+    /// Output tokens asked for when the client sets no `max_tokens`/`max_completion_tokens`
+    /// and the provider requires a value (Anthropic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
 }
 
 impl Model {
@@ -218,6 +226,12 @@ impl Catalog {
             {
                 errors.push(FieldError::new(format!("{path}.region"), "must not be empty"));
             }
+            if p.kind == ProviderKind::AzureOpenai && p.api_version.is_none() {
+                errors.push(FieldError::new(
+                    format!("{path}.api_version"),
+                    "azure-openai providers need an api_version (e.g. 2024-10-21)",
+                ));
+            }
         }
         seen.clear();
         for (i, m) in self.models.iter().enumerate() {
@@ -253,6 +267,9 @@ impl Catalog {
                         format!("must be {lo}–{hi}"),
                     ));
                 }
+            }
+            if m.max_tokens == Some(0) {
+                errors.push(FieldError::new(format!("{path}.max_tokens"), "must be at least 1"));
             }
             if let Some(o) = &m.breaker {
                 self.breaker_policy

@@ -185,15 +185,30 @@ pub trait Adapter: Send + Sync {
     /// An error body as the upstream's error.
     fn error(&self, status: StatusCode, body: &[u8]) -> UpstreamError;
 
-    /// One SSE frame of a streamed response; `None` for frames with nothing for the client.
-    fn stream_event(&self, frame: &sse::Frame) -> Result<Option<StreamEvent>, String>;
+    /// A decoder for one streamed response (providers whose events refer back to earlier
+    /// ones, such as Anthropic's content blocks, keep that state in it).
+    fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder>;
+
+    /// Refuses, before any upstream call, a request this provider cannot honour (a strict
+    /// `json_schema` it has no mechanism for). The message names what is unsupported.
+    fn supports(&self, _request: &ChatRequest) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Turns one response's SSE frames into unified events, in order.
+pub trait StreamDecoder: Send {
+    /// The events one frame yields (often one, sometimes none or several).
+    fn decode(&mut self, frame: &sse::Frame) -> Result<Vec<StreamEvent>, String>;
 }
 
 /// A streamed upstream response whose head was 200: events as they arrive.
 pub struct UpstreamStream {
     body: hyper::body::Incoming,
     parser: sse::Parser,
-    runtime: Arc<ProviderRuntime>,
+    decoder: Box<dyn StreamDecoder>,
+    /// Events decoded from a frame but not handed out yet.
+    ready: std::collections::VecDeque<StreamEvent>,
     ended: bool,
 }
 
@@ -201,11 +216,16 @@ impl UpstreamStream {
     /// The next event; `None` once the body ended cleanly after its end marker.
     pub async fn next(&mut self) -> Option<Result<StreamEvent, StreamError>> {
         loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Some(Ok(event));
+            }
             match self.parser.next_frame() {
                 Err(e) => return Some(Err(StreamError::Malformed(e.to_string()))),
-                Ok(Some(frame)) => match self.runtime.adapter.stream_event(&frame) {
-                    Ok(Some(event)) => return Some(Ok(event)),
-                    Ok(None) => continue,
+                Ok(Some(frame)) => match self.decoder.decode(&frame) {
+                    Ok(events) => {
+                        self.ready.extend(events);
+                        continue;
+                    }
                     Err(e) => return Some(Err(StreamError::Malformed(e))),
                 },
                 Ok(None) => {}
@@ -280,6 +300,11 @@ impl ProviderRuntime {
         Self { def, credentials, client: build_client(), adapter }
     }
 
+    /// See [`Adapter::supports`].
+    pub fn supports(&self, request: &ChatRequest) -> Result<(), String> {
+        self.adapter.supports(request)
+    }
+
     /// One attempt's upstream call; the caller bounds it in time.
     pub async fn complete(
         &self,
@@ -294,7 +319,7 @@ impl ProviderRuntime {
     /// Opens a streamed call; returns once the upstream answered 2xx (an error status is
     /// read whole and returned as the call's error).
     pub async fn open_stream(
-        self: &Arc<Self>,
+        &self,
         model: &Model,
         request: &ChatRequest,
     ) -> Result<UpstreamStream, CallError> {
@@ -302,7 +327,8 @@ impl ProviderRuntime {
         Ok(UpstreamStream {
             body: response.into_body(),
             parser: sse::Parser::default(),
-            runtime: Arc::clone(self),
+            decoder: self.adapter.stream_decoder(&model.upstream_model),
+            ready: std::collections::VecDeque::new(),
             ended: false,
         })
     }

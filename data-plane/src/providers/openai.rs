@@ -13,7 +13,9 @@ use serde_json::value::RawValue;
 use switchyard_catalog::{Model, Provider};
 
 use super::sse::Frame;
-use super::{Adapter, CallError, Completion, Secret, StreamEvent, UpstreamError, Usage};
+use super::{
+    Adapter, CallError, Completion, Secret, StreamDecoder, StreamEvent, UpstreamError, Usage,
+};
 use crate::request::ChatRequest;
 
 pub struct OpenAi;
@@ -59,7 +61,24 @@ impl Adapter for OpenAi {
         parse_error(status, body)
     }
 
-    fn stream_event(&self, frame: &Frame) -> Result<Option<StreamEvent>, String> {
+    fn stream_decoder(&self, _upstream_model: &str) -> Box<dyn StreamDecoder> {
+        Box::new(ChunkDecoder)
+    }
+}
+
+/// OpenAI chunks need no state: each frame is one chunk, already in the unified shape.
+struct ChunkDecoder;
+
+impl StreamDecoder for ChunkDecoder {
+    fn decode(&mut self, frame: &Frame) -> Result<Vec<StreamEvent>, String> {
+        Ok(decode_chunk(frame)?.into_iter().collect())
+    }
+}
+
+/// One OpenAI SSE frame as a unified event (shared with providers that speak OpenAI's
+/// stream format, e.g. Azure OpenAI).
+pub fn decode_chunk(frame: &Frame) -> Result<Option<StreamEvent>, String> {
+    {
         let data = frame.data.trim();
         if data == "[DONE]" {
             return Ok(Some(StreamEvent::Done));
