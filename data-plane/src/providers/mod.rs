@@ -22,6 +22,9 @@ use switchyard_catalog::{FailoverReason, Model, Provider, ProviderKind};
 
 use crate::request::ChatRequest;
 
+pub mod anthropic;
+pub mod azure;
+pub mod gemini;
 pub mod openai;
 pub mod sse;
 
@@ -291,11 +294,10 @@ impl ProviderRuntime {
             })
             .collect();
         let adapter: Box<dyn Adapter> = match def.kind {
-            ProviderKind::Openai
-            | ProviderKind::OpenaiCompatible
-            | ProviderKind::AzureOpenai
-            | ProviderKind::Anthropic
-            | ProviderKind::Gemini => Box::new(openai::OpenAi),
+            ProviderKind::Openai | ProviderKind::OpenaiCompatible => Box::new(openai::OpenAi),
+            ProviderKind::AzureOpenai => Box::new(azure::Azure),
+            ProviderKind::Anthropic => Box::new(anthropic::Anthropic),
+            ProviderKind::Gemini => Box::new(gemini::Gemini),
         };
         Self { def, credentials, client: build_client(), adapter }
     }
