@@ -76,7 +76,7 @@ impl ChatRequest {
             None | Some(Value::Null) => Redundancy::default(),
             Some(v) => redundancy(v)?,
         };
-        check_messages(value("messages")?)?;
+        check_messages(fields.get("messages").map(|raw| raw.get()))?;
         let stream = match value("stream")? {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => b,
@@ -109,31 +109,40 @@ impl ChatRequest {
     }
 }
 
-fn check_messages(messages: Option<Value>) -> Result<(), ApiError> {
-    let Some(Value::Array(messages)) = messages else {
-        return Err(ApiError::invalid("messages", "messages is required and must be an array"));
-    };
+/// Checks the shape of `messages` without building a tree of it: each message is read as
+/// raw JSON and only its `role` is looked at (a prompt can be megabytes; this is the
+/// request path).
+fn check_messages(messages: Option<&str>) -> Result<(), ApiError> {
+    let not_array = || ApiError::invalid("messages", "messages is required and must be an array");
+    let messages: Vec<&RawValue> =
+        serde_json::from_str(messages.ok_or_else(not_array)?).map_err(|_| not_array())?;
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must contain at least one message"));
     }
     for (i, m) in messages.iter().enumerate() {
-        match m.get("role") {
-            Some(Value::String(_)) => {}
-            _ if !m.is_object() => {
-                return Err(ApiError::invalid(
-                    format!("messages[{i}]"),
-                    format!("messages[{i}] must be an object"),
-                ));
-            }
-            _ => {
+        match serde_json::from_str::<RoleProbe>(m.get()) {
+            Ok(RoleProbe { role: Some(_) }) => {}
+            Ok(RoleProbe { role: None }) | Err(_) if m.get().trim_start().starts_with('{') => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].role"),
                     format!("messages[{i}].role is required and must be a string"),
                 ));
             }
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}]"),
+                    format!("messages[{i}] must be an object"),
+                ));
+            }
         }
     }
     Ok(())
+}
+
+#[derive(serde::Deserialize)]
+struct RoleProbe<'a> {
+    #[serde(borrow, default)]
+    role: Option<std::borrow::Cow<'a, str>>,
 }
 
 fn entries(value: Value, field: &str) -> Result<Vec<EntrySpec>, ApiError> {
