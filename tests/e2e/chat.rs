@@ -502,6 +502,23 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
         );
     }
     assert_eq!(gw.upstream_requests("primary").await, seen, "no network call while open");
+    let breakers = switchyard_e2e::eventually(
+        Duration::from_secs(5),
+        "switchyard breakers to show it open",
+        || async {
+            let out = switchyard_e2e::cli(&gw.cp.url(), &["breakers", "--json"]).await;
+            let list = serde_json::from_str::<serde_json::Value>(&out.stdout).ok()?;
+            let open = list
+                .as_array()?
+                .iter()
+                .find(|b| b["upstream_model"] == "primary" && b["state"] == "open")?
+                .clone();
+            Some(open)
+        },
+    )
+    .await;
+    assert_eq!(breakers["provider"], "sim-us");
+    assert!(breakers["next_probe_unix_ms"].as_i64().unwrap() > 0, "{breakers}");
     let metrics = switchyard_e2e::http_get(gw.node.addr, "/metrics", None).await.unwrap().body;
     assert!(
         metrics
