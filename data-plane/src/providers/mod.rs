@@ -188,6 +188,12 @@ pub trait Adapter: Send + Sync {
     /// An error body as the upstream's error.
     fn error(&self, status: StatusCode, body: &[u8]) -> UpstreamError;
 
+    /// The status an error is classified by: the HTTP status, unless the provider reports a
+    /// failing credential with another one (Gemini answers a bad key with 400).
+    fn status(&self, status: StatusCode, _error: &UpstreamError) -> StatusCode {
+        status
+    }
+
     /// A decoder for one streamed response (providers whose events refer back to earlier
     /// ones, such as Anthropic's content blocks, keep that state in it).
     fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder>;
@@ -203,6 +209,13 @@ pub trait Adapter: Send + Sync {
 pub trait StreamDecoder: Send {
     /// The events one frame yields (often one, sometimes none or several).
     fn decode(&mut self, frame: &sse::Frame) -> Result<Vec<StreamEvent>, String>;
+
+    /// The body ended cleanly between events: the events that close the stream if it is
+    /// complete, `None` if an end marker was still due. Providers with an in-band end
+    /// marker keep the default; Gemini's stream ends with the body after its finishReason.
+    fn finish(&mut self) -> Option<Vec<StreamEvent>> {
+        None
+    }
 }
 
 /// A streamed upstream response whose head was 200: events as they arrive.
@@ -243,6 +256,10 @@ impl UpstreamStream {
                         return Some(Err(StreamError::Connection(
                             "the stream ended mid-event".into(),
                         )));
+                    }
+                    if let Some(events) = self.decoder.finish() {
+                        self.ready.extend(events);
+                        continue;
                     }
                     return Some(Err(StreamError::Connection(
                         "the upstream closed the stream before its end marker".into(),
@@ -384,7 +401,9 @@ impl ProviderRuntime {
             return Ok(response);
         }
         let body = read_body(response).await?;
-        Err(CallError::Status { status, error: self.adapter.error(status, &body) })
+        let error = self.adapter.error(status, &body);
+        let status = self.adapter.status(status, &error);
+        Err(CallError::Status { status, error })
     }
 }
 
