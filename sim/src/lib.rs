@@ -1,8 +1,9 @@
 //! Simulated LLM providers with scriptable faults, for `switchyard dev`, demos, chaos drills,
 //! the end-to-end tests and the load benchmark's direct target.
 //!
-//! One listener speaks OpenAI's chat-completions wire format and, under `/_sim/`, a control
-//! API; the same controls are methods on the [`SimServer`] returned by [`start`].
+//! One listener speaks OpenAI's chat-completions and Anthropic's Messages wire formats and,
+//! under `/_sim/`, a control API; the same controls are methods on the [`SimServer`]
+//! returned by [`start`].
 //!
 //! Provider endpoints:
 //! - `POST /v1/chat/completions` (any path ending in `/chat/completions`): answers per the
@@ -10,6 +11,11 @@
 //! - `GET /v1/models` (or `/models`): every model scripted or seen, in OpenAI's list format.
 //! - With accepted keys set, a request without `Authorization: Bearer <accepted key>` gets
 //!   OpenAI's 401 (checked first, as OpenAI does; the request is still counted and kept).
+//! - `POST /v1/messages`: the same scripted behaviours in Anthropic's Messages format
+//!   (`message` bodies, `message_start` … `message_stop` SSE events with a `ping`, Anthropic's
+//!   error bodies — a scripted 529 is `overloaded_error` — and `stream_error` as an
+//!   `event: error` frame with `overloaded_error`); a request offering `tools` gets a
+//!   `tool_use` answer (see [`anthropic`]). With accepted keys set, `x-api-key` must be one.
 //!
 //! Control API (JSON in and out; model names may contain `/`, raw or as `%2F`):
 //! - `PUT /_sim/models/{model}` body [`Behaviour`]; `GET` reads it, `DELETE` unscripts it.
@@ -29,6 +35,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub mod anthropic;
 pub mod behaviour;
 mod body;
 pub mod openai;

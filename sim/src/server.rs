@@ -27,6 +27,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::SimError;
+use crate::anthropic::{self, MessagesRequest};
 use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, Script, StatusReply};
 use crate::body::{Aborted, Chunk, SimBody};
 use crate::openai::{self, ApiError, ChatRequest, Completion};
@@ -278,6 +279,34 @@ impl State {
         id
     }
 
+    /// One lock: counts and remembers a provider request for `model` and, when `advance`
+    /// (key and body were good), takes its next scripted step.
+    fn take_step(
+        &self,
+        model: Cow<'_, str>,
+        parts: &hyper::http::request::Parts,
+        body: &Bytes,
+        advance: bool,
+    ) -> (Option<Arc<Behaviour>>, u64) {
+        let mut models = lock(&self.models);
+        let entry = match models.get_mut(&*model) {
+            Some(entry) => entry,
+            None => models.entry(model.into_owned()).or_default(),
+        };
+        entry.requests += 1;
+        entry.last = Some(LastRequest {
+            uri: parts.uri.clone(),
+            headers: parts.headers.clone(),
+            body: body.clone(),
+        });
+        let script = entry.script.clone();
+        let position = entry.position;
+        if advance {
+            entry.position += 1;
+        }
+        (script, position)
+    }
+
     fn request_id(&self) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         format!("req_{:016x}{:016x}", splitmix(n), splitmix(n ^ self.started))
@@ -431,6 +460,13 @@ async fn handle(
         return Ok(control(&state, req).await);
     }
     let method = req.method().clone();
+    if path == "/v1/messages" {
+        if method == Method::POST {
+            return messages(&state, &conn, req).await;
+        }
+        let err = anthropic::not_found(method.as_str(), path);
+        return Ok(anthropic_error_response(&err, &state.request_id()));
+    }
     if path.ends_with("/chat/completions") {
         if method == Method::POST {
             return chat(&state, &conn, req).await;
@@ -497,26 +533,8 @@ async fn chat(
     };
     let authorized = authorize(state, &parts.headers);
 
-    // One lock: count, remember, and (when the key is good) take the next scripted step.
-    let step = model.map(|model| {
-        let mut models = lock(&state.models);
-        let entry = match models.get_mut(&*model) {
-            Some(entry) => entry,
-            None => models.entry(model.into_owned()).or_default(),
-        };
-        entry.requests += 1;
-        entry.last = Some(LastRequest {
-            uri: parts.uri.clone(),
-            headers: parts.headers.clone(),
-            body: body.clone(),
-        });
-        let script = entry.script.clone();
-        let position = entry.position;
-        if authorized.is_ok() && parsed.is_ok() {
-            entry.position += 1;
-        }
-        (script, position)
-    });
+    let step = model
+        .map(|model| state.take_step(model, &parts, &body, authorized.is_ok() && parsed.is_ok()));
     // OpenAI checks the key before it looks at the body.
     if let Err(err) = authorized {
         return Ok(error_response(&err, &request_id));
@@ -547,7 +565,8 @@ async fn respond(
             let id = state.completion_id();
             let completion = Completion { id: &id, created: unix_now(), model: &request.model };
             if request.stream {
-                let plan = StreamPlan::new(&completion, request, text, reply, None);
+                let wire = OpenAiStream::new(&completion, request);
+                let plan = StreamPlan::new(Box::new(wire), text, reply, None);
                 Ok(stream_response(plan.spawn(), &request_id))
             } else {
                 let mut resp =
@@ -593,9 +612,9 @@ async fn respond(
                 let completion = Completion { id: &id, created: unix_now(), model: &request.model };
                 let text = reply_text(None, &request.model);
                 let reply = Reply { chunks: DEFAULT_CHUNKS.max(e.after), ..Reply::default() };
+                let wire = OpenAiStream::new(&completion, request);
                 let plan = StreamPlan::new(
-                    &completion,
-                    request,
+                    Box::new(wire),
                     text,
                     &reply,
                     Some((e.after, message.to_owned())),
@@ -632,6 +651,158 @@ fn scripted_error(
     )
 }
 
+// === Anthropic messages ===
+
+/// Anthropic authenticates with `x-api-key` (checked, as for OpenAI, only when accepted keys
+/// are set, and before the body).
+fn authorize_anthropic(state: &State, headers: &HeaderMap) -> Result<(), ApiError> {
+    let keys = lock(&state.keys);
+    if keys.is_empty() {
+        return Ok(());
+    }
+    match headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        Some(key) if keys.iter().any(|k| k == key.trim()) => Ok(()),
+        present => Err(anthropic::auth_error(present.is_some())),
+    }
+}
+
+async fn messages(
+    state: &State,
+    conn: &Arc<ConnFlags>,
+    req: Request<Incoming>,
+) -> Result<HttpResponse, Aborted> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(|_| Aborted)?.to_bytes();
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    let request_id = state.request_id();
+    let parsed = anthropic::parse_request(&body);
+    let model = match &parsed {
+        Ok(request) => Some(Cow::Borrowed(request.model.as_str())),
+        Err(_) => openai::request_model(&body).map(Cow::Owned),
+    };
+    let authorized = authorize_anthropic(state, &parts.headers);
+    let step = model
+        .map(|model| state.take_step(model, &parts, &body, authorized.is_ok() && parsed.is_ok()));
+    if let Err(err) = authorized {
+        return Ok(anthropic_error_response(&err, &request_id));
+    }
+    let request = match parsed {
+        Ok(request) => request,
+        Err(err) => return Ok(anthropic_error_response(&err, &request_id)),
+    };
+    let default = Behaviour::default();
+    let (script, position) = step.unwrap_or((None, 0));
+    let behaviour = script.as_deref().unwrap_or(&default).at(position);
+    respond_messages(state, conn, behaviour, &request, request_id).await
+}
+
+/// A scripted behaviour in Anthropic's wire format (the same behaviours as for OpenAI).
+async fn respond_messages(
+    state: &State,
+    conn: &Arc<ConnFlags>,
+    behaviour: &Behaviour,
+    request: &MessagesRequest,
+    request_id: String,
+) -> Result<HttpResponse, Aborted> {
+    let message = || anthropic::Message {
+        id: anthropic::message_id(&state.completion_id()),
+        model: request.model.clone(),
+        prompt_tokens: request.prompt_tokens,
+    };
+    let tool_call = request.tool_call.as_ref();
+    match behaviour {
+        Behaviour::Ok(reply) => {
+            sleep_ms(reply.delay_ms).await;
+            let text = reply_text(reply.text.as_deref(), &request.model);
+            if request.stream {
+                let wire = message().stream(tool_call);
+                let text = wire.text(text);
+                let plan = StreamPlan::new(Box::new(wire), text, reply, None);
+                Ok(anthropic_stream_response(plan.spawn(), &request_id))
+            } else {
+                let mut resp = json_response(StatusCode::OK, message().body(&text, tool_call));
+                insert_anthropic_request_id(&mut resp, &request_id);
+                Ok(resp)
+            }
+        }
+        Behaviour::Status(status) => {
+            sleep_ms(status.delay_ms).await;
+            let err = anthropic::status_error(
+                status.status,
+                &request.model,
+                status.message.as_deref(),
+                status.retry_after,
+            );
+            Ok(anthropic_error_response(&err, &request_id))
+        }
+        Behaviour::Hang => std::future::pending().await,
+        Behaviour::Reset => {
+            conn.reset.store(true, Ordering::Release);
+            Err(Aborted)
+        }
+        Behaviour::Malformed => {
+            if request.stream {
+                let (tx, rx) = mpsc::channel(4);
+                // Capacity 4 holds every frame, so these sends cannot fail for lack of room.
+                for frame in message().stream(None).head() {
+                    let _ = tx.try_send(Chunk::Data(frame));
+                }
+                let _ = tx.try_send(Chunk::Data(Bytes::from_static(anthropic::MALFORMED_FRAME)));
+                Ok(anthropic_stream_response(SimBody::Channel(rx), &request_id))
+            } else {
+                let mut resp =
+                    json_response(StatusCode::OK, Bytes::from_static(openai::MALFORMED_BODY));
+                insert_anthropic_request_id(&mut resp, &request_id);
+                Ok(resp)
+            }
+        }
+        Behaviour::StreamError(e) => {
+            // Anthropic's in-band failure is an overload; its HTTP form is a 529.
+            let text = e.message.as_deref().unwrap_or("Overloaded");
+            if request.stream {
+                let reply = Reply { chunks: DEFAULT_CHUNKS.max(e.after), ..Reply::default() };
+                let wire = message().stream(None);
+                let body = reply_text(None, &request.model);
+                let plan =
+                    StreamPlan::new(Box::new(wire), body, &reply, Some((e.after, text.to_owned())));
+                Ok(anthropic_stream_response(plan.spawn(), &request_id))
+            } else {
+                let err = anthropic::status_error(529, &request.model, Some(text), None);
+                Ok(anthropic_error_response(&err, &request_id))
+            }
+        }
+        Behaviour::Sequence(_) => {
+            Box::pin(respond_messages(state, conn, &Behaviour::default(), request, request_id))
+                .await
+        }
+    }
+}
+
+fn anthropic_error_response(err: &ApiError, request_id: &str) -> HttpResponse {
+    let status = StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = json_response(status, anthropic::error_body(err, request_id));
+    if let Some(secs) = err.retry_after
+        && let Ok(value) = HeaderValue::from_str(&secs.to_string())
+    {
+        resp.headers_mut().insert("retry-after", value);
+    }
+    insert_anthropic_request_id(&mut resp, request_id);
+    resp
+}
+
+fn anthropic_stream_response(body: SimBody, request_id: &str) -> HttpResponse {
+    let mut resp = stream_response(body, request_id);
+    insert_anthropic_request_id(&mut resp, request_id);
+    resp
+}
+
+/// Anthropic names its request id header `request-id`.
+fn insert_anthropic_request_id(resp: &mut HttpResponse, request_id: &str) {
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        resp.headers_mut().insert("request-id", value);
+    }
+}
+
 fn reply_text(text: Option<&str>, model: &str) -> String {
     match text {
         Some(text) => text.to_owned(),
@@ -663,13 +834,72 @@ pub(crate) fn pieces(text: &str, n: u32) -> Vec<&str> {
 
 // === Streaming ===
 
-/// Everything a stream task needs, owned, so it outlives the handler.
-struct StreamPlan {
+/// One provider's stream framing around the content pieces; the pacing and the faults
+/// (stall, drop, in-band error after K pieces) are the stream task's, the same for every
+/// provider.
+pub(crate) trait StreamWire: Send + 'static {
+    /// The frames before the first content piece.
+    fn head(&self) -> Vec<Bytes>;
+    /// One content piece.
+    fn content(&self, piece: &str) -> Bytes;
+    /// The in-band error frame of a stream that fails after it started.
+    fn error(&self, message: &str) -> Bytes;
+    /// The frames after the last piece (`text` is the whole content), ending the stream.
+    fn tail(&self, text: &str) -> Vec<Bytes>;
+}
+
+/// OpenAI's `chat.completion.chunk` framing.
+struct OpenAiStream {
     id: String,
     created: u64,
     model: String,
     include_usage: bool,
     prompt_tokens: u64,
+}
+
+impl OpenAiStream {
+    fn new(completion: &Completion<'_>, request: &ChatRequest) -> Self {
+        OpenAiStream {
+            id: completion.id.to_owned(),
+            created: completion.created,
+            model: completion.model.to_owned(),
+            include_usage: request.include_usage,
+            prompt_tokens: request.prompt_tokens,
+        }
+    }
+
+    fn completion(&self) -> Completion<'_> {
+        Completion { id: &self.id, created: self.created, model: &self.model }
+    }
+}
+
+impl StreamWire for OpenAiStream {
+    fn head(&self) -> Vec<Bytes> {
+        vec![self.completion().role_chunk(self.include_usage)]
+    }
+
+    fn content(&self, piece: &str) -> Bytes {
+        self.completion().content_chunk(piece, self.include_usage)
+    }
+
+    fn error(&self, message: &str) -> Bytes {
+        openai::error_frame(message)
+    }
+
+    fn tail(&self, text: &str) -> Vec<Bytes> {
+        let completion = self.completion();
+        let mut frames = vec![completion.finish_chunk(self.include_usage)];
+        if self.include_usage {
+            frames.push(completion.usage_chunk(self.prompt_tokens, openai::tokens(text)));
+        }
+        frames.push(Bytes::from_static(openai::DONE));
+        frames
+    }
+}
+
+/// Everything a stream task needs, owned, so it outlives the handler.
+struct StreamPlan {
+    wire: Box<dyn StreamWire>,
     text: String,
     chunks: u32,
     first_token_delay_ms: u64,
@@ -681,18 +911,13 @@ struct StreamPlan {
 
 impl StreamPlan {
     fn new(
-        completion: &Completion<'_>,
-        request: &ChatRequest,
+        wire: Box<dyn StreamWire>,
         text: String,
         reply: &Reply,
         error_after: Option<(u32, String)>,
     ) -> Self {
         StreamPlan {
-            id: completion.id.to_owned(),
-            created: completion.created,
-            model: completion.model.to_owned(),
-            include_usage: request.include_usage,
-            prompt_tokens: request.prompt_tokens,
+            wire,
             text,
             chunks: reply.chunks,
             first_token_delay_ms: reply.first_token_delay_ms,
@@ -715,9 +940,9 @@ impl StreamPlan {
     }
 
     async fn run(self, tx: &mpsc::Sender<Chunk>) -> Result<(), Gone> {
-        let completion = Completion { id: &self.id, created: self.created, model: &self.model };
-        let usage = self.include_usage;
-        send(tx, completion.role_chunk(usage)).await?;
+        for frame in self.wire.head() {
+            send(tx, frame).await?;
+        }
         let pieces = pieces(&self.text, self.chunks);
         for i in 0..=pieces.len() {
             let sent = u32::try_from(i).unwrap_or(u32::MAX);
@@ -745,20 +970,18 @@ impl StreamPlan {
                 return Ok(());
             }
             if let Some((_, message)) = self.error_after.as_ref().filter(|(k, _)| due(Some(*k))) {
-                return send(tx, openai::error_frame(message)).await;
+                return send(tx, self.wire.error(message)).await;
             }
             if last {
                 break;
             }
             sleep_ms(if i == 0 { self.first_token_delay_ms } else { self.chunk_delay_ms }).await;
-            send(tx, completion.content_chunk(pieces[i], usage)).await?;
+            send(tx, self.wire.content(pieces[i])).await?;
         }
-        send(tx, completion.finish_chunk(usage)).await?;
-        if usage {
-            send(tx, completion.usage_chunk(self.prompt_tokens, openai::tokens(&self.text)))
-                .await?;
+        for frame in self.wire.tail(&self.text) {
+            send(tx, frame).await?;
         }
-        send(tx, Bytes::from_static(openai::DONE)).await
+        Ok(())
     }
 }
 
