@@ -17,6 +17,11 @@ pub const TERTIARY: &str = "sim/tertiary";
 pub const EU_MODEL: &str = "sim-eu/model";
 /// A model whose catalog entry sets `stall_timeout_ms: 1000`.
 pub const STALLY: &str = "sim/stally";
+/// A model of an Anthropic-kind provider (`sim-anthropic`, the simulator's root URL): the
+/// node speaks Anthropic's Messages API to the simulator's `/v1/messages` for it.
+pub const ANTHROPIC: &str = "anthropic/claude";
+/// Its upstream model name at the simulator.
+pub const ANTHROPIC_UPSTREAM: &str = "claude-sim";
 pub const ALL_MODELS: [&str; 3] = [PRIMARY, SECONDARY, TERTIARY];
 
 pub struct Gateway {
@@ -56,6 +61,11 @@ pub fn catalog_yaml(sim_url: &str, options: &GatewayOptions) -> String {
     kind: openai-compatible
     base_url: {sim_url}/v1
     region: eu
+  - name: sim-anthropic
+    kind: anthropic
+    base_url: {sim_url}
+    api_keys: {keys}
+    region: us
   - name: nowhere
     kind: openai-compatible
     base_url: http://127.0.0.1:9/v1
@@ -79,6 +89,10 @@ models:
     provider: sim-us
     upstream_model: stally
     stall_timeout_ms: 1000
+  - name: {ANTHROPIC}
+    provider: sim-anthropic
+    upstream_model: {ANTHROPIC_UPSTREAM}
+    max_tokens: 512
   - name: nowhere/model
     provider: nowhere
     upstream_model: unreachable
