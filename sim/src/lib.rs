@@ -16,6 +16,12 @@
 //!   error bodies — a scripted 529 is `overloaded_error` — and `stream_error` as an
 //!   `event: error` frame with `overloaded_error`); a request offering `tools` gets a
 //!   `tool_use` answer (see [`anthropic`]). With accepted keys set, `x-api-key` must be one.
+//! - `POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent`: the same
+//!   behaviours in Gemini's format, the model taken from the path (GenerateContentResponse
+//!   bodies, one per SSE frame when streaming, no `[DONE]`; Google's error bodies); a request
+//!   declaring functions gets a `functionCall` (see [`gemini`]). With accepted keys set,
+//!   `x-goog-api-key` (or `?key=`) must be one: none is Google's 403, a wrong one its 400
+//!   `API_KEY_INVALID`.
 //!
 //! Control API (JSON in and out; model names may contain `/`, raw or as `%2F`):
 //! - `PUT /_sim/models/{model}` body [`Behaviour`]; `GET` reads it, `DELETE` unscripts it.
@@ -38,6 +44,7 @@ use std::path::{Path, PathBuf};
 pub mod anthropic;
 pub mod behaviour;
 mod body;
+pub mod gemini;
 pub mod openai;
 mod server;
 

@@ -32,6 +32,8 @@ use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, Script, StatusReply};
 use crate::body::{Aborted, Chunk, SimBody};
 use crate::openai::{self, ApiError, ChatRequest, Completion};
 
+mod gemini_http;
+
 // === Public handle ===
 
 /// A running simulator. Dropping it stops the listener and closes its connections.
@@ -467,7 +469,11 @@ async fn handle(
         let err = anthropic::not_found(method.as_str(), path);
         return Ok(anthropic_error_response(&err, &state.request_id()));
     }
-    if path.ends_with("/chat/completions") {
+    if let Some((model, stream)) = crate::gemini::route(path) {
+        if method == Method::POST {
+            return gemini_http::generate(&state, &conn, req, model, stream).await;
+        }
+    } else if path.ends_with("/chat/completions") {
         if method == Method::POST {
             return chat(&state, &conn, req).await;
         }
