@@ -22,6 +22,11 @@ pub const STALLY: &str = "sim/stally";
 pub const ANTHROPIC: &str = "anthropic/claude";
 /// Its upstream model name at the simulator.
 pub const ANTHROPIC_UPSTREAM: &str = "claude-sim";
+/// A model of a Gemini-kind provider (`sim-gemini`, the simulator's root URL): the node
+/// speaks the Gemini API to the simulator's `/v1beta/models/…:generateContent` for it.
+pub const GEMINI: &str = "google/gemini";
+/// Its upstream model name at the simulator.
+pub const GEMINI_UPSTREAM: &str = "gemini-sim";
 pub const ALL_MODELS: [&str; 3] = [PRIMARY, SECONDARY, TERTIARY];
 
 pub struct Gateway {
@@ -66,6 +71,11 @@ pub fn catalog_yaml(sim_url: &str, options: &GatewayOptions) -> String {
     base_url: {sim_url}
     api_keys: {keys}
     region: us
+  - name: sim-gemini
+    kind: gemini
+    base_url: {sim_url}
+    api_keys: {keys}
+    region: us
   - name: nowhere
     kind: openai-compatible
     base_url: http://127.0.0.1:9/v1
@@ -93,6 +103,9 @@ models:
     provider: sim-anthropic
     upstream_model: {ANTHROPIC_UPSTREAM}
     max_tokens: 512
+  - name: {GEMINI}
+    provider: sim-gemini
+    upstream_model: {GEMINI_UPSTREAM}
   - name: nowhere/model
     provider: nowhere
     upstream_model: unreachable
