@@ -200,6 +200,38 @@ pub struct Webhook {
     /// Allows private and loopback targets, which are refused otherwise (SSRF guard).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub internal: bool,
+    /// Only failover events of these API key ids (empty: every key). Breaker and node
+    /// events belong to no key and pass the filter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<String>,
+    /// A disabled subscription receives nothing and holds no events back; re-enabled, it
+    /// starts with the events recorded from then on.
+    #[serde(default = "enabled_default", skip_serializing_if = "is_true")]
+    pub enabled: bool,
+    /// Deliver up to this many events per request, as a JSON array (default: one event
+    /// per request, a JSON object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_max_events: Option<u32>,
+}
+
+/// Largest `batch_max_events`: a batch stays well under a megabyte.
+pub const WEBHOOK_BATCH_MAX: u32 = 500;
+
+fn enabled_default() -> bool {
+    true
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
+}
+
+impl Webhook {
+    /// Whether an event of `event_type`, for API key `key_id` (empty: no key), goes here.
+    pub fn wants(&self, event_type: &str, key_id: &str) -> bool {
+        self.enabled
+            && self.events.iter().any(|e| e == "*" || e == event_type)
+            && (key_id.is_empty() || self.keys.is_empty() || self.keys.iter().any(|k| k == key_id))
+    }
 }
 
 impl Catalog {
@@ -290,6 +322,19 @@ impl Catalog {
                 )),
                 Ok(_) => {}
             }
+            if let Some(n) = w.batch_max_events
+                && !(1..=WEBHOOK_BATCH_MAX).contains(&n)
+            {
+                errors.push(FieldError::new(
+                    format!("{path}.batch_max_events"),
+                    format!("must be 1–{WEBHOOK_BATCH_MAX}"),
+                ));
+            }
+            for (j, k) in w.keys.iter().enumerate() {
+                if k.trim().is_empty() {
+                    errors.push(FieldError::new(format!("{path}.keys[{j}]"), "must not be empty"));
+                }
+            }
             if w.events.is_empty() {
                 errors.push(FieldError::new(
                     format!("{path}.events"),
@@ -357,21 +402,36 @@ fn http_url(url: &str) -> Result<&str, String> {
 
 /// Loopback, private, link-local and unspecified addresses, and `localhost`. Names that
 /// resolve to such addresses are caught again at delivery time.
-fn is_private_host(host: &str) -> bool {
+pub fn is_private_host(host: &str) -> bool {
     if host.eq_ignore_ascii_case("localhost") || host.ends_with(".localhost") {
         return true;
     }
-    match host.parse::<IpAddr>() {
-        Ok(IpAddr::V4(ip)) => {
-            ip.is_loopback() || ip.is_private() || ip.is_link_local() || ip.is_unspecified()
-        }
-        Ok(IpAddr::V6(ip)) => {
+    host.parse::<IpAddr>().is_ok_and(is_private_ip)
+}
+
+/// Addresses a webhook must not reach unless it is `internal`: loopback, private (RFC 1918,
+/// IPv6 ULA), link-local (cloud metadata lives at 169.254.169.254), shared CGNAT space,
+/// unspecified and broadcast; an IPv4-mapped IPv6 address is judged as its IPv4 address.
+pub fn is_private_ip(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(ip) => {
+            let [a, b, ..] = ip.octets();
             ip.is_loopback()
+                || ip.is_private()
+                || ip.is_link_local()
                 || ip.is_unspecified()
-                || (ip.segments()[0] & 0xfe00) == 0xfc00
-                || (ip.segments()[0] & 0xffc0) == 0xfe80
+                || ip.is_broadcast()
+                || (a == 100 && (64..128).contains(&b))
         }
-        Err(_) => false,
+        IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
+            Some(v4) => is_private_ip(IpAddr::V4(v4)),
+            None => {
+                ip.is_loopback()
+                    || ip.is_unspecified()
+                    || (ip.segments()[0] & 0xfe00) == 0xfc00
+                    || (ip.segments()[0] & 0xffc0) == 0xfe80
+            }
+        },
     }
 }
 
@@ -462,6 +522,27 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().0[0].path, "webhooks[0].url");
         c.webhooks[0].internal = true;
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn mapped_and_metadata_addresses_are_private() {
+        assert!(is_private_ip("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(is_private_ip("169.254.169.254".parse().unwrap()));
+        assert!(is_private_ip("100.64.1.1".parse().unwrap()));
+        assert!(!is_private_ip("93.184.216.34".parse().unwrap()));
+    }
+
+    #[test]
+    fn webhooks_filter_by_event_key_and_enabled() {
+        let mut w = sample().webhooks.remove(0);
+        assert!(w.wants("api:model_failover", "key_1"));
+        assert!(!w.wants("breaker.opened", ""));
+        w.keys = vec!["key_2".into()];
+        assert!(!w.wants("api:model_failover", "key_1"));
+        w.events = vec!["*".into()];
+        assert!(w.wants("breaker.opened", ""));
+        w.enabled = false;
+        assert!(!w.wants("breaker.opened", ""));
     }
 
     #[test]

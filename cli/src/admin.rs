@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use switchyard_catalog::{Catalog, FailoverReason};
+use switchyard_catalog::{Catalog, CredentialRef, FailoverReason, Webhook};
 use switchyard_proto::admin::v1 as pb;
 use switchyard_proto::admin::v1::admin_client::AdminClient;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -18,8 +18,8 @@ use tonic::transport::{Channel, Endpoint};
 use crate::catalog_file;
 use crate::error::CliError;
 use crate::output::{
-    self, ApplyView, BreakerView, EventView, KeySecretView, KeyView, KeyWithWarnings, NodesView,
-    UsageView,
+    self, ApplyView, BreakerView, DeliveriesView, EventView, KeySecretView, KeyView,
+    KeyWithWarnings, NodesView, UsageView,
 };
 
 pub const TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
@@ -97,6 +97,91 @@ pub struct UsageArgs {
     pub key: Option<String>,
     #[command(flatten)]
     pub opts: AdminOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct WebhooksArgs {
+    #[command(subcommand)]
+    pub command: WebhooksCommand,
+    #[command(flatten)]
+    pub opts: AdminOpts,
+}
+
+/// `add`, `remove`, `enable` and `disable` edit the catalog's `webhooks` section (read,
+/// change, apply only if nobody changed it meanwhile). `apply -f` stays the declarative
+/// source of truth: a later apply of a file without the subscription removes it again.
+#[derive(Debug, Subcommand)]
+pub enum WebhooksCommand {
+    /// Add a subscription to the catalog.
+    Add(AddWebhookArgs),
+    /// List the catalog's subscriptions.
+    List,
+    /// Remove a subscription from the catalog (its dead letters stay listed).
+    Remove {
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// Resume deliveries to a disabled subscription (events from now on).
+    Enable {
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// Stop deliveries to a subscription; events meanwhile are not kept for it.
+    Disable {
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// A subscription's delivery state: backlog, failing attempts, dead letters.
+    Deliveries {
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// Owed events and dead letters listed at most, each.
+        #[arg(long, default_value_t = 100, value_name = "N")]
+        limit: u32,
+    },
+    /// Queue events for one subscription again: dead letters, or failover events from the
+    /// audit log, by id; or every dead letter with --all-dead.
+    Redeliver {
+        #[arg(value_name = "NAME")]
+        name: String,
+        #[arg(value_name = "EVENT_ID", required_unless_present = "all_dead")]
+        event_ids: Vec<String>,
+        #[arg(long)]
+        all_dead: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct AddWebhookArgs {
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// Where events are POSTed (http:// or https://).
+    #[arg(long)]
+    pub url: String,
+    /// Event types: api:model_failover, breaker.opened, breaker.half_open, breaker.closed,
+    /// node.disconnected, or * for all.
+    #[arg(long, value_delimiter = ',', value_parser = list_item, value_name = "LIST", required = true)]
+    pub events: Vec<String>,
+    /// Signing secret reference, env:NAME or file:PATH (a whsec_<base64> value suits the
+    /// Standard Webhooks verifier libraries).
+    #[arg(long, value_parser = credential_ref, value_name = "REF")]
+    pub secret: Option<CredentialRef>,
+    /// Only failover events of these API key ids.
+    #[arg(long, value_delimiter = ',', value_parser = list_item, value_name = "IDS")]
+    pub keys: Vec<String>,
+    /// Allow a private or loopback target.
+    #[arg(long)]
+    pub internal: bool,
+    /// Add it disabled.
+    #[arg(long)]
+    pub disabled: bool,
+    /// Deliver up to N events per request, as a JSON array.
+    #[arg(long, value_name = "N")]
+    pub batch_max_events: Option<u32>,
+}
+
+fn credential_ref(text: &str) -> Result<CredentialRef, String> {
+    CredentialRef::parse(text.trim()).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]
@@ -328,7 +413,11 @@ pub async fn apply(args: ApplyArgs) -> Result<(), CliError> {
     let catalog = catalog_file::load(&args.file)?;
     let catalog_json = serde_json::to_string(&catalog).map_err(CliError::Json)?;
     let mut admin = Admin::connect(&args.opts).await?;
-    let request = admin.request(pb::ApplyCatalogRequest { catalog_json, dry_run: args.dry_run });
+    let request = admin.request(pb::ApplyCatalogRequest {
+        catalog_json,
+        dry_run: args.dry_run,
+        expected_version: None,
+    });
     let reply = admin.client.apply_catalog(request).await.map_err(|s| admin.status(s))?;
     let reply = reply.into_inner();
     let view = ApplyView {
@@ -518,4 +607,141 @@ fn print_key(verb: Option<&str>, reply: pb::KeyResponse, json: bool) -> Result<(
     let mut text = verb.map(|v| format!("{v} key {}\n\n", key.id)).unwrap_or_default();
     text.push_str(&output::key_details(&key, output::now_ms()));
     print(&text)
+}
+
+// === webhooks ===
+
+pub async fn webhooks(args: WebhooksArgs) -> Result<(), CliError> {
+    let json = args.opts.json;
+    let mut admin = Admin::connect(&args.opts).await?;
+    match args.command {
+        WebhooksCommand::List => {
+            let (catalog, _) = admin.catalog().await?;
+            if json {
+                print(&output::json(&catalog.webhooks)?)
+            } else {
+                print(&output::webhooks_table(&catalog.webhooks))
+            }
+        }
+        WebhooksCommand::Add(add) => {
+            let webhook = Webhook {
+                name: add.name,
+                url: add.url,
+                events: add.events,
+                secret: add.secret,
+                internal: add.internal,
+                keys: add.keys,
+                enabled: !add.disabled,
+                batch_max_events: add.batch_max_events,
+            };
+            admin
+                .edit_catalog(json, |catalog| {
+                    if catalog.webhooks.iter().any(|w| w.name == webhook.name) {
+                        return Err(CliError::Usage(format!(
+                            "a webhook named {:?} exists; remove it first or edit the catalog file",
+                            webhook.name
+                        )));
+                    }
+                    catalog.webhooks.push(webhook);
+                    Ok(())
+                })
+                .await
+        }
+        WebhooksCommand::Remove { name } => {
+            admin
+                .edit_catalog(json, |catalog| {
+                    let before = catalog.webhooks.len();
+                    catalog.webhooks.retain(|w| w.name != name);
+                    if catalog.webhooks.len() == before {
+                        return Err(CliError::Usage(format!("no webhook named {name:?}")));
+                    }
+                    Ok(())
+                })
+                .await
+        }
+        WebhooksCommand::Enable { name } => admin.set_enabled(json, &name, true).await,
+        WebhooksCommand::Disable { name } => admin.set_enabled(json, &name, false).await,
+        WebhooksCommand::Deliveries { name, limit } => {
+            let request = admin.request(pb::ListDeliveriesRequest { webhook: name, limit });
+            let reply = admin.client.list_deliveries(request).await.map_err(|s| admin.status(s))?;
+            let view = DeliveriesView::from(reply.into_inner());
+            if json {
+                print(&output::json(&view)?)
+            } else {
+                print(&output::deliveries(&view, output::now_ms()))
+            }
+        }
+        WebhooksCommand::Redeliver { name, event_ids, all_dead } => {
+            let request =
+                admin.request(pb::RedeliverRequest { webhook: name.clone(), event_ids, all_dead });
+            let reply = admin.client.redeliver(request).await.map_err(|s| admin.status(s))?;
+            let reply = reply.into_inner();
+            if json {
+                print(&output::json(&serde_json::json!({
+                    "webhook": name,
+                    "requeued": reply.requeued,
+                    "not_found": reply.not_found,
+                }))?)
+            } else {
+                for id in &reply.not_found {
+                    eprintln!("warning: no dead letter or audit entry {id:?}");
+                }
+                print(&format!("queued {} event(s) for redelivery to {name}\n", reply.requeued))
+            }
+        }
+    }
+}
+
+impl Admin {
+    async fn catalog(&mut self) -> Result<(Catalog, i64), CliError> {
+        let request = self.request(pb::GetCatalogRequest {});
+        let reply = self.client.get_catalog(request).await.map_err(|s| self.status(s))?;
+        let reply = reply.into_inner();
+        let catalog = if reply.catalog_json.trim().is_empty() {
+            Catalog::default()
+        } else {
+            serde_json::from_str(&reply.catalog_json).map_err(|e| {
+                CliError::BadResponse(format!("the stored catalog is unreadable here ({e})"))
+            })?
+        };
+        Ok((catalog, reply.version))
+    }
+
+    /// Read, change, apply: the apply is refused if the catalog changed since it was read.
+    async fn edit_catalog(
+        &mut self,
+        json: bool,
+        change: impl FnOnce(&mut Catalog) -> Result<(), CliError>,
+    ) -> Result<(), CliError> {
+        let (mut catalog, version) = self.catalog().await?;
+        change(&mut catalog)?;
+        let catalog_json = serde_json::to_string(&catalog)?;
+        let request = self.request(pb::ApplyCatalogRequest {
+            catalog_json,
+            dry_run: false,
+            expected_version: Some(version),
+        });
+        let reply = self.client.apply_catalog(request).await.map_err(|s| self.status(s))?;
+        let reply = reply.into_inner();
+        let view = ApplyView {
+            changes: reply.changes,
+            applied: reply.applied,
+            dry_run: false,
+            version: reply.version,
+        };
+        if json { print(&output::json(&view)?) } else { print(&output::apply_result(&view)) }
+    }
+
+    async fn set_enabled(&mut self, json: bool, name: &str, enabled: bool) -> Result<(), CliError> {
+        self.edit_catalog(json, |catalog| {
+            let webhook = catalog
+                .webhooks
+                .iter_mut()
+                .find(|w| w.name == name)
+                .ok_or_else(|| CliError::Usage(format!("no webhook named {name:?}")))?;
+            webhook.enabled = enabled;
+            Ok(())
+        })
+        .await
+    }
 }

@@ -50,6 +50,8 @@ enum Command {
     Events(admin::EventsArgs),
     /// Show usage totals per key and model.
     Usage(admin::UsageArgs),
+    /// Manage webhook subscriptions and see their deliveries.
+    Webhooks(admin::WebhooksArgs),
 }
 
 #[tokio::main]
@@ -82,6 +84,7 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Breakers(args) => admin::breakers(args).await,
         Command::Events(args) => admin::events(args).await,
         Command::Usage(args) => admin::usage(args).await,
+        Command::Webhooks(args) => admin::webhooks(args).await,
     }
 }
 

@@ -2,12 +2,15 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Args;
 use switchyard_sim::{Behaviour, Reply, StatusReply};
 
 use switchyard_control_plane::audit::{self, AuditRetention};
+use switchyard_control_plane::reports::BREAKER_GRACE;
 use switchyard_control_plane::server::{self, ControlError, ControlOptions};
+use switchyard_control_plane::webhooks::DeliveryOptions;
 use switchyard_data_plane::node::{self, NodeError, NodeOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +48,26 @@ pub struct ControlArgs {
     /// Age after which audit-log events are pruned: 30s, 15m, 12h, 7d.
     #[arg(long, default_value = "7d", value_parser = audit::parse_max_age)]
     pub audit_max_age: std::time::Duration,
+    /// Webhook events not delivered after this long become dead letters (once the endpoint
+    /// fails again): 30s, 15m, 12h, 7d.
+    #[arg(long, default_value = "24h", value_parser = audit::parse_max_age)]
+    pub webhook_max_age: Duration,
+    /// Time limit of one webhook request, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    pub webhook_timeout_ms: u64,
+    /// Webhook requests in flight per subscription.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub webhook_concurrency: u16,
+    /// First retry backoff ceiling, in milliseconds; doubles per failure (full jitter).
+    #[arg(long, default_value_t = 500, value_name = "MS")]
+    pub webhook_min_backoff_ms: u64,
+    /// Largest retry backoff, in milliseconds.
+    #[arg(long, default_value_t = 60_000, value_name = "MS")]
+    pub webhook_max_backoff_ms: u64,
+    /// How long a node may be gone before `node.disconnected` is sent (and its breaker
+    /// records go): 30s, 5m.
+    #[arg(long, default_value = "30s", value_parser = audit::parse_max_age)]
+    pub node_grace: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -111,6 +134,16 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
         admin_token,
         join_token,
         audit: AuditRetention { max_entries: args.audit_max_entries, max_age: args.audit_max_age },
+        webhooks: DeliveryOptions {
+            max_age: args.webhook_max_age,
+            timeout: Duration::from_millis(args.webhook_timeout_ms.max(1)),
+            concurrency: usize::from(args.webhook_concurrency),
+            min_backoff: Duration::from_millis(args.webhook_min_backoff_ms.max(1)),
+            max_backoff: Duration::from_millis(
+                args.webhook_max_backoff_ms.max(args.webhook_min_backoff_ms),
+            ),
+        },
+        disconnect_grace: args.node_grace,
     })
     .await?;
     // The one line on stdout: scripts and tests read the bound address from it.
@@ -169,6 +202,8 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         admin_token: admin_token.clone(),
         join_token: None,
         audit: Default::default(),
+        webhooks: DeliveryOptions::default(),
+        disconnect_grace: BREAKER_GRACE,
     })
     .await?;
     let control_url = format!("http://{}", control.local_addr);
@@ -253,7 +288,11 @@ async fn seed_demo(control_url: &str, admin_token: &str, sim_url: &str) -> Resul
     client
         .apply_catalog(authed(
             &auth,
-            admin::ApplyCatalogRequest { catalog_json: catalog.to_string(), dry_run: false },
+            admin::ApplyCatalogRequest {
+                catalog_json: catalog.to_string(),
+                dry_run: false,
+                expected_version: None,
+            },
         ))
         .await
         .map_err(|e| e.message().to_owned())?;

@@ -24,6 +24,7 @@ use crate::layout::Layout;
 use crate::nodes::{NodeRecord, now_ms};
 use crate::reports::{BreakerRecord, UsageRecord};
 use crate::store::{Compare, KeyValue, Revision, Store, StoreError, Txn, TxnOp};
+use crate::webhooks::{DeadLetter, OutboxEntry, SubscriptionState};
 
 /// Events `ListEvents` sends first when the request names no limit.
 const DEFAULT_EVENTS_LIMIT: usize = 100;
@@ -316,6 +317,14 @@ impl Admin for AdminService {
         })?;
         new.validate().map_err(AdminError::from)?;
         let (old, old_rev) = self.load_catalog().await?;
+        if let Some(expected) = request.expected_version
+            && expected != old_rev
+        {
+            return Err(AdminError::Conflict(format!(
+                "the catalog changed since it was read (version {expected}, now {old_rev}); nothing was applied, try again"
+            ))
+            .into());
+        }
         let changes = old.diff(&new);
         if request.dry_run || changes.is_empty() {
             return Ok(Response::new(pb::ApplyCatalogResponse {
@@ -490,6 +499,200 @@ impl Admin for AdminService {
         let version = self.save_key(&record, rev).await?;
         info!(key = %record.id, "API key defaults set");
         Ok(Response::new(pb::KeyResponse { key: Some(key_to_pb(&record)), warnings, version }))
+    }
+
+    async fn list_deliveries(
+        &self,
+        request: Request<pb::ListDeliveriesRequest>,
+    ) -> Result<Response<pb::ListDeliveriesResponse>, Status> {
+        let request = request.into_inner();
+        let name = request.webhook;
+        if name.is_empty() {
+            return Err(invalid("webhook", "must not be empty").into());
+        }
+        let limit = match request.limit {
+            0 => 100,
+            n => n as usize,
+        };
+        let (catalog, _) = self.load_catalog().await?;
+        let webhook = catalog.webhooks.iter().find(|w| w.name == name);
+        let state: SubscriptionState = match self
+            .store
+            .get(&self.layout.webhook_state(&name))
+            .await
+            .map_err(AdminError::from)?
+        {
+            Some(kv) => decode(&kv.value, "webhook state")?,
+            None => SubscriptionState::default(),
+        };
+        let dead = self
+            .store
+            .list(&self.layout.dead_letters_prefix(&name))
+            .await
+            .map_err(AdminError::from)?;
+        if webhook.is_none() && dead.kvs.is_empty() && state == SubscriptionState::default() {
+            return Err(AdminError::NotFound(format!(
+                "no webhook named {name:?} (and no deliveries recorded for one)"
+            ))
+            .into());
+        }
+        let mut deliveries = Vec::new();
+        let mut backlog = 0u64;
+        if let Some(webhook) = webhook {
+            let outbox =
+                self.store.list(&self.layout.outbox_prefix()).await.map_err(AdminError::from)?;
+            let mut owed: Vec<(Revision, OutboxEntry)> = outbox
+                .kvs
+                .iter()
+                .filter(|kv| kv.create_revision > state.cursor)
+                .filter_map(|kv| {
+                    Some((
+                        kv.create_revision,
+                        serde_json::from_slice::<OutboxEntry>(&kv.value).ok()?,
+                    ))
+                })
+                .filter(|(_, e)| e.is_for(webhook))
+                .collect();
+            owed.sort_by_key(|(rev, _)| *rev);
+            backlog = owed.len() as u64;
+            for (rev, entry) in owed.into_iter().take(limit) {
+                let pending = state.pending.iter().find(|p| p.revision == rev);
+                deliveries.push(pb::WebhookDelivery {
+                    event_id: entry.id,
+                    event_type: entry.event_type,
+                    at_unix_ms: entry.at_unix_ms,
+                    state: "pending".into(),
+                    attempts: pending.map_or(0, |p| p.attempts),
+                    last_status: pending.map_or(0, |p| u32::from(p.last_status)),
+                    last_error: pending.map(|p| p.last_error.clone()).unwrap_or_default(),
+                    dead_unix_ms: 0,
+                    key_id: entry.key_id,
+                });
+            }
+        }
+        for kv in dead.kvs.iter().take(limit) {
+            let letter: DeadLetter = decode(&kv.value, "dead letter")?;
+            deliveries.push(pb::WebhookDelivery {
+                event_id: letter.entry.id,
+                event_type: letter.entry.event_type,
+                at_unix_ms: letter.entry.at_unix_ms,
+                state: "dead".into(),
+                attempts: letter.attempts,
+                last_status: u32::from(letter.last_status),
+                last_error: letter.last_error,
+                dead_unix_ms: letter.dead_unix_ms,
+                key_id: letter.entry.key_id,
+            });
+        }
+        let leader =
+            crate::store::election::leader(self.store.as_ref(), &self.layout.webhook_election())
+                .await
+                .map_err(AdminError::from)?
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+                .unwrap_or_default();
+        Ok(Response::new(pb::ListDeliveriesResponse {
+            webhook: name,
+            subscribed: webhook.is_some(),
+            backlog,
+            delivered: state.delivered,
+            dead: dead.kvs.len() as u64,
+            consecutive_failures: state.consecutive_failures,
+            next_attempt_unix_ms: state.next_attempt_unix_ms,
+            last_status: u32::from(state.last_status),
+            last_error: state.last_error,
+            last_success_unix_ms: state.last_success_unix_ms,
+            last_attempt_unix_ms: state.last_attempt_unix_ms,
+            leader,
+            deliveries,
+        }))
+    }
+
+    async fn redeliver(
+        &self,
+        request: Request<pb::RedeliverRequest>,
+    ) -> Result<Response<pb::RedeliverResponse>, Status> {
+        let request = request.into_inner();
+        let name = request.webhook;
+        let (catalog, _) = self.load_catalog().await?;
+        if !catalog.webhooks.iter().any(|w| w.name == name) {
+            return Err(
+                AdminError::NotFound(format!("no webhook named {name:?} in the catalog")).into()
+            );
+        }
+        if request.event_ids.is_empty() && !request.all_dead {
+            return Err(invalid(
+                "event_ids",
+                "name events to redeliver, or ask for every dead letter",
+            )
+            .into());
+        }
+        // (entry, the dead letter's key to remove)
+        let mut queue: Vec<(OutboxEntry, Option<String>)> = Vec::new();
+        let mut not_found = Vec::new();
+        if request.all_dead {
+            let dead = self
+                .store
+                .list(&self.layout.dead_letters_prefix(&name))
+                .await
+                .map_err(AdminError::from)?;
+            for kv in dead.kvs {
+                let letter: DeadLetter = decode(&kv.value, "dead letter")?;
+                queue.push((letter.entry, Some(kv.key)));
+            }
+        }
+        let mut audit_log = None;
+        for id in request.event_ids {
+            if queue.iter().any(|(e, _)| e.id == id) {
+                continue;
+            }
+            let key = self.layout.dead_letter(&name, &id);
+            if let Some(kv) = self.store.get(&key).await.map_err(AdminError::from)? {
+                let letter: DeadLetter = decode(&kv.value, "dead letter")?;
+                queue.push((letter.entry, Some(key)));
+                continue;
+            }
+            // Not dead: a failover event still in the audit log can be sent again.
+            if audit_log.is_none() {
+                audit_log = Some(
+                    self.store.list(&self.layout.audit_prefix()).await.map_err(AdminError::from)?,
+                );
+            }
+            let found = audit_log
+                .iter()
+                .flat_map(|l| l.kvs.iter())
+                .filter_map(audit::decode)
+                .find(|e| e.id == id);
+            match found {
+                Some(event) => queue.push((OutboxEntry::failover(&event, now_ms()), None)),
+                None => not_found.push(id),
+            }
+        }
+        let now = now_ms();
+        let requeued = queue.len() as u32;
+        for chunk in queue.chunks(crate::audit::MAX_TXN_OPS / 2) {
+            let mut ops = Vec::new();
+            for (entry, dead_key) in chunk {
+                let mut entry = entry.clone();
+                entry.only = vec![name.clone()];
+                entry.enqueued_unix_ms = now;
+                // A key of its own: the original entry may still wait for other subscriptions.
+                let key = self.layout.outbox(now, &format!("{}~redeliver~{name}", entry.id));
+                let value = serde_json::to_vec(&entry).map_err(|e| AdminError::Corrupt {
+                    what: "outbox entry".into(),
+                    reason: e.to_string(),
+                })?;
+                ops.push(TxnOp::Put { key, value, lease: None });
+                if let Some(dead_key) = dead_key {
+                    ops.push(TxnOp::Delete { key: dead_key.clone() });
+                }
+            }
+            self.store
+                .txn(Txn { compare: vec![], success: ops, failure: vec![] })
+                .await
+                .map_err(AdminError::from)?;
+        }
+        info!(webhook = %name, requeued, "webhook events queued for redelivery");
+        Ok(Response::new(pb::RedeliverResponse { requeued, not_found }))
     }
 
     async fn list_nodes(

@@ -25,6 +25,7 @@ use crate::store::{
     Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Revision, Store, StoreError,
     Txn, TxnOp,
 };
+use crate::webhooks::{Interest, OutboxEntry};
 
 /// etcd's default `--max-txn-ops`; both store backends refuse larger transactions.
 pub const MAX_TXN_OPS: usize = 128;
@@ -134,18 +135,22 @@ impl AuditEvent {
     }
 }
 
-/// Writes every event durably, in transactions of at most [`MAX_TXN_OPS`] puts and about
-/// [`MAX_TXN_BYTES`]. Events
-/// without an id are skipped (they could not be deduplicated on redelivery); an event
-/// repeated within the batch is written once (etcd refuses a txn writing a key twice).
-/// Returns how many events were written.
+/// Writes every event durably, in transactions of at most [`MAX_TXN_OPS`] operations and
+/// about [`MAX_TXN_BYTES`]. With `outbox`, an event some webhook subscribes to is queued
+/// for delivery in the same transaction as its audit entry, so that an acked event is
+/// always both recorded and queued. Events without an id are skipped (they could not be
+/// deduplicated on redelivery); an event repeated within the batch is written once (etcd
+/// refuses a txn writing a key twice). Returns how many events were written.
 pub async fn write_events(
     store: &dyn Store,
     layout: &Layout,
     events: Vec<AuditEvent>,
+    outbox: Option<&Interest>,
 ) -> Result<usize, StoreError> {
     let mut seen = std::collections::HashSet::new();
-    let mut ops = Vec::with_capacity(events.len());
+    // The writes of one event: its audit entry, and its outbox entry if wanted.
+    let mut groups: Vec<Vec<TxnOp>> = Vec::with_capacity(events.len());
+    let now = now_ms();
     for event in events {
         if event.id.is_empty() {
             warn!(node = %event.node_id, "failover event without an id; not recorded");
@@ -157,30 +162,41 @@ pub async fn write_events(
         }
         let value = serde_json::to_vec(&event)
             .map_err(|e| StoreError::InvalidRequest(format!("cannot encode event: {e}")))?;
-        ops.push(TxnOp::Put { key, value, lease: None });
+        let mut group = vec![TxnOp::Put { key, value, lease: None }];
+        if let Some(interest) = outbox {
+            let entry = OutboxEntry::failover(&event, now);
+            if interest.wants(&entry) {
+                group.push(entry.put(layout)?);
+            }
+        }
+        groups.push(group);
     }
-    let written = ops.len();
+    let written = groups.len();
     let mut txn = Txn::default();
     let mut bytes = 0;
-    for op in ops {
-        let size = match &op {
-            TxnOp::Put { key, value, .. } => key.len() + value.len(),
-            TxnOp::Delete { key } => key.len(),
-            TxnOp::DeletePrefix { prefix } => prefix.len(),
-        };
+    for group in groups {
+        let size: usize = group.iter().map(op_size).sum();
         if !txn.success.is_empty()
-            && (txn.success.len() == MAX_TXN_OPS || bytes + size > MAX_TXN_BYTES)
+            && (txn.success.len() + group.len() > MAX_TXN_OPS || bytes + size > MAX_TXN_BYTES)
         {
             store.txn(std::mem::take(&mut txn)).await?;
             bytes = 0;
         }
         bytes += size;
-        txn.success.push(op);
+        txn.success.extend(group);
     }
     if !txn.success.is_empty() {
         store.txn(txn).await?;
     }
     Ok(written)
+}
+
+fn op_size(op: &TxnOp) -> usize {
+    match op {
+        TxnOp::Put { key, value, .. } => key.len() + value.len(),
+        TxnOp::Delete { key } => key.len(),
+        TxnOp::DeletePrefix { prefix } => prefix.len(),
+    }
 }
 
 /// Decodes a stored event; `None` (with a warning) for one this release cannot read.

@@ -93,6 +93,11 @@ impl ConfigCache {
         start_for(&self.read(), node_version)
     }
 
+    /// One resource (a name below `config/`) and the revision that last changed it.
+    pub fn resource(&self, name: &str) -> Option<(Arc<[u8]>, Revision)> {
+        self.read().resources.get(name).map(|(value, rev)| (Arc::clone(value), *rev))
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         // A poisoned lock means a panic mid-update elsewhere; the data is still the last
         // consistent state because updates are built before the lock is taken.

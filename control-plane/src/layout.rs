@@ -7,7 +7,11 @@
 //!   and a redelivered event lands on its own key again;
 //! - `breakers/<node>/<provider>/<upstream model>`: each node's current breaker states;
 //! - `usage/<node>/<boot id>`: each node process's cumulative usage totals;
-//! - `elections/<name>/`: leader elections for work one replica does (audit retention).
+//! - `webhooks/outbox/…`, `webhooks/state/<subscription>`, `webhooks/dead/<subscription>/…`:
+//!   webhook events waiting for delivery, each subscription's delivery state, dead letters
+//!   (see [`crate::webhooks`]);
+//! - `elections/<name>/`: leader elections for work one replica does (audit retention,
+//!   webhook delivery).
 //!
 //! Segments that come from nodes are escaped (`%` → `%25`, `/` → `%2F`), so that a node id
 //! holding a `/` cannot reach into another node's records.
@@ -88,6 +92,38 @@ impl Layout {
 
     pub fn usage(&self, node_id: &str, boot_id: &str) -> String {
         format!("{}usage/{}/{}", self.prefix, escape(node_id), escape(boot_id))
+    }
+
+    /// Webhook events waiting for delivery, keyed like the audit log (a resent event
+    /// rewrites its entry in place). Delivery order is the entries' create revision.
+    pub fn outbox_prefix(&self) -> String {
+        format!("{}webhooks/outbox/", self.prefix)
+    }
+
+    pub fn outbox(&self, at_unix_ms: i64, event_id: &str) -> String {
+        format!("{}webhooks/outbox/{:013}-{}", self.prefix, at_unix_ms.max(0), escape(event_id))
+    }
+
+    /// One subscription's delivery state (cursor, failing attempts).
+    pub fn webhook_state_prefix(&self) -> String {
+        format!("{}webhooks/state/", self.prefix)
+    }
+
+    pub fn webhook_state(&self, name: &str) -> String {
+        format!("{}webhooks/state/{}", self.prefix, escape(name))
+    }
+
+    pub fn dead_letters_prefix(&self, name: &str) -> String {
+        format!("{}webhooks/dead/{}/", self.prefix, escape(name))
+    }
+
+    pub fn dead_letter(&self, name: &str, event_id: &str) -> String {
+        format!("{}webhooks/dead/{}/{}", self.prefix, escape(name), escape(event_id))
+    }
+
+    /// The election whose leader delivers webhooks.
+    pub fn webhook_election(&self) -> String {
+        format!("{}elections/webhooks", self.prefix)
     }
 
     /// The election whose leader prunes the audit log.

@@ -11,3 +11,4 @@ pub mod nodes;
 pub mod reports;
 pub mod server;
 pub mod store;
+pub mod webhooks;

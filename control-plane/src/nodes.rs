@@ -72,6 +72,11 @@ pub struct NodeShared {
     /// This replica's address, shown in `switchyard nodes`.
     pub control_plane: String,
     pub join: TokenCheck,
+    /// Which events webhooks subscribe to (events nobody wants are not queued).
+    pub outbox: crate::webhooks::Interest,
+    /// How long a node may be gone before its breakers are forgotten and
+    /// `node.disconnected` is sent.
+    pub disconnect_grace: Duration,
 }
 
 /// The `NodeControl` gRPC service; each stream runs as a task over the shared state.
@@ -228,12 +233,19 @@ impl NodeShared {
             }
             Some(node_message::Msg::Events(batch)) => self.on_events(node_id, batch, tx).await?,
             Some(node_message::Msg::Breaker(transition)) => {
+                let from = transition.from.clone();
                 let breaker = BreakerRecord::from_transition(node_id, transition);
                 debug!(node = %node_id, provider = %breaker.provider, model = %breaker.upstream_model, state = %breaker.state, "breaker transition");
                 // A lost write is corrected by the node's next transition of this breaker.
-                if let Err(e) =
-                    reports::record_breaker(self.store.as_ref(), &self.layout, self.lease, &breaker)
-                        .await
+                if let Err(e) = reports::record_breaker(
+                    self.store.as_ref(),
+                    &self.layout,
+                    self.lease,
+                    &breaker,
+                    &from,
+                    &self.outbox,
+                )
+                .await
                 {
                     warn!(node = %node_id, error = %e, "could not record a breaker transition");
                 }
@@ -264,7 +276,9 @@ impl NodeShared {
         tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
     ) -> Result<(), Status> {
         let events = batch.events.into_iter().map(|e| AuditEvent::from_pb(e, node_id)).collect();
-        match audit::write_events(self.store.as_ref(), &self.layout, events).await {
+        match audit::write_events(self.store.as_ref(), &self.layout, events, Some(&self.outbox))
+            .await
+        {
             Ok(written) => {
                 debug!(node = %node_id, seq = batch.seq, written, "failover events stored");
                 let ack = pb::EventsAck { seq: batch.seq };
@@ -301,12 +315,18 @@ impl NodeShared {
     /// Removes the presence record, unless the node has meanwhile connected elsewhere
     /// (another replica's write changed the record's revision); its breaker records follow
     /// after a grace period unless it is back by then.
-    async fn forget(&self, node_id: &str, presence_rev: Revision) {
-        let (store, layout, id) =
-            (Arc::clone(&self.store), self.layout.clone(), node_id.to_owned());
-        tokio::spawn(
-            async move { reports::forget_breakers_later(store.as_ref(), &layout, &id).await },
-        );
+    async fn forget(self: &Arc<Self>, node_id: &str, presence_rev: Revision) {
+        let (this, id) = (Arc::clone(self), node_id.to_owned());
+        tokio::spawn(async move {
+            reports::forget_breakers_later(
+                this.store.as_ref(),
+                &this.layout,
+                &id,
+                this.disconnect_grace,
+                &this.outbox,
+            )
+            .await
+        });
         if presence_rev == 0 {
             return;
         }

@@ -20,7 +20,9 @@ use tracing::warn;
 use switchyard_proto::node::v1 as pb;
 
 use crate::layout::Layout;
+use crate::nodes::now_ms;
 use crate::store::{Compare, LeaseId, Revision, Store, StoreError, Txn, TxnOp};
+use crate::webhooks::{Interest, OutboxEntry};
 
 /// How long a disconnected node's breaker records outlive its stream.
 pub const BREAKER_GRACE: Duration = Duration::from_secs(30);
@@ -63,17 +65,27 @@ impl BreakerRecord {
     }
 }
 
-/// A node's breaker state changed: store it under the replica's lease.
+/// A node's breaker state changed: store it under the replica's lease, with the
+/// transition's webhook event (`breaker.opened|half_open|closed`) in the same transaction
+/// when some subscription wants it.
 pub async fn record_breaker(
     store: &dyn Store,
     layout: &Layout,
     lease: LeaseId,
     record: &BreakerRecord,
+    from: &str,
+    outbox: &Interest,
 ) -> Result<Revision, StoreError> {
     let key = layout.breaker(&record.node_id, &record.provider, &record.upstream_model);
     let value = serde_json::to_vec(record)
         .map_err(|e| StoreError::InvalidRequest(format!("cannot encode breaker: {e}")))?;
-    store.put(&key, value, Some(lease)).await
+    let mut success = vec![TxnOp::Put { key, value, lease: Some(lease) }];
+    if let Some(entry) = OutboxEntry::breaker(record, from, now_ms())
+        && outbox.wants(&entry)
+    {
+        success.push(entry.put(layout)?);
+    }
+    Ok(store.txn(Txn { compare: vec![], success, failure: vec![] }).await?.revision)
 }
 
 /// A node connected here: its breaker records (written by the replica it was on before)
@@ -109,15 +121,33 @@ pub async fn adopt_breakers(
     Ok(())
 }
 
-/// After [`BREAKER_GRACE`], removes the node's breaker records unless the node is connected
-/// again somewhere (its presence record exists).
-pub async fn forget_breakers_later(store: &dyn Store, layout: &Layout, node_id: &str) {
-    tokio::time::sleep(BREAKER_GRACE).await;
-    let txn = Txn {
-        compare: vec![Compare::absent(layout.node(node_id))],
-        success: vec![TxnOp::DeletePrefix { prefix: layout.node_breakers_prefix(node_id) }],
-        failure: vec![],
-    };
+/// After `grace` ([`BREAKER_GRACE`] by default), removes the node's breaker records unless
+/// the node is connected again somewhere (its presence record exists); in the same
+/// transaction, queues a `node.disconnected` event if a subscription wants one. If this
+/// replica dies during the grace, the records go with its lease and the event is not sent.
+pub async fn forget_breakers_later(
+    store: &dyn Store,
+    layout: &Layout,
+    node_id: &str,
+    grace: Duration,
+    outbox: &Interest,
+) {
+    let disconnected = now_ms();
+    tokio::time::sleep(grace).await;
+    let mut success = vec![TxnOp::DeletePrefix { prefix: layout.node_breakers_prefix(node_id) }];
+    let entry = OutboxEntry::node_disconnected(
+        node_id,
+        disconnected,
+        u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+    );
+    if outbox.wants(&entry) {
+        match entry.put(layout) {
+            Ok(op) => success.push(op),
+            Err(e) => warn!(node = %node_id, error = %e, "cannot encode node.disconnected"),
+        }
+    }
+    let txn =
+        Txn { compare: vec![Compare::absent(layout.node(node_id))], success, failure: vec![] };
     if let Err(e) = store.txn(txn).await {
         // They still go with this replica's lease if it ever ends.
         warn!(node = %node_id, error = %e, "could not remove a gone node's breakers");

@@ -18,6 +18,7 @@ use crate::fanout::{self, ConfigCache};
 use crate::layout::Layout;
 use crate::nodes::{NodeService, NodeShared};
 use crate::store::{self, Store, StoreError};
+use crate::webhooks::{self, DeliveryOptions, Interest};
 
 /// The replica's lease: node presence records vanish this long after a replica dies.
 const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -31,6 +32,10 @@ pub struct ControlOptions {
     pub join_token: Option<String>,
     /// Bounds on the failover-event audit log, kept by the elected replica.
     pub audit: AuditRetention,
+    /// Webhook delivery, done by the elected replica.
+    pub webhooks: DeliveryOptions,
+    /// How long a node may be gone before `node.disconnected` (and its breakers go).
+    pub disconnect_grace: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +99,17 @@ pub async fn start_with_store(
         lease,
         control_plane: local_addr.to_string(),
         join: TokenCheck { join_token: options.join_token.as_deref().map(Token::new) },
+        outbox: Interest::new(Arc::clone(&cache)),
+        disconnect_grace: options.disconnect_grace,
     }));
+    tokio::spawn(webhooks::run(
+        Arc::clone(&store),
+        layout.clone(),
+        Arc::clone(&cache),
+        lease,
+        local_addr.to_string(),
+        options.webhooks,
+    ));
     tokio::spawn(audit::run_retention(
         Arc::clone(&store),
         layout.clone(),

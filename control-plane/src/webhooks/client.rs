@@ -1,0 +1,234 @@
+//! One webhook request: the HTTP client, the SSRF guard, and how a response is classified.
+//!
+//! SSRF: the catalog refuses private IP literals and `localhost` at apply time unless the
+//! subscription is `internal`; names are checked here, by the connector's own resolver,
+//! so the addresses checked are the addresses connected to (a name re-pointed at a private
+//! address between a check and the connect, DNS rebinding, gains nothing).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::Name;
+use hyper_util::rt::TokioExecutor;
+
+use switchyard_catalog::catalog::is_private_ip;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Receivers' answers are read (so connections are reused) up to this size.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+/// A Retry-After beyond this is taken as this: an hour-long pause is the dead-letter age's
+/// business, not the endpoint's.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+pub type WebhookClient =
+    Client<hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
+
+/// Resolves names and, unless `internal`, drops private and loopback addresses.
+#[derive(Clone, Debug)]
+pub struct GuardedResolver {
+    internal: bool,
+}
+
+impl tower_service::Service<Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let internal = self.internal;
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let resolved: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if internal {
+                return Ok(resolved.into_iter());
+            }
+            let public: Vec<SocketAddr> =
+                resolved.into_iter().filter(|a| !is_private_ip(a.ip())).collect();
+            if public.is_empty() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{host} resolves only to private or loopback addresses; \
+                         set `internal: true` on the subscription to allow them"
+                    ),
+                ));
+            }
+            Ok(public.into_iter())
+        })
+    }
+}
+
+/// A pooled client for one subscription (its own pool, so one endpoint's connections
+/// never queue behind another's).
+pub fn build(internal: bool) -> WebhookClient {
+    let mut http = HttpConnector::new_with_resolver(GuardedResolver { internal });
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    http.set_nodelay(true);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(https)
+}
+
+/// How one delivery attempt ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// 2xx.
+    Delivered { status: u16 },
+    /// Timeout, connection error, 408, 429 or 5xx: try again later.
+    Retry { status: u16, error: String, retry_after: Option<Duration> },
+    /// Any other answer: the receiver refused this event; retrying would not change that.
+    Refused { status: u16, error: String },
+}
+
+pub struct Request<'a> {
+    pub url: &'a str,
+    pub internal: bool,
+    pub id: &'a str,
+    /// `None`: the subscription has no secret; the request goes unsigned.
+    pub signing_key: Option<&'a [u8]>,
+    pub body: Bytes,
+    pub timeout: Duration,
+}
+
+pub async fn send(client: &WebhookClient, req: Request<'_>) -> Outcome {
+    if let Some(error) = literal_guard(req.url, req.internal) {
+        return Outcome::Retry { status: 0, error, retry_after: None };
+    }
+    let timestamp = crate::nodes::now_ms().div_euclid(1000);
+    let mut builder = http::Request::post(req.url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(
+            http::header::USER_AGENT,
+            concat!("switchyard-webhooks/", env!("CARGO_PKG_VERSION")),
+        )
+        .header("webhook-id", req.id)
+        .header("webhook-timestamp", timestamp.to_string());
+    if let Some(key) = req.signing_key {
+        builder =
+            builder.header("webhook-signature", super::sign(key, req.id, timestamp, &req.body));
+    }
+    let request = match builder.body(Full::new(req.body)) {
+        Ok(r) => r,
+        Err(e) => return Outcome::Refused { status: 0, error: format!("invalid request: {e}") },
+    };
+    let exchange = async {
+        let response = client.request(request).await.map_err(|e| error_chain(&e))?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        // The body is read only so the connection can be reused; its content is ignored.
+        let _ = Limited::new(response.into_body(), MAX_RESPONSE_BYTES).collect().await;
+        Ok::<_, String>((status, retry_after))
+    };
+    match tokio::time::timeout(req.timeout, exchange).await {
+        Err(_) => Outcome::Retry {
+            status: 0,
+            error: format!("no answer within {} ms", req.timeout.as_millis()),
+            retry_after: None,
+        },
+        Ok(Err(error)) => Outcome::Retry { status: 0, error, retry_after: None },
+        Ok(Ok((status, retry_after))) => classify(status, retry_after),
+    }
+}
+
+fn classify(status: u16, retry_after: Option<Duration>) -> Outcome {
+    match status {
+        200..=299 => Outcome::Delivered { status },
+        408 | 429 | 500..=599 => {
+            Outcome::Retry { status, error: format!("HTTP {status}"), retry_after }
+        }
+        _ => Outcome::Refused { status, error: format!("HTTP {status}") },
+    }
+}
+
+/// Seconds only; an HTTP-date is rare from webhook receivers and falls back to our backoff.
+fn parse_retry_after(text: &str) -> Option<Duration> {
+    text.trim().parse::<u64>().ok().map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
+}
+
+/// The connector skips the resolver for IP literals, so they are checked here.
+fn literal_guard(url: &str, internal: bool) -> Option<String> {
+    if internal {
+        return None;
+    }
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    if switchyard_catalog::catalog::is_private_host(host) {
+        Some(format!(
+            "{host} is a private or loopback address; set `internal: true` on the subscription to allow it"
+        ))
+    } else {
+        None
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.ends_with(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_answers_are_5xx_429_and_408() {
+        assert!(matches!(classify(503, None), Outcome::Retry { .. }));
+        assert!(
+            matches!(classify(429, Some(Duration::from_secs(3))), Outcome::Retry { retry_after: Some(d), .. } if d == Duration::from_secs(3))
+        );
+        assert!(matches!(classify(408, None), Outcome::Retry { .. }));
+        assert!(matches!(classify(400, None), Outcome::Refused { .. }));
+        assert!(matches!(classify(410, None), Outcome::Refused { .. }));
+        assert_eq!(classify(204, None), Outcome::Delivered { status: 204 });
+    }
+
+    #[test]
+    fn retry_after_is_seconds_and_capped() {
+        assert_eq!(parse_retry_after(" 7 "), Some(Duration::from_secs(7)));
+        assert_eq!(parse_retry_after("999999"), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+    }
+
+    #[test]
+    fn private_literals_are_refused_unless_internal() {
+        assert!(literal_guard("http://127.0.0.1:9/x", false).is_some());
+        assert!(literal_guard("http://[::1]:9/x", false).is_some());
+        assert!(literal_guard("http://10.1.2.3/x", false).is_some());
+        assert!(literal_guard("http://127.0.0.1:9/x", true).is_none());
+        assert!(literal_guard("https://hooks.example.com/x", false).is_none());
+    }
+}

@@ -1,0 +1,826 @@
+//! The leader's delivery loop.
+//!
+//! Every replica campaigns in the `elections/webhooks` election; the leader alone delivers.
+//! It keeps the outbox in memory (a listing, then a watch from the listing's revision) in
+//! create-revision order, and runs one worker task per subscription:
+//!
+//! - A worker owns its subscription's [`SubscriptionState`]: it sends the entries past its
+//!   cursor that the subscription wants, up to `concurrency` requests at once (each one
+//!   event, or up to `batch_max_events` as a JSON array), each bounded by the request
+//!   timeout, over the subscription's own connection pool. A slow or dead endpoint only
+//!   ever holds its own worker.
+//! - The cursor moves over the contiguous prefix of entries that are done (delivered, dead,
+//!   or not for this subscription); entries delivered beyond it are remembered in memory.
+//! - A failed attempt (timeout, connection error, 408, 429, 5xx) puts the whole
+//!   subscription into backoff: exponential from `min_backoff`, capped at `max_backoff`,
+//!   full jitter, and never shorter than the endpoint's `Retry-After`. While it is failing
+//!   the worker sends one request at a time (a probe), so a dead endpoint gets one request
+//!   per backoff period, not one per event; the first 2xx resumes full speed.
+//! - After each failed attempt, every owed event older than `max_age` (counted from when
+//!   the control plane stored it) becomes a dead letter; any other answer (a 4xx: the
+//!   receiver refused that event) makes a dead letter at once. Dead letters are kept
+//!   until an admin redelivers them (`switchyard webhooks redeliver`).
+//! - State is written at most every [`PERSIST_INTERVAL`] per subscription; every write the
+//!   leader makes is fenced on its leadership, so a deposed leader writes nothing.
+//!
+//! The leader also deletes outbox entries every cursor has passed, at most
+//! [`GC_MAX_TXNS`] transactions per [`GC_INTERVAL`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::Rng;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use switchyard_catalog::{Catalog, Webhook};
+
+use super::client::{self, Outcome, WebhookClient};
+use super::{DeadLetter, OutboxEntry, PendingDelivery, SubscriptionState, batch_id, signing_key};
+use crate::audit::MAX_TXN_OPS;
+use crate::fanout::ConfigCache;
+use crate::layout::{self, Layout};
+use crate::nodes::now_ms;
+use crate::store::election::{self, Leadership};
+use crate::store::{
+    Compare, CompareOp, CompareTarget, EventKind, LeaseId, Listing, Revision, Store, StoreError,
+    Txn, TxnOp, WatchBatch,
+};
+
+/// How often a subscription's state is written at most.
+pub const PERSIST_INTERVAL: Duration = Duration::from_millis(250);
+/// How often delivered entries are deleted from the outbox.
+pub const GC_INTERVAL: Duration = Duration::from_secs(1);
+/// Delete transactions per GC pass, bounding the leader's store writes.
+pub const GC_MAX_TXNS: usize = 8;
+/// How often the leader looks for catalog changes in its config cache.
+const CATALOG_POLL: Duration = Duration::from_millis(200);
+/// Owed entries a worker looks at past its cursor; bounds what it remembers as done.
+const WINDOW: usize = 2000;
+/// Pending (failed at least once) events recorded in the stored state.
+const MAX_PENDING_RECORDED: usize = 100;
+const RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// `--webhook-*` flags of `switchyard control`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeliveryOptions {
+    /// Owed events older than this become dead letters once the endpoint fails again.
+    pub max_age: Duration,
+    /// One request's time limit (connect, send, answer).
+    pub timeout: Duration,
+    /// Requests in flight per subscription.
+    pub concurrency: usize,
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for DeliveryOptions {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(24 * 3600),
+            timeout: Duration::from_secs(10),
+            concurrency: 8,
+            min_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Campaigns for the webhook election with the replica's `lease` and delivers while
+/// leading. Runs for the life of the replica.
+pub async fn run(
+    store: Arc<dyn Store>,
+    layout: Layout,
+    cache: Arc<ConfigCache>,
+    lease: LeaseId,
+    candidate: String,
+    options: DeliveryOptions,
+) {
+    let election = layout.webhook_election();
+    loop {
+        let leadership =
+            match election::campaign(Arc::clone(&store), &election, &candidate, lease).await {
+                Ok(leadership) => leadership,
+                Err(e) => {
+                    warn!(error = %e, "webhooks: campaign failed; retrying");
+                    tokio::time::sleep(RETRY_DELAY).await;
+                    continue;
+                }
+            };
+        info!("webhooks: this replica delivers webhooks");
+        tokio::select! {
+            result = lead(Arc::clone(&store), &layout, &cache, &leadership, options) => {
+                if let Err(e) = result {
+                    warn!(error = %e, "webhook delivery stopped; campaigning again");
+                }
+            }
+            lost = leadership.lost() => match lost {
+                Ok(()) => info!("webhooks: leadership lost"),
+                Err(e) => warn!(error = %e, "webhooks: cannot watch leadership"),
+            },
+        }
+        let _ = leadership.resign().await;
+        tokio::time::sleep(RETRY_DELAY).await;
+    }
+}
+
+// === the outbox in memory ===
+
+struct Queued {
+    key: String,
+    entry: OutboxEntry,
+}
+
+#[derive(Default)]
+struct OutboxView {
+    by_rev: BTreeMap<Revision, Arc<Queued>>,
+    rev_of: HashMap<String, Revision>,
+    /// Every outbox change at or below this revision is in the view.
+    horizon: Revision,
+}
+
+impl OutboxView {
+    fn upsert(&mut self, key: &str, create_revision: Revision, value: &[u8]) {
+        let entry = match serde_json::from_slice::<OutboxEntry>(value) {
+            Ok(entry) => entry,
+            Err(e) => {
+                warn!(key, error = %e, "unreadable outbox entry; skipped");
+                return;
+            }
+        };
+        if let Some(old) = self.rev_of.insert(key.to_owned(), create_revision)
+            && old != create_revision
+        {
+            self.by_rev.remove(&old);
+        }
+        self.by_rev.insert(create_revision, Arc::new(Queued { key: key.to_owned(), entry }));
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some(rev) = self.rev_of.remove(key) {
+            self.by_rev.remove(&rev);
+        }
+    }
+}
+
+struct Shared {
+    store: Arc<dyn Store>,
+    layout: Layout,
+    options: DeliveryOptions,
+    /// Holds on every leader write: the leader's election key is still ours.
+    fence: Compare,
+    outbox: RwLock<OutboxView>,
+    /// The view's horizon, to wake workers.
+    changed: watch::Sender<Revision>,
+}
+
+impl Shared {
+    fn view(&self) -> std::sync::RwLockReadGuard<'_, OutboxView> {
+        self.outbox.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn reload(&self, listing: &Listing) {
+        let mut view = OutboxView::default();
+        for kv in &listing.kvs {
+            view.upsert(&kv.key, kv.create_revision, &kv.value);
+        }
+        view.horizon = listing.revision;
+        *self.outbox.write().unwrap_or_else(|e| e.into_inner()) = view;
+        self.changed.send_replace(listing.revision);
+    }
+
+    fn apply(&self, batch: &WatchBatch) {
+        let horizon = {
+            let mut view = self.outbox.write().unwrap_or_else(|e| e.into_inner());
+            for e in &batch.events {
+                view.horizon = view.horizon.max(e.kv.mod_revision);
+                match e.kind {
+                    EventKind::Put => view.upsert(&e.kv.key, e.kv.create_revision, &e.kv.value),
+                    EventKind::Delete => view.remove(&e.kv.key),
+                }
+            }
+            view.horizon
+        };
+        self.changed.send_replace(horizon);
+    }
+
+    /// A fenced transaction; `Ok(false)` when this replica no longer leads.
+    async fn write(&self, success: Vec<TxnOp>) -> Result<bool, StoreError> {
+        let txn = Txn { compare: vec![self.fence.clone()], success, failure: vec![] };
+        Ok(self.store.txn(txn).await?.succeeded)
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+struct WorkerHandle {
+    webhook: Webhook,
+    config: watch::Sender<Arc<SubConfig>>,
+    /// The worker's cursor, for outbox GC.
+    cursor: Arc<AtomicI64>,
+    _task: AbortOnDrop,
+}
+
+/// A subscription as its worker uses it. The signing key is resolved from the
+/// subscription's secret reference here, once per catalog change, and never logged.
+struct SubConfig {
+    webhook: Webhook,
+    /// `Ok(None)`: no secret configured, deliveries go unsigned.
+    key: Result<Option<Vec<u8>>, String>,
+    client: WebhookClient,
+}
+
+impl SubConfig {
+    fn new(webhook: Webhook) -> Self {
+        let key = match &webhook.secret {
+            None => {
+                warn!(webhook = %webhook.name, "webhook has no secret; its deliveries are unsigned");
+                Ok(None)
+            }
+            Some(reference) => reference
+                .resolve()
+                .map_err(|e| format!("secret {reference}: {e}"))
+                .and_then(|s| signing_key(&s).map_err(|e| format!("secret {reference}: {e}")))
+                .map(Some),
+        };
+        if let Err(e) = &key {
+            warn!(webhook = %webhook.name, error = %e, "cannot sign deliveries; holding its events");
+        }
+        let client = client::build(webhook.internal);
+        Self { webhook, key, client }
+    }
+}
+
+/// The leader's loop: the outbox view, one worker per subscription, outbox GC.
+async fn lead(
+    store: Arc<dyn Store>,
+    layout: &Layout,
+    cache: &ConfigCache,
+    leadership: &Leadership,
+    options: DeliveryOptions,
+) -> Result<(), StoreError> {
+    let prefix = layout.outbox_prefix();
+    let fence = Compare {
+        key: leadership.key().to_owned(),
+        op: CompareOp::Equal,
+        target: CompareTarget::CreateRevision(leadership.revision()),
+    };
+    let listing = store.list(&prefix).await?;
+    let (changed, _) = watch::channel(listing.revision);
+    let shared = Arc::new(Shared {
+        store: Arc::clone(&store),
+        layout: layout.clone(),
+        options,
+        fence,
+        outbox: RwLock::new(OutboxView::default()),
+        changed,
+    });
+    shared.reload(&listing);
+    let mut watch = store.watch(&prefix, listing.revision + 1).await?;
+    let mut states: HashMap<String, SubscriptionState> = HashMap::new();
+    for kv in store.list(&layout.webhook_state_prefix()).await?.kvs {
+        match serde_json::from_slice::<SubscriptionState>(&kv.value) {
+            Ok(state) => {
+                let name = kv.key.trim_start_matches(&layout.webhook_state_prefix()).to_owned();
+                states.insert(unescape(&name), state);
+            }
+            Err(e) => {
+                warn!(key = %kv.key, error = %e, "unreadable webhook state; starting it afresh")
+            }
+        }
+    }
+    info!(outbox = listing.kvs.len(), "webhooks: outbox loaded");
+
+    let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
+    let mut catalog_rev: Revision = -1;
+    let mut poll = tokio::time::interval(CATALOG_POLL);
+    let mut gc = tokio::time::interval(GC_INTERVAL);
+    loop {
+        tokio::select! {
+            batch = watch.next() => match batch {
+                Some(Ok(batch)) => shared.apply(&batch),
+                other => {
+                    if let Some(Err(e)) = other {
+                        debug!(error = %e, "outbox watch interrupted; listing again");
+                    }
+                    let listing = store.list(&prefix).await?;
+                    shared.reload(&listing);
+                    watch = store.watch(&prefix, listing.revision + 1).await?;
+                }
+            },
+            _ = poll.tick() => {
+                let (webhooks, revision) = match cache.resource(layout::CATALOG) {
+                    Some((bytes, revision)) if revision != catalog_rev => {
+                        match serde_json::from_slice::<Catalog>(&bytes) {
+                            Ok(catalog) => (catalog.webhooks, revision),
+                            Err(e) => {
+                                warn!(error = %e, "webhooks: unreadable catalog; keeping the subscriptions as they were");
+                                catalog_rev = revision;
+                                continue;
+                            }
+                        }
+                    }
+                    None if catalog_rev != 0 => (Vec::new(), 0),
+                    _ => continue,
+                };
+                catalog_rev = revision;
+                sync_workers(&shared, &mut workers, &mut states, webhooks, revision).await?;
+            }
+            _ = gc.tick() => collect_garbage(&shared, &workers).await?,
+        }
+    }
+}
+
+/// Starts, reconfigures and stops workers to match the catalog's subscriptions.
+async fn sync_workers(
+    shared: &Arc<Shared>,
+    workers: &mut HashMap<String, WorkerHandle>,
+    states: &mut HashMap<String, SubscriptionState>,
+    webhooks: Vec<Webhook>,
+    catalog_rev: Revision,
+) -> Result<(), StoreError> {
+    let names: HashSet<String> = webhooks.iter().map(|w| w.name.clone()).collect();
+    let gone: Vec<String> = workers.keys().filter(|n| !names.contains(*n)).cloned().collect();
+    for name in gone {
+        workers.remove(&name);
+        info!(webhook = %name, "webhook removed; its delivery state goes (dead letters stay)");
+        if !shared.write(vec![TxnOp::Delete { key: shared.layout.webhook_state(&name) }]).await? {
+            return Err(StoreError::LeaseNotFound(0));
+        }
+    }
+    // States of subscriptions removed while no leader ran.
+    let stale: Vec<String> = states.keys().filter(|n| !names.contains(*n)).cloned().collect();
+    for name in stale {
+        states.remove(&name);
+        if !shared.write(vec![TxnOp::Delete { key: shared.layout.webhook_state(&name) }]).await? {
+            return Err(StoreError::LeaseNotFound(0));
+        }
+    }
+    for webhook in webhooks {
+        if let Some(worker) = workers.get_mut(&webhook.name) {
+            if worker.webhook != webhook {
+                worker.webhook = webhook.clone();
+                worker.config.send_replace(Arc::new(SubConfig::new(webhook)));
+            }
+            continue;
+        }
+        // A subscription seen for the first time starts with the events stored after the
+        // catalog that holds it.
+        let state = states
+            .remove(&webhook.name)
+            .unwrap_or_else(|| SubscriptionState { cursor: catalog_rev, ..Default::default() });
+        let (config, config_rx) = watch::channel(Arc::new(SubConfig::new(webhook.clone())));
+        let cursor = Arc::new(AtomicI64::new(state.cursor));
+        let worker = Worker::new(
+            webhook.name.clone(),
+            Arc::clone(shared),
+            config_rx,
+            Arc::clone(&cursor),
+            state,
+        );
+        let name = webhook.name.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = worker.run().await {
+                warn!(webhook = %name, error = %e, "webhook worker stopped");
+            }
+        });
+        workers.insert(
+            webhook.name.clone(),
+            WorkerHandle { webhook, config, cursor, _task: AbortOnDrop(task) },
+        );
+    }
+    Ok(())
+}
+
+/// Deletes outbox entries every subscription is done with.
+async fn collect_garbage(
+    shared: &Shared,
+    workers: &HashMap<String, WorkerHandle>,
+) -> Result<(), StoreError> {
+    let keys: Vec<String> = {
+        let view = shared.view();
+        let floor = workers
+            .values()
+            .map(|w| w.cursor.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(view.horizon)
+            .min(view.horizon);
+        view.by_rev
+            .range(..=floor)
+            .take(GC_MAX_TXNS * MAX_TXN_OPS)
+            .map(|(_, q)| q.key.clone())
+            .collect()
+    };
+    for chunk in keys.chunks(MAX_TXN_OPS) {
+        let ops = chunk.iter().map(|key| TxnOp::Delete { key: key.clone() }).collect();
+        if !shared.write(ops).await? {
+            return Err(StoreError::LeaseNotFound(0));
+        }
+        let mut view = shared.outbox.write().unwrap_or_else(|e| e.into_inner());
+        for key in chunk {
+            view.remove(key);
+        }
+    }
+    if !keys.is_empty() {
+        debug!(deleted = keys.len(), "webhooks: delivered entries removed from the outbox");
+    }
+    Ok(())
+}
+
+// === one subscription ===
+
+type Job = (Vec<Revision>, Outcome);
+
+struct Worker {
+    name: String,
+    shared: Arc<Shared>,
+    config: watch::Receiver<Arc<SubConfig>>,
+    cursor_out: Arc<AtomicI64>,
+    state: SubscriptionState,
+    /// Entries past the cursor that are done.
+    done: BTreeSet<Revision>,
+    /// Entries that failed at least once.
+    failed: BTreeMap<Revision, PendingDelivery>,
+    in_flight: HashSet<Revision>,
+    backoff_until: Instant,
+    dirty: bool,
+    last_persist: Instant,
+}
+
+impl Worker {
+    fn new(
+        name: String,
+        shared: Arc<Shared>,
+        config: watch::Receiver<Arc<SubConfig>>,
+        cursor_out: Arc<AtomicI64>,
+        state: SubscriptionState,
+    ) -> Self {
+        let wait = u64::try_from(state.next_attempt_unix_ms - now_ms()).unwrap_or(0);
+        let failed = state.pending.iter().map(|p| (p.revision, p.clone())).collect();
+        Self {
+            name,
+            shared,
+            config,
+            cursor_out,
+            state,
+            done: BTreeSet::new(),
+            failed,
+            in_flight: HashSet::new(),
+            backoff_until: Instant::now() + Duration::from_millis(wait),
+            dirty: true,
+            last_persist: Instant::now() - PERSIST_INTERVAL,
+        }
+    }
+
+    async fn run(mut self) -> Result<(), StoreError> {
+        let mut changed = self.shared.changed.subscribe();
+        let mut jobs: JoinSet<Job> = JoinSet::new();
+        loop {
+            let config = Arc::clone(&self.config.borrow_and_update());
+            self.advance(&config.webhook);
+            if config.webhook.enabled {
+                self.start_jobs(&config, &mut jobs);
+            }
+            if self.dirty
+                && self.last_persist.elapsed() >= PERSIST_INTERVAL
+                && !self.persist().await?
+            {
+                return Ok(());
+            }
+            let now = Instant::now();
+            let mut wake = now + Duration::from_secs(1);
+            if self.dirty {
+                wake = wake.min(self.last_persist + PERSIST_INTERVAL);
+            }
+            if self.backoff_until > now {
+                wake = wake.min(self.backoff_until);
+            }
+            tokio::select! {
+                joined = jobs.join_next(), if !jobs.is_empty() => match joined {
+                    Some(Ok((revs, outcome))) => {
+                        if !self.on_outcome(&config, revs, outcome).await? {
+                            return Ok(());
+                        }
+                    }
+                    // A delivery task cannot panic by design; if one did, what it carried
+                    // is sent again.
+                    _ => self.in_flight.clear(),
+                },
+                _ = changed.changed() => {}
+                result = self.config.changed() => if result.is_err() {
+                    return Ok(());
+                },
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// Moves the cursor over the done, and the unwanted, entries at its head.
+    fn advance(&mut self, webhook: &Webhook) {
+        let view = self.shared.view();
+        let mut cursor = self.state.cursor;
+        if !webhook.enabled {
+            cursor = cursor.max(view.horizon);
+            self.failed.clear();
+        } else {
+            let mut blocked = false;
+            for (rev, queued) in view.by_rev.range(cursor + 1..) {
+                let passable = self.done.contains(rev)
+                    || (!self.in_flight.contains(rev) && !queued.entry.is_for(webhook));
+                if !passable {
+                    blocked = true;
+                    break;
+                }
+                cursor = *rev;
+            }
+            if !blocked {
+                cursor = cursor.max(view.horizon);
+            }
+        }
+        if cursor != self.state.cursor {
+            self.state.cursor = cursor;
+            self.done = self.done.split_off(&(cursor + 1));
+            self.failed = self.failed.split_off(&(cursor + 1));
+            self.cursor_out.store(cursor, Ordering::Release);
+            self.dirty = true;
+        }
+    }
+
+    /// Owed entries past the cursor, oldest first, up to [`WINDOW`].
+    fn owed(&self, webhook: &Webhook) -> Vec<(Revision, Arc<Queued>)> {
+        self.shared
+            .view()
+            .by_rev
+            .range(self.state.cursor + 1..)
+            .filter(|(rev, q)| !self.done.contains(rev) && q.entry.is_for(webhook))
+            .take(WINDOW)
+            .map(|(rev, q)| (*rev, Arc::clone(q)))
+            .collect()
+    }
+
+    fn start_jobs(&mut self, config: &Arc<SubConfig>, jobs: &mut JoinSet<Job>) {
+        if Instant::now() < self.backoff_until {
+            return;
+        }
+        // A failing endpoint gets one request at a time until it answers 2xx again.
+        let limit = if self.state.consecutive_failures > 0 {
+            1
+        } else {
+            self.shared.options.concurrency.max(1)
+        };
+        if jobs.len() >= limit {
+            return;
+        }
+        let batch = config.webhook.batch_max_events.unwrap_or(1).max(1) as usize;
+        let ready: Vec<_> = self
+            .owed(&config.webhook)
+            .into_iter()
+            .filter(|(rev, _)| !self.in_flight.contains(rev))
+            .collect();
+        for group in ready.chunks(batch).take(limit - jobs.len()) {
+            let revs: Vec<Revision> = group.iter().map(|(rev, _)| *rev).collect();
+            self.in_flight.extend(revs.iter().copied());
+            let config = Arc::clone(config);
+            let timeout = self.shared.options.timeout;
+            let (id, body) = if batch == 1 {
+                let entry = &group[0].1.entry;
+                (entry.id.clone(), serde_json::to_vec(&entry.payload()))
+            } else {
+                let ids: Vec<&str> = group.iter().map(|(_, q)| q.entry.id.as_str()).collect();
+                let payloads: Vec<_> = group.iter().map(|(_, q)| q.entry.payload()).collect();
+                (batch_id(&ids), serde_json::to_vec(&payloads))
+            };
+            jobs.spawn(async move {
+                let body = match body {
+                    Ok(body) => Bytes::from(body),
+                    Err(e) => {
+                        return (
+                            revs,
+                            Outcome::Refused { status: 0, error: format!("cannot encode: {e}") },
+                        );
+                    }
+                };
+                let key = match &config.key {
+                    Ok(key) => key.as_deref(),
+                    Err(e) => {
+                        return (
+                            revs,
+                            Outcome::Retry { status: 0, error: e.clone(), retry_after: None },
+                        );
+                    }
+                };
+                let request = client::Request {
+                    url: &config.webhook.url,
+                    internal: config.webhook.internal,
+                    id: &id,
+                    signing_key: key,
+                    body,
+                    timeout,
+                };
+                let outcome = client::send(&config.client, request).await;
+                (revs, outcome)
+            });
+        }
+    }
+
+    /// Returns `false` when this replica no longer leads.
+    async fn on_outcome(
+        &mut self,
+        config: &SubConfig,
+        revs: Vec<Revision>,
+        outcome: Outcome,
+    ) -> Result<bool, StoreError> {
+        for rev in &revs {
+            self.in_flight.remove(rev);
+        }
+        let now = now_ms();
+        self.state.last_attempt_unix_ms = now;
+        self.dirty = true;
+        match outcome {
+            Outcome::Delivered { status } => {
+                for rev in revs {
+                    self.failed.remove(&rev);
+                    self.done.insert(rev);
+                    self.state.delivered += 1;
+                }
+                self.state.consecutive_failures = 0;
+                self.state.next_attempt_unix_ms = 0;
+                self.state.last_status = status;
+                self.state.last_error.clear();
+                self.state.last_success_unix_ms = now;
+                self.backoff_until = Instant::now();
+                Ok(true)
+            }
+            Outcome::Retry { status, error, retry_after } => {
+                debug!(webhook = %self.name, status, %error, "webhook delivery failed; backing off");
+                self.note_failure(&revs, status, &error);
+                self.state.consecutive_failures = self.state.consecutive_failures.saturating_add(1);
+                let delay =
+                    backoff(&self.shared.options, self.state.consecutive_failures, retry_after);
+                self.backoff_until = Instant::now() + delay;
+                self.state.next_attempt_unix_ms =
+                    now + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+                self.state.last_status = status;
+                self.state.last_error = error;
+                self.expire(&config.webhook).await
+            }
+            Outcome::Refused { status, error } => {
+                warn!(webhook = %self.name, status, %error, "webhook receiver refused an event; dead-lettered");
+                self.note_failure(&revs, status, &error);
+                self.state.last_status = status;
+                self.state.last_error = error;
+                let owed = self.owed(&config.webhook);
+                let refused: Vec<_> =
+                    owed.into_iter().filter(|(rev, _)| revs.contains(rev)).collect();
+                self.dead_letter(refused).await
+            }
+        }
+    }
+
+    fn note_failure(&mut self, revs: &[Revision], status: u16, error: &str) {
+        let view = self.shared.view();
+        for rev in revs {
+            let event_id = view.by_rev.get(rev).map(|q| q.entry.id.clone()).unwrap_or_default();
+            let pending = self.failed.entry(*rev).or_insert_with(|| PendingDelivery {
+                event_id,
+                revision: *rev,
+                attempts: 0,
+                last_status: 0,
+                last_error: String::new(),
+            });
+            pending.attempts += 1;
+            pending.last_status = status;
+            pending.last_error = error.to_owned();
+        }
+    }
+
+    /// Dead-letters every owed entry older than `max_age` (not those in flight).
+    async fn expire(&mut self, webhook: &Webhook) -> Result<bool, StoreError> {
+        let max_age = i64::try_from(self.shared.options.max_age.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now_ms().saturating_sub(max_age);
+        let expired: Vec<_> = self
+            .owed(webhook)
+            .into_iter()
+            .filter(|(rev, q)| !self.in_flight.contains(rev) && q.entry.enqueued_unix_ms < cutoff)
+            .collect();
+        self.dead_letter(expired).await
+    }
+
+    async fn dead_letter(
+        &mut self,
+        entries: Vec<(Revision, Arc<Queued>)>,
+    ) -> Result<bool, StoreError> {
+        if entries.is_empty() {
+            return Ok(true);
+        }
+        let now = now_ms();
+        for chunk in entries.chunks(MAX_TXN_OPS / 2) {
+            let mut ops = Vec::with_capacity(chunk.len());
+            for (rev, queued) in chunk {
+                let pending = self.failed.get(rev);
+                let letter = DeadLetter {
+                    entry: queued.entry.clone(),
+                    attempts: pending.map_or(0, |p| p.attempts),
+                    last_status: pending.map_or(self.state.last_status, |p| p.last_status),
+                    last_error: pending
+                        .map_or_else(|| self.state.last_error.clone(), |p| p.last_error.clone()),
+                    dead_unix_ms: now,
+                };
+                let value = serde_json::to_vec(&letter).map_err(|e| {
+                    StoreError::InvalidRequest(format!("cannot encode dead letter: {e}"))
+                })?;
+                let key = self.shared.layout.dead_letter(&self.name, &queued.entry.id);
+                ops.push(TxnOp::Put { key, value, lease: None });
+            }
+            match self.shared.write(ops).await {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                // They stay owed and are dead-lettered after the next failure.
+                Err(e) => {
+                    warn!(webhook = %self.name, error = %e, "could not store dead letters; will retry");
+                    return Ok(true);
+                }
+            }
+            for (rev, _) in chunk {
+                self.failed.remove(rev);
+                self.done.insert(*rev);
+                self.state.dead += 1;
+            }
+            warn!(webhook = %self.name, count = chunk.len(), "webhook events dead-lettered");
+        }
+        self.dirty = true;
+        Ok(true)
+    }
+
+    /// Writes the state; `Ok(false)` when this replica no longer leads. A store error is
+    /// logged and the write tried again later.
+    async fn persist(&mut self) -> Result<bool, StoreError> {
+        self.state.pending = self.failed.values().take(MAX_PENDING_RECORDED).cloned().collect();
+        let value = serde_json::to_vec(&self.state)
+            .map_err(|e| StoreError::InvalidRequest(format!("cannot encode webhook state: {e}")))?;
+        let key = self.shared.layout.webhook_state(&self.name);
+        self.last_persist = Instant::now();
+        match self.shared.write(vec![TxnOp::Put { key, value, lease: None }]).await {
+            Ok(true) => {
+                self.dirty = false;
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            Err(e) => {
+                warn!(webhook = %self.name, error = %e, "could not store webhook state; will retry");
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// Exponential backoff with full jitter (a uniform pick below the exponential ceiling),
+/// never below the endpoint's `Retry-After`.
+fn backoff(options: &DeliveryOptions, failures: u32, retry_after: Option<Duration>) -> Duration {
+    let exponent = failures.saturating_sub(1).min(20);
+    let ceiling = options.min_backoff.saturating_mul(1 << exponent).min(options.max_backoff);
+    let ceiling_ms = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX).max(1);
+    let jittered = Duration::from_millis(rand::rng().random_range(0..=ceiling_ms));
+    jittered.max(retry_after.unwrap_or_default())
+}
+
+/// Inverse of the layout's escaping of one key segment.
+fn unescape(segment: &str) -> String {
+    segment.replace("%2F", "/").replace("%25", "%")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_is_capped_and_honours_retry_after() {
+        let o = DeliveryOptions {
+            min_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            ..Default::default()
+        };
+        for _ in 0..200 {
+            assert!(backoff(&o, 1, None) <= Duration::from_millis(100));
+            assert!(backoff(&o, 4, None) <= Duration::from_millis(800));
+            assert!(backoff(&o, 30, None) <= Duration::from_secs(2));
+            assert!(backoff(&o, 1, Some(Duration::from_secs(5))) >= Duration::from_secs(5));
+        }
+    }
+
+    #[test]
+    fn unescape_reverses_the_layout() {
+        assert_eq!(unescape("a%2Fb%25c"), "a/b%c");
+    }
+}
