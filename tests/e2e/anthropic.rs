@@ -149,3 +149,42 @@ async fn an_in_band_overloaded_error_before_content_fails_over_as_server_error()
         [triple(ANTHROPIC, "failed", "server_error"), triple(SECONDARY, "served", "")]
     );
 }
+
+/// Runs one of the SDK scripts beside this file against the node; its stdout lines.
+async fn sdk(gw: &Gateway, script: &str, models: &[&str]) -> Vec<String> {
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e").join(script);
+    let out = tokio::process::Command::new(switchyard_e2e::python())
+        .arg(&script)
+        .arg(format!("{}/v1", gw.node.url()))
+        .arg(&gw.key)
+        .args(models)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "SDK check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout.lines().map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn the_official_openai_python_sdk_reads_anthropic_answers_plain_and_streamed() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    gw.script(ANTHROPIC_UPSTREAM, json!({"kind": "ok", "text": "streamed fallback text"})).await;
+    gw.script(
+        "tertiary",
+        json!({"kind": "ok", "text": "alpha beta gamma delta epsilon", "chunks": 5, "drop_after": 2}),
+    )
+    .await;
+    let plain = sdk(&gw, "openai_sdk.py", &[PRIMARY, ANTHROPIC]).await;
+    assert_eq!(plain.len(), 3, "{plain:?}");
+    let streamed = sdk(&gw, "openai_sdk_stream.py", &[PRIMARY, ANTHROPIC, TERTIARY]).await;
+    assert_eq!(streamed.len(), 2, "{streamed:?}");
+}
