@@ -104,6 +104,16 @@ pub fn resolve(
                 param: s.param.clone(),
             })?;
         check_policy(key, config, &model, &s.param)?;
+        // A provider that cannot honour the request (a strict schema it has no mechanism
+        // for) is refused here, before any upstream call, rather than silently ignored.
+        if let Some(provider) = config.providers.get(&model.provider)
+            && let Err(reason) = provider.supports(request)
+        {
+            return Err(ApiError::invalid(
+                s.param.clone(),
+                format!("The model `{}` cannot serve this request: {reason}", model.name),
+            ));
+        }
         entries.push(Entry {
             timeout: s
                 .timeout_ms

@@ -204,3 +204,23 @@ async fn a_gemini_in_band_error_before_content_fails_over() {
         [triple(GEMINI, "failed", "server_error"), triple(SECONDARY, "served", "")]
     );
 }
+
+#[tokio::test]
+async fn a_strict_schema_gemini_cannot_enforce_is_a_400_naming_the_model_before_any_call() {
+    let gw = Gateway::start().await;
+    let r = gw
+        .chat(json!({
+            "model": PRIMARY,
+            "fallback_models": [GEMINI],
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": {
+                "type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "$defs": {"a": {"type": "string"}}
+            }}}
+        }))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["error"]["param"], "fallback_models[0]");
+    assert!(v["error"]["message"].as_str().unwrap().contains(GEMINI), "{v}");
+    assert_eq!(gw.upstream_total().await, 0, "refused at validation time, not sent");
+}
