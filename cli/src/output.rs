@@ -251,6 +251,14 @@ pub struct NodeView {
     pub control_plane: String,
     pub software_version: String,
     pub connected_unix_ms: i64,
+    /// The last version the node refused, and why (`null` when it applied everything).
+    pub rejected: Option<RejectedView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RejectedView {
+    pub version: i64,
+    pub error: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -273,6 +281,8 @@ impl From<pb::ListNodesResponse> for NodesView {
                 control_plane: n.control_plane,
                 software_version: n.software_version,
                 connected_unix_ms: n.connected_unix_ms,
+                rejected: (n.rejected_version > 0)
+                    .then(|| RejectedView { version: n.rejected_version, error: n.rejected_error }),
             })
             .collect();
         Self { config_version: r.config_version, nodes }
@@ -294,7 +304,14 @@ pub fn nodes_table(v: &NodesView, now_ms: i64) -> String {
             n.control_plane.clone(),
         ]);
     }
-    t.render()
+    let mut out = t.render();
+    // Rejections below the table: an error message would stretch every row's columns.
+    for n in &v.nodes {
+        if let Some(r) = &n.rejected {
+            out.push_str(&format!("{} rejected version {}: {}\n", n.node_id, r.version, r.error));
+        }
+    }
+    out
 }
 
 // === breakers ===

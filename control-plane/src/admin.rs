@@ -556,7 +556,8 @@ impl Admin for AdminService {
             owed.sort_by_key(|(rev, _)| *rev);
             backlog = owed.len() as u64;
             for (rev, entry) in owed.into_iter().take(limit) {
-                let pending = state.pending.iter().find(|p| p.revision == rev);
+                let pending =
+                    state.pending.iter().find(|p| p.revision == rev && p.event_id == entry.id);
                 deliveries.push(pb::WebhookDelivery {
                     event_id: entry.id,
                     event_type: entry.event_type,
@@ -715,6 +716,8 @@ impl Admin for AdminService {
                 control_plane: n.control_plane,
                 software_version: n.software_version,
                 connected_unix_ms: n.connected_unix_ms,
+                rejected_version: n.rejected.as_ref().map_or(0, |r| r.version),
+                rejected_error: n.rejected.map(|r| r.error).unwrap_or_default(),
             })
             .collect();
         Ok(Response::new(pb::ListNodesResponse { nodes, config_version }))

@@ -58,6 +58,16 @@ pub struct NodeRecord {
     pub control_plane: String,
     #[serde(default)]
     pub software_version: String,
+    /// The last version the node NACKed, until it applies a newer one: the node then kept
+    /// its previous config, and `switchyard nodes` says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<Rejected>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Rejected {
+    pub version: Revision,
+    pub error: String,
 }
 
 pub fn now_ms() -> i64 {
@@ -130,6 +140,7 @@ impl NodeShared {
             connected_unix_ms: connected,
             control_plane: self.control_plane.clone(),
             software_version: hello.software_version.clone(),
+            rejected: None,
         };
         let mut presence_rev = self.write_presence(&record).await;
         let mut last_presence = tokio::time::Instant::now();
@@ -224,9 +235,14 @@ impl NodeShared {
         match message.msg {
             Some(node_message::Msg::Ack(ack)) => {
                 record.applied_version = record.applied_version.max(ack.version);
+                if record.rejected.as_ref().is_some_and(|r| r.version <= record.applied_version) {
+                    record.rejected = None;
+                }
             }
             Some(node_message::Msg::Nack(nack)) => {
                 warn!(node = %node_id, version = nack.version, error = %nack.error, "node rejected config");
+                record.rejected = Some(Rejected { version: nack.version, error: nack.error });
+                return Ok(true);
             }
             Some(node_message::Msg::Heartbeat(hb)) => {
                 record.applied_version = record.applied_version.max(hb.applied_version);
