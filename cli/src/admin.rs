@@ -164,8 +164,10 @@ pub struct AddWebhookArgs {
     pub events: Vec<String>,
     /// Signing secret reference, env:NAME or file:PATH (a whsec_<base64> value suits the
     /// Standard Webhooks verifier libraries).
-    #[arg(long, value_parser = credential_ref, value_name = "REF")]
-    pub secret: Option<CredentialRef>,
+    // Parsed after clap: clap's own error would echo the value, and a mistaken value here
+    // is often the secret itself.
+    #[arg(long, value_name = "REF")]
+    pub secret: Option<String>,
     /// Only failover events of these API key ids.
     #[arg(long, value_delimiter = ',', value_parser = list_item, value_name = "IDS")]
     pub keys: Vec<String>,
@@ -178,10 +180,6 @@ pub struct AddWebhookArgs {
     /// Deliver up to N events per request, as a JSON array.
     #[arg(long, value_name = "N")]
     pub batch_max_events: Option<u32>,
-}
-
-fn credential_ref(text: &str) -> Result<CredentialRef, String> {
-    CredentialRef::parse(text.trim()).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]
@@ -624,11 +622,17 @@ pub async fn webhooks(args: WebhooksArgs) -> Result<(), CliError> {
             }
         }
         WebhooksCommand::Add(add) => {
+            let secret = add
+                .secret
+                .as_deref()
+                .map(|text| CredentialRef::parse(text.trim()))
+                .transpose()
+                .map_err(|e| CliError::Usage(format!("--secret: {e}")))?;
             let webhook = Webhook {
                 name: add.name,
                 url: add.url,
                 events: add.events,
-                secret: add.secret,
+                secret,
                 internal: add.internal,
                 keys: add.keys,
                 enabled: !add.disabled,

@@ -131,6 +131,15 @@ pub async fn run(
 
 // === the outbox in memory ===
 
+/// An outbox entry's place in delivery order: its create revision, then its key (one
+/// transaction creates many entries at one revision).
+type Slot = (Revision, String);
+
+/// The first slot after every entry created at or below `revision`.
+fn after(revision: Revision) -> Slot {
+    (revision + 1, String::new())
+}
+
 struct Queued {
     key: String,
     entry: OutboxEntry,
@@ -138,7 +147,7 @@ struct Queued {
 
 #[derive(Default)]
 struct OutboxView {
-    by_rev: BTreeMap<Revision, Arc<Queued>>,
+    by_rev: BTreeMap<Slot, Arc<Queued>>,
     rev_of: HashMap<String, Revision>,
     /// Every outbox change at or below this revision is in the view.
     horizon: Revision,
@@ -156,14 +165,17 @@ impl OutboxView {
         if let Some(old) = self.rev_of.insert(key.to_owned(), create_revision)
             && old != create_revision
         {
-            self.by_rev.remove(&old);
+            self.by_rev.remove(&(old, key.to_owned()));
         }
-        self.by_rev.insert(create_revision, Arc::new(Queued { key: key.to_owned(), entry }));
+        self.by_rev.insert(
+            (create_revision, key.to_owned()),
+            Arc::new(Queued { key: key.to_owned(), entry }),
+        );
     }
 
     fn remove(&mut self, key: &str) {
         if let Some(rev) = self.rev_of.remove(key) {
-            self.by_rev.remove(&rev);
+            self.by_rev.remove(&(rev, key.to_owned()));
         }
     }
 }
@@ -417,7 +429,7 @@ async fn collect_garbage(
             .unwrap_or(view.horizon)
             .min(view.horizon);
         view.by_rev
-            .range(..=floor)
+            .range(..after(floor))
             .take(GC_MAX_TXNS * MAX_TXN_OPS)
             .map(|(_, q)| q.key.clone())
             .collect()
@@ -440,7 +452,7 @@ async fn collect_garbage(
 
 // === one subscription ===
 
-type Job = (Vec<Revision>, Outcome);
+type Job = (Vec<Slot>, Outcome);
 
 struct Worker {
     name: String,
@@ -449,10 +461,10 @@ struct Worker {
     cursor_out: Arc<AtomicI64>,
     state: SubscriptionState,
     /// Entries past the cursor that are done.
-    done: BTreeSet<Revision>,
+    done: BTreeSet<Slot>,
     /// Entries that failed at least once.
-    failed: BTreeMap<Revision, PendingDelivery>,
-    in_flight: HashSet<Revision>,
+    failed: BTreeMap<Slot, PendingDelivery>,
+    in_flight: HashSet<Slot>,
     backoff_until: Instant,
     dirty: bool,
     last_persist: Instant,
@@ -467,7 +479,8 @@ impl Worker {
         state: SubscriptionState,
     ) -> Self {
         let wait = u64::try_from(state.next_attempt_unix_ms - now_ms()).unwrap_or(0);
-        let failed = state.pending.iter().map(|p| (p.revision, p.clone())).collect();
+        let failed =
+            state.pending.iter().map(|p| ((p.revision, p.key.clone()), p.clone())).collect();
         Self {
             name,
             shared,
@@ -526,7 +539,10 @@ impl Worker {
         }
     }
 
-    /// Moves the cursor over the done, and the unwanted, entries at its head.
+    /// Moves the cursor over the done, and the unwanted, entries at its head. The cursor is
+    /// a revision: blocked by an entry created at revision B, it stops at B - 1 (every
+    /// entry before that one in the order was passed, and revisions without entries are
+    /// nothing to wait for).
     fn advance(&mut self, webhook: &Webhook) {
         let view = self.shared.view();
         let mut cursor = self.state.cursor;
@@ -534,38 +550,33 @@ impl Worker {
             cursor = cursor.max(view.horizon);
             self.failed.clear();
         } else {
-            let mut blocked = false;
-            for (rev, queued) in view.by_rev.range(cursor + 1..) {
-                let passable = self.done.contains(rev)
-                    || (!self.in_flight.contains(rev) && !queued.entry.is_for(webhook));
-                if !passable {
-                    blocked = true;
-                    break;
-                }
-                cursor = *rev;
-            }
-            if !blocked {
-                cursor = cursor.max(view.horizon);
-            }
+            let blocked = view.by_rev.range(after(cursor)..).find(|(slot, queued)| {
+                !(self.done.contains(*slot)
+                    || (!self.in_flight.contains(*slot) && !queued.entry.is_for(webhook)))
+            });
+            cursor = match blocked {
+                Some((slot, _)) => cursor.max(slot.0 - 1),
+                None => cursor.max(view.horizon),
+            };
         }
         if cursor != self.state.cursor {
             self.state.cursor = cursor;
-            self.done = self.done.split_off(&(cursor + 1));
-            self.failed = self.failed.split_off(&(cursor + 1));
+            self.done = self.done.split_off(&after(cursor));
+            self.failed = self.failed.split_off(&after(cursor));
             self.cursor_out.store(cursor, Ordering::Release);
             self.dirty = true;
         }
     }
 
     /// Owed entries past the cursor, oldest first, up to [`WINDOW`].
-    fn owed(&self, webhook: &Webhook) -> Vec<(Revision, Arc<Queued>)> {
+    fn owed(&self, webhook: &Webhook) -> Vec<(Slot, Arc<Queued>)> {
         self.shared
             .view()
             .by_rev
-            .range(self.state.cursor + 1..)
-            .filter(|(rev, q)| !self.done.contains(rev) && q.entry.is_for(webhook))
+            .range(after(self.state.cursor)..)
+            .filter(|(slot, q)| !self.done.contains(*slot) && q.entry.is_for(webhook))
             .take(WINDOW)
-            .map(|(rev, q)| (*rev, Arc::clone(q)))
+            .map(|(slot, q)| (slot.clone(), Arc::clone(q)))
             .collect()
     }
 
@@ -589,8 +600,8 @@ impl Worker {
             .filter(|(rev, _)| !self.in_flight.contains(rev))
             .collect();
         for group in ready.chunks(batch).take(limit - jobs.len()) {
-            let revs: Vec<Revision> = group.iter().map(|(rev, _)| *rev).collect();
-            self.in_flight.extend(revs.iter().copied());
+            let revs: Vec<Slot> = group.iter().map(|(slot, _)| slot.clone()).collect();
+            self.in_flight.extend(revs.iter().cloned());
             let config = Arc::clone(config);
             let timeout = self.shared.options.timeout;
             let (id, body) = if batch == 1 {
@@ -638,7 +649,7 @@ impl Worker {
     async fn on_outcome(
         &mut self,
         config: &SubConfig,
-        revs: Vec<Revision>,
+        revs: Vec<Slot>,
         outcome: Outcome,
     ) -> Result<bool, StoreError> {
         for rev in &revs {
@@ -688,13 +699,14 @@ impl Worker {
         }
     }
 
-    fn note_failure(&mut self, revs: &[Revision], status: u16, error: &str) {
+    fn note_failure(&mut self, revs: &[Slot], status: u16, error: &str) {
         let view = self.shared.view();
-        for rev in revs {
-            let event_id = view.by_rev.get(rev).map(|q| q.entry.id.clone()).unwrap_or_default();
-            let pending = self.failed.entry(*rev).or_insert_with(|| PendingDelivery {
+        for slot in revs {
+            let event_id = view.by_rev.get(slot).map(|q| q.entry.id.clone()).unwrap_or_default();
+            let pending = self.failed.entry(slot.clone()).or_insert_with(|| PendingDelivery {
                 event_id,
-                revision: *rev,
+                revision: slot.0,
+                key: slot.1.clone(),
                 attempts: 0,
                 last_status: 0,
                 last_error: String::new(),
@@ -717,10 +729,7 @@ impl Worker {
         self.dead_letter(expired).await
     }
 
-    async fn dead_letter(
-        &mut self,
-        entries: Vec<(Revision, Arc<Queued>)>,
-    ) -> Result<bool, StoreError> {
+    async fn dead_letter(&mut self, entries: Vec<(Slot, Arc<Queued>)>) -> Result<bool, StoreError> {
         if entries.is_empty() {
             return Ok(true);
         }
@@ -752,9 +761,9 @@ impl Worker {
                     return Ok(true);
                 }
             }
-            for (rev, _) in chunk {
-                self.failed.remove(rev);
-                self.done.insert(*rev);
+            for (slot, _) in chunk {
+                self.failed.remove(slot);
+                self.done.insert(slot.clone());
                 self.state.dead += 1;
             }
             warn!(webhook = %self.name, count = chunk.len(), "webhook events dead-lettered");

@@ -229,8 +229,10 @@ pub struct SubscriptionState {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PendingDelivery {
     pub event_id: String,
-    /// The outbox entry's create revision.
+    /// The outbox entry's create revision and key.
     pub revision: Revision,
+    #[serde(default)]
+    pub key: String,
     pub attempts: u32,
     #[serde(default)]
     pub last_status: u16,

@@ -1,0 +1,701 @@
+//! End to end: webhooks from real control planes on a real etcd to a real HTTP receiver on
+//! loopback that verifies every delivery with the official Standard Webhooks library
+//! (`webhook_receiver.py`, `standardwebhooks` from PyPI; `.ci/run` installs it).
+//!
+//! A test plays the node with a real `NodeControlClient`, so failover events and breaker
+//! transitions enter through the real protocol and are acked only once stored.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use switchyard_e2e::etcd::EtcdProcess;
+use switchyard_e2e::*;
+use switchyard_proto::node::v1::{
+    self as pb, control_message, node_control_client::NodeControlClient, node_message,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// A Standard Webhooks secret (the form the official libraries take).
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+// === the receiver ===
+
+struct Receiver {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Receiver {
+    /// Starts the receiver on `port` (0: any); its log survives restarts on the same port.
+    async fn start(dir: &Path, port: u16) -> Receiver {
+        let script =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e/webhook_receiver.py");
+        let log = dir.join("receiver.jsonl");
+        let mut child = Command::new(python())
+            .arg(&script)
+            .arg(port.to_string())
+            .arg(SECRET)
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("receiver did not start")
+            .unwrap()
+            .expect("receiver exited (is standardwebhooks installed in .venv? run .ci/run)");
+        let port = line.rsplit(':').next().unwrap().trim().parse().unwrap();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Receiver { child, port, log }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    async fn stop(mut self) -> (u16, PathBuf) {
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
+        (self.port, self.log.clone())
+    }
+
+    async fn answer(&self, status: u16) {
+        let addr = format!("127.0.0.1:{}", self.port).parse().unwrap();
+        let body = format!(r#"{{"status": {status}}}"#);
+        let r = http_request(addr, "POST", "/_mode", None, Some(body.as_bytes())).await.unwrap();
+        assert_eq!(r.status, 200);
+    }
+}
+
+/// Every request the receiver logged.
+fn records(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Event payloads of the verified, accepted deliveries to `path`, one per event (a batch
+/// delivery is unpacked).
+fn accepted(log: &Path, path: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    for r in records(log) {
+        if r["path"] != path || r["status"] != 200 || r["verified"] != true {
+            continue;
+        }
+        match &r["payload"] {
+            Value::Array(items) => out.extend(items.iter().cloned()),
+            one => out.push(one.clone()),
+        }
+    }
+    out
+}
+
+fn event_ids(payloads: &[Value]) -> BTreeSet<String> {
+    payloads.iter().map(|p| p["data"]["event_id"].as_str().unwrap().to_owned()).collect()
+}
+
+async fn wait_for_ids(log: &Path, path: &str, want: &BTreeSet<String>, timeout: Duration) {
+    let start = Instant::now();
+    loop {
+        let got = event_ids(&accepted(log, path));
+        if want.is_subset(&got) {
+            return;
+        }
+        if start.elapsed() > timeout {
+            let missing: Vec<_> = want.difference(&got).take(10).collect();
+            panic!(
+                "after {timeout:?}, {} of {} events reached {path}; missing e.g. {missing:?}",
+                want.intersection(&got).count(),
+                want.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// === control planes ===
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    _etcd: EtcdProcess,
+    store: String,
+    addrs: [String; 2],
+    cps: [Option<Proc>; 2],
+    extra: Vec<String>,
+}
+
+impl Cluster {
+    async fn start(extra: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let etcd = EtcdProcess::start().await;
+        let store = etcd.endpoint().replace("http://", "etcd://");
+        let addrs = [0, 1].map(|_| format!("127.0.0.1:{}", free_port()));
+        let mut cluster = Cluster {
+            dir,
+            _etcd: etcd,
+            store,
+            addrs,
+            cps: [None, None],
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        cluster.start_cp(0).await;
+        // cp0 campaigns first and leads, unless a test kills it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cluster.start_cp(1).await;
+        cluster
+    }
+
+    async fn start_cp(&mut self, i: usize) {
+        let mut args = vec![
+            "control",
+            "--store",
+            &self.store,
+            "--listen",
+            &self.addrs[i],
+            "--webhook-min-backoff-ms",
+            "100",
+            "--webhook-max-backoff-ms",
+            "1000",
+            "--webhook-timeout-ms",
+            "2000",
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        let log = self.dir.path().join(format!("cp{i}-{}.log", now_ms()));
+        let envs = [
+            ("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN),
+            ("WEBHOOK_SECRET", SECRET),
+            ("RUST_LOG", "info,switchyard_control_plane::webhooks=debug"),
+        ];
+        self.cps[i] = Some(Proc::start(&args, &envs, log).await);
+    }
+
+    async fn kill(&mut self, i: usize) {
+        if let Some(cp) = self.cps[i].take() {
+            cp.kill().await;
+        }
+    }
+
+    fn url(&self, i: usize) -> String {
+        format!("http://{}", self.addrs[i])
+    }
+
+    /// Any live replica's URL, for admin commands.
+    fn admin(&self) -> String {
+        let i = self.cps.iter().position(Option::is_some).unwrap();
+        self.url(i)
+    }
+
+    async fn apply(&self, yaml: &str) {
+        let file = self.dir.path().join(format!("catalog-{}.yaml", now_ms()));
+        std::fs::write(&file, yaml).unwrap();
+        let out = cli(&self.admin(), &["apply", "-f", file.to_str().unwrap()]).await;
+        assert!(out.success, "apply failed: {}{}", out.stderr, out.stdout);
+    }
+
+    async fn deliveries(&self, name: &str) -> Value {
+        cli(&self.admin(), &["webhooks", "deliveries", name, "--json"]).await.json()
+    }
+
+    /// Waits until a replica leads the webhook election; returns its index.
+    async fn leader(&self, name: &str) -> usize {
+        eventually(WAIT, "a webhook leader", || async {
+            let leader = self.deliveries(name).await["leader"].as_str()?.to_owned();
+            self.addrs.iter().position(|a| *a == leader)
+        })
+        .await
+    }
+}
+
+impl Drop for Cluster {
+    /// A failing test shows what the control planes said.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let mut logs: Vec<_> = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .collect();
+        logs.sort();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!("--- {} (last lines)", log.display());
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+fn webhook_catalog(hooks: &[(&str, &str, &str)]) -> String {
+    // (name, url, extra YAML lines)
+    let mut yaml = String::from("webhooks:\n");
+    for (name, url, extra) in hooks {
+        yaml.push_str(&format!(
+            "  - name: {name}\n    url: {url}\n    secret: env:WEBHOOK_SECRET\n    internal: true\n{extra}"
+        ));
+    }
+    yaml
+}
+
+// === a node ===
+
+struct FakeNode {
+    tx: mpsc::Sender<pb::NodeMessage>,
+    replies: tonic::Streaming<pb::ControlMessage>,
+    heartbeat: tokio::task::JoinHandle<()>,
+    seq: u64,
+}
+
+impl FakeNode {
+    async fn connect(control: &str, node_id: &str) -> FakeNode {
+        let channel = tonic::transport::Endpoint::from_shared(control.to_owned())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = NodeControlClient::new(channel);
+        let (tx, rx) = mpsc::channel(16);
+        let hello = pb::Hello {
+            node_id: node_id.into(),
+            last_applied_version: 0,
+            listen_address: "127.0.0.1:1".into(),
+            software_version: "e2e".into(),
+        };
+        tx.send(msg(node_message::Msg::Hello(hello))).await.unwrap();
+        let replies = client
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let beats = tx.clone();
+        let heartbeat = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let hb = pb::Heartbeat { applied_version: 0 };
+                if beats.send(msg(node_message::Msg::Heartbeat(hb))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        FakeNode { tx, replies, heartbeat, seq: 0 }
+    }
+
+    /// Sends a batch and waits for its ack: acked means stored (and queued for webhooks).
+    async fn send_events(&mut self, events: Vec<pb::FailoverEvent>) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.tx
+            .send(msg(node_message::Msg::Events(pb::FailoverEvents { seq, events })))
+            .await
+            .unwrap();
+        let acked = tokio::time::timeout(WAIT, async {
+            loop {
+                let reply = self.replies.message().await.unwrap().expect("stream ended");
+                if let Some(control_message::Msg::EventsAck(ack)) = reply.msg
+                    && ack.seq == seq
+                {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(acked.is_ok(), "no ack for events batch {seq}");
+    }
+
+    async fn send_breaker(&mut self, from: &str, to: &str) {
+        let t = pb::BreakerTransition {
+            provider: "openai".into(),
+            upstream_model: "gpt-5-nano".into(),
+            from: from.into(),
+            to: to.into(),
+            cause: "failure_rate".into(),
+            at_unix_ms: now_ms(),
+            failure_rate: 0.8,
+            calls_in_window: 20,
+            next_probe_unix_ms: now_ms() + 30_000,
+            cooldown_ms: 30_000,
+        };
+        self.tx.send(msg(node_message::Msg::Breaker(t))).await.unwrap();
+        // Messages on a stream are handled in order: this ack follows the breaker's write.
+        self.send_events(vec![]).await;
+    }
+}
+
+impl Drop for FakeNode {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+    }
+}
+
+fn msg(m: node_message::Msg) -> pb::NodeMessage {
+    pb::NodeMessage { msg: Some(m) }
+}
+
+/// A request that timed out on the primary and was served by the fallback.
+fn event(id: &str, key_id: &str) -> pb::FailoverEvent {
+    pb::FailoverEvent {
+        id: id.into(),
+        at_unix_ms: now_ms(),
+        node_id: "n1".into(),
+        key_id: key_id.into(),
+        requested_model: "openai/gpt-5-nano".into(),
+        served_model: "anthropic/claude-sonnet-4".into(),
+        attempts: vec![
+            pb::Attempt {
+                model: "openai/gpt-5-nano".into(),
+                status: "failed".into(),
+                reason: "timeout".into(),
+                latency_ms: 30_011,
+                probe: false,
+            },
+            pb::Attempt {
+                model: "anthropic/claude-sonnet-4".into(),
+                status: "served".into(),
+                reason: String::new(),
+                latency_ms: 734,
+                probe: false,
+            },
+        ],
+        stream: false,
+        status: 200,
+    }
+}
+
+fn ids(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("{prefix}-{i:04}")).collect()
+}
+
+async fn send_all(node: &mut FakeNode, ids: &[String], per_batch: usize) {
+    for chunk in ids.chunks(per_batch) {
+        node.send_events(chunk.iter().map(|id| event(id, "key_1")).collect()).await;
+    }
+}
+
+// === tests ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failovers_and_breakers_arrive_signed_and_the_official_verifier_accepts_every_one() {
+    let mut cluster = Cluster::start(&[]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    let catalog = webhook_catalog(&[
+        ("all", &receiver.url("/all"), "    events: [\"*\"]\n"),
+        ("key2", &receiver.url("/key2"), "    events: [api:model_failover]\n    keys: [key_2]\n"),
+        (
+            "batched",
+            &receiver.url("/batched"),
+            "    events: [api:model_failover]\n    batch_max_events: 10\n",
+        ),
+    ]);
+    cluster.apply(&catalog).await;
+    cluster.leader("all").await;
+    // Nodes connect to the replica that does not deliver: queueing is every replica's job.
+    let mut node = FakeNode::connect(&cluster.url(1), "n1").await;
+    let mut failovers = Vec::new();
+    for i in 0..20 {
+        failovers.push(event(&format!("ev-{i:02}"), if i % 2 == 0 { "key_1" } else { "key_2" }));
+    }
+    node.send_events(failovers[..10].to_vec()).await;
+    node.send_events(failovers[10..].to_vec()).await;
+    node.send_breaker("closed", "open").await;
+
+    let want: BTreeSet<String> = failovers.iter().map(|e| e.id.clone()).collect();
+    wait_for_ids(&receiver.log, "/batched", &want, WAIT).await;
+    wait_for_ids(&receiver.log, "/all", &want, WAIT).await;
+    let key2: BTreeSet<String> =
+        failovers.iter().filter(|e| e.key_id == "key_2").map(|e| e.id.clone()).collect();
+    wait_for_ids(&receiver.log, "/key2", &key2, WAIT).await;
+    let breaker = eventually(WAIT, "the breaker.opened delivery", || async {
+        accepted(&receiver.log, "/all").into_iter().find(|p| p["type"] == "breaker.opened")
+    })
+    .await;
+    assert_eq!(breaker["data"]["provider"], "openai");
+    assert_eq!(breaker["data"]["from"], "closed");
+    assert_eq!(breaker["data"]["node_id"], "n1");
+
+    // Every request the receiver saw passed the official verifier.
+    let all = records(&receiver.log);
+    assert!(all.iter().all(|r| r["verified"] == true), "unverified deliveries: {all:?}");
+    // The per-key filter held, and batches were arrays of at most 10.
+    assert_eq!(event_ids(&accepted(&receiver.log, "/key2")), key2);
+    let batches: Vec<_> = all.iter().filter(|r| r["path"] == "/batched").collect();
+    assert!(batches.iter().all(|r| r["payload"].as_array().is_some_and(|a| a.len() <= 10)));
+    assert!(batches.len() < 20, "batching sent {} requests for 20 events", batches.len());
+
+    // The payload: Standard Webhooks' {type, timestamp, data}, data the failover report.
+    let one = accepted(&receiver.log, "/all")
+        .into_iter()
+        .find(|p| p["data"]["event_id"] == "ev-03")
+        .unwrap();
+    assert_eq!(one["type"], "api:model_failover");
+    assert!(one["timestamp"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(one["data"]["key_id"], "key_2");
+    assert_eq!(one["data"]["requested_model"], "openai/gpt-5-nano");
+    assert_eq!(one["data"]["served_model"], "anthropic/claude-sonnet-4");
+    assert_eq!(one["data"]["failover"]["attempts"][0]["reason"], "timeout");
+    // webhook-id is the event id.
+    assert!(all.iter().any(|r| r["path"] == "/all" && r["webhook_id"] == "ev-03"));
+
+    let state = cluster.deliveries("all").await;
+    assert_eq!(state["dead"], 0);
+    cluster.kill(0).await;
+    cluster.kill(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_was_down_gets_every_event_when_it_returns() {
+    let cluster = Cluster::start(&[]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    cluster
+        .apply(&webhook_catalog(&[("hook", &receiver.url("/hook"), "    events: [\"*\"]\n")]))
+        .await;
+    cluster.leader("hook").await;
+    let (port, log) = receiver.stop().await;
+
+    let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    let all = ids("down", 0..200);
+    send_all(&mut node, &all, 20).await;
+    // Down long enough for several failed attempts and backoffs.
+    eventually(WAIT, "failed attempts while the receiver is down", || async {
+        let state = cluster.deliveries("hook").await;
+        (state["consecutive_failures"].as_u64()? >= 3).then_some(())
+    })
+    .await;
+    let backlog = cluster.deliveries("hook").await["backlog"].as_u64().unwrap();
+    assert_eq!(backlog, 200, "every event is owed while the receiver is down");
+
+    let _receiver = Receiver::start(cluster.dir.path(), port).await;
+    let want: BTreeSet<String> = all.into_iter().collect();
+    wait_for_ids(&log, "/hook", &want, WAIT).await;
+    let state = eventually(WAIT, "the backlog to drain", || async {
+        let s = cluster.deliveries("hook").await;
+        (s["backlog"] == 0).then_some(s)
+    })
+    .await;
+    assert_eq!(state["consecutive_failures"], 0);
+    assert_eq!(state["dead"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_leader_dies_mid_stream_the_other_replica_delivers_the_rest() {
+    let mut cluster = Cluster::start(&[]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    cluster
+        .apply(&webhook_catalog(&[("hook", &receiver.url("/hook"), "    events: [\"*\"]\n")]))
+        .await;
+    let leader = cluster.leader("hook").await;
+    let other = 1 - leader;
+    // The node stays on the replica that survives.
+    let mut node = FakeNode::connect(&cluster.url(other), "n1").await;
+    let all = ids("kill", 0..300);
+    send_all(&mut node, &all[..100], 10).await;
+    let first: BTreeSet<String> = all[..20].iter().cloned().collect();
+    wait_for_ids(&receiver.log, "/hook", &first, WAIT).await;
+
+    // Killed, not stopped: its election key lives until its lease expires.
+    cluster.kill(leader).await;
+    send_all(&mut node, &all[100..], 10).await;
+
+    let want: BTreeSet<String> = all.into_iter().collect();
+    wait_for_ids(&receiver.log, "/hook", &want, Duration::from_secs(60)).await;
+    assert_eq!(cluster.leader("hook").await, other);
+    let dups = accepted(&receiver.log, "/hook").len() - want.len();
+    eprintln!(
+        "leader failover: {} events, {dups} delivered twice (deduplicated by webhook-id)",
+        want.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_both_control_planes_loses_nothing_in_the_outbox() {
+    let mut cluster = Cluster::start(&[]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    cluster
+        .apply(&webhook_catalog(&[("hook", &receiver.url("/hook"), "    events: [\"*\"]\n")]))
+        .await;
+    cluster.leader("hook").await;
+    let (port, log) = receiver.stop().await;
+    let mut node = FakeNode::connect(&cluster.url(1), "n1").await;
+    let all = ids("restart", 0..100);
+    send_all(&mut node, &all, 25).await;
+    drop(node);
+
+    cluster.kill(0).await;
+    cluster.kill(1).await;
+    cluster.start_cp(0).await;
+    cluster.start_cp(1).await;
+
+    let _receiver = Receiver::start(cluster.dir.path(), port).await;
+    let want: BTreeSet<String> = all.into_iter().collect();
+    wait_for_ids(&log, "/hook", &want, Duration::from_secs(60)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_failing_forever_dead_letters_after_the_age_and_redeliver_sends_them_again() {
+    let cluster = Cluster::start(&["--webhook-max-age", "3s"]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    receiver.answer(500).await;
+    cluster
+        .apply(&webhook_catalog(&[(
+            "hook",
+            &receiver.url("/hook"),
+            "    events: [api:model_failover]\n",
+        )]))
+        .await;
+    cluster.leader("hook").await;
+    let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    let all = ids("dead", 0..5);
+    send_all(&mut node, &all, 5).await;
+
+    let state = eventually(WAIT, "every event dead-lettered", || async {
+        let s = cluster.deliveries("hook").await;
+        (s["dead"] == 5 && s["backlog"] == 0).then_some(s)
+    })
+    .await;
+    let dead: BTreeSet<String> = state["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["state"] == "dead")
+        .map(|d| d["event_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(dead, all.iter().cloned().collect());
+    let letter = &state["deliveries"][0];
+    assert!(letter["attempts"].as_u64().unwrap() >= 1);
+    assert_eq!(letter["last_status"], 500);
+    // The receiver got attempts (signed and verified), and answered 500 to each.
+    assert!(records(&receiver.log).iter().all(|r| r["verified"] == true && r["status"] == 500));
+
+    // People see it too.
+    let human = cli(&cluster.admin(), &["webhooks", "deliveries", "hook"]).await;
+    assert!(human.success, "{}", human.stderr);
+    assert!(human.stdout.contains("dead 5"), "{}", human.stdout);
+    assert!(human.stdout.contains("HTTP 500"), "{}", human.stdout);
+
+    receiver.answer(200).await;
+    let out = cli(&cluster.admin(), &["webhooks", "redeliver", "hook", "--all-dead", "--json"])
+        .await
+        .json();
+    assert_eq!(out["requeued"], 5);
+    wait_for_ids(&receiver.log, "/hook", &dead, WAIT).await;
+    let state = eventually(WAIT, "no dead letters left", || async {
+        let s = cluster.deliveries("hook").await;
+        (s["dead"] == 0 && s["backlog"] == 0).then_some(s)
+    })
+    .await;
+    assert_eq!(state["consecutive_failures"], 0);
+
+    // One event by id, from the audit log, though it was delivered already.
+    let out =
+        cli(&cluster.admin(), &["webhooks", "redeliver", "hook", "dead-0002", "nope", "--json"])
+            .await
+            .json();
+    assert_eq!(out["requeued"], 1);
+    assert_eq!(out["not_found"][0], "nope");
+    eventually(WAIT, "the redelivered event", || async {
+        let n = accepted(&receiver.log, "/hook")
+            .iter()
+            .filter(|p| p["data"]["event_id"] == "dead-0002")
+            .count();
+        (n >= 2).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_add_list_remove_edit_the_catalog() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let cp = start_control(&store, "127.0.0.1:0", dir.path(), "cp").await;
+    let url = cp.url();
+    let add = cli(
+        &url,
+        &[
+            "webhooks",
+            "add",
+            "oncall",
+            "--url",
+            "http://127.0.0.1:9/hook",
+            "--events",
+            "api:model_failover,breaker.opened",
+            "--secret",
+            "env:WEBHOOK_SECRET",
+            "--keys",
+            "key_1",
+            "--internal",
+            "--batch-max-events",
+            "50",
+        ],
+    )
+    .await;
+    assert!(add.success, "{}", add.stderr);
+    assert!(add.stdout.contains("+ webhooks/oncall"), "{}", add.stdout);
+
+    let listed = cli(&url, &["webhooks", "list", "--json"]).await.json();
+    assert_eq!(listed[0]["name"], "oncall");
+    assert_eq!(listed[0]["events"][1], "breaker.opened");
+    assert_eq!(listed[0]["secret"], "env:WEBHOOK_SECRET");
+    assert_eq!(listed[0]["keys"][0], "key_1");
+    assert_eq!(listed[0]["batch_max_events"], 50);
+
+    // A private target without --internal is refused by the control plane, by field.
+    let refused =
+        cli(&url, &["webhooks", "add", "x", "--url", "http://10.0.0.1/h", "--events", "*"]).await;
+    assert!(!refused.success);
+    assert!(refused.stderr.contains("internal"), "{}", refused.stderr);
+    // A literal secret is refused before anything is sent.
+    let literal = cli(
+        &url,
+        &[
+            "webhooks",
+            "add",
+            "y",
+            "--url",
+            "https://h.example.com",
+            "--events",
+            "*",
+            "--secret",
+            "hunter2",
+        ],
+    )
+    .await;
+    assert_eq!(literal.code, Some(2));
+    assert!(!literal.stderr.contains("hunter2"));
+
+    let disabled = cli(&url, &["webhooks", "disable", "oncall"]).await;
+    assert!(disabled.success, "{}", disabled.stderr);
+    let table = cli(&url, &["webhooks", "list"]).await;
+    assert!(table.stdout.contains("disabled"), "{}", table.stdout);
+
+    let dup = cli(
+        &url,
+        &["webhooks", "add", "oncall", "--url", "https://h.example.com", "--events", "*"],
+    )
+    .await;
+    assert!(!dup.success);
+    let removed = cli(&url, &["webhooks", "remove", "oncall"]).await;
+    assert!(removed.success, "{}", removed.stderr);
+    assert!(removed.stdout.contains("- webhooks/oncall"), "{}", removed.stdout);
+    assert_eq!(cli(&url, &["webhooks", "list", "--json"]).await.json(), serde_json::json!([]));
+}
