@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::StatusCode;
-use tracing::{Instrument, debug, info_span};
+use tracing::{Instrument, debug, debug_span};
 
 use switchyard_catalog::{BreakerPolicy, FailoverReason, Model};
 use switchyard_proto::node::v1 as pb;
@@ -175,7 +175,7 @@ impl Executor {
         attempts: &mut Vec<AttemptReport>,
     ) -> AttemptResult {
         let model = &entry.model;
-        let span = info_span!("attempt", model = %model.name, provider = %model.provider);
+        let span = debug_span!("attempt", model = %model.name, provider = %model.provider);
         let started = Instant::now();
         let provider = config.providers.get(&model.provider).cloned();
         let deadline = started + timeout;

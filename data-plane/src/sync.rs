@@ -21,6 +21,8 @@ use crate::telemetry::Telemetry;
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// No message (the control plane pings every 2 s) for this long: the stream is dead.
 const IDLE_LIMIT: Duration = Duration::from_secs(10);
+/// How often queued events and breaker transitions are sent.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 /// Usage totals go to the control plane at most this often.
 const USAGE_INTERVAL: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -106,8 +108,10 @@ async fn session(
 
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     let mut usage_tick = tokio::time::interval(USAGE_INTERVAL);
-    // Anything queued while no stream was open goes out now.
-    telemetry.wake.notify_one();
+    // Events and breaker transitions go out in batches on a short tick (the first tick is
+    // immediate: anything queued while no stream was open goes out now).
+    let mut flush = tokio::time::interval(FLUSH_INTERVAL);
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Snapshot chunks received so far: (version, resources).
     let mut pending_snapshot: Option<(i64, Resources)> = None;
     loop {
@@ -141,7 +145,7 @@ async fn session(
                     return Err(SessionError::Closed);
                 }
             }
-            _ = telemetry.wake.notified() => {
+            _ = flush.tick() => {
                 for message in outbound(telemetry, false) {
                     if tx.send(message).await.is_err() {
                         return Err(SessionError::Closed);

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
 
-use tokio::sync::Notify;
-
 use switchyard_proto::node::v1 as pb;
 
 /// Events held (queued or sent but not acked); beyond this new events are dropped and counted.
 const MAX_EVENTS: usize = 10_000;
-const EVENTS_PER_BATCH: usize = 100;
+/// During an outage every request fails over: batches keep that to a few messages (and
+/// store transactions) per second instead of one per request.
+const EVENTS_PER_BATCH: usize = 500;
 const MAX_TRANSITIONS: usize = 1_000;
 
 #[derive(Default)]
@@ -41,8 +41,6 @@ pub struct Telemetry {
     transitions: Mutex<VecDeque<pb::BreakerTransition>>,
     usage: Mutex<HashMap<(String, String), Totals>>,
     usage_dirty: AtomicBool,
-    /// Wakes the stream task when something is queued.
-    pub wake: Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -59,7 +57,6 @@ impl Telemetry {
             transitions: Mutex::default(),
             usage: Mutex::default(),
             usage_dirty: AtomicBool::new(false),
-            wake: Notify::new(),
         }
     }
 
@@ -73,7 +70,6 @@ impl Telemetry {
             q.held += 1;
             q.pending.push_back(event);
         }
-        self.wake.notify_one();
     }
 
     /// The next batch to send, now in flight until [`Self::ack_events`].
@@ -124,7 +120,6 @@ impl Telemetry {
             }
             t.push_back(transition);
         }
-        self.wake.notify_one();
     }
 
     pub fn take_transitions(&self) -> Vec<pb::BreakerTransition> {
