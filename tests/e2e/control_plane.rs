@@ -66,7 +66,9 @@ async fn propagation(nodes: &[&Proc], version: i64, since: Instant) -> Duration 
 
 struct Fleet {
     dir: tempfile::TempDir,
-    etcd: EtcdProcess,
+    /// `None` once a test stopped it.
+    etcd: Option<EtcdProcess>,
+    store: String,
     cp_addrs: [String; 2],
     cps: Vec<Option<Proc>>,
     nodes: Vec<Option<Proc>>,
@@ -84,7 +86,8 @@ impl Fleet {
         for (i, addr) in cp_addrs.iter().enumerate() {
             cps.push(Some(start_control(&store, addr, dir.path(), &format!("cp{i}")).await));
         }
-        let mut fleet = Fleet { dir, etcd, cp_addrs, cps, nodes: vec![None, None] };
+        let mut fleet =
+            Fleet { dir, etcd: Some(etcd), store, cp_addrs, cps, nodes: vec![None, None] };
         for i in 0..2 {
             fleet.start_node(i, "127.0.0.1:0").await;
         }
@@ -107,9 +110,9 @@ impl Fleet {
     }
 
     async fn restart_control(&mut self, i: usize) {
-        let store = self.etcd.endpoint().replace("http://", "etcd://");
         let name = format!("cp{i}-again");
-        self.cps[i] = Some(start_control(&store, &self.cp_addrs[i], self.dir.path(), &name).await);
+        self.cps[i] =
+            Some(start_control(&self.store, &self.cp_addrs[i], self.dir.path(), &name).await);
     }
 
     fn node(&self, i: usize) -> &Proc {
@@ -311,4 +314,103 @@ async fn control_plane_refuses_to_start_without_an_admin_token() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("SWITCHYARD_ADMIN_TOKEN"), "{stderr}");
+}
+
+/// Writes a raw value straight into etcd through its JSON gateway, behind the control
+/// plane's back — the way a bad tool or a newer replica could.
+async fn etcd_put(etcd: &EtcdProcess, key: &str, value: &str) {
+    fn b64(bytes: &[u8]) -> String {
+        const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    out.push(char::from(T[((n >> (18 - 6 * i)) & 63) as usize]));
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+    let addr: std::net::SocketAddr = etcd.endpoint().trim_start_matches("http://").parse().unwrap();
+    let body =
+        serde_json::json!({"key": b64(key.as_bytes()), "value": b64(value.as_bytes())}).to_string();
+    let r = http_request(addr, "POST", "/v3/kv/put", None, Some(body.as_bytes())).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nacked_update_leaves_nodes_on_their_version_and_switchyard_nodes_shows_it() {
+    let fleet = Fleet::start().await;
+    fleet.wait_ready().await;
+    let cp0 = fleet.cp_url(0);
+    cli(&cp0, &["apply", "-f", &write_catalog(fleet.dir.path())]).await;
+    let created = cli(&cp0, &["keys", "create", "--name", "good", "--json"]).await.json();
+    let secret = created["key"].as_str().unwrap().to_owned();
+    let version = created["version"].as_i64().unwrap();
+    let nodes = [fleet.node(0), fleet.node(1)];
+    propagation(&nodes, version, Instant::now()).await;
+
+    etcd_put(
+        fleet.etcd.as_ref().unwrap(),
+        "/switchyard/config/keys/key_broken",
+        "{this is not json",
+    )
+    .await;
+    let listed =
+        eventually(Duration::from_secs(5), "both nodes to report the rejection", || async {
+            let v = cli(&cp0, &["nodes", "--json"]).await.json();
+            let nodes = v["nodes"].as_array()?.clone();
+            (nodes.len() == 2 && nodes.iter().all(|n| n["rejected"].is_object())).then_some(nodes)
+        })
+        .await;
+    for n in &listed {
+        assert_eq!(
+            n["applied_version"].as_i64().unwrap(),
+            version,
+            "the node kept its previous version: {n}"
+        );
+        assert!(n["rejected"]["version"].as_i64().unwrap() > version);
+        assert!(n["rejected"]["error"].as_str().unwrap().contains("keys/key_broken"), "{n}");
+    }
+    let human = cli(&cp0, &["nodes"]).await;
+    assert!(human.stdout.contains("rejected version"), "{}", human.stdout);
+    for node in nodes {
+        assert_eq!(node_version(node.addr).await, Some(version));
+        assert_eq!(
+            models_status(node, &secret).await,
+            Some(200),
+            "still serving the previous config"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_stopped_admin_writes_fail_clearly_and_nodes_keep_serving() {
+    let mut fleet = Fleet::start().await;
+    fleet.wait_ready().await;
+    let cp0 = fleet.cp_url(0);
+    let created = cli(&cp0, &["keys", "create", "--name", "before", "--json"]).await.json();
+    let secret = created["key"].as_str().unwrap().to_owned();
+    let nodes = [fleet.node(0), fleet.node(1)];
+    propagation(&nodes, created["version"].as_i64().unwrap(), Instant::now()).await;
+
+    fleet.etcd.take().unwrap().stop().await;
+    let out = cli(&cp0, &["keys", "create", "--name", "during"]).await;
+    assert!(!out.success, "a write with the store down must fail");
+    assert!(
+        out.stderr.to_lowercase().contains("store"),
+        "the error says the store is the problem: {}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    for node in [fleet.node(0), fleet.node(1)] {
+        assert!(node_version(node.addr).await.is_some(), "nodes stay ready");
+        assert_eq!(models_status(node, &secret).await, Some(200), "and keep serving");
+    }
 }
