@@ -47,7 +47,7 @@ impl Chain {
 }
 
 pub fn resolve(
-    request: &ChatRequest,
+    request: &ChatRequest<'_>,
     key: &ApiKeyRecord,
     config: &NodeConfig,
 ) -> Result<Chain, ApiError> {

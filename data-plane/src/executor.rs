@@ -73,7 +73,7 @@ impl Executor {
     pub async fn run(
         &self,
         chain: &Chain,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
         config: &NodeConfig,
     ) -> Result<Served, Failed> {
         let started = Instant::now();
@@ -170,7 +170,7 @@ impl Executor {
         entry: &Entry,
         timeout: Duration,
         permit: Permit,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
         config: &NodeConfig,
         attempts: &mut Vec<AttemptReport>,
     ) -> AttemptResult {
@@ -425,7 +425,7 @@ impl AttemptFailure {
 async fn open_until_first_token(
     provider: &Arc<ProviderRuntime>,
     model: &Model,
-    request: &ChatRequest,
+    request: &ChatRequest<'_>,
     first_token: Instant,
 ) -> Result<(Vec<StreamEvent>, UpstreamStream), AttemptFailure> {
     let started = Instant::now();

@@ -16,10 +16,12 @@ pub const DEADLINE_MS_RANGE: (u32, u32) = (1_000, 600_000);
 /// Fields that steer the gateway and are not sent upstream.
 const GATEWAY_FIELDS: [&str; 4] = ["model", "models", "fallback_models", "redundancy"];
 
+/// Borrows from the request body: the client's fields are forwarded as the bytes it sent,
+/// never copied (a prompt can be megabytes).
 #[derive(Debug)]
-pub struct ChatRequest {
+pub struct ChatRequest<'a> {
     /// Every top-level field but the gateway's own, as the client sent it.
-    pub passthrough: BTreeMap<String, Box<RawValue>>,
+    pub passthrough: BTreeMap<String, &'a RawValue>,
     pub model: Option<String>,
     pub models: Option<Vec<EntrySpec>>,
     pub fallback_models: Option<Vec<EntrySpec>>,
@@ -46,9 +48,9 @@ pub struct Redundancy {
     pub deadline_ms: Option<u32>,
 }
 
-impl ChatRequest {
-    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        let fields: BTreeMap<String, Box<RawValue>> =
+impl<'a> ChatRequest<'a> {
+    pub fn parse(body: &'a [u8]) -> Result<Self, ApiError> {
+        let fields: BTreeMap<String, &'a RawValue> =
             serde_json::from_slice(body).map_err(|e| ApiError::InvalidRequest {
                 message: format!(
                     "We could not parse the JSON body of your request ({e}). The body must be a JSON object."

@@ -76,7 +76,7 @@ impl Adapter for Anthropic {
         &self,
         provider: &Provider,
         model: &Model,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
         // Refuse here as well as in `supports`, so nothing unsupported is ever sent even when
@@ -129,7 +129,7 @@ impl Adapter for Anthropic {
         Box::new(MessageDecoder::new(upstream_model))
     }
 
-    fn supports(&self, request: &ChatRequest) -> Result<(), String> {
+    fn supports(&self, request: &ChatRequest<'_>) -> Result<(), String> {
         let get = |name: &str| {
             request
                 .passthrough
@@ -176,7 +176,7 @@ impl Adapter for Anthropic {
 fn translate(
     upstream_model: &str,
     model_max_tokens: Option<u32>,
-    request: &ChatRequest,
+    request: &ChatRequest<'_>,
 ) -> Result<Map<String, Value>, String> {
     let fields: BTreeMap<&str, Value> = request
         .passthrough
@@ -923,8 +923,8 @@ mod tests {
         .unwrap()
     }
 
-    fn req(body: Value) -> ChatRequest {
-        ChatRequest::parse(body.to_string().as_bytes()).unwrap()
+    fn req(body: Value) -> ChatRequest<'static> {
+        ChatRequest::parse(Box::leak(body.to_string().into_bytes().into_boxed_slice())).unwrap()
     }
 
     fn sent(body: Value) -> Value {

@@ -26,7 +26,7 @@ impl Adapter for Azure {
         &self,
         provider: &Provider,
         model: &Model,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
         let url = format!(

@@ -70,7 +70,7 @@ impl Adapter for Gemini {
         &self,
         provider: &Provider,
         model: &Model,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
         let body = body(model, request).map_err(Refused::into_call_error)?;
@@ -119,7 +119,7 @@ impl Adapter for Gemini {
         Box::new(GeminiStream::new(upstream_model))
     }
 
-    fn supports(&self, request: &ChatRequest) -> Result<(), String> {
+    fn supports(&self, request: &ChatRequest<'_>) -> Result<(), String> {
         match strict_schema(request) {
             Ok(_) => Ok(()),
             Err(refused) => Err(refused.message),
@@ -155,7 +155,7 @@ impl Refused {
 }
 
 /// A client field as JSON; `null` counts as absent.
-fn field(request: &ChatRequest, name: &str) -> Result<Option<Value>, Refused> {
+fn field(request: &ChatRequest<'_>, name: &str) -> Result<Option<Value>, Refused> {
     match request.passthrough.get(name) {
         None => Ok(None),
         Some(raw) => serde_json::from_str::<Value>(raw.get())
@@ -165,7 +165,7 @@ fn field(request: &ChatRequest, name: &str) -> Result<Option<Value>, Refused> {
 }
 
 /// The `GenerateContentRequest` for an OpenAI-shaped request.
-fn body(model: &Model, request: &ChatRequest) -> Result<Value, Refused> {
+fn body(model: &Model, request: &ChatRequest<'_>) -> Result<Value, Refused> {
     let mut out = Map::new();
     let (system, contents) = contents(field(request, "messages")?)?;
     if !system.is_empty() {
@@ -446,7 +446,10 @@ fn function_response(content: Option<&Value>) -> Value {
     }
 }
 
-fn generation_config(model: &Model, request: &ChatRequest) -> Result<Map<String, Value>, Refused> {
+fn generation_config(
+    model: &Model,
+    request: &ChatRequest<'_>,
+) -> Result<Map<String, Value>, Refused> {
     let mut config = Map::new();
     let max_tokens = match field(request, "max_completion_tokens")? {
         Some(v) => Some(("max_completion_tokens", v)),
@@ -527,7 +530,7 @@ fn generation_config(model: &Model, request: &ChatRequest) -> Result<Map<String,
 
 /// `response_format.json_schema.schema` in Gemini's subset; refused when it is `strict` and
 /// uses what the subset cannot express (a strict schema is a promise Gemini could not keep).
-fn strict_schema(request: &ChatRequest) -> Result<Option<Value>, Refused> {
+fn strict_schema(request: &ChatRequest<'_>) -> Result<Option<Value>, Refused> {
     let Some(format) = field(request, "response_format")? else { return Ok(None) };
     if format.get("type").and_then(Value::as_str) != Some("json_schema") {
         return Ok(None);
@@ -686,7 +689,7 @@ fn sanitize(schema: &Value, path: &str, lost: &mut Vec<String>) -> Value {
 }
 
 /// `tools` and `toolConfig` from `tools` and `tool_choice`.
-fn tools(request: &ChatRequest) -> Result<Option<(Value, Option<Value>)>, Refused> {
+fn tools(request: &ChatRequest<'_>) -> Result<Option<(Value, Option<Value>)>, Refused> {
     let Some(tools) = field(request, "tools")? else { return Ok(None) };
     let Value::Array(tools) = tools else {
         return Err(refused("tools", "tools must be an array"));
@@ -1215,12 +1218,13 @@ mod tests {
     }
 
     fn try_translate(request: Value) -> Result<Value, Refused> {
-        let req = ChatRequest::parse(request.to_string().as_bytes()).unwrap();
+        let text = request.to_string();
+        let req = ChatRequest::parse(text.as_bytes()).unwrap();
         body(&model(None), &req)
     }
 
-    fn parse(request: Value) -> ChatRequest {
-        ChatRequest::parse(request.to_string().as_bytes()).unwrap()
+    fn parse(request: Value) -> ChatRequest<'static> {
+        ChatRequest::parse(Box::leak(request.to_string().into_bytes().into_boxed_slice())).unwrap()
     }
 
     fn fields(c: &BTreeMap<String, Box<RawValue>>) -> Value {

@@ -178,7 +178,7 @@ pub trait Adapter: Send + Sync {
         &self,
         provider: &Provider,
         model: &Model,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError>;
 
@@ -200,7 +200,7 @@ pub trait Adapter: Send + Sync {
 
     /// Refuses, before any upstream call, a request this provider cannot honour (a strict
     /// `json_schema` it has no mechanism for). The message names what is unsupported.
-    fn supports(&self, _request: &ChatRequest) -> Result<(), String> {
+    fn supports(&self, _request: &ChatRequest<'_>) -> Result<(), String> {
         Ok(())
     }
 }
@@ -320,7 +320,7 @@ impl ProviderRuntime {
     }
 
     /// See [`Adapter::supports`].
-    pub fn supports(&self, request: &ChatRequest) -> Result<(), String> {
+    pub fn supports(&self, request: &ChatRequest<'_>) -> Result<(), String> {
         self.adapter.supports(request)
     }
 
@@ -328,7 +328,7 @@ impl ProviderRuntime {
     pub async fn complete(
         &self,
         model: &Model,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
     ) -> Result<Completion, CallError> {
         let response = self.respond(model, request).await?;
         let body = read_body(response).await?;
@@ -340,7 +340,7 @@ impl ProviderRuntime {
     pub async fn open_stream(
         &self,
         model: &Model,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
     ) -> Result<UpstreamStream, CallError> {
         let response = self.respond(model, request).await?;
         Ok(UpstreamStream {
@@ -357,7 +357,7 @@ impl ProviderRuntime {
     async fn respond(
         &self,
         model: &Model,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
     ) -> Result<http::Response<hyper::body::Incoming>, CallError> {
         if self.credentials.is_empty() {
             return self.send(model, request, None).await;
@@ -387,7 +387,7 @@ impl ProviderRuntime {
     async fn send(
         &self,
         model: &Model,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
         credential: Option<&Secret>,
     ) -> Result<http::Response<hyper::body::Incoming>, CallError> {
         let upstream = self.adapter.request(&self.def, model, request, credential)?;

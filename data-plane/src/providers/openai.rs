@@ -25,7 +25,7 @@ impl Adapter for OpenAi {
         &self,
         provider: &Provider,
         model: &Model,
-        request: &ChatRequest,
+        request: &ChatRequest<'_>,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
         let url = format!("{}/chat/completions", provider.base_url.trim_end_matches('/'));
@@ -190,7 +190,7 @@ fn default_kind(status: StatusCode) -> &'static str {
 }
 
 /// The client's body with `model` set to the upstream name.
-pub fn body(upstream_model: &str, request: &ChatRequest) -> Vec<u8> {
+pub fn body(upstream_model: &str, request: &ChatRequest<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(
         256 + request.passthrough.values().map(|v| v.get().len() + 24).sum::<usize>(),
     );
