@@ -44,8 +44,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/readyz", get(readyz))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
-        .route("/v1/chat/completions", post(|s, h, b| chat(s, h, b, Flavor::OpenAi)))
-        .route("/chat/completions", post(|s, h, b| chat(s, h, b, Flavor::Classic)))
+        .route("/v1/chat/completions", post(|s, r| chat(s, r, Flavor::OpenAi)))
+        .route("/chat/completions", post(|s, r| chat(s, r, Flavor::Classic)))
         .with_state(app)
 }
 
@@ -118,10 +118,12 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 
 async fn chat(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
     flavor: Flavor,
 ) -> Response {
+    // The request taken whole, not through a `HeaderMap` extractor, which would clone the headers.
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     // Debug level: free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the
     // request path pays nothing for spans nobody collects.
     let span = debug_span!("request", endpoint = ?flavor, key = tracing::field::Empty);
