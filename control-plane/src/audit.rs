@@ -191,6 +191,78 @@ pub async fn write_events(
     Ok(written)
 }
 
+/// Writes the event batches of every node stream on this replica as a group ("group
+/// commit"): one round of transactions at a time, taking every batch that arrived while the
+/// previous round was being written, and rounds at least [`MIN_WRITE_INTERVAL`] apart. In an
+/// outage storm, when every request fails over on every node, the store then sees a bounded
+/// number of transactions per second (about `1 / MIN_WRITE_INTERVAL`, plus one per
+/// [`MAX_TXN_OPS`] operations), however many nodes and batches there are; each batch is
+/// still acked only after the transaction holding it succeeded.
+#[derive(Clone)]
+pub struct EventWriter {
+    tx: tokio::sync::mpsc::Sender<WriteRequest>,
+}
+
+/// Rounds of event writes are at least this far apart.
+pub const MIN_WRITE_INTERVAL: Duration = Duration::from_millis(5);
+/// Events taken into one round at most; the rest wait for the next.
+const MAX_ROUND_EVENTS: usize = 4096;
+
+struct WriteRequest {
+    events: Vec<AuditEvent>,
+    done: tokio::sync::oneshot::Sender<Result<usize, StoreError>>,
+}
+
+impl EventWriter {
+    pub fn start(store: Arc<dyn Store>, layout: Layout, outbox: Arc<Interest>) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<WriteRequest>(1024);
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let started = tokio::time::Instant::now();
+                let mut requests = vec![first];
+                let mut count = requests[0].events.len();
+                while count < MAX_ROUND_EVENTS {
+                    match rx.try_recv() {
+                        Ok(r) => {
+                            count += r.events.len();
+                            requests.push(r);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let mut events = Vec::with_capacity(count);
+                let mut counts = Vec::with_capacity(requests.len());
+                let mut replies = Vec::with_capacity(requests.len());
+                for r in requests {
+                    counts.push(r.events.iter().filter(|e| !e.id.is_empty()).count());
+                    events.extend(r.events);
+                    replies.push(r.done);
+                }
+                let result = write_events(store.as_ref(), &layout, events, Some(&outbox)).await;
+                for (done, n) in replies.into_iter().zip(counts) {
+                    let reply = match &result {
+                        Ok(_) => Ok(n),
+                        Err(e) => Err(StoreError::Unavailable(e.to_string())),
+                    };
+                    let _ = done.send(reply);
+                }
+                tokio::time::sleep_until(started + MIN_WRITE_INTERVAL).await;
+            }
+        });
+        Self { tx }
+    }
+
+    /// Returns once the events are durably written (with their outbox entries).
+    pub async fn write(&self, events: Vec<AuditEvent>) -> Result<usize, StoreError> {
+        let (done, reply) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(WriteRequest { events, done })
+            .await
+            .map_err(|_| StoreError::Unavailable("the event writer stopped".into()))?;
+        reply.await.map_err(|_| StoreError::Unavailable("the event writer stopped".into()))?
+    }
+}
+
 fn op_size(op: &TxnOp) -> usize {
     match op {
         TxnOp::Put { key, value, .. } => key.len() + value.len(),

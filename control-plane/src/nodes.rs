@@ -83,7 +83,9 @@ pub struct NodeShared {
     pub control_plane: String,
     pub join: TokenCheck,
     /// Which events webhooks subscribe to (events nobody wants are not queued).
-    pub outbox: crate::webhooks::Interest,
+    pub outbox: Arc<crate::webhooks::Interest>,
+    /// Failover events of every stream go through one group-committing writer.
+    pub events: audit::EventWriter,
     /// How long a node may be gone before its breakers are forgotten and
     /// `node.disconnected` is sent.
     pub disconnect_grace: Duration,
@@ -292,9 +294,7 @@ impl NodeShared {
         tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
     ) -> Result<(), Status> {
         let events = batch.events.into_iter().map(|e| AuditEvent::from_pb(e, node_id)).collect();
-        match audit::write_events(self.store.as_ref(), &self.layout, events, Some(&self.outbox))
-            .await
-        {
+        match self.events.write(events).await {
             Ok(written) => {
                 debug!(node = %node_id, seq = batch.seq, written, "failover events stored");
                 let ack = pb::EventsAck { seq: batch.seq };

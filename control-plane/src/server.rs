@@ -92,6 +92,7 @@ pub async fn start_with_store(
     if options.join_token.is_none() {
         warn!("no SWITCHYARD_JOIN_TOKEN set: accepting nodes from loopback addresses only");
     }
+    let outbox = Arc::new(Interest::new(Arc::clone(&cache)));
     let nodes = NodeService(Arc::new(NodeShared {
         cache: Arc::clone(&cache),
         store: Arc::clone(&store),
@@ -99,7 +100,8 @@ pub async fn start_with_store(
         lease,
         control_plane: local_addr.to_string(),
         join: TokenCheck { join_token: options.join_token.as_deref().map(Token::new) },
-        outbox: Interest::new(Arc::clone(&cache)),
+        outbox: Arc::clone(&outbox),
+        events: audit::EventWriter::start(Arc::clone(&store), layout.clone(), outbox),
         disconnect_grace: options.disconnect_grace,
     }));
     tokio::spawn(webhooks::run(

@@ -202,11 +202,12 @@ impl Cluster {
         self.url(i)
     }
 
-    async fn apply(&self, yaml: &str) {
+    /// Applies the catalog; returns its version.
+    async fn apply(&self, yaml: &str) -> i64 {
         let file = self.dir.path().join(format!("catalog-{}.yaml", now_ms()));
         std::fs::write(&file, yaml).unwrap();
-        let out = cli(&self.admin(), &["apply", "-f", file.to_str().unwrap()]).await;
-        assert!(out.success, "apply failed: {}{}", out.stderr, out.stdout);
+        let out = cli(&self.admin(), &["apply", "-f", file.to_str().unwrap(), "--json"]).await;
+        out.json()["version"].as_i64().unwrap()
     }
 
     async fn deliveries(&self, name: &str) -> Value {
@@ -324,6 +325,27 @@ impl FakeNode {
         assert!(acked.is_ok(), "no ack for events batch {seq}");
     }
 
+    /// Waits until the replica serving this node has config `version`: its replica then
+    /// knows the subscriptions, and queues the events they want.
+    async fn wait_config(&mut self, version: i64) {
+        let seen = tokio::time::timeout(WAIT, async {
+            loop {
+                let reply = self.replies.message().await.unwrap().expect("stream ended");
+                let v = match reply.msg {
+                    Some(control_message::Msg::Snapshot(s)) => s.version,
+                    Some(control_message::Msg::Update(u)) => u.version,
+                    Some(control_message::Msg::Ping(p)) => p.config_version,
+                    _ => 0,
+                };
+                if v >= version {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(seen.is_ok(), "the node's replica never reached config version {version}");
+    }
+
     async fn send_breaker(&mut self, from: &str, to: &str) {
         let t = pb::BreakerTransition {
             provider: "openai".into(),
@@ -408,10 +430,11 @@ async fn failovers_and_breakers_arrive_signed_and_the_official_verifier_accepts_
             "    events: [api:model_failover]\n    batch_max_events: 10\n",
         ),
     ]);
-    cluster.apply(&catalog).await;
+    let version = cluster.apply(&catalog).await;
     cluster.leader("all").await;
     // Nodes connect to the replica that does not deliver: queueing is every replica's job.
     let mut node = FakeNode::connect(&cluster.url(1), "n1").await;
+    node.wait_config(version).await;
     let mut failovers = Vec::new();
     for i in 0..20 {
         failovers.push(event(&format!("ev-{i:02}"), if i % 2 == 0 { "key_1" } else { "key_2" }));
@@ -467,13 +490,14 @@ async fn failovers_and_breakers_arrive_signed_and_the_official_verifier_accepts_
 async fn a_receiver_that_was_down_gets_every_event_when_it_returns() {
     let cluster = Cluster::start(&[]).await;
     let receiver = Receiver::start(cluster.dir.path(), 0).await;
-    cluster
+    let version = cluster
         .apply(&webhook_catalog(&[("hook", &receiver.url("/hook"), "    events: [\"*\"]\n")]))
         .await;
     cluster.leader("hook").await;
     let (port, log) = receiver.stop().await;
 
     let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    node.wait_config(version).await;
     let all = ids("down", 0..200);
     send_all(&mut node, &all, 20).await;
     // Down long enough for several failed attempts and backoffs.
@@ -501,13 +525,14 @@ async fn a_receiver_that_was_down_gets_every_event_when_it_returns() {
 async fn when_the_leader_dies_mid_stream_the_other_replica_delivers_the_rest() {
     let mut cluster = Cluster::start(&[]).await;
     let receiver = Receiver::start(cluster.dir.path(), 0).await;
-    cluster
+    let version = cluster
         .apply(&webhook_catalog(&[("hook", &receiver.url("/hook"), "    events: [\"*\"]\n")]))
         .await;
     let leader = cluster.leader("hook").await;
     let other = 1 - leader;
     // The node stays on the replica that survives.
     let mut node = FakeNode::connect(&cluster.url(other), "n1").await;
+    node.wait_config(version).await;
     let all = ids("kill", 0..300);
     send_all(&mut node, &all[..100], 10).await;
     let first: BTreeSet<String> = all[..20].iter().cloned().collect();
@@ -531,12 +556,13 @@ async fn when_the_leader_dies_mid_stream_the_other_replica_delivers_the_rest() {
 async fn restarting_both_control_planes_loses_nothing_in_the_outbox() {
     let mut cluster = Cluster::start(&[]).await;
     let receiver = Receiver::start(cluster.dir.path(), 0).await;
-    cluster
+    let version = cluster
         .apply(&webhook_catalog(&[("hook", &receiver.url("/hook"), "    events: [\"*\"]\n")]))
         .await;
     cluster.leader("hook").await;
     let (port, log) = receiver.stop().await;
     let mut node = FakeNode::connect(&cluster.url(1), "n1").await;
+    node.wait_config(version).await;
     let all = ids("restart", 0..100);
     send_all(&mut node, &all, 25).await;
     drop(node);
@@ -556,7 +582,7 @@ async fn a_receiver_failing_forever_dead_letters_after_the_age_and_redeliver_sen
     let cluster = Cluster::start(&["--webhook-max-age", "3s"]).await;
     let receiver = Receiver::start(cluster.dir.path(), 0).await;
     receiver.answer(500).await;
-    cluster
+    let version = cluster
         .apply(&webhook_catalog(&[(
             "hook",
             &receiver.url("/hook"),
@@ -565,6 +591,7 @@ async fn a_receiver_failing_forever_dead_letters_after_the_age_and_redeliver_sen
         .await;
     cluster.leader("hook").await;
     let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    node.wait_config(version).await;
     let all = ids("dead", 0..5);
     send_all(&mut node, &all, 5).await;
 

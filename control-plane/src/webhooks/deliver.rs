@@ -316,8 +316,13 @@ async fn lead(
 
     let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
     let mut catalog_rev: Revision = -1;
+    // GC goes by the workers' cursors: it must not run before the workers of the catalog's
+    // subscriptions exist, or it would take every entry for nobody's. So the config cache
+    // must hold the store's catalog, and a catalog must have been read, first.
+    let mut synced = false;
+    cache.wait_ready().await;
     let mut poll = tokio::time::interval(CATALOG_POLL);
-    let mut gc = tokio::time::interval(GC_INTERVAL);
+    let mut gc = tokio::time::interval_at(Instant::now() + GC_INTERVAL, GC_INTERVAL);
     loop {
         tokio::select! {
             batch = watch.next() => match batch {
@@ -348,8 +353,9 @@ async fn lead(
                 };
                 catalog_rev = revision;
                 sync_workers(&shared, &mut workers, &mut states, webhooks, revision).await?;
+                synced = true;
             }
-            _ = gc.tick() => collect_garbage(&shared, &workers).await?,
+            _ = gc.tick(), if synced => collect_garbage(&shared, &workers).await?,
         }
     }
 }
