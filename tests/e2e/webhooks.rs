@@ -651,6 +651,50 @@ async fn a_receiver_failing_forever_dead_letters_after_the_age_and_redeliver_sen
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_gone_past_the_grace_is_node_disconnected_and_one_back_in_time_is_not() {
+    let cluster = Cluster::start(&["--node-grace", "1s"]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    let version = cluster
+        .apply(&webhook_catalog(&[(
+            "hook",
+            &receiver.url("/hook"),
+            "    events: [node.disconnected, breaker.half_open, breaker.closed]\n",
+        )]))
+        .await;
+    cluster.leader("hook").await;
+    let mut gone = FakeNode::connect(&cluster.url(0), "gone").await;
+    gone.wait_config(version).await;
+    gone.send_breaker("open", "half_open").await;
+    gone.send_breaker("half_open", "closed").await;
+    let mut back = FakeNode::connect(&cluster.url(0), "back").await;
+    back.wait_config(version).await;
+    drop(gone);
+    drop(back);
+    // "back" reconnects within the grace (to the other replica), "gone" does not.
+    let mut back = FakeNode::connect(&cluster.url(1), "back").await;
+    back.wait_config(version).await;
+
+    let disconnected = eventually(WAIT, "node.disconnected", || async {
+        accepted(&receiver.log, "/hook").into_iter().find(|p| p["type"] == "node.disconnected")
+    })
+    .await;
+    assert_eq!(disconnected["data"]["node_id"], "gone");
+    let types: Vec<String> = accepted(&receiver.log, "/hook")
+        .iter()
+        .map(|p| p["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(types.contains(&"breaker.half_open".to_owned()), "{types:?}");
+    assert!(types.contains(&"breaker.closed".to_owned()), "{types:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let for_back = accepted(&receiver.log, "/hook")
+        .into_iter()
+        .filter(|p| p["type"] == "node.disconnected" && p["data"]["node_id"] == "back")
+        .count();
+    assert_eq!(for_back, 0, "a node back within the grace is not reported");
+    drop(back);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhooks_add_list_remove_edit_the_catalog() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());

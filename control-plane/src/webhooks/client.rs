@@ -223,6 +223,16 @@ mod tests {
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
     }
 
+    #[tokio::test]
+    async fn names_resolving_to_private_addresses_are_refused_unless_internal() {
+        use tower_service::Service as _;
+        let name: Name = "localhost".parse().unwrap_or_else(|_| unreachable!());
+        let err = GuardedResolver { internal: false }.call(name.clone()).await.err();
+        assert_eq!(err.map(|e| e.kind()), Some(std::io::ErrorKind::PermissionDenied));
+        let ok = GuardedResolver { internal: true }.call(name).await;
+        assert!(ok.is_ok_and(|mut addrs| addrs.all(|a| a.ip().is_loopback())));
+    }
+
     #[test]
     fn private_literals_are_refused_unless_internal() {
         assert!(literal_guard("http://127.0.0.1:9/x", false).is_some());
