@@ -12,6 +12,7 @@ Usage: webhook_receiver.py PORT SECRET LOG_FILE
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -23,13 +24,21 @@ mode = {"status": 200}
 
 
 class Handler(BaseHTTPRequestHandler):
+    # Keep-alive, as real receivers behind a load balancer do.
+    protocol_version = "HTTP/1.1"
+
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         if self.path == "/_mode":
             mode.update(json.loads(body))
             self.reply(200)
             return
-        record = {"path": self.path, "webhook_id": self.headers.get("webhook-id"), "verified": False}
+        record = {
+            "path": self.path,
+            "webhook_id": self.headers.get("webhook-id"),
+            "verified": False,
+            "received_unix_ms": int(time.time() * 1000),
+        }
         try:
             record["payload"] = verifier.verify(body, dict(self.headers.items()))
             record["verified"] = True

@@ -87,7 +87,8 @@ fn records(log: &Path) -> Vec<Value> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        // The last line may be half written while the receiver runs.
+        .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
 
@@ -769,4 +770,118 @@ async fn webhooks_add_list_remove_edit_the_catalog() {
     assert!(removed.success, "{}", removed.stderr);
     assert!(removed.stdout.contains("- webhooks/oncall"), "{}", removed.stdout);
     assert_eq!(cli(&url, &["webhooks", "list", "--json"]).await.json(), serde_json::json!([]));
+}
+
+// === benchmark ===
+
+/// The store's current revision, from etcd's JSON gateway: every write transaction adds one.
+async fn etcd_revision(endpoint: &str) -> i64 {
+    let addr = endpoint.trim_start_matches("http://").parse().unwrap();
+    let r = http_request(addr, "POST", "/v3/kv/range", None, Some(br#"{"key": "AA=="}"#))
+        .await
+        .unwrap();
+    r.json()["header"]["revision"].as_str().unwrap().parse().unwrap()
+}
+
+/// An outage storm: `BENCH_NODES` nodes (default 4) send failover events as fast as the
+/// control planes ack them for `BENCH_SECS` seconds (default 10), spread over two replicas
+/// on one etcd; one subscription takes every event (`BENCH_BATCH` events per request,
+/// default 1), delivered to the verifying Python receiver. Prints events/s in, events/s
+/// delivered, store writes/s, and delivery lag percentiles. Run:
+/// `cargo nextest run -p switchyard-cli --test webhooks --run-ignored only --no-capture bench_`
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "benchmark; run on demand"]
+async fn bench_outage_storm_events_to_webhooks() {
+    let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (nodes, secs, batch) =
+        (env("BENCH_NODES", 4), env("BENCH_SECS", 10), env("BENCH_BATCH", 1));
+    let cluster = Cluster::start(&["--webhook-concurrency", "16"]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    // Failovers only: the fake nodes' node.disconnected events would come after the run.
+    let extra = if batch > 1 {
+        format!("    events: [api:model_failover]\n    batch_max_events: {batch}\n")
+    } else {
+        "    events: [api:model_failover]\n".to_owned()
+    };
+    let version =
+        cluster.apply(&webhook_catalog(&[("bench", &receiver.url("/bench"), &extra)])).await;
+    cluster.leader("bench").await;
+    let endpoint = cluster._etcd.endpoint().to_owned();
+
+    let rev0 = etcd_revision(&endpoint).await;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for n in 0..nodes {
+        let url = cluster.url((n % 2) as usize);
+        tasks.push(tokio::spawn(async move {
+            let mut node = FakeNode::connect(&url, &format!("bench-{n}")).await;
+            node.wait_config(version).await;
+            let mut sent = 0usize;
+            let deadline = Instant::now() + Duration::from_secs(secs);
+            while Instant::now() < deadline {
+                let batch: Vec<_> =
+                    (0..50).map(|i| event(&format!("b{n}-{}", sent + i), "key_1")).collect();
+                node.send_events(batch).await;
+                sent += 50;
+            }
+            sent
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    let sending = start.elapsed();
+    let rev1 = etcd_revision(&endpoint).await;
+
+    let drained = loop {
+        let n = event_ids(&accepted(&receiver.log, "/bench")).len();
+        if n >= total {
+            break Instant::now();
+        }
+        assert!(start.elapsed() < Duration::from_secs(600), "only {n} of {total} delivered");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let rev2 = etcd_revision(&endpoint).await;
+    let total_time = drained - start;
+
+    let all = records(&receiver.log);
+    let unverified: Vec<_> = all.iter().filter(|r| r["verified"] != true).collect();
+    assert!(
+        unverified.is_empty(),
+        "{} unverified, e.g. {:?}",
+        unverified.len(),
+        unverified.first()
+    );
+    let mut first_seen = std::collections::HashMap::new();
+    for r in all {
+        let at = r["received_unix_ms"].as_i64().unwrap();
+        let items = match &r["payload"] {
+            Value::Array(items) => items.clone(),
+            one => vec![one.clone()],
+        };
+        for p in items {
+            let id = p["data"]["event_id"].as_str().unwrap().to_owned();
+            let lag = at - p["data"]["at_unix_ms"].as_i64().unwrap();
+            first_seen.entry(id).or_insert(lag);
+        }
+    }
+    let lags: Vec<Duration> =
+        first_seen.values().map(|ms| Duration::from_millis((*ms).max(0) as u64)).collect();
+    let requests = records(&receiver.log).len();
+    eprintln!(
+        "BENCH nodes={nodes} batch={batch} events={total} in {:.1}s: {:.0} events/s acked from nodes; \
+         delivered all in {:.1}s ({:.0} events/s, {requests} requests); \
+         store writes {:.0}/s while sending, {:.0}/s overall; \
+         delivery lag p50 {:?} p99 {:?} max {:?}",
+        sending.as_secs_f64(),
+        total as f64 / sending.as_secs_f64(),
+        total_time.as_secs_f64(),
+        total as f64 / total_time.as_secs_f64(),
+        (rev1 - rev0) as f64 / sending.as_secs_f64(),
+        (rev2 - rev0) as f64 / total_time.as_secs_f64(),
+        percentile(&lags, 50.0),
+        percentile(&lags, 99.0),
+        percentile(&lags, 100.0),
+    );
 }
