@@ -652,6 +652,34 @@ async fn a_receiver_failing_forever_dead_letters_after_the_age_and_redeliver_sen
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_the_receiver_refuses_with_a_4xx_is_dead_at_once_and_others_still_flow() {
+    let cluster = Cluster::start(&[]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    receiver.answer(410).await;
+    let version = cluster
+        .apply(&webhook_catalog(&[("hook", &receiver.url("/hook"), "    events: [\"*\"]\n")]))
+        .await;
+    cluster.leader("hook").await;
+    let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    node.wait_config(version).await;
+    send_all(&mut node, &ids("gone", 0..3), 3).await;
+    let state = eventually(WAIT, "three dead letters without waiting for the age", || async {
+        let s = cluster.deliveries("hook").await;
+        (s["dead"] == 3).then_some(s)
+    })
+    .await;
+    let dead: Vec<_> =
+        state["deliveries"].as_array().unwrap().iter().filter(|d| d["state"] == "dead").collect();
+    assert!(dead.iter().all(|d| d["last_status"] == 410), "{dead:?}");
+    // A refusal is an answer, not an outage: the subscription is not backing off.
+    assert_eq!(state["consecutive_failures"], 0);
+    receiver.answer(200).await;
+    let later: BTreeSet<String> = ids("later", 0..3).into_iter().collect();
+    send_all(&mut node, &later.iter().cloned().collect::<Vec<_>>(), 3).await;
+    wait_for_ids(&receiver.log, "/hook", &later, WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_gone_past_the_grace_is_node_disconnected_and_one_back_in_time_is_not() {
     let cluster = Cluster::start(&["--node-grace", "1s"]).await;
     let receiver = Receiver::start(cluster.dir.path(), 0).await;

@@ -574,14 +574,18 @@ impl Worker {
         }
     }
 
-    /// Owed entries past the cursor, oldest first, up to [`WINDOW`].
-    fn owed(&self, webhook: &Webhook) -> Vec<(Slot, Arc<Queued>)> {
+    /// Owed entries past the cursor that are not in flight, oldest first, up to `max`.
+    fn owed(&self, webhook: &Webhook, max: usize) -> Vec<(Slot, Arc<Queued>)> {
         self.shared
             .view()
             .by_rev
             .range(after(self.state.cursor)..)
-            .filter(|(slot, q)| !self.done.contains(*slot) && q.entry.is_for(webhook))
-            .take(WINDOW)
+            .filter(|(slot, q)| {
+                !self.done.contains(*slot)
+                    && !self.in_flight.contains(*slot)
+                    && q.entry.is_for(webhook)
+            })
+            .take(max.min(WINDOW))
             .map(|(slot, q)| (slot.clone(), Arc::clone(q)))
             .collect()
     }
@@ -600,12 +604,8 @@ impl Worker {
             return;
         }
         let batch = config.webhook.batch_max_events.unwrap_or(1).max(1) as usize;
-        let ready: Vec<_> = self
-            .owed(&config.webhook)
-            .into_iter()
-            .filter(|(rev, _)| !self.in_flight.contains(rev))
-            .collect();
-        for group in ready.chunks(batch).take(limit - jobs.len()) {
+        let ready = self.owed(&config.webhook, (limit - jobs.len()) * batch);
+        for group in ready.chunks(batch) {
             let revs: Vec<Slot> = group.iter().map(|(slot, _)| slot.clone()).collect();
             self.in_flight.extend(revs.iter().cloned());
             let config = Arc::clone(config);
@@ -697,9 +697,15 @@ impl Worker {
                 self.note_failure(&revs, status, &error);
                 self.state.last_status = status;
                 self.state.last_error = error;
-                let owed = self.owed(&config.webhook);
-                let refused: Vec<_> =
-                    owed.into_iter().filter(|(rev, _)| revs.contains(rev)).collect();
+                let refused: Vec<_> = {
+                    let view = self.shared.view();
+                    revs.into_iter()
+                        .filter_map(|slot| {
+                            let queued = Arc::clone(view.by_rev.get(&slot)?);
+                            Some((slot, queued))
+                        })
+                        .collect()
+                };
                 self.dead_letter(refused).await
             }
         }
@@ -728,9 +734,9 @@ impl Worker {
         let max_age = i64::try_from(self.shared.options.max_age.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now_ms().saturating_sub(max_age);
         let expired: Vec<_> = self
-            .owed(webhook)
+            .owed(webhook, WINDOW)
             .into_iter()
-            .filter(|(rev, q)| !self.in_flight.contains(rev) && q.entry.enqueued_unix_ms < cutoff)
+            .filter(|(_, q)| q.entry.enqueued_unix_ms < cutoff)
             .collect();
         self.dead_letter(expired).await
     }
