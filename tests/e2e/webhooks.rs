@@ -174,9 +174,10 @@ impl Cluster {
             "100",
             "--webhook-max-backoff-ms",
             "1000",
-            "--webhook-timeout-ms",
-            "2000",
         ];
+        if !self.extra.iter().any(|a| a == "--webhook-timeout-ms") {
+            args.extend(["--webhook-timeout-ms", "2000"]);
+        }
         args.extend(self.extra.iter().map(String::as_str));
         let log = self.dir.path().join(format!("cp{i}-{}.log", now_ms()));
         let envs = [
@@ -677,6 +678,40 @@ async fn an_event_the_receiver_refuses_with_a_4xx_is_dead_at_once_and_others_sti
     let later: BTreeSet<String> = ids("later", 0..3).into_iter().collect();
     send_all(&mut node, &later.iter().cloned().collect::<Vec<_>>(), 3).await;
     wait_for_ids(&receiver.log, "/hook", &later, WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_never_answers_does_not_delay_another_subscription() {
+    let cluster = Cluster::start(&["--webhook-timeout-ms", "10000"]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    // Accepts connections and never answers: every request runs into the timeout.
+    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole = format!("http://{}/hook", black_hole.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = black_hole.accept().await {
+            open.push(socket);
+        }
+    });
+    let version = cluster
+        .apply(&webhook_catalog(&[
+            ("slow", &hole, "    events: [\"*\"]\n"),
+            ("fast", &receiver.url("/fast"), "    events: [\"*\"]\n"),
+        ]))
+        .await;
+    cluster.leader("fast").await;
+    let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    node.wait_config(version).await;
+    let all = ids("iso", 0..100);
+    let start = Instant::now();
+    send_all(&mut node, &all, 10).await;
+    let want: BTreeSet<String> = all.into_iter().collect();
+    // Well within one request timeout (10 s here) of the slow subscription.
+    wait_for_ids(&receiver.log, "/fast", &want, WAIT).await;
+    assert!(start.elapsed() < Duration::from_secs(8), "took {:?}", start.elapsed());
+    let slow = cluster.deliveries("slow").await;
+    assert_eq!(slow["delivered"], 0);
+    held.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
