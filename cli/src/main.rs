@@ -231,6 +231,47 @@ mod tests {
     }
 
     #[test]
+    fn webhooks_commands_take_their_flags() {
+        use crate::admin::WebhooksCommand;
+        let webhooks = |args: &[&str]| {
+            let mut all = vec!["webhooks"];
+            all.extend_from_slice(args);
+            match parse(&all).map(|c| c.command) {
+                Ok(Command::Webhooks(w)) => Ok(w.command),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e),
+            }
+        };
+        let WebhooksCommand::Add(add) = webhooks(&[
+            "add",
+            "oncall",
+            "--url",
+            "https://h.example.com",
+            "--events",
+            "api:model_failover, breaker.opened",
+            "--keys",
+            "k1,k2",
+            "--batch-max-events",
+            "20",
+        ])
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(add.events, ["api:model_failover", "breaker.opened"]);
+        assert_eq!((add.keys.len(), add.batch_max_events, add.internal), (2, Some(20), false));
+        assert!(webhooks(&["add", "x", "--url", "https://h"]).is_err(), "--events is required");
+        assert!(webhooks(&["redeliver", "oncall"]).is_err(), "ids or --all-dead");
+        assert!(matches!(
+            webhooks(&["redeliver", "oncall", "--all-dead"]).unwrap(),
+            WebhooksCommand::Redeliver { all_dead: true, .. }
+        ));
+        assert!(matches!(
+            webhooks(&["deliveries", "oncall", "--limit", "5"]).unwrap(),
+            WebhooksCommand::Deliveries { limit: 5, .. }
+        ));
+    }
+
+    #[test]
     fn serve_commands_parse() {
         assert!(matches!(parse(&["dev"]).unwrap().command, Command::Dev(_)));
         assert!(matches!(

@@ -823,6 +823,7 @@ fn unescape(segment: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -838,6 +839,74 @@ mod tests {
             assert!(backoff(&o, 30, None) <= Duration::from_secs(2));
             assert!(backoff(&o, 1, Some(Duration::from_secs(5))) >= Duration::from_secs(5));
         }
+    }
+
+    fn webhook() -> Webhook {
+        serde_json::from_value(serde_json::json!({
+            "name": "w", "url": "https://h.example.com", "events": ["*"]
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn entry(id: &str) -> OutboxEntry {
+        OutboxEntry {
+            id: id.into(),
+            event_type: "api:model_failover".into(),
+            at_unix_ms: 1,
+            enqueued_unix_ms: 1,
+            key_id: String::new(),
+            data: serde_json::Value::Null,
+            only: vec![],
+        }
+    }
+
+    #[tokio::test]
+    async fn the_cursor_passes_a_revision_only_when_all_its_entries_are_done() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store: Arc<dyn Store> = Arc::new(
+            crate::store::embedded::EmbeddedStore::open(dir.path())
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        let (changed, _) = watch::channel(0);
+        let shared = Arc::new(Shared {
+            store,
+            layout: Layout::new("/t/"),
+            options: DeliveryOptions::default(),
+            fence: Compare::absent("/t/none"),
+            outbox: RwLock::new(OutboxView::default()),
+            changed,
+        });
+        {
+            let mut view = shared.outbox.write().unwrap_or_else(|e| e.into_inner());
+            for (rev, key) in [(5, "a"), (5, "b"), (7, "c")] {
+                let value = serde_json::to_vec(&entry(key)).unwrap_or_default();
+                view.upsert(key, rev, &value);
+            }
+            view.horizon = 9;
+        }
+        let (_tx, rx) = watch::channel(Arc::new(SubConfig::new(webhook())));
+        let state = SubscriptionState { cursor: 2, ..Default::default() };
+        let mut worker =
+            Worker::new("w".into(), Arc::clone(&shared), rx, Arc::new(AtomicI64::new(2)), state);
+        let w = webhook();
+        worker.advance(&w);
+        assert_eq!(worker.state.cursor, 4, "nothing done: up to just before the first entry");
+        worker.done.insert((5, "b".into()));
+        worker.advance(&w);
+        assert_eq!(worker.state.cursor, 4, "one of revision 5's two entries is not done");
+        worker.done.insert((5, "a".into()));
+        worker.advance(&w);
+        assert_eq!(worker.state.cursor, 6);
+        assert!(worker.done.is_empty(), "what the cursor passed is forgotten");
+        worker.in_flight.insert((7, "c".into()));
+        let mut not_wanted = webhook();
+        not_wanted.events = vec!["breaker.opened".into()];
+        worker.advance(&not_wanted);
+        assert_eq!(worker.state.cursor, 6, "an entry in flight holds the cursor even if unwanted");
+        worker.in_flight.clear();
+        worker.advance(&not_wanted);
+        assert_eq!(worker.state.cursor, 9, "unwanted entries are passed, up to the horizon");
     }
 
     #[test]
