@@ -5,8 +5,9 @@ Usage: webhook_receiver.py PORT SECRET LOG_FILE
   PORT 0 picks a free port; the bound address is printed as "listening on 127.0.0.1:PORT".
   Every POST is verified with standardwebhooks.Webhook(SECRET).verify and appended to
   LOG_FILE as one JSON line: {"path", "webhook_id", "verified", "status", "payload", "error"}.
-  POST /_mode {"status": N} makes later deliveries answer N (verified or not, they are
-  still logged, with the status they got).
+  POST /_mode {"status": N, "fail_ids": [ID, ...]} makes later deliveries answer N, and
+  those with one of the given webhook-ids 500 (verified or not, they are still logged,
+  with the status they got).
 """
 
 import json
@@ -42,7 +43,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             record["payload"] = verifier.verify(body, dict(self.headers.items()))
             record["verified"] = True
-            status = mode["status"]
+            status = 500 if record["webhook_id"] in mode.get("fail_ids", []) else mode["status"]
         except (WebhookVerificationError, ValueError) as e:
             record["error"] = repr(e)
             status = 400

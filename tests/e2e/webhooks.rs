@@ -75,8 +75,12 @@ impl Receiver {
     }
 
     async fn answer(&self, status: u16) {
+        self.mode(serde_json::json!({"status": status})).await;
+    }
+
+    async fn mode(&self, mode: Value) {
         let addr = format!("127.0.0.1:{}", self.port).parse().unwrap();
-        let body = format!(r#"{{"status": {status}}}"#);
+        let body = mode.to_string();
         let r = http_request(addr, "POST", "/_mode", None, Some(body.as_bytes())).await.unwrap();
         assert_eq!(r.status, 200);
     }
@@ -678,6 +682,36 @@ async fn an_event_the_receiver_refuses_with_a_4xx_is_dead_at_once_and_others_sti
     let later: BTreeSet<String> = ids("later", 0..3).into_iter().collect();
     send_all(&mut node, &later.iter().cloned().collect::<Vec<_>>(), 3).await;
     wait_for_ids(&receiver.log, "/hook", &later, WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_event_the_receiver_keeps_failing_does_not_hold_back_the_others() {
+    let cluster = Cluster::start(&["--webhook-max-age", "3s"]).await;
+    let receiver = Receiver::start(cluster.dir.path(), 0).await;
+    receiver.mode(serde_json::json!({"status": 200, "fail_ids": ["poison-0000"]})).await;
+    let version = cluster
+        .apply(&webhook_catalog(&[("hook", &receiver.url("/hook"), "    events: [\"*\"]\n")]))
+        .await;
+    cluster.leader("hook").await;
+    let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    node.wait_config(version).await;
+    send_all(&mut node, &ids("poison", 0..1), 1).await;
+    // The poison event failed at least once before the others arrive.
+    eventually(WAIT, "the poison event failing", || async {
+        let s = cluster.deliveries("hook").await;
+        (s["consecutive_failures"].as_u64()? >= 1).then_some(())
+    })
+    .await;
+    let others = ids("after", 0..30);
+    send_all(&mut node, &others, 10).await;
+    let want: BTreeSet<String> = others.into_iter().collect();
+    // Well before the poison event's 3 s age runs out.
+    wait_for_ids(&receiver.log, "/hook", &want, Duration::from_secs(2)).await;
+    eventually(WAIT, "the poison event dead-lettered", || async {
+        let s = cluster.deliveries("hook").await;
+        (s["dead"] == 1).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

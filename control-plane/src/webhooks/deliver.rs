@@ -14,8 +14,10 @@
 //! - A failed attempt (timeout, connection error, 408, 429, 5xx) puts the whole
 //!   subscription into backoff: exponential from `min_backoff`, capped at `max_backoff`,
 //!   full jitter, and never shorter than the endpoint's `Retry-After`. While it is failing
-//!   the worker sends one request at a time (a probe), so a dead endpoint gets one request
-//!   per backoff period, not one per event; the first 2xx resumes full speed.
+//!   the worker sends one request at a time (a probe, preferring events that have not
+//!   failed yet), so a dead endpoint gets one request per backoff period, not one per
+//!   event, and one event it keeps rejecting does not hold back the rest; the first 2xx
+//!   resumes full speed.
 //! - After each failed attempt, every owed event older than `max_age` (counted from when
 //!   the control plane stored it) becomes a dead letter; any other answer (a 4xx: the
 //!   receiver refused that event) makes a dead letter at once. Dead letters are kept
@@ -604,7 +606,17 @@ impl Worker {
             return;
         }
         let batch = config.webhook.batch_max_events.unwrap_or(1).max(1) as usize;
-        let ready = self.owed(&config.webhook, (limit - jobs.len()) * batch);
+        let want = (limit - jobs.len()) * batch;
+        let probing = self.state.consecutive_failures > 0;
+        let mut ready =
+            self.owed(&config.webhook, if probing { want + self.failed.len() } else { want });
+        if probing {
+            // Probe with events that have not failed yet, so that one event the endpoint
+            // keeps rejecting cannot hold back all the others; it is tried again with the
+            // next full round, after a probe succeeded. (A stable sort keeps the order.)
+            ready.sort_by_key(|(slot, _)| self.failed.contains_key(slot));
+            ready.truncate(want);
+        }
         for group in ready.chunks(batch) {
             let revs: Vec<Slot> = group.iter().map(|(slot, _)| slot.clone()).collect();
             self.in_flight.extend(revs.iter().cloned());
