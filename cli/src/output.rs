@@ -281,8 +281,10 @@ impl From<pb::ListNodesResponse> for NodesView {
                 control_plane: n.control_plane,
                 software_version: n.software_version,
                 connected_unix_ms: n.connected_unix_ms,
-                rejected: (n.rejected_version > 0)
-                    .then(|| RejectedView { version: n.rejected_version, error: n.rejected_error }),
+                rejected: (n.rejected_version > 0).then_some(RejectedView {
+                    version: n.rejected_version,
+                    error: n.rejected_error,
+                }),
             })
             .collect();
         Self { config_version: r.config_version, nodes }
