@@ -81,10 +81,27 @@ impl Fleet {
         let dir = tempfile::tempdir().unwrap();
         let etcd = EtcdProcess::start().await;
         let store = etcd.endpoint().replace("http://", "etcd://");
-        let cp_addrs = [0, 1].map(|_| format!("127.0.0.1:{}", free_port()));
+        // Fixed ports, so that a restarted control plane comes back where nodes look for it.
+        // A port picked in advance can be taken before the process binds it: then pick again.
+        let mut cp_addrs = [String::new(), String::new()];
         let mut cps = Vec::new();
-        for (i, addr) in cp_addrs.iter().enumerate() {
-            cps.push(Some(start_control(&store, addr, dir.path(), &format!("cp{i}")).await));
+        for (i, slot) in cp_addrs.iter_mut().enumerate() {
+            let mut last = String::new();
+            for _ in 0..5 {
+                let addr = format!("127.0.0.1:{}", free_port());
+                let args = ["control", "--store", &store, "--listen", &addr];
+                let log = dir.path().join(format!("cp{i}-{}.log", free_port()));
+                match Proc::try_start(&args, &[("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)], log).await
+                {
+                    Ok(cp) => {
+                        *slot = addr;
+                        cps.push(Some(cp));
+                        break;
+                    }
+                    Err(why) => last = why,
+                }
+            }
+            assert!(!slot.is_empty(), "control plane {i} did not start: {last}");
         }
         let mut fleet =
             Fleet { dir, etcd: Some(etcd), store, cp_addrs, cps, nodes: vec![None, None] };

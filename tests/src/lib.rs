@@ -65,6 +65,19 @@ pub struct Proc {
 impl Proc {
     /// Starts `switchyard ARGS` and waits for its "listening on ADDR" line on stdout.
     pub async fn start(args: &[&str], envs: &[(&str, &str)], log: PathBuf) -> Proc {
+        match Self::try_start(args, envs, log).await {
+            Ok(proc) => proc,
+            Err(why) => panic!("{why}"),
+        }
+    }
+
+    /// Like [`Proc::start`], but says why it did not start instead of panicking (callers
+    /// that picked a port in advance retry with another when it was taken meanwhile).
+    pub async fn try_start(
+        args: &[&str],
+        envs: &[(&str, &str)],
+        log: PathBuf,
+    ) -> Result<Proc, String> {
         let log_file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(switchyard_bin());
         cmd.args(args)
@@ -96,11 +109,11 @@ impl Proc {
         let Some(addr) = addr else {
             let _ = child.kill().await;
             let log_text = std::fs::read_to_string(&log).unwrap_or_default();
-            panic!("switchyard {args:?} did not start; its log:\n{log_text}");
+            return Err(format!("switchyard {args:?} did not start; its log:\n{log_text}"));
         };
         // Keep draining stdout so the process never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Proc { child, addr, log }
+        Ok(Proc { child, addr, log })
     }
 
     pub fn url(&self) -> String {
