@@ -29,10 +29,22 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
+mod fleet;
+mod keys;
+mod streams;
+mod translate;
+
+/// The e2e harness's throw-away etcd (std + tokio + tempfile only), for `keys --store etcd`.
+#[path = "../../control-plane/tests/support/etcd.rs"]
+mod etcd;
+
 type Result<T> = std::result::Result<T, String>;
 
 const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 1,32] \
 [--warmup-secs 2] [--duration-secs 5] [--runs 3]
+       switchyard-bench keys [--count 100000] [--store embedded,etcd] [--runs 3] [--changes 5]
+       switchyard-bench streams [--streams 2000] [--chunks 200] [--chunk-delay-ms 20] [--runs 3]
+       switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] [--conns 1] [--e2e-secs 4]
        switchyard-bench passthrough --listen ADDR --upstream ADDR   (started by the bench)";
 
 /// Gateway model names → simulator upstream models. `failing` is scripted to answer 503
@@ -58,6 +70,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("passthrough") => passthrough_main(&args[1..]),
+        Some("keys") => keys::main(&args[1..]),
+        Some("streams") => streams::main(&args[1..]),
+        Some("translate") => translate::main(&args[1..]),
         Some("-h" | "--help") => {
             println!("{USAGE}");
             Ok(())
@@ -136,6 +151,27 @@ fn parse_options(args: &[String]) -> Result<Options> {
         ));
     }
     Ok(Options { switchyard, concurrency, warmup, duration, runs })
+}
+
+/// The `switchyard` binary next to ours (`target/release/switchyard`).
+fn default_switchyard() -> Result<PathBuf> {
+    Ok(std::env::current_exe()
+        .map_err(|e| format!("cannot find our own path: {e}"))?
+        .with_file_name("switchyard"))
+}
+
+/// An integer flag value in `lo..=hi`.
+fn bounded(v: &str, lo: usize, hi: usize, flag: &str) -> Result<usize> {
+    v.parse()
+        .ok()
+        .filter(|n| (lo..=hi).contains(n))
+        .ok_or_else(|| format!("{flag}: expected {lo}–{hi}, got {v:?}"))
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 // === Child processes ===
