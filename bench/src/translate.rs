@@ -14,6 +14,7 @@
 
 use std::hint::black_box;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -204,14 +205,13 @@ enum Op {
 
 const OPS: [Op; 4] = [Op::Parse, Op::Request, Op::Completion, Op::Stream];
 
-fn once(case: &Case, op: Op, plain: &[u8], streamed: &[u8]) -> Result<()> {
+fn once(case: &Case, op: Op, plain: &[u8]) -> Result<()> {
     match op {
         Op::Parse => {
             black_box(ChatRequest::parse(black_box(plain)).map_err(|e| format!("{e:?}"))?);
         }
         Op::Request => {
-            // Parsing is counted in `Parse`; this parse is outside nothing, so subtract it
-            // in the report (request = this − parse).
+            // The adapter needs a parsed request; the report subtracts `Parse` from this.
             let req = ChatRequest::parse(plain).map_err(|e| format!("{e:?}"))?;
             black_box(
                 case.adapter
@@ -225,7 +225,6 @@ fn once(case: &Case, op: Op, plain: &[u8], streamed: &[u8]) -> Result<()> {
             );
         }
         Op::Stream => {
-            let _ = streamed;
             let mut decoder = case.adapter.stream_decoder(&case.model.upstream_model);
             let mut events = 0usize;
             for frame in &case.frames {
@@ -244,14 +243,14 @@ fn once(case: &Case, op: Op, plain: &[u8], streamed: &[u8]) -> Result<()> {
 }
 
 /// ns per call of `op`, over a loop of about `ms` milliseconds (at least 10 calls).
-fn timed(case: &Case, op: Op, ms: u64, plain: &[u8], streamed: &[u8]) -> Result<f64> {
+fn timed(case: &Case, op: Op, ms: u64, plain: &[u8]) -> Result<f64> {
     let budget = Duration::from_millis(ms);
     let start = Instant::now();
     let mut n = 0u64;
     // Checked every 16 calls: Instant::now() is ~25 ns, small against µs-scale work.
     while n < 10 || (start.elapsed() < budget && n < 50_000_000) {
         for _ in 0..16 {
-            once(case, op, plain, streamed)?;
+            once(case, op, plain)?;
         }
         n += 16;
     }
@@ -283,7 +282,6 @@ async fn run(o: Options) -> Result<()> {
     let cases = cases(sim.addr).await?;
     drop(sim);
     let plain = typical_request("bench/model", false).to_string().into_bytes();
-    let streamed = typical_request("bench/model", true).to_string().into_bytes();
     for c in &cases {
         eprintln!("  {} completion: {}", c.label, String::from_utf8_lossy(&c.completion));
     }
@@ -298,7 +296,7 @@ async fn run(o: Options) -> Result<()> {
     for run in 1..=o.runs {
         for (oi, &op) in OPS.iter().enumerate() {
             for (ci, case) in cases.iter().enumerate() {
-                let ns = timed(case, op, o.ms, &plain, &streamed)?;
+                let ns = timed(case, op, o.ms, &plain)?;
                 results[ci][oi].push(ns);
             }
         }
@@ -464,5 +462,3 @@ async fn e2e(o: &Options, dir: &Path) -> Result<()> {
     println!();
     Ok(())
 }
-
-use std::path::Path;
