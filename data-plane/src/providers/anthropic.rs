@@ -80,9 +80,8 @@ impl Adapter for Anthropic {
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
         // Refuse here as well as in `supports`, so nothing unsupported is ever sent even when
-        // a caller skipped the check.
-        let body = self
-            .supports(request)
+        // a caller skipped the check; `translate` itself refuses content it cannot carry.
+        let body = refusals(request)
             .and_then(|()| translate(&model.upstream_model, model.max_tokens, request))
             .map_err(|message| CallError::Status {
                 status: StatusCode::BAD_REQUEST,
@@ -130,6 +129,16 @@ impl Adapter for Anthropic {
     }
 
     fn supports(&self, request: &ChatRequest<'_>) -> Result<(), String> {
+        refusals(request)?;
+        // Content the translation cannot carry (audio, files, unknown roles) is found by
+        // translating; the limit is irrelevant here.
+        translate("", None, request).map(|_| ())
+    }
+}
+
+/// The request features Anthropic has no equivalent for, checked without translating.
+fn refusals(request: &ChatRequest<'_>) -> Result<(), String> {
+    {
         let get = |name: &str| {
             request
                 .passthrough
@@ -164,9 +173,7 @@ impl Adapter for Anthropic {
                 "The provider Anthropic supports only function tools; a `{other}` tool is not supported by this model."
             ));
         }
-        // Content the translation cannot carry (audio, files, unknown roles) is found by
-        // translating; the limit is irrelevant here.
-        translate("", None, request).map(|_| ())
+        Ok(())
     }
 }
 
