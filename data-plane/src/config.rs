@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use switchyard_catalog::{ApiKeyRecord, Catalog, Model};
 
@@ -145,31 +145,40 @@ impl NodeConfig {
     }
 
     /// The config as resources, the form in which it is persisted and re-applied.
-    pub fn to_persisted(&self) -> Result<Persisted, serde_json::Error> {
-        let mut resources = BTreeMap::new();
-        resources.insert(CATALOG.to_owned(), serde_json::to_value(&*self.catalog)?);
+    /// Writes the config as [`Persisted`]'s JSON, each record serialised straight into
+    /// `out`: no intermediate tree, which at 100,000 keys was most of the node's memory.
+    pub fn write_persisted(&self, out: &mut impl std::io::Write) -> Result<(), serde_json::Error> {
+        let io = serde_json::Error::io;
+        write!(out, "{{\"version\":{},\"resources\":{{", self.version).map_err(io)?;
+        serde_json::to_writer(&mut *out, CATALOG)?;
+        out.write_all(b":").map_err(io)?;
+        serde_json::to_writer(&mut *out, &*self.catalog)?;
         for (id, key) in &self.keys {
-            resources.insert(format!("{KEYS}{id}"), serde_json::to_value(&**key)?);
+            out.write_all(b",").map_err(io)?;
+            serde_json::to_writer(&mut *out, &format!("{KEYS}{id}"))?;
+            out.write_all(b":").map_err(io)?;
+            serde_json::to_writer(&mut *out, &**key)?;
         }
-        Ok(Persisted { version: self.version, resources })
+        out.write_all(b"}}").map_err(io)
     }
 }
 
-/// The last-known-good config as kept in the node's data dir.
-#[derive(Debug, Serialize, Deserialize)]
+/// The last-known-good config as kept in the node's data dir: its resources as the control
+/// plane sent them, re-applied through [`NodeConfig::apply`] on start.
+#[derive(Debug, Deserialize)]
 pub struct Persisted {
     pub version: i64,
-    pub resources: BTreeMap<String, serde_json::Value>,
+    pub resources: BTreeMap<String, Box<serde_json::value::RawValue>>,
 }
 
 impl Persisted {
-    pub fn into_change(self) -> Result<Change, serde_json::Error> {
+    pub fn into_change(self) -> Change {
         let resources = self
             .resources
             .into_iter()
-            .map(|(name, value)| Ok((name, serde_json::to_vec(&value)?)))
-            .collect::<Result<Vec<_>, serde_json::Error>>()?;
-        Ok(Change::Snapshot { version: self.version, resources })
+            .map(|(name, value)| (name, value.get().as_bytes().to_vec()))
+            .collect();
+        Change::Snapshot { version: self.version, resources }
     }
 }
 
@@ -239,7 +248,11 @@ mod tests {
             })
             .unwrap();
         let again = NodeConfig::default()
-            .apply(cfg.to_persisted().unwrap().into_change().unwrap())
+            .apply({
+                let mut bytes = Vec::new();
+                cfg.write_persisted(&mut bytes).unwrap();
+                serde_json::from_slice::<Persisted>(&bytes).unwrap().into_change()
+            })
             .unwrap();
         assert_eq!(again.version, 7);
         assert!(again.keys_by_hash.contains_key("h1"));

@@ -1,7 +1,6 @@
 //! Last-known-good config on the node's disk, so that a node restarted while no control
 //! plane answers still serves.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -32,7 +31,7 @@ pub async fn load(data_dir: &Path) -> Option<NodeConfig> {
     let applied = tokio::task::spawn_blocking(move || {
         serde_json::from_slice::<Persisted>(&bytes)
             .map_err(|e| e.to_string())
-            .and_then(|p| p.into_change().map_err(|e| e.to_string()))
+            .map(Persisted::into_change)
             .and_then(|change| NodeConfig::default().apply(change).map_err(|e| e.to_string()))
     })
     .await
@@ -63,12 +62,10 @@ pub async fn run(data_dir: PathBuf, mut configs: watch::Receiver<Option<Arc<Node
 /// Write to a temporary file, fsync, rename over the old one: a crash leaves either the old
 /// or the new config, never half of one.
 fn write(dir: &Path, config: &NodeConfig) -> std::io::Result<()> {
-    let persisted = config.to_persisted().map_err(std::io::Error::other)?;
-    let bytes = serde_json::to_vec(&persisted).map_err(std::io::Error::other)?;
     let tmp = dir.join(format!("{FILE}.tmp"));
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(&bytes)?;
-    file.sync_all()?;
+    let mut file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+    config.write_persisted(&mut file).map_err(std::io::Error::other)?;
+    file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     std::fs::rename(&tmp, path(dir))?;
     std::fs::File::open(dir)?.sync_all()
 }
