@@ -154,3 +154,24 @@ for model in sys.argv[3:]:
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(stdout.lines().count(), 3, "{stdout}");
 }
+
+#[tokio::test]
+async fn azure_openai_is_called_at_its_deployment_url_and_answers_in_openai_shape() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r = gw.chat(json!({"model": PRIMARY, "fallback_models": [AZURE], "messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], AZURE);
+    assert_eq!(
+        attempts(&v),
+        [triple(PRIMARY, "failed", "server_error"), triple(AZURE, "served", "")]
+    );
+    let last = gw.last_upstream_request(AZURE_DEPLOYMENT).await;
+    // The simulator records the path without its query; the api-version query and the
+    // api-key header are checked in providers::azure's unit tests.
+    assert_eq!(last["path"], "/openai/deployments/azure-deployment/chat/completions", "{last}");
+    let s = gw.stream(json!({"model": AZURE, "stream": true, "messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(s.frames.last().map(String::as_str), Some("[DONE]"));
+    assert!(!s.text().is_empty());
+}

@@ -27,6 +27,10 @@ pub const ANTHROPIC_UPSTREAM: &str = "claude-sim";
 pub const GEMINI: &str = "google/gemini";
 /// Its upstream model name at the simulator.
 pub const GEMINI_UPSTREAM: &str = "gemini-sim";
+/// A model of an Azure OpenAI provider (`sim-azure`): the node calls the simulator at
+/// `/openai/deployments/azure-deployment/chat/completions?api-version=2024-10-21`.
+pub const AZURE: &str = "azure/gpt";
+pub const AZURE_DEPLOYMENT: &str = "azure-deployment";
 pub const ALL_MODELS: [&str; 3] = [PRIMARY, SECONDARY, TERTIARY];
 
 pub struct Gateway {
@@ -71,6 +75,10 @@ pub fn catalog_yaml(sim_url: &str, options: &GatewayOptions) -> String {
     base_url: {sim_url}
     api_keys: {keys}
     region: us
+  - name: sim-azure
+    kind: azure-openai
+    base_url: {sim_url}
+    api_version: 2024-10-21
   - name: sim-gemini
     kind: gemini
     base_url: {sim_url}
@@ -106,6 +114,9 @@ models:
   - name: {GEMINI}
     provider: sim-gemini
     upstream_model: {GEMINI_UPSTREAM}
+  - name: {AZURE}
+    provider: sim-azure
+    upstream_model: {AZURE_DEPLOYMENT}
   - name: nowhere/model
     provider: nowhere
     upstream_model: unreachable
