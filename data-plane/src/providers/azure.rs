@@ -114,7 +114,10 @@ mod tests {
 
     #[test]
     fn the_prompt_filter_chunk_is_dropped() {
-        // Azure's first streamed chunk (Azure OpenAI docs, "content filtering" streaming example).
+        // Azure's first streamed chunk: empty id/object/model, `choices: []`, only the prompt's
+        // filter results. Shape as documented in MicrosoftDocs/azure-ai-docs,
+        // articles/ai-foundry/openai/concepts/content-streaming.md, and as recorded in the
+        // Azure OpenAI JS SDK's chat-completion-chunk fixtures.
         let frame = Frame {
             event: None,
             data: r#"{"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}]}"#.into(),
