@@ -9,6 +9,7 @@ use serde::Deserialize;
 use switchyard_catalog::{ApiKeyRecord, Catalog, Model};
 
 use crate::providers::ProviderRuntime;
+use crate::shards::ShardedMap;
 
 /// Resource names, as the control plane sends them.
 const CATALOG: &str = "catalog";
@@ -27,9 +28,9 @@ pub struct NodeConfig {
     pub version: i64,
     pub catalog: Arc<Catalog>,
     /// By key id.
-    pub keys: HashMap<String, Arc<ApiKeyRecord>>,
+    pub keys: ShardedMap<Arc<ApiKeyRecord>>,
     /// By hex SHA-256 of the secret: the lookup each request makes.
-    pub keys_by_hash: HashMap<String, Arc<ApiKeyRecord>>,
+    pub keys_by_hash: ShardedMap<Arc<ApiKeyRecord>>,
     /// The catalog's models by gateway name.
     pub models: HashMap<String, Arc<Model>>,
     /// Providers with their connection pools and resolved credentials, by name.
@@ -153,7 +154,7 @@ impl NodeConfig {
         serde_json::to_writer(&mut *out, CATALOG)?;
         out.write_all(b":").map_err(io)?;
         serde_json::to_writer(&mut *out, &*self.catalog)?;
-        for (id, key) in &self.keys {
+        for (id, key) in self.keys.iter() {
             out.write_all(b",").map_err(io)?;
             serde_json::to_writer(&mut *out, &format!("{KEYS}{id}"))?;
             out.write_all(b":").map_err(io)?;

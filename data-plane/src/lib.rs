@@ -15,6 +15,7 @@ pub mod persist;
 pub mod providers;
 pub mod report;
 pub mod request;
+pub mod shards;
 pub mod state;
 pub mod stream;
 pub mod sync;
