@@ -244,11 +244,7 @@ impl Executor {
             .attempts
             .get_or_create(&AttemptLabels {
                 model: model.name.clone(),
-                status: match status {
-                    AttemptStatus::Served => "served",
-                    AttemptStatus::Failed => "failed",
-                    AttemptStatus::Skipped => "skipped",
-                },
+                status: status.as_str(),
                 reason: reason.map_or("", AttemptReason::as_str),
             })
             .inc();

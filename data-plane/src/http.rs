@@ -264,10 +264,7 @@ fn failover_event(
             .iter()
             .map(|a| pb::Attempt {
                 model: a.model.clone(),
-                status: serde_json::to_value(a.status)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default(),
+                status: a.status.as_str().to_owned(),
                 reason: a.reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
                 latency_ms: a.latency_ms,
                 probe: a.probe,

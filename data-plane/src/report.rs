@@ -12,6 +12,16 @@ pub enum AttemptStatus {
     Skipped,
 }
 
+impl AttemptStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Served => "served",
+            Self::Failed => "failed",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
 /// Why an attempt did not serve: one of the four failover triggers, a skip, or an error
 /// that is never failed over (the client's own 4xx from the upstream).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
