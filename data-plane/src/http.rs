@@ -1,7 +1,6 @@
 //! The node's HTTP surface: a request reads top to bottom here — auth, body, parse, chain,
 //! executor, response — and every error leaves through [`ApiError::render`].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -286,20 +285,12 @@ fn render_completion(
     chain: &Chain,
     flavor: Flavor,
 ) -> Response {
-    let mut fields: BTreeMap<String, Box<RawValue>> = completion.fields;
-    // The response names the model that served, by its gateway name.
-    if let Some(name) = raw(&model.name) {
-        fields.insert("model".to_owned(), name);
-    }
     let report = report(chain, &attempts);
-    let body = match flavor {
+    // The response names the model that served, by its gateway name.
+    let body = raw(&model.name).map(|name| match flavor {
         Flavor::OpenAi => {
-            if chain.is_multi_model()
-                && let Some(report) = raw(&report)
-            {
-                fields.insert("secureai".to_owned(), report);
-            }
-            serde_json::to_vec(&fields)
+            let secureai = if chain.is_multi_model() { raw(&report) } else { None };
+            completion.to_json(&name, secureai.as_deref().map(|r| ("secureai", r)))
         }
         Flavor::Classic => {
             let metadata = if chain.is_multi_model() {
@@ -307,14 +298,19 @@ fn render_completion(
             } else {
                 json!({"requested_model": report.requested_model, "served_model": report.served_model})
             };
-            serde_json::to_vec(&json!({"success": true, "data": fields, "metadata": metadata}))
+            let mut out = b"{\"success\":true,\"data\":".to_vec();
+            out.extend_from_slice(&completion.to_json(&name, None));
+            out.extend_from_slice(b",\"metadata\":");
+            let _ = serde_json::to_writer(&mut out, &metadata);
+            out.push(b'}');
+            out
         }
-    };
+    });
     match body {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => ApiError::AllFailed {
+        Some(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        None => ApiError::AllFailed {
             status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("could not encode the response: {e}"),
+            message: "could not encode the response".into(),
             attempts: None,
         }
         .render(flavor),

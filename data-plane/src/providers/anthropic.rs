@@ -54,7 +54,8 @@ use switchyard_catalog::{Model, Provider};
 
 use super::sse::Frame;
 use super::{
-    Adapter, CallError, Completion, Secret, StreamDecoder, StreamEvent, UpstreamError, Usage,
+    Adapter, CallError, Completion, Fields, Secret, StreamDecoder, StreamEvent, UpstreamError,
+    Usage,
 };
 use crate::request::ChatRequest;
 
@@ -609,7 +610,7 @@ fn completion(body: &[u8]) -> Result<Completion, CallError> {
         ),
         ("usage", message.usage.openai()),
     ];
-    Ok(Completion { fields: raw_fields(fields)?, usage: message.usage.usage() })
+    Ok(Completion { fields: Fields::Map(raw_fields(fields)?), usage: message.usage.usage() })
 }
 
 /// A tool's input as OpenAI's arguments string.

@@ -48,7 +48,8 @@ use switchyard_catalog::{Model, Provider};
 
 use super::sse::Frame;
 use super::{
-    Adapter, CallError, Completion, Secret, StreamDecoder, StreamEvent, UpstreamError, Usage,
+    Adapter, CallError, Completion, Fields, Secret, StreamDecoder, StreamEvent, UpstreamError,
+    Usage,
 };
 use crate::request::ChatRequest;
 
@@ -997,7 +998,7 @@ fn completion(response: WireResponse) -> Result<Completion, CallError> {
         "usage": usage.json(),
     });
     let fields = raw_fields(body).map_err(CallError::Malformed)?;
-    Ok(Completion { fields, usage: usage.usage() })
+    Ok(Completion { fields: Fields::Map(fields), usage: usage.usage() })
 }
 
 // === Stream ===
@@ -1227,7 +1228,7 @@ mod tests {
         ChatRequest::parse(Box::leak(request.to_string().into_bytes().into_boxed_slice())).unwrap()
     }
 
-    fn fields(c: &BTreeMap<String, Box<RawValue>>) -> Value {
+    fn fields(c: &impl serde::Serialize) -> Value {
         serde_json::to_value(c).unwrap()
     }
 

@@ -14,7 +14,8 @@ use switchyard_catalog::{Model, Provider};
 
 use super::sse::Frame;
 use super::{
-    Adapter, CallError, Completion, Secret, StreamDecoder, StreamEvent, UpstreamError, Usage,
+    Adapter, CallError, Completion, Fields, Secret, StreamDecoder, StreamEvent, UpstreamError,
+    Usage,
 };
 use crate::request::ChatRequest;
 
@@ -41,20 +42,34 @@ impl Adapter for OpenAi {
     }
 
     fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {
-        let fields: BTreeMap<String, Box<RawValue>> =
-            serde_json::from_slice(body).map_err(|e| CallError::Malformed(e.to_string()))?;
-        if !fields.contains_key("choices") {
-            return Err(CallError::Malformed("no `choices` in the completion".into()));
-        }
-        let usage = fields
-            .get("usage")
-            .and_then(|raw| serde_json::from_str::<WireUsage>(raw.get()).ok())
-            .map(|u| Usage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-            })
-            .unwrap_or_default();
-        Ok(Completion { fields, usage })
+        self.completion_bytes(Bytes::copy_from_slice(body))
+    }
+
+    fn completion_bytes(&self, body: Bytes) -> Result<Completion, CallError> {
+        // Borrowed parse: only the tree of top-level fields is built; the body itself is
+        // forwarded as received, with the `model` value swapped.
+        let (model, usage) = {
+            let fields: BTreeMap<&str, &RawValue> =
+                serde_json::from_slice(&body).map_err(|e| CallError::Malformed(e.to_string()))?;
+            if !fields.contains_key("choices") {
+                return Err(CallError::Malformed("no `choices` in the completion".into()));
+            }
+            let start = body.as_ptr() as usize;
+            let model = fields.get("model").map(|raw| {
+                let at = raw.get().as_ptr() as usize - start;
+                at..at + raw.get().len()
+            });
+            let usage = fields
+                .get("usage")
+                .and_then(|raw| serde_json::from_str::<WireUsage>(raw.get()).ok())
+                .map(|u| Usage {
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                })
+                .unwrap_or_default();
+            (model, usage)
+        };
+        Ok(Completion { fields: Fields::Verbatim { bytes: body, model }, usage })
     }
 
     fn error(&self, status: StatusCode, body: &[u8]) -> UpstreamError {
@@ -239,6 +254,29 @@ mod tests {
             sent,
             serde_json::json!({"model":"gpt-5-nano","messages":[{"role":"user","content":"hé"}],"temperature":0.2,"tools":[{"type":"function"}]})
         );
+    }
+
+    #[test]
+    fn a_completion_is_forwarded_verbatim_with_the_model_swapped_and_the_report_added() {
+        let body = Bytes::from_static(
+            b"{\"id\":\"c1\",\"model\":\"gpt-5-nano-2025\",\"choices\":[{\"message\":{\"content\":\"hi\"}}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}} \n",
+        );
+        let c = OpenAi.completion_bytes(body).unwrap();
+        assert_eq!(c.usage, Usage { prompt_tokens: 3, completion_tokens: 1 });
+        let name = serde_json::value::to_raw_value("openai/gpt-5-nano").unwrap();
+        let report =
+            serde_json::value::to_raw_value(&serde_json::json!({"served_model": "x"})).unwrap();
+        let out: serde_json::Value =
+            serde_json::from_slice(&c.to_json(&name, Some(("secureai", &report)))).unwrap();
+        assert_eq!(out["model"], "openai/gpt-5-nano");
+        assert_eq!(out["secureai"]["served_model"], "x");
+        assert_eq!(out["choices"][0]["message"]["content"], "hi");
+        assert_eq!(out["id"], "c1");
+
+        // A compatible server that leaves `model` out still gets one.
+        let bare = OpenAi.completion_bytes(Bytes::from_static(b"{\"choices\":[]}")).unwrap();
+        let out: serde_json::Value = serde_json::from_slice(&bare.to_json(&name, None)).unwrap();
+        assert_eq!(out, serde_json::json!({"model": "openai/gpt-5-nano", "choices": []}));
     }
 
     #[test]
