@@ -9,6 +9,7 @@
 pub mod catalog;
 pub mod credential;
 pub mod keys;
+pub mod time;
 
 pub use catalog::{
     BreakerOverride, BreakerPolicy, Catalog, Model, Price, Provider, ProviderKind, Webhook,
