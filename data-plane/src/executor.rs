@@ -15,7 +15,7 @@ use crate::breaker::{Admission, Breakers, Outcome, Permit, Transition};
 use crate::chain::{Chain, Entry};
 use crate::config::NodeConfig;
 use crate::error::ApiError;
-use crate::metrics::{AttemptLabels, BreakerLabels, Metrics, ModelLabels, TransitionLabels};
+use crate::metrics::{BreakerLabels, Metrics, TransitionLabels};
 use crate::providers::{
     CallError, Classified, Completion, ProviderRuntime, StreamError, StreamEvent, UpstreamError,
     UpstreamStream,
@@ -92,14 +92,7 @@ impl Executor {
                 Admission::Admitted(permit) => permit,
                 Admission::Rejected { ready_at } => {
                     skipped.push((i, ready_at));
-                    self.metrics
-                        .attempts
-                        .get_or_create(&AttemptLabels {
-                            model: entry.model.name.clone(),
-                            status: "skipped",
-                            reason: "circuit_open",
-                        })
-                        .inc();
+                    self.metrics.model(&entry.model.name).attempt("skipped", "circuit_open").inc();
                     attempts.push(AttemptReport {
                         model: entry.model.name.clone(),
                         status: AttemptStatus::Skipped,
@@ -240,18 +233,9 @@ impl Executor {
         reason: Option<AttemptReason>,
         attempts: &mut Vec<AttemptReport>,
     ) {
-        self.metrics
-            .attempts
-            .get_or_create(&AttemptLabels {
-                model: model.name.clone(),
-                status: status.as_str(),
-                reason: reason.map_or("", AttemptReason::as_str),
-            })
-            .inc();
-        self.metrics
-            .attempt_duration
-            .get_or_create(&ModelLabels { model: model.name.clone() })
-            .observe(started.elapsed().as_secs_f64());
+        let metrics = self.metrics.model(&model.name);
+        metrics.attempt(status.as_str(), reason.map_or("", AttemptReason::as_str)).inc();
+        metrics.duration.observe(started.elapsed().as_secs_f64());
         attempts.push(AttemptReport {
             model: model.name.clone(),
             status,

@@ -50,8 +50,43 @@ pub struct TransitionLabels {
     pub to: &'static str,
 }
 
+/// One model's attempt metrics, resolved once: the request path then increments counters
+/// without building (and allocating) label sets.
+pub struct ModelMetrics {
+    served: Counter,
+    skipped: Counter,
+    /// By reason, in [`ModelMetrics::REASONS`] order.
+    failed: Vec<Counter>,
+    pub duration: Histogram,
+}
+
+impl ModelMetrics {
+    const REASONS: [&'static str; 6] = [
+        "connection_error",
+        "server_error",
+        "rate_limit",
+        "timeout",
+        "client_error",
+        "deadline_exceeded",
+    ];
+
+    /// The counter for one attempt outcome (`reason` as in the failover report).
+    pub fn attempt(&self, status: &str, reason: &str) -> &Counter {
+        match status {
+            "served" => &self.served,
+            "skipped" => &self.skipped,
+            _ => Self::REASONS
+                .iter()
+                .position(|r| *r == reason)
+                .and_then(|i| self.failed.get(i))
+                .unwrap_or(&self.skipped),
+        }
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
+    models: std::sync::RwLock<std::collections::HashMap<String, std::sync::Arc<ModelMetrics>>>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<EndpointLabels, Histogram>,
     pub attempts: Family<AttemptLabels, Counter>,
@@ -132,6 +167,7 @@ impl Metrics {
         );
         Self {
             registry,
+            models: Default::default(),
             requests,
             request_duration,
             attempts,
@@ -142,6 +178,29 @@ impl Metrics {
             events_dropped,
             config_version,
         }
+    }
+
+    /// The metrics of the model named `model`, created on first use.
+    pub fn model(&self, model: &str) -> std::sync::Arc<ModelMetrics> {
+        if let Some(m) = self.models.read().unwrap_or_else(|e| e.into_inner()).get(model) {
+            return std::sync::Arc::clone(m);
+        }
+        let counter = |status: &'static str, reason: &'static str| {
+            self.attempts
+                .get_or_create(&AttemptLabels { model: model.to_owned(), status, reason })
+                .clone()
+        };
+        let built = std::sync::Arc::new(ModelMetrics {
+            served: counter("served", ""),
+            skipped: counter("skipped", "circuit_open"),
+            failed: ModelMetrics::REASONS.iter().map(|r| counter("failed", r)).collect(),
+            duration: self
+                .attempt_duration
+                .get_or_create(&ModelLabels { model: model.to_owned() })
+                .clone(),
+        });
+        let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
+        std::sync::Arc::clone(models.entry(model.to_owned()).or_insert(built))
     }
 
     pub fn render(&self) -> String {

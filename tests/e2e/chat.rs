@@ -525,6 +525,10 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
             .contains("switchyard_breaker_state{provider=\"sim-us\",upstream_model=\"primary\"} 2"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains("switchyard_upstream_attempts_total{model=\"sim/primary\",status=\"skipped\",reason=\"circuit_open\"} 5"),
+        "{metrics}"
+    );
 
     // After the cool-down a probe goes through; the primary has recovered, so it closes.
     gw.script("primary", json!({"kind": "ok"})).await;
