@@ -11,13 +11,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use switchyard_e2e::etcd::EtcdProcess;
+use switchyard_e2e::fake_node::FakeNode;
 use switchyard_e2e::gateway::{self, Gateway};
 use switchyard_e2e::*;
-use switchyard_proto::node::v1::{
-    self as pb, control_message, node_control_client::NodeControlClient, node_message,
-};
+use switchyard_proto::node::v1::{self as pb, control_message, node_message};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::mpsc;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -35,90 +33,6 @@ async fn control(store: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {
 
 fn file_store(dir: &Path) -> String {
     format!("file://{}", dir.join("store").display())
-}
-
-/// A node's end of the stream: Hello sent, heartbeats every second, replies readable.
-struct FakeNode {
-    tx: mpsc::Sender<pb::NodeMessage>,
-    replies: tonic::Streaming<pb::ControlMessage>,
-    heartbeat: tokio::task::JoinHandle<()>,
-}
-
-impl FakeNode {
-    async fn connect(control: &str, node_id: &str) -> FakeNode {
-        // `NodeControlClient::connect` is shadowed by the `Connect` rpc's method.
-        let channel = tonic::transport::Endpoint::from_shared(control.to_owned())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = NodeControlClient::new(channel);
-        let (tx, rx) = mpsc::channel(16);
-        let hello = pb::Hello {
-            node_id: node_id.into(),
-            last_applied_version: 0,
-            listen_address: "127.0.0.1:1".into(),
-            software_version: "e2e".into(),
-        };
-        tx.send(msg(node_message::Msg::Hello(hello))).await.unwrap();
-        let replies = client
-            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        let beats = tx.clone();
-        let heartbeat = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let hb = pb::Heartbeat { applied_version: 0 };
-                if beats.send(msg(node_message::Msg::Heartbeat(hb))).await.is_err() {
-                    return;
-                }
-            }
-        });
-        FakeNode { tx, replies, heartbeat }
-    }
-
-    async fn send(&self, m: node_message::Msg) {
-        self.tx.send(msg(m)).await.unwrap();
-    }
-
-    /// Sends a batch and waits for its ack (config messages and pings are skipped).
-    async fn send_events(&mut self, seq: u64, events: Vec<pb::FailoverEvent>) {
-        self.send(node_message::Msg::Events(pb::FailoverEvents { seq, events })).await;
-        self.wait_ack(seq).await;
-    }
-
-    async fn wait_ack(&mut self, seq: u64) {
-        let acked = tokio::time::timeout(WAIT, async {
-            loop {
-                let reply = self.replies.message().await.unwrap().expect("stream ended");
-                if let Some(control_message::Msg::EventsAck(ack)) = reply.msg
-                    && ack.seq == seq
-                {
-                    return;
-                }
-            }
-        })
-        .await;
-        assert!(acked.is_ok(), "no ack for events batch {seq}");
-    }
-
-    /// Messages on one stream are handled in order: once an (empty) events batch is acked,
-    /// everything sent before it has been stored.
-    async fn barrier(&mut self, seq: u64) {
-        self.send_events(seq, vec![]).await;
-    }
-}
-
-impl Drop for FakeNode {
-    fn drop(&mut self) {
-        self.heartbeat.abort();
-    }
-}
-
-fn msg(m: node_message::Msg) -> pb::NodeMessage {
-    pb::NodeMessage { msg: Some(m) }
 }
 
 /// A request that timed out on `openai/gpt-5-nano` and was served by Claude.
@@ -471,7 +385,7 @@ async fn a_batch_that_cannot_be_stored_is_not_acked_and_the_stream_ends_for_a_re
     .await;
     let ended = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            match node.replies.message().await {
+            match node.reply().await {
                 Ok(Some(pb::ControlMessage {
                     msg: Some(control_message::Msg::EventsAck(ack)),
                 })) => {

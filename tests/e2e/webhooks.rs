@@ -13,10 +13,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use switchyard_e2e::etcd::EtcdProcess;
+use switchyard_e2e::fake_node::FakeNode;
 use switchyard_e2e::*;
-use switchyard_proto::node::v1::{
-    self as pb, control_message, node_control_client::NodeControlClient, node_message,
-};
+use switchyard_proto::node::v1::{self as pb, node_message};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -268,117 +267,22 @@ fn webhook_catalog(hooks: &[(&str, &str, &str)]) -> String {
 
 // === a node ===
 
-struct FakeNode {
-    tx: mpsc::Sender<pb::NodeMessage>,
-    replies: tonic::Streaming<pb::ControlMessage>,
-    heartbeat: tokio::task::JoinHandle<()>,
-    seq: u64,
-}
-
-impl FakeNode {
-    async fn connect(control: &str, node_id: &str) -> FakeNode {
-        let channel = tonic::transport::Endpoint::from_shared(control.to_owned())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = NodeControlClient::new(channel);
-        let (tx, rx) = mpsc::channel(16);
-        let hello = pb::Hello {
-            node_id: node_id.into(),
-            last_applied_version: 0,
-            listen_address: "127.0.0.1:1".into(),
-            software_version: "e2e".into(),
-        };
-        tx.send(msg(node_message::Msg::Hello(hello))).await.unwrap();
-        let replies = client
-            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        let beats = tx.clone();
-        let heartbeat = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let hb = pb::Heartbeat { applied_version: 0 };
-                if beats.send(msg(node_message::Msg::Heartbeat(hb))).await.is_err() {
-                    return;
-                }
-            }
-        });
-        FakeNode { tx, replies, heartbeat, seq: 0 }
-    }
-
-    /// Sends a batch and waits for its ack: acked means stored (and queued for webhooks).
-    async fn send_events(&mut self, events: Vec<pb::FailoverEvent>) {
-        self.seq += 1;
-        let seq = self.seq;
-        self.tx
-            .send(msg(node_message::Msg::Events(pb::FailoverEvents { seq, events })))
-            .await
-            .unwrap();
-        let acked = tokio::time::timeout(WAIT, async {
-            loop {
-                let reply = self.replies.message().await.unwrap().expect("stream ended");
-                if let Some(control_message::Msg::EventsAck(ack)) = reply.msg
-                    && ack.seq == seq
-                {
-                    return;
-                }
-            }
-        })
-        .await;
-        assert!(acked.is_ok(), "no ack for events batch {seq}");
-    }
-
-    /// Waits until the replica serving this node has config `version`: its replica then
-    /// knows the subscriptions, and queues the events they want.
-    async fn wait_config(&mut self, version: i64) {
-        let seen = tokio::time::timeout(WAIT, async {
-            loop {
-                let reply = self.replies.message().await.unwrap().expect("stream ended");
-                let v = match reply.msg {
-                    Some(control_message::Msg::Snapshot(s)) => s.version,
-                    Some(control_message::Msg::Update(u)) => u.version,
-                    Some(control_message::Msg::Ping(p)) => p.config_version,
-                    _ => 0,
-                };
-                if v >= version {
-                    return;
-                }
-            }
-        })
-        .await;
-        assert!(seen.is_ok(), "the node's replica never reached config version {version}");
-    }
-
-    async fn send_breaker(&mut self, from: &str, to: &str) {
-        let t = pb::BreakerTransition {
-            provider: "openai".into(),
-            upstream_model: "gpt-5-nano".into(),
-            from: from.into(),
-            to: to.into(),
-            cause: "failure_rate".into(),
-            at_unix_ms: now_ms(),
-            failure_rate: 0.8,
-            calls_in_window: 20,
-            next_probe_unix_ms: now_ms() + 30_000,
-            cooldown_ms: 30_000,
-        };
-        self.tx.send(msg(node_message::Msg::Breaker(t))).await.unwrap();
-        // Messages on a stream are handled in order: this ack follows the breaker's write.
-        self.send_events(vec![]).await;
-    }
-}
-
-impl Drop for FakeNode {
-    fn drop(&mut self) {
-        self.heartbeat.abort();
-    }
-}
-
-fn msg(m: node_message::Msg) -> pb::NodeMessage {
-    pb::NodeMessage { msg: Some(m) }
+async fn send_breaker(node: &mut FakeNode, from: &str, to: &str) {
+    let t = pb::BreakerTransition {
+        provider: "openai".into(),
+        upstream_model: "gpt-5-nano".into(),
+        from: from.into(),
+        to: to.into(),
+        cause: "failure_rate".into(),
+        at_unix_ms: now_ms(),
+        failure_rate: 0.8,
+        calls_in_window: 20,
+        next_probe_unix_ms: now_ms() + 30_000,
+        cooldown_ms: 30_000,
+    };
+    node.send(node_message::Msg::Breaker(t)).await;
+    // Messages on a stream are handled in order: this ack follows the breaker's write.
+    node.send_next(vec![]).await;
 }
 
 /// A request that timed out on the primary and was served by the fallback.
@@ -417,7 +321,7 @@ fn ids(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
 
 async fn send_all(node: &mut FakeNode, ids: &[String], per_batch: usize) {
     for chunk in ids.chunks(per_batch) {
-        node.send_events(chunk.iter().map(|id| event(id, "key_1")).collect()).await;
+        node.send_next(chunk.iter().map(|id| event(id, "key_1")).collect()).await;
     }
 }
 
@@ -445,9 +349,9 @@ async fn failovers_and_breakers_arrive_signed_and_the_official_verifier_accepts_
     for i in 0..20 {
         failovers.push(event(&format!("ev-{i:02}"), if i % 2 == 0 { "key_1" } else { "key_2" }));
     }
-    node.send_events(failovers[..10].to_vec()).await;
-    node.send_events(failovers[10..].to_vec()).await;
-    node.send_breaker("closed", "open").await;
+    node.send_next(failovers[..10].to_vec()).await;
+    node.send_next(failovers[10..].to_vec()).await;
+    send_breaker(&mut node, "closed", "open").await;
 
     let want: BTreeSet<String> = failovers.iter().map(|e| e.id.clone()).collect();
     wait_for_ids(&receiver.log, "/batched", &want, WAIT).await;
@@ -762,8 +666,8 @@ async fn a_node_gone_past_the_grace_is_node_disconnected_and_one_back_in_time_is
     cluster.leader("hook").await;
     let mut gone = FakeNode::connect(&cluster.url(0), "gone").await;
     gone.wait_config(version).await;
-    gone.send_breaker("open", "half_open").await;
-    gone.send_breaker("half_open", "closed").await;
+    send_breaker(&mut gone, "open", "half_open").await;
+    send_breaker(&mut gone, "half_open", "closed").await;
     let mut back = FakeNode::connect(&cluster.url(0), "back").await;
     back.wait_config(version).await;
     drop(gone);
@@ -984,7 +888,7 @@ async fn bench_outage_storm_events_to_webhooks() {
             while Instant::now() < deadline {
                 let batch: Vec<_> =
                     (0..50).map(|i| event(&format!("b{n}-{}", sent + i), "key_1")).collect();
-                node.send_events(batch).await;
+                node.send_next(batch).await;
                 sent += 50;
             }
             sent

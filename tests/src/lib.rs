@@ -12,6 +12,7 @@ use tokio::process::{Child, Command};
 
 #[path = "../../control-plane/tests/support/etcd.rs"]
 pub mod etcd;
+pub mod fake_node;
 pub mod gateway;
 
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
