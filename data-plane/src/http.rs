@@ -22,7 +22,7 @@ use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
 use crate::error::{ApiError, Flavor};
 use crate::executor::{Executor, Output, unix_ms};
-use crate::metrics::{EndpointLabels, FailoverLabels, RequestLabels};
+use crate::metrics::{EndpointLabels, RequestLabels};
 use crate::providers::{Completion, Usage};
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
@@ -176,14 +176,7 @@ async fn handle(
             Ok(s) => (s.model.name.clone(), 200),
             Err(f) => (String::new(), u32::from(f.error.status().as_u16())),
         };
-        app.executor
-            .metrics
-            .failovers
-            .get_or_create(&FailoverLabels {
-                requested_model: chain.requested_model().to_owned(),
-                served_model: served_model.clone(),
-            })
-            .inc();
+        app.executor.metrics.model(chain.requested_model()).failover(&served_model);
         app.executor.telemetry.push_event(failover_event(
             app,
             request.stream,

@@ -58,9 +58,34 @@ pub struct ModelMetrics {
     /// By reason, in [`ModelMetrics::REASONS`] order.
     failed: Vec<Counter>,
     pub duration: Histogram,
+    /// Failovers of requests that asked for this model, by the model that served ("" when
+    /// none did).
+    failovers_to: std::sync::RwLock<std::collections::HashMap<String, Counter>>,
+    failovers: Family<FailoverLabels, Counter>,
+    name: String,
 }
 
 impl ModelMetrics {
+    /// Counts a failover of a request for this model, served by `served` ("" when none was).
+    pub fn failover(&self, served: &str) {
+        if let Some(c) = self.failovers_to.read().unwrap_or_else(|e| e.into_inner()).get(served) {
+            c.inc();
+            return;
+        }
+        let counter = self
+            .failovers
+            .get_or_create(&FailoverLabels {
+                requested_model: self.name.clone(),
+                served_model: served.to_owned(),
+            })
+            .clone();
+        counter.inc();
+        self.failovers_to
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(served.to_owned(), counter);
+    }
+
     const REASONS: [&'static str; 6] = [
         "connection_error",
         "server_error",
@@ -198,6 +223,9 @@ impl Metrics {
                 .attempt_duration
                 .get_or_create(&ModelLabels { model: model.to_owned() })
                 .clone(),
+            failovers_to: Default::default(),
+            failovers: self.failovers.clone(),
+            name: model.to_owned(),
         });
         let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
         std::sync::Arc::clone(models.entry(model.to_owned()).or_insert(built))

@@ -529,6 +529,12 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
         metrics.contains("switchyard_upstream_attempts_total{model=\"sim/primary\",status=\"skipped\",reason=\"circuit_open\"} 5"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains(
+            "switchyard_failovers_total{requested_model=\"sim/primary\",served_model=\"sim/secondary\"} 9"
+        ),
+        "four failed + five skipped, all served by the fallback: {metrics}"
+    );
 
     // After the cool-down a probe goes through; the primary has recovered, so it closes.
     gw.script("primary", json!({"kind": "ok"})).await;
