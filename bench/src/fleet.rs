@@ -83,8 +83,6 @@ pub async fn get_status(
 /// and a node that has applied both. Everything dies with the value.
 pub struct Fleet {
     pub sim: Proc,
-    /// Held so the control plane lives as long as the fleet.
-    #[allow(dead_code)]
     pub cp: Proc,
     pub node: Proc,
     /// The key's secret.

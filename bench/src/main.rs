@@ -30,6 +30,8 @@ use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
 mod fleet;
+
+use fleet::Fleet;
 mod keys;
 mod streams;
 mod translate;
@@ -618,50 +620,11 @@ async fn bench(options: Options) -> Result<()> {
     let d = dir.path();
     let logs = |name: &str| d.join(format!("{name}.log"));
 
-    let sim = Proc::start(bin, &["sim", "--listen", "127.0.0.1:0"], &[], &logs("sim"))?;
-    let token = format!("bench-admin-{}", std::process::id());
-    let store = format!("file://{}", d.join("store").display());
-    let cp = Proc::start(
-        bin,
-        &["control", "--store", &store, "--listen", "127.0.0.1:0"],
-        &[("SWITCHYARD_ADMIN_TOKEN", &token)],
-        &logs("control"),
-    )?;
-    let control = format!("http://{}", cp.addr);
-
-    let catalog = d.join("catalog.yaml");
-    std::fs::write(&catalog, catalog_yaml(sim.addr)).map_err(|e| format!("catalog: {e}"))?;
-    let applied = cli(bin, &control, &token, &["apply", "-f", &catalog.display().to_string()])?;
-    let created = cli(bin, &control, &token, &["keys", "create", "--name", "bench"])?;
-    let key = created["key"].as_str().ok_or("keys create printed no key")?.to_owned();
-    let version = created["version"].as_i64().max(applied["version"].as_i64()).unwrap_or(0);
-
-    // The failing primary answers 503 from the very first request the node sends it.
-    let script = json!({"model": "failing", "behaviour": {"kind": "status", "status": 503}});
-    let (status, _) =
-        http(sim.addr, "POST", "/_sim/script", None, Some(script.to_string())).await?;
-    if status >= 300 {
-        return Err(format!("scripting the simulator failed: {status}"));
-    }
-
-    let node_dir = d.join("node").display().to_string();
-    let node = Proc::start(
-        bin,
-        &["node", "--control", &control, "--listen", "127.0.0.1:0", "--data-dir", &node_dir],
-        &[],
-        &logs("node"),
-    )?;
-    let ready_by = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, ready) = http(node.addr, "GET", "/readyz", None, None).await?;
-        if ready["config_version"].as_i64().is_some_and(|v| v >= version) {
-            break;
-        }
-        if Instant::now() > ready_by {
-            return Err(format!("the node did not apply config version {version} within 20 s"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let fleet = Fleet::start(bin, d, catalog_yaml).await?;
+    // The failing primary answers 503 to every request the node sends it (it sends none
+    // before it is ready).
+    fleet.script("failing", json!({"kind": "status", "status": 503})).await?;
+    let (sim, cp, node, key) = (&fleet.sim, &fleet.cp, &fleet.node, fleet.key.as_str());
 
     let me = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
     let sim_addr = sim.addr.to_string();
