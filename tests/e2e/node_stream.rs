@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use switchyard_e2e::etcd::EtcdProcess;
-use switchyard_e2e::fake_node::FakeNode;
+use switchyard_e2e::fake_node::{FakeNode, failover_event as event};
 use switchyard_e2e::gateway::{self, Gateway};
 use switchyard_e2e::*;
 use switchyard_proto::node::v1::{self as pb, control_message, node_message};
@@ -33,36 +33,6 @@ async fn control(store: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {
 
 fn file_store(dir: &Path) -> String {
     format!("file://{}", dir.join("store").display())
-}
-
-/// A request that timed out on `openai/gpt-5-nano` and was served by Claude.
-fn event(id: &str, at_unix_ms: i64, key_id: &str) -> pb::FailoverEvent {
-    pb::FailoverEvent {
-        id: id.into(),
-        at_unix_ms,
-        node_id: "n1".into(),
-        key_id: key_id.into(),
-        requested_model: "openai/gpt-5-nano".into(),
-        served_model: "anthropic/claude-sonnet-4".into(),
-        attempts: vec![
-            pb::Attempt {
-                model: "openai/gpt-5-nano".into(),
-                status: "failed".into(),
-                reason: "timeout".into(),
-                latency_ms: 30_011,
-                probe: false,
-            },
-            pb::Attempt {
-                model: "anthropic/claude-sonnet-4".into(),
-                status: "served".into(),
-                reason: String::new(),
-                latency_ms: 734,
-                probe: false,
-            },
-        ],
-        stream: false,
-        status: 200,
-    }
 }
 
 /// `switchyard events --json ARGS`, one object per line.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use switchyard_e2e::etcd::EtcdProcess;
-use switchyard_e2e::fake_node::FakeNode;
+use switchyard_e2e::fake_node::{FakeNode, failover_event};
 use switchyard_e2e::*;
 use switchyard_proto::node::v1::{self as pb, node_message};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -285,34 +285,9 @@ async fn send_breaker(node: &mut FakeNode, from: &str, to: &str) {
     node.send_next(vec![]).await;
 }
 
-/// A request that timed out on the primary and was served by the fallback.
+/// A request that timed out on the primary and was served by the fallback, now.
 fn event(id: &str, key_id: &str) -> pb::FailoverEvent {
-    pb::FailoverEvent {
-        id: id.into(),
-        at_unix_ms: now_ms(),
-        node_id: "n1".into(),
-        key_id: key_id.into(),
-        requested_model: "openai/gpt-5-nano".into(),
-        served_model: "anthropic/claude-sonnet-4".into(),
-        attempts: vec![
-            pb::Attempt {
-                model: "openai/gpt-5-nano".into(),
-                status: "failed".into(),
-                reason: "timeout".into(),
-                latency_ms: 30_011,
-                probe: false,
-            },
-            pb::Attempt {
-                model: "anthropic/claude-sonnet-4".into(),
-                status: "served".into(),
-                reason: String::new(),
-                latency_ms: 734,
-                probe: false,
-            },
-        ],
-        stream: false,
-        status: 200,
-    }
+    failover_event(id, now_ms(), key_id)
 }
 
 fn ids(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {

@@ -127,3 +127,28 @@ impl Drop for FakeNode {
         self.heartbeat.abort();
     }
 }
+
+/// A request that timed out on `openai/gpt-5-nano` and was served by Claude.
+pub fn failover_event(id: &str, at_unix_ms: i64, key_id: &str) -> pb::FailoverEvent {
+    let attempt = |model: &str, status: &str, reason: &str, latency_ms| pb::Attempt {
+        model: model.into(),
+        status: status.into(),
+        reason: reason.into(),
+        latency_ms,
+        probe: false,
+    };
+    pb::FailoverEvent {
+        id: id.into(),
+        at_unix_ms,
+        node_id: "n1".into(),
+        key_id: key_id.into(),
+        requested_model: "openai/gpt-5-nano".into(),
+        served_model: "anthropic/claude-sonnet-4".into(),
+        attempts: vec![
+            attempt("openai/gpt-5-nano", "failed", "timeout", 30_011),
+            attempt("anthropic/claude-sonnet-4", "served", "", 734),
+        ],
+        stream: false,
+        status: 200,
+    }
+}
