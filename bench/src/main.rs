@@ -68,6 +68,11 @@ const BREAKER_POLICY: &str = "breaker_policy:
   half_open_probes: 1
 ";
 
+/// The same allocator as the `switchyard` binary, so the pass-through floor and the node
+/// differ by their work, not by their malloc.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {

@@ -54,6 +54,11 @@ enum Command {
     Webhooks(admin::WebhooksArgs),
 }
 
+/// The request path allocates many small, short-lived buffers on two worker threads;
+/// mimalloc's thread-local heaps take them without glibc's arena locks (docs/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
