@@ -25,7 +25,7 @@ use crate::store::{
     Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Revision, Store, StoreError,
     Txn, TxnOp,
 };
-use crate::webhooks::{Interest, OutboxEntry};
+use crate::webhooks::{FAILOVER, Interest, OutboxEntry};
 
 /// etcd's default `--max-txn-ops`; both store backends refuse larger transactions.
 pub const MAX_TXN_OPS: usize = 128;
@@ -151,6 +151,9 @@ pub async fn write_events(
     // The writes of one event: its audit entry, and its outbox entry if wanted.
     let mut groups: Vec<Vec<TxnOp>> = Vec::with_capacity(events.len());
     let now = now_ms();
+    // Read once per batch: in an outage storm a batch holds thousands of events, and most
+    // installs subscribe no webhook, so no outbox entry is built just to be thrown away.
+    let webhooks = outbox.map(Interest::webhooks).filter(|w| !w.is_empty());
     for event in events {
         if event.id.is_empty() {
             warn!(node = %event.node_id, "failover event without an id; not recorded");
@@ -163,11 +166,10 @@ pub async fn write_events(
         let value = serde_json::to_vec(&event)
             .map_err(|e| StoreError::InvalidRequest(format!("cannot encode event: {e}")))?;
         let mut group = vec![TxnOp::Put { key, value, lease: None }];
-        if let Some(interest) = outbox {
-            let entry = OutboxEntry::failover(&event, now);
-            if interest.wants(&entry) {
-                group.push(entry.put(layout)?);
-            }
+        if let Some(webhooks) = &webhooks
+            && webhooks.iter().any(|w| w.wants(FAILOVER, &event.key_id))
+        {
+            group.push(OutboxEntry::failover(&event, now).put(layout)?);
         }
         groups.push(group);
     }
