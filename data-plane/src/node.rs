@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tracing::info;
 
@@ -46,7 +47,12 @@ pub struct Node {
 
 impl Node {
     pub async fn run(self) -> Result<(), NodeError> {
-        axum::serve(self.listener, self.router)
+        // Without TCP_NODELAY a stream's small SSE writes wait behind Nagle's algorithm for
+        // the client's (delayed) ACK: tens of milliseconds between chunks.
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, self.router)
             .with_graceful_shutdown(async {
                 let _ = tokio::signal::ctrl_c().await;
             })
