@@ -1,6 +1,7 @@
 //! The client's chat-completion request: the gateway's own fields parsed and validated
 //! (each error names its field), every other field kept as raw JSON and forwarded untouched.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -21,13 +22,62 @@ const GATEWAY_FIELDS: [&str; 4] = ["model", "models", "fallback_models", "redund
 #[derive(Debug)]
 pub struct ChatRequest<'a> {
     /// Every top-level field but the gateway's own, as the client sent it.
-    pub passthrough: BTreeMap<String, &'a RawValue>,
+    pub passthrough: BTreeMap<FieldName<'a>, &'a RawValue>,
     pub model: Option<String>,
     pub models: Option<Vec<EntrySpec>>,
     pub fallback_models: Option<Vec<EntrySpec>>,
     pub redundancy: Redundancy,
     pub stream: bool,
     pub include_usage: bool,
+}
+
+/// A top-level field name, borrowed from the body unless it has escapes (a JSON object key
+/// may legally be written `"\u006dodel"`), so parsing a request allocates no key strings.
+pub type FieldName<'a> = Cow<'a, str>;
+
+/// Deserializes a [`FieldName`], borrowing when the input allows it (serde's own `Cow`
+/// impl always copies).
+struct BorrowedKeys<'a>(BTreeMap<FieldName<'a>, &'a RawValue>);
+
+impl<'de> serde::Deserialize<'de> for BorrowedKeys<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = BorrowedKeys<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(Key(key)) = map.next_key()? {
+                    out.insert(key, map.next_value()?);
+                }
+                Ok(BorrowedKeys(out))
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+struct Key<'a>(FieldName<'a>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl<'de> serde::de::Visitor<'de> for Name {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(Name)
+    }
 }
 
 /// One chain entry as the client wrote it: a name, or an object with per-attempt timeouts.
@@ -50,8 +100,8 @@ pub struct Redundancy {
 
 impl<'a> ChatRequest<'a> {
     pub fn parse(body: &'a [u8]) -> Result<Self, ApiError> {
-        let fields: BTreeMap<String, &'a RawValue> =
-            serde_json::from_slice(body).map_err(|e| ApiError::InvalidRequest {
+        let fields: BTreeMap<FieldName<'a>, &'a RawValue> =
+            serde_json::from_slice::<BorrowedKeys<'a>>(body).map(|f| f.0).map_err(|e| ApiError::InvalidRequest {
                 message: format!(
                     "We could not parse the JSON body of your request ({e}). The body must be a JSON object."
                 ),
@@ -294,6 +344,14 @@ mod tests {
         let keys: Vec<_> = r.passthrough.keys().cloned().collect();
         assert_eq!(keys, ["messages", "temperature", "user"]);
         assert_eq!(r.passthrough["temperature"].get(), "0.3");
+    }
+
+    #[test]
+    fn field_names_with_escapes_are_read_like_any_other() {
+        let body = r#"{"\u006dodel":"a","t\u0065mperature":0.5,"messages":[{"role":"user","content":"hi"}]}"#;
+        let r = ChatRequest::parse(body.as_bytes()).unwrap();
+        assert_eq!(r.model.as_deref(), Some("a"));
+        assert_eq!(r.passthrough["temperature"].get(), "0.5");
     }
 
     #[test]

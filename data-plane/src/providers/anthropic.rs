@@ -191,7 +191,7 @@ fn translate(
         .iter()
         .map(|(k, raw)| {
             serde_json::from_str::<Value>(raw.get())
-                .map(|v| (k.as_str(), v))
+                .map(|v| (k.as_ref(), v))
                 .map_err(|e| format!("{k}: {e}"))
         })
         .collect::<Result<_, _>>()?;
