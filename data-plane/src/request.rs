@@ -47,7 +47,10 @@ impl<'de> serde::Deserialize<'de> for BorrowedKeys<'de> {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
                 let mut out = BTreeMap::new();
                 while let Some(Key(key)) = map.next_key()? {
                     out.insert(key, map.next_value()?);
@@ -69,7 +72,10 @@ impl<'de> serde::Deserialize<'de> for Key<'de> {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a field name")
             }
-            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<Self::Value, E> {
                 Ok(Key(Cow::Borrowed(v)))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {

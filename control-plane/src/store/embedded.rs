@@ -64,6 +64,8 @@ const LOCK_WAIT: Duration = Duration::from_secs(2);
 const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
 /// etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
+/// The writer keeps its log-line buffer between records up to this capacity.
+const MAX_KEPT_LINE: usize = 1024 * 1024;
 /// Most revisions a watcher copies out of history per lock acquisition.
 const WATCH_CHUNK: usize = 256;
 
@@ -123,6 +125,7 @@ impl EmbeddedStore {
             revisions: rev_tx,
             rng: rand::rngs::StdRng::from_os_rng(),
             failed: None,
+            line: Vec::new(),
         };
         std::thread::Builder::new()
             .name("embedded-store-writer".into())
@@ -528,7 +531,7 @@ enum Record {
 enum Change {
     Put {
         key: String,
-        #[serde(with = "hex_bytes")]
+        #[serde(with = "value_encoding")]
         value: Vec<u8>,
         lease: LeaseId,
     },
@@ -549,7 +552,7 @@ struct Snapshot {
 #[derive(Serialize, Deserialize)]
 struct StoredKv {
     key: String,
-    #[serde(with = "hex_bytes")]
+    #[serde(with = "value_encoding")]
     value: Vec<u8>,
     create_revision: Revision,
     mod_revision: Revision,
@@ -563,32 +566,75 @@ struct StoredLease {
     ttl_ms: u64,
 }
 
-/// Values are arbitrary bytes; hex keeps the files readable and half the size of a JSON
-/// array of numbers.
-mod hex_bytes {
-    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+/// Values are arbitrary bytes, but nearly all are JSON documents. A UTF-8 value is written
+/// as `{"text": "..."}` (the file stays readable, and a value costs about its own length);
+/// anything else as `{"hex": "..."}`. Earlier releases wrote every value as a bare hex
+/// string, which is still read, so a directory written by them opens unchanged.
+mod value_encoding {
+    use serde::de::{self, Deserializer, MapAccess, Visitor};
+    use serde::ser::{SerializeMap, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(1))?;
+        match std::str::from_utf8(bytes) {
+            Ok(text) => map.serialize_entry("text", text)?,
+            Err(_) => map.serialize_entry("hex", &to_hex(bytes))?,
+        }
+        map.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_any(Value)
+    }
+
+    struct Value;
+
+    impl<'de> Visitor<'de> for Value {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a value: {\"text\": ...}, {\"hex\": ...} or a hex string")
+        }
+
+        /// The earlier releases' form.
+        fn visit_str<E: de::Error>(self, hex: &str) -> Result<Vec<u8>, E> {
+            from_hex(hex)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<u8>, A::Error> {
+            let value = match map.next_key::<std::borrow::Cow<'de, str>>()?.as_deref() {
+                Some("text") => map.next_value::<String>()?.into_bytes(),
+                Some("hex") => from_hex(&map.next_value::<std::borrow::Cow<'de, str>>()?)?,
+                Some(other) => return Err(de::Error::unknown_field(other, &["text", "hex"])),
+                None => return Err(de::Error::missing_field("text")),
+            };
+            if map.next_key::<de::IgnoredAny>()?.is_some() {
+                return Err(de::Error::custom("a value has exactly one of text or hex"));
+            }
+            Ok(value)
+        }
+    }
+
+    fn to_hex(bytes: &[u8]) -> String {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut out = String::with_capacity(bytes.len() * 2);
         for b in bytes {
             out.push(char::from(DIGITS[usize::from(b >> 4)]));
             out.push(char::from(DIGITS[usize::from(b & 0xf)]));
         }
-        s.serialize_str(&out)
+        out
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let s = String::deserialize(d)?;
-        if s.len() % 2 != 0 {
-            return Err(D::Error::custom("odd-length hex value"));
+    fn from_hex<E: de::Error>(s: &str) -> Result<Vec<u8>, E> {
+        if !s.len().is_multiple_of(2) {
+            return Err(E::custom("odd-length hex value"));
         }
         (0..s.len())
             .step_by(2)
             .map(|i| {
                 s.get(i..i + 2)
                     .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                    .ok_or_else(|| D::Error::custom("invalid hex value"))
+                    .ok_or_else(|| E::custom("invalid hex value"))
             })
             .collect()
     }
@@ -743,6 +789,8 @@ struct Writer {
     /// After a failed write the log may end in a partial record; refusing further writes
     /// keeps what is on disk replayable.
     failed: Option<String>,
+    /// The log line being encoded, reused from record to record.
+    line: Vec<u8>,
 }
 
 impl Writer {
@@ -876,15 +924,23 @@ impl Writer {
             )));
         }
         let entry = LogEntry { seq: self.seq + 1, record };
-        let mut line = serde_json::to_vec(&entry)
+        let mut line = std::mem::take(&mut self.line);
+        line.clear();
+        serde_json::to_writer(&mut line, &entry)
             .map_err(|e| StoreError::Corrupt(format!("encoding a record: {e}")))?;
         line.push(b'\n');
-        if let Err(e) = self.files.log.write_all(&line).and_then(|()| self.files.log.sync_data()) {
+        let written = self.files.log.write_all(&line).and_then(|()| self.files.log.sync_data());
+        let line_len = line.len() as u64;
+        // Kept for the next record, unless one huge record would pin its size for good.
+        if line.capacity() <= MAX_KEPT_LINE {
+            self.line = line;
+        }
+        if let Err(e) = written {
             self.failed = Some(e.to_string());
             return Err(e.into());
         }
         self.seq = entry.seq;
-        self.log_len += line.len() as u64;
+        self.log_len += line_len;
         let revision = {
             let mut st = lock(&self.state);
             st.apply(&entry.record, Instant::now(), self.options.retain_revisions);
@@ -930,11 +986,14 @@ impl Writer {
                     .collect(),
             }
         };
-        let bytes = serde_json::to_vec(&snapshot)
-            .map_err(|e| StoreError::Corrupt(format!("encoding the snapshot: {e}")))?;
+        // Streamed to the file: a snapshot of a full audit log is tens of MB, which as one
+        // buffer would be allocated, page-faulted in and freed on every rewrite.
         let tmp = self.files.dir.join(SNAPSHOT_TMP_FILE);
-        let mut file = File::create(&tmp)?;
-        file.write_all(&bytes)?;
+        let mut out = std::io::BufWriter::with_capacity(256 * 1024, File::create(&tmp)?);
+        serde_json::to_writer(&mut out, &snapshot)
+            .map_err(|e| StoreError::Corrupt(format!("encoding the snapshot: {e}")))?;
+        drop(snapshot);
+        let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         drop(file);
         std::fs::rename(&tmp, self.files.dir.join(SNAPSHOT_FILE))?;
@@ -1033,5 +1092,59 @@ mod tests {
         assert!(ok);
         // delete a/1, put b/1: the second delete of a/1 finds nothing.
         assert_eq!(changes.len(), 2);
+    }
+
+    #[test]
+    fn text_values_are_written_as_text_and_other_bytes_as_hex() {
+        let entry = |value: Vec<u8>| LogEntry {
+            seq: 1,
+            record: Record::Commit {
+                changes: vec![Change::Put { key: "k".into(), value, lease: 0 }],
+            },
+        };
+        let text = serde_json::to_string(&entry(br#"{"a":"b"}"#.to_vec())).unwrap();
+        assert!(text.contains(r#""value":{"text":"{\"a\":\"b\"}"}"#), "{text}");
+        let binary = serde_json::to_string(&entry(vec![0xff, 0x00])).unwrap();
+        assert!(binary.contains(r#""value":{"hex":"ff00"}"#), "{binary}");
+        for line in [text, binary] {
+            let back: LogEntry = serde_json::from_str(&line).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), line);
+        }
+    }
+
+    /// A directory written before values were stored as text (every value a bare hex
+    /// string, in the snapshot and in the log) still opens with every value intact.
+    #[tokio::test]
+    async fn a_directory_written_with_hex_values_still_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+        std::fs::write(
+            dir.path().join(SNAPSHOT_FILE),
+            format!(
+                r#"{{"seq":1,"revision":2,"floor":0,"kvs":[{{"key":"a","value":"{}","create_revision":2,"mod_revision":2,"version":1,"lease":0}}],"leases":[]}}"#,
+                hex(r#"{"x":1}"#)
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join(LOG_FILE),
+            format!(
+                "{}\n",
+                format_args!(
+                    r#"{{"seq":2,"record":{{"op":"commit","changes":[{{"kind":"put","key":"b","value":"{}","lease":0}}]}}}}"#,
+                    hex("plain text")
+                )
+            ),
+        )
+        .unwrap();
+        let store = EmbeddedStore::open(dir.path()).await.unwrap();
+        assert_eq!(store.get("a").await.unwrap().unwrap().value, br#"{"x":1}"#);
+        assert_eq!(store.get("b").await.unwrap().unwrap().value, b"plain text");
+        // New writes go on in the new form and the mixed log replays.
+        store.put("c", vec![0xfe], None).await.unwrap();
+        store.close().await;
+        let store = EmbeddedStore::open(dir.path()).await.unwrap();
+        assert_eq!(store.get("b").await.unwrap().unwrap().value, b"plain text");
+        assert_eq!(store.get("c").await.unwrap().unwrap().value, [0xfe]);
     }
 }
