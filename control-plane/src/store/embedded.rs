@@ -20,7 +20,8 @@
 //! - history survives a restart only for the revisions still in the log: after reopening,
 //!   the compaction floor is at least the snapshot's revision + 1 (a watcher asking for
 //!   older history gets [`StoreError::Compacted`] and must re-list, as it must on etcd);
-//! - history is bounded to the last [`Options::retain_revisions`] revisions (etcd keeps
+//! - history is bounded to the last [`Options::retain_revisions`] revisions and to about
+//!   [`MAX_HISTORY_BYTES`] of keys and values (etcd keeps
 //!   everything until someone compacts);
 //! - lease TTLs are honoured to the millisecond (etcd rounds up to seconds and to a minimum);
 //!   after a restart every lease gets its full TTL again, as etcd does after a leader change;
@@ -66,6 +67,10 @@ const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
 const MAX_TXN_OPS: usize = 128;
 /// The writer keeps its log-line buffer between records up to this capacity.
 const MAX_KEPT_LINE: usize = 1024 * 1024;
+/// History is also bounded in bytes: in an outage storm every revision is a transaction
+/// of 128 audit entries, and 10,000 such revisions held ~600 MB. At this bound a storm of
+/// 20,000 failovers/s still leaves watchers several seconds of history to catch up from.
+const MAX_HISTORY_BYTES: usize = 64 * 1024 * 1024;
 /// Most revisions a watcher copies out of history per lock acquisition.
 const WATCH_CHUNK: usize = 256;
 
@@ -253,6 +258,8 @@ struct State {
     kvs: BTreeMap<String, KeyValue>,
     /// One entry per revision, ascending; every revision changed at least one key.
     history: VecDeque<(Revision, Vec<WatchEvent>)>,
+    /// [`history_size`] of everything in `history`.
+    history_bytes: usize,
     leases: HashMap<LeaseId, LeaseState>,
 }
 
@@ -426,9 +433,13 @@ impl State {
             return;
         }
         self.revision = rev;
+        self.history_bytes += history_size(&events);
         self.history.push_back((rev, events));
-        while self.history.len() > retain.max(1) {
-            if let Some((oldest, _)) = self.history.pop_front() {
+        while self.history.len() > retain.max(1)
+            || (self.history_bytes > MAX_HISTORY_BYTES && self.history.len() > 1)
+        {
+            if let Some((oldest, events)) = self.history.pop_front() {
+                self.history_bytes = self.history_bytes.saturating_sub(history_size(&events));
                 self.floor = self.floor.max(oldest + 1);
             }
         }
@@ -440,9 +451,17 @@ impl State {
         }
         self.floor = revision;
         while self.history.front().is_some_and(|(r, _)| *r < revision) {
-            self.history.pop_front();
+            if let Some((_, events)) = self.history.pop_front() {
+                self.history_bytes = self.history_bytes.saturating_sub(history_size(&events));
+            }
         }
     }
+}
+
+/// What one revision's events hold in memory, roughly: keys and values plus a fixed
+/// overhead per event.
+fn history_size(events: &[WatchEvent]) -> usize {
+    events.iter().map(|e| e.kv.key.len() + e.kv.value.len() + 64).sum()
 }
 
 /// Refuses what etcd refuses (its `--max-txn-ops` default and its duplicate-key check), so
@@ -1092,6 +1111,25 @@ mod tests {
         assert!(ok);
         // delete a/1, put b/1: the second delete of a/1 finds nothing.
         assert_eq!(changes.len(), 2);
+    }
+
+    #[test]
+    fn history_is_bounded_in_bytes_as_well_as_in_revisions() {
+        let mut st = State::empty();
+        let value = vec![b'x'; 1024 * 1024];
+        for i in 0..100 {
+            let put = Change::Put { key: format!("k/{i}"), value: value.clone(), lease: 0 };
+            st.apply(&Record::Commit { changes: vec![put] }, Instant::now(), 10_000);
+        }
+        assert!(st.history_bytes <= MAX_HISTORY_BYTES, "{} bytes held", st.history_bytes);
+        assert_eq!(
+            st.history_bytes,
+            st.history.iter().map(|(_, e)| history_size(e)).sum::<usize>()
+        );
+        // The oldest revisions went, and a watch from them now reports compaction.
+        assert!(st.history.len() < 100 && st.history.len() >= 60, "{} kept", st.history.len());
+        assert_eq!(st.floor, st.history.front().unwrap().0);
+        assert_eq!(st.kvs.len(), 100, "only history is bounded, never the data");
     }
 
     #[test]
