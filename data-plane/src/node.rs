@@ -47,8 +47,8 @@ pub struct Node {
 
 impl Node {
     pub async fn run(self) -> Result<(), NodeError> {
-        // Without TCP_NODELAY a stream's small SSE writes wait behind Nagle's algorithm for
-        // the client's (delayed) ACK: tens of milliseconds between chunks.
+        // Without TCP_NODELAY a stream's small SSE writes can be held back by Nagle's
+        // algorithm until the client ACKs the previous one, and clients delay their ACKs.
         let listener = self.listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
