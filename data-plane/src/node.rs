@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tracing::info;
 
@@ -15,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::state::NodeState;
 use crate::sync::{self, SyncOptions};
 use crate::telemetry::Telemetry;
-use crate::{http, persist};
+use crate::{http, persist, serve};
 
 pub struct NodeOptions {
     pub controls: Vec<String>,
@@ -47,17 +46,10 @@ pub struct Node {
 
 impl Node {
     pub async fn run(self) -> Result<(), NodeError> {
-        // Without TCP_NODELAY a stream's small SSE writes can be held back by Nagle's
-        // algorithm until the client ACKs the previous one, and clients delay their ACKs.
-        let listener = self.listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, self.router)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-            .map_err(NodeError::Serve)
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        serve::serve(self.listener, self.router, shutdown).await.map_err(NodeError::Serve)
     }
 }
 

@@ -659,3 +659,48 @@ async fn the_models_endpoint_lists_what_the_key_may_use() {
         .collect();
     assert_eq!(ids, [PRIMARY]);
 }
+
+// === Operations ===
+
+#[tokio::test]
+async fn a_node_stopped_with_ctrl_c_finishes_the_request_in_flight_then_exits() {
+    let mut gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "ok", "delay_ms": 1500})).await;
+    let addr = gw.node.addr;
+    let key = gw.key.clone();
+    let in_flight = tokio::spawn(async move {
+        let body = json!({"model": PRIMARY, "messages": msg()}).to_string();
+        switchyard_e2e::http_request(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(&key),
+            Some(body.as_bytes()),
+        )
+        .await
+    });
+    switchyard_e2e::eventually(
+        Duration::from_secs(5),
+        "the request to reach the simulator",
+        || async { (gw.upstream_requests("primary").await > 0).then_some(()) },
+    )
+    .await;
+    let pid = gw.node.child.id().unwrap().to_string();
+    let signalled = std::process::Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(signalled.success());
+    let stopped_at = Instant::now();
+
+    let r = in_flight.await.unwrap().expect("the in-flight request got a response");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["model"], PRIMARY);
+    let exit = tokio::time::timeout(Duration::from_secs(5), gw.node.child.wait())
+        .await
+        .expect("the node exits once its last request is answered")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    assert!(stopped_at.elapsed() >= Duration::from_millis(500), "it waited for the request");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "no new connection is accepted after the stop"
+    );
+}
