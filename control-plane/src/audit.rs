@@ -397,38 +397,54 @@ async fn lead(
     }
 }
 
+/// Keys read per listing while pruning.
+const PRUNE_PAGE: usize = 1000;
+
 /// Deletes entries older than the age bound and the oldest beyond the count bound. Returns
 /// the entries left and the revision of the listing. Every delete is fenced on this
-/// replica still leading, so a deposed leader cannot prune on stale knowledge.
+/// replica still leading, so a deposed leader cannot prune on stale knowledge. Only keys
+/// are read, a page at a time: in an outage storm this runs every second on a full log.
 async fn prune(
     store: &dyn Store,
     layout: &Layout,
     leadership: &Leadership,
     retention: AuditRetention,
 ) -> Result<(usize, Revision), StoreError> {
-    let listing = store.list(&layout.audit_prefix()).await?;
-    let total = listing.kvs.len();
+    let prefix = layout.audit_prefix();
+    let mut page = store.list_keys(&prefix, &prefix, PRUNE_PAGE).await?;
+    let (total, listed_at) = (page.count, page.revision);
     let cutoff =
         now_ms().saturating_sub(i64::try_from(retention.max_age.as_millis()).unwrap_or(i64::MAX));
     let too_old = layout.audit(cutoff, "");
     // Keys sort by time: everything before `too_old`, and the first `total - max` keys.
     let excess = total.saturating_sub(retention.max_entries);
-    let doomed: Vec<TxnOp> = listing
-        .kvs
-        .iter()
-        .enumerate()
-        .take_while(|(i, kv)| *i < excess || kv.key < too_old)
-        .map(|(_, kv)| TxnOp::Delete { key: kv.key.clone() })
-        .collect();
+    let mut doomed: Vec<TxnOp> = Vec::new();
+    loop {
+        let full = page.keys.len() == PRUNE_PAGE;
+        let before = doomed.len();
+        doomed.extend(
+            page.keys
+                .into_iter()
+                .enumerate()
+                .take_while(|(i, key)| before + i < excess || *key < too_old)
+                .map(|(_, key)| TxnOp::Delete { key }),
+        );
+        let Some(TxnOp::Delete { key: last }) = doomed.last() else { break };
+        if !full || doomed.len() - before < PRUNE_PAGE {
+            break;
+        }
+        let next = format!("{last}\0");
+        page = store.list_keys(&prefix, &next, PRUNE_PAGE).await?;
+    }
     if doomed.is_empty() {
-        return Ok((total, listing.revision));
+        return Ok((total, listed_at));
     }
     let fence = Compare {
         key: leadership.key().to_owned(),
         op: CompareOp::Equal,
         target: CompareTarget::CreateRevision(leadership.revision()),
     };
-    let mut revision = listing.revision;
+    let mut revision = listed_at;
     for chunk in doomed.chunks(MAX_TXN_OPS) {
         let txn = Txn { compare: vec![fence.clone()], success: chunk.to_vec(), failure: vec![] };
         let result = store.txn(txn).await?;
@@ -454,6 +470,61 @@ mod tests {
         assert!(parse_max_age("0s").is_err());
         assert!(parse_max_age("3w").unwrap_err().contains("unknown unit"));
         assert!(parse_max_age("d").is_err());
+    }
+
+    #[tokio::test]
+    async fn prune_reads_page_after_page_until_both_bounds_hold() {
+        use crate::store::embedded::EmbeddedStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir.path()).await.unwrap());
+        let layout = Layout::new("/t");
+        let now = now_ms();
+        // 2,600 entries (more than two pages), the 1,300 oldest past an age bound of 60 s.
+        let events: Vec<AuditEvent> = (0..2_600_i64)
+            .map(|i| {
+                let age_ms = if i < 1_300 { 3_600_000 } else { 0 };
+                AuditEvent {
+                    id: format!("ev{i:05}"),
+                    at_unix_ms: now - age_ms - 10_000 + i,
+                    node_id: "n".into(),
+                    key_id: "k".into(),
+                    requested_model: "a".into(),
+                    served_model: "b".into(),
+                    attempts: vec![],
+                    stream: false,
+                    status: 200,
+                }
+            })
+            .collect();
+        assert_eq!(write_events(store.as_ref(), &layout, events, None).await.unwrap(), 2_600);
+        let lease = store.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let election = layout.audit_retention_election();
+        let leadership =
+            election::campaign(Arc::clone(&store), &election, "me", lease).await.unwrap();
+        let by_age = AuditRetention { max_entries: 1_000_000, max_age: Duration::from_secs(60) };
+        let (kept, _) = prune(store.as_ref(), &layout, &leadership, by_age).await.unwrap();
+        assert_eq!(kept, 1_300, "the old half went, over two pages");
+        let oldest =
+            store.list_keys(&layout.audit_prefix(), &layout.audit_prefix(), 1).await.unwrap();
+        assert!(oldest.keys[0].ends_with("ev01300"), "{:?}", oldest.keys);
+
+        let by_count = AuditRetention { max_entries: 100, max_age: Duration::from_secs(60) };
+        let (kept, _) = prune(store.as_ref(), &layout, &leadership, by_count).await.unwrap();
+        assert_eq!(kept, 100, "the oldest beyond the count went, over two pages");
+        let left = store.list(&layout.audit_prefix()).await.unwrap().kvs;
+        let ids: Vec<String> = left.iter().map(|kv| decode(kv).unwrap().id).collect();
+        let newest: Vec<String> = (2_500..2_600).map(|i| format!("ev{i:05}")).collect();
+        assert_eq!(ids, newest, "the newest 100 are kept, in order");
+
+        // Within both bounds, nothing more goes.
+        let retention = AuditRetention { max_entries: 100, max_age: Duration::from_secs(3_600) };
+        assert_eq!(prune(store.as_ref(), &layout, &leadership, retention).await.unwrap().0, 100);
+
+        // Only the age bound: every entry is past 1 ms... once a moment has passed.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let retention =
+            AuditRetention { max_entries: 1_000_000, max_age: Duration::from_millis(1) };
+        assert_eq!(prune(store.as_ref(), &layout, &leadership, retention).await.unwrap().0, 0);
     }
 
     #[test]

@@ -68,6 +68,7 @@ conformance!(
     versions_and_revisions_are_tracked_per_key,
     revision_starts_at_one_and_grows_by_one_per_changing_write,
     list_is_sorted_and_respects_prefix_boundaries,
+    list_keys_pages_through_a_prefix_and_counts_it,
     txn_absent_compare_runs_success_then_failure_branch,
     txn_mod_revision_compare_is_compare_and_swap,
     txn_value_compare_and_missing_key_never_matches_a_value,
@@ -191,6 +192,29 @@ mod cases {
         assert_eq!(listing.revision, s.current_revision().await.unwrap());
         assert!(s.list("zzz/").await.unwrap().kvs.is_empty());
         assert_eq!(s.list("").await.unwrap().kvs.len(), 7, "the empty prefix lists every key");
+    }
+
+    pub async fn list_keys_pages_through_a_prefix_and_counts_it(b: Backend) {
+        let s = &b.store;
+        for key in ["a/2", "a0", "a/1", "a", "b/1", "a/1/x", "a/"] {
+            s.put(key, key.as_bytes().to_vec(), None).await.unwrap();
+        }
+        let first = s.list_keys("a/", "a/", 2).await.unwrap();
+        assert_eq!(first.keys, ["a/", "a/1"]);
+        assert_eq!(first.count, 4, "the count ignores the limit");
+        assert_eq!(first.revision, s.current_revision().await.unwrap());
+        let rest = s.list_keys("a/", "a/1\0", 10).await.unwrap();
+        assert_eq!(rest.keys, ["a/1/x", "a/2"], "the next page starts at `from`");
+        assert_eq!(rest.count, 2);
+        let counted = s.list_keys("a/", "a/", 0).await.unwrap();
+        assert!(counted.keys.is_empty(), "limit 0 only counts");
+        assert_eq!(counted.count, 4);
+        assert_eq!(
+            s.list_keys("a/", "", 10).await.unwrap().keys.len(),
+            4,
+            "never before the prefix"
+        );
+        assert_eq!(s.list_keys("zzz/", "zzz/", 10).await.unwrap().count, 0);
     }
 
     pub async fn txn_absent_compare_runs_success_then_failure_branch(b: Backend) {

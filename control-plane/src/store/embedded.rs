@@ -46,8 +46,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Listing, Revision, Store,
-    StoreError, Txn, TxnOp, TxnResult, WatchBatch, WatchEvent, WatchStream,
+    Compare, CompareOp, CompareTarget, EventKind, KeyListing, KeyValue, LeaseId, Listing, Revision,
+    Store, StoreError, Txn, TxnOp, TxnResult, WatchBatch, WatchEvent, WatchStream,
 };
 
 const LOCK_FILE: &str = "LOCK";
@@ -183,6 +183,29 @@ impl Store for EmbeddedStore {
             .map(|(_, kv)| kv.clone())
             .collect();
         Ok(Listing { kvs, revision: st.revision })
+    }
+
+    async fn list_keys(
+        &self,
+        prefix: &str,
+        from: &str,
+        limit: usize,
+    ) -> Result<KeyListing, StoreError> {
+        let st = lock(&self.state);
+        let start = if from > prefix { from } else { prefix };
+        let mut keys = Vec::with_capacity(limit.min(1024));
+        let mut count = 0;
+        for (key, _) in st
+            .kvs
+            .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+        {
+            if keys.len() < limit {
+                keys.push(key.clone());
+            }
+            count += 1;
+        }
+        Ok(KeyListing { keys, count, revision: st.revision })
     }
 
     async fn put(

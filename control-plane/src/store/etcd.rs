@@ -28,8 +28,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{
-    CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Listing, Revision, Store, StoreError,
-    Txn, TxnOp, TxnResult, WatchBatch, WatchEvent, WatchStream,
+    CompareOp, CompareTarget, EventKind, KeyListing, KeyValue, LeaseId, Listing, Revision, Store,
+    StoreError, Txn, TxnOp, TxnResult, WatchBatch, WatchEvent, WatchStream,
 };
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -189,6 +189,40 @@ impl Store for EtcdStore {
             }
         }
         Ok(Listing { kvs, revision })
+    }
+
+    async fn list_keys(
+        &self,
+        prefix: &str,
+        from: &str,
+        limit: usize,
+    ) -> Result<KeyListing, StoreError> {
+        let (start, range_end) = prefix_range(prefix);
+        let start =
+            if from.as_bytes() > start.as_slice() { from.as_bytes().to_vec() } else { start };
+        let request = pb::RangeRequest {
+            key: start,
+            range_end,
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+            keys_only: limit > 0,
+            count_only: limit == 0,
+            ..Default::default()
+        };
+        let response = self.range("list keys", request).await?;
+        let keys = response
+            .kvs
+            .into_iter()
+            .map(|kv| {
+                String::from_utf8(kv.key).map_err(|_| {
+                    StoreError::Corrupt("etcd returned a key that is not UTF-8".into())
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(KeyListing {
+            keys,
+            count: usize::try_from(response.count).unwrap_or(0),
+            revision: header_revision(response.header.as_ref()),
+        })
     }
 
     async fn put(

@@ -44,6 +44,15 @@ pub struct Listing {
     pub revision: Revision,
 }
 
+/// Keys without their values: see [`Store::list_keys`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyListing {
+    pub keys: Vec<String>,
+    /// How many keys under the prefix sort at or after `from`, however many were returned.
+    pub count: usize,
+    pub revision: Revision,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Compare {
     pub key: String,
@@ -160,6 +169,16 @@ pub enum StoreError {
 pub trait Store: Send + Sync + 'static {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError>;
+    /// The first `limit` keys under `prefix` that sort at or after `from` (pass `prefix` for
+    /// the start), in key order, with no values, and how many such keys there are in all
+    /// (`limit` 0 counts only). Cheap where `list` is not: the audit log's retention counts
+    /// and trims a prefix of 100,000 entries without reading them.
+    async fn list_keys(
+        &self,
+        prefix: &str,
+        from: &str,
+        limit: usize,
+    ) -> Result<KeyListing, StoreError>;
     /// Returns the revision of the write.
     async fn put(
         &self,
