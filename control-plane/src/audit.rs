@@ -367,14 +367,16 @@ async fn lead(
     retention: AuditRetention,
 ) -> Result<(), StoreError> {
     let prefix = layout.audit_prefix();
-    let (mut count, revision) = prune(store, layout, leadership, retention).await?;
+    let (mut count, revision) = prune(store, layout, leadership, retention, None).await?;
     let mut watch = store.watch(&prefix, revision + 1).await?;
     let mut sweep = tokio::time::interval(PRUNE_INTERVAL);
     sweep.reset();
     let mut next_allowed = tokio::time::Instant::now() + PRUNE_DEBOUNCE;
     loop {
         let over = count > retention.max_entries;
-        tokio::select! {
+        // The watched count drives the prunes of a flood; the sweeps (and a broken watch)
+        // count afresh, which also corrects the few puts a prune's own listing missed.
+        let known = tokio::select! {
             batch = watch.next() => match batch {
                 Some(Ok(batch)) => {
                     for e in &batch.events {
@@ -387,15 +389,20 @@ async fn lead(
                     continue;
                 }
                 // Compacted history or a broken watch: re-count from a fresh listing.
-                Some(Err(e)) => debug!(error = %e, "audit watch interrupted; re-listing"),
-                None => debug!("audit watch ended; re-listing"),
+                Some(Err(e)) => {
+                    debug!(error = %e, "audit watch interrupted; re-counting");
+                    None
+                }
+                None => {
+                    debug!("audit watch ended; re-counting");
+                    None
+                }
             },
-            _ = sweep.tick() => {}
-            _ = tokio::time::sleep_until(next_allowed), if over => {}
-        }
-        let (remaining, revision) = prune(store, layout, leadership, retention).await?;
+            _ = sweep.tick() => None,
+            _ = tokio::time::sleep_until(next_allowed), if over => Some(count),
+        };
+        let (remaining, revision) = prune(store, layout, leadership, retention, known).await?;
         count = remaining;
-        // Counting from a fresh listing is simpler to get right than patching the count.
         watch = store.watch(&prefix, revision + 1).await?;
         next_allowed = tokio::time::Instant::now() + PRUNE_DEBOUNCE;
     }
@@ -408,15 +415,23 @@ const PRUNE_PAGE: usize = 1000;
 /// the entries left and the revision of the listing. Every delete is fenced on this
 /// replica still leading, so a deposed leader cannot prune on stale knowledge. Only keys
 /// are read, a page at a time: in an outage storm this runs every second on a full log.
+/// `known` is the number of entries when the caller has been counting them (from the
+/// watch); otherwise they are counted here, which on the embedded store means walking
+/// every key of the log.
 async fn prune(
     store: &dyn Store,
     layout: &Layout,
     leadership: &Leadership,
     retention: AuditRetention,
+    known: Option<usize>,
 ) -> Result<(usize, Revision), StoreError> {
     let prefix = layout.audit_prefix();
+    let total = match known {
+        Some(n) => n,
+        None => store.count(&prefix).await?.0,
+    };
     let mut page = store.list_keys(&prefix, &prefix, PRUNE_PAGE).await?;
-    let (total, listed_at) = (page.count, page.revision);
+    let listed_at = page.revision;
     let cutoff =
         now_ms().saturating_sub(i64::try_from(retention.max_age.as_millis()).unwrap_or(i64::MAX));
     let too_old = layout.audit(cutoff, "");
@@ -457,8 +472,9 @@ async fn prune(
         }
         revision = result.revision;
     }
-    info!(pruned = doomed.len(), kept = total - doomed.len(), "audit log pruned");
-    Ok((total - doomed.len(), revision))
+    let kept = total.saturating_sub(doomed.len());
+    info!(pruned = doomed.len(), kept, "audit log pruned");
+    Ok((kept, revision))
 }
 
 #[cfg(test)]
@@ -506,14 +522,19 @@ mod tests {
         let leadership =
             election::campaign(Arc::clone(&store), &election, "me", lease).await.unwrap();
         let by_age = AuditRetention { max_entries: 1_000_000, max_age: Duration::from_secs(60) };
-        let (kept, _) = prune(store.as_ref(), &layout, &leadership, by_age).await.unwrap();
+        let (kept, _) = prune(store.as_ref(), &layout, &leadership, by_age, None).await.unwrap();
         assert_eq!(kept, 1_300, "the old half went, over two pages");
         let oldest =
             store.list_keys(&layout.audit_prefix(), &layout.audit_prefix(), 1).await.unwrap();
         assert!(oldest.keys[0].ends_with("ev01300"), "{:?}", oldest.keys);
 
         let by_count = AuditRetention { max_entries: 100, max_age: Duration::from_secs(60) };
-        let (kept, _) = prune(store.as_ref(), &layout, &leadership, by_count).await.unwrap();
+        // A count the caller kept (from the watch) is trusted, not recounted.
+        let (kept, _) =
+            prune(store.as_ref(), &layout, &leadership, by_count, Some(200)).await.unwrap();
+        assert_eq!(kept, 100);
+        assert_eq!(store.count(&layout.audit_prefix()).await.unwrap().0, 1_200, "100 went");
+        let (kept, _) = prune(store.as_ref(), &layout, &leadership, by_count, None).await.unwrap();
         assert_eq!(kept, 100, "the oldest beyond the count went, over two pages");
         let left = store.list(&layout.audit_prefix()).await.unwrap().kvs;
         let ids: Vec<String> = left.iter().map(|kv| decode(kv).unwrap().id).collect();
@@ -522,13 +543,19 @@ mod tests {
 
         // Within both bounds, nothing more goes.
         let retention = AuditRetention { max_entries: 100, max_age: Duration::from_secs(3_600) };
-        assert_eq!(prune(store.as_ref(), &layout, &leadership, retention).await.unwrap().0, 100);
+        assert_eq!(
+            prune(store.as_ref(), &layout, &leadership, retention, None).await.unwrap().0,
+            100
+        );
 
         // Only the age bound: every entry is past 1 ms... once a moment has passed.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let retention =
             AuditRetention { max_entries: 1_000_000, max_age: Duration::from_millis(1) };
-        assert_eq!(prune(store.as_ref(), &layout, &leadership, retention).await.unwrap().0, 0);
+        assert_eq!(
+            prune(store.as_ref(), &layout, &leadership, retention, None).await.unwrap().0,
+            0
+        );
     }
 
     #[test]

@@ -196,19 +196,24 @@ impl Store for EmbeddedStore {
     ) -> Result<KeyListing, StoreError> {
         let st = lock(&self.state);
         let start = if from > prefix { from } else { prefix };
-        let mut keys = Vec::with_capacity(limit.min(1024));
-        let mut count = 0;
-        for (key, _) in st
+        let keys = st
             .kvs
             .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
-        {
-            if keys.len() < limit {
-                keys.push(key.clone());
-            }
-            count += 1;
-        }
-        Ok(KeyListing { keys, count, revision: st.revision })
+            .take(limit)
+            .map(|(k, _)| k.clone())
+            .collect();
+        Ok(KeyListing { keys, revision: st.revision })
+    }
+
+    async fn count(&self, prefix: &str) -> Result<(usize, Revision), StoreError> {
+        let st = lock(&self.state);
+        let count = st
+            .kvs
+            .range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .count();
+        Ok((count, st.revision))
     }
 
     async fn put(

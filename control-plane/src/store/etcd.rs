@@ -197,6 +197,10 @@ impl Store for EtcdStore {
         from: &str,
         limit: usize,
     ) -> Result<KeyListing, StoreError> {
+        if limit == 0 {
+            // etcd reads limit 0 as "no limit".
+            return Ok(KeyListing { keys: Vec::new(), revision: self.current_revision().await? });
+        }
         let (start, range_end) = prefix_range(prefix);
         let start =
             if from.as_bytes() > start.as_slice() { from.as_bytes().to_vec() } else { start };
@@ -204,8 +208,7 @@ impl Store for EtcdStore {
             key: start,
             range_end,
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
-            keys_only: limit > 0,
-            count_only: limit == 0,
+            keys_only: true,
             ..Default::default()
         };
         let response = self.range("list keys", request).await?;
@@ -218,11 +221,17 @@ impl Store for EtcdStore {
                 })
             })
             .collect::<Result<_, _>>()?;
-        Ok(KeyListing {
-            keys,
-            count: usize::try_from(response.count).unwrap_or(0),
-            revision: header_revision(response.header.as_ref()),
-        })
+        Ok(KeyListing { keys, revision: header_revision(response.header.as_ref()) })
+    }
+
+    async fn count(&self, prefix: &str) -> Result<(usize, Revision), StoreError> {
+        let (key, range_end) = prefix_range(prefix);
+        let request = pb::RangeRequest { key, range_end, count_only: true, ..Default::default() };
+        let response = self.range("count", request).await?;
+        Ok((
+            usize::try_from(response.count).unwrap_or(0),
+            header_revision(response.header.as_ref()),
+        ))
     }
 
     async fn put(

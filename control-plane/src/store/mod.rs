@@ -48,8 +48,6 @@ pub struct Listing {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyListing {
     pub keys: Vec<String>,
-    /// How many keys under the prefix sort at or after `from`, however many were returned.
-    pub count: usize,
     pub revision: Revision,
 }
 
@@ -170,15 +168,16 @@ pub trait Store: Send + Sync + 'static {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError>;
     /// The first `limit` keys under `prefix` that sort at or after `from` (pass `prefix` for
-    /// the start), in key order, with no values, and how many such keys there are in all
-    /// (`limit` 0 counts only). Cheap where `list` is not: the audit log's retention counts
-    /// and trims a prefix of 100,000 entries without reading them.
+    /// the start), in key order, without their values. Cheap where `list` is not: the audit
+    /// log's retention trims the oldest of 100,000 entries without reading them.
     async fn list_keys(
         &self,
         prefix: &str,
         from: &str,
         limit: usize,
     ) -> Result<KeyListing, StoreError>;
+    /// How many keys there are under `prefix`, and the revision counted at.
+    async fn count(&self, prefix: &str) -> Result<(usize, Revision), StoreError>;
     /// Returns the revision of the write.
     async fn put(
         &self,
