@@ -965,13 +965,20 @@ impl Writer {
         match self.write_records(records) {
             Ok(revisions) => {
                 for (reply, succeeded, applied) in replies {
-                    let revision = if applied == 0 { start } else { revisions[applied - 1] };
+                    // `applied` counts this transaction's own record, if it has one.
+                    let revision = applied.checked_sub(1).and_then(|i| revisions.get(i)).copied();
+                    let revision = revision.unwrap_or(start);
                     let _ = reply.send(Ok(TxnResult { succeeded, revision }));
                 }
             }
+            // Nothing of the group was applied; each member learns why (a lone transaction
+            // gets the error itself, as before group commits).
             Err(e) => {
+                let message = e.to_string();
+                let mut lone = (replies.len() == 1).then_some(e);
                 for (reply, _, _) in replies {
-                    let _ = reply.send(Err(StoreError::Unavailable(e.to_string())));
+                    let e = lone.take().unwrap_or_else(|| StoreError::Unavailable(message.clone()));
+                    let _ = reply.send(Err(e));
                 }
             }
         }
