@@ -439,7 +439,6 @@ async fn prune(
     let excess = total.saturating_sub(retention.max_entries);
     let mut doomed: Vec<TxnOp> = Vec::new();
     loop {
-        let full = page.keys.len() == PRUNE_PAGE;
         let before = doomed.len();
         doomed.extend(
             page.keys
@@ -448,8 +447,9 @@ async fn prune(
                 .take_while(|(i, key)| before + i < excess || *key < too_old)
                 .map(|(_, key)| TxnOp::Delete { key }),
         );
+        // Read on only past a full page that was doomed to the last key.
         let Some(TxnOp::Delete { key: last }) = doomed.last() else { break };
-        if !full || doomed.len() - before < PRUNE_PAGE {
+        if doomed.len() - before < PRUNE_PAGE {
             break;
         }
         let next = format!("{last}\0");

@@ -179,12 +179,7 @@ impl Store for EmbeddedStore {
 
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
         let st = lock(&self.state);
-        let kvs = st
-            .kvs
-            .range(prefix.to_owned()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(_, kv)| kv.clone())
-            .collect();
+        let kvs = st.under(prefix, prefix).map(|(_, kv)| kv.clone()).collect();
         Ok(Listing { kvs, revision: st.revision })
     }
 
@@ -195,25 +190,13 @@ impl Store for EmbeddedStore {
         limit: usize,
     ) -> Result<KeyListing, StoreError> {
         let st = lock(&self.state);
-        let start = if from > prefix { from } else { prefix };
-        let keys = st
-            .kvs
-            .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .take(limit)
-            .map(|(k, _)| k.clone())
-            .collect();
+        let keys = st.under(prefix, from).take(limit).map(|(k, _)| k.clone()).collect();
         Ok(KeyListing { keys, revision: st.revision })
     }
 
     async fn count(&self, prefix: &str) -> Result<(usize, Revision), StoreError> {
         let st = lock(&self.state);
-        let count = st
-            .kvs
-            .range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .count();
-        Ok((count, st.revision))
+        Ok((st.under(prefix, prefix).count(), st.revision))
     }
 
     async fn put(
@@ -340,6 +323,19 @@ impl State {
     }
 
     /// Resolves a transaction into concrete single-key changes without touching the state.
+    /// The entries under `prefix` from key `from` on (from the prefix's start when `from`
+    /// sorts before it), in key order.
+    fn under<'a>(
+        &'a self,
+        prefix: &'a str,
+        from: &'a str,
+    ) -> impl Iterator<Item = (&'a String, &'a KeyValue)> + 'a {
+        let start = from.max(prefix);
+        self.kvs
+            .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
+            .take_while(move |(k, _)| k.starts_with(prefix))
+    }
+
     fn plan_txn(&self, txn: &Txn) -> Result<(bool, Vec<Change>), StoreError> {
         validate(txn)?;
         let succeeded = txn.compare.iter().all(|c| self.holds(c));
@@ -368,10 +364,8 @@ impl State {
                 }
                 TxnOp::DeletePrefix { prefix } => {
                     let keys: BTreeSet<String> = self
-                        .kvs
-                        .range(prefix.clone()..)
+                        .under(prefix, prefix)
                         .map(|(k, _)| k)
-                        .take_while(|k| k.starts_with(prefix.as_str()))
                         .chain(overlay.keys().filter(|k| k.starts_with(prefix.as_str())))
                         .cloned()
                         .collect();
@@ -887,8 +881,7 @@ impl Writer {
                     let _ = done.send(());
                     return;
                 }
-                Ok(Command::Txn(txn, reply)) => next = self.txn_group(txn, reply, &commands),
-                Ok(command) => self.handle(command),
+                Ok(command) => next = self.handle(command, &commands),
                 Err(std_mpsc::RecvTimeoutError::Timeout) => {}
                 Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
             }
@@ -984,11 +977,15 @@ impl Writer {
         }
     }
 
-    fn handle(&mut self, command: Command) {
+    /// Carries out `command`; returns a command taken from the queue meanwhile (see
+    /// [`Self::txn_group`]), to be handled next.
+    fn handle(
+        &mut self,
+        command: Command,
+        commands: &std_mpsc::Receiver<Command>,
+    ) -> Option<Command> {
         match command {
-            Command::Txn(txn, reply) => {
-                let _ = reply.send(self.txn(&txn));
-            }
+            Command::Txn(txn, reply) => return self.txn_group(txn, reply, commands),
             Command::Grant(ttl, reply) => {
                 let _ = reply.send(self.grant(ttl));
             }
@@ -1003,14 +1000,7 @@ impl Writer {
             }
             Command::Close(_) => {}
         }
-    }
-
-    fn txn(&mut self, txn: &Txn) -> Result<TxnResult, StoreError> {
-        let (succeeded, changes) = lock(&self.state).plan_txn(txn)?;
-        if !changes.is_empty() {
-            self.write(Record::Commit { changes })?;
-        }
-        Ok(TxnResult { succeeded, revision: lock(&self.state).revision })
+        None
     }
 
     fn grant(&mut self, ttl: Duration) -> Result<LeaseId, StoreError> {
