@@ -209,8 +209,9 @@ pub struct EventWriter {
     tx: tokio::sync::mpsc::Sender<WriteRequest>,
 }
 
-/// Rounds of event writes are at least this far apart.
-pub const MIN_WRITE_INTERVAL: Duration = Duration::from_millis(5);
+/// Rounds of event writes are at least this far apart: a round costs an fsync and a wake-up
+/// of every watcher of the store, so a storm is written in a few dozen rounds a second.
+pub const MIN_WRITE_INTERVAL: Duration = Duration::from_millis(25);
 /// Events taken into one round at most; the rest wait for the next.
 const MAX_ROUND_EVENTS: usize = 4096;
 

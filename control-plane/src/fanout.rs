@@ -209,7 +209,7 @@ async fn follow(
         .into_iter()
         .filter_map(|kv| {
             let name = layout.resource_name(&kv.key)?.to_owned();
-            Some((name, (Arc::<[u8]>::from(kv.value), kv.mod_revision)))
+            Some((name, (Arc::<[u8]>::from(&kv.value[..]), kv.mod_revision)))
         })
         .collect();
     cache.reload(listing.revision, resources);
@@ -229,7 +229,9 @@ async fn follow(
                 deletes: Vec::new(),
             });
             match event.kind {
-                EventKind::Put => update.upserts.push((name.to_owned(), event.kv.value.into())),
+                EventKind::Put => {
+                    update.upserts.push((name.to_owned(), Arc::from(&event.kv.value[..])))
+                }
                 EventKind::Delete => update.deletes.push(name.to_owned()),
             }
         }

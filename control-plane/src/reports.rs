@@ -110,7 +110,7 @@ pub async fn adopt_breakers(
                 .iter()
                 .map(|kv| TxnOp::Put {
                     key: kv.key.clone(),
-                    value: kv.value.clone(),
+                    value: kv.value.to_vec(),
                     lease: Some(lease),
                 })
                 .collect(),

@@ -142,7 +142,7 @@ mod cases {
         assert_eq!(s.get("k").await.unwrap(), None);
         s.put("k", b"v1".to_vec(), None).await.unwrap();
         let kv = s.get("k").await.unwrap().unwrap();
-        assert_eq!((kv.key.as_str(), kv.value.as_slice(), kv.lease), ("k", &b"v1"[..], 0));
+        assert_eq!((kv.key.as_str(), &kv.value[..], kv.lease), ("k", &b"v1"[..], 0));
         assert!(s.delete("k").await.unwrap(), "delete of an existing key reports it existed");
         assert_eq!(s.get("k").await.unwrap(), None);
         assert!(!s.delete("k").await.unwrap(), "delete of a missing key reports it did not");
@@ -225,12 +225,12 @@ mod cases {
         };
         let first = s.txn(create()).await.unwrap();
         assert!(first.succeeded);
-        assert_eq!(s.get("lock").await.unwrap().unwrap().value, b"me");
+        assert_eq!(&s.get("lock").await.unwrap().unwrap().value[..], b"me");
         assert_eq!(s.get("lost").await.unwrap(), None, "failure branch did not run");
         let second = s.txn(create()).await.unwrap();
         assert!(!second.succeeded);
         assert_eq!(second.revision, first.revision + 1, "the failure branch wrote");
-        assert_eq!(s.get("lost").await.unwrap().unwrap().value, b"yes");
+        assert_eq!(&s.get("lost").await.unwrap().unwrap().value[..], b"yes");
     }
 
     pub async fn txn_mod_revision_compare_is_compare_and_swap(b: Backend) {
@@ -243,7 +243,7 @@ mod cases {
         };
         assert!(s.txn(cas(r)).await.unwrap().succeeded);
         assert!(!s.txn(cas(r)).await.unwrap().succeeded, "stale mod revision");
-        assert_eq!(s.get("k").await.unwrap().unwrap().value, b"2");
+        assert_eq!(&s.get("k").await.unwrap().unwrap().value[..], b"2");
         assert!(
             s.txn(Txn { compare: vec![Compare::mod_revision("missing", 0)], ..Txn::default() })
                 .await
@@ -369,7 +369,7 @@ mod cases {
                 (EventKind::Delete, "a/1", r4)
             ]
         );
-        assert_eq!(events[1].kv.value, b"2");
+        assert_eq!(&events[1].kv.value[..], b"2");
         // ...then live.
         let r5 = s.put("a/3", b"3".to_vec(), None).await.unwrap();
         let live = next_events(&mut watch, 1).await;
@@ -386,7 +386,7 @@ mod cases {
         let events = next_events(&mut watch, 1).await;
         assert_eq!(events[0].kind, EventKind::Put);
         assert_eq!(
-            (events[0].kv.key.as_str(), events[0].kv.value.as_slice(), events[0].kv.mod_revision),
+            (events[0].kv.key.as_str(), &events[0].kv.value[..], events[0].kv.mod_revision),
             ("a/new", &b"new"[..], r)
         );
         assert_eq!((events[0].kv.create_revision, events[0].kv.version), (r, 1));
@@ -438,7 +438,7 @@ mod cases {
         // The floor itself is still watchable.
         let mut watch = s.watch("k", r3).await.unwrap();
         let events = next_events(&mut watch, 1).await;
-        assert_eq!((events[0].kv.mod_revision, events[0].kv.value.as_slice()), (r3, &b"3"[..]));
+        assert_eq!((events[0].kv.mod_revision, &events[0].kv.value[..]), (r3, &b"3"[..]));
     }
 
     pub async fn lease_expiry_deletes_keys_and_emits_delete_events(b: Backend) {
@@ -533,12 +533,12 @@ mod cases {
             "b must not lead while a does"
         );
         let leader = election::leader(s.as_ref(), "/election/webhooks").await.unwrap().unwrap();
-        assert_eq!((leader.key.as_str(), leader.value.as_slice()), (a.key(), &b"a"[..]));
+        assert_eq!((leader.key.as_str(), &leader.value[..]), (a.key(), &b"a"[..]));
         a.resign().await.unwrap();
         let b_lead = tokio::time::timeout(WAIT, b_campaign).await.unwrap().unwrap().unwrap();
         assert!(b_lead.is_leader().await.unwrap());
         let leader = election::leader(s.as_ref(), "/election/webhooks").await.unwrap().unwrap();
-        assert_eq!(leader.value, b"b");
+        assert_eq!(&leader.value[..], b"b");
     }
 
     pub async fn election_hands_over_when_the_leaders_lease_is_revoked(b: Backend) {

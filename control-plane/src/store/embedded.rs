@@ -42,6 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -336,16 +337,15 @@ impl State {
             .take_while(move |(k, _)| k.starts_with(prefix))
     }
 
-    fn plan_txn(&self, txn: &Txn) -> Result<(bool, Vec<Change>), StoreError> {
-        validate(txn)?;
+    fn plan_txn(&self, txn: Txn) -> Result<(bool, Vec<Change>), StoreError> {
+        validate(&txn)?;
         let succeeded = txn.compare.iter().all(|c| self.holds(c));
-        let ops = if succeeded { &txn.success } else { &txn.failure };
-        // Existence of keys as changed by earlier ops of this transaction.
-        let mut overlay: BTreeMap<String, bool> = BTreeMap::new();
-        let exists = |overlay: &BTreeMap<String, bool>, key: &str| {
-            overlay.get(key).copied().unwrap_or_else(|| self.kvs.contains_key(key))
-        };
-        let mut changes = Vec::new();
+        let ops = if succeeded { txn.success } else { txn.failure };
+        // Keys deleted by earlier ops of this transaction. Puts need no such record:
+        // `validate` refuses a branch that puts a key and also deletes it or puts it twice,
+        // so keys and values move into the plan without a copy.
+        let mut deleted: BTreeSet<String> = BTreeSet::new();
+        let mut changes = Vec::with_capacity(ops.len());
         for op in ops {
             match op {
                 TxnOp::Put { key, value, lease } => {
@@ -353,27 +353,23 @@ impl State {
                     if lease != 0 && !self.leases.contains_key(&lease) {
                         return Err(StoreError::LeaseNotFound(lease));
                     }
-                    overlay.insert(key.clone(), true);
-                    changes.push(Change::Put { key: key.clone(), value: value.clone(), lease });
+                    changes.push(Change::Put { key, value: Bytes::from(value), lease });
                 }
                 TxnOp::Delete { key } => {
-                    if exists(&overlay, key) {
-                        overlay.insert(key.clone(), false);
-                        changes.push(Change::Delete { key: key.clone() });
+                    if self.kvs.contains_key(&key) && deleted.insert(key.clone()) {
+                        changes.push(Change::Delete { key });
                     }
                 }
                 TxnOp::DeletePrefix { prefix } => {
-                    let keys: BTreeSet<String> = self
-                        .under(prefix, prefix)
+                    let keys: Vec<String> = self
+                        .under(&prefix, &prefix)
                         .map(|(k, _)| k)
-                        .chain(overlay.keys().filter(|k| k.starts_with(prefix.as_str())))
+                        .filter(|k| !deleted.contains(k.as_str()))
                         .cloned()
                         .collect();
                     for key in keys {
-                        if exists(&overlay, &key) {
-                            overlay.insert(key.clone(), false);
-                            changes.push(Change::Delete { key });
-                        }
+                        deleted.insert(key.clone());
+                        changes.push(Change::Delete { key });
                     }
                 }
             }
@@ -382,32 +378,32 @@ impl State {
     }
 
     /// Applies a durable record. Also used for replay, so it must be deterministic.
-    fn apply(&mut self, record: &Record, now: Instant, retain: usize) {
+    fn apply(&mut self, record: Record, now: Instant, retain: usize) {
         match record {
             Record::Commit { changes } => self.commit(changes, retain),
             Record::Grant { id, ttl_ms } => {
-                let ttl = Duration::from_millis(*ttl_ms);
+                let ttl = Duration::from_millis(ttl_ms);
                 self.leases.insert(
-                    *id,
+                    id,
                     LeaseState { ttl, deadline: deadline(now, ttl), keys: BTreeSet::new() },
                 );
             }
             Record::Revoke { id } => {
-                if let Some(lease) = self.leases.remove(id) {
+                if let Some(lease) = self.leases.remove(&id) {
                     let changes: Vec<Change> = lease
                         .keys
                         .into_iter()
-                        .filter(|k| self.kvs.get(k).is_some_and(|kv| kv.lease == *id))
+                        .filter(|k| self.kvs.get(k).is_some_and(|kv| kv.lease == id))
                         .map(|key| Change::Delete { key })
                         .collect();
-                    self.commit(&changes, retain);
+                    self.commit(changes, retain);
                 }
             }
-            Record::Compact { revision } => self.compact_to(*revision),
+            Record::Compact { revision } => self.compact_to(revision),
         }
     }
 
-    fn commit(&mut self, changes: &[Change], retain: usize) {
+    fn commit(&mut self, changes: Vec<Change>, retain: usize) {
         if changes.is_empty() {
             return;
         }
@@ -416,37 +412,31 @@ impl State {
         for change in changes {
             match change {
                 Change::Put { key, value, lease } => {
-                    let previous = self.kvs.get(key);
+                    let previous = self.kvs.get(&key);
                     let (create_revision, version, old_lease) = previous
                         .map_or((rev, 1, 0), |kv| (kv.create_revision, kv.version + 1, kv.lease));
                     if old_lease != 0
-                        && old_lease != *lease
+                        && old_lease != lease
                         && let Some(l) = self.leases.get_mut(&old_lease)
                     {
-                        l.keys.remove(key);
+                        l.keys.remove(&key);
                     }
-                    if *lease != 0
-                        && let Some(l) = self.leases.get_mut(lease)
+                    if lease != 0
+                        && let Some(l) = self.leases.get_mut(&lease)
                     {
                         l.keys.insert(key.clone());
                     }
-                    let kv = KeyValue {
-                        key: key.clone(),
-                        value: value.clone(),
-                        create_revision,
-                        mod_revision: rev,
-                        version,
-                        lease: *lease,
-                    };
-                    self.kvs.insert(key.clone(), kv.clone());
+                    let kv =
+                        KeyValue { key, value, create_revision, mod_revision: rev, version, lease };
+                    self.kvs.insert(kv.key.clone(), kv.clone());
                     events.push(WatchEvent { kind: EventKind::Put, kv });
                 }
                 Change::Delete { key } => {
-                    if let Some(old) = self.kvs.remove(key) {
+                    if let Some(old) = self.kvs.remove(&key) {
                         if old.lease != 0
                             && let Some(l) = self.leases.get_mut(&old.lease)
                         {
-                            l.keys.remove(key);
+                            l.keys.remove(&key);
                         }
                         events
                             .push(WatchEvent { kind: EventKind::Delete, kv: tombstone(key, rev) });
@@ -530,11 +520,11 @@ fn duplicate_key(key: &str) -> StoreError {
     StoreError::InvalidRequest(format!("transaction writes key {key:?} more than once"))
 }
 
-fn tombstone(key: &str, revision: Revision) -> KeyValue {
+fn tombstone(key: String, revision: Revision) -> KeyValue {
     // etcd's delete events carry only the key and the revision of the delete.
     KeyValue {
-        key: key.to_owned(),
-        value: Vec::new(),
+        key,
+        value: Bytes::new(),
         create_revision: 0,
         mod_revision: revision,
         version: 0,
@@ -551,7 +541,7 @@ struct LogEntry {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(tag = "op", rename_all = "snake_case", try_from = "wire::Record")]
 enum Record {
     /// One revision: every change of one transaction.
     Commit {
@@ -578,18 +568,94 @@ impl Change {
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 enum Change {
     Put {
         key: String,
         #[serde(with = "value_encoding")]
-        value: Vec<u8>,
+        value: Bytes,
         lease: LeaseId,
     },
     Delete {
         key: String,
     },
+}
+
+/// Records as read back. serde reads an internally tagged enum by buffering it first, and a
+/// buffered value can no longer be taken verbatim, as a `{"json": ...}` value must be: so a
+/// record is read into plain structs, whose fields serde_json hands over as they are parsed.
+mod wire {
+    use bytes::Bytes;
+    use serde::Deserialize;
+
+    use super::{LeaseId, Revision, value_encoding};
+
+    #[derive(Deserialize)]
+    pub struct Record {
+        op: String,
+        #[serde(default)]
+        changes: Vec<Change>,
+        id: Option<LeaseId>,
+        ttl_ms: Option<u64>,
+        revision: Option<Revision>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Change {
+        kind: String,
+        key: String,
+        #[serde(default, deserialize_with = "value_encoding::deserialize_some")]
+        value: Option<Bytes>,
+        #[serde(default)]
+        lease: LeaseId,
+    }
+
+    fn missing(field: &str, op: &str) -> String {
+        format!("a {op} record without {field}")
+    }
+
+    impl TryFrom<Record> for super::Record {
+        type Error = String;
+
+        fn try_from(r: Record) -> Result<Self, String> {
+            let op = r.op.as_str();
+            Ok(match op {
+                "commit" => super::Record::Commit {
+                    changes: r
+                        .changes
+                        .into_iter()
+                        .map(super::Change::try_from)
+                        .collect::<Result<_, _>>()?,
+                },
+                "grant" => super::Record::Grant {
+                    id: r.id.ok_or_else(|| missing("id", op))?,
+                    ttl_ms: r.ttl_ms.ok_or_else(|| missing("ttl_ms", op))?,
+                },
+                "revoke" => super::Record::Revoke { id: r.id.ok_or_else(|| missing("id", op))? },
+                "compact" => super::Record::Compact {
+                    revision: r.revision.ok_or_else(|| missing("revision", op))?,
+                },
+                other => return Err(format!("unknown record op {other:?}")),
+            })
+        }
+    }
+
+    impl TryFrom<Change> for super::Change {
+        type Error = String;
+
+        fn try_from(c: Change) -> Result<Self, String> {
+            match c.kind.as_str() {
+                "put" => Ok(super::Change::Put {
+                    key: c.key,
+                    value: c.value.ok_or_else(|| missing("value", "put"))?,
+                    lease: c.lease,
+                }),
+                "delete" => Ok(super::Change::Delete { key: c.key }),
+                other => Err(format!("unknown change kind {other:?}")),
+            }
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -605,7 +671,7 @@ struct Snapshot {
 struct StoredKv {
     key: String,
     #[serde(with = "value_encoding")]
-    value: Vec<u8>,
+    value: Bytes,
     create_revision: Revision,
     mod_revision: Revision,
     version: i64,
@@ -618,50 +684,76 @@ struct StoredLease {
     ttl_ms: u64,
 }
 
-/// Values are arbitrary bytes, but nearly all are JSON documents. A UTF-8 value is written
-/// as `{"text": "..."}` (the file stays readable, and a value costs about its own length);
-/// anything else as `{"hex": "..."}`. Earlier releases wrote every value as a bare hex
-/// string, which is still read, so a directory written by them opens unchanged.
+/// Values are arbitrary bytes, but nearly all are JSON documents. A value that is one
+/// compact JSON document is written as itself, `{"json": ...}`: checking it is cheaper than
+/// escaping it into a string, and in an outage storm the audit log's event documents are
+/// most of what the writer thread encodes. Any other UTF-8 value is written as
+/// `{"text": "..."}`, anything else as `{"hex": "..."}`. Earlier releases wrote `text` and
+/// `hex` values, or a bare hex string, all still read, so their directories open unchanged.
 mod value_encoding {
+    use bytes::Bytes;
     use serde::de::{self, Deserializer, MapAccess, Visitor};
     use serde::ser::{SerializeMap, Serializer};
+    use serde_json::value::RawValue;
 
-    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    /// `bytes` as a JSON document that re-encodes to exactly the same bytes: no whitespace
+    /// around it (the parser would drop it) and no line break in it (the log is one record
+    /// per line).
+    fn as_document(bytes: &[u8]) -> Option<&RawValue> {
+        let raw: &RawValue = serde_json::from_slice(bytes).ok()?;
+        (raw.get().len() == bytes.len() && !bytes.contains(&b'\n')).then_some(raw)
+    }
+
+    pub fn serialize<S: Serializer>(bytes: &Bytes, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(Some(1))?;
-        match std::str::from_utf8(bytes) {
-            Ok(text) => map.serialize_entry("text", text)?,
-            Err(_) => map.serialize_entry("hex", &to_hex(bytes))?,
+        if let Some(document) = as_document(bytes) {
+            map.serialize_entry("json", document)?;
+        } else {
+            match std::str::from_utf8(bytes) {
+                Ok(text) => map.serialize_entry("text", text)?,
+                Err(_) => map.serialize_entry("hex", &to_hex(bytes))?,
+            }
         }
         map.end()
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
         d.deserialize_any(Value)
+    }
+
+    pub fn deserialize_some<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Bytes>, D::Error> {
+        deserialize(d).map(Some)
     }
 
     struct Value;
 
     impl<'de> Visitor<'de> for Value {
-        type Value = Vec<u8>;
+        type Value = Bytes;
 
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a value: {\"text\": ...}, {\"hex\": ...} or a hex string")
+            f.write_str("a value: {\"json\": ...}, {\"text\": ...}, {\"hex\": ...} or a hex string")
         }
 
-        /// The earlier releases' form.
-        fn visit_str<E: de::Error>(self, hex: &str) -> Result<Vec<u8>, E> {
+        /// The earliest releases' form.
+        fn visit_str<E: de::Error>(self, hex: &str) -> Result<Bytes, E> {
             from_hex(hex)
         }
 
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<u8>, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Bytes, A::Error> {
             let value = match map.next_key::<std::borrow::Cow<'de, str>>()?.as_deref() {
-                Some("text") => map.next_value::<String>()?.into_bytes(),
+                Some("json") => {
+                    let document: Box<RawValue> = map.next_value()?;
+                    Bytes::from(String::from(Box::<str>::from(document)))
+                }
+                Some("text") => Bytes::from(map.next_value::<String>()?),
                 Some("hex") => from_hex(&map.next_value::<std::borrow::Cow<'de, str>>()?)?,
-                Some(other) => return Err(de::Error::unknown_field(other, &["text", "hex"])),
-                None => return Err(de::Error::missing_field("text")),
+                Some(other) => {
+                    return Err(de::Error::unknown_field(other, &["json", "text", "hex"]));
+                }
+                None => return Err(de::Error::missing_field("json")),
             };
             if map.next_key::<de::IgnoredAny>()?.is_some() {
-                return Err(de::Error::custom("a value has exactly one of text or hex"));
+                return Err(de::Error::custom("a value has exactly one of json, text or hex"));
             }
             Ok(value)
         }
@@ -677,7 +769,7 @@ mod value_encoding {
         out
     }
 
-    fn from_hex<E: de::Error>(s: &str) -> Result<Vec<u8>, E> {
+    fn from_hex<E: de::Error>(s: &str) -> Result<Bytes, E> {
         if !s.len().is_multiple_of(2) {
             return Err(E::custom("odd-length hex value"));
         }
@@ -688,7 +780,8 @@ mod value_encoding {
                     .and_then(|pair| u8::from_str_radix(pair, 16).ok())
                     .ok_or_else(|| E::custom("invalid hex value"))
             })
-            .collect()
+            .collect::<Result<Vec<u8>, E>>()
+            .map(Bytes::from)
     }
 }
 
@@ -771,7 +864,7 @@ fn recover(dir: &Path, options: &Options) -> Result<Recovered, StoreError> {
                 StoreError::Corrupt(format!("{} at byte {log_len}: {e}", log_path.display()))
             })?;
             if entry.seq > seq {
-                state.apply(&entry.record, now, options.retain_revisions);
+                state.apply(entry.record, now, options.retain_revisions);
                 seq = entry.seq;
             }
             log_len += n as u64;
@@ -918,15 +1011,19 @@ impl Writer {
             }
         }
         let mut group: Vec<Planned> = Vec::with_capacity(queued.len());
+        // A lone transaction cannot conflict with anything: no key set to build.
+        let track = queued.len() > 1;
         let mut written: HashSet<String> = HashSet::new();
         for (txn, reply) in queued {
             if !written.is_empty() && touches(&txn, &written) {
                 self.commit_group(std::mem::take(&mut group));
                 written.clear();
             }
-            match lock(&self.state).plan_txn(&txn) {
+            match lock(&self.state).plan_txn(txn) {
                 Ok((succeeded, changes)) => {
-                    written.extend(changes.iter().map(|c| c.key().to_owned()));
+                    if track {
+                        written.extend(changes.iter().map(|c| c.key().to_owned()));
+                    }
                     group.push(Planned { reply, succeeded, changes });
                 }
                 Err(e) => {
@@ -1116,9 +1213,9 @@ impl Writer {
         {
             let mut st = lock(&self.state);
             let now = Instant::now();
-            for entry in &entries {
-                st.apply(&entry.record, now, self.options.retain_revisions);
+            for entry in entries {
                 self.seq = entry.seq;
+                st.apply(entry.record, now, self.options.retain_revisions);
                 revisions.push(st.revision);
             }
         }
@@ -1310,7 +1407,7 @@ mod tests {
         assert!(matches!(results[2], Err(StoreError::InvalidRequest(_))), "{:?}", results[2]);
         assert_eq!(ok(3), TxnResult { succeeded: false, revision: 4 });
         assert_eq!(ok(4), TxnResult { succeeded: true, revision: 5 });
-        assert_eq!(store.get("b").await.unwrap().unwrap().value, b"2");
+        assert_eq!(&store.get("b").await.unwrap().unwrap().value[..], b"2");
         assert!(store.get("failed").await.unwrap().is_none());
         assert!(store.get("c").await.unwrap().is_none());
 
@@ -1347,8 +1444,8 @@ mod tests {
     fn a_delete_after_a_prefix_delete_of_the_same_key_is_a_no_op() {
         let mut st = State::empty();
         st.apply(
-            &Record::Commit {
-                changes: vec![Change::Put { key: "a/1".into(), value: vec![], lease: 0 }],
+            Record::Commit {
+                changes: vec![Change::Put { key: "a/1".into(), value: Bytes::new(), lease: 0 }],
             },
             Instant::now(),
             10,
@@ -1361,7 +1458,7 @@ mod tests {
             ],
             ..Txn::default()
         };
-        let (ok, changes) = st.plan_txn(&txn).unwrap();
+        let (ok, changes) = st.plan_txn(txn.clone()).unwrap();
         assert!(ok);
         // delete a/1, put b/1: the second delete of a/1 finds nothing.
         assert_eq!(changes.len(), 2);
@@ -1372,8 +1469,9 @@ mod tests {
         let mut st = State::empty();
         let value = vec![b'x'; 1024 * 1024];
         for i in 0..100 {
-            let put = Change::Put { key: format!("k/{i}"), value: value.clone(), lease: 0 };
-            st.apply(&Record::Commit { changes: vec![put] }, Instant::now(), 10_000);
+            let put =
+                Change::Put { key: format!("k/{i}"), value: Bytes::from(value.clone()), lease: 0 };
+            st.apply(Record::Commit { changes: vec![put] }, Instant::now(), 10_000);
         }
         assert!(st.history_bytes <= MAX_HISTORY_BYTES, "{} bytes held", st.history_bytes);
         assert_eq!(
@@ -1387,19 +1485,37 @@ mod tests {
     }
 
     #[test]
-    fn text_values_are_written_as_text_and_other_bytes_as_hex() {
-        let entry = |value: Vec<u8>| LogEntry {
-            seq: 1,
-            record: Record::Commit {
-                changes: vec![Change::Put { key: "k".into(), value, lease: 0 }],
-            },
+    fn json_documents_are_written_as_themselves_other_text_as_text_and_bytes_as_hex() {
+        let line = |value: &[u8]| {
+            let entry = LogEntry {
+                seq: 1,
+                record: Record::Commit {
+                    changes: vec![Change::Put {
+                        key: "k".into(),
+                        value: Bytes::copy_from_slice(value),
+                        lease: 0,
+                    }],
+                },
+            };
+            serde_json::to_string(&entry).unwrap()
         };
-        let text = serde_json::to_string(&entry(br#"{"a":"b"}"#.to_vec())).unwrap();
-        assert!(text.contains(r#""value":{"text":"{\"a\":\"b\"}"}"#), "{text}");
-        let binary = serde_json::to_string(&entry(vec![0xff, 0x00])).unwrap();
-        assert!(binary.contains(r#""value":{"hex":"ff00"}"#), "{binary}");
-        for line in [text, binary] {
+        let cases: [(&[u8], &str); 5] = [
+            (br#"{"a":"b\n","n":[1,2]}"#, r#""value":{"json":{"a":"b\n","n":[1,2]}}"#),
+            // Whitespace around a document would be lost, a line break inside would split
+            // the record: both stay text, byte for byte.
+            (b" {\"a\":1}", r#""value":{"text":" {\"a\":1}"}"#),
+            (b"{\n\"a\": 1\n}", r#""value":{"text":"{\n\"a\": 1\n}"}"#),
+            (b"plain text", r#""value":{"text":"plain text"}"#),
+            (&[0xff, 0x00], r#""value":{"hex":"ff00"}"#),
+        ];
+        for (value, expected) in cases {
+            let line = line(value);
+            assert!(line.contains(expected), "{line}");
+            assert!(!line.contains('\n'), "{line}");
             let back: LogEntry = serde_json::from_str(&line).unwrap();
+            let Record::Commit { changes } = &back.record else { panic!("{line}") };
+            let [Change::Put { value: read, .. }] = changes.as_slice() else { panic!("{line}") };
+            assert_eq!(&read[..], value, "{line}");
             assert_eq!(serde_json::to_string(&back).unwrap(), line);
         }
     }
@@ -1430,13 +1546,13 @@ mod tests {
         )
         .unwrap();
         let store = EmbeddedStore::open(dir.path()).await.unwrap();
-        assert_eq!(store.get("a").await.unwrap().unwrap().value, br#"{"x":1}"#);
-        assert_eq!(store.get("b").await.unwrap().unwrap().value, b"plain text");
+        assert_eq!(&store.get("a").await.unwrap().unwrap().value[..], br#"{"x":1}"#);
+        assert_eq!(&store.get("b").await.unwrap().unwrap().value[..], b"plain text");
         // New writes go on in the new form and the mixed log replays.
         store.put("c", vec![0xfe], None).await.unwrap();
         store.close().await;
         let store = EmbeddedStore::open(dir.path()).await.unwrap();
-        assert_eq!(store.get("b").await.unwrap().unwrap().value, b"plain text");
-        assert_eq!(store.get("c").await.unwrap().unwrap().value, [0xfe]);
+        assert_eq!(&store.get("b").await.unwrap().unwrap().value[..], b"plain text");
+        assert_eq!(&store.get("c").await.unwrap().unwrap().value[..], [0xfe]);
     }
 }

@@ -560,7 +560,7 @@ fn from_pb_kv(kv: pb::KeyValue) -> Result<KeyValue, StoreError> {
         .map_err(|_| StoreError::Corrupt("etcd returned a key that is not UTF-8".into()))?;
     Ok(KeyValue {
         key,
-        value: kv.value,
+        value: kv.value.into(),
         create_revision: kv.create_revision,
         mod_revision: kv.mod_revision,
         version: kv.version,

@@ -16,6 +16,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use tokio::sync::mpsc;
 
 pub mod election;
@@ -28,7 +29,9 @@ pub type LeaseId = i64;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyValue {
     pub key: String,
-    pub value: Vec<u8>,
+    /// Shared, not copied: the embedded store hands the same bytes to its index, its watch
+    /// history and every watcher.
+    pub value: Bytes,
     pub create_revision: Revision,
     pub mod_revision: Revision,
     /// Number of writes since the key was (re)created; 1 after the first put.
