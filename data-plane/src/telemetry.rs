@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
+use prost::Message;
 
 use switchyard_proto::node::v1 as pb;
 
@@ -20,9 +21,16 @@ const MAX_TRANSITIONS: usize = 1_000;
 #[derive(Default)]
 struct EventQueue {
     pending: VecDeque<pb::FailoverEvent>,
-    in_flight: BTreeMap<u64, Vec<pb::FailoverEvent>>,
+    /// Batches sent and not yet acked, kept encoded: one buffer per batch instead of a deep
+    /// copy of every event's strings, and only a reconnect ever reads one back.
+    in_flight: BTreeMap<u64, InFlight>,
     held: usize,
     next_seq: u64,
+}
+
+struct InFlight {
+    events: usize,
+    encoded: Vec<u8>,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -39,7 +47,9 @@ pub struct Telemetry {
     events: Mutex<EventQueue>,
     pub events_dropped: Counter,
     transitions: Mutex<VecDeque<pb::BreakerTransition>>,
-    usage: Mutex<HashMap<(String, String), Totals>>,
+    /// Key id → served model → totals: nested so that a request finds its entry by
+    /// borrowed names and allocates only the first time a pair is seen.
+    usage: Mutex<HashMap<String, HashMap<String, Totals>>>,
     usage_dirty: AtomicBool,
 }
 
@@ -81,9 +91,9 @@ impl Telemetry {
         let n = q.pending.len().min(EVENTS_PER_BATCH);
         let events: Vec<_> = q.pending.drain(..n).collect();
         q.next_seq += 1;
-        let seq = q.next_seq;
-        q.in_flight.insert(seq, events.clone());
-        Some(pb::FailoverEvents { seq, events })
+        let batch = pb::FailoverEvents { seq: q.next_seq, events };
+        q.in_flight.insert(batch.seq, InFlight { events: n, encoded: batch.encode_to_vec() });
+        Some(batch)
     }
 
     /// The control plane stored every batch up to `seq`.
@@ -92,7 +102,7 @@ impl Telemetry {
         let acked: Vec<u64> = q.in_flight.range(..=seq).map(|(s, _)| *s).collect();
         for s in acked {
             if let Some(batch) = q.in_flight.remove(&s) {
-                q.held -= batch.len();
+                q.held -= batch.events;
             }
         }
     }
@@ -101,9 +111,19 @@ impl Telemetry {
     pub fn requeue_in_flight(&self) {
         let mut q = lock(&self.events);
         let batches = std::mem::take(&mut q.in_flight);
-        for (_, batch) in batches.into_iter().rev() {
-            for event in batch.into_iter().rev() {
-                q.pending.push_front(event);
+        for (seq, batch) in batches.into_iter().rev() {
+            match pb::FailoverEvents::decode(batch.encoded.as_slice()) {
+                Ok(decoded) => {
+                    for event in decoded.events.into_iter().rev() {
+                        q.pending.push_front(event);
+                    }
+                }
+                // Only our own encoding is ever read here; should it fail, the loss is counted.
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "could not read back an unacked event batch");
+                    q.held -= batch.events;
+                    self.events_dropped.inc_by(batch.events as u64);
+                }
             }
         }
     }
@@ -129,7 +149,14 @@ impl Telemetry {
     /// Usage is billed to the model that served.
     pub fn record_usage(&self, key_id: &str, model: &str, prompt: u64, completion: u64, cost: f64) {
         let mut usage = lock(&self.usage);
-        let totals = usage.entry((key_id.to_owned(), model.to_owned())).or_default();
+        let models = match usage.get_mut(key_id) {
+            Some(models) => models,
+            None => usage.entry(key_id.to_owned()).or_default(),
+        };
+        let totals = match models.get_mut(model) {
+            Some(totals) => totals,
+            None => models.entry(model.to_owned()).or_default(),
+        };
         totals.requests += 1;
         totals.prompt_tokens += prompt;
         totals.completion_tokens += completion;
@@ -145,7 +172,8 @@ impl Telemetry {
         let usage = lock(&self.usage);
         let entries = usage
             .iter()
-            .map(|((key_id, model), t)| pb::UsageEntry {
+            .flat_map(|(key_id, models)| models.iter().map(move |(model, t)| (key_id, model, t)))
+            .map(|(key_id, model, t)| pb::UsageEntry {
                 key_id: key_id.clone(),
                 model: model.clone(),
                 requests: t.requests,
@@ -168,7 +196,21 @@ mod tests {
     use super::*;
 
     fn event(id: &str) -> pb::FailoverEvent {
-        pb::FailoverEvent { id: id.into(), ..Default::default() }
+        pb::FailoverEvent {
+            id: id.into(),
+            key_id: "key_1".into(),
+            requested_model: "m1".into(),
+            served_model: "m2".into(),
+            attempts: vec![pb::Attempt {
+                model: "m1".into(),
+                status: "failed".into(),
+                reason: "server_error".into(),
+                latency_ms: 7,
+                probe: false,
+            }],
+            status: 200,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -176,14 +218,21 @@ mod tests {
         let t = Telemetry::new("n".into(), Counter::default());
         t.push_event(event("a"));
         t.push_event(event("b"));
-        let batch = t.next_event_batch().unwrap();
-        assert_eq!(batch.events.len(), 2);
+        let first = t.next_event_batch().unwrap();
+        assert_eq!(first.events.len(), 2);
         assert!(t.next_event_batch().is_none());
+        t.push_event(event("c"));
+        let second = t.next_event_batch().unwrap();
         t.requeue_in_flight();
+        // Both unacked batches come back whole, in their order, before anything newer.
+        t.push_event(event("d"));
         let again = t.next_event_batch().unwrap();
-        assert_eq!(again.events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(again.events, [event("a"), event("b"), event("c"), event("d")]);
+        assert!(again.seq > second.seq);
+        assert_eq!(t.events_held(), 4);
         t.ack_events(again.seq);
         assert_eq!(t.events_held(), 0);
+        assert_eq!(t.events_dropped.get(), 0);
     }
 
     #[test]
@@ -201,9 +250,13 @@ mod tests {
         let t = Telemetry::new("n".into(), Counter::default());
         t.record_usage("k", "m", 10, 5, 0.5);
         t.record_usage("k", "m", 1, 1, 0.25);
-        let r = t.usage_report(0).unwrap();
-        assert_eq!(r.entries[0].requests, 2);
+        t.record_usage("k", "other", 3, 0, 0.0);
+        let mut r = t.usage_report(0).unwrap();
+        r.entries.sort_by(|a, b| a.model.cmp(&b.model));
+        assert_eq!(r.entries.len(), 2);
+        assert_eq!((r.entries[0].model.as_str(), r.entries[0].requests), ("m", 2));
         assert_eq!(r.entries[0].prompt_tokens, 11);
+        assert_eq!((r.entries[1].model.as_str(), r.entries[1].prompt_tokens), ("other", 3));
         assert!(t.usage_report(0).is_none(), "nothing new, nothing sent");
     }
 }
