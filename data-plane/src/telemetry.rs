@@ -14,8 +14,11 @@ use switchyard_proto::node::v1 as pb;
 /// Events held (queued or sent but not acked); beyond this new events are dropped and counted.
 const MAX_EVENTS: usize = 10_000;
 /// During an outage every request fails over: batches keep that to a few messages (and
-/// store transactions) per second instead of one per request.
-const EVENTS_PER_BATCH: usize = 500;
+/// store transactions) per second instead of one per request. The control plane stores a
+/// stream's batches one after another, one write round each (`MIN_WRITE_INTERVAL` apart),
+/// so this also bounds the events per second one node can have stored: 2,000 per 10 ms.
+/// A batch is ~600 KB encoded, well under gRPC's 4 MiB message limit.
+const EVENTS_PER_BATCH: usize = 2_000;
 const MAX_TRANSITIONS: usize = 1_000;
 
 #[derive(Default)]
