@@ -212,7 +212,7 @@ pub struct EventWriter {
 /// Rounds of event writes are at least this far apart: a round costs an fsync and a wake-up
 /// of every watcher of the store. A node stream's next batch waits for the next round, so
 /// this also caps one node's stored events per second (see the node's `EVENTS_PER_BATCH`).
-pub const MIN_WRITE_INTERVAL: Duration = Duration::from_millis(10);
+pub const MIN_WRITE_INTERVAL: Duration = Duration::from_millis(5);
 /// Events taken into one round at most; the rest wait for the next.
 const MAX_ROUND_EVENTS: usize = 4096;
 

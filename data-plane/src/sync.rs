@@ -22,7 +22,7 @@ const HEARTBEAT: Duration = Duration::from_secs(2);
 /// No message (the control plane pings every 2 s) for this long: the stream is dead.
 const IDLE_LIMIT: Duration = Duration::from_secs(10);
 /// How often queued events and breaker transitions are sent. In an outage storm (every
-/// request a failover, ~20,000 events/s on one node) that is one batch of up to 2,000
+/// request a failover, ~20,000 events/s on one node) that is four batches of up to 500
 /// events, in the audit log and on their way to webhooks within a few hundred milliseconds.
 /// Every message and every write round costs the control plane a wake-up, a decode and an
 /// fsync whatever its size: at 20 ms its CPU per stored event was a fifth higher, and on a

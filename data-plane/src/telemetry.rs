@@ -16,9 +16,10 @@ const MAX_EVENTS: usize = 10_000;
 /// During an outage every request fails over: batches keep that to a few messages (and
 /// store transactions) per second instead of one per request. The control plane stores a
 /// stream's batches one after another, one write round each (`MIN_WRITE_INTERVAL` apart),
-/// so this also bounds the events per second one node can have stored: 2,000 per 10 ms.
-/// A batch is ~600 KB encoded, well under gRPC's 4 MiB message limit.
-const EVENTS_PER_BATCH: usize = 2_000;
+/// so this also bounds the events per second one node can have stored: 500 per 5 ms.
+/// Larger batches store no faster and arrive as larger bursts of control-plane work,
+/// which on a shared host showed in the node's p99 (docs/BENCHMARKS.md).
+const EVENTS_PER_BATCH: usize = 500;
 const MAX_TRANSITIONS: usize = 1_000;
 
 #[derive(Default)]
