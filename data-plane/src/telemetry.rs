@@ -88,15 +88,21 @@ impl Telemetry {
 
     /// The next batch to send, now in flight until [`Self::ack_events`].
     pub fn next_event_batch(&self) -> Option<pb::FailoverEvents> {
-        let mut q = lock(&self.events);
-        if q.pending.is_empty() {
-            return None;
-        }
-        let n = q.pending.len().min(EVENTS_PER_BATCH);
-        let events: Vec<_> = q.pending.drain(..n).collect();
-        q.next_seq += 1;
-        let batch = pb::FailoverEvents { seq: q.next_seq, events };
-        q.in_flight.insert(batch.seq, InFlight { events: n, encoded: batch.encode_to_vec() });
+        let batch = {
+            let mut q = lock(&self.events);
+            if q.pending.is_empty() {
+                return None;
+            }
+            let n = q.pending.len().min(EVENTS_PER_BATCH);
+            let events: Vec<_> = q.pending.drain(..n).collect();
+            q.next_seq += 1;
+            pb::FailoverEvents { seq: q.next_seq, events }
+        };
+        // Encoded outside the lock, which requests take to push their events. Only this
+        // task acks, requeues and takes batches, so nothing can miss the batch meanwhile.
+        let encoded = batch.encode_to_vec();
+        let events = batch.events.len();
+        lock(&self.events).in_flight.insert(batch.seq, InFlight { events, encoded });
         Some(batch)
     }
 

@@ -212,15 +212,7 @@ impl Store for EtcdStore {
             ..Default::default()
         };
         let response = self.range("list keys", request).await?;
-        let keys = response
-            .kvs
-            .into_iter()
-            .map(|kv| {
-                String::from_utf8(kv.key).map_err(|_| {
-                    StoreError::Corrupt("etcd returned a key that is not UTF-8".into())
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let keys = response.kvs.into_iter().map(|kv| utf8_key(kv.key)).collect::<Result<_, _>>()?;
         Ok(KeyListing { keys, revision: header_revision(response.header.as_ref()) })
     }
 
@@ -555,11 +547,14 @@ fn prefix_range(prefix: &str) -> (Vec<u8>, Vec<u8>) {
     (key, vec![0])
 }
 
+fn utf8_key(key: Vec<u8>) -> Result<String, StoreError> {
+    String::from_utf8(key)
+        .map_err(|_| StoreError::Corrupt("etcd returned a key that is not UTF-8".into()))
+}
+
 fn from_pb_kv(kv: pb::KeyValue) -> Result<KeyValue, StoreError> {
-    let key = String::from_utf8(kv.key)
-        .map_err(|_| StoreError::Corrupt("etcd returned a key that is not UTF-8".into()))?;
     Ok(KeyValue {
-        key,
+        key: utf8_key(kv.key)?,
         value: kv.value.into(),
         create_revision: kv.create_revision,
         mod_revision: kv.mod_revision,
