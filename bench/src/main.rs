@@ -796,14 +796,10 @@ async fn bench(options: Options) -> Result<()> {
         println!("### Median of {} runs\n", runs.len());
         print_table(&runs);
     }
-    print_goals(&runs, &options.concurrency);
     // Failover events the node could not hand to the control plane fast enough are dropped
-    // and counted; a benchmark that fails over on every request should say whether it did.
-    if let Ok(text) = metrics_text(node.addr).await {
-        for line in text.lines().filter(|l| l.contains("dropped") && !l.starts_with('#')) {
-            eprintln!("switchyard-bench: node metric {line}");
-        }
-    }
+    // and counted; a benchmark that fails over on every request must say whether it did.
+    let dropped = metrics_text(node.addr).await.ok().and_then(|text| events_dropped(&text));
+    print_goals(&runs, &options.concurrency, dropped);
     drop((pass, node, cp, sim));
     Ok(())
 }
@@ -917,7 +913,15 @@ fn print_table(runs: &[Vec<Sample>]) {
     println!("\n({total} measured requests in this table)\n");
 }
 
-fn print_goals(runs: &[Vec<Sample>], concurrency: &[usize]) {
+/// The node's `switchyard_failover_events_dropped_total`, from its `/metrics` text.
+fn events_dropped(metrics: &str) -> Option<u64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix("switchyard_failover_events_dropped_total ")?;
+        value.trim().parse::<f64>().ok().map(|v| v as u64)
+    })
+}
+
+fn print_goals(runs: &[Vec<Sample>], concurrency: &[usize], dropped: Option<u64>) {
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
     println!("### Goals (medians over runs)\n");
     println!("| goal | conns | node, primary healthy | node, primary failing | verdict |");
@@ -947,6 +951,12 @@ fn print_goals(runs: &[Vec<Sample>], concurrency: &[usize]) {
             verdict(f.is_some_and(|f| f < 0.05))
         );
     }
+    // Over the node's whole life, i.e. every target and run of this invocation.
+    let shown = dropped.map_or_else(|| "unknown".to_owned(), |d| d.to_string());
+    println!(
+        "| failover events dropped by the node = 0 | all | – | {shown} | {} |",
+        verdict(dropped == Some(0))
+    );
     println!();
 }
 
@@ -1022,4 +1032,19 @@ async fn forward(
     let uri = format!("http://{upstream}{path}").parse::<hyper::Uri>().map_err(BoxError::from)?;
     *req.uri_mut() = uri;
     client.request(req).await.map_err(BoxError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::events_dropped;
+
+    #[test]
+    fn events_dropped_reads_the_counter_and_nothing_else() {
+        let text = "# HELP switchyard_failover_events_dropped Failover events dropped\n\
+                    # TYPE switchyard_failover_events_dropped counter\n\
+                    switchyard_failover_events_dropped_total 97880\n\
+                    switchyard_failover_events_total{model=\"a\"} 3\n";
+        assert_eq!(events_dropped(text), Some(97_880));
+        assert_eq!(events_dropped("switchyard_failover_events_total 3\n"), None);
+    }
 }

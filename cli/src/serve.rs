@@ -90,6 +90,10 @@ pub struct NodeArgs {
     /// Largest accepted request body; larger ones get 413.
     #[arg(long, default_value_t = switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Longest a client may take to send a request's head, and longest an idle keep-alive
+    /// connection stays open: 500ms, 30s, 2m.
+    #[arg(long, default_value = "30s", value_parser = parse_header_read_timeout)]
+    pub header_read_timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -168,6 +172,7 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
         node_id: args.node_id,
         join_token,
         max_body_bytes: args.max_body_bytes,
+        header_read_timeout: args.header_read_timeout,
     })
     .await?;
     println!("switchyard node {} listening on {}", node.node_id, node.local_addr);
@@ -222,6 +227,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         node_id: Some("dev-node".into()),
         join_token: None,
         max_body_bytes: switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES,
+        header_read_timeout: switchyard_data_plane::http::DEFAULT_HEADER_READ_TIMEOUT,
     })
     .await?;
     let url = format!("http://{}", node.local_addr);
@@ -345,4 +351,38 @@ fn secret_from(var: &str, file: Option<&Path>) -> Result<Option<String>, ServeEr
         return Ok(Some(secret.to_owned()));
     }
     Ok(std::env::var(var).ok().filter(|v| !v.is_empty()))
+}
+
+/// `--header-read-timeout`: a number with `ms`, `s` or `m`, from 1 ms to one hour.
+fn parse_header_read_timeout(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) =
+        text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a duration like 30s"))?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("unknown unit {unit:?} in {text:?}; use ms, s or m")),
+    };
+    if duration.is_zero() || duration > Duration::from_secs(3_600) {
+        return Err(format!("{text:?} is out of range: from 1ms to 60m"));
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_read_timeout_takes_ms_s_and_m_and_refuses_zero_and_bare_numbers() {
+        assert_eq!(parse_header_read_timeout("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_header_read_timeout("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_header_read_timeout("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_header_read_timeout("0s").unwrap_err().contains("out of range"));
+        assert!(parse_header_read_timeout("61m").unwrap_err().contains("out of range"));
+        assert!(parse_header_read_timeout("30").unwrap_err().contains("unknown unit"));
+        assert!(parse_header_read_timeout("s").unwrap_err().contains("not a duration"));
+    }
 }

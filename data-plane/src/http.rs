@@ -30,6 +30,9 @@ use crate::state::NodeState;
 
 /// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// How long a client may take to send a request's head, or keep an idle connection open
+/// (configurable with `--header-read-timeout`).
+pub const DEFAULT_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub struct App {
     pub state: Arc<NodeState>,

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tracing::info;
@@ -23,6 +24,9 @@ pub struct NodeOptions {
     pub node_id: Option<String>,
     pub join_token: Option<String>,
     pub max_body_bytes: usize,
+    /// A client that takes longer to send a request's head is disconnected; the clock also
+    /// runs while a keep-alive connection waits for its next request.
+    pub header_read_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +46,7 @@ pub struct Node {
     pub node_id: String,
     listener: TcpListener,
     router: axum::Router,
+    header_read_timeout: Duration,
 }
 
 impl Node {
@@ -49,7 +54,9 @@ impl Node {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        serve::serve(self.listener, self.router, shutdown).await.map_err(NodeError::Serve)
+        serve::serve(self.listener, self.router, self.header_read_timeout, shutdown)
+            .await
+            .map_err(NodeError::Serve)
     }
 }
 
@@ -103,7 +110,13 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         max_body_bytes: options.max_body_bytes,
     });
     info!(addr = %local_addr, node = %node_id, "node listening");
-    Ok(Node { local_addr, node_id, listener, router: http::router(app) })
+    Ok(Node {
+        local_addr,
+        node_id,
+        listener,
+        router: http::router(app),
+        header_read_timeout: options.header_read_timeout,
+    })
 }
 
 fn random_node_id() -> String {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -23,11 +23,13 @@ use crate::wake::Repoll;
 /// say), so the loop does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` until `shutdown` completes, then stops accepting, lets
+/// Serves `router` on `listener`, closing connections whose request head does not arrive
+/// within `header_read_timeout`, until `shutdown` completes, then stops accepting, lets
 /// every connection finish the request it is serving, and returns once all have closed.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
+    header_read_timeout: Duration,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     // Connections watch `stop` for the shutdown signal; `done` closes when the last
@@ -55,7 +57,12 @@ pub async fn serve(
         let mut stop = stop.subscribe();
         let done = done.subscribe();
         tokio::spawn(Repoll::new(async move {
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(tcp), service);
+            // A client that opens connections and trickles their heads (or sends nothing)
+            // would otherwise hold a task and a socket each for as long as it likes.
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .serve_connection(TokioIo::new(tcp), service);
             let mut conn = std::pin::pin!(conn);
             let result = tokio::select! {
                 result = conn.as_mut() => result,

@@ -663,6 +663,28 @@ async fn the_models_endpoint_lists_what_the_key_may_use() {
 // === Operations ===
 
 #[tokio::test]
+async fn a_client_that_does_not_finish_its_request_head_in_time_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = Gateway::start_with(GatewayOptions {
+        node_args: vec!["--header-read-timeout", "300ms"],
+        ..GatewayOptions::default()
+    })
+    .await;
+    let mut slow = tokio::net::TcpStream::connect(gw.node.addr).await.unwrap();
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: node\r\n").await.unwrap();
+    let sent_at = Instant::now();
+    // Whatever the node says before closing, the connection must end: read to EOF.
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the node still holds the half-sent request after 10 s");
+    assert!(sent_at.elapsed() >= Duration::from_millis(250), "closed before the timeout");
+    // A client that sends its request promptly is served as usual.
+    let r = gw.chat(body(PRIMARY)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(gw.upstream_total().await, 1, "the half-sent request never reached a provider");
+}
+
+#[tokio::test]
 async fn a_node_stopped_with_ctrl_c_finishes_the_request_in_flight_then_exits() {
     let mut gw = Gateway::start().await;
     gw.script("primary", json!({"kind": "ok", "delay_ms": 1500})).await;

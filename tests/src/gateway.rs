@@ -50,11 +50,13 @@ pub struct GatewayOptions {
     pub api_keys: &'static str,
     /// Environment for the node (credentials).
     pub node_env: Vec<(&'static str, &'static str)>,
+    /// Extra `switchyard node` flags.
+    pub node_args: Vec<&'static str>,
 }
 
 impl Default for GatewayOptions {
     fn default() -> Self {
-        Self { breaker_policy: "", api_keys: "[]", node_env: Vec::new() }
+        Self { breaker_policy: "", api_keys: "[]", node_env: Vec::new(), node_args: Vec::new() }
     }
 }
 
@@ -144,20 +146,12 @@ impl Gateway {
         let created = cli(&cp.url(), &["keys", "create", "--name", "e2e", "--json"]).await.json();
         let version =
             created["version"].as_i64().unwrap().max(applied["version"].as_i64().unwrap());
-        let node = Proc::start(
-            &[
-                "node",
-                "--control",
-                &cp.url(),
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                &dir.path().join("node").display().to_string(),
-            ],
-            &options.node_env,
-            dir.path().join("node.log"),
-        )
-        .await;
+        let node_dir = dir.path().join("node").display().to_string();
+        let control = cp.url();
+        let mut node_args =
+            vec!["node", "--control", &control, "--listen", "127.0.0.1:0", "--data-dir", &node_dir];
+        node_args.extend_from_slice(&options.node_args);
+        let node = Proc::start(&node_args, &options.node_env, dir.path().join("node.log")).await;
         let addr = node.addr;
         eventually(
             Duration::from_secs(10),
