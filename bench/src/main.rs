@@ -528,6 +528,11 @@ struct Sample {
     rps: f64,
     p50_us: f64,
     p99_us: f64,
+    /// Either side of p99, for the progress line only: on an oversubscribed host the tail
+    /// is a cliff (a thread waiting out another's time slice), and whether p99 lands
+    /// before or on it is what moves it by milliseconds between runs.
+    p98_us: f64,
+    p999_us: f64,
     /// Proxy CPU (utime+stime) per measured request, µs.
     proxy_cpu_us: Option<f64>,
     /// The simulator's CPU per measured request, µs (the same work behind every target).
@@ -622,6 +627,8 @@ impl Bench {
             rps: n as f64 / wall.as_secs_f64(),
             p50_us: percentile(&latencies, 0.50) / 1e3,
             p99_us: percentile(&latencies, 0.99) / 1e3,
+            p98_us: percentile(&latencies, 0.98) / 1e3,
+            p999_us: percentile(&latencies, 0.999) / 1e3,
             proxy_cpu_us: proxy_before
                 .zip(proxy_after)
                 .map(|(b, a)| per_req_us(a.saturating_sub(b))),
@@ -765,11 +772,13 @@ async fn bench(options: Options) -> Result<()> {
                 for t in &targets {
                     let s = bench.measure(t, conns, options.warmup, options.duration).await?;
                     eprintln!(
-                        "  run {run} c={conns} {:<22} {:>8.0} req/s  p50 {:>7.1} µs  p99 {:>7.1} µs  steal {:>4.1} %",
+                        "  run {run} c={conns} {:<22} {:>8.0} req/s  p50 {:>7.1} µs  p98 {:>7.1}  p99 {:>7.1}  p99.9 {:>7.1} µs  steal {:>4.1} %",
                         t.kind.label(),
                         s.rps,
                         s.p50_us,
+                        s.p98_us,
                         s.p99_us,
+                        s.p999_us,
                         s.steal_pct
                     );
                     group.push(s);
