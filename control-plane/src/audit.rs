@@ -276,6 +276,7 @@ fn op_size(op: &TxnOp) -> usize {
         TxnOp::Put { key, value, .. } => key.len() + value.len(),
         TxnOp::Delete { key } => key.len(),
         TxnOp::DeletePrefix { prefix } => prefix.len(),
+        TxnOp::DeleteRange { start, end } => start.len() + end.len(),
     }
 }
 
@@ -414,12 +415,18 @@ async fn lead(
 const PRUNE_PAGE: usize = 1000;
 
 /// Deletes entries older than the age bound and the oldest beyond the count bound. Returns
-/// the entries left and the revision of the listing. Every delete is fenced on this
-/// replica still leading, so a deposed leader cannot prune on stale knowledge. Only keys
-/// are read, a page at a time: in an outage storm this runs every second on a full log.
-/// `known` is the number of entries when the caller has been counting them (from the
-/// watch); otherwise they are counted here, which on the embedded store means walking
-/// every key of the log.
+/// the entries left and the revision of the last delete (or of the listing, when nothing
+/// goes). Only keys are read, a page at a time: in an outage storm this runs every second
+/// on a full log. Keys sort by time, so what goes is the log's first keys: each page's
+/// doomed keys go as one key range, one transaction per page where a delete per key took
+/// one per 128 entries (on etcd a Raft round each). A range per page, not one for the
+/// whole prune, keeps each revision's delete events, which every watcher of the log
+/// receives in one message, at a page's worth. Each delete is fenced on this replica still
+/// leading, so a deposed leader cannot prune on stale knowledge. A key written into a
+/// range after the listing (a node resending an old batch) goes with it: it is older than
+/// every entry kept. `known` is the number of entries when the caller has been counting
+/// them (from the watch); otherwise they are counted here, which on the embedded store
+/// means walking every key of the log.
 async fn prune(
     store: &dyn Store,
     layout: &Layout,
@@ -433,49 +440,51 @@ async fn prune(
         None => store.count(&prefix).await?.0,
     };
     let mut page = store.list_keys(&prefix, &prefix, PRUNE_PAGE).await?;
-    let listed_at = page.revision;
+    let mut revision = page.revision;
     let cutoff =
         now_ms().saturating_sub(i64::try_from(retention.max_age.as_millis()).unwrap_or(i64::MAX));
     let too_old = layout.audit(cutoff, "");
-    // Keys sort by time: everything before `too_old`, and the first `total - max` keys.
+    // Everything before `too_old`, and the first `total - max` keys.
     let excess = total.saturating_sub(retention.max_entries);
-    let mut doomed: Vec<TxnOp> = Vec::new();
-    loop {
-        let before = doomed.len();
-        doomed.extend(
-            page.keys
-                .into_iter()
-                .enumerate()
-                .take_while(|(i, key)| before + i < excess || *key < too_old)
-                .map(|(_, key)| TxnOp::Delete { key }),
-        );
-        // Read on only past a full page that was doomed to the last key.
-        let Some(TxnOp::Delete { key: last }) = doomed.last() else { break };
-        if doomed.len() - before < PRUNE_PAGE {
-            break;
-        }
-        let next = format!("{last}\0");
-        page = store.list_keys(&prefix, &next, PRUNE_PAGE).await?;
-    }
-    if doomed.is_empty() {
-        return Ok((total, listed_at));
-    }
     let fence = Compare {
         key: leadership.key().to_owned(),
         op: CompareOp::Equal,
         target: CompareTarget::CreateRevision(leadership.revision()),
     };
-    let mut revision = listed_at;
-    for chunk in doomed.chunks(MAX_TXN_OPS) {
-        let txn = Txn { compare: vec![fence.clone()], success: chunk.to_vec(), failure: vec![] };
+    let mut doomed = 0_usize;
+    let mut start = prefix.clone();
+    loop {
+        let before = doomed;
+        let mut last = None;
+        for key in page.keys {
+            if doomed >= excess && key >= too_old {
+                break;
+            }
+            doomed += 1;
+            last = Some(key);
+        }
+        let Some(last) = last else { break };
+        // `last` plus the smallest suffix: the range ends just after it.
+        let end = format!("{last}\0");
+        let delete = TxnOp::DeleteRange { start, end: end.clone() };
+        let txn = Txn { compare: vec![fence.clone()], success: vec![delete], failure: vec![] };
         let result = store.txn(txn).await?;
         if !result.succeeded {
             return Err(StoreError::LeaseNotFound(leadership.lease()));
         }
         revision = result.revision;
+        // Read on only past a full page that was doomed to the last key.
+        if doomed - before < PRUNE_PAGE {
+            break;
+        }
+        page = store.list_keys(&prefix, &end, PRUNE_PAGE).await?;
+        start = end;
     }
-    let kept = total.saturating_sub(doomed.len());
-    info!(pruned = doomed.len(), kept, "audit log pruned");
+    if doomed == 0 {
+        return Ok((total, revision));
+    }
+    let kept = total.saturating_sub(doomed);
+    info!(pruned = doomed, kept, "audit log pruned");
     Ok((kept, revision))
 }
 
@@ -524,8 +533,11 @@ mod tests {
         let leadership =
             election::campaign(Arc::clone(&store), &election, "me", lease).await.unwrap();
         let by_age = AuditRetention { max_entries: 1_000_000, max_age: Duration::from_secs(60) };
-        let (kept, _) = prune(store.as_ref(), &layout, &leadership, by_age, None).await.unwrap();
+        let before = store.current_revision().await.unwrap();
+        let (kept, revision) =
+            prune(store.as_ref(), &layout, &leadership, by_age, None).await.unwrap();
         assert_eq!(kept, 1_300, "the old half went, over two pages");
+        assert_eq!(revision, before + 2, "one transaction per page of keys");
         let oldest =
             store.list_keys(&layout.audit_prefix(), &layout.audit_prefix(), 1).await.unwrap();
         assert!(oldest.keys[0].ends_with("ev01300"), "{:?}", oldest.keys);

@@ -75,6 +75,8 @@ conformance!(
     txn_not_equal_greater_less_compares,
     txn_writing_one_key_twice_is_rejected,
     txn_with_more_than_128_ops_per_branch_is_rejected,
+    txn_delete_range_removes_the_half_open_range_at_one_revision,
+    txn_delete_range_with_its_end_not_past_its_start_is_rejected,
     compact_to_a_future_revision_is_rejected,
     watch_from_past_revision_replays_history_in_order,
     live_watch_sees_only_later_writes_under_its_prefix,
@@ -316,7 +318,14 @@ mod cases {
             failure: vec![TxnOp::Delete { key: "y".into() }, put("y", "1")],
             ..Txn::default()
         };
-        for txn in [twice, put_and_delete, in_failure] {
+        let put_in_range = Txn {
+            success: vec![
+                put("r/5", "1"),
+                TxnOp::DeleteRange { start: "r/1".into(), end: "r/9".into() },
+            ],
+            ..Txn::default()
+        };
+        for txn in [twice, put_and_delete, in_failure, put_in_range] {
             match s.txn(txn.clone()).await {
                 Err(StoreError::InvalidRequest(_)) => {}
                 other => panic!("expected InvalidRequest for {txn:?}, got {other:?}"),
@@ -328,6 +337,55 @@ mod cases {
             ..Txn::default()
         };
         assert!(s.txn(deletes_twice).await.unwrap().succeeded, "deleting twice is allowed");
+    }
+
+    pub async fn txn_delete_range_removes_the_half_open_range_at_one_revision(b: Backend) {
+        let s = &b.store;
+        for key in ["a/1", "a/2", "a/20", "a/3", "a/4", "b/2"] {
+            s.put(key, b"v".to_vec(), None).await.unwrap();
+        }
+        let mut watch = s.watch("", 0).await.unwrap();
+        let range = TxnOp::DeleteRange { start: "a/2".into(), end: "a/4".into() };
+        let r = s.txn(Txn { success: vec![range], ..Txn::default() }).await.unwrap();
+        assert!(r.succeeded);
+        let left: Vec<String> =
+            s.list("").await.unwrap().kvs.into_iter().map(|kv| kv.key).collect();
+        assert_eq!(left, ["a/1", "a/4", "b/2"], "start included, end excluded");
+        let batch = next_batch(&mut watch).await;
+        let deleted: Vec<(&str, EventKind, i64)> =
+            batch.events.iter().map(|e| (e.kv.key.as_str(), e.kind, e.kv.mod_revision)).collect();
+        assert_eq!(
+            deleted,
+            [
+                ("a/2", EventKind::Delete, r.revision),
+                ("a/20", EventKind::Delete, r.revision),
+                ("a/3", EventKind::Delete, r.revision),
+            ],
+            "one delete event per key, all at the transaction's revision"
+        );
+        let nothing = TxnOp::DeleteRange { start: "c/".into(), end: "d/".into() };
+        let before = s.current_revision().await.unwrap();
+        assert!(s.txn(Txn { success: vec![nothing], ..Txn::default() }).await.unwrap().succeeded);
+        assert_eq!(s.current_revision().await.unwrap(), before, "an empty range changes nothing");
+    }
+
+    pub async fn txn_delete_range_with_its_end_not_past_its_start_is_rejected(b: Backend) {
+        let s = &b.store;
+        s.put("a/1", b"v".to_vec(), None).await.unwrap();
+        let before = s.current_revision().await.unwrap();
+        // etcd itself reads an end of "\0" as "every key from start on".
+        for (start, end) in [("a/1", "a/1"), ("a/2", "a/1"), ("a/", "\0")] {
+            let txn = Txn {
+                success: vec![TxnOp::DeleteRange { start: start.into(), end: end.into() }],
+                ..Txn::default()
+            };
+            match s.txn(txn).await {
+                Err(StoreError::InvalidRequest(m)) => assert!(m.contains("key range"), "{m}"),
+                other => panic!("expected InvalidRequest for [{start}, {end}), got {other:?}"),
+            }
+        }
+        assert_eq!(s.get("a/1").await.unwrap().map(|kv| kv.key), Some("a/1".to_owned()));
+        assert_eq!(s.current_revision().await.unwrap(), before, "nothing was written");
     }
 
     pub async fn txn_with_more_than_128_ops_per_branch_is_rejected(b: Backend) {

@@ -36,6 +36,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -361,16 +362,12 @@ impl State {
                     }
                 }
                 TxnOp::DeletePrefix { prefix } => {
-                    let keys: Vec<String> = self
-                        .under(&prefix, &prefix)
-                        .map(|(k, _)| k)
-                        .filter(|k| !deleted.contains(k.as_str()))
-                        .cloned()
-                        .collect();
-                    for key in keys {
-                        deleted.insert(key.clone());
-                        changes.push(Change::Delete { key });
-                    }
+                    let keys = self.under(&prefix, &prefix).map(|(k, _)| k);
+                    delete_each(keys, &mut deleted, &mut changes);
+                }
+                TxnOp::DeleteRange { start, end } => {
+                    let keys = self.kvs.range::<str, _>(key_range(&start, &end)).map(|(k, _)| k);
+                    delete_each(keys, &mut deleted, &mut changes);
                 }
             }
         }
@@ -482,6 +479,7 @@ fn history_size(events: &[WatchEvent]) -> usize {
 /// Refuses what etcd refuses (its `--max-txn-ops` default and its duplicate-key check), so
 /// a transaction that works in `switchyard dev` also works against etcd.
 fn validate(txn: &Txn) -> Result<(), StoreError> {
+    txn.check_ranges()?;
     if [txn.compare.len(), txn.success.len(), txn.failure.len()].iter().any(|n| *n > MAX_TXN_OPS) {
         return Err(StoreError::InvalidRequest(format!(
             "too many operations in a transaction (at most {MAX_TXN_OPS} comparisons and per branch)"
@@ -509,11 +507,34 @@ fn validate(txn: &Txn) -> Result<(), StoreError> {
                         return Err(duplicate_key(key));
                     }
                 }
+                TxnOp::DeleteRange { start, end } => {
+                    if let Some(key) = puts.range::<str, _>(key_range(start, end)).next() {
+                        return Err(duplicate_key(key));
+                    }
+                }
                 _ => {}
             }
         }
     }
     Ok(())
+}
+
+/// Plans the delete of each of `keys` not already deleted by this transaction.
+fn delete_each<'a>(
+    keys: impl Iterator<Item = &'a String>,
+    deleted: &mut BTreeSet<String>,
+    changes: &mut Vec<Change>,
+) {
+    for key in keys {
+        if deleted.insert(key.clone()) {
+            changes.push(Change::Delete { key: key.clone() });
+        }
+    }
+}
+
+/// `[start, end)` as a range over string keys.
+fn key_range<'a>(start: &'a str, end: &'a str) -> (Bound<&'a str>, Bound<&'a str>) {
+    (Bound::Included(start), Bound::Excluded(end))
 }
 
 fn duplicate_key(key: &str) -> StoreError {
@@ -939,6 +960,9 @@ fn touches(txn: &Txn, written: &HashSet<String>) -> bool {
             TxnOp::Put { key, .. } | TxnOp::Delete { key } => written.contains(key),
             TxnOp::DeletePrefix { prefix } => {
                 written.iter().any(|k| k.starts_with(prefix.as_str()))
+            }
+            TxnOp::DeleteRange { start, end } => {
+                written.iter().any(|k| start.as_str() <= k.as_str() && k.as_str() < end.as_str())
             }
         })
 }

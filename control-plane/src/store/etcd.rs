@@ -261,6 +261,7 @@ impl Store for EtcdStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult, StoreError> {
+        txn.check_ranges()?;
         let first_lease = txn
             .success
             .iter()
@@ -614,6 +615,11 @@ fn to_pb_op(op: TxnOp) -> pb::RequestOp {
             let (key, range_end) = prefix_range(&prefix);
             Request::RequestDeleteRange(pb::DeleteRangeRequest { key, range_end, prev_kv: false })
         }
+        TxnOp::DeleteRange { start, end } => Request::RequestDeleteRange(pb::DeleteRangeRequest {
+            key: start.into_bytes(),
+            range_end: end.into_bytes(),
+            prev_kv: false,
+        }),
     };
     pb::RequestOp { request: Some(request) }
 }

@@ -89,11 +89,15 @@ impl Compare {
     }
 }
 
+/// One write of a transaction. `DeleteRange` deletes every key `k` with `start <= k < end`
+/// (etcd's `DeleteRange` with a `range_end`): one operation however many keys it removes,
+/// where a `Delete` per key takes a transaction per 128 of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TxnOp {
     Put { key: String, value: Vec<u8>, lease: Option<LeaseId> },
     Delete { key: String },
     DeletePrefix { prefix: String },
+    DeleteRange { start: String, end: String },
 }
 
 /// If every comparison holds, `success` runs, else `failure`; atomically, at one revision.
@@ -102,6 +106,23 @@ pub struct Txn {
     pub compare: Vec<Compare>,
     pub success: Vec<TxnOp>,
     pub failure: Vec<TxnOp>,
+}
+
+impl Txn {
+    /// Refuses a `DeleteRange` whose `end` is not past its `start`, in both backends alike:
+    /// etcd reads an `end` of `"\0"` as "every key from `start` on", which no caller means.
+    pub fn check_ranges(&self) -> Result<(), StoreError> {
+        for op in self.success.iter().chain(&self.failure) {
+            if let TxnOp::DeleteRange { start, end } = op
+                && start >= end
+            {
+                return Err(StoreError::InvalidRequest(format!(
+                    "empty key range [{start:?}, {end:?})"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
