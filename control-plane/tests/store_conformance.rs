@@ -374,7 +374,7 @@ mod cases {
         s.put("a/1", b"v".to_vec(), None).await.unwrap();
         let before = s.current_revision().await.unwrap();
         // etcd itself reads an end of "\0" as "every key from start on".
-        for (start, end) in [("a/1", "a/1"), ("a/2", "a/1"), ("a/", "\0")] {
+        for (start, end) in [("a/1", "a/1"), ("a/2", "a/1"), ("a/", "\0"), ("", "a")] {
             let txn = Txn {
                 success: vec![TxnOp::DeleteRange { start: start.into(), end: end.into() }],
                 ..Txn::default()

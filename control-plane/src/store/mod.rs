@@ -109,12 +109,13 @@ pub struct Txn {
 }
 
 impl Txn {
-    /// Refuses a `DeleteRange` whose `end` is not past its `start`, in both backends alike:
-    /// etcd reads an `end` of `"\0"` as "every key from `start` on", which no caller means.
+    /// Refuses a `DeleteRange` whose `end` is not past its `start`, or whose `start` is
+    /// empty, in both backends alike: etcd reads an `end` of `"\0"` as "every key from
+    /// `start` on", which no caller means, and refuses an empty key itself.
     pub fn check_ranges(&self) -> Result<(), StoreError> {
         for op in self.success.iter().chain(&self.failure) {
             if let TxnOp::DeleteRange { start, end } = op
-                && start >= end
+                && (start.is_empty() || start >= end)
             {
                 return Err(StoreError::InvalidRequest(format!(
                     "empty key range [{start:?}, {end:?})"
