@@ -170,6 +170,10 @@ pub enum StoreError {
     InvalidRequest(String),
     #[error("invalid store address {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
+    /// I/O on the embedded store's directory failed; names the (absolute) directory, which
+    /// an error from the OS alone ("Permission denied") does not.
+    #[error("store directory {}: {source}", dir.display())]
+    Directory { dir: std::path::PathBuf, source: std::io::Error },
     #[error("store I/O error: {0}")]
     Io(#[from] std::io::Error),
 }

@@ -37,7 +37,20 @@ pub(super) struct Recovered {
     pub(super) log_len: u64,
 }
 
+/// Opens `dir`, creating it if need be. An I/O error names the directory.
 pub(super) fn recover(dir: &Path, options: &Options) -> Result<Recovered, StoreError> {
+    load(dir, options).map_err(|e| in_dir(dir, e))
+}
+
+/// Names `dir` in an I/O error, which on its own says what failed but not where.
+pub(super) fn in_dir(dir: &Path, e: StoreError) -> StoreError {
+    match e {
+        StoreError::Io(source) => StoreError::Directory { dir: dir.to_path_buf(), source },
+        other => other,
+    }
+}
+
+fn load(dir: &Path, options: &Options) -> Result<Recovered, StoreError> {
     std::fs::create_dir_all(dir)?;
     let lock_file = acquire_lock(dir)?;
     let now = Instant::now();

@@ -20,7 +20,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::format::{Change, LogEntry, Record, SNAPSHOT_FILE, SNAPSHOT_TMP_FILE};
 use super::options::Options;
-use super::recovery::{Files, sync_dir};
+use super::recovery::{Files, in_dir, sync_dir};
 use super::state::{MAX_LEASE_TTL, State, deadline, lock};
 use crate::store::api::{LeaseId, Revision, StoreError, Txn, TxnOp, TxnResult};
 
@@ -354,8 +354,9 @@ impl Writer {
             self.line = line;
         }
         if let Err(e) = written {
+            let e = in_dir(&self.files.dir, e.into());
             self.failed = Some(e.to_string());
-            return Err(e.into());
+            return Err(e);
         }
         self.log_len += line_len;
         let mut revisions = Vec::with_capacity(entries.len());
@@ -375,6 +376,7 @@ impl Writer {
             && let Err(e) = self.rewrite()
         {
             // The records themselves are durable in the log; only the rewrite failed.
+            let e = in_dir(&self.files.dir, e);
             tracing::error!(error = %e, "embedded store could not rewrite its snapshot");
         }
         Ok(revisions)
