@@ -16,25 +16,25 @@
 //! readers (which take the state's mutex briefly, never across I/O) never see a write that
 //! a crash could still lose.
 //!
-//! The parts, lowest first: [`format`] (what the files hold), [`state`] (the versioned key
-//! space, history and leases in memory), [`recovery`] (opening a directory), [`writer`] (the
-//! thread that commits), [`watcher`] (the tasks that feed watches); this module ties them
+//! The parts, lowest first: `format` (what the files hold), `state` (the versioned key
+//! space, history and leases in memory), `recovery` (opening a directory), `writer` (the
+//! thread that commits), `watcher` (the tasks that feed watches); this module ties them
 //! into an [`EmbeddedStore`].
 //!
 //! Known differences from etcd:
 //! - history survives a restart only for the revisions still in the log: after reopening,
 //!   the compaction floor is at least the snapshot's revision + 1 (a watcher asking for
 //!   older history gets [`StoreError::Compacted`] and must re-list, as it must on etcd);
-//! - history is bounded to the last [`Options::retain_revisions`] revisions and to about
-//!   [`state::MAX_HISTORY_BYTES`] of keys and values (etcd keeps everything until someone
-//!   compacts);
+//! - history is bounded to the last [`Options::retain_revisions`] revisions and to a fixed
+//!   number of bytes of keys and values (`state::MAX_HISTORY_BYTES`); etcd keeps everything
+//!   until someone compacts;
 //! - lease TTLs are honoured to the millisecond (etcd rounds up to seconds and to a minimum);
 //!   after a restart every lease gets its full TTL again, as etcd does after a leader change;
 //! - a watcher that reads slower than writes arrive keeps reading from history and is cut
 //!   off with [`StoreError::Compacted`] once retention passes it (see [`Options::watch_buffer`]);
 //! - one fsync per write, except that transactions waiting in the queue together are
-//!   committed with one ([`writer::Writer::txn_group`]): write throughput is the disk's
-//!   fsync rate times the writes in flight, plenty for configuration data and the audit log;
+//!   committed with one (`Writer::txn_group`): write throughput is the disk's fsync rate
+//!   times the writes in flight, plenty for configuration data and the audit log;
 //! - one process per directory, so replicas cannot share it (election still works between
 //!   tasks of that process).
 
