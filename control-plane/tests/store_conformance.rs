@@ -835,4 +835,86 @@ mod embedded_only {
         assert_eq!(s.current_revision().await.unwrap(), revision);
         assert_eq!(s.put("k2", b"v".to_vec(), None).await.unwrap(), revision + 1);
     }
+
+    /// The log and the snapshot, byte for byte, as the release before the embedded store was
+    /// split into modules wrote them (lease IDs, which are random, stand as `LEASE`): a
+    /// directory must open in the release before and after, so a change here is a format
+    /// change, never a refactoring.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_log_and_the_snapshot_are_written_as_earlier_releases_wrote_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let read = |file: &str, lease: i64| {
+            std::fs::read_to_string(dir.path().join(file))
+                .unwrap()
+                .replace(&lease.to_string(), "LEASE")
+        };
+        let s = EmbeddedStore::open(dir.path()).await.unwrap();
+        s.put("a", br#"{"x":1}"#.to_vec(), None).await.unwrap();
+        s.put("b", b"plain text".to_vec(), None).await.unwrap();
+        s.put("c", vec![0xff, 0x00], None).await.unwrap();
+        let txn = Txn {
+            compare: vec![Compare::absent("d")],
+            success: vec![
+                TxnOp::Delete { key: "b".into() },
+                TxnOp::DeleteRange { start: "c".into(), end: "d".into() },
+                TxnOp::Put { key: "d".into(), value: br#"{"y":[1,2]}"#.to_vec(), lease: None },
+            ],
+            failure: vec![],
+        };
+        s.txn(txn).await.unwrap();
+        let revoked = s.grant_lease(Duration::from_secs(30)).await.unwrap();
+        s.put("l", b"leased".to_vec(), Some(revoked)).await.unwrap();
+        s.revoke_lease(revoked).await.unwrap();
+        s.put("p/1", b"1".to_vec(), None).await.unwrap();
+        let txn =
+            Txn { success: vec![TxnOp::DeletePrefix { prefix: "p/".into() }], ..Txn::default() };
+        s.txn(txn).await.unwrap();
+        s.compact(s.current_revision().await.unwrap()).await.unwrap();
+        s.close().await;
+        let log = read("wal.jsonl", revoked);
+        let expected_log = concat!(
+            r#"{"seq":1,"record":{"op":"commit","changes":[{"kind":"put","key":"a","value":{"json":{"x":1}},"lease":0}]}}"#,
+            "\n",
+            r#"{"seq":2,"record":{"op":"commit","changes":[{"kind":"put","key":"b","value":{"text":"plain text"},"lease":0}]}}"#,
+            "\n",
+            r#"{"seq":3,"record":{"op":"commit","changes":[{"kind":"put","key":"c","value":{"hex":"ff00"},"lease":0}]}}"#,
+            "\n",
+            r#"{"seq":4,"record":{"op":"commit","changes":[{"kind":"delete","key":"b"},{"kind":"delete","key":"c"},{"kind":"put","key":"d","value":{"json":{"y":[1,2]}},"lease":0}]}}"#,
+            "\n",
+            r#"{"seq":5,"record":{"op":"grant","id":LEASE,"ttl_ms":30000}}"#,
+            "\n",
+            r#"{"seq":6,"record":{"op":"commit","changes":[{"kind":"put","key":"l","value":{"text":"leased"},"lease":LEASE}]}}"#,
+            "\n",
+            r#"{"seq":7,"record":{"op":"revoke","id":LEASE}}"#,
+            "\n",
+            r#"{"seq":8,"record":{"op":"commit","changes":[{"kind":"put","key":"p/1","value":{"json":1},"lease":0}]}}"#,
+            "\n",
+            r#"{"seq":9,"record":{"op":"commit","changes":[{"kind":"delete","key":"p/1"}]}}"#,
+            "\n",
+            r#"{"seq":10,"record":{"op":"compact","revision":9}}"#,
+            "\n",
+        );
+        assert_eq!(log, expected_log);
+
+        // Any write past a rewrite threshold of 0 bytes rewrites the snapshot.
+        let options = Options { log_rewrite_bytes: 0, ..Options::default() };
+        let s = EmbeddedStore::open_with(dir.path(), options).await.unwrap();
+        let kept = s.grant_lease(Duration::from_secs(30)).await.unwrap();
+        s.put("e", b"1".to_vec(), Some(kept)).await.unwrap();
+        s.close().await;
+        let snapshot = read("snapshot.json", kept);
+        let expected_snapshot = concat!(
+            r#"{"seq":12,"revision":10,"floor":9,"kvs":[{"key":"a","value":{"json":{"x":1}},"create_revision":2,"mod_revision":2,"version":1,"lease":0},"#,
+            r#"{"key":"d","value":{"json":{"y":[1,2]}},"create_revision":5,"mod_revision":5,"version":1,"lease":0},"#,
+            r#"{"key":"e","value":{"json":1},"create_revision":10,"mod_revision":10,"version":1,"lease":LEASE}],"#,
+            r#""leases":[{"id":LEASE,"ttl_ms":30000}]}"#,
+        );
+        assert_eq!(snapshot, expected_snapshot);
+        assert_eq!(read("wal.jsonl", kept), "", "the log is truncated after the rewrite");
+
+        let s = EmbeddedStore::open(dir.path()).await.unwrap();
+        let keys = s.list("").await.unwrap().kvs.into_iter().map(|kv| (kv.key, kv.value));
+        let expected = [("a", &br#"{"x":1}"#[..]), ("d", br#"{"y":[1,2]}"#), ("e", b"1")];
+        assert!(keys.eq(expected.map(|(k, v)| (k.to_owned(), bytes::Bytes::from_static(v)))));
+    }
 }

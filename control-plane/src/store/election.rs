@@ -13,7 +13,10 @@
 
 use std::sync::Arc;
 
-use super::{Compare, EventKind, KeyValue, LeaseId, Revision, Store, StoreError, Txn, TxnOp};
+use super::api::{
+    Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Revision, Store, StoreError,
+    Txn, TxnOp,
+};
 
 /// Held by the elected leader.
 pub struct Leadership {
@@ -151,8 +154,8 @@ impl Leadership {
         let txn = Txn {
             compare: vec![Compare {
                 key: self.key.clone(),
-                op: super::CompareOp::Equal,
-                target: super::CompareTarget::CreateRevision(self.create_revision),
+                op: CompareOp::Equal,
+                target: CompareTarget::CreateRevision(self.create_revision),
             }],
             success: vec![TxnOp::Delete { key: self.key.clone() }],
             failure: vec![],

@@ -27,9 +27,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
-use super::{
-    CompareOp, CompareTarget, EventKind, KeyListing, KeyValue, LeaseId, Listing, Revision, Store,
-    StoreError, Txn, TxnOp, TxnResult, WatchBatch, WatchEvent, WatchStream,
+use super::api::{
+    Compare, CompareOp, CompareTarget, EventKind, KeyListing, KeyValue, LeaseId, Listing, Revision,
+    Store, StoreError, Txn, TxnOp, TxnResult, WatchBatch, WatchEvent, WatchStream,
 };
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -576,7 +576,7 @@ fn from_pb_event(event: pb::Event) -> Result<WatchEvent, StoreError> {
     Ok(WatchEvent { kind, kv: from_pb_kv(kv)? })
 }
 
-fn to_pb_compare(compare: super::Compare) -> pb::Compare {
+fn to_pb_compare(compare: Compare) -> pb::Compare {
     use pb::compare::{CompareResult, CompareTarget as Target, TargetUnion};
     let result = match compare.op {
         CompareOp::Equal => CompareResult::Equal,

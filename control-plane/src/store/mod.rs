@@ -13,220 +13,21 @@
 //! - a key written with a lease disappears (as a delete at a new revision) when the lease
 //!   expires or is revoked.
 
-use std::time::Duration;
-
-use async_trait::async_trait;
-use bytes::Bytes;
-use tokio::sync::mpsc;
-
+mod api;
 pub mod election;
 pub mod embedded;
 pub mod etcd;
 
-pub type Revision = i64;
-pub type LeaseId = i64;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyValue {
-    pub key: String,
-    /// Shared, not copied: the embedded store hands the same bytes to its index, its watch
-    /// history and every watcher.
-    pub value: Bytes,
-    pub create_revision: Revision,
-    pub mod_revision: Revision,
-    /// Number of writes since the key was (re)created; 1 after the first put.
-    pub version: i64,
-    /// 0 when the key has no lease.
-    pub lease: LeaseId,
-}
-
-/// Keys under a prefix, sorted by key, as of `revision`.
-#[derive(Clone, Debug, Default)]
-pub struct Listing {
-    pub kvs: Vec<KeyValue>,
-    pub revision: Revision,
-}
-
-/// Keys without their values: see [`Store::list_keys`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KeyListing {
-    pub keys: Vec<String>,
-    pub revision: Revision,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Compare {
-    pub key: String,
-    pub op: CompareOp,
-    pub target: CompareTarget,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CompareOp {
-    Equal,
-    NotEqual,
-    Greater,
-    Less,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CompareTarget {
-    Version(i64),
-    CreateRevision(Revision),
-    ModRevision(Revision),
-    Value(Vec<u8>),
-}
-
-impl Compare {
-    /// True when the key does not exist (etcd's `create_revision == 0`).
-    pub fn absent(key: impl Into<String>) -> Self {
-        Self { key: key.into(), op: CompareOp::Equal, target: CompareTarget::CreateRevision(0) }
-    }
-
-    /// True when the key was last written at `revision` (0: the key does not exist).
-    pub fn mod_revision(key: impl Into<String>, revision: Revision) -> Self {
-        Self { key: key.into(), op: CompareOp::Equal, target: CompareTarget::ModRevision(revision) }
-    }
-}
-
-/// One write of a transaction. `DeleteRange` deletes every key `k` with `start <= k < end`
-/// (etcd's `DeleteRange` with a `range_end`): one operation however many keys it removes,
-/// where a `Delete` per key takes a transaction per 128 of them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TxnOp {
-    Put { key: String, value: Vec<u8>, lease: Option<LeaseId> },
-    Delete { key: String },
-    DeletePrefix { prefix: String },
-    DeleteRange { start: String, end: String },
-}
-
-/// If every comparison holds, `success` runs, else `failure`; atomically, at one revision.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Txn {
-    pub compare: Vec<Compare>,
-    pub success: Vec<TxnOp>,
-    pub failure: Vec<TxnOp>,
-}
-
-impl Txn {
-    /// Refuses a `DeleteRange` whose `end` is not past its `start`, or whose `start` is
-    /// empty, in both backends alike: etcd reads an `end` of `"\0"` as "every key from
-    /// `start` on", which no caller means, and refuses an empty key itself.
-    pub fn check_ranges(&self) -> Result<(), StoreError> {
-        for op in self.success.iter().chain(&self.failure) {
-            if let TxnOp::DeleteRange { start, end } = op
-                && (start.is_empty() || start >= end)
-            {
-                return Err(StoreError::InvalidRequest(format!(
-                    "empty key range [{start:?}, {end:?})"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TxnResult {
-    pub succeeded: bool,
-    /// The store's revision after the transaction.
-    pub revision: Revision,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    Put,
-    Delete,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchEvent {
-    pub kind: EventKind,
-    /// For a delete: the key, with `mod_revision` the revision of the delete and an empty value.
-    pub kv: KeyValue,
-}
-
-/// Changes of one or more whole revisions, in revision order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchBatch {
-    pub events: Vec<WatchEvent>,
-}
-
-/// A live watch. Dropping it cancels the watch.
-pub struct WatchStream {
-    rx: mpsc::Receiver<Result<WatchBatch, StoreError>>,
-}
-
-impl WatchStream {
-    pub fn new(rx: mpsc::Receiver<Result<WatchBatch, StoreError>>) -> Self {
-        Self { rx }
-    }
-
-    /// The next batch; `None` when the watch ended (after an error, or the store closed).
-    pub async fn next(&mut self) -> Option<Result<WatchBatch, StoreError>> {
-        self.rx.recv().await
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("requested revision was compacted; the oldest available is {compact_revision}")]
-    Compacted { compact_revision: Revision },
-    #[error("lease {0:x} not found or expired")]
-    LeaseNotFound(LeaseId),
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    #[error("store data is corrupt: {0}")]
-    Corrupt(String),
-    /// A request etcd would refuse (a txn writing one key twice or with too many operations,
-    /// compaction to a future revision); the embedded store refuses the same ones.
-    #[error("invalid store request: {0}")]
-    InvalidRequest(String),
-    #[error("invalid store address {url:?}: {reason}")]
-    InvalidUrl { url: String, reason: String },
-    #[error("store I/O error: {0}")]
-    Io(#[from] std::io::Error),
-}
-
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
-    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
-    async fn list(&self, prefix: &str) -> Result<Listing, StoreError>;
-    /// The first `limit` keys under `prefix` that sort at or after `from` (pass `prefix` for
-    /// the start), in key order, without their values. Cheap where `list` is not: the audit
-    /// log's retention trims the oldest of 100,000 entries without reading them.
-    async fn list_keys(
-        &self,
-        prefix: &str,
-        from: &str,
-        limit: usize,
-    ) -> Result<KeyListing, StoreError>;
-    /// How many keys there are under `prefix`, and the revision counted at.
-    async fn count(&self, prefix: &str) -> Result<(usize, Revision), StoreError>;
-    /// Returns the revision of the write.
-    async fn put(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        lease: Option<LeaseId>,
-    ) -> Result<Revision, StoreError>;
-    /// Returns whether the key existed.
-    async fn delete(&self, key: &str) -> Result<bool, StoreError>;
-    async fn txn(&self, txn: Txn) -> Result<TxnResult, StoreError>;
-    /// Changes to keys under `prefix` from revision `from` on (0: from now on).
-    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError>;
-    /// Forgets history before `revision`.
-    async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
-    async fn current_revision(&self) -> Result<Revision, StoreError>;
-    /// The store may round `ttl` up to its minimum (etcd's is a few seconds).
-    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError>;
-    /// Renews the lease to its full TTL and returns that TTL.
-    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError>;
-    async fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError>;
-}
+pub use api::{
+    Compare, CompareOp, CompareTarget, EventKind, KeyListing, KeyValue, LeaseId, Listing, Revision,
+    Store, StoreError, Txn, TxnOp, TxnResult, WatchBatch, WatchEvent, WatchStream,
+};
 
 /// Opens the store named by `url`: `etcd://host:port[,host:port…]` or `file://DIR`.
-pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     if let Some(endpoints) = url.strip_prefix("etcd://") {
         let endpoints: Vec<String> =
             endpoints.split(',').filter(|e| !e.is_empty()).map(|e| format!("http://{e}")).collect();
@@ -236,16 +37,116 @@ pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
                 reason: "no etcd endpoint".into(),
             });
         }
-        Ok(std::sync::Arc::new(etcd::EtcdStore::connect(&endpoints).await?))
+        Ok(Arc::new(etcd::EtcdStore::connect(&endpoints).await?))
     } else if let Some(dir) = url.strip_prefix("file://") {
-        if dir.is_empty() {
-            return Err(StoreError::InvalidUrl { url: url.into(), reason: "no directory".into() });
-        }
-        Ok(std::sync::Arc::new(embedded::EmbeddedStore::open(std::path::Path::new(dir)).await?))
+        let dir = store_dir(url, dir)?;
+        Ok(Arc::new(embedded::EmbeddedStore::open(&dir).await?))
     } else {
         Err(StoreError::InvalidUrl {
             url: url.into(),
             reason: "expected etcd://host:port[,host:port] or file://DIR".into(),
         })
+    }
+}
+
+/// The absolute directory of a `file://DIR` store. A relative `DIR` (`file://data/store`)
+/// is accepted, since scripts use it, but resolved here, once, against the working
+/// directory and logged: the process may change directory later, and an operator reading
+/// an error or the log must see which directory was meant.
+fn store_dir(url: &str, dir: &str) -> Result<PathBuf, StoreError> {
+    if dir.is_empty() {
+        return Err(StoreError::InvalidUrl {
+            url: url.into(),
+            reason: "no directory after file:// (file:///absolute/dir, or file://dir relative \
+                     to the working directory)"
+                .into(),
+        });
+    }
+    let given = Path::new(dir);
+    if given.is_absolute() {
+        return Ok(given.to_path_buf());
+    }
+    let absolute = std::path::absolute(given).map_err(|e| StoreError::InvalidUrl {
+        url: url.into(),
+        reason: format!("cannot resolve the relative directory {dir:?}: {e}"),
+    })?;
+    tracing::info!(
+        url,
+        dir = %absolute.display(),
+        "the store directory is relative: resolved against the working directory"
+    );
+    Ok(absolute)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `target` as a path relative to the working directory (`../../tmp/…`), so a test can
+    /// name a temporary directory the way a script names `file://data/store`.
+    fn relative_to_cwd(target: &Path) -> PathBuf {
+        // `..` is resolved by the kernel against the physical directory, so count its parts.
+        let cwd = std::env::current_dir().unwrap().canonicalize().unwrap();
+        let target = target.canonicalize().unwrap();
+        let mut relative = PathBuf::new();
+        for _ in cwd.components().skip(1) {
+            relative.push("..");
+        }
+        relative.join(target.strip_prefix("/").unwrap())
+    }
+
+    #[test]
+    fn a_relative_file_url_resolves_against_the_working_directory() {
+        let dir = store_dir("file://data/store", "data/store").unwrap();
+        assert!(dir.is_absolute(), "{}", dir.display());
+        assert_eq!(dir, std::env::current_dir().unwrap().join("data/store"));
+    }
+
+    #[test]
+    fn an_absolute_file_url_is_used_as_given() {
+        let dir = store_dir("file:///var/lib/switchyard", "/var/lib/switchyard").unwrap();
+        assert_eq!(dir, Path::new("/var/lib/switchyard"));
+    }
+
+    #[tokio::test]
+    async fn a_file_url_without_a_directory_is_refused_clearly() {
+        match open("file://").await {
+            Err(e @ StoreError::InvalidUrl { .. }) => {
+                let message = e.to_string();
+                assert!(message.contains("\"file://\""), "{message}");
+                assert!(message.contains("no directory"), "{message}");
+            }
+            Err(other) => panic!("expected InvalidUrl, got {other}"),
+            Ok(_) => panic!("opened a store with no directory"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_relative_file_url_opens_the_store_in_the_directory_it_resolves_to() {
+        let tmp = tempfile::tempdir().unwrap();
+        let relative = relative_to_cwd(tmp.path()).join("store");
+        assert!(relative.is_relative());
+        let store = open(&format!("file://{}", relative.display())).await.unwrap();
+        store.put("k", b"v".to_vec(), None).await.unwrap();
+        assert!(tmp.path().join("store").join("LOCK").is_file());
+        let log = std::fs::read_to_string(tmp.path().join("store").join("wal.jsonl")).unwrap();
+        assert!(log.contains("\"key\":\"k\""), "{log}");
+    }
+
+    #[tokio::test]
+    async fn an_error_opening_a_relative_store_names_the_absolute_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        // A file where the store's parent directory should be: the directory cannot be made.
+        std::fs::write(tmp.path().join("blocker"), b"").unwrap();
+        let relative = relative_to_cwd(tmp.path()).join("blocker").join("store");
+        let absolute = std::env::current_dir().unwrap().join(&relative);
+        match open(&format!("file://{}", relative.display())).await {
+            Err(e @ StoreError::Directory { .. }) => {
+                let message = e.to_string();
+                assert!(message.contains(&absolute.display().to_string()), "{message}");
+            }
+            Err(other) => panic!("expected a Directory error, got {other}"),
+            Ok(_) => panic!("opened a store below a regular file"),
+        }
     }
 }
