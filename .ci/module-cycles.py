@@ -61,7 +61,7 @@ def strip_comments_and_strings(src):
 def drop_test_modules(src):
     """Removes `#[cfg(test)] mod NAME { ... }` blocks (already comment- and string-free)."""
     while True:
-        m = re.search(r"#\[cfg\(test\)\]\s*(pub(\([^)]*\))?\s+)?mod\s+\w+\s*\{", src)
+        m = re.search(r"#\[cfg\(test\)\]\s*(#\[[^\]]*\]\s*)*(pub(\([^)]*\))?\s+)?mod\s+\w+\s*\{", src)
         if not m:
             return src
         depth, i = 1, m.end()
