@@ -154,6 +154,13 @@ pub struct SequenceReply {
     pub then: Box<Behaviour>,
 }
 
+/// Waits a scripted delay (none for 0).
+pub(crate) async fn sleep_ms(ms: u64) {
+    if ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::openai::tokens;
+use crate::stream::StreamWire;
 
 /// `(model, stream)` for a Gemini endpoint path.
 pub fn route(path: &str) -> Option<(String, bool)> {
@@ -222,6 +223,38 @@ impl Response<'_> {
     }
 }
 
+/// Gemini's stream framing: no head, one GenerateContentResponse per piece, and a last
+/// chunk with `finishReason` and the usage; the body then just ends.
+pub struct ResponseStream {
+    pub response_id: String,
+    pub model: String,
+    pub prompt_tokens: u64,
+}
+
+impl ResponseStream {
+    pub fn response(&self) -> Response<'_> {
+        Response { response_id: &self.response_id, model: &self.model }
+    }
+}
+
+impl StreamWire for ResponseStream {
+    fn head(&self) -> Vec<Bytes> {
+        Vec::new()
+    }
+
+    fn content(&self, piece: &str) -> Bytes {
+        self.response().chunk(piece, self.prompt_tokens)
+    }
+
+    fn error(&self, message: &str) -> Bytes {
+        error_frame(message)
+    }
+
+    fn tail(&self, text: &str) -> Vec<Bytes> {
+        vec![self.response().final_chunk(self.prompt_tokens, tokens(text))]
+    }
+}
+
 /// The in-band error frame of a stream that fails after it started.
 pub fn error_frame(message: &str) -> Bytes {
     let err = ApiError::new(500, message.to_owned());
@@ -296,6 +329,12 @@ impl ApiError {
              Please use API Key or other form of API consumer identity to call this API."
                 .to_owned(),
         )
+    }
+
+    /// A path or method Google does not serve (its JSON APIs answer an unknown method with
+    /// `NOT_FOUND` in the usual envelope).
+    pub fn not_found(method: &str, path: &str) -> Self {
+        ApiError::new(404, format!("Method not found: {method} {path}"))
     }
 
     /// A key the simulator does not accept: Google answers 400 with reason API_KEY_INVALID
