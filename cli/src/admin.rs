@@ -1,4 +1,4 @@
-//! The admin commands: a thin gRPC client of `switchyard.admin.v1` (DESIGN §2, §4).
+//! The admin commands (docs/cli.md): a thin gRPC client of `switchyard.admin.v1`.
 //!
 //! Everything that can be checked without the control plane (the catalog file, list and
 //! trigger syntax, the token's presence) is checked here first, so a mistake costs no

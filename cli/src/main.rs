@@ -1,5 +1,5 @@
 //! `switchyard`: one binary for the control plane, the data-plane node, the all-in-one dev
-//! mode and the admin commands (DESIGN §4; the names and flags there are a contract).
+//! mode and the admin commands (docs/cli.md; the names and flags there are a contract).
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 

@@ -387,12 +387,9 @@ pub async fn sim(args: SimArgs) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// 128 random bits for the dev admin token, from the thread RNG (seeded by the OS).
 fn rand_u128() -> u128 {
-    use std::hash::{BuildHasher, Hasher};
-    // Two independently seeded SipHash states: enough for a throwaway dev token.
-    let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    let b = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    (u128::from(a) << 64) | u128::from(b)
+    rand::random()
 }
 
 /// A token from `file` when one is given, else from the environment variable `var`; a token

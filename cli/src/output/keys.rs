@@ -58,7 +58,7 @@ impl From<pb::ApiKey> for KeyView {
 }
 
 /// What `keys create --json` and `keys rotate --json` print: the key's fields, plus the
-/// secret as `key` (DESIGN §4) and the server's warnings.
+/// secret as `key` (docs/cli.md) and the server's warnings.
 #[derive(Debug, Serialize)]
 pub struct KeySecretView {
     #[serde(flatten)]
