@@ -65,7 +65,7 @@ impl Behaviour {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Reply {
-    /// The assistant's content; `None` answers "Hello from <model>.".
+    /// The assistant's content; `None` answers `"Hello from <model>."`.
     pub text: Option<String>,
     /// Wait before the response head is sent.
     pub delay_ms: u64,

@@ -365,7 +365,7 @@ impl ApiError {
 /// - 429 RESOURCE_EXHAUSTED: "You exceeded your current quota, please check your plan and
 ///   billing details. …", with QuotaFailure and RetryInfo details.
 /// - 500 INTERNAL: "An internal error has occurred. Please retry or report in
-///   https://developers.generativeai.google/guide/troubleshooting".
+///   `https://developers.generativeai.google/guide/troubleshooting`".
 /// - 503 UNAVAILABLE: "The model is overloaded. Please try again later."
 /// - 504 DEADLINE_EXCEEDED: "The request timed out. Please try again."
 pub fn status_error(

@@ -102,7 +102,8 @@ impl SimServer {
         lock(&self.state.models).get(model).and_then(|m| m.last.clone())
     }
 
-    /// Forgets scripts, keys, request counters and last requests (see [`State::reset`]).
+    /// Forgets scripts, keys, request counters and last requests; connection counters restart
+    /// from the connections open now.
     pub fn reset(&self) {
         self.state.reset();
     }
