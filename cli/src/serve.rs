@@ -290,17 +290,17 @@ fn authed<T>(
 const DEMO_PRIMARY: &str = "demo/flaky-primary";
 const DEMO_FALLBACK: &str = "demo/steady-fallback";
 const DEMO_PRIMARY_UPSTREAM: &str = "flaky-primary";
-const DEMO_KEY_NAME: &str = "dev-demo";
 const DEMO_FALLBACK_UPSTREAM: &str = "steady-fallback";
+const DEMO_KEY_NAME: &str = "dev-demo";
 
 /// Applies the demo catalog (pointing at this run's simulator, `sim_base_url` being its
 /// OpenAI-compatible base URL, `/v1` included) and returns the secret of the demo key, whose
 /// default chain is primary → fallback.
 ///
-/// Over a data directory kept from an earlier run the demo key is reused (same id, so its
-/// usage and events stay together) with its secret rotated: only the secret's hash is
-/// stored, so the old secret cannot be shown again. Extra active demo keys left by earlier
-/// releases, which created one per start, are revoked.
+/// Over a data directory kept from an earlier run the oldest active demo key is reused (same
+/// id, so its usage and events stay together) with its secret rotated: only the secret's hash
+/// is stored, so the old secret cannot be shown again. Other active demo keys, which earlier
+/// releases left behind by creating one per start, are revoked.
 async fn seed_demo(
     control_url: &str,
     admin_token: &str,
@@ -343,8 +343,10 @@ async fn seed_demo(
         .map_err(|e| e.message().to_owned())?
         .into_inner()
         .keys;
-    let mut demo_keys =
-        keys.into_iter().filter(|k| k.name == DEMO_KEY_NAME && k.status == "active");
+    let mut demo_keys: Vec<_> =
+        keys.into_iter().filter(|k| k.name == DEMO_KEY_NAME && k.status == "active").collect();
+    demo_keys.sort_by_key(|k| k.created_unix_ms);
+    let mut demo_keys = demo_keys.into_iter();
     if let Some(reused) = demo_keys.next() {
         for extra in demo_keys {
             client

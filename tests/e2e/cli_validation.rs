@@ -239,6 +239,12 @@ async fn dev_serves_the_demo_and_keeps_one_demo_key_across_restarts() {
     assert!(base_url.ends_with("/v1") && !base_url.ends_with("/v1/v1"), "{base_url}");
     let before = keys(&first, &token).await;
     assert_eq!(before.len(), 1, "{before:?}");
+    // What earlier releases left over a data directory: one more active demo key per start.
+    let env = [("SWITCHYARD_ADMIN_TOKEN", token.as_str())];
+    let extra =
+        cli_with_env(&first.control, &["keys", "create", "--name", "dev-demo", "--json"], &env)
+            .await
+            .json();
     let old_key = first.demo_key.clone();
     first.stop().await;
 
@@ -248,7 +254,9 @@ async fn dev_serves_the_demo_and_keeps_one_demo_key_across_restarts() {
     let after = keys(&second, &token).await;
     let active: Vec<&Value> = after.iter().filter(|k| k["status"] == "active").collect();
     assert_eq!(active.len(), 1, "one active demo key after a restart: {after:?}");
-    assert_eq!(active[0]["id"], before[0]["id"], "the demo key is reused");
+    assert_eq!(active[0]["id"], before[0]["id"], "the first demo key is reused");
+    let revoked = after.iter().find(|k| k["id"] == extra["id"]).unwrap();
+    assert_eq!(revoked["status"], "revoked", "{after:?}");
     assert_ne!(second.demo_key, old_key, "its secret is rotated (only its hash is kept)");
     let old = demo_request(second.node, &old_key).await.unwrap();
     assert_eq!(old.status, 401, "{}", old.body);
