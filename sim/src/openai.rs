@@ -556,9 +556,9 @@ impl ApiError {
 /// - 404: openai/openai-agents-python#458: "The model `…` does not exist or you do not have
 ///   access to it.", `invalid_request_error`, code `model_not_found`.
 /// - 429: feder-cr/invisible_playwright_mcp#249, OpenBMB/ChatDev#26: "Rate limit reached for
-///   `<model>` in organization `<org>` on requests per min (RPM): Limit 3, Used 3, Requested
-///   1. Please try again in 20s. Visit `https://platform.openai.com/account/rate-limits` to
-///   learn more.", type `requests`, code `rate_limit_exceeded`.
+///   `<model>` in organization `<org>` on requests per min (RPM): Limit 3, Used 3,
+///   Requested 1. Please try again in 20s. Visit
+///   `https://platform.openai.com/account/rate-limits` to learn more.", type `requests`, code `rate_limit_exceeded`.
 /// - 500: acheong08/ChatGPT#607: "The server experienced an error while processing your
 ///   request. Sorry about that! …", type `server_error`, code null.
 /// - 503: waylaidwanderer/node-chatgpt-api#34: "That model is currently overloaded with other
