@@ -1,4 +1,4 @@
-//! The admin commands: a thin gRPC client of `switchyard.admin.v1` (DESIGN §2, §4).
+//! The admin commands (docs/cli.md): a thin gRPC client of `switchyard.admin.v1`.
 //!
 //! Everything that can be checked without the control plane (the catalog file, list and
 //! trigger syntax, the token's presence) is checked here first, so a mistake costs no
@@ -17,12 +17,17 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::catalog_file;
 use crate::error::CliError;
-use crate::output::{
-    self, ApplyView, BreakerView, DeliveriesView, EventView, KeySecretView, KeyView,
-    KeyWithWarnings, NodesView, UsageView,
+use crate::output;
+use crate::output::apply::{ApplyView, apply_result};
+use crate::output::breakers::{BreakerView, breakers_table};
+use crate::output::events::{EventView, event_line};
+use crate::output::keys::{
+    KeySecretView, KeyView, KeyWithWarnings, key_details, key_secret, keys_table,
 };
-
-pub const TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
+use crate::output::nodes::{NodesView, nodes_table};
+use crate::output::usage::{UsageView, usage_table};
+use crate::output::webhooks::{DeliveriesView, deliveries, webhooks_table};
+use crate::token::{self, ADMIN_TOKEN_ENV};
 
 /// Options every admin command takes. `global` lets them follow a nested subcommand
 /// (`switchyard keys create --json`) as well as precede it (`switchyard keys --json create`).
@@ -80,8 +85,10 @@ pub struct EventsArgs {
     /// Keep streaming events as they are recorded (with --json: one JSON object per line).
     #[arg(long)]
     pub follow: bool,
-    /// How many of the newest events to show first.
-    #[arg(long, default_value_t = 100, value_name = "N")]
+    /// How many of the newest events to show first (at least 1).
+    // 0 is refused rather than defined: on the wire 0 means "the server's default" (100),
+    // so passing it through would print 100 events to someone who asked for none.
+    #[arg(long, default_value_t = 100, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
     /// Only this API key's events.
     #[arg(long, value_name = "ID")]
@@ -135,8 +142,8 @@ pub enum WebhooksCommand {
     Deliveries {
         #[arg(value_name = "NAME")]
         name: String,
-        /// Owed events and dead letters listed at most, each.
-        #[arg(long, default_value_t = 100, value_name = "N")]
+        /// Owed events and dead letters listed at most, each (at least 1).
+        #[arg(long, default_value_t = 100, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
     },
     /// Queue events for one subscription again: dead letters, or failover events from the
@@ -314,7 +321,8 @@ impl Admin {
     /// moves on to the next URL: once a request is sent it is never repeated elsewhere, so
     /// a `keys create` cannot happen twice.
     async fn connect(opts: &AdminOpts) -> Result<Self, CliError> {
-        let token = read_token(opts.admin_token_file.as_deref(), std::env::var(TOKEN_ENV).ok())?;
+        let token =
+            read_token(opts.admin_token_file.as_deref(), std::env::var(ADMIN_TOKEN_ENV).ok())?;
         let auth = MetadataValue::try_from(format!("Bearer {token}"))
             .map_err(|_| CliError::TokenInvalid)?;
         let urls = control_urls(&opts.control);
@@ -345,7 +353,8 @@ impl Admin {
     }
 }
 
-/// The token from `--admin-token-file` if given, else from the environment.
+/// The token from `--admin-token-file` if given, else from the environment. A token shorter
+/// than the control plane accepts is refused here, with the reason, before any round trip.
 pub fn read_token(file: Option<&std::path::Path>, env: Option<String>) -> Result<String, CliError> {
     let token = match file {
         Some(path) => std::fs::read_to_string(path)
@@ -359,6 +368,8 @@ pub fn read_token(file: Option<&std::path::Path>, env: Option<String>) -> Result
             None => CliError::NoToken,
         });
     }
+    let source = file.map_or_else(|| ADMIN_TOKEN_ENV.to_owned(), |p| p.display().to_string());
+    token::check(token, &source)?;
     Ok(token.to_owned())
 }
 
@@ -424,7 +435,7 @@ pub async fn apply(args: ApplyArgs) -> Result<(), CliError> {
         dry_run: args.dry_run,
         version: reply.version,
     };
-    if args.opts.json { print(&output::json(&view)?) } else { print(&output::apply_result(&view)) }
+    if args.opts.json { print(&output::json(&view)?) } else { print(&apply_result(&view)) }
 }
 
 pub async fn catalog(args: CatalogArgs) -> Result<(), CliError> {
@@ -459,7 +470,7 @@ pub async fn nodes(args: NodesArgs) -> Result<(), CliError> {
     if args.opts.json {
         print(&output::json(&view)?)
     } else {
-        print(&output::nodes_table(&view, output::now_ms()))
+        print(&nodes_table(&view, switchyard_time::now_ms()))
     }
 }
 
@@ -472,7 +483,7 @@ pub async fn breakers(args: BreakersArgs) -> Result<(), CliError> {
     if args.opts.json {
         print(&output::json(&breakers)?)
     } else {
-        print(&output::breakers_table(&breakers, output::now_ms()))
+        print(&breakers_table(&breakers, switchyard_time::now_ms()))
     }
 }
 
@@ -495,7 +506,7 @@ pub async fn events(args: EventsArgs) -> Result<(), CliError> {
             line.push('\n');
             line
         } else {
-            output::event_line(&view)
+            event_line(&view)
         };
         print(&line)?;
         printed += 1;
@@ -511,7 +522,7 @@ pub async fn usage(args: UsageArgs) -> Result<(), CliError> {
     let request = admin.request(pb::GetUsageRequest { key_id: args.key.unwrap_or_default() });
     let reply = admin.client.get_usage(request).await.map_err(|s| admin.status(s))?;
     let rows: Vec<UsageView> = reply.into_inner().rows.into_iter().map(Into::into).collect();
-    if args.opts.json { print(&output::json(&rows)?) } else { print(&output::usage_table(&rows)) }
+    if args.opts.json { print(&output::json(&rows)?) } else { print(&usage_table(&rows)) }
 }
 
 pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
@@ -547,7 +558,7 @@ pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
             if json {
                 print(&output::json(&keys)?)
             } else {
-                print(&output::keys_table(&keys, output::now_ms()))
+                print(&keys_table(&keys, switchyard_time::now_ms()))
             }
         }
         KeysCommand::Show { id } => {
@@ -589,7 +600,7 @@ fn print_secret(verb: &str, reply: pb::KeySecretResponse, json: bool) -> Result<
         return print(&output::json(&view)?);
     }
     warn(&reply.warnings);
-    print(&output::key_secret(verb, &key, &reply.secret))
+    print(&key_secret(verb, &key, &reply.secret))
 }
 
 fn print_key(verb: Option<&str>, reply: pb::KeyResponse, json: bool) -> Result<(), CliError> {
@@ -603,7 +614,7 @@ fn print_key(verb: Option<&str>, reply: pb::KeyResponse, json: bool) -> Result<(
     }
     warn(&reply.warnings);
     let mut text = verb.map(|v| format!("{v} key {}\n\n", key.id)).unwrap_or_default();
-    text.push_str(&output::key_details(&key, output::now_ms()));
+    text.push_str(&key_details(&key, switchyard_time::now_ms()));
     print(&text)
 }
 
@@ -618,7 +629,7 @@ pub async fn webhooks(args: WebhooksArgs) -> Result<(), CliError> {
             if json {
                 print(&output::json(&catalog.webhooks)?)
             } else {
-                print(&output::webhooks_table(&catalog.webhooks))
+                print(&webhooks_table(&catalog.webhooks))
             }
         }
         WebhooksCommand::Add(add) => {
@@ -672,7 +683,7 @@ pub async fn webhooks(args: WebhooksArgs) -> Result<(), CliError> {
             if json {
                 print(&output::json(&view)?)
             } else {
-                print(&output::deliveries(&view, output::now_ms()))
+                print(&deliveries(&view, switchyard_time::now_ms()))
             }
         }
         WebhooksCommand::Redeliver { name, event_ids, all_dead } => {
@@ -733,7 +744,7 @@ impl Admin {
             dry_run: false,
             version: reply.version,
         };
-        if json { print(&output::json(&view)?) } else { print(&output::apply_result(&view)) }
+        if json { print(&output::json(&view)?) } else { print(&apply_result(&view)) }
     }
 
     async fn set_enabled(&mut self, json: bool, name: &str, enabled: bool) -> Result<(), CliError> {

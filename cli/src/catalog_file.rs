@@ -1,4 +1,4 @@
-//! Reading and writing the catalog file of `switchyard apply -f` (DESIGN §2).
+//! Reading and writing the catalog file of `switchyard apply -f` (docs/catalog.md).
 //!
 //! Every error names the file, the YAML path and the field, because the person reading it
 //! has to find the line in a file of many similar entries (`models[7]` looks like the rest).

@@ -3,9 +3,9 @@
 
 use tonic::Code;
 
-use crate::admin::TOKEN_ENV;
 use crate::catalog_file::CatalogFileError;
 use crate::serve::ServeError;
+use crate::token::{ADMIN_TOKEN_ENV, TokenError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -15,12 +15,14 @@ pub enum CliError {
     CatalogFile(#[from] CatalogFileError),
     #[error("{0}")]
     Usage(String),
-    #[error("no admin token: set {TOKEN_ENV} or pass --admin-token-file")]
+    #[error("no admin token: set {ADMIN_TOKEN_ENV} or pass --admin-token-file")]
     NoToken,
     #[error("cannot read admin token file {path}: {source}")]
     TokenFile { path: String, source: std::io::Error },
     #[error("admin token file {0} is empty")]
     TokenFileEmpty(String),
+    #[error(transparent)]
+    Token(#[from] TokenError),
     // The token itself is never echoed.
     #[error("the admin token holds characters a gRPC header cannot carry")]
     TokenInvalid,
@@ -50,7 +52,7 @@ impl CliError {
         }
         let hint = match code {
             Code::Unauthenticated | Code::PermissionDenied => Some(format!(
-                "the control plane refused the admin token: set {TOKEN_ENV} (or \
+                "the control plane refused the admin token: set {ADMIN_TOKEN_ENV} (or \
                  --admin-token-file) to the token it was started with"
             )),
             Code::Unavailable => Some(format!(

@@ -1,5 +1,5 @@
 //! `switchyard`: one binary for the control plane, the data-plane node, the all-in-one dev
-//! mode and the admin commands (DESIGN §4; the names and flags there are a contract).
+//! mode and the admin commands (docs/cli.md; the names and flags there are a contract).
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
@@ -8,6 +8,7 @@ mod catalog_file;
 mod error;
 mod output;
 mod serve;
+mod token;
 
 use std::process::ExitCode;
 
@@ -289,12 +290,19 @@ mod tests {
 
     #[test]
     fn the_token_comes_from_the_file_or_the_environment() {
-        assert_eq!(read_token(None, Some(" t0k \n".into())).unwrap(), "t0k");
+        assert_eq!(
+            read_token(None, Some(" t0k-0123456789abcdef \n".into())).unwrap(),
+            "t0k-0123456789abcdef"
+        );
         assert!(matches!(read_token(None, None), Err(CliError::NoToken)));
         assert!(matches!(read_token(None, Some(" ".into())), Err(CliError::NoToken)));
+        assert!(matches!(read_token(None, Some("nope".into())), Err(CliError::Token(_))));
         let dir = std::env::temp_dir().join(format!("sy-cli-token-{}", std::process::id()));
-        std::fs::write(&dir, "from-file\n").unwrap();
-        assert_eq!(read_token(Some(&dir), Some("env".into())).unwrap(), "from-file");
+        std::fs::write(&dir, "from-file-0123456789\n").unwrap();
+        assert_eq!(
+            read_token(Some(&dir), Some("env-0123456789abcdef".into())).unwrap(),
+            "from-file-0123456789"
+        );
         std::fs::remove_file(&dir).unwrap();
         assert!(matches!(read_token(Some(&dir), None), Err(CliError::TokenFile { .. })));
     }

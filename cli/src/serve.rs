@@ -13,6 +13,8 @@ use switchyard_control_plane::server::{self, ControlError, ControlOptions};
 use switchyard_control_plane::webhooks::DeliveryOptions;
 use switchyard_data_plane::node::{self, NodeError, NodeOptions};
 
+use crate::token::{self, ADMIN_TOKEN_ENV, JOIN_TOKEN_ENV};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("{0}")]
@@ -73,7 +75,12 @@ pub struct ControlArgs {
 #[derive(Debug, Args)]
 pub struct NodeArgs {
     /// Control-plane URL(s), comma-separated; the node fails over between them.
-    #[arg(long, env = "SWITCHYARD_CONTROL", default_value = "http://127.0.0.1:7400")]
+    #[arg(
+        long,
+        env = "SWITCHYARD_CONTROL",
+        default_value = "http://127.0.0.1:7400",
+        value_parser = parse_control_urls
+    )]
     pub control: String,
     /// Address of the HTTP listener.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -87,8 +94,12 @@ pub struct NodeArgs {
     /// File holding the join token (instead of SWITCHYARD_JOIN_TOKEN).
     #[arg(long)]
     pub join_token_file: Option<PathBuf>,
-    /// Largest accepted request body; larger ones get 413.
-    #[arg(long, default_value_t = switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES)]
+    /// Largest accepted request body, in bytes (at least 1); larger ones get 413.
+    #[arg(
+        long,
+        default_value_t = switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES,
+        value_parser = parse_max_body_bytes
+    )]
     pub max_body_bytes: usize,
     /// Longest a client may take to send a request's head, and longest an idle keep-alive
     /// connection stays open: 500ms, 30s, 2m.
@@ -185,10 +196,11 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     let dir = args.data_dir.unwrap_or_else(|| std::env::temp_dir().join("switchyard-dev"));
     std::fs::create_dir_all(&dir)
         .map_err(|e| ServeError::Config(format!("cannot create {}: {e}", dir.display())))?;
-    let admin_token = std::env::var("SWITCHYARD_ADMIN_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| format!("dev-{:032x}", rand_u128()));
+    // A token the user supplied is used but never printed: it may be their real one.
+    let env_admin_token = secret_from(ADMIN_TOKEN_ENV, None)?;
+    let admin_token_from_env = env_admin_token.is_some();
+    let admin_token = env_admin_token.unwrap_or_else(|| format!("dev-{:032x}", rand_u128()));
+    let join_token = secret_from(JOIN_TOKEN_ENV, None)?;
 
     // Simulated providers: the demo's primary model always answers 503, its fallback works.
     let sim = switchyard_sim::start(args.sim_listen).await?;
@@ -205,7 +217,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         listen: args.control_listen,
         prefix: "/switchyard/".into(),
         admin_token: admin_token.clone(),
-        join_token: None,
+        join_token: join_token.clone(),
         audit: Default::default(),
         webhooks: DeliveryOptions::default(),
         disconnect_grace: BREAKER_GRACE,
@@ -225,7 +237,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         listen: args.listen,
         data_dir: Some(dir.join("node")),
         node_id: Some("dev-node".into()),
-        join_token: None,
+        join_token: join_token.clone(),
         max_body_bytes: switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES,
         header_read_timeout: switchyard_data_plane::http::DEFAULT_HEADER_READ_TIMEOUT,
     })
@@ -248,8 +260,20 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     println!();
     println!("Admin commands from another terminal:");
     println!("  export SWITCHYARD_CONTROL={control_url}");
-    println!("  export SWITCHYARD_ADMIN_TOKEN={admin_token}");
+    if admin_token_from_env {
+        println!("  # SWITCHYARD_ADMIN_TOKEN: the one set in this environment (not shown)");
+    } else {
+        println!("  export SWITCHYARD_ADMIN_TOKEN={admin_token}");
+    }
     println!("  switchyard catalog; switchyard keys list; switchyard nodes; switchyard events");
+    println!();
+    if join_token.is_some() {
+        println!("Other nodes join with the SWITCHYARD_JOIN_TOKEN set in this environment.");
+    } else {
+        println!(
+            "Other nodes may join from this host without a token (SWITCHYARD_JOIN_TOKEN unset)."
+        );
+    }
     node.run().await?;
     Ok(())
 }
@@ -267,13 +291,24 @@ const DEMO_PRIMARY: &str = "demo/flaky-primary";
 const DEMO_FALLBACK: &str = "demo/steady-fallback";
 const DEMO_PRIMARY_UPSTREAM: &str = "flaky-primary";
 const DEMO_FALLBACK_UPSTREAM: &str = "steady-fallback";
+const DEMO_KEY_NAME: &str = "dev-demo";
 
-/// Applies the demo catalog (pointing at this run's simulator) and creates a demo key whose
-/// default chain is primary → fallback. Returns the key's secret.
-async fn seed_demo(control_url: &str, admin_token: &str, sim_url: &str) -> Result<String, String> {
+/// Applies the demo catalog (pointing at this run's simulator, `sim_base_url` being its
+/// OpenAI-compatible base URL, `/v1` included) and returns the secret of the demo key, whose
+/// default chain is primary → fallback.
+///
+/// Over a data directory kept from an earlier run the oldest active demo key is reused (same
+/// id, so its usage and events stay together) with its secret rotated: only the secret's hash
+/// is stored, so the old secret cannot be shown again. Other active demo keys, which earlier
+/// releases left behind by creating one per start, are revoked.
+async fn seed_demo(
+    control_url: &str,
+    admin_token: &str,
+    sim_base_url: &str,
+) -> Result<String, String> {
     use switchyard_proto::admin::v1 as admin;
     let catalog = serde_json::json!({
-        "providers": [{"name": "demo", "kind": "openai-compatible", "base_url": format!("{sim_url}/v1"), "region": "local"}],
+        "providers": [{"name": "demo", "kind": "openai-compatible", "base_url": sim_base_url, "region": "local"}],
         "models": [
             {"name": DEMO_PRIMARY, "provider": "demo", "upstream_model": DEMO_PRIMARY_UPSTREAM,
              "price": {"input_per_mtok": 0.05, "output_per_mtok": 0.4}},
@@ -302,10 +337,33 @@ async fn seed_demo(control_url: &str, admin_token: &str, sim_url: &str) -> Resul
         ))
         .await
         .map_err(|e| e.message().to_owned())?;
+    let keys = client
+        .list_keys(authed(&auth, admin::ListKeysRequest {}))
+        .await
+        .map_err(|e| e.message().to_owned())?
+        .into_inner()
+        .keys;
+    let mut demo_keys: Vec<_> =
+        keys.into_iter().filter(|k| k.name == DEMO_KEY_NAME && k.status == "active").collect();
+    demo_keys.sort_by_key(|k| k.created_unix_ms);
+    let mut demo_keys = demo_keys.into_iter();
+    if let Some(reused) = demo_keys.next() {
+        for extra in demo_keys {
+            client
+                .revoke_key(authed(&auth, admin::KeyIdRequest { id: extra.id }))
+                .await
+                .map_err(|e| e.message().to_owned())?;
+        }
+        let rotated = client
+            .rotate_key(authed(&auth, admin::KeyIdRequest { id: reused.id }))
+            .await
+            .map_err(|e| e.message().to_owned())?;
+        return Ok(rotated.into_inner().secret);
+    }
     let request = authed(
         &auth,
         admin::CreateKeyRequest {
-            name: "dev-demo".into(),
+            name: DEMO_KEY_NAME.into(),
             failover_defaults: Some(admin::FailoverDefaults {
                 models: vec![DEMO_PRIMARY.into(), DEMO_FALLBACK.into()],
                 ..Default::default()
@@ -331,16 +389,15 @@ pub async fn sim(args: SimArgs) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// 128 random bits for the dev admin token, from the thread RNG (seeded by the OS).
 fn rand_u128() -> u128 {
-    use std::hash::{BuildHasher, Hasher};
-    // Two independently seeded SipHash states: enough for a throwaway dev token.
-    let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    let b = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    (u128::from(a) << 64) | u128::from(b)
+    rand::random()
 }
 
-/// A secret from the environment variable `var`, or else from `file`.
+/// A token from `file` when one is given, else from the environment variable `var`; a token
+/// shorter than [`token::MIN_TOKEN_CHARS`] is refused, naming where it was read.
 fn secret_from(var: &str, file: Option<&Path>) -> Result<Option<String>, ServeError> {
+    let too_short = |e: token::TokenError| ServeError::Config(e.to_string());
     if let Some(path) = file {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ServeError::Config(format!("cannot read {}: {e}", path.display())))?;
@@ -348,25 +405,62 @@ fn secret_from(var: &str, file: Option<&Path>) -> Result<Option<String>, ServeEr
         if secret.is_empty() {
             return Err(ServeError::Config(format!("{} is empty", path.display())));
         }
+        token::check(secret, &path.display().to_string()).map_err(too_short)?;
         return Ok(Some(secret.to_owned()));
     }
-    Ok(std::env::var(var).ok().filter(|v| !v.is_empty()))
+    let Some(secret) = std::env::var(var).ok().filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    token::check(&secret, var).map_err(too_short)?;
+    Ok(Some(secret))
 }
 
-/// `--header-read-timeout`: a number with `ms`, `s` or `m`, from 1 ms to one hour.
+/// `--control` of a node: one URL or a comma-separated list, each `http://` or `https://`
+/// with a host, read with a real URL parser. The text is kept as given.
+fn parse_control_urls(text: &str) -> Result<String, String> {
+    let mut urls = text.split(',').map(str::trim).filter(|u| !u.is_empty()).peekable();
+    if urls.peek().is_none() {
+        return Err("no control-plane URL; expected one like http://127.0.0.1:7400".to_owned());
+    }
+    for url in urls {
+        check_control_url(url)?;
+    }
+    Ok(text.to_owned())
+}
+
+fn check_control_url(url: &str) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL ({e}); expected one like http://HOST:7400"))?;
+    match uri.scheme_str() {
+        Some(s) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https") => {}
+        Some(other) => {
+            return Err(format!("{url:?}: the scheme must be http or https, not {other:?}"));
+        }
+        None => return Err(format!("{url:?} has no scheme: write http://{url} or https://{url}")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(())
+}
+
+/// `--max-body-bytes`: a byte count of at least 1 (0 would refuse every request with a body).
+fn parse_max_body_bytes(text: &str) -> Result<usize, String> {
+    let n: usize =
+        text.trim().parse().map_err(|e| format!("{text:?} is not a number of bytes: {e}"))?;
+    if n == 0 {
+        return Err("must be at least 1: 0 would refuse every request with a body".to_owned());
+    }
+    Ok(n)
+}
+
+/// `--header-read-timeout`: a duration as every duration flag takes it (`500ms`, `30s`, `2m`,
+/// or plain seconds), from 1 ms to one hour.
 fn parse_header_read_timeout(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (digits, unit) =
-        text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a duration like 30s"))?;
-    let duration = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        _ => return Err(format!("unknown unit {unit:?} in {text:?}; use ms, s or m")),
-    };
-    if duration.is_zero() || duration > Duration::from_secs(3_600) {
-        return Err(format!("{text:?} is out of range: from 1ms to 60m"));
+    let duration = switchyard_time::parse_duration(text).map_err(|e| e.to_string())?;
+    if duration > Duration::from_secs(3_600) {
+        return Err(format!("{:?} is out of range: from 1ms to 60m", text.trim()));
     }
     Ok(duration)
 }
@@ -376,13 +470,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn header_read_timeout_takes_ms_s_and_m_and_refuses_zero_and_bare_numbers() {
+    fn header_read_timeout_takes_durations_and_refuses_zero_and_over_an_hour() {
         assert_eq!(parse_header_read_timeout("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_header_read_timeout("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_header_read_timeout("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_header_read_timeout("0s").unwrap_err().contains("out of range"));
+        assert_eq!(parse_header_read_timeout("30"), Ok(Duration::from_secs(30)));
+        assert!(parse_header_read_timeout("0s").unwrap_err().contains("more than zero"));
         assert!(parse_header_read_timeout("61m").unwrap_err().contains("out of range"));
-        assert!(parse_header_read_timeout("30").unwrap_err().contains("unknown unit"));
         assert!(parse_header_read_timeout("s").unwrap_err().contains("not a duration"));
+    }
+
+    #[test]
+    fn control_urls_need_an_http_scheme_and_a_host_each() {
+        assert!(parse_control_urls("http://127.0.0.1:7400").is_ok());
+        assert!(parse_control_urls("https://cp.example.com, http://[::1]:7400,").is_ok());
+        for bad in
+            ["notaurl", "127.0.0.1:7400", "ftp://cp:7400", "http://", "http://ok:1,notaurl", ","]
+        {
+            assert!(parse_control_urls(bad).is_err(), "{bad:?} was accepted");
+        }
+        let why = parse_control_urls("http://a:1,notaurl").unwrap_err();
+        assert!(why.contains("\"notaurl\"") && why.contains("scheme"), "{why}");
+    }
+
+    #[test]
+    fn max_body_bytes_refuses_zero() {
+        assert_eq!(parse_max_body_bytes("1048576"), Ok(1_048_576));
+        assert!(parse_max_body_bytes("0").unwrap_err().contains("at least 1"));
+        assert!(parse_max_body_bytes("-1").is_err());
+    }
+
+    #[test]
+    fn a_one_character_token_is_refused_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "x\n").unwrap();
+        let err = secret_from("SWITCHYARD_TEST_UNSET_VARIABLE", Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("too short"), "{err}");
+        std::fs::write(&file, "0123456789abcdef\n").unwrap();
+        let token = secret_from("SWITCHYARD_TEST_UNSET_VARIABLE", Some(&file)).unwrap();
+        assert_eq!(token.as_deref(), Some("0123456789abcdef"));
     }
 }

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::openai::{ApiError, tokens};
-use crate::server::StreamWire;
+use crate::stream::StreamWire;
 
 // === Requests ===
 

@@ -65,7 +65,7 @@ impl Behaviour {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Reply {
-    /// The assistant's content; `None` answers "Hello from <model>.".
+    /// The assistant's content; `None` answers `"Hello from <model>."`.
     pub text: Option<String>,
     /// Wait before the response head is sent.
     pub delay_ms: u64,
@@ -152,6 +152,13 @@ pub struct SequenceReply {
     pub steps: Vec<Behaviour>,
     #[serde(default)]
     pub then: Box<Behaviour>,
+}
+
+/// Waits a scripted delay (none for 0).
+pub(crate) async fn sleep_ms(ms: u64) {
+    if ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::openai::tokens;
+use crate::stream::StreamWire;
 
 /// `(model, stream)` for a Gemini endpoint path.
 pub fn route(path: &str) -> Option<(String, bool)> {
@@ -222,6 +223,38 @@ impl Response<'_> {
     }
 }
 
+/// Gemini's stream framing: no head, one GenerateContentResponse per piece, and a last
+/// chunk with `finishReason` and the usage; the body then just ends.
+pub struct ResponseStream {
+    pub response_id: String,
+    pub model: String,
+    pub prompt_tokens: u64,
+}
+
+impl ResponseStream {
+    pub fn response(&self) -> Response<'_> {
+        Response { response_id: &self.response_id, model: &self.model }
+    }
+}
+
+impl StreamWire for ResponseStream {
+    fn head(&self) -> Vec<Bytes> {
+        Vec::new()
+    }
+
+    fn content(&self, piece: &str) -> Bytes {
+        self.response().chunk(piece, self.prompt_tokens)
+    }
+
+    fn error(&self, message: &str) -> Bytes {
+        error_frame(message)
+    }
+
+    fn tail(&self, text: &str) -> Vec<Bytes> {
+        vec![self.response().final_chunk(self.prompt_tokens, tokens(text))]
+    }
+}
+
 /// The in-band error frame of a stream that fails after it started.
 pub fn error_frame(message: &str) -> Bytes {
     let err = ApiError::new(500, message.to_owned());
@@ -298,6 +331,12 @@ impl ApiError {
         )
     }
 
+    /// A path or method Google does not serve (its JSON APIs answer an unknown method with
+    /// `NOT_FOUND` in the usual envelope).
+    pub fn not_found(method: &str, path: &str) -> Self {
+        ApiError::new(404, format!("Method not found: {method} {path}"))
+    }
+
     /// A key the simulator does not accept: Google answers 400 with reason API_KEY_INVALID
     /// (the body quoted in Google's error docs for the generateContent API).
     pub fn invalid_key() -> Self {
@@ -326,7 +365,7 @@ impl ApiError {
 /// - 429 RESOURCE_EXHAUSTED: "You exceeded your current quota, please check your plan and
 ///   billing details. …", with QuotaFailure and RetryInfo details.
 /// - 500 INTERNAL: "An internal error has occurred. Please retry or report in
-///   https://developers.generativeai.google/guide/troubleshooting".
+///   `https://developers.generativeai.google/guide/troubleshooting`".
 /// - 503 UNAVAILABLE: "The model is overloaded. Please try again later."
 /// - 504 DEADLINE_EXCEEDED: "The request timed out. Please try again."
 pub fn status_error(

@@ -1,14 +1,15 @@
 //! Simulated LLM providers with scriptable faults, for `switchyard dev`, demos, chaos drills,
 //! the end-to-end tests and the load benchmark's direct target.
 //!
-//! One listener speaks OpenAI's chat-completions and Anthropic's Messages wire formats and,
-//! under `/_sim/`, a control API; the same controls are methods on the [`SimServer`]
+//! One listener speaks OpenAI's chat-completions, Anthropic's Messages and Gemini's
+//! generateContent wire formats and, under `/_sim/`, a control API; the same controls are methods on the [`SimServer`]
 //! returned by [`start`].
 //!
 //! Provider endpoints:
-//! - `POST /v1/chat/completions` (any path ending in `/chat/completions`): answers per the
-//!   request's `model` as scripted; `"stream": true` gets `chat.completion.chunk` SSE frames.
-//! - `GET /v1/models` (or `/models`): every model scripted or seen, in OpenAI's list format.
+//! - `POST /v1/chat/completions` (and Azure OpenAI's
+//!   `/openai/deployments/{name}/chat/completions`): answers per the request's `model` as
+//!   scripted; `"stream": true` gets `chat.completion.chunk` SSE frames.
+//! - `GET /v1/models`: every model scripted or seen, in OpenAI's list format.
 //! - With accepted keys set, a request without `Authorization: Bearer <accepted key>` gets
 //!   OpenAI's 401 (checked first, as OpenAI does; the request is still counted and kept).
 //! - `POST /v1/messages`: the same scripted behaviours in Anthropic's Messages format
@@ -22,6 +23,10 @@
 //!   declaring functions gets a `functionCall` (see [`gemini`]). With accepted keys set,
 //!   `x-goog-api-key` (or `?key=`) must be one: none is Google's 403, a wrong one its 400
 //!   `API_KEY_INVALID`.
+//! - Any other path is a 404, as the real APIs answer it, in the error shape of the API the
+//!   request was meant for (told by its key header or path): OpenAI's `Invalid URL (POST
+//!   /v1/v1/chat/completions)`, Anthropic's `not_found_error`, Google's `NOT_FOUND`. A
+//!   provider `base_url` that doubles `/v1` fails instead of passing.
 //!
 //! Control API (JSON in and out; model names may contain `/`, raw or as `%2F`):
 //! - `PUT /_sim/models/{model}` body [`Behaviour`]; `GET` reads it, `DELETE` unscripts it.
@@ -38,28 +43,21 @@
 //! `{"error": "..."}` naming the bad field).
 #![forbid(unsafe_code)]
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub mod anthropic;
 pub mod behaviour;
 mod body;
+mod error;
 pub mod gemini;
 pub mod openai;
 mod server;
+mod stream;
 
 pub use behaviour::{Behaviour, Reply, Script, SequenceReply, StatusReply, StreamErrorReply};
-pub use server::{ConnectionStats, LastRequest, ModelStats, SimServer, Stats, start};
-
-#[derive(Debug, thiserror::Error)]
-pub enum SimError {
-    #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
-    #[error("cannot read script {path}: {source}")]
-    ReadScript { path: PathBuf, source: std::io::Error },
-    #[error("invalid script {path}: {source}")]
-    InvalidScript { path: PathBuf, source: serde_json::Error },
-}
+pub use error::SimError;
+pub use server::state::{ConnectionStats, LastRequest, ModelStats, Stats};
+pub use server::{SimServer, start};
 
 /// Reads a `--script` file: a JSON object of model name → behaviour.
 pub fn load_script(path: &Path) -> Result<Script, SimError> {

@@ -11,13 +11,16 @@
 //! - error bodies: the `{"error": {"message", "type", "param", "code"}}` envelope, with the
 //!   per-status texts cited at [`status_error`].
 //!
-//! Nothing here knows about sockets or scripts, so `anthropic.rs`/`gemini.rs` can sit beside it.
+//! Nothing here knows about sockets or scripts (the HTTP handling is `server::openai_http`), so
+//! `anthropic.rs`/`gemini.rs` can sit beside it.
 
 use std::borrow::Cow;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::stream::StreamWire;
 
 /// A fixed fingerprint: real responses carry one, and clients sometimes log or require it.
 const SYSTEM_FINGERPRINT: &str = "fp_5151sim0d1";
@@ -332,6 +335,55 @@ impl Completion<'_> {
     }
 }
 
+/// OpenAI's `chat.completion.chunk` framing around the pieces the shared stream task sends.
+pub struct CompletionStream {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    prompt_tokens: u64,
+}
+
+impl CompletionStream {
+    pub fn new(completion: &Completion<'_>, request: &ChatRequest) -> Self {
+        CompletionStream {
+            id: completion.id.to_owned(),
+            created: completion.created,
+            model: completion.model.to_owned(),
+            include_usage: request.include_usage,
+            prompt_tokens: request.prompt_tokens,
+        }
+    }
+
+    fn completion(&self) -> Completion<'_> {
+        Completion { id: &self.id, created: self.created, model: &self.model }
+    }
+}
+
+impl StreamWire for CompletionStream {
+    fn head(&self) -> Vec<Bytes> {
+        vec![self.completion().role_chunk(self.include_usage)]
+    }
+
+    fn content(&self, piece: &str) -> Bytes {
+        self.completion().content_chunk(piece, self.include_usage)
+    }
+
+    fn error(&self, message: &str) -> Bytes {
+        error_frame(message)
+    }
+
+    fn tail(&self, text: &str) -> Vec<Bytes> {
+        let completion = self.completion();
+        let mut frames = vec![completion.finish_chunk(self.include_usage)];
+        if self.include_usage {
+            frames.push(completion.usage_chunk(self.prompt_tokens, tokens(text)));
+        }
+        frames.push(Bytes::from_static(DONE));
+        frames
+    }
+}
+
 /// The stream terminator.
 pub const DONE: &[u8] = b"data: [DONE]\n\n";
 
@@ -504,9 +556,9 @@ impl ApiError {
 /// - 404: openai/openai-agents-python#458: "The model `…` does not exist or you do not have
 ///   access to it.", `invalid_request_error`, code `model_not_found`.
 /// - 429: feder-cr/invisible_playwright_mcp#249, OpenBMB/ChatDev#26: "Rate limit reached for
-///   <model> in organization <org> on requests per min (RPM): Limit 3, Used 3, Requested 1.
-///   Please try again in 20s. Visit https://platform.openai.com/account/rate-limits to learn
-///   more.", type `requests`, code `rate_limit_exceeded`.
+///   `<model>` in organization `<org>` on requests per min (RPM): Limit 3, Used 3,
+///   Requested 1. Please try again in 20s. Visit
+///   `https://platform.openai.com/account/rate-limits` to learn more.", type `requests`, code `rate_limit_exceeded`.
 /// - 500: acheong08/ChatGPT#607: "The server experienced an error while processing your
 ///   request. Sorry about that! …", type `server_error`, code null.
 /// - 503: waylaidwanderer/node-chatgpt-api#34: "That model is currently overloaded with other

@@ -23,13 +23,22 @@ async fn post(
     body: Value,
     headers: &[(&str, &str)],
 ) -> Option<(StatusCode, HeaderMap, Bytes)> {
+    post_to(addr, "/v1/messages", body, headers).await
+}
+
+async fn post_to(
+    addr: SocketAddr,
+    path: &str,
+    body: Value,
+    headers: &[(&str, &str)],
+) -> Option<(StatusCode, HeaderMap, Bytes)> {
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let mut req = Request::post("/v1/messages")
+    let mut req = Request::post(path)
         .header("host", "sim")
         .header("content-type", "application/json")
         .header("anthropic-version", "2023-06-01");
@@ -207,4 +216,21 @@ async fn accepted_keys_are_checked_in_x_api_key() {
     assert_eq!(post(s.local_addr, request("claude-sim", false), &bearer).await.unwrap().0, 401);
     let key = [("x-api-key", "sk-ant-good")];
     assert_eq!(post(s.local_addr, request("claude-sim", false), &key).await.unwrap().0, 200);
+}
+
+/// api.anthropic.com serves Messages at `/v1/messages` only: a base URL that already ends in
+/// `/v1` (`…/v1/v1/messages`) or lacks it gets Anthropic's own 404 body.
+#[tokio::test]
+async fn messages_off_the_real_path_get_anthropics_404() {
+    let s = sim().await;
+    for path in ["/v1/v1/messages", "/messages", "/v1/complete"] {
+        let (status, _, body) =
+            post_to(s.local_addr, path, request("claude-sim", false), &[]).await.unwrap();
+        assert_eq!(status, 404, "{path}");
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["type"], "error", "{path}: {v}");
+        assert_eq!(v["error"]["type"], "not_found_error", "{path}: {v}");
+        assert!(v["request_id"].is_string());
+    }
+    assert_eq!(s.requests("claude-sim"), 0, "a request to a wrong path reaches no model");
 }

@@ -153,14 +153,9 @@ async fn unscripted_model_answers_a_chat_completion() {
 }
 
 #[tokio::test]
-async fn classic_path_and_models_list_are_served() {
+async fn the_models_list_is_served_and_unserved_paths_are_openais_404() {
     let sim = sim().await;
     sim.set("m", Behaviour::Ok(Reply::text("custom")));
-    let (status, _, body) =
-        call(sim.local_addr, "POST", "/chat/completions", Some(request("m", false)), &[]).await;
-    assert_eq!(status, 200);
-    let v: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(v["choices"][0]["message"]["content"], "custom");
     let (status, _, body) = call(sim.local_addr, "GET", "/v1/models", None, &[]).await;
     assert_eq!(status, 200);
     let v: Value = serde_json::from_slice(&body).unwrap();
@@ -170,6 +165,42 @@ async fn classic_path_and_models_list_are_served() {
     assert_eq!(status, 404);
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["error"]["message"], "Invalid URL (GET /v1/nope)");
+}
+
+/// api.openai.com serves chat completions only under `/v1`: a base URL without it, or with
+/// it twice (`…/v1/v1`), gets OpenAI's own 404, so an adapter that builds such a URL fails.
+#[tokio::test]
+async fn chat_completions_off_the_real_path_get_openais_404() {
+    let sim = sim().await;
+    sim.set("m", Behaviour::Ok(Reply::text("custom")));
+    for path in ["/chat/completions", "/v1/v1/chat/completions", "/api/v1/chat/completions"] {
+        let (status, _, body) =
+            call(sim.local_addr, "POST", path, Some(request("m", false)), &[]).await;
+        assert_eq!(status, 404, "{path}");
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["message"], format!("Invalid URL (POST {path})"), "{path}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+    assert_eq!(call(sim.local_addr, "GET", "/models", None, &[]).await.0, 404);
+    assert_eq!(sim.requests("m"), 0, "a request to a wrong path reaches no model");
+    let (status, _, body) =
+        call(sim.local_addr, "POST", "/v1/chat/completions", Some(request("m", false)), &[]).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "custom");
+}
+
+/// Azure OpenAI's deployment path is the one other chat-completions path served.
+#[tokio::test]
+async fn azure_deployment_paths_are_served() {
+    let sim = sim().await;
+    let path = "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21";
+    let (status, _, _) = call(sim.local_addr, "POST", path, Some(request("m", false)), &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        sim.last_request("m").unwrap().path(),
+        "/openai/deployments/gpt-4o/chat/completions"
+    );
 }
 
 #[tokio::test]

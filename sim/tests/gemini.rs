@@ -192,3 +192,23 @@ async fn malformed_drop_and_stream_error_behave_as_for_openai() {
         tokio::time::timeout(Duration::from_millis(300), stream(sim.local_addr, "s")).await;
     assert!(stalled.is_err(), "a stalled stream must not end");
 }
+
+/// Google serves generateContent under `/v1beta/models/`: a wrong version or a doubled prefix
+/// gets Google's 404 envelope (`NOT_FOUND`), so a wrong base URL fails.
+#[tokio::test]
+async fn generate_off_the_real_path_gets_googles_404() {
+    let sim = sim().await;
+    for path in [
+        "/v1/models/g:generateContent",
+        "/v1beta/v1beta/models/g:generateContent",
+        "/v1beta/models/g:generateContents",
+    ] {
+        let resp = send(sim.local_addr, path, &request(), &[("x-goog-api-key", "AIza-k")]).await;
+        assert_eq!(resp.status(), 404, "{path}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], 404, "{path}: {v}");
+        assert_eq!(v["error"]["status"], "NOT_FOUND", "{path}: {v}");
+    }
+    assert_eq!(sim.requests("g"), 0, "a request to a wrong path reaches no model");
+}

@@ -15,7 +15,7 @@ pub mod etcd;
 pub mod fake_node;
 pub mod gateway;
 
-pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+pub const ADMIN_TOKEN: &str = "e2e-admin-token-0123456789";
 
 /// The `switchyard` binary cargo built next to this test (target/<profile>/switchyard).
 pub fn switchyard_bin() -> PathBuf {

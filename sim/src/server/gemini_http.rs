@@ -1,12 +1,36 @@
-//! Gemini's endpoints on the simulator's listener: the same scripted behaviours as for
-//! OpenAI, in Gemini's wire format ([`crate::gemini`]).
+//! Gemini's endpoints on the simulator's listener
+//! (`POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent`): the scripted
+//! behaviours in Gemini's wire format ([`crate::gemini`]).
 
-use super::*;
-use crate::gemini::{self, GenerateRequest};
+use std::borrow::Cow;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::{Request, StatusCode};
+
+use super::conn::ConnFlags;
+use super::query::query_param;
+use super::response::{
+    HttpResponse, insert_header, json_response, reply_text, status, stream_response,
+};
+use super::state::{State, lock};
+use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, sleep_ms};
+use crate::body::Aborted;
+use crate::gemini::{self, ApiError, GenerateRequest, ResponseStream};
+use crate::stream::{self, StreamPlan};
+
+const REQUEST_ID: &str = "x-request-id";
+
+/// A path Google does not serve, in Google's error envelope.
+pub fn not_found(state: &State, method: &str, path: &str) -> HttpResponse {
+    error_response(&ApiError::not_found(method, path), &state.request_id())
+}
 
 /// Google reads the key from `x-goog-api-key` or `?key=`; checked only when accepted keys
 /// are set, and before the body, as for OpenAI.
-fn authorize(state: &State, parts: &hyper::http::request::Parts) -> Result<(), gemini::ApiError> {
+fn authorize(state: &State, parts: &hyper::http::request::Parts) -> Result<(), ApiError> {
     let keys = lock(&state.keys);
     if keys.is_empty() {
         return Ok(());
@@ -15,15 +39,15 @@ fn authorize(state: &State, parts: &hyper::http::request::Parts) -> Result<(), g
     let query = parts.uri.query().and_then(|q| query_param(q, "key"));
     match header.map(str::to_owned).or(query) {
         Some(key) if keys.iter().any(|k| *k == key.trim()) => Ok(()),
-        Some(_) => Err(gemini::ApiError::invalid_key()),
-        None => Err(gemini::ApiError::missing_key()),
+        Some(_) => Err(ApiError::invalid_key()),
+        None => Err(ApiError::missing_key()),
     }
 }
 
 /// `POST /v1beta/models/{model}:generateContent` / `:streamGenerateContent`.
-pub(super) async fn generate(
+pub async fn generate(
     state: &State,
-    conn: &Arc<ConnFlags>,
+    conn: &ConnFlags,
     req: Request<Incoming>,
     model: String,
     stream: bool,
@@ -37,11 +61,11 @@ pub(super) async fn generate(
     let advance = authorized.is_ok() && parsed.is_ok();
     let (script, position) = state.take_step(Cow::Borrowed(&model), &parts, &body, advance);
     if let Err(err) = authorized {
-        return Ok(error(&err, &request_id));
+        return Ok(error_response(&err, &request_id));
     }
     let request = match parsed {
         Ok(request) => request,
-        Err(err) => return Ok(error(&err, &request_id)),
+        Err(err) => return Ok(error_response(&err, &request_id)),
     };
     let default = Behaviour::default();
     let behaviour = script.as_deref().unwrap_or(&default).at(position);
@@ -50,13 +74,13 @@ pub(super) async fn generate(
 
 async fn respond(
     state: &State,
-    conn: &Arc<ConnFlags>,
+    conn: &ConnFlags,
     behaviour: &Behaviour,
     request: &GenerateRequest,
     request_id: String,
 ) -> Result<HttpResponse, Aborted> {
     let id = state.completion_id();
-    let wire = || GeminiStream {
+    let wire = || ResponseStream {
         response_id: id.trim_start_matches("chatcmpl-").to_owned(),
         model: request.model.clone(),
         prompt_tokens: request.prompt_tokens,
@@ -68,14 +92,15 @@ async fn respond(
             let w = wire();
             match (&request.call, request.stream) {
                 (Some(call), true) => {
-                    Ok(frames(vec![w.response().call_chunk(call, w.prompt_tokens)], &request_id))
+                    let frames = vec![w.response().call_chunk(call, w.prompt_tokens)];
+                    Ok(stream_response(stream::fixed(frames), REQUEST_ID, &request_id))
                 }
                 (Some(call), false) => {
                     Ok(ok(w.response().call_body(call, w.prompt_tokens), &request_id))
                 }
                 (None, true) => {
                     let plan = StreamPlan::new(Box::new(w), text, reply, None);
-                    Ok(stream_response(plan.spawn(), &request_id))
+                    Ok(stream_response(plan.spawn(), REQUEST_ID, &request_id))
                 }
                 (None, false) => Ok(ok(w.response().body(&text, w.prompt_tokens), &request_id)),
             }
@@ -88,16 +113,17 @@ async fn respond(
                 status.message.as_deref(),
                 status.retry_after,
             );
-            Ok(error(&err, &request_id))
+            Ok(error_response(&err, &request_id))
         }
         Behaviour::Hang => std::future::pending().await,
         Behaviour::Reset => {
-            conn.reset.store(true, Ordering::Release);
+            conn.reset_on_close();
             Err(Aborted)
         }
         Behaviour::Malformed => {
             if request.stream {
-                Ok(frames(vec![Bytes::from_static(gemini::MALFORMED_FRAME)], &request_id))
+                let frames = vec![Bytes::from_static(gemini::MALFORMED_FRAME)];
+                Ok(stream_response(stream::fixed(frames), REQUEST_ID, &request_id))
             } else {
                 Ok(ok(Bytes::from_static(gemini::MALFORMED_BODY), &request_id))
             }
@@ -116,10 +142,10 @@ async fn respond(
                     &reply,
                     Some((e.after, message.to_owned())),
                 );
-                Ok(stream_response(plan.spawn(), &request_id))
+                Ok(stream_response(plan.spawn(), REQUEST_ID, &request_id))
             } else {
                 let err = gemini::status_error(500, &request.model, Some(message), None);
-                Ok(error(&err, &request_id))
+                Ok(error_response(&err, &request_id))
             }
         }
         Behaviour::Sequence(_) => {
@@ -128,62 +154,17 @@ async fn respond(
     }
 }
 
-/// Gemini's stream framing: no head, one GenerateContentResponse per piece, and a last
-/// chunk with `finishReason` and the usage; the body then just ends.
-struct GeminiStream {
-    response_id: String,
-    model: String,
-    prompt_tokens: u64,
-}
-
-impl GeminiStream {
-    fn response(&self) -> gemini::Response<'_> {
-        gemini::Response { response_id: &self.response_id, model: &self.model }
-    }
-}
-
-impl StreamWire for GeminiStream {
-    fn head(&self) -> Vec<Bytes> {
-        Vec::new()
-    }
-
-    fn content(&self, piece: &str) -> Bytes {
-        self.response().chunk(piece, self.prompt_tokens)
-    }
-
-    fn error(&self, message: &str) -> Bytes {
-        gemini::error_frame(message)
-    }
-
-    fn tail(&self, text: &str) -> Vec<Bytes> {
-        vec![self.response().final_chunk(self.prompt_tokens, crate::openai::tokens(text))]
-    }
-}
-
 fn ok(body: Bytes, request_id: &str) -> HttpResponse {
     let mut resp = json_response(StatusCode::OK, body);
-    insert_request_id(&mut resp, request_id);
+    insert_header(&mut resp, REQUEST_ID, request_id);
     resp
 }
 
-/// A stream of fixed frames that then ends.
-fn frames(frames: Vec<Bytes>, request_id: &str) -> HttpResponse {
-    let (tx, rx) = mpsc::channel(frames.len().max(1));
-    for frame in frames {
-        // The channel holds every frame, so these sends cannot fail for lack of room.
-        let _ = tx.try_send(Chunk::Data(frame));
+fn error_response(err: &ApiError, request_id: &str) -> HttpResponse {
+    let mut resp = json_response(status(err.status), err.body());
+    if let Some(secs) = err.retry_after {
+        insert_header(&mut resp, "retry-after", &secs.to_string());
     }
-    stream_response(SimBody::Channel(rx), request_id)
-}
-
-fn error(err: &gemini::ApiError, request_id: &str) -> HttpResponse {
-    let status = StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = json_response(status, err.body());
-    if let Some(secs) = err.retry_after
-        && let Ok(value) = HeaderValue::from_str(&secs.to_string())
-    {
-        resp.headers_mut().insert(header::RETRY_AFTER, value);
-    }
-    insert_request_id(&mut resp, request_id);
+    insert_header(&mut resp, REQUEST_ID, request_id);
     resp
 }

@@ -1,0 +1,125 @@
+//! `events`: one line per failover event, requested → served, then each attempt.
+
+use serde::Serialize;
+
+use super::text::utc;
+
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    pub model: String,
+    pub status: String,
+    pub reason: String,
+    pub latency_ms: u64,
+    pub probe: bool,
+}
+
+/// A failover event; field names follow the stored audit record.
+#[derive(Debug, Serialize)]
+pub struct EventView {
+    pub id: String,
+    pub at_unix_ms: i64,
+    pub node_id: String,
+    pub key_id: String,
+    pub requested_model: String,
+    pub served_model: String,
+    pub attempts: Vec<AttemptView>,
+    pub stream: bool,
+    pub status: u32,
+}
+
+impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
+    fn from(e: switchyard_proto::node::v1::FailoverEvent) -> Self {
+        Self {
+            id: e.id,
+            at_unix_ms: e.at_unix_ms,
+            node_id: e.node_id,
+            key_id: e.key_id,
+            requested_model: e.requested_model,
+            served_model: e.served_model,
+            attempts: e
+                .attempts
+                .into_iter()
+                .map(|a| AttemptView {
+                    model: a.model,
+                    status: a.status,
+                    reason: a.reason,
+                    latency_ms: a.latency_ms,
+                    probe: a.probe,
+                })
+                .collect(),
+            stream: e.stream,
+            status: e.status,
+        }
+    }
+}
+
+/// `failed(timeout 30011ms)`, `served(734ms)`, `skipped(circuit_open)`; `probe` marks an
+/// attempt made through an open breaker.
+fn attempt(a: &AttemptView) -> String {
+    let mut detail = Vec::new();
+    if !a.reason.is_empty() {
+        detail.push(a.reason.clone());
+    }
+    if a.status != "skipped" {
+        detail.push(format!("{}ms", a.latency_ms));
+    }
+    if a.probe {
+        detail.push("probe".to_owned());
+    }
+    format!("{} {}({})", a.model, a.status, detail.join(" "))
+}
+
+/// One line: when, which key, requested → served, then each attempt.
+pub fn event_line(e: &EventView) -> String {
+    let served = if e.served_model.is_empty() {
+        format!("none ({})", e.status)
+    } else {
+        e.served_model.clone()
+    };
+    let key = if e.key_id.is_empty() { "-" } else { &e.key_id };
+    let attempts: Vec<String> = e.attempts.iter().map(attempt).collect();
+    format!(
+        "{}  {key}  {} → {served}  {}\n",
+        utc(e.at_unix_ms),
+        e.requested_model,
+        attempts.join(" → ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_reads_as_requested_served_and_each_attempt() {
+        let e = EventView::from(switchyard_proto::node::v1::FailoverEvent {
+            id: "ev1".into(),
+            at_unix_ms: 1_796_219_557_000,
+            key_id: "key_1".into(),
+            requested_model: "openai/gpt-5-nano".into(),
+            served_model: "anthropic/claude-sonnet-4".into(),
+            attempts: vec![
+                switchyard_proto::node::v1::Attempt {
+                    model: "openai/gpt-5-nano".into(),
+                    status: "failed".into(),
+                    reason: "timeout".into(),
+                    latency_ms: 30_011,
+                    probe: false,
+                },
+                switchyard_proto::node::v1::Attempt {
+                    model: "anthropic/claude-sonnet-4".into(),
+                    status: "served".into(),
+                    latency_ms: 734,
+                    ..Default::default()
+                },
+            ],
+            status: 200,
+            ..Default::default()
+        });
+        assert_eq!(
+            event_line(&e),
+            "2026-12-02 13:52:37 UTC  key_1  openai/gpt-5-nano → anthropic/claude-sonnet-4  \
+             openai/gpt-5-nano failed(timeout 30011ms) → anthropic/claude-sonnet-4 served(734ms)\n"
+        );
+    }
+}

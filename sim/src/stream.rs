@@ -1,0 +1,160 @@
+//! Writing a streamed answer: the pacing and the scripted faults (stall, drop, in-band error
+//! after K pieces) are the same for every provider; only the framing differs, and each wire
+//! format module supplies it as a [`StreamWire`].
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::behaviour::{Reply, sleep_ms};
+use crate::body::{Chunk, SimBody};
+
+/// One provider's stream framing around the content pieces.
+pub trait StreamWire: Send + 'static {
+    /// The frames before the first content piece.
+    fn head(&self) -> Vec<Bytes>;
+    /// One content piece.
+    fn content(&self, piece: &str) -> Bytes;
+    /// The in-band error frame of a stream that fails after it started.
+    fn error(&self, message: &str) -> Bytes;
+    /// The frames after the last piece (`text` is the whole content), ending the stream.
+    fn tail(&self, text: &str) -> Vec<Bytes>;
+}
+
+/// Everything a stream task needs, owned, so it outlives the handler.
+pub struct StreamPlan {
+    wire: Box<dyn StreamWire>,
+    text: String,
+    chunks: u32,
+    first_token_delay_ms: u64,
+    chunk_delay_ms: u64,
+    stall_after: Option<u32>,
+    drop_after: Option<u32>,
+    error_after: Option<(u32, String)>,
+}
+
+impl StreamPlan {
+    pub fn new(
+        wire: Box<dyn StreamWire>,
+        text: String,
+        reply: &Reply,
+        error_after: Option<(u32, String)>,
+    ) -> Self {
+        StreamPlan {
+            wire,
+            text,
+            chunks: reply.chunks,
+            first_token_delay_ms: reply.first_token_delay_ms,
+            chunk_delay_ms: reply.chunk_delay_ms,
+            stall_after: reply.stall_after,
+            drop_after: reply.drop_after,
+            error_after,
+        }
+    }
+
+    /// Starts the stream task and returns the body it feeds.
+    pub fn spawn(self) -> SimBody {
+        // A small buffer: the task runs ahead of the socket by a few frames at most, and a
+        // client that stops reading stops the task through back-pressure.
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            // Err means the body was dropped (client gone): nothing left to do.
+            let _ = self.run(&tx).await;
+        });
+        SimBody::Channel(rx)
+    }
+
+    async fn run(self, tx: &mpsc::Sender<Chunk>) -> Result<(), Gone> {
+        for frame in self.wire.head() {
+            send(tx, frame).await?;
+        }
+        let pieces = pieces(&self.text, self.chunks);
+        for i in 0..=pieces.len() {
+            let sent = u32::try_from(i).unwrap_or(u32::MAX);
+            let last = i == pieces.len();
+            // A fault "after K chunks" with K past the end happens after the last chunk.
+            let due = |k: Option<u32>| k.is_some_and(|k| k == sent || (last && k > sent));
+            if due(self.stall_after) {
+                tx.closed().await;
+                return Err(Gone);
+            }
+            if due(self.drop_after) {
+                // hyper drops its unflushed output when a body fails, so let it take and flush
+                // what was sent first: the client must see exactly K chunks, then the drop.
+                while tx.capacity() < tx.max_capacity() {
+                    if tx.is_closed() {
+                        return Err(Gone);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                // A FIN, not an RST: an RST would make the client's kernel discard chunks it
+                // has not read yet. The chunked body still ends without its terminator, which
+                // clients report as a connection closed mid-message.
+                let _ = tx.send(Chunk::Abort).await;
+                return Ok(());
+            }
+            if let Some((_, message)) = self.error_after.as_ref().filter(|(k, _)| due(Some(*k))) {
+                return send(tx, self.wire.error(message)).await;
+            }
+            if last {
+                break;
+            }
+            sleep_ms(if i == 0 { self.first_token_delay_ms } else { self.chunk_delay_ms }).await;
+            send(tx, self.wire.content(pieces[i])).await?;
+        }
+        for frame in self.wire.tail(&self.text) {
+            send(tx, frame).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A stream of fixed frames that then ends (a malformed stream, a function call sent whole).
+pub fn fixed(frames: Vec<Bytes>) -> SimBody {
+    let (tx, rx) = mpsc::channel(frames.len().max(1));
+    for frame in frames {
+        // The channel holds every frame, so these sends cannot fail for lack of room.
+        let _ = tx.try_send(Chunk::Data(frame));
+    }
+    SimBody::Channel(rx)
+}
+
+/// The client went away.
+struct Gone;
+
+async fn send(tx: &mpsc::Sender<Chunk>, bytes: Bytes) -> Result<(), Gone> {
+    tx.send(Chunk::Data(bytes)).await.map_err(|_| Gone)
+}
+
+/// `text` cut into exactly `n` contiguous pieces of near-equal character counts (some empty
+/// when the text is shorter than `n`), so the concatenation is always the text.
+pub fn pieces(text: &str, n: u32) -> Vec<&str> {
+    let n = n.max(1) as usize;
+    let bounds: Vec<usize> =
+        text.char_indices().map(|(i, _)| i).chain(std::iter::once(text.len())).collect();
+    let chars = bounds.len() - 1;
+    (0..n)
+        .map(|i| {
+            let start = bounds[i * chars / n];
+            let end = bounds[(i + 1) * chars / n];
+            &text[start..end]
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_the_text_exactly() {
+        let p = pieces("Hello from m.", 5);
+        assert_eq!(p.len(), 5);
+        assert_eq!(p.concat(), "Hello from m.");
+        let p = pieces("héé", 5);
+        assert_eq!((p.len(), p.concat()), (5, "héé".to_owned()));
+        assert_eq!(pieces("", 3), vec!["", "", ""]);
+    }
+}
