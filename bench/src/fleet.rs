@@ -97,7 +97,7 @@ impl Fleet {
     ) -> Result<Fleet> {
         let logs = |name: &str| dir.join(format!("{name}.log"));
         let sim = Proc::start(bin, &["sim", "--listen", "127.0.0.1:0"], &[], &logs("sim"))?;
-        let token = format!("bench-admin-{}", std::process::id());
+        let token = format!("bench-admin-token-{}", std::process::id());
         let store = format!("file://{}", dir.join("store").display());
         let cp = Proc::start(
             bin,

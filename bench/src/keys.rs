@@ -227,7 +227,7 @@ async fn one(
         Some(e) => format!("etcd://{}", e.endpoint().trim_start_matches("http://")),
         None => format!("file://{}", d.join("store").display()),
     };
-    let token = format!("bench-admin-{}", std::process::id());
+    let token = format!("bench-admin-token-{}", std::process::id());
 
     // The catalog through the admin API, as an operator would; then the control plane goes.
     {
