@@ -4,11 +4,14 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use switchyard_catalog::keys::MAX_CHAIN_MODELS;
 use switchyard_catalog::{ApiKeyRecord, FailoverReason, Model};
 
 use crate::config::NodeConfig;
 use crate::error::ApiError;
+use crate::providers::CallError;
 use crate::request::{ChatRequest, EntrySpec};
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(60_000);
@@ -20,6 +23,10 @@ pub struct Entry {
     /// Bounds the whole attempt, a stream's body included.
     pub timeout: Duration,
     pub first_token_timeout: Duration,
+    /// The upstream body, when the model's adapter translates: translated here, once, so a
+    /// request the provider cannot take is refused before any call. `None` for
+    /// pass-through adapters, whose body is built by the attempt that sends it.
+    pub body: Option<Bytes>,
 }
 
 #[derive(Clone, Debug)]
@@ -106,15 +113,14 @@ pub fn resolve(
         check_policy(key, config, &model, &s.param)?;
         // A provider that cannot honour the request (a strict schema it has no mechanism
         // for) is refused here, before any upstream call, rather than silently ignored.
-        if let Some(provider) = config.providers.get(&model.provider)
-            && let Err(reason) = provider.supports(request)
-        {
-            return Err(ApiError::invalid(
-                s.param.clone(),
-                format!("The model `{}` cannot serve this request: {reason}", model.name),
-            ));
-        }
+        let body = match config.providers.get(&model.provider) {
+            Some(provider) if provider.translates() => {
+                Some(provider.body(&model, request).map_err(|e| refusal(&model, &s.param, e))?)
+            }
+            _ => None,
+        };
         entries.push(Entry {
+            body,
             timeout: s
                 .timeout_ms
                 .or(chain_timeout)
@@ -134,6 +140,25 @@ pub fn resolve(
         .unwrap_or_else(|| FailoverReason::ALL.to_vec());
     let deadline = request.redundancy.deadline_ms.map(|ms| Duration::from_millis(ms.into()));
     Ok(Chain { entries, on, deadline })
+}
+
+/// A translation that failed: the client's 400 naming the chain entry, or (an encoding
+/// bug, which no client can fix) a 500.
+fn refusal(model: &Model, param: &str, e: CallError) -> ApiError {
+    match e {
+        CallError::Unsupported { message, .. } => ApiError::invalid(
+            param,
+            format!("The model `{}` cannot serve this request: {message}", model.name),
+        ),
+        other => ApiError::AllFailed {
+            status: http::StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!(
+                "The gateway could not translate the request for `{}`: {other}",
+                model.name
+            ),
+            attempts: None,
+        },
+    }
 }
 
 fn spec(model: &str, param: &str) -> EntrySpec {

@@ -11,34 +11,28 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use serde_json::value::RawValue;
 use tracing::{Instrument, debug_span};
 
 use switchyard_catalog::keys::hash_secret;
 use switchyard_catalog::{ApiKeyRecord, Model};
 use switchyard_proto::node::v1 as pb;
 
+pub use crate::app::App;
+use crate::app::{raw, record_usage};
 use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
 use crate::error::{ApiError, Flavor};
-use crate::executor::{Executor, Output, unix_ms};
+use crate::executor::Output;
 use crate::metrics::{EndpointLabels, RequestLabels};
-use crate::providers::{Completion, Usage};
+use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
-use crate::state::NodeState;
 
 /// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// How long a client may take to send a request's head, or keep an idle connection open
 /// (configurable with `--header-read-timeout`).
 pub const DEFAULT_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-pub struct App {
-    pub state: Arc<NodeState>,
-    pub executor: Executor,
-    pub max_body_bytes: usize,
-}
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
@@ -222,22 +216,6 @@ fn report(chain: &Chain, attempts: &[AttemptReport]) -> FailoverReport {
     }
 }
 
-/// Usage is billed to the model that served, at the catalog's prices.
-pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
-    let cost = model.price.map_or(0.0, |p| {
-        (usage.prompt_tokens as f64 * p.input_per_mtok
-            + usage.completion_tokens as f64 * p.output_per_mtok)
-            / 1_000_000.0
-    });
-    app.executor.telemetry.record_usage(
-        key_id,
-        &model.name,
-        usage.prompt_tokens,
-        usage.completion_tokens,
-        cost,
-    );
-}
-
 fn failover_event(
     app: &App,
     stream: bool,
@@ -250,7 +228,7 @@ fn failover_event(
     let now = std::time::SystemTime::now();
     pb::FailoverEvent {
         id: format!("evt_{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
-        at_unix_ms: unix_ms(now),
+        at_unix_ms: switchyard_time::unix_ms(now),
         node_id: app.executor.telemetry.node_id.clone(),
         key_id: key.id.clone(),
         requested_model: chain.requested_model().to_owned(),
@@ -268,10 +246,6 @@ fn failover_event(
         stream,
         status,
     }
-}
-
-pub fn raw(value: &impl serde::Serialize) -> Option<Box<RawValue>> {
-    serde_json::value::to_raw_value(value).ok()
 }
 
 fn render_completion(

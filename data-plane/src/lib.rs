@@ -3,11 +3,13 @@
 //! `providers::<kind>` and back.
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod breaker;
 pub mod chain;
 pub mod config;
 pub mod error;
 pub mod executor;
+pub mod failure;
 pub mod http;
 pub mod metrics;
 pub mod node;

@@ -19,11 +19,11 @@
 //!   user's text after them follows the results, as Anthropic requires.
 //! - `image_url` parts: `data:` URLs → a base64 source, http(s) URLs → a url source.
 //! - `response_format`: Anthropic has no JSON mode. `json_schema` with `strict: true` is
-//!   refused in [`Adapter::supports`] (a guarantee we cannot give); `json_object` and
+//!   refused by [`Adapter::body`] (a guarantee we cannot give); `json_object` and
 //!   non-strict `json_schema` become an instruction appended to `system` (with the schema),
 //!   the best-effort equivalent; clients that need a guarantee ask for `strict`.
 //!
-//! Refused in [`Adapter::supports`] (the client would silently get less than it asked for):
+//! Refused by [`Adapter::body`] (the client would silently get less than it asked for):
 //! `n` > 1, `logprobs: true`, `top_logprobs` > 0, strict `json_schema`, tools that are not
 //! functions, content parts other than text and images, the legacy `function` role.
 //! Dropped silently (sampling hints and bookkeeping with no Anthropic equivalent, which do
@@ -41,7 +41,6 @@
 //! error type as `kind` and Anthropic's own type kept as `code` ([`parse_error`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{StatusCode, header};
@@ -52,11 +51,11 @@ use serde_json::{Map, Value, json};
 
 use switchyard_catalog::{Model, Provider};
 
+use super::adapter::{Adapter, StreamDecoder};
+use super::error::{CallError, UpstreamError};
+use super::secret::Secret;
 use super::sse::Frame;
-use super::{
-    Adapter, CallError, Completion, Fields, Secret, StreamDecoder, StreamEvent, UpstreamError,
-    Usage,
-};
+use super::unified::{Completion, Fields, StreamEvent, Usage};
 use crate::request::ChatRequest;
 
 /// Output tokens asked for when neither the request nor the catalog sets a limit. Anthropic
@@ -73,36 +72,33 @@ const MAX_TEMPERATURE: f64 = 1.0;
 pub struct Anthropic;
 
 impl Adapter for Anthropic {
+    fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
+        // `translate` itself refuses content it cannot carry (audio, files, unknown roles).
+        let body = refusals(request)
+            .and_then(|()| translate(&model.upstream_model, model.max_tokens, request))
+            .map_err(|message| CallError::Unsupported { message, param: None })?;
+        serde_json::to_vec(&body).map(Bytes::from).map_err(CallError::Encode)
+    }
+
+    fn translates(&self) -> bool {
+        true
+    }
+
     fn request(
         &self,
         provider: &Provider,
-        model: &Model,
-        request: &ChatRequest<'_>,
+        _model: &Model,
+        stream: bool,
+        body: Bytes,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
-        // Refuse here as well as in `supports`, so nothing unsupported is ever sent even when
-        // a caller skipped the check; `translate` itself refuses content it cannot carry.
-        let body = refusals(request)
-            .and_then(|()| translate(&model.upstream_model, model.max_tokens, request))
-            .map_err(|message| CallError::Status {
-                status: StatusCode::BAD_REQUEST,
-                error: UpstreamError {
-                    message,
-                    kind: "invalid_request_error".into(),
-                    code: Some("unsupported_by_provider".into()),
-                    param: None,
-                },
-            })?;
         let base = provider.base_url.trim_end_matches('/');
         // The catalog convention is the bare host; tolerate a base URL that already ends in
         // `/v1` (the OpenAI habit) rather than calling `/v1/v1/messages`.
         let base = base.strip_suffix("/v1").unwrap_or(base);
         let mut builder = http::Request::post(format!("{base}/v1/messages"))
             .header(header::CONTENT_TYPE, "application/json")
-            .header(
-                header::ACCEPT,
-                if request.stream { "text/event-stream" } else { "application/json" },
-            )
+            .header(header::ACCEPT, if stream { "text/event-stream" } else { "application/json" })
             .header(
                 "anthropic-version",
                 provider.api_version.as_deref().unwrap_or(DEFAULT_VERSION),
@@ -110,11 +106,7 @@ impl Adapter for Anthropic {
         if let Some(secret) = credential {
             builder = builder.header("x-api-key", secret.expose());
         }
-        let bytes = serde_json::to_vec(&body)
-            .map_err(|e| CallError::Connection(format!("encoding the request: {e}")))?;
-        builder
-            .body(Full::new(Bytes::from(bytes)))
-            .map_err(|e| CallError::Connection(format!("building the request: {e}")))
+        builder.body(Full::new(body)).map_err(CallError::Build)
     }
 
     fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {
@@ -127,13 +119,6 @@ impl Adapter for Anthropic {
 
     fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder> {
         Box::new(MessageDecoder::new(upstream_model))
-    }
-
-    fn supports(&self, request: &ChatRequest<'_>) -> Result<(), String> {
-        refusals(request)?;
-        // Content the translation cannot carry (audio, files, unknown roles) is found by
-        // translating; the limit is irrelevant here.
-        translate("", None, request).map(|_| ())
     }
 }
 
@@ -563,7 +548,7 @@ fn completion(body: &[u8]) -> Result<Completion, CallError> {
     if value.get("type").and_then(Value::as_str) == Some("error") {
         let error = parse_error(StatusCode::OK, body);
         let status = error.code.as_deref().map_or(StatusCode::INTERNAL_SERVER_ERROR, status_of);
-        return Err(CallError::Status { status, error });
+        return Err(CallError::http(status, error));
     }
     if value.get("content").is_none() {
         return Err(CallError::Malformed("no `content` in the message".into()));
@@ -597,7 +582,7 @@ fn completion(body: &[u8]) -> Result<Completion, CallError> {
     let fields = [
         ("id", json!(message.id)),
         ("object", json!("chat.completion")),
-        ("created", json!(unix_now())),
+        ("created", json!(switchyard_time::now_secs())),
         ("model", json!(message.model)),
         (
             "choices",
@@ -632,10 +617,6 @@ fn raw_fields<const N: usize>(
                 .map_err(|e| CallError::Malformed(e.to_string()))
         })
         .collect()
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 // === Errors ===
@@ -770,7 +751,7 @@ impl MessageDecoder {
         Self {
             id: String::new(),
             model: upstream_model.to_owned(),
-            created: unix_now(),
+            created: switchyard_time::now_secs(),
             usage: WireUsage::default(),
             tools: HashMap::new(),
             role_sent: false,
@@ -912,7 +893,7 @@ impl StreamDecoder for MessageDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::Classified;
+    use crate::failure::{Failure, Verdict, classify};
     use switchyard_catalog::FailoverReason;
 
     fn provider(api_version: Option<&str>) -> Provider {
@@ -940,8 +921,7 @@ mod tests {
     }
 
     fn sent_with(body: Value, max_tokens: Option<u32>) -> Value {
-        let built =
-            Anthropic.request(&provider(None), &model(max_tokens), &req(body), None).unwrap();
+        let built = Anthropic.build(&provider(None), &model(max_tokens), &req(body), None).unwrap();
         let bytes = futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(
             built.into_body(),
         ))
@@ -953,20 +933,19 @@ mod tests {
 
     #[test]
     fn requests_go_to_v1_messages_with_the_anthropic_headers() {
-        let secret = Secret("sk-ant-1".into());
+        let secret = Secret::new("sk-ant-1");
         let body =
             json!({"model": "anthropic/claude", "messages": [{"role": "user", "content": "hi"}]});
         let built = Anthropic
-            .request(&provider(None), &model(None), &req(body.clone()), Some(&secret))
+            .build(&provider(None), &model(None), &req(body.clone()), Some(&secret))
             .unwrap();
         assert_eq!(built.uri().to_string(), "https://api.anthropic.com/v1/messages");
         assert_eq!(built.headers()["x-api-key"], "sk-ant-1");
         assert_eq!(built.headers()["anthropic-version"], DEFAULT_VERSION);
         assert_eq!(built.headers()[header::CONTENT_TYPE], "application/json");
         assert!(built.headers().get(header::AUTHORIZATION).is_none());
-        let built = Anthropic
-            .request(&provider(Some("2024-01-01")), &model(None), &req(body), None)
-            .unwrap();
+        let built =
+            Anthropic.build(&provider(Some("2024-01-01")), &model(None), &req(body), None).unwrap();
         assert_eq!(built.headers()["anthropic-version"], "2024-01-01");
     }
 
@@ -1102,12 +1081,12 @@ mod tests {
 
         let strict = req(json!({"messages": msgs,
             "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": true}}}));
-        let refused = Anthropic.supports(&strict).unwrap_err();
-        assert!(refused.contains("Anthropic") && refused.contains("strict"), "{refused}");
-        // Sending it anyway is a 400 before any network call.
-        let err = Anthropic.request(&provider(None), &model(None), &strict, None).unwrap_err();
+        let refused = Anthropic.body(&model(None), &strict).unwrap_err();
+        let message = refused.to_string();
+        assert!(message.contains("Anthropic") && message.contains("strict"), "{message}");
+        // The refusal is the client's 400, before any network call.
         assert!(
-            matches!(err.classify(), Classified::ClientError { status, .. } if status == StatusCode::BAD_REQUEST)
+            matches!(classify(Failure::Call(refused)), Verdict::Stop { status, .. } if status == StatusCode::BAD_REQUEST)
         );
     }
 
@@ -1119,7 +1098,7 @@ mod tests {
             for (k, v) in extra.as_object().unwrap() {
                 body[k] = v.clone();
             }
-            Anthropic.supports(&req(body)).err()
+            Anthropic.body(&model(None), &req(body)).err().map(|e| e.to_string())
         };
         assert!(refused(json!({"n": 2})).unwrap().contains("`n`"));
         assert!(refused(json!({"logprobs": true})).unwrap().contains("logprobs"));
@@ -1318,10 +1297,12 @@ mod tests {
             assert_eq!(error.kind, openai, "{anthropic}");
             assert_eq!(error.code.as_deref(), Some(anthropic));
             assert_eq!(error.message, format!("message for {anthropic}"));
-            let classified = CallError::Status { status, error }.classify();
+            let classified = classify(Failure::Call(CallError::http(status, error)));
             match (classified, failover) {
-                (Classified::Failover(got), Some(want)) => assert_eq!(got, want, "{anthropic}"),
-                (Classified::ClientError { status: got, .. }, None) => assert_eq!(got, status),
+                (Verdict::Failover { reason, .. }, Some(want)) => {
+                    assert_eq!(reason, want, "{anthropic}")
+                }
+                (Verdict::Stop { status: got, .. }, None) => assert_eq!(got, status),
                 (other, want) => panic!("{anthropic}: {other:?}, wanted {want:?}"),
             }
         }
@@ -1335,6 +1316,9 @@ mod tests {
         let body =
             br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
         let err = Anthropic.completion(body).unwrap_err();
-        assert!(matches!(err.classify(), Classified::Failover(FailoverReason::ServerError)));
+        assert!(matches!(
+            classify(Failure::Call(err)),
+            Verdict::Failover { reason: FailoverReason::ServerError, .. }
+        ));
     }
 }

@@ -24,8 +24,8 @@
 //!   (`none`/`auto`/`required` → NONE/AUTO/ANY, a named function → ANY +
 //!   `allowedFunctionNames`).
 //! - `response_format` `json_object` → `responseMimeType: application/json`; `json_schema`
-//!   → also `responseSchema`, in Gemini's OpenAPI-3.0 subset (see [`sanitize`]). A *strict*
-//!   schema using what that subset cannot express is refused by [`Adapter::supports`].
+//!   → also `responseSchema`, in Gemini's OpenAPI-3.0 subset (see [`schema::sanitize`]). A *strict*
+//!   schema using what that subset cannot express is refused by [`Adapter::body`].
 //!
 //! Ignored (no Gemini equivalent): `parallel_tool_calls`, `logit_bias`, `user`, `store`,
 //! `metadata`, `service_tier`, `logprobs`, `reasoning_effort`, `stream_options`.
@@ -35,7 +35,6 @@
 //! `usageMetadata` as OpenAI's usage-only chunk, then `Done`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{StatusCode, header};
@@ -46,11 +45,13 @@ use serde_json::{Map, Value, json};
 
 use switchyard_catalog::{Model, Provider};
 
+use super::adapter::{Adapter, StreamDecoder};
+use super::error::{CallError, UpstreamError};
+use super::secret::Secret;
 use super::sse::Frame;
-use super::{
-    Adapter, CallError, Completion, Fields, Secret, StreamDecoder, StreamEvent, UpstreamError,
-    Usage,
-};
+use super::unified::{Completion, Fields, StreamEvent, Usage};
+
+mod schema;
 use crate::request::ChatRequest;
 
 pub struct Gemini;
@@ -67,17 +68,26 @@ const SIGNATURE_SEPARATOR: &str = "__thought__";
 const SKIP_SIGNATURE: &str = "skip_thought_signature_validator";
 
 impl Adapter for Gemini {
+    fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
+        let body = body(model, request).map_err(Refused::into_call_error)?;
+        serde_json::to_vec(&body).map(Bytes::from).map_err(CallError::Encode)
+    }
+
+    fn translates(&self) -> bool {
+        true
+    }
+
     fn request(
         &self,
         provider: &Provider,
         model: &Model,
-        request: &ChatRequest<'_>,
+        stream: bool,
+        body: Bytes,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
-        let body = body(model, request).map_err(Refused::into_call_error)?;
         let upstream = model.upstream_model.trim_start_matches("models/");
         let base = provider.base_url.trim_end_matches('/');
-        let (url, accept) = if request.stream {
+        let (url, accept) = if stream {
             (
                 format!("{base}/v1beta/models/{upstream}:streamGenerateContent?alt=sse"),
                 "text/event-stream",
@@ -91,9 +101,7 @@ impl Adapter for Gemini {
         if let Some(secret) = credential {
             builder = builder.header(API_KEY_HEADER, secret.expose());
         }
-        builder
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| CallError::Connection(format!("building the request: {e}")))
+        builder.body(Full::new(body)).map_err(CallError::Build)
     }
 
     fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {
@@ -119,13 +127,6 @@ impl Adapter for Gemini {
     fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder> {
         Box::new(GeminiStream::new(upstream_model))
     }
-
-    fn supports(&self, request: &ChatRequest<'_>) -> Result<(), String> {
-        match strict_schema(request) {
-            Ok(_) => Ok(()),
-            Err(refused) => Err(refused.message),
-        }
-    }
 }
 
 // === Request ===
@@ -143,15 +144,7 @@ fn refused(param: impl Into<String>, message: impl Into<String>) -> Refused {
 
 impl Refused {
     fn into_call_error(self) -> CallError {
-        CallError::Status {
-            status: StatusCode::BAD_REQUEST,
-            error: UpstreamError {
-                message: self.message,
-                kind: "invalid_request_error".into(),
-                code: Some("unsupported_by_provider".into()),
-                param: self.param,
-            },
-        }
+        CallError::Unsupported { message: self.message, param: self.param }
     }
 }
 
@@ -540,7 +533,7 @@ fn strict_schema(request: &ChatRequest<'_>) -> Result<Option<Value>, Refused> {
     let Some(schema) = spec.and_then(|s| s.get("schema")) else { return Ok(None) };
     let strict = spec.and_then(|s| s.get("strict")).and_then(Value::as_bool).unwrap_or(false);
     let mut lost = Vec::new();
-    let sanitized = sanitize(schema, "#", &mut lost);
+    let sanitized = schema::sanitize(schema, "#", &mut lost);
     if strict && !lost.is_empty() {
         return Err(refused(
             "response_format.json_schema",
@@ -551,142 +544,6 @@ fn strict_schema(request: &ChatRequest<'_>) -> Result<Option<Value>, Refused> {
         ));
     }
     Ok(Some(sanitized))
-}
-
-/// Keywords of Gemini's `Schema` copied as they are.
-const KEPT: [&str; 16] = [
-    "title",
-    "description",
-    "nullable",
-    "required",
-    "minItems",
-    "maxItems",
-    "minProperties",
-    "maxProperties",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "minimum",
-    "maximum",
-    "default",
-    "example",
-    "propertyOrdering",
-];
-
-/// Keywords dropped without loss: annotations, or (`additionalProperties: false`) what
-/// Gemini does anyway — it generates only the declared properties.
-const DROPPED: [&str; 10] = [
-    "$schema",
-    "$id",
-    "$comment",
-    "strict",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "contentEncoding",
-    "contentMediaType",
-    "examples",
-];
-
-/// The `format`s Gemini's Schema documents; others are dropped (in JSON Schema `format` is
-/// an annotation unless a validator opts in, so nothing is promised by it).
-const FORMATS: [&str; 6] = ["date-time", "enum", "float", "double", "int32", "int64"];
-
-/// A JSON schema in Gemini's `Schema` subset (OpenAPI 3.0): type names upper-cased,
-/// `["T", "null"]` → `T` + `nullable`, `const` → a one-value `enum`, `oneOf` → `anyOf`,
-/// `examples` → `example`. What the subset cannot express (`$ref`/`$defs`, `allOf`, `not`,
-/// `if`/`then`/`else`, `patternProperties`, open `additionalProperties`, tuple `items`,
-/// `uniqueItems`, `multipleOf`, exclusive bounds, non-string enums, exclusive `oneOf`…) is
-/// dropped and its location pushed to `lost`.
-fn sanitize(schema: &Value, path: &str, lost: &mut Vec<String>) -> Value {
-    let Value::Object(map) = schema else {
-        return schema.clone();
-    };
-    let mut out = Map::new();
-    for (key, value) in map {
-        let here = format!("{path}/{key}");
-        match key.as_str() {
-            "type" => match value {
-                Value::String(t) => {
-                    out.insert("type".into(), json!(t.to_ascii_uppercase()));
-                }
-                Value::Array(types) => {
-                    let named: Vec<&str> = types.iter().filter_map(Value::as_str).collect();
-                    let non_null: Vec<&str> =
-                        named.iter().copied().filter(|t| *t != "null").collect();
-                    if named.len() != non_null.len() {
-                        out.insert("nullable".into(), json!(true));
-                    }
-                    match non_null.as_slice() {
-                        [one] => {
-                            out.insert("type".into(), json!(one.to_ascii_uppercase()));
-                        }
-                        _ => lost.push(format!("`type` {value} at {path}")),
-                    }
-                }
-                _ => lost.push(format!("`type` at {path}")),
-            },
-            "properties" => {
-                let Value::Object(props) = value else {
-                    lost.push(format!("`properties` at {path}"));
-                    continue;
-                };
-                let props: Map<String, Value> = props
-                    .iter()
-                    .map(|(name, s)| (name.clone(), sanitize(s, &format!("{here}/{name}"), lost)))
-                    .collect();
-                out.insert("properties".into(), Value::Object(props));
-            }
-            "items" if value.is_object() => {
-                out.insert("items".into(), sanitize(value, &here, lost));
-            }
-            "anyOf" | "oneOf" => {
-                let Value::Array(options) = value else {
-                    lost.push(format!("`{key}` at {path}"));
-                    continue;
-                };
-                if key == "oneOf" {
-                    // anyOf is the nearest Gemini has; exactly-one is not enforced.
-                    lost.push(format!("`oneOf` at {path}"));
-                }
-                let options: Vec<Value> = options
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| sanitize(s, &format!("{here}/{i}"), lost))
-                    .collect();
-                out.insert("anyOf".into(), Value::Array(options));
-            }
-            "enum" => match value {
-                Value::Array(values) if values.iter().all(Value::is_string) => {
-                    out.insert("enum".into(), value.clone());
-                }
-                _ => lost.push(format!("a non-string `enum` at {path}")),
-            },
-            "const" => match value {
-                Value::String(_) => {
-                    out.insert("enum".into(), json!([value]));
-                }
-                _ => lost.push(format!("a non-string `const` at {path}")),
-            },
-            "format" => {
-                if value.as_str().is_some_and(|f| FORMATS.contains(&f)) {
-                    out.insert("format".into(), value.clone());
-                }
-            }
-            "additionalProperties" if value == &Value::Bool(false) => {}
-            "examples" => {
-                if let Some(first) = value.as_array().and_then(|e| e.first()) {
-                    out.entry("example").or_insert_with(|| first.clone());
-                }
-            }
-            k if KEPT.contains(&k) => {
-                out.insert(key.clone(), value.clone());
-            }
-            k if DROPPED.contains(&k) => {}
-            _ => lost.push(format!("`{key}` at {path}")),
-        }
-    }
-    Value::Object(out)
 }
 
 /// `tools` and `toolConfig` from `tools` and `tool_choice`.
@@ -721,7 +578,7 @@ fn tools(request: &ChatRequest<'_>) -> Result<Option<(Value, Option<Value>)>, Re
         }
         if let Some(parameters) = function.get("parameters").filter(|p| p.is_object()) {
             // Tool schemas are best effort: what Gemini cannot express is dropped.
-            let parameters = sanitize(parameters, "#", &mut Vec::new());
+            let parameters = schema::sanitize(parameters, "#", &mut Vec::new());
             // Gemini refuses an OBJECT without properties ("should be non-empty for OBJECT
             // type"); a function without parameters is declared with none.
             let empty_object = parameters.get("type").and_then(Value::as_str) == Some("OBJECT")
@@ -939,10 +796,6 @@ fn answer(content: Option<&WireContent>, streaming_from: Option<u32>) -> (String
     (text, calls)
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
-}
-
 fn completion_id(response_id: Option<&str>) -> String {
     match response_id {
         Some(id) if !id.is_empty() => format!("chatcmpl-{id}"),
@@ -961,7 +814,7 @@ fn raw_fields(value: Value) -> Result<BTreeMap<String, Box<RawValue>>, String> {
 fn completion(response: WireResponse) -> Result<Completion, CallError> {
     if response.candidates.is_empty() {
         return Err(match blocked(response.prompt_feedback.as_ref()) {
-            Some(error) => CallError::Status { status: StatusCode::BAD_REQUEST, error },
+            Some(error) => CallError::http(StatusCode::BAD_REQUEST, error),
             None => CallError::Malformed("a GenerateContentResponse without candidates".into()),
         });
     }
@@ -992,7 +845,7 @@ fn completion(response: WireResponse) -> Result<Completion, CallError> {
     let body = json!({
         "id": completion_id(response.response_id.as_deref()),
         "object": "chat.completion",
-        "created": unix_now(),
+        "created": switchyard_time::now_secs(),
         "model": response.model_version.as_deref().unwrap_or("gemini"),
         "choices": choices,
         "usage": usage.json(),
@@ -1020,7 +873,7 @@ impl GeminiStream {
     fn new(upstream_model: &str) -> Self {
         Self {
             id: None,
-            created: unix_now(),
+            created: switchyard_time::now_secs(),
             model: upstream_model.to_owned(),
             started: BTreeSet::new(),
             finished: BTreeSet::new(),
@@ -1197,6 +1050,7 @@ fn kind(google: Option<&str>, status: StatusCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::failure::{Failure, Verdict, classify};
 
     fn provider() -> Provider {
         serde_json::from_value(json!({
@@ -1246,8 +1100,8 @@ mod tests {
     #[test]
     fn requests_go_to_generate_content_with_the_key_header() {
         let req = parse(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}));
-        let secret = Secret("AIza-test".into());
-        let built = Gemini.request(&provider(), &model(None), &req, Some(&secret)).unwrap();
+        let secret = Secret::new("AIza-test");
+        let built = Gemini.build(&provider(), &model(None), &req, Some(&secret)).unwrap();
         assert_eq!(
             built.uri().to_string(),
             "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent"
@@ -1258,7 +1112,7 @@ mod tests {
         let req = parse(
             json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
         );
-        let built = Gemini.request(&provider(), &model(None), &req, Some(&secret)).unwrap();
+        let built = Gemini.build(&provider(), &model(None), &req, Some(&secret)).unwrap();
         assert_eq!(
             built.uri().to_string(),
             "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
@@ -1436,7 +1290,7 @@ mod tests {
         let request = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
             "response_format": {"type": "json_schema",
                 "json_schema": {"name": "recipe", "strict": true, "schema": schema}}});
-        assert!(Gemini.supports(&parse(request.clone())).is_ok());
+        assert!(Gemini.body(&model(None), &parse(request.clone())).is_ok());
         assert_eq!(
             translate(request)["generationConfig"],
             json!({"responseMimeType": "application/json", "responseSchema": {"type": "OBJECT",
@@ -1453,23 +1307,28 @@ mod tests {
         let strict = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
             "response_format": {"type": "json_schema",
                 "json_schema": {"name": "s", "strict": true, "schema": schema}}});
-        let message = Gemini.supports(&parse(strict.clone())).unwrap_err();
+        let message = Gemini.body(&model(None), &parse(strict.clone())).unwrap_err().to_string();
         assert!(message.contains("Gemini provider"), "{message}");
         assert!(message.contains("`$ref` at #/properties/a"), "{message}");
         assert!(message.contains("`multipleOf` at #/properties/b"), "{message}");
-        // Sent anyway (the executor did not ask), it is the client's 400, not a failover.
+        // The refusal is the client's 400 naming the field, not a failover.
         let req = parse(strict);
-        match Gemini.request(&provider(), &model(None), &req, None) {
-            Err(e @ CallError::Status { status: StatusCode::BAD_REQUEST, .. }) => {
-                assert!(matches!(e.classify(), super::super::Classified::ClientError { .. }))
+        match Gemini.build(&provider(), &model(None), &req, None) {
+            Err(e @ CallError::Unsupported { .. }) => {
+                let verdict = classify(Failure::Call(e));
+                assert!(
+                    matches!(&verdict, Verdict::Stop { status: StatusCode::BAD_REQUEST, error, .. }
+                        if error.param.as_deref() == Some("response_format.json_schema")),
+                    "{verdict:?}"
+                );
             }
-            other => panic!("expected a 400, got {other:?}"),
+            other => panic!("expected a refusal, got {other:?}"),
         }
         // Not strict: best effort, what cannot be expressed is dropped.
         let loose = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
             "response_format": {"type": "json_schema",
                 "json_schema": {"name": "s", "schema": schema}}});
-        assert!(Gemini.supports(&parse(loose.clone())).is_ok());
+        assert!(Gemini.body(&model(None), &parse(loose.clone())).is_ok());
         assert_eq!(
             translate(loose)["generationConfig"]["responseSchema"],
             json!({"type": "OBJECT", "properties": {"a": {}, "b": {"type": "INTEGER"}}})
@@ -1547,8 +1406,8 @@ mod tests {
             {"category":"HARM_CATEGORY_DANGEROUS_CONTENT","probability":"HIGH"}]},
             "usageMetadata":{"promptTokenCount":9,"totalTokenCount":9},"modelVersion":"gemini-2.5-flash"}"#;
         let e = Gemini.completion(body).unwrap_err();
-        match e.classify() {
-            super::super::Classified::ClientError { status, error } => {
+        match classify(Failure::Call(e)) {
+            Verdict::Stop { status, error, .. } => {
                 assert_eq!(status, StatusCode::BAD_REQUEST);
                 assert!(error.message.contains("Gemini blocked the prompt"), "{}", error.message);
                 assert!(error.message.contains("SAFETY"));
