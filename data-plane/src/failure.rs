@@ -253,7 +253,8 @@ mod tests {
         use Code as C;
         use FailoverReason as R;
         use Outcome as O;
-        let table: Vec<(&str, Failure, Option<(R, Option<O>, C)>)> = vec![
+        type Want = Option<(R, Option<O>, C)>;
+        let table: Vec<(&str, Failure, Want)> = vec![
             ("429", status(429), Some((R::RateLimit, Some(O::Failure), C::RateLimited))),
             ("500", status(500), Some((R::ServerError, Some(O::Failure), C::ServerError))),
             ("502", status(502), Some((R::ServerError, Some(O::Failure), C::ServerError))),

@@ -72,10 +72,8 @@ pub fn authenticate(
     config: &NodeConfig,
     headers: &HeaderMap,
 ) -> Result<Arc<ApiKeyRecord>, ApiError> {
-    let Some(secret) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    let Some(secret) =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token)
     else {
         return Err(ApiError::Unauthorized("Missing API key: send `Authorization: Bearer <key>`."));
     };
@@ -84,6 +82,13 @@ pub fn authenticate(
         Some(_) => Err(ApiError::Unauthorized("This API key has been revoked.")),
         None => Err(ApiError::Unauthorized("Incorrect API key provided.")),
     }
+}
+
+/// The token of a `Bearer` credential. The scheme is case-insensitive (RFC 9110 §11.1):
+/// `bearer KEY` and `BEARER KEY` are the same credential as `Bearer KEY`.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
@@ -284,5 +289,24 @@ fn render_completion(
             attempts: None,
         }
         .render(flavor),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer sk-1", "bearer sk-1", "BEARER sk-1", "bEaReR sk-1"] {
+            assert_eq!(bearer_token(value), Some("sk-1"), "{value}");
+        }
+    }
+
+    #[test]
+    fn other_schemes_and_bare_tokens_are_not_bearer_credentials() {
+        for value in ["Basic c2stMQ==", "sk-1", "Bearersk-1", ""] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
     }
 }

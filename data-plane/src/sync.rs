@@ -221,10 +221,8 @@ fn outbound(telemetry: &Telemetry, usage: bool) -> Vec<pb::NodeMessage> {
     while let Some(batch) = telemetry.next_event_batch() {
         out.push(node_msg(node_message::Msg::Events(batch)));
     }
-    if usage {
-        if let Some(report) = telemetry.usage_report(switchyard_time::now_ms()) {
-            out.push(node_msg(node_message::Msg::Usage(report)));
-        }
+    if usage && let Some(report) = telemetry.usage_report(switchyard_time::now_ms()) {
+        out.push(node_msg(node_message::Msg::Usage(report)));
     }
     out
 }
