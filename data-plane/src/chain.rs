@@ -114,9 +114,21 @@ pub fn resolve(
         // A provider that cannot honour the request (a strict schema it has no mechanism
         // for) is refused here, before any upstream call, rather than silently ignored.
         let body = match config.providers.get(&model.provider) {
-            Some(provider) if provider.translates() => {
-                Some(provider.body(&model, request).map_err(|e| refusal(&model, &s.param, e))?)
-            }
+            Some(provider) if provider.translates() => match provider.body(&model, request) {
+                Ok(body) => Some(body),
+                Err(CallError::Unsupported { message, .. }) => {
+                    return Err(ApiError::invalid(
+                        s.param.clone(),
+                        format!("The model `{}` cannot serve this request: {message}", model.name),
+                    ));
+                }
+                // A bug of ours, not the client's: the attempt meets it again and the
+                // failure classifier fails over to the next model.
+                Err(e) => {
+                    tracing::error!(model = %model.name, error = %e, "translating a request failed");
+                    None
+                }
+            },
             _ => None,
         };
         entries.push(Entry {
@@ -140,25 +152,6 @@ pub fn resolve(
         .unwrap_or_else(|| FailoverReason::ALL.to_vec());
     let deadline = request.redundancy.deadline_ms.map(|ms| Duration::from_millis(ms.into()));
     Ok(Chain { entries, on, deadline })
-}
-
-/// A translation that failed: the client's 400 naming the chain entry, or (an encoding
-/// bug, which no client can fix) a 500.
-fn refusal(model: &Model, param: &str, e: CallError) -> ApiError {
-    match e {
-        CallError::Unsupported { message, .. } => ApiError::invalid(
-            param,
-            format!("The model `{}` cannot serve this request: {message}", model.name),
-        ),
-        other => ApiError::AllFailed {
-            status: http::StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!(
-                "The gateway could not translate the request for `{}`: {other}",
-                model.name
-            ),
-            attempts: None,
-        },
-    }
 }
 
 fn spec(model: &str, param: &str) -> EntrySpec {

@@ -47,6 +47,8 @@ pub struct CommittedStream {
     pub permit: Permit,
     /// `timeout_ms` bounds the whole attempt, the stream's body included.
     pub deadline: Instant,
+    /// The attempt's time (its `timeout_ms`, cut to the chain's deadline).
+    pub timeout: Duration,
     /// The model's `stall_timeout_ms`: the longest gap allowed between two chunks.
     pub stall: Duration,
 }
@@ -172,44 +174,57 @@ impl Executor {
         let started = Instant::now();
         let provider = config.providers.get(&model.provider).cloned();
         let deadline = started + timeout;
-        let body = match &provider {
+        let result = match provider {
             None => Err(Failure::Unconfigured(model.provider.clone())),
-            // Translating adapters translated when the chain was formed; the others build
-            // their pass-through body for this attempt only.
-            Some(provider) => match &entry.body {
-                Some(body) => Ok(body.clone()),
-                None => provider.body(model, request).map_err(Failure::Call),
-            },
-        };
-        let result = match (provider, body) {
-            (_, Err(failure)) => Err(failure),
-            (Some(provider), Ok(body)) if request.stream => {
-                let first_token = deadline.min(started + entry.first_token_timeout);
-                match open_until_first_token(&provider, model, body, first_token)
-                    .instrument(span)
-                    .await
-                {
-                    Ok((buffered, upstream)) => {
-                        let stall = Duration::from_millis(model.stall_timeout_ms().into());
-                        let stream =
-                            CommittedStream { buffered, upstream, permit, deadline, stall };
-                        self.finish_attempt(model, started, AttemptStatus::Served, None, attempts);
-                        return AttemptResult::Served(Output::Stream(stream));
+            Some(provider) => {
+                // Translating adapters translated when the chain was formed; the others
+                // build their pass-through body for this attempt only.
+                let body = match &entry.body {
+                    Some(body) => Ok(body.clone()),
+                    None => provider.body(model, request),
+                };
+                match body {
+                    Err(e) => Err(Failure::Call(e)),
+                    Ok(body) if request.stream => {
+                        let first_token = deadline.min(started + entry.first_token_timeout);
+                        match open_until_first_token(&provider, model, body, first_token)
+                            .instrument(span)
+                            .await
+                        {
+                            Ok((buffered, upstream)) => {
+                                let stall = Duration::from_millis(model.stall_timeout_ms().into());
+                                let stream = CommittedStream {
+                                    buffered,
+                                    upstream,
+                                    permit,
+                                    deadline,
+                                    timeout,
+                                    stall,
+                                };
+                                self.finish_attempt(
+                                    model,
+                                    started,
+                                    AttemptStatus::Served,
+                                    None,
+                                    attempts,
+                                );
+                                return AttemptResult::Served(Output::Stream(stream));
+                            }
+                            Err(failure) => Err(failure),
+                        }
                     }
-                    Err(failure) => Err(failure),
+                    Ok(body) => {
+                        match tokio::time::timeout(timeout, provider.complete(model, body))
+                            .instrument(span)
+                            .await
+                        {
+                            Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
+                            Ok(Ok(completion)) => Ok(completion),
+                            Ok(Err(e)) => Err(Failure::Call(e)),
+                        }
+                    }
                 }
             }
-            (Some(provider), Ok(body)) => {
-                match tokio::time::timeout(timeout, provider.complete(model, body))
-                    .instrument(span)
-                    .await
-                {
-                    Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
-                    Ok(Ok(completion)) => Ok(completion),
-                    Ok(Err(e)) => Err(Failure::Call(e)),
-                }
-            }
-            (None, Ok(_)) => Err(Failure::Unconfigured(model.provider.clone())),
         };
         let (outcome, result) = match result {
             Ok(completion) => {

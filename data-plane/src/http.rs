@@ -230,10 +230,9 @@ fn failover_event(
     served_model: String,
     status: u32,
 ) -> pb::FailoverEvent {
-    let now = std::time::SystemTime::now();
     pb::FailoverEvent {
         id: format!("evt_{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
-        at_unix_ms: switchyard_time::unix_ms(now),
+        at_unix_ms: switchyard_time::now_ms(),
         node_id: app.executor.telemetry.node_id.clone(),
         key_id: key.id.clone(),
         requested_model: chain.requested_model().to_owned(),

@@ -40,7 +40,7 @@ pub struct Context {
 }
 
 pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Response {
-    let CommittedStream { buffered, upstream, permit, deadline, stall } = stream;
+    let CommittedStream { buffered, upstream, permit, deadline, timeout, stall } = stream;
     let served = HeaderValue::from_str(&ctx.model.name).ok();
     let requested = HeaderValue::from_str(&ctx.report.requested_model).ok();
     let pump = Pump {
@@ -50,6 +50,7 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
         upstream,
         permit: Some(permit),
         deadline,
+        timeout,
         stall,
         first_sent: false,
         report_in_content: false,
@@ -81,6 +82,7 @@ struct Pump {
     upstream: UpstreamStream,
     permit: Option<Permit>,
     deadline: Instant,
+    timeout: std::time::Duration,
     stall: std::time::Duration,
     first_sent: bool,
     report_in_content: bool,
@@ -180,7 +182,7 @@ impl Pump {
     }
 
     fn timed_out(&mut self) -> Bytes {
-        let failure = Failure::Call(CallError::Timeout(self.stall));
+        let failure = Failure::Call(CallError::Timeout(self.timeout));
         self.fail(&failure, "The attempt exceeded timeout_ms while streaming.")
     }
 
