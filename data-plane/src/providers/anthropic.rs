@@ -45,9 +45,9 @@ use std::collections::{BTreeMap, HashMap};
 use bytes::Bytes;
 use http::{StatusCode, header};
 use http_body_util::Full;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use switchyard_catalog::{Model, Provider};
 
@@ -73,10 +73,12 @@ pub struct Anthropic;
 
 impl Adapter for Anthropic {
     fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
+        let unsupported = |message| CallError::Unsupported { message, param: None };
+        refusals(request).map_err(unsupported)?;
+        let fields = client_fields(request).map_err(unsupported)?;
         // `translate` itself refuses content it cannot carry (audio, files, unknown roles).
-        let body = refusals(request)
-            .and_then(|()| translate(&model.upstream_model, model.max_tokens, request))
-            .map_err(|message| CallError::Unsupported { message, param: None })?;
+        let body = translate(&model.upstream_model, model.max_tokens, &fields, request.stream)
+            .map_err(unsupported)?;
         serde_json::to_vec(&body).map(Bytes::from).map_err(CallError::Encode)
     }
 
@@ -165,13 +167,75 @@ fn refusals(request: &ChatRequest<'_>) -> Result<(), String> {
 
 // === Request ===
 
-/// The Anthropic request body for an OpenAI-shaped request.
-fn translate(
-    upstream_model: &str,
-    model_max_tokens: Option<u32>,
-    request: &ChatRequest<'_>,
-) -> Result<Map<String, Value>, String> {
-    let fields: BTreeMap<&str, Value> = request
+/// The Messages API request body (Anthropic API reference, "Create a Message"), borrowing
+/// from the client's request where it can.
+#[derive(Serialize)]
+struct MessagesRequest<'a> {
+    model: &'a str,
+    max_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<System>,
+    messages: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_sequences: Option<StopSequences<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<Metadata<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<ToolChoice<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+}
+
+/// `system`: a string, or text blocks when the client sent several system messages.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum System {
+    Text(String),
+    Blocks(Vec<TextBlock>),
+}
+
+#[derive(Serialize)]
+struct TextBlock {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: String,
+}
+
+/// OpenAI's `stop` is a string or an array; Anthropic's `stop_sequences` always an array.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum StopSequences<'a> {
+    One([&'a str; 1]),
+    Many(&'a [Value]),
+}
+
+#[derive(Serialize)]
+struct Metadata<'a> {
+    user_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct ToolChoice<'a> {
+    /// `auto`, `none`, `any` (OpenAI's `required`) or `tool` (a named function).
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    disable_parallel_tool_use: bool,
+}
+
+/// The client's top-level fields as JSON values, keyed by name.
+type ClientFields<'a> = BTreeMap<&'a str, Value>;
+
+fn client_fields<'a>(request: &'a ChatRequest<'_>) -> Result<ClientFields<'a>, String> {
+    request
         .passthrough
         .iter()
         .map(|(k, raw)| {
@@ -179,17 +243,23 @@ fn translate(
                 .map(|v| (k.as_ref(), v))
                 .map_err(|e| format!("{k}: {e}"))
         })
-        .collect::<Result<_, _>>()?;
+        .collect()
+}
+
+/// The Anthropic request body for an OpenAI-shaped request.
+fn translate<'a>(
+    upstream_model: &'a str,
+    model_max_tokens: Option<u32>,
+    fields: &'a ClientFields<'_>,
+    stream: bool,
+) -> Result<MessagesRequest<'a>, String> {
     let get = |name: &str| fields.get(name).filter(|v| !v.is_null());
 
-    let mut out = Map::new();
-    out.insert("model".into(), Value::String(upstream_model.to_owned()));
     let max_tokens = get("max_tokens")
         .or_else(|| get("max_completion_tokens"))
         .and_then(Value::as_u64)
         .or(model_max_tokens.map(u64::from))
         .unwrap_or(DEFAULT_MAX_TOKENS);
-    out.insert("max_tokens".into(), max_tokens.into());
 
     let (mut system, messages) = match get("messages") {
         Some(Value::Array(messages)) => messages_to_anthropic(messages)?,
@@ -198,71 +268,65 @@ fn translate(
     if let Some(instruction) = get("response_format").and_then(json_instruction) {
         system.push(instruction);
     }
-    match system.len() {
-        0 => {}
-        1 => {
-            out.insert("system".into(), Value::String(system.remove(0)));
-        }
-        _ => {
-            let blocks = system.into_iter().map(|text| json!({"type": "text", "text": text}));
-            out.insert("system".into(), Value::Array(blocks.collect()));
-        }
-    }
-    out.insert("messages".into(), Value::Array(messages));
+    let system = match system.len() {
+        0 => None,
+        1 => Some(System::Text(system.remove(0))),
+        _ => Some(System::Blocks(
+            system.into_iter().map(|text| TextBlock { kind: "text", text }).collect(),
+        )),
+    };
 
-    if let Some(t) = get("temperature").and_then(Value::as_f64) {
-        out.insert("temperature".into(), json!(t.clamp(0.0, MAX_TEMPERATURE)));
-    }
-    if let Some(p) = get("top_p").and_then(Value::as_f64) {
-        out.insert("top_p".into(), json!(p));
-    }
-    match get("stop") {
-        Some(Value::String(s)) => {
-            out.insert("stop_sequences".into(), json!([s]));
-        }
-        Some(Value::Array(list)) if !list.is_empty() => {
-            out.insert("stop_sequences".into(), Value::Array(list.clone()));
-        }
-        _ => {}
-    }
-    if let Some(Value::String(user)) = get("user") {
-        out.insert("metadata".into(), json!({"user_id": user}));
-    }
+    let stop_sequences = match get("stop") {
+        Some(Value::String(s)) => Some(StopSequences::One([s.as_str()])),
+        Some(Value::Array(list)) if !list.is_empty() => Some(StopSequences::Many(list)),
+        _ => None,
+    };
+    let metadata = match get("user") {
+        Some(Value::String(user)) => Some(Metadata { user_id: user }),
+        _ => None,
+    };
     let tools = match get("tools") {
         Some(Value::Array(tools)) if !tools.is_empty() => {
             Some(tools.iter().map(tool_to_anthropic).collect::<Result<Vec<_>, _>>()?)
         }
         _ => None,
     };
-    if let Some(tools) = tools {
-        out.insert("tools".into(), Value::Array(tools));
-        let mut choice = match get("tool_choice") {
+    let mut tool_choice = None;
+    if tools.is_some() {
+        let choice = |kind| ToolChoice { kind, name: None, disable_parallel_tool_use: false };
+        tool_choice = match get("tool_choice") {
             None => None,
             Some(Value::String(s)) => Some(match s.as_str() {
-                "auto" => json!({"type": "auto"}),
-                "none" => json!({"type": "none"}),
-                "required" => json!({"type": "any"}),
+                "auto" => choice("auto"),
+                "none" => choice("none"),
+                "required" => choice("any"),
                 other => return Err(format!("tool_choice: unknown value {other:?}")),
             }),
             Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
-                Some(name) => Some(json!({"type": "tool", "name": name})),
+                Some(name) => Some(ToolChoice { name: Some(name), ..choice("tool") }),
                 None => return Err("tool_choice must be auto, none, required or a function".into()),
             },
         };
         if get("parallel_tool_calls").and_then(Value::as_bool) == Some(false) {
-            let c = choice.get_or_insert_with(|| json!({"type": "auto"}));
-            if c["type"] != "none" {
-                c["disable_parallel_tool_use"] = Value::Bool(true);
-            }
-        }
-        if let Some(choice) = choice {
-            out.insert("tool_choice".into(), choice);
+            let c = tool_choice.get_or_insert_with(|| choice("auto"));
+            c.disable_parallel_tool_use = c.kind != "none";
         }
     }
-    if request.stream {
-        out.insert("stream".into(), Value::Bool(true));
-    }
-    Ok(out)
+    Ok(MessagesRequest {
+        model: upstream_model,
+        max_tokens,
+        system,
+        messages,
+        temperature: get("temperature")
+            .and_then(Value::as_f64)
+            .map(|t| t.clamp(0.0, MAX_TEMPERATURE)),
+        top_p: get("top_p").and_then(Value::as_f64),
+        stop_sequences,
+        metadata,
+        tools,
+        tool_choice,
+        stream,
+    })
 }
 
 /// The system instruction that stands in for OpenAI's JSON modes.
