@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bytes::Bytes;
 use http::{StatusCode, header};
 use http_body_util::Full;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
@@ -159,24 +159,71 @@ fn field(request: &ChatRequest<'_>, name: &str) -> Result<Option<Value>, Refused
 }
 
 /// The `GenerateContentRequest` for an OpenAI-shaped request.
-fn body(model: &Model, request: &ChatRequest<'_>) -> Result<Value, Refused> {
-    let mut out = Map::new();
+fn body(model: &Model, request: &ChatRequest<'_>) -> Result<GenerateContentRequest, Refused> {
     let (system, contents) = contents(field(request, "messages")?)?;
-    if !system.is_empty() {
-        out.insert("systemInstruction".into(), json!({ "parts": system }));
+    let (tools, tool_config) = match tools(request)? {
+        Some((tools, tool_config)) => (Some(tools), tool_config),
+        None => (None, None),
+    };
+    Ok(GenerateContentRequest {
+        system_instruction: (!system.is_empty()).then_some(Parts { parts: system }),
+        contents,
+        generation_config: generation_config(model, request)?,
+        tools,
+        tool_config,
+    })
+}
+
+/// A `GenerateContentRequest` (Gemini API reference, "models.generateContent").
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerateContentRequest {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system_instruction: Option<Parts>,
+    contents: Vec<Value>,
+    #[serde(skip_serializing_if = "GenerationConfig::is_empty")]
+    generation_config: GenerationConfig,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_config: Option<Value>,
+}
+
+#[derive(Serialize)]
+struct Parts {
+    parts: Vec<Value>,
+}
+
+/// `generationConfig`: only what the client set (or the catalog's `max_tokens`).
+#[derive(Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerationConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_sequences: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    candidate_count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_mime_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_schema: Option<Value>,
+}
+
+impl GenerationConfig {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
     }
-    out.insert("contents".into(), Value::Array(contents));
-    let config = generation_config(model, request)?;
-    if !config.is_empty() {
-        out.insert("generationConfig".into(), Value::Object(config));
-    }
-    if let Some((tools, tool_config)) = tools(request)? {
-        out.insert("tools".into(), tools);
-        if let Some(tool_config) = tool_config {
-            out.insert("toolConfig".into(), tool_config);
-        }
-    }
-    Ok(Value::Object(out))
 }
 
 /// `systemInstruction` parts and `contents` from `messages`.
@@ -443,73 +490,60 @@ fn function_response(content: Option<&Value>) -> Value {
 fn generation_config(
     model: &Model,
     request: &ChatRequest<'_>,
-) -> Result<Map<String, Value>, Refused> {
-    let mut config = Map::new();
+) -> Result<GenerationConfig, Refused> {
+    let mut config = GenerationConfig::default();
     let max_tokens = match field(request, "max_completion_tokens")? {
         Some(v) => Some(("max_completion_tokens", v)),
         None => field(request, "max_tokens")?.map(|v| ("max_tokens", v)),
     };
-    match max_tokens {
-        Some((name, v)) => {
-            let n = v
-                .as_u64()
-                .ok_or_else(|| refused(name, format!("{name} must be a non-negative integer")))?;
-            config.insert("maxOutputTokens".into(), json!(n));
-        }
-        None => {
-            if let Some(n) = model.max_tokens {
-                config.insert("maxOutputTokens".into(), json!(n));
-            }
-        }
-    }
+    config.max_output_tokens = match max_tokens {
+        Some((name, v)) => Some(
+            v.as_u64()
+                .ok_or_else(|| refused(name, format!("{name} must be a non-negative integer")))?,
+        ),
+        None => model.max_tokens.map(u64::from),
+    };
     if let Some(v) = field(request, "temperature")? {
         let t = v.as_f64().ok_or_else(|| refused("temperature", "temperature must be a number"))?;
         // Gemini's range is OpenAI's, 0–2: values inside pass unchanged.
-        config.insert("temperature".into(), json!(t.clamp(0.0, 2.0)));
+        config.temperature = Some(t.clamp(0.0, 2.0));
     }
     for (ours, theirs) in [
-        ("top_p", "topP"),
-        ("presence_penalty", "presencePenalty"),
-        ("frequency_penalty", "frequencyPenalty"),
+        ("top_p", &mut config.top_p),
+        ("presence_penalty", &mut config.presence_penalty),
+        ("frequency_penalty", &mut config.frequency_penalty),
     ] {
         if let Some(v) = field(request, ours)? {
             let x = v.as_f64().ok_or_else(|| refused(ours, format!("{ours} must be a number")))?;
-            config.insert(theirs.into(), json!(x));
+            *theirs = Some(x);
         }
     }
     if let Some(v) = field(request, "seed")? {
-        let seed = v.as_i64().ok_or_else(|| refused("seed", "seed must be an integer"))?;
-        config.insert("seed".into(), json!(seed));
+        config.seed = Some(v.as_i64().ok_or_else(|| refused("seed", "seed must be an integer"))?);
     }
     match field(request, "stop")? {
         None => {}
-        Some(Value::String(s)) => {
-            config.insert("stopSequences".into(), json!([s]));
-        }
+        Some(Value::String(s)) => config.stop_sequences = Some(vec![Value::String(s)]),
         Some(Value::Array(items)) if items.is_empty() => {}
         Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
-            config.insert("stopSequences".into(), Value::Array(items));
+            config.stop_sequences = Some(items);
         }
         Some(_) => return Err(refused("stop", "stop must be a string or an array of strings")),
     }
     if let Some(v) = field(request, "n")? {
         let n = v.as_u64().ok_or_else(|| refused("n", "n must be a positive integer"))?;
         if n > 1 {
-            config.insert("candidateCount".into(), json!(n));
+            config.candidate_count = Some(n);
         }
     }
     match field(request, "response_format")? {
         None => {}
         Some(format) => match format.get("type").and_then(Value::as_str) {
             Some("text") => {}
-            Some("json_object") => {
-                config.insert("responseMimeType".into(), json!("application/json"));
-            }
+            Some("json_object") => config.response_mime_type = Some("application/json"),
             Some("json_schema") => {
-                config.insert("responseMimeType".into(), json!("application/json"));
-                if let Some(schema) = strict_schema(request)? {
-                    config.insert("responseSchema".into(), schema);
-                }
+                config.response_mime_type = Some("application/json");
+                config.response_schema = strict_schema(request)?;
             }
             _ => {
                 return Err(refused(
@@ -1075,7 +1109,7 @@ mod tests {
     fn try_translate(request: Value) -> Result<Value, Refused> {
         let text = request.to_string();
         let req = ChatRequest::parse(text.as_bytes()).unwrap();
-        body(&model(None), &req)
+        body(&model(None), &req).map(|b| serde_json::to_value(b).unwrap())
     }
 
     fn parse(request: Value) -> ChatRequest<'static> {
@@ -1163,7 +1197,7 @@ mod tests {
         );
         // Without a client value the catalog's max_tokens applies.
         let req = parse(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}));
-        let sent = body(&model(Some(512)), &req).unwrap();
+        let sent = serde_json::to_value(body(&model(Some(512)), &req).unwrap()).unwrap();
         assert_eq!(sent["generationConfig"], json!({"maxOutputTokens": 512}));
     }
 
