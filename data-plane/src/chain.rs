@@ -112,7 +112,8 @@ pub fn resolve(
             })?;
         check_policy(key, config, &model, &s.param)?;
         // A provider that cannot honour the request (a strict schema it has no mechanism
-        // for) is refused here, before any upstream call, rather than silently ignored.
+        // for) is refused here, before any upstream call, rather than silently ignored: its
+        // translation fails, and the body translated here is the one every attempt sends.
         let body = match config.providers.get(&model.provider) {
             Some(provider) if provider.translates() => match provider.body(&model, request) {
                 Ok(body) => Some(body),

@@ -24,8 +24,9 @@
 //!   (`none`/`auto`/`required` → NONE/AUTO/ANY, a named function → ANY +
 //!   `allowedFunctionNames`).
 //! - `response_format` `json_object` → `responseMimeType: application/json`; `json_schema`
-//!   → also `responseSchema`, in Gemini's OpenAPI-3.0 subset (see [`schema::sanitize`]). A *strict*
-//!   schema using what that subset cannot express is refused by [`Adapter::body`].
+//!   → also `responseSchema`, in Gemini's OpenAPI-3.0 subset (see [`schema::sanitize`]).
+//!   A *strict* schema using what that subset cannot express is refused by
+//!   [`Adapter::body`].
 //!
 //! Ignored (no Gemini equivalent): `parallel_tool_calls`, `logit_bias`, `user`, `store`,
 //! `metadata`, `service_tier`, `logprobs`, `reasoning_effort`, `stream_options`.
