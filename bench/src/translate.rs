@@ -174,12 +174,12 @@ async fn cases(sim: SocketAddr) -> Result<Vec<Case>> {
         let streamed = typical_request("bench/model", true).to_string().into_bytes();
         let req = ChatRequest::parse(&plain).map_err(|e| format!("parse: {e:?}"))?;
         let up =
-            adapter.request(&provider, &model, &req, None).map_err(|e| format!("{label}: {e}"))?;
+            adapter.build(&provider, &model, &req, None).map_err(|e| format!("{label}: {e}"))?;
         let completion = call(sim, up).await?;
         adapter.completion(&completion).map_err(|e| format!("{label} completion: {e}"))?;
         let req = ChatRequest::parse(&streamed).map_err(|e| format!("parse: {e:?}"))?;
         let up =
-            adapter.request(&provider, &model, &req, None).map_err(|e| format!("{label}: {e}"))?;
+            adapter.build(&provider, &model, &req, None).map_err(|e| format!("{label}: {e}"))?;
         let body = call(sim, up).await?;
         let mut parser = Parser::default();
         parser.push(&body).map_err(|e| format!("{label} stream: {e}"))?;
@@ -215,7 +215,7 @@ fn once(case: &Case, op: Op, plain: &[u8]) -> Result<()> {
             let req = ChatRequest::parse(plain).map_err(|e| format!("{e:?}"))?;
             black_box(
                 case.adapter
-                    .request(&case.provider, &case.model, black_box(&req), None)
+                    .build(&case.provider, &case.model, black_box(&req), None)
                     .map_err(|e| e.to_string())?,
             );
         }

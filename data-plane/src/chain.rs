@@ -4,11 +4,14 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use switchyard_catalog::keys::MAX_CHAIN_MODELS;
 use switchyard_catalog::{ApiKeyRecord, FailoverReason, Model};
 
 use crate::config::NodeConfig;
 use crate::error::ApiError;
+use crate::providers::CallError;
 use crate::request::{ChatRequest, EntrySpec};
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(60_000);
@@ -20,6 +23,10 @@ pub struct Entry {
     /// Bounds the whole attempt, a stream's body included.
     pub timeout: Duration,
     pub first_token_timeout: Duration,
+    /// The upstream body, when the model's adapter translates: translated here, once, so a
+    /// request the provider cannot take is refused before any call. `None` for
+    /// pass-through adapters, whose body is built by the attempt that sends it.
+    pub body: Option<Bytes>,
 }
 
 #[derive(Clone, Debug)]
@@ -105,16 +112,28 @@ pub fn resolve(
             })?;
         check_policy(key, config, &model, &s.param)?;
         // A provider that cannot honour the request (a strict schema it has no mechanism
-        // for) is refused here, before any upstream call, rather than silently ignored.
-        if let Some(provider) = config.providers.get(&model.provider)
-            && let Err(reason) = provider.supports(request)
-        {
-            return Err(ApiError::invalid(
-                s.param.clone(),
-                format!("The model `{}` cannot serve this request: {reason}", model.name),
-            ));
-        }
+        // for) is refused here, before any upstream call, rather than silently ignored: its
+        // translation fails, and the body translated here is the one every attempt sends.
+        let body = match config.providers.get(&model.provider) {
+            Some(provider) if provider.translates() => match provider.body(&model, request) {
+                Ok(body) => Some(body),
+                Err(CallError::Unsupported { message, .. }) => {
+                    return Err(ApiError::invalid(
+                        s.param.clone(),
+                        format!("The model `{}` cannot serve this request: {message}", model.name),
+                    ));
+                }
+                // A bug of ours, not the client's: the attempt meets it again and the
+                // failure classifier fails over to the next model.
+                Err(e) => {
+                    tracing::error!(model = %model.name, error = %e, "translating a request failed");
+                    None
+                }
+            },
+            _ => None,
+        };
         entries.push(Entry {
+            body,
             timeout: s
                 .timeout_ms
                 .or(chain_timeout)

@@ -3,7 +3,7 @@
 //! open, and reports what every attempt did.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use tracing::{Instrument, debug, debug_span};
@@ -15,10 +15,10 @@ use crate::breaker::{Admission, Breakers, Outcome, Permit, Transition};
 use crate::chain::{Chain, Entry};
 use crate::config::NodeConfig;
 use crate::error::ApiError;
+use crate::failure::{self, Code, Failure, Verdict};
 use crate::metrics::{BreakerLabels, Metrics, TransitionLabels};
 use crate::providers::{
-    CallError, Classified, Completion, ProviderRuntime, StreamError, StreamEvent, UpstreamError,
-    UpstreamStream,
+    CallError, Completion, ProviderRuntime, StreamError, StreamEvent, UpstreamError, UpstreamStream,
 };
 use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_message};
 use crate::request::ChatRequest;
@@ -47,6 +47,8 @@ pub struct CommittedStream {
     pub permit: Permit,
     /// `timeout_ms` bounds the whole attempt, the stream's body included.
     pub deadline: Instant,
+    /// The attempt's time (its `timeout_ms`, cut to the chain's deadline).
+    pub timeout: Duration,
     /// The model's `stall_timeout_ms`: the longest gap allowed between two chunks.
     pub stall: Duration,
 }
@@ -65,8 +67,8 @@ pub struct Executor {
 
 enum AttemptResult {
     Served(Output),
-    Failover(FailoverReason, String),
-    ClientError(StatusCode, crate::providers::UpstreamError),
+    Failover(FailoverReason, Code),
+    ClientError(StatusCode, UpstreamError),
 }
 
 impl Executor {
@@ -81,7 +83,7 @@ impl Executor {
         // Entries skipped on an open breaker, with when each is due for a probe.
         let mut skipped: Vec<(usize, Instant)> = Vec::new();
         let mut tried = false;
-        let mut last_failure: Option<(FailoverReason, usize)> = None;
+        let mut last_failure: Option<(FailoverReason, Code)> = None;
 
         for (i, entry) in chain.entries.iter().enumerate() {
             let Some(timeout) = budget(chain, entry, started) else { break };
@@ -111,8 +113,8 @@ impl Executor {
                 AttemptResult::ClientError(status, error) => {
                     return Err(client_error(chain, status, error, attempts));
                 }
-                AttemptResult::Failover(reason, _) => {
-                    last_failure = Some((reason, i));
+                AttemptResult::Failover(reason, code) => {
+                    last_failure = Some((reason, code));
                     if !chain.fails_over_on(reason) {
                         break;
                     }
@@ -142,7 +144,7 @@ impl Executor {
                     AttemptResult::ClientError(status, error) => {
                         return Err(client_error(chain, status, error, attempts));
                     }
-                    AttemptResult::Failover(reason, _) => last_failure = Some((reason, i)),
+                    AttemptResult::Failover(reason, code) => last_failure = Some((reason, code)),
                 }
             }
         }
@@ -172,48 +174,81 @@ impl Executor {
         let started = Instant::now();
         let provider = config.providers.get(&model.provider).cloned();
         let deadline = started + timeout;
-        let (outcome, result) = match provider {
-            None => (
-                Outcome::Failure,
-                AttemptResult::Failover(
-                    FailoverReason::ServerError,
-                    format!("provider {} is not configured on this node", model.provider),
-                ),
-            ),
-            Some(provider) if request.stream => {
-                let first_token = deadline.min(started + entry.first_token_timeout);
-                match open_until_first_token(&provider, model, request, first_token)
-                    .instrument(span)
-                    .await
-                {
-                    Ok((buffered, upstream)) => {
-                        let stall = Duration::from_millis(model.stall_timeout_ms().into());
-                        let stream =
-                            CommittedStream { buffered, upstream, permit, deadline, stall };
-                        self.finish_attempt(model, started, AttemptStatus::Served, None, attempts);
-                        return AttemptResult::Served(Output::Stream(stream));
-                    }
-                    Err(failure) => failure.into_outcome(),
-                }
-            }
+        let result = match provider {
+            None => Err(Failure::Unconfigured(model.provider.clone())),
             Some(provider) => {
-                match tokio::time::timeout(timeout, provider.complete(model, request))
-                    .instrument(span)
-                    .await
-                {
-                    Err(_elapsed) => AttemptFailure::Timeout(timeout).into_outcome(),
-                    Ok(Ok(completion)) => {
-                        (Outcome::Success, AttemptResult::Served(Output::Completion(completion)))
+                // Translating adapters translated when the chain was formed; the others
+                // build their pass-through body for this attempt only.
+                let body = match &entry.body {
+                    Some(body) => Ok(body.clone()),
+                    None => provider.body(model, request),
+                };
+                match body {
+                    Err(e) => Err(Failure::Call(e)),
+                    Ok(body) if request.stream => {
+                        let first_token = deadline.min(started + entry.first_token_timeout);
+                        match open_until_first_token(&provider, model, body, first_token)
+                            .instrument(span)
+                            .await
+                        {
+                            Ok((buffered, upstream)) => {
+                                let stall = Duration::from_millis(model.stall_timeout_ms().into());
+                                let stream = CommittedStream {
+                                    buffered,
+                                    upstream,
+                                    permit,
+                                    deadline,
+                                    timeout,
+                                    stall,
+                                };
+                                self.finish_attempt(
+                                    model,
+                                    started,
+                                    AttemptStatus::Served,
+                                    None,
+                                    attempts,
+                                );
+                                return AttemptResult::Served(Output::Stream(stream));
+                            }
+                            Err(failure) => Err(failure),
+                        }
                     }
-                    Ok(Err(e)) => AttemptFailure::Call(e).into_outcome(),
+                    Ok(body) => {
+                        match tokio::time::timeout(timeout, provider.complete(model, body))
+                            .instrument(span)
+                            .await
+                        {
+                            Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
+                            Ok(Ok(completion)) => Ok(completion),
+                            Ok(Err(e)) => Err(Failure::Call(e)),
+                        }
+                    }
                 }
             }
         };
-        self.report_transition(permit.record(outcome, Instant::now()));
+        let (outcome, result) = match result {
+            Ok(completion) => {
+                (Some(Outcome::Success), AttemptResult::Served(Output::Completion(completion)))
+            }
+            Err(failure) => {
+                debug!(model = %model.name, ?failure, "attempt failed");
+                match failure::classify(failure) {
+                    Verdict::Failover { reason, breaker, code } => {
+                        (breaker, AttemptResult::Failover(reason, code))
+                    }
+                    Verdict::Stop { status, error, breaker } => {
+                        (breaker, AttemptResult::ClientError(status, error))
+                    }
+                }
+            }
+        };
+        // A failure the upstream is not to blame for releases the permit unjudged.
+        if let Some(outcome) = outcome {
+            self.report_transition(permit.record(outcome, Instant::now()));
+        }
         let (status, reason) = match &result {
             AttemptResult::Served(_) => (AttemptStatus::Served, None),
-            AttemptResult::Failover(reason, detail) => {
-                debug!(model = %model.name, %detail, reason = reason.as_str(), "attempt failed");
+            AttemptResult::Failover(reason, _) => {
                 (AttemptStatus::Failed, Some(AttemptReason::Failover(*reason)))
             }
             AttemptResult::ClientError(..) => {
@@ -279,17 +314,13 @@ impl Executor {
             from: t.from.as_str().to_owned(),
             to: t.to.as_str().to_owned(),
             cause: t.cause.as_str().to_owned(),
-            at_unix_ms: unix_ms(t.at),
+            at_unix_ms: switchyard_time::unix_ms(t.at),
             failure_rate: t.failure_rate,
             calls_in_window: t.calls_in_window,
-            next_probe_unix_ms: t.next_probe.map_or(0, unix_ms),
+            next_probe_unix_ms: t.next_probe.map_or(0, switchyard_time::unix_ms),
             cooldown_ms: t.cooldown.as_millis() as u64,
         });
     }
-}
-
-pub fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The time this attempt may take: its timeout, cut to what is left of the chain's
@@ -303,7 +334,7 @@ fn budget(chain: &Chain, entry: &Entry, started: Instant) -> Option<Duration> {
 fn client_error(
     chain: &Chain,
     status: StatusCode,
-    error: crate::providers::UpstreamError,
+    error: UpstreamError,
     attempts: Vec<AttemptReport>,
 ) -> Failed {
     let error = ApiError::Upstream {
@@ -321,7 +352,7 @@ fn client_error(
 fn all_failed(
     chain: &Chain,
     attempts: Vec<AttemptReport>,
-    last_failure: Option<(FailoverReason, usize)>,
+    last_failure: Option<(FailoverReason, Code)>,
 ) -> Failed {
     let failures: Vec<_> = attempts.iter().filter(|a| a.status == AttemptStatus::Failed).collect();
     let all_rate_limited = !failures.is_empty()
@@ -330,11 +361,21 @@ fn all_failed(
             .all(|a| a.reason == Some(AttemptReason::Failover(FailoverReason::RateLimit)));
     let status =
         if all_rate_limited { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::BAD_GATEWAY };
+    let explanation = last_failure.and_then(|(_, code)| code.explanation());
     let message = if chain.is_multi_model() {
-        all_failed_message(&attempts)
+        let message = all_failed_message(&attempts);
+        match (explanation, attempts.last()) {
+            (Some(why), Some(last)) => format!("{message}; `{}`: {why}.", last.model),
+            _ => message,
+        }
     } else {
         let reason = last_failure.map_or("unknown", |(r, _)| r.as_str());
-        format!("The model `{}` failed ({reason}).", chain.requested_model())
+        match explanation {
+            Some(why) => {
+                format!("The model `{}` failed ({reason}): {why}.", chain.requested_model())
+            }
+            None => format!("The model `{}` failed ({reason}).", chain.requested_model()),
+        }
     };
     let error = ApiError::AllFailed {
         status,
@@ -344,88 +385,33 @@ fn all_failed(
     Failed { error, attempts }
 }
 
-/// Why an attempt failed, before classification into the report's reasons.
-enum AttemptFailure {
-    Timeout(Duration),
-    Call(CallError),
-    Stream(StreamError),
-    /// An in-band error before the first content (Anthropic's `overloaded_error`, an
-    /// OpenAI `error` frame): classified like its HTTP equivalent.
-    InBand(UpstreamError),
-}
-
-impl AttemptFailure {
-    fn into_outcome(self) -> (Outcome, AttemptResult) {
-        match self {
-            Self::Timeout(after) => (
-                Outcome::Timeout,
-                AttemptResult::Failover(
-                    FailoverReason::Timeout,
-                    format!("no answer within {after:?}"),
-                ),
-            ),
-            Self::Call(e) => match e.classify() {
-                Classified::Failover(reason) => {
-                    (Outcome::Failure, AttemptResult::Failover(reason, e.to_string()))
-                }
-                // The upstream answered: it is healthy, the request is at fault.
-                Classified::ClientError { status, error } => {
-                    (Outcome::Success, AttemptResult::ClientError(status, error))
-                }
-            },
-            Self::Stream(e) => {
-                let reason = match e {
-                    StreamError::Connection(_) => FailoverReason::ConnectionError,
-                    StreamError::Malformed(_) => FailoverReason::ServerError,
-                };
-                (Outcome::Failure, AttemptResult::Failover(reason, e.to_string()))
-            }
-            Self::InBand(error) => {
-                let rate_limited = error.kind.contains("rate_limit")
-                    || error.code.as_deref().is_some_and(|c| c.contains("rate_limit"))
-                    || error.kind == "requests"
-                    || error.kind == "tokens";
-                if error.kind == "invalid_request_error" {
-                    (Outcome::Success, AttemptResult::ClientError(StatusCode::BAD_REQUEST, error))
-                } else {
-                    let reason = if rate_limited {
-                        FailoverReason::RateLimit
-                    } else {
-                        FailoverReason::ServerError
-                    };
-                    (Outcome::Failure, AttemptResult::Failover(reason, error.message))
-                }
-            }
-        }
-    }
-}
-
 /// Opens the upstream stream and reads it until its first content (or its end), all before
 /// `first_token`: until then the attempt can still fail over and the client has seen nothing.
 async fn open_until_first_token(
     provider: &Arc<ProviderRuntime>,
     model: &Model,
-    request: &ChatRequest<'_>,
+    body: bytes::Bytes,
     first_token: Instant,
-) -> Result<(Vec<StreamEvent>, UpstreamStream), AttemptFailure> {
+) -> Result<(Vec<StreamEvent>, UpstreamStream), Failure> {
     let started = Instant::now();
     let waited = || first_token.saturating_duration_since(started);
     let deadline = tokio::time::Instant::from_std(first_token);
-    let mut upstream = tokio::time::timeout_at(deadline, provider.open_stream(model, request))
+    let timed_out = || Failure::Call(CallError::Timeout(waited()));
+    let mut upstream = tokio::time::timeout_at(deadline, provider.open_stream(model, body))
         .await
-        .map_err(|_| AttemptFailure::Timeout(waited()))?
-        .map_err(AttemptFailure::Call)?;
+        .map_err(|_| timed_out())?
+        .map_err(Failure::Call)?;
     let mut buffered = Vec::new();
     loop {
         match tokio::time::timeout_at(deadline, upstream.next()).await {
-            Err(_) => return Err(AttemptFailure::Timeout(waited())),
+            Err(_) => return Err(timed_out()),
             Ok(None) => {
-                return Err(AttemptFailure::Stream(StreamError::Connection(
+                return Err(Failure::Stream(StreamError::Connection(
                     "the stream ended before any content".into(),
                 )));
             }
-            Ok(Some(Err(e))) => return Err(AttemptFailure::Stream(e)),
-            Ok(Some(Ok(StreamEvent::Error(e)))) => return Err(AttemptFailure::InBand(e)),
+            Ok(Some(Err(e))) => return Err(Failure::Stream(e)),
+            Ok(Some(Ok(StreamEvent::Error(e)))) => return Err(Failure::InBand(e)),
             Ok(Some(Ok(event))) => {
                 let commits =
                     matches!(event, StreamEvent::Done | StreamEvent::Chunk { commits: true, .. });

@@ -11,34 +11,28 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use serde_json::value::RawValue;
 use tracing::{Instrument, debug_span};
 
 use switchyard_catalog::keys::hash_secret;
 use switchyard_catalog::{ApiKeyRecord, Model};
 use switchyard_proto::node::v1 as pb;
 
+pub use crate::app::App;
+use crate::app::{raw, record_usage};
 use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
 use crate::error::{ApiError, Flavor};
-use crate::executor::{Executor, Output, unix_ms};
+use crate::executor::Output;
 use crate::metrics::{EndpointLabels, RequestLabels};
-use crate::providers::{Completion, Usage};
+use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
-use crate::state::NodeState;
 
 /// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// How long a client may take to send a request's head, or keep an idle connection open
 /// (configurable with `--header-read-timeout`).
 pub const DEFAULT_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-pub struct App {
-    pub state: Arc<NodeState>,
-    pub executor: Executor,
-    pub max_body_bytes: usize,
-}
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
@@ -78,10 +72,8 @@ pub fn authenticate(
     config: &NodeConfig,
     headers: &HeaderMap,
 ) -> Result<Arc<ApiKeyRecord>, ApiError> {
-    let Some(secret) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    let Some(secret) =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token)
     else {
         return Err(ApiError::Unauthorized("Missing API key: send `Authorization: Bearer <key>`."));
     };
@@ -90,6 +82,13 @@ pub fn authenticate(
         Some(_) => Err(ApiError::Unauthorized("This API key has been revoked.")),
         None => Err(ApiError::Unauthorized("Incorrect API key provided.")),
     }
+}
+
+/// The token of a `Bearer` credential. The scheme is case-insensitive (RFC 9110 §11.1):
+/// `bearer KEY` and `BEARER KEY` are the same credential as `Bearer KEY`.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
@@ -222,22 +221,6 @@ fn report(chain: &Chain, attempts: &[AttemptReport]) -> FailoverReport {
     }
 }
 
-/// Usage is billed to the model that served, at the catalog's prices.
-pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
-    let cost = model.price.map_or(0.0, |p| {
-        (usage.prompt_tokens as f64 * p.input_per_mtok
-            + usage.completion_tokens as f64 * p.output_per_mtok)
-            / 1_000_000.0
-    });
-    app.executor.telemetry.record_usage(
-        key_id,
-        &model.name,
-        usage.prompt_tokens,
-        usage.completion_tokens,
-        cost,
-    );
-}
-
 fn failover_event(
     app: &App,
     stream: bool,
@@ -247,10 +230,9 @@ fn failover_event(
     served_model: String,
     status: u32,
 ) -> pb::FailoverEvent {
-    let now = std::time::SystemTime::now();
     pb::FailoverEvent {
         id: format!("evt_{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
-        at_unix_ms: unix_ms(now),
+        at_unix_ms: switchyard_time::now_ms(),
         node_id: app.executor.telemetry.node_id.clone(),
         key_id: key.id.clone(),
         requested_model: chain.requested_model().to_owned(),
@@ -268,10 +250,6 @@ fn failover_event(
         stream,
         status,
     }
-}
-
-pub fn raw(value: &impl serde::Serialize) -> Option<Box<RawValue>> {
-    serde_json::value::to_raw_value(value).ok()
 }
 
 fn render_completion(
@@ -310,5 +288,24 @@ fn render_completion(
             attempts: None,
         }
         .render(flavor),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer sk-1", "bearer sk-1", "BEARER sk-1", "bEaReR sk-1"] {
+            assert_eq!(bearer_token(value), Some("sk-1"), "{value}");
+        }
+    }
+
+    #[test]
+    fn other_schemes_and_bare_tokens_are_not_bearer_credentials() {
+        for value in ["Basic c2stMQ==", "sk-1", "Bearersk-1", ""] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
     }
 }

@@ -1,13 +1,18 @@
 //! Switchyard's data-plane node: applies config streamed from the control plane and
 //! serves the HTTP API. A request goes `http` → `request` → `chain` → `executor` →
-//! `providers::<kind>` and back.
+//! `providers::<kind>` and back; no module names one above it on that path. `app` holds
+//! what every request shares (below `http` and `stream`, the streaming response), and
+//! `failure` decides what an upstream failure means (below `executor`, `stream` and the
+//! providers' dispatch). `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod breaker;
 pub mod chain;
 pub mod config;
 pub mod error;
 pub mod executor;
+pub mod failure;
 pub mod http;
 pub mod metrics;
 pub mod node;

@@ -20,11 +20,12 @@ use serde_json::json;
 
 use switchyard_catalog::Model;
 
+use crate::app::{App, raw, record_usage};
 use crate::breaker::{Outcome, Permit};
 use crate::error::Flavor;
 use crate::executor::CommittedStream;
-use crate::http::{App, raw, record_usage};
-use crate::providers::{StreamError, StreamEvent, UpstreamStream, Usage};
+use crate::failure::{self, Failure};
+use crate::providers::{CallError, StreamError, StreamEvent, UpstreamStream, Usage};
 use crate::report::FailoverReport;
 
 pub struct Context {
@@ -39,7 +40,7 @@ pub struct Context {
 }
 
 pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Response {
-    let CommittedStream { buffered, upstream, permit, deadline, stall } = stream;
+    let CommittedStream { buffered, upstream, permit, deadline, timeout, stall } = stream;
     let served = HeaderValue::from_str(&ctx.model.name).ok();
     let requested = HeaderValue::from_str(&ctx.report.requested_model).ok();
     let pump = Pump {
@@ -49,6 +50,7 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
         upstream,
         permit: Some(permit),
         deadline,
+        timeout,
         stall,
         first_sent: false,
         report_in_content: false,
@@ -80,6 +82,7 @@ struct Pump {
     upstream: UpstreamStream,
     permit: Option<Permit>,
     deadline: Instant,
+    timeout: std::time::Duration,
     stall: std::time::Duration,
     first_sent: bool,
     report_in_content: bool,
@@ -108,15 +111,12 @@ impl Pump {
                     return None;
                 }
                 Some(Err(e)) => {
-                    let code = match e {
-                        StreamError::Connection(_) => "upstream_disconnected",
-                        StreamError::Malformed(_) => "upstream_malformed",
-                    };
-                    return Some(self.fail(Outcome::Failure, code, &e.to_string()));
+                    let message = e.to_string();
+                    return Some(self.fail(&Failure::Stream(e), &message));
                 }
                 Some(Ok(StreamEvent::Error(e))) => {
                     let message = format!("The upstream model failed mid-stream: {}", e.message);
-                    return Some(self.fail(Outcome::Failure, "upstream_error", &message));
+                    return Some(self.fail(&Failure::InBand(e), &message));
                 }
                 Some(Ok(StreamEvent::Done)) => {
                     self.settle(Outcome::Success);
@@ -176,16 +176,19 @@ impl Pump {
                     "The upstream model stopped sending: no chunk for {} ms (stall_timeout_ms).",
                     self.stall.as_millis()
                 );
-                Err(self.fail(Outcome::Timeout, "stream_stalled", &message))
+                Err(self.fail(&Failure::Stalled(self.stall), &message))
             }
         }
     }
 
     fn timed_out(&mut self) -> Bytes {
-        self.fail(Outcome::Timeout, "timeout", "The attempt exceeded timeout_ms while streaming.")
+        let failure = Failure::Call(CallError::Timeout(self.timeout));
+        self.fail(&failure, "The attempt exceeded timeout_ms while streaming.")
     }
 
-    fn fail(&mut self, outcome: Outcome, code: &str, message: &str) -> Bytes {
+    fn fail(&mut self, failure: &Failure, message: &str) -> Bytes {
+        let (outcome, code) = failure::after_commit(failure);
+        let code = code.as_str();
         tracing::warn!(model = %self.ctx.model.name, code, %message, "stream ended with an error frame");
         self.settle(outcome);
         let body = json!({"error": {"message": message, "type": "server_error", "code": code, "param": null}});

@@ -10,6 +10,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 use tracing::{debug, info, warn};
 
+use switchyard_backoff::Backoff;
 use switchyard_proto::node::v1::{
     self as pb, control_message, node_control_client::NodeControlClient, node_message,
 };
@@ -31,9 +32,9 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 /// Usage totals go to the control plane at most this often.
 const USAGE_INTERVAL: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-const BACKOFF_START: Duration = Duration::from_millis(100);
-/// DESIGN §2: a node is back within seconds of a control plane returning.
-const BACKOFF_CAP: Duration = Duration::from_secs(2);
+/// Reconnect waits: full jitter under a ceiling that doubles from 100 ms and is capped at
+/// 2 s, so a node is back within seconds of a control plane returning.
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 type Resources = Vec<(String, Vec<u8>)>;
 
@@ -59,7 +60,7 @@ enum SessionError {
 }
 
 pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Telemetry>) {
-    let mut backoff = BACKOFF_START;
+    let mut failures: u32 = 0;
     for endpoint in options.controls.iter().cycle() {
         let started = tokio::time::Instant::now();
         let result = session(endpoint, &options, &state, &telemetry).await;
@@ -72,11 +73,10 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
         }
         // A stream that lived a while was healthy: start the backoff over.
         if started.elapsed() > Duration::from_secs(10) {
-            backoff = BACKOFF_START;
+            failures = 0;
         }
-        let jittered = backoff.mul_f64(0.5 + 0.5 * rand::random::<f64>());
-        tokio::time::sleep(jittered).await;
-        backoff = (backoff * 2).min(BACKOFF_CAP);
+        tokio::time::sleep(RECONNECT.delay(failures)).await;
+        failures = failures.saturating_add(1);
     }
 }
 
@@ -221,13 +221,8 @@ fn outbound(telemetry: &Telemetry, usage: bool) -> Vec<pb::NodeMessage> {
     while let Some(batch) = telemetry.next_event_batch() {
         out.push(node_msg(node_message::Msg::Events(batch)));
     }
-    if usage {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        if let Some(report) = telemetry.usage_report(now) {
-            out.push(node_msg(node_message::Msg::Usage(report)));
-        }
+    if usage && let Some(report) = telemetry.usage_report(switchyard_time::now_ms()) {
+        out.push(node_msg(node_message::Msg::Usage(report)));
     }
     out
 }

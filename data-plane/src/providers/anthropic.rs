@@ -19,11 +19,11 @@
 //!   user's text after them follows the results, as Anthropic requires.
 //! - `image_url` parts: `data:` URLs → a base64 source, http(s) URLs → a url source.
 //! - `response_format`: Anthropic has no JSON mode. `json_schema` with `strict: true` is
-//!   refused in [`Adapter::supports`] (a guarantee we cannot give); `json_object` and
+//!   refused by [`Adapter::body`] (a guarantee we cannot give); `json_object` and
 //!   non-strict `json_schema` become an instruction appended to `system` (with the schema),
 //!   the best-effort equivalent; clients that need a guarantee ask for `strict`.
 //!
-//! Refused in [`Adapter::supports`] (the client would silently get less than it asked for):
+//! Refused by [`Adapter::body`] (the client would silently get less than it asked for):
 //! `n` > 1, `logprobs: true`, `top_logprobs` > 0, strict `json_schema`, tools that are not
 //! functions, content parts other than text and images, the legacy `function` role.
 //! Dropped silently (sampling hints and bookkeeping with no Anthropic equivalent, which do
@@ -41,22 +41,21 @@
 //! error type as `kind` and Anthropic's own type kept as `code` ([`parse_error`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{StatusCode, header};
 use http_body_util::Full;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use switchyard_catalog::{Model, Provider};
 
+use super::adapter::{Adapter, StreamDecoder};
+use super::error::{CallError, UpstreamError};
+use super::secret::Secret;
 use super::sse::Frame;
-use super::{
-    Adapter, CallError, Completion, Fields, Secret, StreamDecoder, StreamEvent, UpstreamError,
-    Usage,
-};
+use super::unified::{Completion, Fields, StreamEvent, Usage};
 use crate::request::ChatRequest;
 
 /// Output tokens asked for when neither the request nor the catalog sets a limit. Anthropic
@@ -73,36 +72,35 @@ const MAX_TEMPERATURE: f64 = 1.0;
 pub struct Anthropic;
 
 impl Adapter for Anthropic {
+    fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
+        let unsupported = |message| CallError::Unsupported { message, param: None };
+        refusals(request).map_err(unsupported)?;
+        let fields = client_fields(request).map_err(unsupported)?;
+        // `translate` itself refuses content it cannot carry (audio, files, unknown roles).
+        let body = translate(&model.upstream_model, model.max_tokens, &fields, request.stream)
+            .map_err(unsupported)?;
+        serde_json::to_vec(&body).map(Bytes::from).map_err(CallError::Encode)
+    }
+
+    fn translates(&self) -> bool {
+        true
+    }
+
     fn request(
         &self,
         provider: &Provider,
-        model: &Model,
-        request: &ChatRequest<'_>,
+        _model: &Model,
+        stream: bool,
+        body: Bytes,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
-        // Refuse here as well as in `supports`, so nothing unsupported is ever sent even when
-        // a caller skipped the check; `translate` itself refuses content it cannot carry.
-        let body = refusals(request)
-            .and_then(|()| translate(&model.upstream_model, model.max_tokens, request))
-            .map_err(|message| CallError::Status {
-                status: StatusCode::BAD_REQUEST,
-                error: UpstreamError {
-                    message,
-                    kind: "invalid_request_error".into(),
-                    code: Some("unsupported_by_provider".into()),
-                    param: None,
-                },
-            })?;
         let base = provider.base_url.trim_end_matches('/');
         // The catalog convention is the bare host; tolerate a base URL that already ends in
         // `/v1` (the OpenAI habit) rather than calling `/v1/v1/messages`.
         let base = base.strip_suffix("/v1").unwrap_or(base);
         let mut builder = http::Request::post(format!("{base}/v1/messages"))
             .header(header::CONTENT_TYPE, "application/json")
-            .header(
-                header::ACCEPT,
-                if request.stream { "text/event-stream" } else { "application/json" },
-            )
+            .header(header::ACCEPT, if stream { "text/event-stream" } else { "application/json" })
             .header(
                 "anthropic-version",
                 provider.api_version.as_deref().unwrap_or(DEFAULT_VERSION),
@@ -110,11 +108,7 @@ impl Adapter for Anthropic {
         if let Some(secret) = credential {
             builder = builder.header("x-api-key", secret.expose());
         }
-        let bytes = serde_json::to_vec(&body)
-            .map_err(|e| CallError::Connection(format!("encoding the request: {e}")))?;
-        builder
-            .body(Full::new(Bytes::from(bytes)))
-            .map_err(|e| CallError::Connection(format!("building the request: {e}")))
+        builder.body(Full::new(body)).map_err(CallError::Build)
     }
 
     fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {
@@ -127,13 +121,6 @@ impl Adapter for Anthropic {
 
     fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder> {
         Box::new(MessageDecoder::new(upstream_model))
-    }
-
-    fn supports(&self, request: &ChatRequest<'_>) -> Result<(), String> {
-        refusals(request)?;
-        // Content the translation cannot carry (audio, files, unknown roles) is found by
-        // translating; the limit is irrelevant here.
-        translate("", None, request).map(|_| ())
     }
 }
 
@@ -180,13 +167,75 @@ fn refusals(request: &ChatRequest<'_>) -> Result<(), String> {
 
 // === Request ===
 
-/// The Anthropic request body for an OpenAI-shaped request.
-fn translate(
-    upstream_model: &str,
-    model_max_tokens: Option<u32>,
-    request: &ChatRequest<'_>,
-) -> Result<Map<String, Value>, String> {
-    let fields: BTreeMap<&str, Value> = request
+/// The Messages API request body (Anthropic API reference, "Create a Message"), borrowing
+/// from the client's request where it can.
+#[derive(Serialize)]
+struct MessagesRequest<'a> {
+    model: &'a str,
+    max_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<System>,
+    messages: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_sequences: Option<StopSequences<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<Metadata<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<ToolChoice<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+}
+
+/// `system`: a string, or text blocks when the client sent several system messages.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum System {
+    Text(String),
+    Blocks(Vec<TextBlock>),
+}
+
+#[derive(Serialize)]
+struct TextBlock {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: String,
+}
+
+/// OpenAI's `stop` is a string or an array; Anthropic's `stop_sequences` always an array.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum StopSequences<'a> {
+    One([&'a str; 1]),
+    Many(&'a [Value]),
+}
+
+#[derive(Serialize)]
+struct Metadata<'a> {
+    user_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct ToolChoice<'a> {
+    /// `auto`, `none`, `any` (OpenAI's `required`) or `tool` (a named function).
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    disable_parallel_tool_use: bool,
+}
+
+/// The client's top-level fields as JSON values, keyed by name.
+type ClientFields<'a> = BTreeMap<&'a str, Value>;
+
+fn client_fields<'a>(request: &'a ChatRequest<'_>) -> Result<ClientFields<'a>, String> {
+    request
         .passthrough
         .iter()
         .map(|(k, raw)| {
@@ -194,17 +243,23 @@ fn translate(
                 .map(|v| (k.as_ref(), v))
                 .map_err(|e| format!("{k}: {e}"))
         })
-        .collect::<Result<_, _>>()?;
+        .collect()
+}
+
+/// The Anthropic request body for an OpenAI-shaped request.
+fn translate<'a>(
+    upstream_model: &'a str,
+    model_max_tokens: Option<u32>,
+    fields: &'a ClientFields<'_>,
+    stream: bool,
+) -> Result<MessagesRequest<'a>, String> {
     let get = |name: &str| fields.get(name).filter(|v| !v.is_null());
 
-    let mut out = Map::new();
-    out.insert("model".into(), Value::String(upstream_model.to_owned()));
     let max_tokens = get("max_tokens")
         .or_else(|| get("max_completion_tokens"))
         .and_then(Value::as_u64)
         .or(model_max_tokens.map(u64::from))
         .unwrap_or(DEFAULT_MAX_TOKENS);
-    out.insert("max_tokens".into(), max_tokens.into());
 
     let (mut system, messages) = match get("messages") {
         Some(Value::Array(messages)) => messages_to_anthropic(messages)?,
@@ -213,71 +268,65 @@ fn translate(
     if let Some(instruction) = get("response_format").and_then(json_instruction) {
         system.push(instruction);
     }
-    match system.len() {
-        0 => {}
-        1 => {
-            out.insert("system".into(), Value::String(system.remove(0)));
-        }
-        _ => {
-            let blocks = system.into_iter().map(|text| json!({"type": "text", "text": text}));
-            out.insert("system".into(), Value::Array(blocks.collect()));
-        }
-    }
-    out.insert("messages".into(), Value::Array(messages));
+    let system = match system.len() {
+        0 => None,
+        1 => Some(System::Text(system.remove(0))),
+        _ => Some(System::Blocks(
+            system.into_iter().map(|text| TextBlock { kind: "text", text }).collect(),
+        )),
+    };
 
-    if let Some(t) = get("temperature").and_then(Value::as_f64) {
-        out.insert("temperature".into(), json!(t.clamp(0.0, MAX_TEMPERATURE)));
-    }
-    if let Some(p) = get("top_p").and_then(Value::as_f64) {
-        out.insert("top_p".into(), json!(p));
-    }
-    match get("stop") {
-        Some(Value::String(s)) => {
-            out.insert("stop_sequences".into(), json!([s]));
-        }
-        Some(Value::Array(list)) if !list.is_empty() => {
-            out.insert("stop_sequences".into(), Value::Array(list.clone()));
-        }
-        _ => {}
-    }
-    if let Some(Value::String(user)) = get("user") {
-        out.insert("metadata".into(), json!({"user_id": user}));
-    }
+    let stop_sequences = match get("stop") {
+        Some(Value::String(s)) => Some(StopSequences::One([s.as_str()])),
+        Some(Value::Array(list)) if !list.is_empty() => Some(StopSequences::Many(list)),
+        _ => None,
+    };
+    let metadata = match get("user") {
+        Some(Value::String(user)) => Some(Metadata { user_id: user }),
+        _ => None,
+    };
     let tools = match get("tools") {
         Some(Value::Array(tools)) if !tools.is_empty() => {
             Some(tools.iter().map(tool_to_anthropic).collect::<Result<Vec<_>, _>>()?)
         }
         _ => None,
     };
-    if let Some(tools) = tools {
-        out.insert("tools".into(), Value::Array(tools));
-        let mut choice = match get("tool_choice") {
+    let mut tool_choice = None;
+    if tools.is_some() {
+        let choice = |kind| ToolChoice { kind, name: None, disable_parallel_tool_use: false };
+        tool_choice = match get("tool_choice") {
             None => None,
             Some(Value::String(s)) => Some(match s.as_str() {
-                "auto" => json!({"type": "auto"}),
-                "none" => json!({"type": "none"}),
-                "required" => json!({"type": "any"}),
+                "auto" => choice("auto"),
+                "none" => choice("none"),
+                "required" => choice("any"),
                 other => return Err(format!("tool_choice: unknown value {other:?}")),
             }),
             Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
-                Some(name) => Some(json!({"type": "tool", "name": name})),
+                Some(name) => Some(ToolChoice { name: Some(name), ..choice("tool") }),
                 None => return Err("tool_choice must be auto, none, required or a function".into()),
             },
         };
         if get("parallel_tool_calls").and_then(Value::as_bool) == Some(false) {
-            let c = choice.get_or_insert_with(|| json!({"type": "auto"}));
-            if c["type"] != "none" {
-                c["disable_parallel_tool_use"] = Value::Bool(true);
-            }
-        }
-        if let Some(choice) = choice {
-            out.insert("tool_choice".into(), choice);
+            let c = tool_choice.get_or_insert_with(|| choice("auto"));
+            c.disable_parallel_tool_use = c.kind != "none";
         }
     }
-    if request.stream {
-        out.insert("stream".into(), Value::Bool(true));
-    }
-    Ok(out)
+    Ok(MessagesRequest {
+        model: upstream_model,
+        max_tokens,
+        system,
+        messages,
+        temperature: get("temperature")
+            .and_then(Value::as_f64)
+            .map(|t| t.clamp(0.0, MAX_TEMPERATURE)),
+        top_p: get("top_p").and_then(Value::as_f64),
+        stop_sequences,
+        metadata,
+        tools,
+        tool_choice,
+        stream,
+    })
 }
 
 /// The system instruction that stands in for OpenAI's JSON modes.
@@ -563,7 +612,7 @@ fn completion(body: &[u8]) -> Result<Completion, CallError> {
     if value.get("type").and_then(Value::as_str) == Some("error") {
         let error = parse_error(StatusCode::OK, body);
         let status = error.code.as_deref().map_or(StatusCode::INTERNAL_SERVER_ERROR, status_of);
-        return Err(CallError::Status { status, error });
+        return Err(CallError::http(status, error));
     }
     if value.get("content").is_none() {
         return Err(CallError::Malformed("no `content` in the message".into()));
@@ -597,7 +646,7 @@ fn completion(body: &[u8]) -> Result<Completion, CallError> {
     let fields = [
         ("id", json!(message.id)),
         ("object", json!("chat.completion")),
-        ("created", json!(unix_now())),
+        ("created", json!(switchyard_time::now_secs())),
         ("model", json!(message.model)),
         (
             "choices",
@@ -632,10 +681,6 @@ fn raw_fields<const N: usize>(
                 .map_err(|e| CallError::Malformed(e.to_string()))
         })
         .collect()
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 // === Errors ===
@@ -770,7 +815,7 @@ impl MessageDecoder {
         Self {
             id: String::new(),
             model: upstream_model.to_owned(),
-            created: unix_now(),
+            created: switchyard_time::now_secs(),
             usage: WireUsage::default(),
             tools: HashMap::new(),
             role_sent: false,
@@ -912,7 +957,7 @@ impl StreamDecoder for MessageDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::Classified;
+    use crate::failure::{Failure, Verdict, classify};
     use switchyard_catalog::FailoverReason;
 
     fn provider(api_version: Option<&str>) -> Provider {
@@ -940,8 +985,7 @@ mod tests {
     }
 
     fn sent_with(body: Value, max_tokens: Option<u32>) -> Value {
-        let built =
-            Anthropic.request(&provider(None), &model(max_tokens), &req(body), None).unwrap();
+        let built = Anthropic.build(&provider(None), &model(max_tokens), &req(body), None).unwrap();
         let bytes = futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(
             built.into_body(),
         ))
@@ -953,20 +997,19 @@ mod tests {
 
     #[test]
     fn requests_go_to_v1_messages_with_the_anthropic_headers() {
-        let secret = Secret("sk-ant-1".into());
+        let secret = Secret::new("sk-ant-1");
         let body =
             json!({"model": "anthropic/claude", "messages": [{"role": "user", "content": "hi"}]});
         let built = Anthropic
-            .request(&provider(None), &model(None), &req(body.clone()), Some(&secret))
+            .build(&provider(None), &model(None), &req(body.clone()), Some(&secret))
             .unwrap();
         assert_eq!(built.uri().to_string(), "https://api.anthropic.com/v1/messages");
         assert_eq!(built.headers()["x-api-key"], "sk-ant-1");
         assert_eq!(built.headers()["anthropic-version"], DEFAULT_VERSION);
         assert_eq!(built.headers()[header::CONTENT_TYPE], "application/json");
         assert!(built.headers().get(header::AUTHORIZATION).is_none());
-        let built = Anthropic
-            .request(&provider(Some("2024-01-01")), &model(None), &req(body), None)
-            .unwrap();
+        let built =
+            Anthropic.build(&provider(Some("2024-01-01")), &model(None), &req(body), None).unwrap();
         assert_eq!(built.headers()["anthropic-version"], "2024-01-01");
     }
 
@@ -1102,12 +1145,12 @@ mod tests {
 
         let strict = req(json!({"messages": msgs,
             "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": true}}}));
-        let refused = Anthropic.supports(&strict).unwrap_err();
-        assert!(refused.contains("Anthropic") && refused.contains("strict"), "{refused}");
-        // Sending it anyway is a 400 before any network call.
-        let err = Anthropic.request(&provider(None), &model(None), &strict, None).unwrap_err();
+        let refused = Anthropic.body(&model(None), &strict).unwrap_err();
+        let message = refused.to_string();
+        assert!(message.contains("Anthropic") && message.contains("strict"), "{message}");
+        // The refusal is the client's 400, before any network call.
         assert!(
-            matches!(err.classify(), Classified::ClientError { status, .. } if status == StatusCode::BAD_REQUEST)
+            matches!(classify(Failure::Call(refused)), Verdict::Stop { status, .. } if status == StatusCode::BAD_REQUEST)
         );
     }
 
@@ -1119,7 +1162,7 @@ mod tests {
             for (k, v) in extra.as_object().unwrap() {
                 body[k] = v.clone();
             }
-            Anthropic.supports(&req(body)).err()
+            Anthropic.body(&model(None), &req(body)).err().map(|e| e.to_string())
         };
         assert!(refused(json!({"n": 2})).unwrap().contains("`n`"));
         assert!(refused(json!({"logprobs": true})).unwrap().contains("logprobs"));
@@ -1318,10 +1361,12 @@ mod tests {
             assert_eq!(error.kind, openai, "{anthropic}");
             assert_eq!(error.code.as_deref(), Some(anthropic));
             assert_eq!(error.message, format!("message for {anthropic}"));
-            let classified = CallError::Status { status, error }.classify();
+            let classified = classify(Failure::Call(CallError::http(status, error)));
             match (classified, failover) {
-                (Classified::Failover(got), Some(want)) => assert_eq!(got, want, "{anthropic}"),
-                (Classified::ClientError { status: got, .. }, None) => assert_eq!(got, status),
+                (Verdict::Failover { reason, .. }, Some(want)) => {
+                    assert_eq!(reason, want, "{anthropic}")
+                }
+                (Verdict::Stop { status: got, .. }, None) => assert_eq!(got, status),
                 (other, want) => panic!("{anthropic}: {other:?}, wanted {want:?}"),
             }
         }
@@ -1335,6 +1380,9 @@ mod tests {
         let body =
             br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
         let err = Anthropic.completion(body).unwrap_err();
-        assert!(matches!(err.classify(), Classified::Failover(FailoverReason::ServerError)));
+        assert!(matches!(
+            classify(Failure::Call(err)),
+            Verdict::Failover { reason: FailoverReason::ServerError, .. }
+        ));
     }
 }

@@ -10,10 +10,12 @@ use http_body_util::Full;
 
 use switchyard_catalog::{Model, Provider};
 
+use super::adapter::{Adapter, StreamDecoder};
+use super::error::{CallError, UpstreamError};
+use super::openai;
+use super::secret::Secret;
 use super::sse::Frame;
-use super::{
-    Adapter, CallError, Completion, Secret, StreamDecoder, StreamEvent, UpstreamError, openai,
-};
+use super::unified::{Completion, StreamEvent};
 use crate::request::ChatRequest;
 
 pub struct Azure;
@@ -22,11 +24,16 @@ pub struct Azure;
 const FALLBACK_API_VERSION: &str = "2024-10-21";
 
 impl Adapter for Azure {
+    fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
+        Ok(Bytes::from(openai::body(&model.upstream_model, request)))
+    }
+
     fn request(
         &self,
         provider: &Provider,
         model: &Model,
-        request: &ChatRequest<'_>,
+        _stream: bool,
+        body: Bytes,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
         let url = format!(
@@ -41,9 +48,7 @@ impl Adapter for Azure {
         if let Some(secret) = credential {
             builder = builder.header("api-key", secret.expose());
         }
-        builder
-            .body(Full::new(Bytes::from(openai::body(&model.upstream_model, request))))
-            .map_err(|e| CallError::Connection(format!("building the request: {e}")))
+        builder.body(Full::new(body)).map_err(CallError::Build)
     }
 
     fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {
@@ -102,8 +107,8 @@ mod tests {
             br#"{"model":"azure/gpt-4o","messages":[{"role":"user","content":"hi"}]}"#,
         )
         .unwrap();
-        let secret = Secret("k-123".into());
-        let built = Azure.request(&provider(), &model(), &req, Some(&secret)).unwrap();
+        let secret = Secret::new("k-123");
+        let built = Azure.build(&provider(), &model(), &req, Some(&secret)).unwrap();
         assert_eq!(
             built.uri().to_string(),
             "https://contoso.openai.azure.com/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21"

@@ -24,8 +24,9 @@
 //!   (`none`/`auto`/`required` → NONE/AUTO/ANY, a named function → ANY +
 //!   `allowedFunctionNames`).
 //! - `response_format` `json_object` → `responseMimeType: application/json`; `json_schema`
-//!   → also `responseSchema`, in Gemini's OpenAPI-3.0 subset (see [`sanitize`]). A *strict*
-//!   schema using what that subset cannot express is refused by [`Adapter::supports`].
+//!   → also `responseSchema`, in Gemini's OpenAPI-3.0 subset (see [`schema::sanitize`]).
+//!   A *strict* schema using what that subset cannot express is refused by
+//!   [`Adapter::body`].
 //!
 //! Ignored (no Gemini equivalent): `parallel_tool_calls`, `logit_bias`, `user`, `store`,
 //! `metadata`, `service_tier`, `logprobs`, `reasoning_effort`, `stream_options`.
@@ -35,22 +36,23 @@
 //! `usageMetadata` as OpenAI's usage-only chunk, then `Done`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{StatusCode, header};
 use http_body_util::Full;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use switchyard_catalog::{Model, Provider};
 
+use super::adapter::{Adapter, StreamDecoder};
+use super::error::{CallError, UpstreamError};
+use super::secret::Secret;
 use super::sse::Frame;
-use super::{
-    Adapter, CallError, Completion, Fields, Secret, StreamDecoder, StreamEvent, UpstreamError,
-    Usage,
-};
+use super::unified::{Completion, Fields, StreamEvent, Usage};
+
+mod schema;
 use crate::request::ChatRequest;
 
 pub struct Gemini;
@@ -67,17 +69,26 @@ const SIGNATURE_SEPARATOR: &str = "__thought__";
 const SKIP_SIGNATURE: &str = "skip_thought_signature_validator";
 
 impl Adapter for Gemini {
+    fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
+        let body = body(model, request).map_err(Refused::into_call_error)?;
+        serde_json::to_vec(&body).map(Bytes::from).map_err(CallError::Encode)
+    }
+
+    fn translates(&self) -> bool {
+        true
+    }
+
     fn request(
         &self,
         provider: &Provider,
         model: &Model,
-        request: &ChatRequest<'_>,
+        stream: bool,
+        body: Bytes,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
-        let body = body(model, request).map_err(Refused::into_call_error)?;
         let upstream = model.upstream_model.trim_start_matches("models/");
         let base = provider.base_url.trim_end_matches('/');
-        let (url, accept) = if request.stream {
+        let (url, accept) = if stream {
             (
                 format!("{base}/v1beta/models/{upstream}:streamGenerateContent?alt=sse"),
                 "text/event-stream",
@@ -91,9 +102,7 @@ impl Adapter for Gemini {
         if let Some(secret) = credential {
             builder = builder.header(API_KEY_HEADER, secret.expose());
         }
-        builder
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| CallError::Connection(format!("building the request: {e}")))
+        builder.body(Full::new(body)).map_err(CallError::Build)
     }
 
     fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {
@@ -119,13 +128,6 @@ impl Adapter for Gemini {
     fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder> {
         Box::new(GeminiStream::new(upstream_model))
     }
-
-    fn supports(&self, request: &ChatRequest<'_>) -> Result<(), String> {
-        match strict_schema(request) {
-            Ok(_) => Ok(()),
-            Err(refused) => Err(refused.message),
-        }
-    }
 }
 
 // === Request ===
@@ -143,15 +145,7 @@ fn refused(param: impl Into<String>, message: impl Into<String>) -> Refused {
 
 impl Refused {
     fn into_call_error(self) -> CallError {
-        CallError::Status {
-            status: StatusCode::BAD_REQUEST,
-            error: UpstreamError {
-                message: self.message,
-                kind: "invalid_request_error".into(),
-                code: Some("unsupported_by_provider".into()),
-                param: self.param,
-            },
-        }
+        CallError::Unsupported { message: self.message, param: self.param }
     }
 }
 
@@ -166,24 +160,71 @@ fn field(request: &ChatRequest<'_>, name: &str) -> Result<Option<Value>, Refused
 }
 
 /// The `GenerateContentRequest` for an OpenAI-shaped request.
-fn body(model: &Model, request: &ChatRequest<'_>) -> Result<Value, Refused> {
-    let mut out = Map::new();
+fn body(model: &Model, request: &ChatRequest<'_>) -> Result<GenerateContentRequest, Refused> {
     let (system, contents) = contents(field(request, "messages")?)?;
-    if !system.is_empty() {
-        out.insert("systemInstruction".into(), json!({ "parts": system }));
+    let (tools, tool_config) = match tools(request)? {
+        Some((tools, tool_config)) => (Some(tools), tool_config),
+        None => (None, None),
+    };
+    Ok(GenerateContentRequest {
+        system_instruction: (!system.is_empty()).then_some(Parts { parts: system }),
+        contents,
+        generation_config: generation_config(model, request)?,
+        tools,
+        tool_config,
+    })
+}
+
+/// A `GenerateContentRequest` (Gemini API reference, "models.generateContent").
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerateContentRequest {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system_instruction: Option<Parts>,
+    contents: Vec<Value>,
+    #[serde(skip_serializing_if = "GenerationConfig::is_empty")]
+    generation_config: GenerationConfig,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_config: Option<Value>,
+}
+
+#[derive(Serialize)]
+struct Parts {
+    parts: Vec<Value>,
+}
+
+/// `generationConfig`: only what the client set (or the catalog's `max_tokens`).
+#[derive(Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerationConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_sequences: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    candidate_count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_mime_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_schema: Option<Value>,
+}
+
+impl GenerationConfig {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
     }
-    out.insert("contents".into(), Value::Array(contents));
-    let config = generation_config(model, request)?;
-    if !config.is_empty() {
-        out.insert("generationConfig".into(), Value::Object(config));
-    }
-    if let Some((tools, tool_config)) = tools(request)? {
-        out.insert("tools".into(), tools);
-        if let Some(tool_config) = tool_config {
-            out.insert("toolConfig".into(), tool_config);
-        }
-    }
-    Ok(Value::Object(out))
 }
 
 /// `systemInstruction` parts and `contents` from `messages`.
@@ -450,73 +491,60 @@ fn function_response(content: Option<&Value>) -> Value {
 fn generation_config(
     model: &Model,
     request: &ChatRequest<'_>,
-) -> Result<Map<String, Value>, Refused> {
-    let mut config = Map::new();
+) -> Result<GenerationConfig, Refused> {
+    let mut config = GenerationConfig::default();
     let max_tokens = match field(request, "max_completion_tokens")? {
         Some(v) => Some(("max_completion_tokens", v)),
         None => field(request, "max_tokens")?.map(|v| ("max_tokens", v)),
     };
-    match max_tokens {
-        Some((name, v)) => {
-            let n = v
-                .as_u64()
-                .ok_or_else(|| refused(name, format!("{name} must be a non-negative integer")))?;
-            config.insert("maxOutputTokens".into(), json!(n));
-        }
-        None => {
-            if let Some(n) = model.max_tokens {
-                config.insert("maxOutputTokens".into(), json!(n));
-            }
-        }
-    }
+    config.max_output_tokens = match max_tokens {
+        Some((name, v)) => Some(
+            v.as_u64()
+                .ok_or_else(|| refused(name, format!("{name} must be a non-negative integer")))?,
+        ),
+        None => model.max_tokens.map(u64::from),
+    };
     if let Some(v) = field(request, "temperature")? {
         let t = v.as_f64().ok_or_else(|| refused("temperature", "temperature must be a number"))?;
         // Gemini's range is OpenAI's, 0–2: values inside pass unchanged.
-        config.insert("temperature".into(), json!(t.clamp(0.0, 2.0)));
+        config.temperature = Some(t.clamp(0.0, 2.0));
     }
     for (ours, theirs) in [
-        ("top_p", "topP"),
-        ("presence_penalty", "presencePenalty"),
-        ("frequency_penalty", "frequencyPenalty"),
+        ("top_p", &mut config.top_p),
+        ("presence_penalty", &mut config.presence_penalty),
+        ("frequency_penalty", &mut config.frequency_penalty),
     ] {
         if let Some(v) = field(request, ours)? {
             let x = v.as_f64().ok_or_else(|| refused(ours, format!("{ours} must be a number")))?;
-            config.insert(theirs.into(), json!(x));
+            *theirs = Some(x);
         }
     }
     if let Some(v) = field(request, "seed")? {
-        let seed = v.as_i64().ok_or_else(|| refused("seed", "seed must be an integer"))?;
-        config.insert("seed".into(), json!(seed));
+        config.seed = Some(v.as_i64().ok_or_else(|| refused("seed", "seed must be an integer"))?);
     }
     match field(request, "stop")? {
         None => {}
-        Some(Value::String(s)) => {
-            config.insert("stopSequences".into(), json!([s]));
-        }
+        Some(Value::String(s)) => config.stop_sequences = Some(vec![Value::String(s)]),
         Some(Value::Array(items)) if items.is_empty() => {}
         Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
-            config.insert("stopSequences".into(), Value::Array(items));
+            config.stop_sequences = Some(items);
         }
         Some(_) => return Err(refused("stop", "stop must be a string or an array of strings")),
     }
     if let Some(v) = field(request, "n")? {
         let n = v.as_u64().ok_or_else(|| refused("n", "n must be a positive integer"))?;
         if n > 1 {
-            config.insert("candidateCount".into(), json!(n));
+            config.candidate_count = Some(n);
         }
     }
     match field(request, "response_format")? {
         None => {}
         Some(format) => match format.get("type").and_then(Value::as_str) {
             Some("text") => {}
-            Some("json_object") => {
-                config.insert("responseMimeType".into(), json!("application/json"));
-            }
+            Some("json_object") => config.response_mime_type = Some("application/json"),
             Some("json_schema") => {
-                config.insert("responseMimeType".into(), json!("application/json"));
-                if let Some(schema) = strict_schema(request)? {
-                    config.insert("responseSchema".into(), schema);
-                }
+                config.response_mime_type = Some("application/json");
+                config.response_schema = strict_schema(request)?;
             }
             _ => {
                 return Err(refused(
@@ -540,7 +568,7 @@ fn strict_schema(request: &ChatRequest<'_>) -> Result<Option<Value>, Refused> {
     let Some(schema) = spec.and_then(|s| s.get("schema")) else { return Ok(None) };
     let strict = spec.and_then(|s| s.get("strict")).and_then(Value::as_bool).unwrap_or(false);
     let mut lost = Vec::new();
-    let sanitized = sanitize(schema, "#", &mut lost);
+    let sanitized = schema::sanitize(schema, "#", &mut lost);
     if strict && !lost.is_empty() {
         return Err(refused(
             "response_format.json_schema",
@@ -551,142 +579,6 @@ fn strict_schema(request: &ChatRequest<'_>) -> Result<Option<Value>, Refused> {
         ));
     }
     Ok(Some(sanitized))
-}
-
-/// Keywords of Gemini's `Schema` copied as they are.
-const KEPT: [&str; 16] = [
-    "title",
-    "description",
-    "nullable",
-    "required",
-    "minItems",
-    "maxItems",
-    "minProperties",
-    "maxProperties",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "minimum",
-    "maximum",
-    "default",
-    "example",
-    "propertyOrdering",
-];
-
-/// Keywords dropped without loss: annotations, or (`additionalProperties: false`) what
-/// Gemini does anyway — it generates only the declared properties.
-const DROPPED: [&str; 10] = [
-    "$schema",
-    "$id",
-    "$comment",
-    "strict",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "contentEncoding",
-    "contentMediaType",
-    "examples",
-];
-
-/// The `format`s Gemini's Schema documents; others are dropped (in JSON Schema `format` is
-/// an annotation unless a validator opts in, so nothing is promised by it).
-const FORMATS: [&str; 6] = ["date-time", "enum", "float", "double", "int32", "int64"];
-
-/// A JSON schema in Gemini's `Schema` subset (OpenAPI 3.0): type names upper-cased,
-/// `["T", "null"]` → `T` + `nullable`, `const` → a one-value `enum`, `oneOf` → `anyOf`,
-/// `examples` → `example`. What the subset cannot express (`$ref`/`$defs`, `allOf`, `not`,
-/// `if`/`then`/`else`, `patternProperties`, open `additionalProperties`, tuple `items`,
-/// `uniqueItems`, `multipleOf`, exclusive bounds, non-string enums, exclusive `oneOf`…) is
-/// dropped and its location pushed to `lost`.
-fn sanitize(schema: &Value, path: &str, lost: &mut Vec<String>) -> Value {
-    let Value::Object(map) = schema else {
-        return schema.clone();
-    };
-    let mut out = Map::new();
-    for (key, value) in map {
-        let here = format!("{path}/{key}");
-        match key.as_str() {
-            "type" => match value {
-                Value::String(t) => {
-                    out.insert("type".into(), json!(t.to_ascii_uppercase()));
-                }
-                Value::Array(types) => {
-                    let named: Vec<&str> = types.iter().filter_map(Value::as_str).collect();
-                    let non_null: Vec<&str> =
-                        named.iter().copied().filter(|t| *t != "null").collect();
-                    if named.len() != non_null.len() {
-                        out.insert("nullable".into(), json!(true));
-                    }
-                    match non_null.as_slice() {
-                        [one] => {
-                            out.insert("type".into(), json!(one.to_ascii_uppercase()));
-                        }
-                        _ => lost.push(format!("`type` {value} at {path}")),
-                    }
-                }
-                _ => lost.push(format!("`type` at {path}")),
-            },
-            "properties" => {
-                let Value::Object(props) = value else {
-                    lost.push(format!("`properties` at {path}"));
-                    continue;
-                };
-                let props: Map<String, Value> = props
-                    .iter()
-                    .map(|(name, s)| (name.clone(), sanitize(s, &format!("{here}/{name}"), lost)))
-                    .collect();
-                out.insert("properties".into(), Value::Object(props));
-            }
-            "items" if value.is_object() => {
-                out.insert("items".into(), sanitize(value, &here, lost));
-            }
-            "anyOf" | "oneOf" => {
-                let Value::Array(options) = value else {
-                    lost.push(format!("`{key}` at {path}"));
-                    continue;
-                };
-                if key == "oneOf" {
-                    // anyOf is the nearest Gemini has; exactly-one is not enforced.
-                    lost.push(format!("`oneOf` at {path}"));
-                }
-                let options: Vec<Value> = options
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| sanitize(s, &format!("{here}/{i}"), lost))
-                    .collect();
-                out.insert("anyOf".into(), Value::Array(options));
-            }
-            "enum" => match value {
-                Value::Array(values) if values.iter().all(Value::is_string) => {
-                    out.insert("enum".into(), value.clone());
-                }
-                _ => lost.push(format!("a non-string `enum` at {path}")),
-            },
-            "const" => match value {
-                Value::String(_) => {
-                    out.insert("enum".into(), json!([value]));
-                }
-                _ => lost.push(format!("a non-string `const` at {path}")),
-            },
-            "format" => {
-                if value.as_str().is_some_and(|f| FORMATS.contains(&f)) {
-                    out.insert("format".into(), value.clone());
-                }
-            }
-            "additionalProperties" if value == &Value::Bool(false) => {}
-            "examples" => {
-                if let Some(first) = value.as_array().and_then(|e| e.first()) {
-                    out.entry("example").or_insert_with(|| first.clone());
-                }
-            }
-            k if KEPT.contains(&k) => {
-                out.insert(key.clone(), value.clone());
-            }
-            k if DROPPED.contains(&k) => {}
-            _ => lost.push(format!("`{key}` at {path}")),
-        }
-    }
-    Value::Object(out)
 }
 
 /// `tools` and `toolConfig` from `tools` and `tool_choice`.
@@ -721,7 +613,7 @@ fn tools(request: &ChatRequest<'_>) -> Result<Option<(Value, Option<Value>)>, Re
         }
         if let Some(parameters) = function.get("parameters").filter(|p| p.is_object()) {
             // Tool schemas are best effort: what Gemini cannot express is dropped.
-            let parameters = sanitize(parameters, "#", &mut Vec::new());
+            let parameters = schema::sanitize(parameters, "#", &mut Vec::new());
             // Gemini refuses an OBJECT without properties ("should be non-empty for OBJECT
             // type"); a function without parameters is declared with none.
             let empty_object = parameters.get("type").and_then(Value::as_str) == Some("OBJECT")
@@ -939,10 +831,6 @@ fn answer(content: Option<&WireContent>, streaming_from: Option<u32>) -> (String
     (text, calls)
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
-}
-
 fn completion_id(response_id: Option<&str>) -> String {
     match response_id {
         Some(id) if !id.is_empty() => format!("chatcmpl-{id}"),
@@ -961,7 +849,7 @@ fn raw_fields(value: Value) -> Result<BTreeMap<String, Box<RawValue>>, String> {
 fn completion(response: WireResponse) -> Result<Completion, CallError> {
     if response.candidates.is_empty() {
         return Err(match blocked(response.prompt_feedback.as_ref()) {
-            Some(error) => CallError::Status { status: StatusCode::BAD_REQUEST, error },
+            Some(error) => CallError::http(StatusCode::BAD_REQUEST, error),
             None => CallError::Malformed("a GenerateContentResponse without candidates".into()),
         });
     }
@@ -992,7 +880,7 @@ fn completion(response: WireResponse) -> Result<Completion, CallError> {
     let body = json!({
         "id": completion_id(response.response_id.as_deref()),
         "object": "chat.completion",
-        "created": unix_now(),
+        "created": switchyard_time::now_secs(),
         "model": response.model_version.as_deref().unwrap_or("gemini"),
         "choices": choices,
         "usage": usage.json(),
@@ -1020,7 +908,7 @@ impl GeminiStream {
     fn new(upstream_model: &str) -> Self {
         Self {
             id: None,
-            created: unix_now(),
+            created: switchyard_time::now_secs(),
             model: upstream_model.to_owned(),
             started: BTreeSet::new(),
             finished: BTreeSet::new(),
@@ -1197,6 +1085,7 @@ fn kind(google: Option<&str>, status: StatusCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::failure::{Failure, Verdict, classify};
 
     fn provider() -> Provider {
         serde_json::from_value(json!({
@@ -1221,7 +1110,7 @@ mod tests {
     fn try_translate(request: Value) -> Result<Value, Refused> {
         let text = request.to_string();
         let req = ChatRequest::parse(text.as_bytes()).unwrap();
-        body(&model(None), &req)
+        body(&model(None), &req).map(|b| serde_json::to_value(b).unwrap())
     }
 
     fn parse(request: Value) -> ChatRequest<'static> {
@@ -1246,8 +1135,8 @@ mod tests {
     #[test]
     fn requests_go_to_generate_content_with_the_key_header() {
         let req = parse(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}));
-        let secret = Secret("AIza-test".into());
-        let built = Gemini.request(&provider(), &model(None), &req, Some(&secret)).unwrap();
+        let secret = Secret::new("AIza-test");
+        let built = Gemini.build(&provider(), &model(None), &req, Some(&secret)).unwrap();
         assert_eq!(
             built.uri().to_string(),
             "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent"
@@ -1258,7 +1147,7 @@ mod tests {
         let req = parse(
             json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
         );
-        let built = Gemini.request(&provider(), &model(None), &req, Some(&secret)).unwrap();
+        let built = Gemini.build(&provider(), &model(None), &req, Some(&secret)).unwrap();
         assert_eq!(
             built.uri().to_string(),
             "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
@@ -1309,7 +1198,7 @@ mod tests {
         );
         // Without a client value the catalog's max_tokens applies.
         let req = parse(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}));
-        let sent = body(&model(Some(512)), &req).unwrap();
+        let sent = serde_json::to_value(body(&model(Some(512)), &req).unwrap()).unwrap();
         assert_eq!(sent["generationConfig"], json!({"maxOutputTokens": 512}));
     }
 
@@ -1436,7 +1325,7 @@ mod tests {
         let request = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
             "response_format": {"type": "json_schema",
                 "json_schema": {"name": "recipe", "strict": true, "schema": schema}}});
-        assert!(Gemini.supports(&parse(request.clone())).is_ok());
+        assert!(Gemini.body(&model(None), &parse(request.clone())).is_ok());
         assert_eq!(
             translate(request)["generationConfig"],
             json!({"responseMimeType": "application/json", "responseSchema": {"type": "OBJECT",
@@ -1453,23 +1342,28 @@ mod tests {
         let strict = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
             "response_format": {"type": "json_schema",
                 "json_schema": {"name": "s", "strict": true, "schema": schema}}});
-        let message = Gemini.supports(&parse(strict.clone())).unwrap_err();
+        let message = Gemini.body(&model(None), &parse(strict.clone())).unwrap_err().to_string();
         assert!(message.contains("Gemini provider"), "{message}");
         assert!(message.contains("`$ref` at #/properties/a"), "{message}");
         assert!(message.contains("`multipleOf` at #/properties/b"), "{message}");
-        // Sent anyway (the executor did not ask), it is the client's 400, not a failover.
+        // The refusal is the client's 400 naming the field, not a failover.
         let req = parse(strict);
-        match Gemini.request(&provider(), &model(None), &req, None) {
-            Err(e @ CallError::Status { status: StatusCode::BAD_REQUEST, .. }) => {
-                assert!(matches!(e.classify(), super::super::Classified::ClientError { .. }))
+        match Gemini.build(&provider(), &model(None), &req, None) {
+            Err(e @ CallError::Unsupported { .. }) => {
+                let verdict = classify(Failure::Call(e));
+                assert!(
+                    matches!(&verdict, Verdict::Stop { status: StatusCode::BAD_REQUEST, error, .. }
+                        if error.param.as_deref() == Some("response_format.json_schema")),
+                    "{verdict:?}"
+                );
             }
-            other => panic!("expected a 400, got {other:?}"),
+            other => panic!("expected a refusal, got {other:?}"),
         }
         // Not strict: best effort, what cannot be expressed is dropped.
         let loose = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
             "response_format": {"type": "json_schema",
                 "json_schema": {"name": "s", "schema": schema}}});
-        assert!(Gemini.supports(&parse(loose.clone())).is_ok());
+        assert!(Gemini.body(&model(None), &parse(loose.clone())).is_ok());
         assert_eq!(
             translate(loose)["generationConfig"]["responseSchema"],
             json!({"type": "OBJECT", "properties": {"a": {}, "b": {"type": "INTEGER"}}})
@@ -1547,8 +1441,8 @@ mod tests {
             {"category":"HARM_CATEGORY_DANGEROUS_CONTENT","probability":"HIGH"}]},
             "usageMetadata":{"promptTokenCount":9,"totalTokenCount":9},"modelVersion":"gemini-2.5-flash"}"#;
         let e = Gemini.completion(body).unwrap_err();
-        match e.classify() {
-            super::super::Classified::ClientError { status, error } => {
+        match classify(Failure::Call(e)) {
+            Verdict::Stop { status, error, .. } => {
                 assert_eq!(status, StatusCode::BAD_REQUEST);
                 assert!(error.message.contains("Gemini blocked the prompt"), "{}", error.message);
                 assert!(error.message.contains("SAFETY"));

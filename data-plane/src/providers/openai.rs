@@ -12,21 +12,26 @@ use serde_json::value::RawValue;
 
 use switchyard_catalog::{Model, Provider};
 
+use super::adapter::{Adapter, StreamDecoder};
+use super::error::{CallError, UpstreamError};
+use super::secret::Secret;
 use super::sse::Frame;
-use super::{
-    Adapter, CallError, Completion, Fields, Secret, StreamDecoder, StreamEvent, UpstreamError,
-    Usage,
-};
+use super::unified::{Completion, Fields, StreamEvent, Usage};
 use crate::request::ChatRequest;
 
 pub struct OpenAi;
 
 impl Adapter for OpenAi {
+    fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
+        Ok(Bytes::from(body(&model.upstream_model, request)))
+    }
+
     fn request(
         &self,
         provider: &Provider,
-        model: &Model,
-        request: &ChatRequest<'_>,
+        _model: &Model,
+        _stream: bool,
+        body: Bytes,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
         let url = format!("{}/chat/completions", provider.base_url.trim_end_matches('/'));
@@ -36,9 +41,7 @@ impl Adapter for OpenAi {
         if let Some(secret) = credential {
             builder = builder.header(header::AUTHORIZATION, format!("Bearer {}", secret.expose()));
         }
-        builder
-            .body(Full::new(Bytes::from(body(&model.upstream_model, request))))
-            .map_err(|e| CallError::Connection(format!("building the request: {e}")))
+        builder.body(Full::new(body)).map_err(CallError::Build)
     }
 
     fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {

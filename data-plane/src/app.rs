@@ -1,0 +1,40 @@
+//! What every request of a node shares: its config, its executor, its limits; and the
+//! helpers both the plain and the streaming response use. Below `http` and `stream`, so
+//! neither reaches into the other.
+
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+
+use switchyard_catalog::Model;
+
+use crate::executor::Executor;
+use crate::providers::Usage;
+use crate::state::NodeState;
+
+pub struct App {
+    pub state: Arc<NodeState>,
+    pub executor: Executor,
+    pub max_body_bytes: usize,
+}
+
+/// Usage is billed to the model that served, at the catalog's prices.
+pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
+    let cost = model.price.map_or(0.0, |p| {
+        (usage.prompt_tokens as f64 * p.input_per_mtok
+            + usage.completion_tokens as f64 * p.output_per_mtok)
+            / 1_000_000.0
+    });
+    app.executor.telemetry.record_usage(
+        key_id,
+        &model.name,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        cost,
+    );
+}
+
+/// A value as raw JSON, to splice into a response without building a tree.
+pub fn raw(value: &impl serde::Serialize) -> Option<Box<RawValue>> {
+    serde_json::value::to_raw_value(value).ok()
+}

@@ -1,0 +1,85 @@
+//! The trait each provider kind's wire format implements; `providers` dispatches to it.
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::Full;
+
+use switchyard_catalog::{Model, Provider};
+
+use super::error::{CallError, UpstreamError};
+use super::secret::Secret;
+use super::sse;
+use super::unified::{Completion, StreamEvent};
+use crate::request::ChatRequest;
+
+/// A provider kind's wire format.
+pub trait Adapter: Send + Sync {
+    /// The upstream body for `model`: the attempt's one translation. A request this
+    /// provider cannot take is [`CallError::Unsupported`], naming what it cannot honour.
+    fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError>;
+
+    /// Whether [`Adapter::body`] translates into another format, and so may refuse a
+    /// request: such bodies are built when the chain is formed, so a refusal comes before
+    /// any upstream call; a pass-through body is built only for the attempt that sends it.
+    fn translates(&self) -> bool {
+        false
+    }
+
+    /// The upstream HTTP request carrying `body`, with `credential` if there is one.
+    fn request(
+        &self,
+        provider: &Provider,
+        model: &Model,
+        stream: bool,
+        body: Bytes,
+        credential: Option<&Secret>,
+    ) -> Result<http::Request<Full<Bytes>>, CallError>;
+
+    /// [`Adapter::body`] then [`Adapter::request`]: one request looked at on its own (tests,
+    /// the translation benchmark).
+    fn build(
+        &self,
+        provider: &Provider,
+        model: &Model,
+        request: &ChatRequest<'_>,
+        credential: Option<&Secret>,
+    ) -> Result<http::Request<Full<Bytes>>, CallError> {
+        let body = self.body(model, request)?;
+        self.request(provider, model, request.stream, body, credential)
+    }
+
+    /// A 200 body as a unified completion.
+    fn completion(&self, body: &[u8]) -> Result<Completion, CallError>;
+
+    /// Like [`Adapter::completion`], given the body as received (an adapter that forwards
+    /// it verbatim keeps it without a copy).
+    fn completion_bytes(&self, body: Bytes) -> Result<Completion, CallError> {
+        self.completion(&body)
+    }
+
+    /// An error body as the upstream's error.
+    fn error(&self, status: StatusCode, body: &[u8]) -> UpstreamError;
+
+    /// The status an error is classified by: the HTTP status, unless the provider reports a
+    /// failing credential with another one (Gemini answers a bad key with 400).
+    fn status(&self, status: StatusCode, _error: &UpstreamError) -> StatusCode {
+        status
+    }
+
+    /// A decoder for one streamed response (providers whose events refer back to earlier
+    /// ones, such as Anthropic's content blocks, keep that state in it).
+    fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder>;
+}
+
+/// Turns one response's SSE frames into unified events, in order.
+pub trait StreamDecoder: Send {
+    /// The events one frame yields (often one, sometimes none or several).
+    fn decode(&mut self, frame: &sse::Frame) -> Result<Vec<StreamEvent>, String>;
+
+    /// The body ended cleanly between events: the events that close the stream if it is
+    /// complete, `None` if an end marker was still due. Providers with an in-band end
+    /// marker keep the default; Gemini's stream ends with the body after its finishReason.
+    fn finish(&mut self) -> Option<Vec<StreamEvent>> {
+        None
+    }
+}

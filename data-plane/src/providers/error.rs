@@ -1,0 +1,76 @@
+//! How an upstream call fails, as facts; what each failure means for the chain, the breaker
+//! and the client is decided in one place, `crate::failure`.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+/// The upstream's own error, as its body described it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpstreamError {
+    pub message: String,
+    pub kind: String,
+    pub code: Option<String>,
+    pub param: Option<String>,
+}
+
+/// How one upstream call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// A request this provider cannot take (a feature it has no equivalent for), found
+    /// while translating it, before any call. `param` names the field when it is known.
+    #[error("{message}")]
+    Unsupported { message: String, param: Option<String> },
+    /// The translated body could not be encoded: a gateway bug, not the upstream's fault.
+    #[error("encoding the request body: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// The HTTP request could not be built from the catalog's URL and the credential.
+    #[error("building the request: {0}")]
+    Build(#[source] http::Error),
+    /// No HTTP answer: refused, reset, DNS, TLS, a body cut short.
+    #[error("connection failed: {0}")]
+    Transport(String),
+    /// No answer within the attempt's time.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// A 2xx whose body is not what the provider's format says.
+    #[error("malformed response: {0}")]
+    Malformed(String),
+    /// An HTTP error status (or an error the provider reports in a 2xx body, under the
+    /// status it means), with the wait its `Retry-After` asked for.
+    #[error("HTTP {status}: {}", error.message)]
+    Http { status: StatusCode, error: UpstreamError, retry_after: Option<Duration> },
+    /// The provider has no usable credential on this node (a missing env var or file).
+    #[error("no usable credential: {0}")]
+    NoCredential(String),
+}
+
+impl CallError {
+    /// An error status with no `Retry-After`.
+    pub fn http(status: StatusCode, error: UpstreamError) -> Self {
+        Self::Http { status, error, retry_after: None }
+    }
+}
+
+/// How reading an upstream stream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The connection broke, or the stream ended mid-event or without its end marker.
+    #[error("upstream stream broke: {0}")]
+    Connection(String),
+    /// A frame that is not what the provider's format says.
+    #[error("malformed upstream stream: {0}")]
+    Malformed(String),
+}
+
+/// An error with its causes ("connection refused"), which hyper keeps in `source`.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

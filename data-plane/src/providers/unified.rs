@@ -1,0 +1,132 @@
+//! The unified shapes every adapter translates into: an OpenAI `chat.completion`, its
+//! streamed chunks, and the usage billed for them.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+use super::error::UpstreamError;
+
+/// Token counts as the upstream reported them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// An OpenAI-shaped `chat.completion`.
+#[derive(Debug)]
+pub struct Completion {
+    pub fields: Fields,
+    pub usage: Usage,
+}
+
+/// A completion's top-level fields.
+#[derive(Debug)]
+pub enum Fields {
+    /// The upstream's own bytes, already in OpenAI's shape (OpenAI-compatible providers):
+    /// forwarded as they came, with only the `model` value (at `model`, if present) replaced.
+    Verbatim { bytes: Bytes, model: Option<std::ops::Range<usize>> },
+    /// Fields an adapter built by translating another provider's answer.
+    Map(BTreeMap<String, Box<RawValue>>),
+}
+
+impl Completion {
+    /// The completion's JSON with `model` set to the gateway name (a JSON string) and, if
+    /// given, one more top-level field.
+    pub fn to_json(&self, model: &RawValue, extra: Option<(&str, &RawValue)>) -> Vec<u8> {
+        match &self.fields {
+            Fields::Map(map) => {
+                let mut out = Vec::with_capacity(512);
+                out.push(b'{');
+                let mut first = true;
+                let mut field = |out: &mut Vec<u8>, key: &str, value: &RawValue| {
+                    if !std::mem::take(&mut first) {
+                        out.push(b',');
+                    }
+                    let _ = serde_json::to_writer(&mut *out, key);
+                    out.push(b':');
+                    out.extend_from_slice(value.get().as_bytes());
+                };
+                field(&mut out, "model", model);
+                for (key, value) in map.iter().filter(|(k, _)| *k != "model") {
+                    field(&mut out, key, value);
+                }
+                if let Some((key, value)) = extra {
+                    field(&mut out, key, value);
+                }
+                out.push(b'}');
+                out
+            }
+            Fields::Verbatim { bytes, model: span } => {
+                let mut out =
+                    Vec::with_capacity(bytes.len() + 64 + extra.map_or(0, |(_, v)| v.get().len()));
+                match span {
+                    Some(span) => {
+                        out.extend_from_slice(&bytes[..span.start]);
+                        out.extend_from_slice(model.get().as_bytes());
+                        out.extend_from_slice(&bytes[span.end..]);
+                    }
+                    None => {
+                        // `completion` checked the body is an object with `choices`: after its
+                        // `{` there is at least one field to put a comma before.
+                        let open = bytes.iter().position(|b| *b == b'{').unwrap_or(0);
+                        out.extend_from_slice(&bytes[..=open]);
+                        out.extend_from_slice(b"\"model\":");
+                        out.extend_from_slice(model.get().as_bytes());
+                        out.push(b',');
+                        out.extend_from_slice(&bytes[open + 1..]);
+                    }
+                }
+                if let Some((key, value)) = extra {
+                    while out.last().is_some_and(|b| b.is_ascii_whitespace()) {
+                        out.pop();
+                    }
+                    if out.last() == Some(&b'}') {
+                        out.pop();
+                        out.push(b',');
+                        let _ = serde_json::to_writer(&mut out, key);
+                        out.push(b':');
+                        out.extend_from_slice(value.get().as_bytes());
+                        out.push(b'}');
+                    }
+                }
+                out
+            }
+        }
+    }
+}
+
+impl serde::Serialize for Fields {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Map(map) => map.serialize(s),
+            Self::Verbatim { bytes, .. } => {
+                let text = std::str::from_utf8(bytes).map_err(serde::ser::Error::custom)?;
+                let raw: &RawValue =
+                    serde_json::from_str(text).map_err(serde::ser::Error::custom)?;
+                raw.serialize(s)
+            }
+        }
+    }
+}
+
+/// One event of an upstream stream, in OpenAI's shape.
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// A `chat.completion.chunk`, top-level fields raw.
+    Chunk {
+        fields: BTreeMap<String, Box<RawValue>>,
+        /// Carries content (text, a tool call, a refusal) or a finish reason: the point after
+        /// which the serving model is locked.
+        commits: bool,
+        usage: Option<Usage>,
+        /// No choices, only usage (OpenAI's final chunk with `include_usage`).
+        usage_only: bool,
+    },
+    /// The upstream's end marker.
+    Done,
+    /// An in-band error (`data: {"error": …}`, Anthropic's `event: error`).
+    Error(UpstreamError),
+}
