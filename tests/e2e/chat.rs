@@ -538,7 +538,13 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
 
     // After the cool-down a probe goes through; the primary has recovered, so it closes.
     gw.script("primary", json!({"kind": "ok"})).await;
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let next_probe = breakers["next_probe_unix_ms"].as_i64().unwrap();
+    switchyard_e2e::eventually(
+        Duration::from_secs(10),
+        "the cool-down to end at the breaker's next_probe_unix_ms",
+        || async { (switchyard_e2e::now_ms() > next_probe).then_some(()) },
+    )
+    .await;
     let v = gw.chat(req.clone()).await.json();
     assert_eq!(attempts(&v), [triple(PRIMARY, "served", "")], "{v}");
     for _ in 0..3 {

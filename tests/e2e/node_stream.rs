@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::Value;
 use switchyard_e2e::etcd::EtcdProcess;
@@ -18,10 +18,6 @@ use switchyard_proto::node::v1::{self as pb, control_message, node_message};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
 
 /// A control plane on `store` with extra flags (`--audit-max-entries 5`).
 async fn control(store: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {

@@ -48,6 +48,7 @@ impl FakeNode {
         let beats = tx.clone();
         let heartbeat = tokio::spawn(async move {
             loop {
+                // Pacing: a real node's heartbeat period.
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let hb = pb::Heartbeat { applied_version: 0 };
                 if beats.send(msg(node_message::Msg::Heartbeat(hb))).await.is_err() {

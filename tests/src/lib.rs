@@ -15,6 +15,13 @@ pub mod etcd;
 pub mod fake_node;
 pub mod gateway;
 
+/// For a process that must come back on the address it had (a control plane that nodes look
+/// for, a webhook receiver a subscription points at); every other process binds port 0 and
+/// [`Proc::start`] reads the address it bound.
+pub use etcd::port::ReservedPort;
+/// Wall-clock milliseconds since the Unix epoch, as the processes under test stamp them.
+pub use switchyard_time::now_ms;
+
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 
 /// The `switchyard` binary cargo built next to this test (target/<profile>/switchyard).
@@ -50,12 +57,6 @@ pub fn python() -> PathBuf {
     venv
 }
 
-/// A free loopback port (a process binding it later may race, which tests tolerate by
-/// binding port 0 wherever they can).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A running `switchyard` server process, killed on drop.
 pub struct Proc {
     pub child: Child,
@@ -64,7 +65,8 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `switchyard ARGS` and waits for its "listening on ADDR" line on stdout.
+    /// Starts `switchyard ARGS` and waits for its "listening on ADDR" line on stdout: with
+    /// `--listen 127.0.0.1:0` the process binds a port of its own, and `addr` is where it did.
     pub async fn start(args: &[&str], envs: &[(&str, &str)], log: PathBuf) -> Proc {
         match Self::try_start(args, envs, log).await {
             Ok(proc) => proc,
@@ -72,8 +74,7 @@ impl Proc {
         }
     }
 
-    /// Like [`Proc::start`], but says why it did not start instead of panicking (callers
-    /// that picked a port in advance retry with another when it was taken meanwhile).
+    /// Like [`Proc::start`], but says why it did not start instead of panicking.
     pub async fn try_start(
         args: &[&str],
         envs: &[(&str, &str)],
@@ -258,6 +259,7 @@ where
         if start.elapsed() > timeout {
             panic!("timed out after {timeout:?} waiting for: {what}");
         }
+        // The polling interval.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
