@@ -503,7 +503,7 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
     }
     assert_eq!(gw.upstream_requests("primary").await, seen, "no network call while open");
     let breakers = switchyard_e2e::eventually(
-        Duration::from_secs(5),
+        switchyard_e2e::PATIENCE,
         "switchyard breakers to show it open",
         || async {
             let out = switchyard_e2e::cli(&gw.cp.url(), &["breakers", "--json"]).await;
@@ -540,7 +540,7 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
     gw.script("primary", json!({"kind": "ok"})).await;
     let next_probe = breakers["next_probe_unix_ms"].as_i64().unwrap();
     switchyard_e2e::eventually(
-        Duration::from_secs(10),
+        switchyard_e2e::PATIENCE,
         "the cool-down to end at the breaker's next_probe_unix_ms",
         || async { (switchyard_e2e::now_ms() > next_probe).then_some(()) },
     )
@@ -710,7 +710,7 @@ async fn a_node_stopped_with_ctrl_c_finishes_the_request_in_flight_then_exits() 
         .await
     });
     switchyard_e2e::eventually(
-        Duration::from_secs(5),
+        switchyard_e2e::PATIENCE,
         "the request to reach the simulator",
         || async { (gw.upstream_requests("primary").await > 0).then_some(()) },
     )

@@ -49,14 +49,13 @@ async fn wait_persisted(
     what: &str,
     check: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    eventually(Duration::from_secs(5), what, || async { persisted(data_dir).filter(|c| check(c)) })
-        .await
+    eventually(PATIENCE, what, || async { persisted(data_dir).filter(|c| check(c)) }).await
 }
 
 /// Waits until every node reports a config version ≥ `version`; returns how long it took.
 async fn propagation(nodes: &[&Proc], version: i64, since: Instant) -> Duration {
     for node in nodes {
-        eventually(Duration::from_secs(5), "a node to apply the change", || async {
+        eventually(PATIENCE, "a node to apply the change", || async {
             node_version(node.addr).await.filter(|v| *v >= version)
         })
         .await;
@@ -140,7 +139,7 @@ impl Fleet {
     async fn wait_ready(&self) {
         for i in 0..2 {
             let addr = self.node(i).addr;
-            eventually(Duration::from_secs(10), "node ready", || node_version(addr)).await;
+            eventually(PATIENCE, "node ready", || node_version(addr)).await;
         }
     }
 }
@@ -251,7 +250,7 @@ async fn nodes_serve_last_known_good_while_control_planes_are_down_and_resync_af
     let version = created["version"].as_i64().unwrap();
     for i in 0..2 {
         let addr = fleet.node(i).addr;
-        eventually(Duration::from_secs(5), "node has the key", || async {
+        eventually(PATIENCE, "node has the key", || async {
             node_version(addr).await.filter(|v| *v >= version)
         })
         .await;
@@ -270,7 +269,7 @@ async fn nodes_serve_last_known_good_while_control_planes_are_down_and_resync_af
     // refused it).
     for (i, logged) in logged.into_iter().enumerate() {
         let node = fleet.node(i);
-        eventually(Duration::from_secs(10), "the node to find both control planes gone", || {
+        eventually(PATIENCE, "the node to find both control planes gone", || {
             let since = node.log_text().get(logged..).unwrap_or_default().to_owned();
             let ended = |cp: usize| {
                 let url = fleet.cp_url(cp);
@@ -393,13 +392,12 @@ async fn a_nacked_update_leaves_nodes_on_their_version_and_switchyard_nodes_show
         "{this is not json",
     )
     .await;
-    let listed =
-        eventually(Duration::from_secs(5), "both nodes to report the rejection", || async {
-            let v = cli(&cp0, &["nodes", "--json"]).await.json();
-            let nodes = v["nodes"].as_array()?.clone();
-            (nodes.len() == 2 && nodes.iter().all(|n| n["rejected"].is_object())).then_some(nodes)
-        })
-        .await;
+    let listed = eventually(PATIENCE, "both nodes to report the rejection", || async {
+        let v = cli(&cp0, &["nodes", "--json"]).await.json();
+        let nodes = v["nodes"].as_array()?.clone();
+        (nodes.len() == 2 && nodes.iter().all(|n| n["rejected"].is_object())).then_some(nodes)
+    })
+    .await;
     for n in &listed {
         assert_eq!(
             n["applied_version"].as_i64().unwrap(),

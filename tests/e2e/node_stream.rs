@@ -17,7 +17,7 @@ use switchyard_e2e::*;
 use switchyard_proto::node::v1::{self as pb, control_message, node_message};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-const WAIT: Duration = Duration::from_secs(10);
+const WAIT: Duration = PATIENCE;
 
 /// A control plane on `store` with extra flags (`--audit-max-entries 5`).
 async fn control(store: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {

@@ -197,7 +197,7 @@ async fn a_client_that_disconnects_closes_the_upstream_connection_within_a_secon
     let n = socket.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
     switchyard_e2e::eventually(
-        Duration::from_secs(10),
+        switchyard_e2e::PATIENCE,
         "the simulator to count the upstream stream as open",
         || async {
             let open = switchyard_e2e::http_get(gw.sim.addr, "/_sim/stats", None).await?.json();

@@ -9,7 +9,7 @@ use switchyard_proto::node::v1::{
 };
 use tokio::sync::mpsc;
 
-const WAIT: Duration = Duration::from_secs(10);
+use crate::PATIENCE as WAIT;
 
 pub struct FakeNode {
     tx: mpsc::Sender<pb::NodeMessage>,

@@ -3,7 +3,6 @@
 //! are served by the simulator and a key to call them with.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -153,11 +152,9 @@ impl Gateway {
         node_args.extend_from_slice(&options.node_args);
         let node = Proc::start(&node_args, &options.node_env, dir.path().join("node.log")).await;
         let addr = node.addr;
-        eventually(
-            Duration::from_secs(10),
-            "the node to apply the catalog and key",
-            || async move { node_version(addr).await.filter(|v| *v >= version) },
-        )
+        eventually(PATIENCE, "the node to apply the catalog and key", || async move {
+            node_version(addr).await.filter(|v| *v >= version)
+        })
         .await;
         Gateway {
             key: created["key"].as_str().unwrap().to_owned(),
@@ -230,7 +227,7 @@ impl Gateway {
 
     pub async fn wait_for(&self, version: i64) {
         let addr = self.node.addr;
-        eventually(Duration::from_secs(5), "the node to apply a change", || async move {
+        eventually(PATIENCE, "the node to apply a change", || async move {
             node_version(addr).await.filter(|v| *v >= version)
         })
         .await;

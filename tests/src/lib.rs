@@ -24,6 +24,12 @@ pub use switchyard_time::now_ms;
 
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 
+/// How long a test waits for something that takes milliseconds on an idle machine (a
+/// process to start, a change to reach a node): generous, because the machine may be busy,
+/// and paid in full only by a test that fails. Bounds that are the behaviour under test
+/// ("within a second") are written out where they are asserted.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
 /// The `switchyard` binary cargo built next to this test (target/<profile>/switchyard).
 pub fn switchyard_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("SWITCHYARD_BIN") {
@@ -96,8 +102,7 @@ impl Proc {
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
-        let deadline = Duration::from_secs(20);
-        let addr = tokio::time::timeout(deadline, async {
+        let addr = tokio::time::timeout(PATIENCE, async {
             while let Some(line) = lines.next_line().await.unwrap() {
                 if let Some((_, addr)) = line.split_once("listening on ") {
                     return addr.trim().parse::<SocketAddr>().ok();
