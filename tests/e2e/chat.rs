@@ -694,7 +694,10 @@ async fn a_stalled_request_head_is_cut_off_by_the_header_read_timeout_a_slow_ans
 
 #[tokio::test]
 async fn a_node_stopped_with_ctrl_c_finishes_the_request_in_flight_then_exits() {
-    let mut gw = Gateway::start().await;
+    // Held, so that once the node is gone no other process can be listening there.
+    let mut gw =
+        Gateway::start_with(GatewayOptions { hold_node_port: true, ..GatewayOptions::default() })
+            .await;
     gw.script("primary", json!({"kind": "ok", "delay_ms": 1500})).await;
     let addr = gw.node.addr;
     let key = gw.key.clone();
