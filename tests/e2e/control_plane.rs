@@ -65,8 +65,7 @@ async fn propagation(nodes: &[&Proc], version: i64, since: Instant) -> Duration 
 
 struct Fleet {
     dir: tempfile::TempDir,
-    /// `None` once a test stopped it.
-    etcd: Option<EtcdProcess>,
+    etcd: EtcdProcess,
     store: String,
     /// Each control plane's and each node's address, held for the whole test: a control
     /// plane restarted in a test comes back where nodes look for it, a node where it was.
@@ -87,7 +86,7 @@ impl Fleet {
         let store = etcd.endpoint().replace("http://", "etcd://");
         let mut fleet = Fleet {
             dir,
-            etcd: Some(etcd),
+            etcd,
             store,
             cp_ports: [ReservedPort::new(), ReservedPort::new()],
             node_ports: [ReservedPort::new(), ReservedPort::new()],
@@ -394,12 +393,7 @@ async fn a_nacked_update_leaves_nodes_on_their_version_and_switchyard_nodes_show
     let nodes = [fleet.node(0), fleet.node(1)];
     propagation(&nodes, version, Instant::now()).await;
 
-    etcd_put(
-        fleet.etcd.as_ref().unwrap(),
-        "/switchyard/config/keys/key_broken",
-        "{this is not json",
-    )
-    .await;
+    etcd_put(&fleet.etcd, "/switchyard/config/keys/key_broken", "{this is not json").await;
     let listed = eventually(PATIENCE, "both nodes to report the rejection", || async {
         let v = cli(&cp0, &["nodes", "--json"]).await.json();
         let nodes = v["nodes"].as_array()?.clone();
@@ -437,7 +431,7 @@ async fn with_etcd_stopped_admin_writes_fail_clearly_and_nodes_keep_serving() {
     let nodes = [fleet.node(0), fleet.node(1)];
     propagation(&nodes, created["version"].as_i64().unwrap(), Instant::now()).await;
 
-    fleet.etcd.take().unwrap().stop().await;
+    fleet.etcd.stop().await;
     let out = cli(&cp0, &["keys", "create", "--name", "during"]).await;
     assert!(!out.success, "a write with the store down must fail");
     assert!(

@@ -337,7 +337,7 @@ async fn reports_work_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_cannot_be_stored_is_not_acked_and_the_stream_ends_for_a_resend() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdProcess::start().await;
+    let mut etcd = EtcdProcess::start().await;
     let store = etcd.endpoint().replace("http://", "etcd://");
     let cp = control(&store, dir.path(), "cp", &[]).await;
     let mut node = FakeNode::connect(&cp.url(), "n1").await;

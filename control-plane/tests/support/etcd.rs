@@ -58,8 +58,10 @@ impl EtcdProcess {
         self.data.path()
     }
 
-    /// Kills etcd now (it is also killed on drop).
-    pub async fn stop(mut self) {
+    /// Kills etcd now (it is also killed on drop). Its ports stay held until the handle is
+    /// dropped: whoever still connects there is refused, rather than meeting another
+    /// process that took a freed port.
+    pub async fn stop(&mut self) {
         let _ = self.child.kill().await;
     }
 
