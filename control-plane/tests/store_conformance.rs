@@ -124,6 +124,7 @@ where
     let started = Instant::now();
     while !condition().await {
         assert!(started.elapsed() < WAIT, "timed out waiting until {what}");
+        // The polling interval.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -549,6 +550,7 @@ mod cases {
             let ttl = s.keep_alive(lease).await.unwrap();
             assert!(ttl >= SHORT_TTL, "keep_alive returns the full TTL, got {ttl:?}");
             assert!(s.get("ka").await.unwrap().is_some(), "key gone at {:?}", started.elapsed());
+            // The renewal cadence is the scenario (a client renewing well within the TTL).
             tokio::time::sleep(SHORT_TTL / 4).await;
         }
         // Without renewals the key goes, so the renewals are what kept it.
@@ -586,6 +588,12 @@ mod cases {
         assert!(a.is_leader().await.unwrap());
         let mut b_campaign =
             tokio::spawn(election::campaign(s.clone(), "/election/webhooks", "b", lb));
+        eventually("b is in line", || async {
+            s.list("/election/webhooks/").await.unwrap().kvs.len() == 2
+        })
+        .await;
+        // Leading shows only as a finished campaign, not as a state to poll: a wrong one
+        // finishes at once, so a while with b's campaign still pending proves it waits.
         assert!(
             tokio::time::timeout(Duration::from_millis(500), &mut b_campaign).await.is_err(),
             "b must not lead while a does"
@@ -605,6 +613,11 @@ mod cases {
         let lb = s.grant_lease(Duration::from_secs(60)).await.unwrap();
         let a = election::campaign(s.clone(), "/election/x", "a", la).await.unwrap();
         let b_campaign = tokio::spawn(election::campaign(s.clone(), "/election/x", "b", lb));
+        eventually("b is in line", || async {
+            s.list("/election/x/").await.unwrap().kvs.len() == 2
+        })
+        .await;
+        // As above: a wrong leader would finish its campaign within this while.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!b_campaign.is_finished(), "b must not lead while a does");
         s.revoke_lease(la).await.unwrap();
@@ -640,8 +653,9 @@ mod etcd_only {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connect_to_a_dead_endpoint_fails_fast_and_clearly() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let endpoint = format!("http://127.0.0.1:{port}");
+        // Held, never listening: refused for as long as the test runs.
+        let dead = etcd_process::port::ReservedPort::new();
+        let endpoint = format!("http://{}", dead.addr());
         let started = Instant::now();
         match EtcdStore::connect(std::slice::from_ref(&endpoint)).await {
             Err(StoreError::Unavailable(message)) => {
@@ -656,8 +670,8 @@ mod etcd_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connect_balances_over_endpoints_when_one_is_dead() {
         let etcd = etcd_process::EtcdProcess::start().await;
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let endpoints = [format!("http://127.0.0.1:{port}"), etcd.endpoint().to_owned()];
+        let dead = etcd_process::port::ReservedPort::new();
+        let endpoints = [format!("http://{}", dead.addr()), etcd.endpoint().to_owned()];
         let store = EtcdStore::connect(&endpoints).await.unwrap();
         for i in 0..5 {
             store.put(&format!("k{i}"), b"v".to_vec(), None).await.unwrap();

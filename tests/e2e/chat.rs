@@ -503,7 +503,7 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
     }
     assert_eq!(gw.upstream_requests("primary").await, seen, "no network call while open");
     let breakers = switchyard_e2e::eventually(
-        Duration::from_secs(5),
+        switchyard_e2e::PATIENCE,
         "switchyard breakers to show it open",
         || async {
             let out = switchyard_e2e::cli(&gw.cp.url(), &["breakers", "--json"]).await;
@@ -538,7 +538,13 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
 
     // After the cool-down a probe goes through; the primary has recovered, so it closes.
     gw.script("primary", json!({"kind": "ok"})).await;
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let next_probe = breakers["next_probe_unix_ms"].as_i64().unwrap();
+    switchyard_e2e::eventually(
+        switchyard_e2e::PATIENCE,
+        "the cool-down to end at the breaker's next_probe_unix_ms",
+        || async { (switchyard_e2e::now_ms() > next_probe).then_some(()) },
+    )
+    .await;
     let v = gw.chat(req.clone()).await.json();
     assert_eq!(attempts(&v), [triple(PRIMARY, "served", "")], "{v}");
     for _ in 0..3 {
@@ -688,7 +694,10 @@ async fn a_stalled_request_head_is_cut_off_by_the_header_read_timeout_a_slow_ans
 
 #[tokio::test]
 async fn a_node_stopped_with_ctrl_c_finishes_the_request_in_flight_then_exits() {
-    let mut gw = Gateway::start().await;
+    // Held, so that once the node is gone no other process can be listening there.
+    let mut gw =
+        Gateway::start_with(GatewayOptions { hold_node_port: true, ..GatewayOptions::default() })
+            .await;
     gw.script("primary", json!({"kind": "ok", "delay_ms": 1500})).await;
     let addr = gw.node.addr;
     let key = gw.key.clone();
@@ -704,7 +713,7 @@ async fn a_node_stopped_with_ctrl_c_finishes_the_request_in_flight_then_exits() 
         .await
     });
     switchyard_e2e::eventually(
-        Duration::from_secs(5),
+        switchyard_e2e::PATIENCE,
         "the request to reach the simulator",
         || async { (gw.upstream_requests("primary").await > 0).then_some(()) },
     )

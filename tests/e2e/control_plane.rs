@@ -49,14 +49,13 @@ async fn wait_persisted(
     what: &str,
     check: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    eventually(Duration::from_secs(5), what, || async { persisted(data_dir).filter(|c| check(c)) })
-        .await
+    eventually(PATIENCE, what, || async { persisted(data_dir).filter(|c| check(c)) }).await
 }
 
 /// Waits until every node reports a config version ≥ `version`; returns how long it took.
 async fn propagation(nodes: &[&Proc], version: i64, since: Instant) -> Duration {
     for node in nodes {
-        eventually(Duration::from_secs(5), "a node to apply the change", || async {
+        eventually(PATIENCE, "a node to apply the change", || async {
             node_version(node.addr).await.filter(|v| *v >= version)
         })
         .await;
@@ -66,12 +65,16 @@ async fn propagation(nodes: &[&Proc], version: i64, since: Instant) -> Duration 
 
 struct Fleet {
     dir: tempfile::TempDir,
-    /// `None` once a test stopped it.
-    etcd: Option<EtcdProcess>,
+    etcd: EtcdProcess,
     store: String,
-    cp_addrs: [String; 2],
+    /// Each control plane's and each node's address, held for the whole test: a control
+    /// plane restarted in a test comes back where nodes look for it, a node where it was.
+    cp_ports: [ReservedPort; 2],
+    node_ports: [ReservedPort; 2],
     cps: Vec<Option<Proc>>,
     nodes: Vec<Option<Proc>>,
+    /// Processes started so far, to name each one's log.
+    started: usize,
 }
 
 impl Fleet {
@@ -81,55 +84,51 @@ impl Fleet {
         let dir = tempfile::tempdir().unwrap();
         let etcd = EtcdProcess::start().await;
         let store = etcd.endpoint().replace("http://", "etcd://");
-        // Fixed ports, so that a restarted control plane comes back where nodes look for it.
-        // A port picked in advance can be taken before the process binds it: then pick again.
-        let mut cp_addrs = [String::new(), String::new()];
-        let mut cps = Vec::new();
-        for (i, slot) in cp_addrs.iter_mut().enumerate() {
-            let mut last = String::new();
-            for _ in 0..5 {
-                let addr = format!("127.0.0.1:{}", free_port());
-                let args = ["control", "--store", &store, "--listen", &addr];
-                let log = dir.path().join(format!("cp{i}-{}.log", free_port()));
-                match Proc::try_start(&args, &[("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)], log).await
-                {
-                    Ok(cp) => {
-                        *slot = addr;
-                        cps.push(Some(cp));
-                        break;
-                    }
-                    Err(why) => last = why,
-                }
-            }
-            assert!(!slot.is_empty(), "control plane {i} did not start: {last}");
-        }
-        let mut fleet =
-            Fleet { dir, etcd: Some(etcd), store, cp_addrs, cps, nodes: vec![None, None] };
+        let mut fleet = Fleet {
+            dir,
+            etcd,
+            store,
+            cp_ports: [ReservedPort::new(), ReservedPort::new()],
+            node_ports: [ReservedPort::new(), ReservedPort::new()],
+            cps: vec![None, None],
+            nodes: vec![None, None],
+            started: 0,
+        };
         for i in 0..2 {
-            fleet.start_node(i, "127.0.0.1:0").await;
+            fleet.start_control(i).await;
+        }
+        for i in 0..2 {
+            fleet.start_node(i).await;
         }
         fleet
     }
 
     fn cp_url(&self, i: usize) -> String {
-        format!("http://{}", self.cp_addrs[i])
+        format!("http://{}", self.cp_ports[i].addr())
     }
 
     fn node_dir(&self, i: usize) -> std::path::PathBuf {
         self.dir.path().join(format!("node{i}"))
     }
 
-    async fn start_node(&mut self, i: usize, listen: &str) {
-        let controls = format!("{},{}", self.cp_url(i), self.cp_url(1 - i));
-        let log = self.dir.path().join(format!("node{i}-{}.log", free_port()));
-        let node = start_node(&controls, &self.node_dir(i), listen, log).await;
-        self.nodes[i] = Some(node);
+    fn log_name(&mut self, what: &str) -> String {
+        self.started += 1;
+        format!("{what}-{}", self.started)
     }
 
-    async fn restart_control(&mut self, i: usize) {
-        let name = format!("cp{i}-again");
-        self.cps[i] =
-            Some(start_control(&self.store, &self.cp_addrs[i], self.dir.path(), &name).await);
+    async fn start_control(&mut self, i: usize) {
+        let name = self.log_name(&format!("cp{i}"));
+        let listen = self.cp_ports[i].addr().to_string();
+        self.cps[i] = Some(start_control(&self.store, &listen, self.dir.path(), &name).await);
+    }
+
+    async fn start_node(&mut self, i: usize) {
+        let controls = format!("{},{}", self.cp_url(i), self.cp_url(1 - i));
+        let name = self.log_name(&format!("node{i}"));
+        let log = self.dir.path().join(format!("{name}.log"));
+        let listen = self.node_ports[i].addr().to_string();
+        let node = start_node(&controls, &self.node_dir(i), &listen, log).await;
+        self.nodes[i] = Some(node);
     }
 
     fn node(&self, i: usize) -> &Proc {
@@ -139,7 +138,7 @@ impl Fleet {
     async fn wait_ready(&self) {
         for i in 0..2 {
             let addr = self.node(i).addr;
-            eventually(Duration::from_secs(10), "node ready", || node_version(addr)).await;
+            eventually(PATIENCE, "node ready", || node_version(addr)).await;
         }
     }
 }
@@ -217,11 +216,19 @@ async fn key_changes_reach_every_node_on_both_control_planes_within_a_second() {
         assert_eq!(models_status(node, &secret).await, Some(401), "a revoked key is refused");
     }
 
-    let listed = cli(&cp1, &["nodes", "--json"]).await.json();
-    let listed = listed["nodes"].as_array().unwrap();
-    assert_eq!(listed.len(), 2, "both replicas' nodes are listed: {listed:?}");
+    // A node serves a version before its ack reaches its replica and the replica records
+    // it: the listing catches up a moment after the nodes.
     let version = revoked["version"].as_i64().unwrap();
-    for n in listed {
+    let listed = eventually(PATIENCE, "both nodes listed at the last version", || async {
+        let listed = cli(&cp1, &["nodes", "--json"]).await.json();
+        let nodes = listed["nodes"].as_array()?.clone();
+        let caught_up = nodes.len() == 2
+            && nodes.iter().all(|n| n["applied_version"].as_i64() >= Some(version));
+        caught_up.then_some(nodes)
+    })
+    .await;
+    assert_eq!(listed.len(), 2, "both replicas' nodes are listed: {listed:?}");
+    for n in &listed {
         assert!(n["applied_version"].as_i64().unwrap() >= version, "{n}");
         assert_eq!(n["lag"], 0, "{n}");
     }
@@ -250,7 +257,7 @@ async fn nodes_serve_last_known_good_while_control_planes_are_down_and_resync_af
     let version = created["version"].as_i64().unwrap();
     for i in 0..2 {
         let addr = fleet.node(i).addr;
-        eventually(Duration::from_secs(5), "node has the key", || async {
+        eventually(PATIENCE, "node has the key", || async {
             node_version(addr).await.filter(|v| *v >= version)
         })
         .await;
@@ -260,10 +267,25 @@ async fn nodes_serve_last_known_good_while_control_planes_are_down_and_resync_af
         .await;
     }
 
+    let logged = [0, 1].map(|i| fleet.node(i).log_text().len());
     for cp in fleet.cps.iter_mut() {
         cp.take().unwrap().kill().await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Each node has found both control planes gone before it is checked for still serving:
+    // since the kill, it logged a failed session with each (its stream ended, the other one
+    // refused it).
+    for (i, logged) in logged.into_iter().enumerate() {
+        let node = fleet.node(i);
+        eventually(PATIENCE, "the node to find both control planes gone", || {
+            let since = node.log_text().get(logged..).unwrap_or_default().to_owned();
+            let ended = |cp: usize| {
+                let url = fleet.cp_url(cp);
+                since.lines().any(|l| l.contains(&url))
+            };
+            std::future::ready((ended(0) && ended(1)).then_some(()))
+        })
+        .await;
+    }
     for i in 0..2 {
         assert_eq!(
             node_version(fleet.node(i).addr).await,
@@ -274,10 +296,8 @@ async fn nodes_serve_last_known_good_while_control_planes_are_down_and_resync_af
     }
 
     // A node restarted with no control plane anywhere comes back ready from its disk.
-    let old = fleet.nodes[0].take().unwrap();
-    let listen = old.addr.to_string();
-    old.kill().await;
-    fleet.start_node(0, &listen).await;
+    fleet.nodes[0].take().unwrap().kill().await;
+    fleet.start_node(0).await;
     assert_eq!(
         node_version(fleet.node(0).addr).await,
         Some(version),
@@ -287,7 +307,7 @@ async fn nodes_serve_last_known_good_while_control_planes_are_down_and_resync_af
 
     // One control plane returns: both nodes find it and take new changes, without restarts.
     let node1_pid = fleet.node(1).child.id();
-    fleet.restart_control(1).await;
+    fleet.start_control(1).await;
     let cp1 = fleet.cp_url(1);
     let started = Instant::now();
     let second = cli(&cp1, &["keys", "create", "--name", "after-outage", "--json"]).await.json();
@@ -373,19 +393,13 @@ async fn a_nacked_update_leaves_nodes_on_their_version_and_switchyard_nodes_show
     let nodes = [fleet.node(0), fleet.node(1)];
     propagation(&nodes, version, Instant::now()).await;
 
-    etcd_put(
-        fleet.etcd.as_ref().unwrap(),
-        "/switchyard/config/keys/key_broken",
-        "{this is not json",
-    )
+    etcd_put(&fleet.etcd, "/switchyard/config/keys/key_broken", "{this is not json").await;
+    let listed = eventually(PATIENCE, "both nodes to report the rejection", || async {
+        let v = cli(&cp0, &["nodes", "--json"]).await.json();
+        let nodes = v["nodes"].as_array()?.clone();
+        (nodes.len() == 2 && nodes.iter().all(|n| n["rejected"].is_object())).then_some(nodes)
+    })
     .await;
-    let listed =
-        eventually(Duration::from_secs(5), "both nodes to report the rejection", || async {
-            let v = cli(&cp0, &["nodes", "--json"]).await.json();
-            let nodes = v["nodes"].as_array()?.clone();
-            (nodes.len() == 2 && nodes.iter().all(|n| n["rejected"].is_object())).then_some(nodes)
-        })
-        .await;
     for n in &listed {
         assert_eq!(
             n["applied_version"].as_i64().unwrap(),
@@ -417,7 +431,7 @@ async fn with_etcd_stopped_admin_writes_fail_clearly_and_nodes_keep_serving() {
     let nodes = [fleet.node(0), fleet.node(1)];
     propagation(&nodes, created["version"].as_i64().unwrap(), Instant::now()).await;
 
-    fleet.etcd.take().unwrap().stop().await;
+    fleet.etcd.stop().await;
     let out = cli(&cp0, &["keys", "create", "--name", "during"]).await;
     assert!(!out.success, "a write with the store down must fail");
     assert!(

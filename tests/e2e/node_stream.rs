@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::Value;
 use switchyard_e2e::etcd::EtcdProcess;
@@ -17,11 +17,7 @@ use switchyard_e2e::*;
 use switchyard_proto::node::v1::{self as pb, control_message, node_message};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-const WAIT: Duration = Duration::from_secs(10);
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
+const WAIT: Duration = PATIENCE;
 
 /// A control plane on `store` with extra flags (`--audit-max-entries 5`).
 async fn control(store: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {
@@ -341,7 +337,7 @@ async fn reports_work_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_cannot_be_stored_is_not_acked_and_the_stream_ends_for_a_resend() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdProcess::start().await;
+    let mut etcd = EtcdProcess::start().await;
     let store = etcd.endpoint().replace("http://", "etcd://");
     let cp = control(&store, dir.path(), "cp", &[]).await;
     let mut node = FakeNode::connect(&cp.url(), "n1").await;

@@ -196,12 +196,15 @@ async fn a_client_that_disconnects_closes_the_upstream_connection_within_a_secon
     let mut buf = vec![0u8; 4096];
     let n = socket.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let open = switchyard_e2e::http_get(gw.sim.addr, "/_sim/stats", None).await.unwrap().json();
-    assert!(
-        open["connections"]["open"].as_u64().unwrap() >= 1,
-        "the upstream stream is open: {open}"
-    );
+    switchyard_e2e::eventually(
+        switchyard_e2e::PATIENCE,
+        "the simulator to count the upstream stream as open",
+        || async {
+            let open = switchyard_e2e::http_get(gw.sim.addr, "/_sim/stats", None).await?.json();
+            (open["connections"]["open"].as_u64()? >= 1).then_some(())
+        },
+    )
+    .await;
     drop(socket);
     let gone = Instant::now();
     switchyard_e2e::eventually(

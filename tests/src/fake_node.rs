@@ -9,7 +9,7 @@ use switchyard_proto::node::v1::{
 };
 use tokio::sync::mpsc;
 
-const WAIT: Duration = Duration::from_secs(10);
+use crate::PATIENCE as WAIT;
 
 pub struct FakeNode {
     tx: mpsc::Sender<pb::NodeMessage>,
@@ -48,6 +48,7 @@ impl FakeNode {
         let beats = tx.clone();
         let heartbeat = tokio::spawn(async move {
             loop {
+                // Pacing: a real node's heartbeat period.
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let hb = pb::Heartbeat { applied_version: 0 };
                 if beats.send(msg(node_message::Msg::Heartbeat(hb))).await.is_err() {

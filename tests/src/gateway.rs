@@ -3,7 +3,6 @@
 //! are served by the simulator and a key to call them with.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -41,6 +40,8 @@ pub struct Gateway {
     /// A key with no defaults and no limits.
     pub key: String,
     pub key_id: String,
+    /// The node's port, when the test asked for one held for it.
+    pub node_port: Option<ReservedPort>,
 }
 
 pub struct GatewayOptions {
@@ -52,11 +53,20 @@ pub struct GatewayOptions {
     pub node_env: Vec<(&'static str, &'static str)>,
     /// Extra `switchyard node` flags.
     pub node_args: Vec<&'static str>,
+    /// Run the node on a port held for the whole test (else on a port of its own): for a
+    /// test that checks nothing answers there once the node is gone.
+    pub hold_node_port: bool,
 }
 
 impl Default for GatewayOptions {
     fn default() -> Self {
-        Self { breaker_policy: "", api_keys: "[]", node_env: Vec::new(), node_args: Vec::new() }
+        Self {
+            breaker_policy: "",
+            api_keys: "[]",
+            node_env: Vec::new(),
+            node_args: Vec::new(),
+            hold_node_port: false,
+        }
     }
 }
 
@@ -148,16 +158,16 @@ impl Gateway {
             created["version"].as_i64().unwrap().max(applied["version"].as_i64().unwrap());
         let node_dir = dir.path().join("node").display().to_string();
         let control = cp.url();
+        let node_port = options.hold_node_port.then(ReservedPort::new);
+        let listen = node_port.as_ref().map_or("127.0.0.1:0".to_owned(), |p| p.addr().to_string());
         let mut node_args =
-            vec!["node", "--control", &control, "--listen", "127.0.0.1:0", "--data-dir", &node_dir];
+            vec!["node", "--control", &control, "--listen", &listen, "--data-dir", &node_dir];
         node_args.extend_from_slice(&options.node_args);
         let node = Proc::start(&node_args, &options.node_env, dir.path().join("node.log")).await;
         let addr = node.addr;
-        eventually(
-            Duration::from_secs(10),
-            "the node to apply the catalog and key",
-            || async move { node_version(addr).await.filter(|v| *v >= version) },
-        )
+        eventually(PATIENCE, "the node to apply the catalog and key", || async move {
+            node_version(addr).await.filter(|v| *v >= version)
+        })
         .await;
         Gateway {
             key: created["key"].as_str().unwrap().to_owned(),
@@ -166,6 +176,7 @@ impl Gateway {
             sim,
             cp,
             node,
+            node_port,
         }
     }
 
@@ -230,7 +241,7 @@ impl Gateway {
 
     pub async fn wait_for(&self, version: i64) {
         let addr = self.node.addr;
-        eventually(Duration::from_secs(5), "the node to apply a change", || async move {
+        eventually(PATIENCE, "the node to apply a change", || async move {
             node_version(addr).await.filter(|v| *v >= version)
         })
         .await;

@@ -15,7 +15,20 @@ pub mod etcd;
 pub mod fake_node;
 pub mod gateway;
 
+/// For a process that must come back on the address it had (a control plane that nodes look
+/// for, a webhook receiver a subscription points at); every other process binds port 0 and
+/// [`Proc::start`] reads the address it bound.
+pub use etcd::port::ReservedPort;
+/// Wall-clock milliseconds since the Unix epoch, as the processes under test stamp them.
+pub use switchyard_time::now_ms;
+
 pub const ADMIN_TOKEN: &str = "e2e-admin-token-0123456789";
+
+/// How long a test waits for something that takes milliseconds on an idle machine (a
+/// process to start, a change to reach a node): generous, because the machine may be busy,
+/// and paid in full only by a test that fails. Bounds that are the behaviour under test
+/// ("within a second") are written out where they are asserted.
+pub const PATIENCE: Duration = Duration::from_secs(30);
 
 /// The `switchyard` binary cargo built next to this test (target/<profile>/switchyard).
 pub fn switchyard_bin() -> PathBuf {
@@ -50,12 +63,6 @@ pub fn python() -> PathBuf {
     venv
 }
 
-/// A free loopback port (a process binding it later may race, which tests tolerate by
-/// binding port 0 wherever they can).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A running `switchyard` server process, killed on drop.
 pub struct Proc {
     pub child: Child,
@@ -64,7 +71,8 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `switchyard ARGS` and waits for its "listening on ADDR" line on stdout.
+    /// Starts `switchyard ARGS` and waits for its "listening on ADDR" line on stdout: with
+    /// `--listen 127.0.0.1:0` the process binds a port of its own, and `addr` is where it did.
     pub async fn start(args: &[&str], envs: &[(&str, &str)], log: PathBuf) -> Proc {
         match Self::try_start(args, envs, log).await {
             Ok(proc) => proc,
@@ -72,8 +80,7 @@ impl Proc {
         }
     }
 
-    /// Like [`Proc::start`], but says why it did not start instead of panicking (callers
-    /// that picked a port in advance retry with another when it was taken meanwhile).
+    /// Like [`Proc::start`], but says why it did not start instead of panicking.
     pub async fn try_start(
         args: &[&str],
         envs: &[(&str, &str)],
@@ -95,8 +102,7 @@ impl Proc {
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
-        let deadline = Duration::from_secs(20);
-        let addr = tokio::time::timeout(deadline, async {
+        let addr = tokio::time::timeout(PATIENCE, async {
             while let Some(line) = lines.next_line().await.unwrap() {
                 if let Some((_, addr)) = line.split_once("listening on ") {
                     return addr.trim().parse::<SocketAddr>().ok();
@@ -258,6 +264,7 @@ where
         if start.elapsed() > timeout {
             panic!("timed out after {timeout:?} waiting for: {what}");
         }
+        // The polling interval.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -1,7 +1,9 @@
-//! A real, throw-away `etcd` for tests: one member on random loopback ports with a temporary
-//! data directory, killed when the handle is dropped.
+//! A real, throw-away `etcd` for tests: one member on loopback ports reserved for it (see
+//! `port.rs`: no other process can take them between reserving and etcd's bind) with a
+//! temporary data directory, killed when the handle is dropped.
 //!
-//! Self-contained (std + tokio + tempfile only) so other test crates can copy it as is:
+//! Self-contained (std + tokio + tempfile, and `port.rs` next to it) so other test crates can
+//! copy the two files as they are:
 //!
 //! ```ignore
 //! let etcd = EtcdProcess::start().await;
@@ -12,7 +14,7 @@
 //! missing binary fails the test with install instructions: these tests are never skipped.
 #![allow(dead_code, clippy::expect_used, clippy::panic)]
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -20,14 +22,18 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
+#[path = "port.rs"]
+pub mod port;
+use port::ReservedPort;
+
 /// How long a started member may take to elect itself and answer.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
-/// Attempts with fresh ports: a port picked by binding :0 can be taken before etcd binds it.
-const START_ATTEMPTS: usize = 5;
 
 pub struct EtcdProcess {
     child: Child,
     endpoint: String,
+    /// The client and peer ports, held for as long as etcd runs.
+    _ports: [ReservedPort; 2],
     /// Dropped after `child` (fields drop in order), so etcd is killed before its data dir goes.
     data: tempfile::TempDir,
 }
@@ -37,17 +43,10 @@ impl EtcdProcess {
     /// not installed or does not come up.
     pub async fn start() -> Self {
         let binary = find_binary();
-        let mut last_error = String::new();
-        for _ in 0..START_ATTEMPTS {
-            match Self::try_start(&binary).await {
-                Ok(process) => return process,
-                Err(e) => last_error = e,
-            }
+        match Self::try_start(&binary).await {
+            Ok(process) => process,
+            Err(e) => panic!("could not start etcd ({}): {e}", binary.display()),
         }
-        panic!(
-            "could not start etcd ({}) after {START_ATTEMPTS} attempts: {last_error}",
-            binary.display()
-        );
     }
 
     /// `http://127.0.0.1:PORT`, the client URL.
@@ -59,17 +58,19 @@ impl EtcdProcess {
         self.data.path()
     }
 
-    /// Kills etcd now (it is also killed on drop).
-    pub async fn stop(mut self) {
+    /// Kills etcd now (it is also killed on drop). Its ports stay held until the handle is
+    /// dropped: whoever still connects there is refused, rather than meeting another
+    /// process that took a freed port.
+    pub async fn stop(&mut self) {
         let _ = self.child.kill().await;
     }
 
     async fn try_start(binary: &Path) -> Result<Self, String> {
         let data = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-        let client = free_port()?;
-        let peer = free_port()?;
-        let client_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
+        let reserve = || ReservedPort::try_new().map_err(|e| format!("reserving a port: {e}"));
+        let (client, peer) = (reserve()?, reserve()?);
+        let client_url = format!("http://{}", client.addr());
+        let peer_url = format!("http://{}", peer.addr());
         let log_path = data.path().join("etcd.log");
         let log = std::fs::File::create(&log_path).map_err(|e| format!("log file: {e}"))?;
         let log_err = log.try_clone().map_err(|e| format!("log file: {e}"))?;
@@ -95,14 +96,14 @@ impl EtcdProcess {
             .map_err(|e| format!("spawning {}: {e}", binary.display()))?;
 
         let started = Instant::now();
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, client));
+        let addr = client.addr();
         loop {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read_to_string(&log_path).unwrap_or_default();
                 return Err(format!("etcd exited with {status}; its log:\n{}", tail(&log)));
             }
             if healthy(addr).await {
-                return Ok(Self { child, endpoint: client_url, data });
+                return Ok(Self { child, endpoint: client_url, _ports: [client, peer], data });
             }
             if started.elapsed() > READY_TIMEOUT {
                 let _ = child.kill().await;
@@ -112,6 +113,7 @@ impl EtcdProcess {
                     tail(&log)
                 ));
             }
+            // Polling interval of the health check.
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -147,12 +149,6 @@ fn find_binary() -> PathBuf {
         "etcd is required by this test but was not found (looked for `etcd` on PATH and at \
          /usr/bin/etcd). {INSTALL_HINT}"
     );
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("binding a port: {e}"))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| format!("reading the port: {e}"))
 }
 
 /// etcd's `/health` is true only once the member has a leader and serves requests.
