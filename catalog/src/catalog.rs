@@ -1,4 +1,4 @@
-//! The model catalog: what `switchyard apply -f catalog.yaml` declares (DESIGN §2).
+//! The model catalog: what `switchyard apply -f catalog.yaml` declares (docs/catalog.md).
 //!
 //! Parsing is strict (`deny_unknown_fields`: a typo fails loudly, naming the field);
 //! [`Catalog::validate`] then checks what serde cannot: references between sections,
@@ -9,7 +9,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CredentialRef, FieldError, ValidationErrors};
+use crate::credential::CredentialRef;
+use crate::error::{FieldError, ValidationErrors};
 
 pub const STALL_TIMEOUT_MS_DEFAULT: u32 = 30_000;
 pub const STALL_TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 600_000);
