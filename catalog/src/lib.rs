@@ -6,6 +6,7 @@
 //! `switchyard apply` can name the file, the YAML path and the field.
 #![forbid(unsafe_code)]
 
+pub mod address;
 pub mod catalog;
 pub mod credential;
 pub mod error;

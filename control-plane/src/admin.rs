@@ -308,15 +308,16 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::ApplyCatalogResponse>, Status> {
         let request = request.into_inner();
         let deserializer = &mut serde_json::Deserializer::from_str(&request.catalog_json);
-        let new: Catalog = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let mut new: Catalog = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
             AdminError::from(ValidationErrors(vec![FieldError::new(
                 path,
                 e.into_inner().to_string(),
             )]))
         })?;
-        new.validate().map_err(AdminError::from)?;
         let (old, old_rev) = self.load_catalog().await?;
+        new.restore_redacted(&old);
+        new.validate().map_err(AdminError::from)?;
         if let Some(expected) = request.expected_version
             && expected != old_rev
         {
@@ -364,7 +365,9 @@ impl Admin for AdminService {
         _request: Request<pb::GetCatalogRequest>,
     ) -> Result<Response<pb::GetCatalogResponse>, Status> {
         let (catalog, version) = self.load_catalog().await?;
-        let catalog_json = serde_json::to_string(&catalog)
+        // Credentials in webhook URLs are not shown; an apply of what was read puts them
+        // back (`Catalog::restore_redacted`).
+        let catalog_json = serde_json::to_string(&catalog.redacted())
             .map_err(|e| AdminError::Corrupt { what: "catalog".into(), reason: e.to_string() })?;
         Ok(Response::new(pb::GetCatalogResponse { catalog_json, version }))
     }
@@ -791,4 +794,79 @@ fn new_key_id() -> String {
 
 fn hint(secret: &str) -> String {
     secret.chars().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+
+    async fn service(dir: &std::path::Path) -> AdminService {
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir).await.unwrap());
+        AdminService { store, layout: Layout::new("/t"), cache: ConfigCache::new() }
+    }
+
+    fn catalog_with_webhook(url: &str) -> String {
+        serde_json::json!({
+            "webhooks": [{"name": "oncall", "url": url, "events": ["*"]}]
+        })
+        .to_string()
+    }
+
+    async fn apply(admin: &AdminService, json: String) -> Result<pb::ApplyCatalogResponse, Status> {
+        let request = pb::ApplyCatalogRequest { catalog_json: json, ..Default::default() };
+        admin.apply_catalog(Request::new(request)).await.map(Response::into_inner)
+    }
+
+    async fn read(admin: &AdminService) -> String {
+        let reply = admin.get_catalog(Request::new(pb::GetCatalogRequest {})).await.unwrap();
+        reply.into_inner().catalog_json
+    }
+
+    #[tokio::test]
+    async fn listings_redact_webhook_url_credentials_and_keep_them_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        let url = "https://alice:s3cret@hooks.example.com/x";
+        assert!(apply(&admin, catalog_with_webhook(url)).await.unwrap().applied);
+
+        let shown = read(&admin).await;
+        assert!(!shown.contains("s3cret") && !shown.contains("alice"), "{shown}");
+        assert!(shown.contains("https://***@hooks.example.com/x"), "{shown}");
+
+        // What was read, applied again (as `webhooks enable` and friends do), changes
+        // nothing: the stored URL keeps its credentials.
+        let again = apply(&admin, shown).await.unwrap();
+        assert!(again.changes.is_empty(), "{:?}", again.changes);
+        let (stored, _) = admin.load_catalog().await.unwrap();
+        assert_eq!(stored.webhooks[0].url, url);
+    }
+
+    #[tokio::test]
+    async fn apply_refuses_private_webhook_targets_in_every_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        for url in [
+            "http://x@127.0.0.1:9000/hook",
+            "http://2130706433:9000/",
+            "http://0x7f000001:9000/",
+            "http://127.1:9000/",
+            "http://[::ffff:127.0.0.1]:9000/",
+            "http://[::7f00:1]:9000/",
+            "http://[64:ff9b::7f00:1]:9000/",
+            "http://198.18.0.1/",
+            "http://224.0.0.1/",
+        ] {
+            let status = apply(&admin, catalog_with_webhook(url)).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{url}");
+            assert!(
+                status.message().starts_with("webhooks[0].url:"),
+                "{url}: {}",
+                status.message()
+            );
+        }
+        let upper = apply(&admin, catalog_with_webhook("HTTP://hooks.example.com/x")).await;
+        assert!(upper.is_ok_and(|r| r.applied), "an upper-case scheme is http");
+    }
 }

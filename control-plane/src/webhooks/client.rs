@@ -1,9 +1,13 @@
 //! One webhook request: the HTTP client, the SSRF guard, and how a response is classified.
 //!
 //! SSRF: the catalog refuses private IP literals and `localhost` at apply time unless the
-//! subscription is `internal`; names are checked here, by the connector's own resolver,
-//! so the addresses checked are the addresses connected to (a name re-pointed at a private
-//! address between a check and the connect, DNS rebinding, gains nothing).
+//! subscription is `internal`. At delivery both are checked again on the URL as the `url`
+//! crate parses it, and the request goes to that parsed URL (credentials removed), so the
+//! host checked is the host connected to whatever form the text gave it (`x@127.0.0.1`,
+//! `0x7f000001`, `[::ffff:127.0.0.1]`). Names are checked by the connector's own resolver,
+//! which drops every non-public address a name resolves to, so the addresses checked are
+//! the addresses connected to (a name re-pointed at a private address between a check and
+//! the connect, DNS rebinding, gains nothing).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,7 +22,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
 
-use switchyard_catalog::catalog::is_private_ip;
+use switchyard_catalog::address::{self, is_private_ip};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,11 +112,12 @@ pub struct Request<'a> {
 }
 
 pub async fn send(client: &WebhookClient, req: Request<'_>) -> Outcome {
-    if let Some(error) = literal_guard(req.url, req.internal) {
-        return Outcome::Retry { status: 0, error, retry_after: None };
-    }
+    let uri = match target(req.url, req.internal) {
+        Ok(uri) => uri,
+        Err(error) => return Outcome::Retry { status: 0, error, retry_after: None },
+    };
     let timestamp = crate::nodes::now_ms().div_euclid(1000);
-    let mut builder = http::Request::post(req.url)
+    let mut builder = http::Request::post(uri)
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(
             http::header::USER_AGENT,
@@ -166,24 +171,17 @@ fn parse_retry_after(text: &str) -> Option<Duration> {
     text.trim().parse::<u64>().ok().map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
 }
 
-/// The connector skips the resolver for IP literals, so they are checked here.
-fn literal_guard(url: &str, internal: bool) -> Option<String> {
-    if internal {
-        return None;
-    }
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
-    };
-    if switchyard_catalog::catalog::is_private_host(host) {
-        Some(format!(
-            "{host} is a private or loopback address; set `internal: true` on the subscription to allow it"
-        ))
-    } else {
-        None
-    }
+/// The URI a delivery goes to: the subscription's URL as the `url` crate parses it, with any
+/// user name and password removed (hyper would not send them, and they must not reach a
+/// log line). Unless `internal`, a host that is not public is refused here: the connector
+/// skips the resolver for IP literals, so the resolver's check never sees them.
+fn target(url: &str, internal: bool) -> Result<http::Uri, String> {
+    let mut parsed = address::check_webhook_url(url, internal)
+        .map_err(|e| format!("{}: {e}", address::redact_userinfo(url)))?;
+    // Both succeed on an http(s) URL with a host, which `check_webhook_url` ensured.
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    http::Uri::try_from(parsed.as_str()).map_err(|e| format!("invalid URL: {e}"))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -233,12 +231,70 @@ mod tests {
         assert!(ok.is_ok_and(|mut addrs| addrs.all(|a| a.ip().is_loopback())));
     }
 
+    /// Every form of a non-public target (the same table the catalog's apply-time test
+    /// uses), refused at delivery before any connection is made.
+    const PRIVATE_TARGETS: &[&str] = &[
+        "http://127.0.0.1:9000/hook",
+        "http://x@127.0.0.1:9000/hook",
+        "http://user:pw@127.0.0.1:9000/hook",
+        "http://hooks.example.com@127.0.0.1:9000/hook",
+        "http://2130706433:9000/",
+        "http://0x7f000001:9000/",
+        "http://0177.0.0.1:9000/",
+        "http://0177.1:9000/",
+        "http://127.1:9000/",
+        "HTTP://127.0.0.1:9000/hook",
+        "http://localhost:9000/",
+        "http://[::1]:9000/",
+        "http://[::]:9000/",
+        "http://0.0.0.0:9000/",
+        "http://[::ffff:127.0.0.1]:9000/",
+        "http://[::7f00:1]:9000/",
+        "http://[64:ff9b::7f00:1]:9000/",
+        "http://[fc00::1]/",
+        "http://[fd12:3456::1]/",
+        "http://[fe80::1]/",
+        "http://[ff02::1]/",
+        "http://10.1.2.3/",
+        "http://172.16.0.1/",
+        "http://192.168.1.1/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://100.64.0.1/",
+        "http://198.18.0.1/",
+        "http://224.0.0.1/",
+        "http://255.255.255.255/",
+        "http://192.0.2.1/",
+        "http://198.51.100.1/",
+        "http://203.0.113.1/",
+    ];
+
     #[test]
-    fn private_literals_are_refused_unless_internal() {
-        assert!(literal_guard("http://127.0.0.1:9/x", false).is_some());
-        assert!(literal_guard("http://[::1]:9/x", false).is_some());
-        assert!(literal_guard("http://10.1.2.3/x", false).is_some());
-        assert!(literal_guard("http://127.0.0.1:9/x", true).is_none());
-        assert!(literal_guard("https://hooks.example.com/x", false).is_none());
+    fn every_form_of_a_private_target_is_refused_at_delivery_unless_internal() {
+        for url in PRIVATE_TARGETS {
+            let refused = target(url, false);
+            assert!(
+                refused.as_ref().is_err_and(|e| e.contains("internal: true")),
+                "{url}: {refused:?}"
+            );
+            assert!(!refused.unwrap_err().contains("pw@"), "credentials stay out of errors");
+            assert!(target(url, true).is_ok(), "{url} is allowed when internal");
+        }
+    }
+
+    #[test]
+    fn the_request_goes_to_the_parsed_host_without_credentials() {
+        for (url, uri) in [
+            ("http://x@127.0.0.1:9000/hook", "http://127.0.0.1:9000/hook"),
+            ("http://0x7f000001:9000/a?b=1", "http://127.0.0.1:9000/a?b=1"),
+            ("http://2130706433:9000/", "http://127.0.0.1:9000/"),
+            ("HTTP://user:pw@Hooks.Example.com/x", "http://hooks.example.com/x"),
+        ] {
+            assert_eq!(target(url, true).map(|u| u.to_string()), Ok(uri.to_owned()), "{url}");
+        }
+        assert_eq!(
+            target("https://u:p@hooks.example.com/x", false).map(|u| u.to_string()),
+            Ok("https://hooks.example.com/x".to_owned())
+        );
+        assert!(target("ftp://hooks.example.com/x", false).is_err());
     }
 }
