@@ -17,11 +17,12 @@ use switchyard_catalog::{
     ValidationErrors,
 };
 use switchyard_proto::admin::v1::{self as pb, admin_server::Admin};
+use switchyard_time::now_ms;
 
 use crate::audit;
 use crate::fanout::ConfigCache;
 use crate::layout::Layout;
-use crate::nodes::{NodeRecord, now_ms};
+use crate::nodes::NodeRecord;
 use crate::reports::{BreakerRecord, UsageRecord};
 use crate::store::{Compare, KeyValue, Revision, Store, StoreError, Txn, TxnOp};
 use crate::webhooks::{DeadLetter, OutboxEntry, SubscriptionState};

@@ -17,9 +17,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use switchyard_proto::node::v1 as pb;
+use switchyard_time::now_ms;
 
 use crate::layout::Layout;
-use crate::nodes::now_ms;
 use crate::store::election::{self, Leadership};
 use crate::store::{
     Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Revision, Store, StoreError,
@@ -296,28 +296,6 @@ pub fn is_new(kind: EventKind, kv: &KeyValue) -> bool {
     kind == EventKind::Put && kv.version == 1
 }
 
-/// `--audit-max-age`: `30s`, `15m`, `12h`, `7d`, or plain seconds.
-pub fn parse_max_age(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => text.split_at(i),
-        None => (text, "s"),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a duration like 7d"))?;
-    let secs = match unit {
-        "s" => Some(n),
-        "m" => n.checked_mul(60),
-        "h" => n.checked_mul(3_600),
-        "d" => n.checked_mul(86_400),
-        _ => return Err(format!("unknown unit {unit:?} in {text:?}; use s, m, h or d")),
-    };
-    match secs {
-        Some(0) => Err("the maximum age must be more than zero".to_owned()),
-        Some(secs) => Ok(Duration::from_secs(secs)),
-        None => Err(format!("{text:?} is too long")),
-    }
-}
-
 // === retention ===
 
 /// Campaigns for the audit-retention election with the replica's `lease` and, while
@@ -492,16 +470,6 @@ async fn prune(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn max_age_takes_units_and_plain_seconds() {
-        assert_eq!(parse_max_age("7d"), Ok(Duration::from_secs(604_800)));
-        assert_eq!(parse_max_age("90"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_max_age("15m"), Ok(Duration::from_secs(900)));
-        assert!(parse_max_age("0s").is_err());
-        assert!(parse_max_age("3w").unwrap_err().contains("unknown unit"));
-        assert!(parse_max_age("d").is_err());
-    }
 
     #[tokio::test]
     async fn prune_reads_page_after_page_until_both_bounds_hold() {

@@ -18,7 +18,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures_util::Stream;
 use serde::{Deserialize, Serialize};
@@ -29,6 +29,7 @@ use tracing::{debug, info, warn};
 use switchyard_proto::node::v1::{
     self as pb, control_message, node_control_server::NodeControl, node_message,
 };
+use switchyard_time::now_ms;
 
 use crate::audit::{self, AuditEvent};
 use crate::auth::TokenCheck;
@@ -68,10 +69,6 @@ pub struct NodeRecord {
 pub struct Rejected {
     pub version: Revision,
     pub error: String,
-}
-
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 pub struct NodeShared {

@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use switchyard_proto::node::v1 as pb;
+use switchyard_time::now_ms;
 
 use crate::layout::Layout;
-use crate::nodes::now_ms;
 use crate::store::{Compare, LeaseId, Revision, Store, StoreError, Txn, TxnOp};
 use crate::webhooks::{Interest, OutboxEntry};
 

@@ -23,6 +23,7 @@ use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
 
 use switchyard_catalog::address::{self, is_private_ip};
+use switchyard_time::now_ms;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -116,7 +117,7 @@ pub async fn send(client: &WebhookClient, req: Request<'_>) -> Outcome {
         Ok(uri) => uri,
         Err(error) => return Outcome::Retry { status: 0, error, retry_after: None },
     };
-    let timestamp = crate::nodes::now_ms().div_euclid(1000);
+    let timestamp = now_ms().div_euclid(1000);
     let mut builder = http::Request::post(uri)
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(
@@ -166,9 +167,9 @@ fn classify(status: u16, retry_after: Option<Duration>) -> Outcome {
     }
 }
 
-/// Seconds only; an HTTP-date is rare from webhook receivers and falls back to our backoff.
+/// Delay-seconds or an HTTP-date, capped at [`MAX_RETRY_AFTER`].
 fn parse_retry_after(text: &str) -> Option<Duration> {
-    text.trim().parse::<u64>().ok().map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
+    switchyard_time::retry_after(text, std::time::SystemTime::now()).map(|d| d.min(MAX_RETRY_AFTER))
 }
 
 /// The URI a delivery goes to: the subscription's URL as the `url` crate parses it, with any
@@ -215,10 +216,21 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_is_seconds_and_capped() {
+    fn retry_after_is_seconds_or_a_date_and_capped() {
         assert_eq!(parse_retry_after(" 7 "), Some(Duration::from_secs(7)));
         assert_eq!(parse_retry_after("999999"), Some(MAX_RETRY_AFTER));
-        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
+        let soon = httpdate_in(Duration::from_secs(120));
+        let wait = parse_retry_after(&soon).unwrap_or_default();
+        assert!(
+            wait > Duration::from_secs(110) && wait <= Duration::from_secs(120),
+            "{soon}: {wait:?}"
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    fn httpdate_in(d: Duration) -> String {
+        httpdate::fmt_http_date(std::time::SystemTime::now() + d)
     }
 
     #[tokio::test]

@@ -37,6 +37,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use switchyard_catalog::{Catalog, Webhook};
+use switchyard_time::{now_ms, rfc3339_ms};
 
 use crate::audit::AuditEvent;
 use crate::fanout::ConfigCache;
@@ -159,7 +160,7 @@ impl OutboxEntry {
     pub fn node_disconnected(node_id: &str, disconnected_unix_ms: i64, grace_ms: u64) -> Self {
         let digest = Sha256::digest(format!("{node_id}\n{disconnected_unix_ms}").as_bytes());
         let id = format!("nod_{}", hex(&digest[..12]));
-        let now = crate::nodes::now_ms();
+        let now = now_ms();
         Self {
             data: json!({
                 "event_id": id,
@@ -193,7 +194,7 @@ impl OutboxEntry {
 
     /// A Standard Webhooks payload: `{type, timestamp, data}`.
     pub fn payload(&self) -> serde_json::Value {
-        json!({"type": self.event_type, "timestamp": rfc3339(self.at_unix_ms), "data": self.data})
+        json!({"type": self.event_type, "timestamp": rfc3339_ms(self.at_unix_ms), "data": self.data})
     }
 }
 
@@ -339,15 +340,6 @@ pub fn batch_id(ids: &[&str]) -> String {
     format!("batch_{}", hex(&digest[..12]))
 }
 
-/// `2026-12-02T13:52:37.123Z`.
-pub fn rfc3339(unix_ms: i64) -> String {
-    let t = switchyard_catalog::time::Utc::from_unix_ms(unix_ms);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-        t.year, t.month, t.day, t.hour, t.minute, t.second, t.millis
-    )
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -371,12 +363,6 @@ mod tests {
         assert_eq!(signing_key("plain").unwrap(), b"plain");
         assert!(signing_key("whsec_!!").is_err());
         assert!(signing_key("").is_err());
-    }
-
-    #[test]
-    fn timestamps_are_rfc3339_utc() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(1_796_219_557_123), "2026-12-02T13:52:37.123Z");
     }
 
     #[test]
