@@ -17,15 +17,17 @@ use switchyard_catalog::{
     ValidationErrors,
 };
 use switchyard_proto::admin::v1::{self as pb, admin_server::Admin};
+
 use switchyard_time::now_ms;
 
 use crate::audit;
+use crate::events::{AuditEvent, BreakerRecord, OutboxEntry};
 use crate::fanout::ConfigCache;
-use crate::layout::Layout;
+use crate::layout::{Layout, MAX_TXN_OPS};
 use crate::nodes::NodeRecord;
-use crate::reports::{BreakerRecord, UsageRecord};
+use crate::reports::UsageRecord;
 use crate::store::{Compare, KeyValue, Revision, Store, StoreError, Txn, TxnOp};
-use crate::webhooks::{DeadLetter, OutboxEntry, SubscriptionState};
+use crate::webhooks::{DeadLetter, SubscriptionState};
 
 /// Events `ListEvents` sends first when the request names no limit.
 const DEFAULT_EVENTS_LIMIT: usize = 100;
@@ -213,7 +215,7 @@ impl Admin for AdminService {
             n => n as usize,
         };
         let key_id = request.key_id;
-        let wanted = move |e: &audit::AuditEvent| key_id.is_empty() || e.key_id == key_id;
+        let wanted = move |e: &AuditEvent| key_id.is_empty() || e.key_id == key_id;
         let prefix = self.layout.audit_prefix();
         let listing = self.store.list(&prefix).await.map_err(AdminError::from)?;
         // Keys sort by time, so the newest `limit` are the tail, already oldest-first.
@@ -674,7 +676,7 @@ impl Admin for AdminService {
         }
         let now = now_ms();
         let requeued = queue.len() as u32;
-        for chunk in queue.chunks(crate::audit::MAX_TXN_OPS / 2) {
+        for chunk in queue.chunks(MAX_TXN_OPS / 2) {
             let mut ops = Vec::new();
             for (entry, dead_key) in chunk {
                 let mut entry = entry.clone();

@@ -25,6 +25,8 @@ use hyper_util::rt::TokioExecutor;
 use switchyard_catalog::address::{self, is_private_ip};
 use switchyard_time::now_ms;
 
+use super::signing::sign;
+
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Receivers' answers are read (so connections are reused) up to this size.
@@ -127,8 +129,7 @@ pub async fn send(client: &WebhookClient, req: Request<'_>) -> Outcome {
         .header("webhook-id", req.id)
         .header("webhook-timestamp", timestamp.to_string());
     if let Some(key) = req.signing_key {
-        builder =
-            builder.header("webhook-signature", super::sign(key, req.id, timestamp, &req.body));
+        builder = builder.header("webhook-signature", sign(key, req.id, timestamp, &req.body));
     }
     let request = match builder.body(Full::new(req.body)) {
         Ok(r) => r,

@@ -44,10 +44,11 @@ use switchyard_catalog::{Catalog, Webhook};
 use switchyard_time::now_ms;
 
 use super::client::{self, Outcome, WebhookClient};
-use super::{DeadLetter, OutboxEntry, PendingDelivery, SubscriptionState, batch_id, signing_key};
-use crate::audit::MAX_TXN_OPS;
+use super::signing::{batch_id, signing_key};
+use super::state::{DeadLetter, PendingDelivery, SubscriptionState};
+use crate::events::OutboxEntry;
 use crate::fanout::ConfigCache;
-use crate::layout::{self, Layout};
+use crate::layout::{self, Layout, MAX_TXN_OPS};
 use crate::store::election::{self, Leadership};
 use crate::store::{
     Compare, CompareOp, CompareTarget, EventKind, LeaseId, Listing, Revision, Store, StoreError,
