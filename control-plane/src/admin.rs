@@ -23,11 +23,11 @@ use switchyard_time::now_ms;
 use crate::audit;
 use crate::events::{AuditEvent, BreakerRecord, OutboxEntry};
 use crate::fanout::ConfigCache;
-use crate::layout::{Layout, MAX_TXN_OPS};
+use crate::layout::Layout;
 use crate::nodes::NodeRecord;
 use crate::reports::UsageRecord;
 use crate::store::{Compare, KeyValue, Revision, Store, StoreError, Txn, TxnOp};
-use crate::webhooks::{DeadLetter, SubscriptionState};
+use crate::webhooks::{self, DeadLetter, RedeliverError, SubscriptionState};
 
 /// Events `ListEvents` sends first when the request names no limit.
 const DEFAULT_EVENTS_LIMIT: usize = 100;
@@ -619,87 +619,28 @@ impl Admin for AdminService {
         request: Request<pb::RedeliverRequest>,
     ) -> Result<Response<pb::RedeliverResponse>, Status> {
         let request = request.into_inner();
-        let name = request.webhook;
         let (catalog, _) = self.load_catalog().await?;
-        if !catalog.webhooks.iter().any(|w| w.name == name) {
-            return Err(
-                AdminError::NotFound(format!("no webhook named {name:?} in the catalog")).into()
-            );
-        }
-        if request.event_ids.is_empty() && !request.all_dead {
-            return Err(invalid(
-                "event_ids",
-                "name events to redeliver, or ask for every dead letter",
-            )
-            .into());
-        }
-        // (entry, the dead letter's key to remove)
-        let mut queue: Vec<(OutboxEntry, Option<String>)> = Vec::new();
-        let mut not_found = Vec::new();
-        if request.all_dead {
-            let dead = self
-                .store
-                .list(&self.layout.dead_letters_prefix(&name))
-                .await
-                .map_err(AdminError::from)?;
-            for kv in dead.kvs {
-                let letter: DeadLetter = decode(&kv.value, "dead letter")?;
-                queue.push((letter.entry, Some(kv.key)));
+        let done = webhooks::redeliver(
+            self.store.as_ref(),
+            &self.layout,
+            &catalog,
+            &request.webhook,
+            request.event_ids,
+            request.all_dead,
+        )
+        .await
+        .map_err(|e| match e {
+            RedeliverError::UnknownWebhook(_) => AdminError::NotFound(e.to_string()),
+            RedeliverError::NothingNamed => invalid("event_ids", e.to_string()),
+            RedeliverError::Store(e) => AdminError::Store(e),
+            RedeliverError::Corrupt { what, reason } => {
+                AdminError::Corrupt { what: what.to_owned(), reason }
             }
-        }
-        let mut audit_log = None;
-        for id in request.event_ids {
-            if queue.iter().any(|(e, _)| e.id == id) {
-                continue;
-            }
-            let key = self.layout.dead_letter(&name, &id);
-            if let Some(kv) = self.store.get(&key).await.map_err(AdminError::from)? {
-                let letter: DeadLetter = decode(&kv.value, "dead letter")?;
-                queue.push((letter.entry, Some(key)));
-                continue;
-            }
-            // Not dead: a failover event still in the audit log can be sent again.
-            if audit_log.is_none() {
-                audit_log = Some(
-                    self.store.list(&self.layout.audit_prefix()).await.map_err(AdminError::from)?,
-                );
-            }
-            let found = audit_log
-                .iter()
-                .flat_map(|l| l.kvs.iter())
-                .filter_map(audit::decode)
-                .find(|e| e.id == id);
-            match found {
-                Some(event) => queue.push((OutboxEntry::failover(&event, now_ms()), None)),
-                None => not_found.push(id),
-            }
-        }
-        let now = now_ms();
-        let requeued = queue.len() as u32;
-        for chunk in queue.chunks(MAX_TXN_OPS / 2) {
-            let mut ops = Vec::new();
-            for (entry, dead_key) in chunk {
-                let mut entry = entry.clone();
-                entry.only = vec![name.clone()];
-                entry.enqueued_unix_ms = now;
-                // A key of its own: the original entry may still wait for other subscriptions.
-                let key = self.layout.outbox(now, &format!("{}~redeliver~{name}", entry.id));
-                let value = serde_json::to_vec(&entry).map_err(|e| AdminError::Corrupt {
-                    what: "outbox entry".into(),
-                    reason: e.to_string(),
-                })?;
-                ops.push(TxnOp::Put { key, value, lease: None });
-                if let Some(dead_key) = dead_key {
-                    ops.push(TxnOp::Delete { key: dead_key.clone() });
-                }
-            }
-            self.store
-                .txn(Txn { compare: vec![], success: ops, failure: vec![] })
-                .await
-                .map_err(AdminError::from)?;
-        }
-        info!(webhook = %name, requeued, "webhook events queued for redelivery");
-        Ok(Response::new(pb::RedeliverResponse { requeued, not_found }))
+        })?;
+        Ok(Response::new(pb::RedeliverResponse {
+            requeued: done.requeued,
+            not_found: done.not_found,
+        }))
     }
 
     async fn list_nodes(

@@ -26,14 +26,17 @@
 //!
 //! ## Delivery
 //! See [`deliver`]: per-subscription workers, bounded concurrency, request timeout,
-//! exponential backoff with full jitter, dead letters after `max_age`.
+//! exponential backoff with full jitter, dead letters after `max_age`. [`redeliver()`] queues
+//! dead letters (or audit-log events) again for one subscription.
 
 pub mod client;
 pub mod deliver;
+pub mod redeliver;
 pub mod signing;
 pub mod state;
 
 pub use deliver::{DeliveryOptions, run};
+pub use redeliver::{RedeliverError, Redelivered, redeliver};
 pub use signing::{SignError, batch_id, sign, signing_key};
 pub use state::{DeadLetter, PendingDelivery, SubscriptionState};
 
