@@ -310,4 +310,72 @@ mod tests {
         );
         assert!(target("ftp://hooks.example.com/x", false).is_err());
     }
+
+    /// A receiver on loopback that answers 204 to every request and reports each request
+    /// head it read.
+    async fn receiver() -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = tx.send(String::from_utf8_lossy(&head).into_owned());
+                    let _ = conn.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await;
+                });
+            }
+        });
+        (port, rx)
+    }
+
+    #[tokio::test]
+    async fn a_disguised_loopback_target_is_never_connected_to_unless_internal() {
+        let (port, mut requests) = receiver().await;
+        let forms = [
+            format!("http://x@127.0.0.1:{port}/hook"),
+            format!("http://user:pw@127.0.0.1:{port}/hook"),
+            format!("http://2130706433:{port}/hook"),
+            format!("http://0x7f000001:{port}/hook"),
+            format!("http://0177.0.0.1:{port}/hook"),
+            format!("http://127.1:{port}/hook"),
+            format!("HTTP://127.0.0.1:{port}/hook"),
+        ];
+        fn request(url: &str, internal: bool) -> Request<'_> {
+            Request {
+                url,
+                internal,
+                id: "msg_1",
+                signing_key: None,
+                body: Bytes::from_static(b"{}"),
+                timeout: Duration::from_secs(5),
+            }
+        }
+        let guarded = build(false);
+        let open = build(true);
+        for url in &forms {
+            let outcome = send(&guarded, request(url, false)).await;
+            assert!(
+                matches!(&outcome, Outcome::Retry { status: 0, error, .. } if error.contains("internal: true")),
+                "{url}: {outcome:?}"
+            );
+            // The refusal comes before any connection: nothing reached the receiver. (A
+            // request sent would be read before `send` returned its answer.)
+            assert!(requests.try_recv().is_err(), "{url} reached the receiver");
+
+            assert_eq!(send(&open, request(url, true)).await, Outcome::Delivered { status: 204 });
+            let head = requests.recv().await.unwrap();
+            assert!(head.starts_with("POST /hook HTTP/1.1"), "{url}: {head}");
+            assert!(!head.contains("pw") && !head.contains("x@"), "no credentials sent: {head}");
+        }
+    }
 }
