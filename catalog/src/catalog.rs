@@ -251,7 +251,9 @@ impl Catalog {
         for (i, p) in self.providers.iter().enumerate() {
             let path = format!("providers[{i}]");
             name_rule(&p.name, &format!("{path}.name"), &mut seen, &mut errors);
-            if let Err(e) = address::parse_http_url(&p.base_url) {
+            if address::is_redacted(&p.base_url) {
+                errors.push(FieldError::new(format!("{path}.base_url"), REDACTED_NOT_RESTORED));
+            } else if let Err(e) = address::parse_http_url(&p.base_url) {
                 errors.push(FieldError::new(format!("{path}.base_url"), e.to_string()));
             }
             if let Some(region) = &p.region
@@ -316,11 +318,7 @@ impl Catalog {
             let path = format!("webhooks[{i}]");
             name_rule(&w.name, &format!("{path}.name"), &mut seen, &mut errors);
             if address::is_redacted(&w.url) {
-                errors.push(FieldError::new(
-                    format!("{path}.url"),
-                    "its credentials were hidden (`***`) when the catalog was read, and no \
-                     webhook of this name and URL is stored to take them from; write them out",
-                ));
+                errors.push(FieldError::new(format!("{path}.url"), REDACTED_NOT_RESTORED));
             } else if let Err(e) = address::check_webhook_url(&w.url, w.internal) {
                 errors.push(FieldError::new(format!("{path}.url"), e.to_string()));
             }
@@ -375,6 +373,9 @@ impl Catalog {
     /// The catalog as listings show it: credentials in webhook URLs replaced by `***`.
     pub fn redacted(&self) -> Catalog {
         let mut catalog = self.clone();
+        for p in &mut catalog.providers {
+            p.base_url = address::redact_userinfo(&p.base_url);
+        }
         for w in &mut catalog.webhooks {
             w.url = address::redact_userinfo(&w.url);
         }
@@ -382,21 +383,31 @@ impl Catalog {
     }
 
     /// Puts back the credentials [`Catalog::redacted`] hid, from the `stored` catalog: a
-    /// webhook whose URL is the redacted form of the stored webhook of the same name gets
-    /// the stored URL. So a catalog read, edited and applied again keeps its credentials
-    /// without anyone seeing them; a redacted URL with nothing to restore from is refused
-    /// by [`Catalog::validate`].
+    /// webhook (provider) whose URL is the redacted form of the stored webhook's (provider's)
+    /// of the same name gets the stored URL. So a catalog read, edited and applied again
+    /// keeps its credentials without anyone seeing them; a redacted URL with nothing to
+    /// restore from is refused by [`Catalog::validate`].
     pub fn restore_redacted(&mut self, stored: &Catalog) {
-        for w in &mut self.webhooks {
-            if !address::is_redacted(&w.url) {
-                continue;
-            }
-            if let Some(old) = stored.webhooks.iter().find(|o| o.name == w.name)
-                && address::redact_userinfo(&old.url) == w.url
-            {
-                w.url.clone_from(&old.url);
-            }
+        for p in &mut self.providers {
+            let old = stored.provider(&p.name).map(|o| o.base_url.as_str());
+            restore(&mut p.base_url, old);
         }
+        for w in &mut self.webhooks {
+            let old = stored.webhooks.iter().find(|o| o.name == w.name).map(|o| o.url.as_str());
+            restore(&mut w.url, old);
+        }
+    }
+}
+
+const REDACTED_NOT_RESTORED: &str = "its credentials were hidden (`***`) when the catalog was \
+     read, and no stored entry of this name and URL holds them; write them out";
+
+fn restore(url: &mut String, stored: Option<&str>) {
+    if let Some(stored) = stored
+        && address::is_redacted(url)
+        && address::redact_userinfo(stored) == *url
+    {
+        *url = stored.to_owned();
     }
 }
 
@@ -555,6 +566,17 @@ mod tests {
         moved.webhooks[0].url = "https://***@elsewhere.example.com/x".into();
         moved.restore_redacted(&stored);
         assert_eq!(moved.validate().unwrap_err().0[0].path, "webhooks[0].url");
+
+        // Provider base URLs the same way.
+        stored.providers[0].base_url = "https://proxy:pw@gw.example.com/v1".into();
+        let shown = stored.redacted();
+        assert_eq!(shown.providers[0].base_url, "https://***@gw.example.com/v1");
+        let mut again = shown.clone();
+        again.restore_redacted(&stored);
+        assert_eq!(again, stored);
+        let mut fresh = shown;
+        fresh.restore_redacted(&Catalog::default());
+        assert_eq!(fresh.validate().unwrap_err().0[0].path, "providers[0].base_url");
     }
 
     #[test]
