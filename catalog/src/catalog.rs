@@ -1,15 +1,16 @@
-//! The model catalog: what `switchyard apply -f catalog.yaml` declares (DESIGN §2).
+//! The model catalog: what `switchyard apply -f catalog.yaml` declares (docs/catalog.md).
 //!
 //! Parsing is strict (`deny_unknown_fields`: a typo fails loudly, naming the field);
 //! [`Catalog::validate`] then checks what serde cannot: references between sections,
 //! uniqueness, ranges.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CredentialRef, FieldError, ValidationErrors};
+use crate::address;
+use crate::credential::CredentialRef;
+use crate::error::{FieldError, ValidationErrors};
 
 pub const STALL_TIMEOUT_MS_DEFAULT: u32 = 30_000;
 pub const STALL_TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 600_000);
@@ -250,8 +251,10 @@ impl Catalog {
         for (i, p) in self.providers.iter().enumerate() {
             let path = format!("providers[{i}]");
             name_rule(&p.name, &format!("{path}.name"), &mut seen, &mut errors);
-            if let Err(msg) = http_url(&p.base_url) {
-                errors.push(FieldError::new(format!("{path}.base_url"), msg));
+            if address::is_redacted(&p.base_url) {
+                errors.push(FieldError::new(format!("{path}.base_url"), REDACTED_NOT_RESTORED));
+            } else if let Err(e) = address::parse_http_url(&p.base_url) {
+                errors.push(FieldError::new(format!("{path}.base_url"), e.to_string()));
             }
             if let Some(region) = &p.region
                 && region.trim().is_empty()
@@ -314,13 +317,10 @@ impl Catalog {
         for (i, w) in self.webhooks.iter().enumerate() {
             let path = format!("webhooks[{i}]");
             name_rule(&w.name, &format!("{path}.name"), &mut seen, &mut errors);
-            match http_url(&w.url) {
-                Err(msg) => errors.push(FieldError::new(format!("{path}.url"), msg)),
-                Ok(host) if !w.internal && is_private_host(host) => errors.push(FieldError::new(
-                    format!("{path}.url"),
-                    "targets a private or loopback address; set `internal: true` to allow it",
-                )),
-                Ok(_) => {}
+            if address::is_redacted(&w.url) {
+                errors.push(FieldError::new(format!("{path}.url"), REDACTED_NOT_RESTORED));
+            } else if let Err(e) = address::check_webhook_url(&w.url, w.internal) {
+                errors.push(FieldError::new(format!("{path}.url"), e.to_string()));
             }
             if let Some(n) = w.batch_max_events
                 && !(1..=WEBHOOK_BATCH_MAX).contains(&n)
@@ -369,6 +369,46 @@ impl Catalog {
         section_diff("webhooks", &self.webhooks, &new.webhooks, |w| &w.name, &mut changes);
         changes
     }
+
+    /// The catalog as listings show it: credentials in webhook URLs replaced by `***`.
+    pub fn redacted(&self) -> Catalog {
+        let mut catalog = self.clone();
+        for p in &mut catalog.providers {
+            p.base_url = address::redact_userinfo(&p.base_url);
+        }
+        for w in &mut catalog.webhooks {
+            w.url = address::redact_userinfo(&w.url);
+        }
+        catalog
+    }
+
+    /// Puts back the credentials [`Catalog::redacted`] hid, from the `stored` catalog: a
+    /// webhook (provider) whose URL is the redacted form of the stored webhook's (provider's)
+    /// of the same name gets the stored URL. So a catalog read, edited and applied again
+    /// keeps its credentials without anyone seeing them; a redacted URL with nothing to
+    /// restore from is refused by [`Catalog::validate`].
+    pub fn restore_redacted(&mut self, stored: &Catalog) {
+        for p in &mut self.providers {
+            let old = stored.provider(&p.name).map(|o| o.base_url.as_str());
+            restore(&mut p.base_url, old);
+        }
+        for w in &mut self.webhooks {
+            let old = stored.webhooks.iter().find(|o| o.name == w.name).map(|o| o.url.as_str());
+            restore(&mut w.url, old);
+        }
+    }
+}
+
+const REDACTED_NOT_RESTORED: &str = "its credentials were hidden (`***`) when the catalog was \
+     read, and no stored entry of this name and URL holds them; write them out";
+
+fn restore(url: &mut String, stored: Option<&str>) {
+    if let Some(stored) = stored
+        && address::is_redacted(url)
+        && address::redact_userinfo(stored) == *url
+    {
+        *url = stored.to_owned();
+    }
 }
 
 fn name_rule(
@@ -383,55 +423,6 @@ fn name_rule(
         errors.push(FieldError::new(path, format!("duplicate name {name:?} (first at {first})")));
     } else {
         seen.insert(name.to_owned(), path.to_owned());
-    }
-}
-
-/// Checks that `url` is an absolute http(s) URL and returns its host.
-fn http_url(url: &str) -> Result<&str, String> {
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"))
-        .ok_or_else(|| "must be an http:// or https:// URL".to_owned())?;
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
-    };
-    if host.is_empty() { Err("has no host".to_owned()) } else { Ok(host) }
-}
-
-/// Loopback, private, link-local and unspecified addresses, and `localhost`. Names that
-/// resolve to such addresses are caught again at delivery time.
-pub fn is_private_host(host: &str) -> bool {
-    if host.eq_ignore_ascii_case("localhost") || host.ends_with(".localhost") {
-        return true;
-    }
-    host.parse::<IpAddr>().is_ok_and(is_private_ip)
-}
-
-/// Addresses a webhook must not reach unless it is `internal`: loopback, private (RFC 1918,
-/// IPv6 ULA), link-local (cloud metadata lives at 169.254.169.254), shared CGNAT space,
-/// unspecified and broadcast; an IPv4-mapped IPv6 address is judged as its IPv4 address.
-pub fn is_private_ip(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(ip) => {
-            let [a, b, ..] = ip.octets();
-            ip.is_loopback()
-                || ip.is_private()
-                || ip.is_link_local()
-                || ip.is_unspecified()
-                || ip.is_broadcast()
-                || (a == 100 && (64..128).contains(&b))
-        }
-        IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
-            Some(v4) => is_private_ip(IpAddr::V4(v4)),
-            None => {
-                ip.is_loopback()
-                    || ip.is_unspecified()
-                    || (ip.segments()[0] & 0xfe00) == 0xfc00
-                    || (ip.segments()[0] & 0xffc0) == 0xfe80
-            }
-        },
     }
 }
 
@@ -525,11 +516,67 @@ mod tests {
     }
 
     #[test]
-    fn mapped_and_metadata_addresses_are_private() {
-        assert!(is_private_ip("::ffff:127.0.0.1".parse().unwrap()));
-        assert!(is_private_ip("169.254.169.254".parse().unwrap()));
-        assert!(is_private_ip("100.64.1.1".parse().unwrap()));
-        assert!(!is_private_ip("93.184.216.34".parse().unwrap()));
+    fn apply_refuses_every_form_of_a_private_webhook_target_unless_internal() {
+        for url in crate::address::tests::PRIVATE_TARGETS {
+            let mut c = sample();
+            c.webhooks[0].url = (*url).to_owned();
+            let errors = c.validate().expect_err(url).0;
+            assert_eq!(errors.len(), 1, "{url}: {errors:?}");
+            assert_eq!(errors[0].path, "webhooks[0].url", "{url}");
+            assert!(errors[0].message.contains("internal: true"), "{url}: {}", errors[0].message);
+            c.webhooks[0].internal = true;
+            assert_eq!(c.validate(), Ok(()), "{url} is allowed when internal");
+        }
+    }
+
+    #[test]
+    fn apply_accepts_public_webhook_targets_in_any_scheme_case() {
+        for url in crate::address::tests::PUBLIC_TARGETS {
+            let mut c = sample();
+            c.webhooks[0].url = (*url).to_owned();
+            assert_eq!(c.validate(), Ok(()), "{url}");
+        }
+        let mut c = sample();
+        c.providers[0].base_url = "HTTPS://api.openai.com/v1".into();
+        assert_eq!(c.validate(), Ok(()));
+        c.providers[0].base_url = "api.openai.com/v1".into();
+        assert_eq!(c.validate().unwrap_err().0[0].path, "providers[0].base_url");
+    }
+
+    #[test]
+    fn listings_hide_url_credentials_and_a_reapply_restores_them() {
+        let mut stored = sample();
+        stored.webhooks[0].url = "https://user:s3cret@hooks.example.com/x".into();
+        let shown = stored.redacted();
+        assert_eq!(shown.webhooks[0].url, "https://***@hooks.example.com/x");
+        assert!(!serde_json::to_string(&shown).unwrap().contains("s3cret"));
+
+        let mut edited = shown.clone();
+        edited.webhooks[0].enabled = false;
+        edited.restore_redacted(&stored);
+        assert_eq!(edited.webhooks[0].url, stored.webhooks[0].url);
+        assert_eq!(edited.validate(), Ok(()));
+
+        // Redacted with nothing to restore from (another name, or another URL).
+        let mut renamed = shown.clone();
+        renamed.webhooks[0].name = "other".into();
+        renamed.restore_redacted(&stored);
+        assert_eq!(renamed.validate().unwrap_err().0[0].path, "webhooks[0].url");
+        let mut moved = shown;
+        moved.webhooks[0].url = "https://***@elsewhere.example.com/x".into();
+        moved.restore_redacted(&stored);
+        assert_eq!(moved.validate().unwrap_err().0[0].path, "webhooks[0].url");
+
+        // Provider base URLs the same way.
+        stored.providers[0].base_url = "https://proxy:pw@gw.example.com/v1".into();
+        let shown = stored.redacted();
+        assert_eq!(shown.providers[0].base_url, "https://***@gw.example.com/v1");
+        let mut again = shown.clone();
+        again.restore_redacted(&stored);
+        assert_eq!(again, stored);
+        let mut fresh = shown;
+        fresh.restore_redacted(&Catalog::default());
+        assert_eq!(fresh.validate().unwrap_err().0[0].path, "providers[0].base_url");
     }
 
     #[test]

@@ -1,11 +1,11 @@
-//! API keys and their `failoverDefaults` (DESIGN §1 "Admin defaults", §2).
+//! API keys and their `failoverDefaults` (see docs/http-api.md and docs/cli.md).
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::{FieldError, ValidationErrors};
+use crate::error::{FieldError, ValidationErrors};
 
-/// The most distinct models a chain may hold (DESIGN §1).
+/// The most distinct models a chain may hold.
 pub const MAX_CHAIN_MODELS: usize = 3;
 pub const TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 300_000);
 pub const FIRST_TOKEN_TIMEOUT_MS_RANGE: (u32, u32) = (500, 60_000);
@@ -132,7 +132,7 @@ fn clamp(field: &str, value: u32, (lo, hi): (u32, u32), warnings: &mut Vec<Strin
     clamped
 }
 
-/// Drops repeated entries, keeping the first occurrence (DESIGN §1).
+/// Drops repeated entries, keeping the first occurrence.
 pub fn dedup(items: Vec<String>) -> Vec<String> {
     let mut out: Vec<String> = Vec::with_capacity(items.len());
     for item in items {

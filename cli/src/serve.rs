@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use switchyard_sim::{Behaviour, Reply, StatusReply};
 
-use switchyard_control_plane::audit::{self, AuditRetention};
+use switchyard_control_plane::audit::AuditRetention;
 use switchyard_control_plane::reports::BREAKER_GRACE;
 use switchyard_control_plane::server::{self, ControlError, ControlOptions};
 use switchyard_control_plane::webhooks::DeliveryOptions;
@@ -48,11 +48,11 @@ pub struct ControlArgs {
     #[arg(long, default_value_t = AuditRetention::default().max_entries)]
     pub audit_max_entries: usize,
     /// Age after which audit-log events are pruned: 30s, 15m, 12h, 7d.
-    #[arg(long, default_value = "7d", value_parser = audit::parse_max_age)]
+    #[arg(long, default_value = "7d", value_parser = switchyard_time::parse_duration)]
     pub audit_max_age: std::time::Duration,
     /// Webhook events not delivered after this long become dead letters (once the endpoint
     /// fails again): 30s, 15m, 12h, 7d.
-    #[arg(long, default_value = "24h", value_parser = audit::parse_max_age)]
+    #[arg(long, default_value = "24h", value_parser = switchyard_time::parse_duration)]
     pub webhook_max_age: Duration,
     /// Time limit of one webhook request, in milliseconds.
     #[arg(long, default_value_t = 10_000, value_name = "MS")]
@@ -68,7 +68,7 @@ pub struct ControlArgs {
     pub webhook_max_backoff_ms: u64,
     /// How long a node may be gone before `node.disconnected` is sent (and its breaker
     /// records go): 30s, 5m.
-    #[arg(long, default_value = "30s", value_parser = audit::parse_max_age)]
+    #[arg(long, default_value = "30s", value_parser = switchyard_time::parse_duration)]
     pub node_grace: Duration,
 }
 

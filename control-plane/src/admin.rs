@@ -18,13 +18,16 @@ use switchyard_catalog::{
 };
 use switchyard_proto::admin::v1::{self as pb, admin_server::Admin};
 
+use switchyard_time::now_ms;
+
 use crate::audit;
+use crate::events::{AuditEvent, BreakerRecord, OutboxEntry};
 use crate::fanout::ConfigCache;
 use crate::layout::Layout;
-use crate::nodes::{NodeRecord, now_ms};
-use crate::reports::{BreakerRecord, UsageRecord};
+use crate::nodes::NodeRecord;
+use crate::reports::UsageRecord;
 use crate::store::{Compare, KeyValue, Revision, Store, StoreError, Txn, TxnOp};
-use crate::webhooks::{DeadLetter, OutboxEntry, SubscriptionState};
+use crate::webhooks::{self, DeadLetter, RedeliverError, SubscriptionState};
 
 /// Events `ListEvents` sends first when the request names no limit.
 const DEFAULT_EVENTS_LIMIT: usize = 100;
@@ -212,7 +215,7 @@ impl Admin for AdminService {
             n => n as usize,
         };
         let key_id = request.key_id;
-        let wanted = move |e: &audit::AuditEvent| key_id.is_empty() || e.key_id == key_id;
+        let wanted = move |e: &AuditEvent| key_id.is_empty() || e.key_id == key_id;
         let prefix = self.layout.audit_prefix();
         let listing = self.store.list(&prefix).await.map_err(AdminError::from)?;
         // Keys sort by time, so the newest `limit` are the tail, already oldest-first.
@@ -308,15 +311,16 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::ApplyCatalogResponse>, Status> {
         let request = request.into_inner();
         let deserializer = &mut serde_json::Deserializer::from_str(&request.catalog_json);
-        let new: Catalog = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let mut new: Catalog = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
             AdminError::from(ValidationErrors(vec![FieldError::new(
                 path,
                 e.into_inner().to_string(),
             )]))
         })?;
-        new.validate().map_err(AdminError::from)?;
         let (old, old_rev) = self.load_catalog().await?;
+        new.restore_redacted(&old);
+        new.validate().map_err(AdminError::from)?;
         if let Some(expected) = request.expected_version
             && expected != old_rev
         {
@@ -364,7 +368,9 @@ impl Admin for AdminService {
         _request: Request<pb::GetCatalogRequest>,
     ) -> Result<Response<pb::GetCatalogResponse>, Status> {
         let (catalog, version) = self.load_catalog().await?;
-        let catalog_json = serde_json::to_string(&catalog)
+        // Credentials in webhook URLs are not shown; an apply of what was read puts them
+        // back (`Catalog::restore_redacted`).
+        let catalog_json = serde_json::to_string(&catalog.redacted())
             .map_err(|e| AdminError::Corrupt { what: "catalog".into(), reason: e.to_string() })?;
         Ok(Response::new(pb::GetCatalogResponse { catalog_json, version }))
     }
@@ -613,87 +619,28 @@ impl Admin for AdminService {
         request: Request<pb::RedeliverRequest>,
     ) -> Result<Response<pb::RedeliverResponse>, Status> {
         let request = request.into_inner();
-        let name = request.webhook;
         let (catalog, _) = self.load_catalog().await?;
-        if !catalog.webhooks.iter().any(|w| w.name == name) {
-            return Err(
-                AdminError::NotFound(format!("no webhook named {name:?} in the catalog")).into()
-            );
-        }
-        if request.event_ids.is_empty() && !request.all_dead {
-            return Err(invalid(
-                "event_ids",
-                "name events to redeliver, or ask for every dead letter",
-            )
-            .into());
-        }
-        // (entry, the dead letter's key to remove)
-        let mut queue: Vec<(OutboxEntry, Option<String>)> = Vec::new();
-        let mut not_found = Vec::new();
-        if request.all_dead {
-            let dead = self
-                .store
-                .list(&self.layout.dead_letters_prefix(&name))
-                .await
-                .map_err(AdminError::from)?;
-            for kv in dead.kvs {
-                let letter: DeadLetter = decode(&kv.value, "dead letter")?;
-                queue.push((letter.entry, Some(kv.key)));
+        let done = webhooks::redeliver(
+            self.store.as_ref(),
+            &self.layout,
+            &catalog,
+            &request.webhook,
+            request.event_ids,
+            request.all_dead,
+        )
+        .await
+        .map_err(|e| match e {
+            RedeliverError::UnknownWebhook(_) => AdminError::NotFound(e.to_string()),
+            RedeliverError::NothingNamed => invalid("event_ids", e.to_string()),
+            RedeliverError::Store(e) => AdminError::Store(e),
+            RedeliverError::Corrupt { what, reason } => {
+                AdminError::Corrupt { what: what.to_owned(), reason }
             }
-        }
-        let mut audit_log = None;
-        for id in request.event_ids {
-            if queue.iter().any(|(e, _)| e.id == id) {
-                continue;
-            }
-            let key = self.layout.dead_letter(&name, &id);
-            if let Some(kv) = self.store.get(&key).await.map_err(AdminError::from)? {
-                let letter: DeadLetter = decode(&kv.value, "dead letter")?;
-                queue.push((letter.entry, Some(key)));
-                continue;
-            }
-            // Not dead: a failover event still in the audit log can be sent again.
-            if audit_log.is_none() {
-                audit_log = Some(
-                    self.store.list(&self.layout.audit_prefix()).await.map_err(AdminError::from)?,
-                );
-            }
-            let found = audit_log
-                .iter()
-                .flat_map(|l| l.kvs.iter())
-                .filter_map(audit::decode)
-                .find(|e| e.id == id);
-            match found {
-                Some(event) => queue.push((OutboxEntry::failover(&event, now_ms()), None)),
-                None => not_found.push(id),
-            }
-        }
-        let now = now_ms();
-        let requeued = queue.len() as u32;
-        for chunk in queue.chunks(crate::audit::MAX_TXN_OPS / 2) {
-            let mut ops = Vec::new();
-            for (entry, dead_key) in chunk {
-                let mut entry = entry.clone();
-                entry.only = vec![name.clone()];
-                entry.enqueued_unix_ms = now;
-                // A key of its own: the original entry may still wait for other subscriptions.
-                let key = self.layout.outbox(now, &format!("{}~redeliver~{name}", entry.id));
-                let value = serde_json::to_vec(&entry).map_err(|e| AdminError::Corrupt {
-                    what: "outbox entry".into(),
-                    reason: e.to_string(),
-                })?;
-                ops.push(TxnOp::Put { key, value, lease: None });
-                if let Some(dead_key) = dead_key {
-                    ops.push(TxnOp::Delete { key: dead_key.clone() });
-                }
-            }
-            self.store
-                .txn(Txn { compare: vec![], success: ops, failure: vec![] })
-                .await
-                .map_err(AdminError::from)?;
-        }
-        info!(webhook = %name, requeued, "webhook events queued for redelivery");
-        Ok(Response::new(pb::RedeliverResponse { requeued, not_found }))
+        })?;
+        Ok(Response::new(pb::RedeliverResponse {
+            requeued: done.requeued,
+            not_found: done.not_found,
+        }))
     }
 
     async fn list_nodes(
@@ -791,4 +738,79 @@ fn new_key_id() -> String {
 
 fn hint(secret: &str) -> String {
     secret.chars().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+
+    async fn service(dir: &std::path::Path) -> AdminService {
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir).await.unwrap());
+        AdminService { store, layout: Layout::new("/t"), cache: ConfigCache::new() }
+    }
+
+    fn catalog_with_webhook(url: &str) -> String {
+        serde_json::json!({
+            "webhooks": [{"name": "oncall", "url": url, "events": ["*"]}]
+        })
+        .to_string()
+    }
+
+    async fn apply(admin: &AdminService, json: String) -> Result<pb::ApplyCatalogResponse, Status> {
+        let request = pb::ApplyCatalogRequest { catalog_json: json, ..Default::default() };
+        admin.apply_catalog(Request::new(request)).await.map(Response::into_inner)
+    }
+
+    async fn read(admin: &AdminService) -> String {
+        let reply = admin.get_catalog(Request::new(pb::GetCatalogRequest {})).await.unwrap();
+        reply.into_inner().catalog_json
+    }
+
+    #[tokio::test]
+    async fn listings_redact_webhook_url_credentials_and_keep_them_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        let url = "https://alice:s3cret@hooks.example.com/x";
+        assert!(apply(&admin, catalog_with_webhook(url)).await.unwrap().applied);
+
+        let shown = read(&admin).await;
+        assert!(!shown.contains("s3cret") && !shown.contains("alice"), "{shown}");
+        assert!(shown.contains("https://***@hooks.example.com/x"), "{shown}");
+
+        // What was read, applied again (as `webhooks enable` and friends do), changes
+        // nothing: the stored URL keeps its credentials.
+        let again = apply(&admin, shown).await.unwrap();
+        assert!(again.changes.is_empty(), "{:?}", again.changes);
+        let (stored, _) = admin.load_catalog().await.unwrap();
+        assert_eq!(stored.webhooks[0].url, url);
+    }
+
+    #[tokio::test]
+    async fn apply_refuses_private_webhook_targets_in_every_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        for url in [
+            "http://x@127.0.0.1:9000/hook",
+            "http://2130706433:9000/",
+            "http://0x7f000001:9000/",
+            "http://127.1:9000/",
+            "http://[::ffff:127.0.0.1]:9000/",
+            "http://[::7f00:1]:9000/",
+            "http://[64:ff9b::7f00:1]:9000/",
+            "http://198.18.0.1/",
+            "http://224.0.0.1/",
+        ] {
+            let status = apply(&admin, catalog_with_webhook(url)).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{url}");
+            assert!(
+                status.message().starts_with("webhooks[0].url:"),
+                "{url}: {}",
+                status.message()
+            );
+        }
+        let upper = apply(&admin, catalog_with_webhook("HTTP://hooks.example.com/x")).await;
+        assert!(upper.is_ok_and(|r| r.applied), "an upper-case scheme is http");
+    }
 }

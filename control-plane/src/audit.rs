@@ -13,22 +13,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use switchyard_proto::node::v1 as pb;
+use switchyard_time::now_ms;
 
-use crate::layout::Layout;
-use crate::nodes::now_ms;
+use crate::events::{AuditEvent, FAILOVER, Interest, OutboxEntry};
+use crate::layout::{Layout, MAX_TXN_OPS};
 use crate::store::election::{self, Leadership};
 use crate::store::{
     Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Revision, Store, StoreError,
     Txn, TxnOp,
 };
-use crate::webhooks::{FAILOVER, Interest, OutboxEntry};
 
-/// etcd's default `--max-txn-ops`; both store backends refuse larger transactions.
-pub const MAX_TXN_OPS: usize = 128;
 /// Bytes of event JSON per transaction, well under etcd's default 1.5 MiB request limit:
 /// a batch etcd refused would be resent, and refused, forever.
 const MAX_TXN_BYTES: usize = 1024 * 1024;
@@ -53,90 +49,8 @@ impl Default for AuditRetention {
     }
 }
 
-/// One failover event as the audit log stores it (JSON). Unknown fields are tolerated, so
-/// a log written by a newer release still reads.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AuditEvent {
-    pub id: String,
-    pub at_unix_ms: i64,
-    pub node_id: String,
-    pub key_id: String,
-    pub requested_model: String,
-    #[serde(default)]
-    pub served_model: String,
-    #[serde(default)]
-    pub attempts: Vec<AuditAttempt>,
-    #[serde(default)]
-    pub stream: bool,
-    #[serde(default)]
-    pub status: u32,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AuditAttempt {
-    pub model: String,
-    pub status: String,
-    #[serde(default)]
-    pub reason: String,
-    #[serde(default)]
-    pub latency_ms: u64,
-    #[serde(default)]
-    pub probe: bool,
-}
-
-impl AuditEvent {
-    /// The event as reported by `node_id`; an event that names no node gets the stream's.
-    pub fn from_pb(e: pb::FailoverEvent, node_id: &str) -> Self {
-        Self {
-            id: e.id,
-            at_unix_ms: e.at_unix_ms,
-            node_id: if e.node_id.is_empty() { node_id.to_owned() } else { e.node_id },
-            key_id: e.key_id,
-            requested_model: e.requested_model,
-            served_model: e.served_model,
-            attempts: e
-                .attempts
-                .into_iter()
-                .map(|a| AuditAttempt {
-                    model: a.model,
-                    status: a.status,
-                    reason: a.reason,
-                    latency_ms: a.latency_ms,
-                    probe: a.probe,
-                })
-                .collect(),
-            stream: e.stream,
-            status: e.status,
-        }
-    }
-
-    pub fn to_pb(&self) -> pb::FailoverEvent {
-        pb::FailoverEvent {
-            id: self.id.clone(),
-            at_unix_ms: self.at_unix_ms,
-            node_id: self.node_id.clone(),
-            key_id: self.key_id.clone(),
-            requested_model: self.requested_model.clone(),
-            served_model: self.served_model.clone(),
-            attempts: self
-                .attempts
-                .iter()
-                .map(|a| pb::Attempt {
-                    model: a.model.clone(),
-                    status: a.status.clone(),
-                    reason: a.reason.clone(),
-                    latency_ms: a.latency_ms,
-                    probe: a.probe,
-                })
-                .collect(),
-            stream: self.stream,
-            status: self.status,
-        }
-    }
-}
-
 /// Writes every event durably, in transactions of at most [`MAX_TXN_OPS`] operations and
-/// about [`MAX_TXN_BYTES`]. With `outbox`, an event some webhook subscribes to is queued
+/// about `MAX_TXN_BYTES`. With `outbox`, an event some webhook subscribes to is queued
 /// for delivery in the same transaction as its audit entry, so that an acked event is
 /// always both recorded and queued. Events without an id are skipped (they could not be
 /// deduplicated on redelivery); an event repeated within the batch is written once (etcd
@@ -294,28 +208,6 @@ pub fn decode(kv: &KeyValue) -> Option<AuditEvent> {
 /// Whether a watched put is an event's first write rather than a redelivery's rewrite.
 pub fn is_new(kind: EventKind, kv: &KeyValue) -> bool {
     kind == EventKind::Put && kv.version == 1
-}
-
-/// `--audit-max-age`: `30s`, `15m`, `12h`, `7d`, or plain seconds.
-pub fn parse_max_age(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => text.split_at(i),
-        None => (text, "s"),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a duration like 7d"))?;
-    let secs = match unit {
-        "s" => Some(n),
-        "m" => n.checked_mul(60),
-        "h" => n.checked_mul(3_600),
-        "d" => n.checked_mul(86_400),
-        _ => return Err(format!("unknown unit {unit:?} in {text:?}; use s, m, h or d")),
-    };
-    match secs {
-        Some(0) => Err("the maximum age must be more than zero".to_owned()),
-        Some(secs) => Ok(Duration::from_secs(secs)),
-        None => Err(format!("{text:?} is too long")),
-    }
 }
 
 // === retention ===
@@ -493,16 +385,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    #[test]
-    fn max_age_takes_units_and_plain_seconds() {
-        assert_eq!(parse_max_age("7d"), Ok(Duration::from_secs(604_800)));
-        assert_eq!(parse_max_age("90"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_max_age("15m"), Ok(Duration::from_secs(900)));
-        assert!(parse_max_age("0s").is_err());
-        assert!(parse_max_age("3w").unwrap_err().contains("unknown unit"));
-        assert!(parse_max_age("d").is_err());
-    }
-
     #[tokio::test]
     async fn prune_reads_page_after_page_until_both_bounds_hold() {
         use crate::store::embedded::EmbeddedStore;
@@ -570,31 +452,5 @@ mod tests {
             prune(store.as_ref(), &layout, &leadership, retention, None).await.unwrap().0,
             0
         );
-    }
-
-    #[test]
-    fn events_round_trip_through_the_stored_json() {
-        let pb_event = pb::FailoverEvent {
-            id: "ev1".into(),
-            at_unix_ms: 5,
-            node_id: String::new(),
-            key_id: "key_1".into(),
-            requested_model: "a".into(),
-            served_model: "b".into(),
-            attempts: vec![pb::Attempt {
-                model: "a".into(),
-                status: "failed".into(),
-                reason: "timeout".into(),
-                latency_ms: 30_011,
-                probe: false,
-            }],
-            stream: true,
-            status: 200,
-        };
-        let event = AuditEvent::from_pb(pb_event.clone(), "n1");
-        assert_eq!(event.node_id, "n1");
-        let back: AuditEvent =
-            serde_json::from_slice(&serde_json::to_vec(&event).unwrap()).unwrap();
-        assert_eq!(back.to_pb(), pb::FailoverEvent { node_id: "n1".into(), ..pb_event });
     }
 }

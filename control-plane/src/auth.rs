@@ -3,7 +3,7 @@
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
-use crate::nodes::is_loopback;
+use crate::peer::is_loopback;
 
 /// A bearer token compared in constant time (over SHA-256 digests, so that neither the
 /// content nor the length of the expected token leaks through timing).

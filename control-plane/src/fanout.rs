@@ -14,9 +14,13 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tracing::{info, warn};
 
+use switchyard_backoff::Backoff;
+
 use crate::layout::Layout;
 use crate::store::{EventKind, Revision, Store, StoreError};
 
+/// Waits between attempts to list and watch the store again after a failure.
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 /// Deletes remembered for delta resyncs; past this, nodes that are further behind get a full snapshot.
 const MAX_TOMBSTONES: usize = 10_000;
 /// Updates buffered per node stream; a node that falls further behind is resynced.
@@ -186,14 +190,16 @@ fn start_for(state: &State, node_version: Revision) -> Start {
 /// after any watch error it lists again and publishes the difference.
 pub async fn run(cache: Arc<ConfigCache>, store: Arc<dyn Store>, layout: Layout) {
     let prefix = layout.config_prefix();
-    let mut backoff = Duration::from_millis(100);
+    // Never reset: a store that lists but keeps breaking the watch must not be listed in
+    // full (every key of the fleet) at the shortest wait forever.
+    let mut failures = 0;
     loop {
         match follow(&cache, store.as_ref(), &layout, &prefix).await {
             Ok(()) => warn!("config watch ended; listing again"),
             Err(e) => warn!(error = %e, "config watch failed; listing again"),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        tokio::time::sleep(RECONNECT.delay(failures)).await;
+        failures = failures.saturating_add(1);
     }
 }
 

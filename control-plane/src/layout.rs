@@ -21,6 +21,10 @@ pub struct Layout {
     prefix: String,
 }
 
+/// The most operations one store transaction may hold: etcd's default `--max-txn-ops`,
+/// which both store backends enforce. Writers split larger batches by it.
+pub const MAX_TXN_OPS: usize = 128;
+
 /// The resource name of the catalog below `config/`.
 pub const CATALOG: &str = "catalog";
 /// The resource-name prefix of API keys below `config/`.

@@ -5,9 +5,11 @@
 pub mod admin;
 pub mod audit;
 pub mod auth;
+pub mod events;
 pub mod fanout;
 pub mod layout;
 pub mod nodes;
+pub mod peer;
 pub mod reports;
 pub mod server;
 pub mod store;

@@ -15,10 +15,9 @@
 //! with `Unavailable` rather than going unacked on a live stream: acks are cumulative, so a
 //! later batch's ack would cover the lost one, and a reconnecting node resends all it holds.
 
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures_util::Stream;
 use serde::{Deserialize, Serialize};
@@ -30,11 +29,14 @@ use switchyard_proto::node::v1::{
     self as pb, control_message, node_control_server::NodeControl, node_message,
 };
 
-use crate::audit::{self, AuditEvent};
+use switchyard_time::now_ms;
+
+use crate::audit;
 use crate::auth::TokenCheck;
+use crate::events::{AuditEvent, BreakerRecord, Interest};
 use crate::fanout::{ConfigCache, ConfigUpdate, Start};
 use crate::layout::Layout;
-use crate::reports::{self, BreakerRecord, UsageRecord};
+use crate::reports::{self, UsageRecord};
 use crate::store::{Compare, LeaseId, Revision, Store, Txn, TxnOp};
 
 pub const PING_INTERVAL: Duration = Duration::from_secs(2);
@@ -70,10 +72,6 @@ pub struct Rejected {
     pub error: String,
 }
 
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
 pub struct NodeShared {
     pub cache: Arc<ConfigCache>,
     pub store: Arc<dyn Store>,
@@ -83,7 +81,7 @@ pub struct NodeShared {
     pub control_plane: String,
     pub join: TokenCheck,
     /// Which events webhooks subscribe to (events nobody wants are not queued).
-    pub outbox: Arc<crate::webhooks::Interest>,
+    pub outbox: Arc<Interest>,
     /// Failover events of every stream go through one group-committing writer.
     pub events: audit::EventWriter,
     /// How long a node may be gone before its breakers are forgotten and
@@ -405,9 +403,4 @@ async fn send_update(
 
 fn resource(name: &str, value: &[u8]) -> pb::Resource {
     pb::Resource { name: name.to_owned(), value: value.to_vec() }
-}
-
-/// Whether a peer address is loopback, for control planes that run without a join token.
-pub fn is_loopback(addr: Option<SocketAddr>) -> bool {
-    addr.is_some_and(|a| a.ip().is_loopback())
 }

@@ -19,51 +19,14 @@ use tracing::warn;
 
 use switchyard_proto::node::v1 as pb;
 
-use crate::layout::Layout;
-use crate::nodes::now_ms;
+use switchyard_time::now_ms;
+
+use crate::events::{BreakerRecord, Interest, OutboxEntry};
+use crate::layout::{Layout, MAX_TXN_OPS};
 use crate::store::{Compare, LeaseId, Revision, Store, StoreError, Txn, TxnOp};
-use crate::webhooks::{Interest, OutboxEntry};
 
 /// How long a disconnected node's breaker records outlive its stream.
 pub const BREAKER_GRACE: Duration = Duration::from_secs(30);
-
-/// One node's breaker for one (provider, upstream model), as `switchyard breakers` shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct BreakerRecord {
-    pub node_id: String,
-    pub provider: String,
-    pub upstream_model: String,
-    /// `closed`, `open` or `half_open`.
-    pub state: String,
-    pub since_unix_ms: i64,
-    pub failure_rate: f64,
-    #[serde(default)]
-    pub calls_in_window: u32,
-    /// 0 unless open.
-    #[serde(default)]
-    pub next_probe_unix_ms: i64,
-    #[serde(default)]
-    pub cause: String,
-    #[serde(default)]
-    pub cooldown_ms: u64,
-}
-
-impl BreakerRecord {
-    pub fn from_transition(node_id: &str, t: pb::BreakerTransition) -> Self {
-        Self {
-            node_id: node_id.to_owned(),
-            provider: t.provider,
-            upstream_model: t.upstream_model,
-            state: t.to,
-            since_unix_ms: t.at_unix_ms,
-            failure_rate: t.failure_rate,
-            calls_in_window: t.calls_in_window,
-            next_probe_unix_ms: t.next_probe_unix_ms,
-            cause: t.cause,
-            cooldown_ms: t.cooldown_ms,
-        }
-    }
-}
 
 /// A node's breaker state changed: store it under the replica's lease, with the
 /// transition's webhook event (`breaker.opened|half_open|closed`) in the same transaction
@@ -100,7 +63,7 @@ pub async fn adopt_breakers(
     let listing = store.list(&layout.node_breakers_prefix(node_id)).await?;
     let stale: Vec<_> = listing.kvs.into_iter().filter(|kv| kv.lease != lease).collect();
     // One compare and one put per record, within etcd's per-txn limit.
-    for chunk in stale.chunks(crate::audit::MAX_TXN_OPS) {
+    for chunk in stale.chunks(MAX_TXN_OPS) {
         let txn = Txn {
             compare: chunk
                 .iter()

@@ -1,9 +1,13 @@
 //! One webhook request: the HTTP client, the SSRF guard, and how a response is classified.
 //!
 //! SSRF: the catalog refuses private IP literals and `localhost` at apply time unless the
-//! subscription is `internal`; names are checked here, by the connector's own resolver,
-//! so the addresses checked are the addresses connected to (a name re-pointed at a private
-//! address between a check and the connect, DNS rebinding, gains nothing).
+//! subscription is `internal`. At delivery both are checked again on the URL as the `url`
+//! crate parses it, and the request goes to that parsed URL (credentials removed), so the
+//! host checked is the host connected to whatever form the text gave it (`x@127.0.0.1`,
+//! `0x7f000001`, `[::ffff:127.0.0.1]`). Names are checked by the connector's own resolver,
+//! which drops every non-public address a name resolves to, so the addresses checked are
+//! the addresses connected to (a name re-pointed at a private address between a check and
+//! the connect, DNS rebinding, gains nothing).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,7 +22,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
 
-use switchyard_catalog::catalog::is_private_ip;
+use switchyard_catalog::address::{self, is_private_ip};
+use switchyard_time::now_ms;
+
+use super::signing::sign;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,11 +115,12 @@ pub struct Request<'a> {
 }
 
 pub async fn send(client: &WebhookClient, req: Request<'_>) -> Outcome {
-    if let Some(error) = literal_guard(req.url, req.internal) {
-        return Outcome::Retry { status: 0, error, retry_after: None };
-    }
-    let timestamp = crate::nodes::now_ms().div_euclid(1000);
-    let mut builder = http::Request::post(req.url)
+    let uri = match target(req.url, req.internal) {
+        Ok(uri) => uri,
+        Err(error) => return Outcome::Retry { status: 0, error, retry_after: None },
+    };
+    let timestamp = now_ms().div_euclid(1000);
+    let mut builder = http::Request::post(uri)
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(
             http::header::USER_AGENT,
@@ -121,8 +129,7 @@ pub async fn send(client: &WebhookClient, req: Request<'_>) -> Outcome {
         .header("webhook-id", req.id)
         .header("webhook-timestamp", timestamp.to_string());
     if let Some(key) = req.signing_key {
-        builder =
-            builder.header("webhook-signature", super::sign(key, req.id, timestamp, &req.body));
+        builder = builder.header("webhook-signature", sign(key, req.id, timestamp, &req.body));
     }
     let request = match builder.body(Full::new(req.body)) {
         Ok(r) => r,
@@ -161,29 +168,22 @@ fn classify(status: u16, retry_after: Option<Duration>) -> Outcome {
     }
 }
 
-/// Seconds only; an HTTP-date is rare from webhook receivers and falls back to our backoff.
+/// Delay-seconds or an HTTP-date, capped at [`MAX_RETRY_AFTER`].
 fn parse_retry_after(text: &str) -> Option<Duration> {
-    text.trim().parse::<u64>().ok().map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
+    switchyard_time::retry_after(text, std::time::SystemTime::now()).map(|d| d.min(MAX_RETRY_AFTER))
 }
 
-/// The connector skips the resolver for IP literals, so they are checked here.
-fn literal_guard(url: &str, internal: bool) -> Option<String> {
-    if internal {
-        return None;
-    }
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
-    };
-    if switchyard_catalog::catalog::is_private_host(host) {
-        Some(format!(
-            "{host} is a private or loopback address; set `internal: true` on the subscription to allow it"
-        ))
-    } else {
-        None
-    }
+/// The URI a delivery goes to: the subscription's URL as the `url` crate parses it, with any
+/// user name and password removed (hyper would not send them, and they must not reach a
+/// log line). Unless `internal`, a host that is not public is refused here: the connector
+/// skips the resolver for IP literals, so the resolver's check never sees them.
+fn target(url: &str, internal: bool) -> Result<http::Uri, String> {
+    let mut parsed = address::check_webhook_url(url, internal)
+        .map_err(|e| format!("{}: {e}", address::redact_userinfo(url)))?;
+    // Both succeed on an http(s) URL with a host, which `check_webhook_url` ensured.
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    http::Uri::try_from(parsed.as_str()).map_err(|e| format!("invalid URL: {e}"))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -217,10 +217,21 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_is_seconds_and_capped() {
+    fn retry_after_is_seconds_or_a_date_and_capped() {
         assert_eq!(parse_retry_after(" 7 "), Some(Duration::from_secs(7)));
         assert_eq!(parse_retry_after("999999"), Some(MAX_RETRY_AFTER));
-        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
+        let soon = httpdate_in(Duration::from_secs(120));
+        let wait = parse_retry_after(&soon).unwrap_or_default();
+        assert!(
+            wait > Duration::from_secs(110) && wait <= Duration::from_secs(120),
+            "{soon}: {wait:?}"
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    fn httpdate_in(d: Duration) -> String {
+        httpdate::fmt_http_date(std::time::SystemTime::now() + d)
     }
 
     #[tokio::test]
@@ -233,12 +244,138 @@ mod tests {
         assert!(ok.is_ok_and(|mut addrs| addrs.all(|a| a.ip().is_loopback())));
     }
 
+    /// Every form of a non-public target (the same table the catalog's apply-time test
+    /// uses), refused at delivery before any connection is made.
+    const PRIVATE_TARGETS: &[&str] = &[
+        "http://127.0.0.1:9000/hook",
+        "http://x@127.0.0.1:9000/hook",
+        "http://user:pw@127.0.0.1:9000/hook",
+        "http://hooks.example.com@127.0.0.1:9000/hook",
+        "http://2130706433:9000/",
+        "http://0x7f000001:9000/",
+        "http://0177.0.0.1:9000/",
+        "http://0177.1:9000/",
+        "http://127.1:9000/",
+        "HTTP://127.0.0.1:9000/hook",
+        "http://localhost:9000/",
+        "http://[::1]:9000/",
+        "http://[::]:9000/",
+        "http://0.0.0.0:9000/",
+        "http://[::ffff:127.0.0.1]:9000/",
+        "http://[::7f00:1]:9000/",
+        "http://[64:ff9b::7f00:1]:9000/",
+        "http://[fc00::1]/",
+        "http://[fd12:3456::1]/",
+        "http://[fe80::1]/",
+        "http://[ff02::1]/",
+        "http://10.1.2.3/",
+        "http://172.16.0.1/",
+        "http://192.168.1.1/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://100.64.0.1/",
+        "http://198.18.0.1/",
+        "http://224.0.0.1/",
+        "http://255.255.255.255/",
+        "http://192.0.2.1/",
+        "http://198.51.100.1/",
+        "http://203.0.113.1/",
+    ];
+
     #[test]
-    fn private_literals_are_refused_unless_internal() {
-        assert!(literal_guard("http://127.0.0.1:9/x", false).is_some());
-        assert!(literal_guard("http://[::1]:9/x", false).is_some());
-        assert!(literal_guard("http://10.1.2.3/x", false).is_some());
-        assert!(literal_guard("http://127.0.0.1:9/x", true).is_none());
-        assert!(literal_guard("https://hooks.example.com/x", false).is_none());
+    fn every_form_of_a_private_target_is_refused_at_delivery_unless_internal() {
+        for url in PRIVATE_TARGETS {
+            let refused = target(url, false);
+            assert!(
+                refused.as_ref().is_err_and(|e| e.contains("internal: true")),
+                "{url}: {refused:?}"
+            );
+            assert!(!refused.unwrap_err().contains("pw@"), "credentials stay out of errors");
+            assert!(target(url, true).is_ok(), "{url} is allowed when internal");
+        }
+    }
+
+    #[test]
+    fn the_request_goes_to_the_parsed_host_without_credentials() {
+        for (url, uri) in [
+            ("http://x@127.0.0.1:9000/hook", "http://127.0.0.1:9000/hook"),
+            ("http://0x7f000001:9000/a?b=1", "http://127.0.0.1:9000/a?b=1"),
+            ("http://2130706433:9000/", "http://127.0.0.1:9000/"),
+            ("HTTP://user:pw@Hooks.Example.com/x", "http://hooks.example.com/x"),
+        ] {
+            assert_eq!(target(url, true).map(|u| u.to_string()), Ok(uri.to_owned()), "{url}");
+        }
+        assert_eq!(
+            target("https://u:p@hooks.example.com/x", false).map(|u| u.to_string()),
+            Ok("https://hooks.example.com/x".to_owned())
+        );
+        assert!(target("ftp://hooks.example.com/x", false).is_err());
+    }
+
+    /// A receiver on loopback that answers 204 to every request and reports each request
+    /// head it read.
+    async fn receiver() -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = tx.send(String::from_utf8_lossy(&head).into_owned());
+                    let _ = conn.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await;
+                });
+            }
+        });
+        (port, rx)
+    }
+
+    #[tokio::test]
+    async fn a_disguised_loopback_target_is_never_connected_to_unless_internal() {
+        let (port, mut requests) = receiver().await;
+        let forms = [
+            format!("http://x@127.0.0.1:{port}/hook"),
+            format!("http://user:pw@127.0.0.1:{port}/hook"),
+            format!("http://2130706433:{port}/hook"),
+            format!("http://0x7f000001:{port}/hook"),
+            format!("http://0177.0.0.1:{port}/hook"),
+            format!("http://127.1:{port}/hook"),
+            format!("HTTP://127.0.0.1:{port}/hook"),
+        ];
+        fn request(url: &str, internal: bool) -> Request<'_> {
+            Request {
+                url,
+                internal,
+                id: "msg_1",
+                signing_key: None,
+                body: Bytes::from_static(b"{}"),
+                timeout: Duration::from_secs(5),
+            }
+        }
+        let guarded = build(false);
+        let open = build(true);
+        for url in &forms {
+            let outcome = send(&guarded, request(url, false)).await;
+            assert!(
+                matches!(&outcome, Outcome::Retry { status: 0, error, .. } if error.contains("internal: true")),
+                "{url}: {outcome:?}"
+            );
+            // The refusal comes before any connection: nothing reached the receiver. (A
+            // request sent would be read before `send` returned its answer.)
+            assert!(requests.try_recv().is_err(), "{url} reached the receiver");
+
+            assert_eq!(send(&open, request(url, true)).await, Outcome::Delivered { status: 204 });
+            let head = requests.recv().await.unwrap();
+            assert!(head.starts_with("POST /hook HTTP/1.1"), "{url}: {head}");
+            assert!(!head.contains("pw") && !head.contains("x@"), "no credentials sent: {head}");
+        }
     }
 }

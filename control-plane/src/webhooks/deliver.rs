@@ -34,20 +34,21 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rand::Rng;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use switchyard_backoff::Backoff;
 use switchyard_catalog::{Catalog, Webhook};
+use switchyard_time::now_ms;
 
 use super::client::{self, Outcome, WebhookClient};
-use super::{DeadLetter, OutboxEntry, PendingDelivery, SubscriptionState, batch_id, signing_key};
-use crate::audit::MAX_TXN_OPS;
+use super::signing::{batch_id, signing_key};
+use super::state::{DeadLetter, PendingDelivery, SubscriptionState};
+use crate::events::OutboxEntry;
 use crate::fanout::ConfigCache;
-use crate::layout::{self, Layout};
-use crate::nodes::now_ms;
+use crate::layout::{self, Layout, MAX_TXN_OPS};
 use crate::store::election::{self, Leadership};
 use crate::store::{
     Compare, CompareOp, CompareTarget, EventKind, LeaseId, Listing, Revision, Store, StoreError,
@@ -818,13 +819,12 @@ impl Worker {
     }
 }
 
-/// Exponential backoff with full jitter (a uniform pick below the exponential ceiling),
-/// never below the endpoint's `Retry-After`.
+/// The wait after the `failures`-th failure in a row: the shared exponential backoff with
+/// full jitter between `min_backoff` and `max_backoff`, but never shorter than the
+/// endpoint's `Retry-After` (which the client caps at an hour).
 fn backoff(options: &DeliveryOptions, failures: u32, retry_after: Option<Duration>) -> Duration {
-    let exponent = failures.saturating_sub(1).min(20);
-    let ceiling = options.min_backoff.saturating_mul(1 << exponent).min(options.max_backoff);
-    let ceiling_ms = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX).max(1);
-    let jittered = Duration::from_millis(rand::rng().random_range(0..=ceiling_ms));
+    let jittered =
+        Backoff::new(options.min_backoff, options.max_backoff).delay(failures.saturating_sub(1));
     jittered.max(retry_after.unwrap_or_default())
 }
 
@@ -845,12 +845,21 @@ mod tests {
             max_backoff: Duration::from_secs(2),
             ..Default::default()
         };
+        let mut first: Vec<Duration> = Vec::new();
         for _ in 0..200 {
-            assert!(backoff(&o, 1, None) <= Duration::from_millis(100));
+            first.push(backoff(&o, 1, None));
             assert!(backoff(&o, 4, None) <= Duration::from_millis(800));
             assert!(backoff(&o, 30, None) <= Duration::from_secs(2));
-            assert!(backoff(&o, 1, Some(Duration::from_secs(5))) >= Duration::from_secs(5));
+            assert_eq!(
+                backoff(&o, 1, Some(Duration::from_secs(5))),
+                Duration::from_secs(5),
+                "a Retry-After above the backoff's ceiling wins"
+            );
+            assert!(backoff(&o, 30, Some(Duration::from_millis(1))) <= Duration::from_secs(2));
         }
+        assert!(first.iter().all(|d| *d <= Duration::from_millis(100)));
+        let distinct: BTreeSet<_> = first.iter().collect();
+        assert!(distinct.len() > 50, "full jitter spreads the waits: {distinct:?}");
     }
 
     fn webhook() -> Webhook {

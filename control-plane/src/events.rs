@@ -1,0 +1,390 @@
+//! The events the control plane records and delivers, and their names: failover events
+//! as the audit log stores them, breaker transitions as nodes report them, and the outbox
+//! entry every webhook delivery is made from. The modules that write events (`audit`,
+//! `reports`, `nodes`) and the ones that read them (`admin`, `webhooks`) all sit above
+//! this one.
+
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use switchyard_catalog::{Catalog, Webhook};
+use switchyard_proto::node::v1 as pb;
+use switchyard_time::{now_ms, rfc3339_ms};
+
+use crate::fanout::ConfigCache;
+use crate::layout::{self, Layout};
+use crate::store::{Revision, StoreError, TxnOp};
+
+// === event types ===
+
+/// A request was served by another model than the first of its chain, or failed after
+/// trying several.
+pub const FAILOVER: &str = "api:model_failover";
+pub const BREAKER_OPENED: &str = "breaker.opened";
+pub const BREAKER_HALF_OPEN: &str = "breaker.half_open";
+pub const BREAKER_CLOSED: &str = "breaker.closed";
+/// A node stayed away longer than its grace period.
+pub const NODE_DISCONNECTED: &str = "node.disconnected";
+
+// === failover events ===
+
+/// One failover event as the audit log stores it (JSON). Unknown fields are tolerated, so
+/// a log written by a newer release still reads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    pub id: String,
+    pub at_unix_ms: i64,
+    pub node_id: String,
+    pub key_id: String,
+    pub requested_model: String,
+    #[serde(default)]
+    pub served_model: String,
+    #[serde(default)]
+    pub attempts: Vec<AuditAttempt>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub status: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditAttempt {
+    pub model: String,
+    pub status: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub latency_ms: u64,
+    #[serde(default)]
+    pub probe: bool,
+}
+
+impl AuditEvent {
+    /// The event as reported by `node_id`; an event that names no node gets the stream's.
+    pub fn from_pb(e: pb::FailoverEvent, node_id: &str) -> Self {
+        Self {
+            id: e.id,
+            at_unix_ms: e.at_unix_ms,
+            node_id: if e.node_id.is_empty() { node_id.to_owned() } else { e.node_id },
+            key_id: e.key_id,
+            requested_model: e.requested_model,
+            served_model: e.served_model,
+            attempts: e
+                .attempts
+                .into_iter()
+                .map(|a| AuditAttempt {
+                    model: a.model,
+                    status: a.status,
+                    reason: a.reason,
+                    latency_ms: a.latency_ms,
+                    probe: a.probe,
+                })
+                .collect(),
+            stream: e.stream,
+            status: e.status,
+        }
+    }
+
+    pub fn to_pb(&self) -> pb::FailoverEvent {
+        pb::FailoverEvent {
+            id: self.id.clone(),
+            at_unix_ms: self.at_unix_ms,
+            node_id: self.node_id.clone(),
+            key_id: self.key_id.clone(),
+            requested_model: self.requested_model.clone(),
+            served_model: self.served_model.clone(),
+            attempts: self
+                .attempts
+                .iter()
+                .map(|a| pb::Attempt {
+                    model: a.model.clone(),
+                    status: a.status.clone(),
+                    reason: a.reason.clone(),
+                    latency_ms: a.latency_ms,
+                    probe: a.probe,
+                })
+                .collect(),
+            stream: self.stream,
+            status: self.status,
+        }
+    }
+}
+
+// === breaker transitions ===
+
+/// One node's breaker for one (provider, upstream model), as `switchyard breakers` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BreakerRecord {
+    pub node_id: String,
+    pub provider: String,
+    pub upstream_model: String,
+    /// `closed`, `open` or `half_open`.
+    pub state: String,
+    pub since_unix_ms: i64,
+    pub failure_rate: f64,
+    #[serde(default)]
+    pub calls_in_window: u32,
+    /// 0 unless open.
+    #[serde(default)]
+    pub next_probe_unix_ms: i64,
+    #[serde(default)]
+    pub cause: String,
+    #[serde(default)]
+    pub cooldown_ms: u64,
+}
+
+impl BreakerRecord {
+    pub fn from_transition(node_id: &str, t: pb::BreakerTransition) -> Self {
+        Self {
+            node_id: node_id.to_owned(),
+            provider: t.provider,
+            upstream_model: t.upstream_model,
+            state: t.to,
+            since_unix_ms: t.at_unix_ms,
+            failure_rate: t.failure_rate,
+            calls_in_window: t.calls_in_window,
+            next_probe_unix_ms: t.next_probe_unix_ms,
+            cause: t.cause,
+            cooldown_ms: t.cooldown_ms,
+        }
+    }
+}
+
+// === the outbox ===
+
+/// One event waiting for delivery, as stored in the outbox (JSON).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    /// The event id: the `webhook-id` of its deliveries, stable across retries.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// When the event happened (the node's clock for failovers and breakers).
+    pub at_unix_ms: i64,
+    /// When the control plane stored it; the dead-letter age counts from here.
+    pub enqueued_unix_ms: i64,
+    /// The API key of a failover event (empty for breaker and node events).
+    #[serde(default)]
+    pub key_id: String,
+    /// The payload's `data`.
+    pub data: serde_json::Value,
+    /// A redelivery: only these subscriptions get it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub only: Vec<String>,
+}
+
+impl OutboxEntry {
+    pub fn failover(event: &AuditEvent, now_ms: i64) -> Self {
+        let attempts: Vec<_> = event
+            .attempts
+            .iter()
+            .map(|a| {
+                let mut v =
+                    json!({"model": a.model, "status": a.status, "latency_ms": a.latency_ms});
+                if !a.reason.is_empty() {
+                    v["reason"] = json!(a.reason);
+                }
+                if a.probe {
+                    v["probe"] = json!(true);
+                }
+                v
+            })
+            .collect();
+        Self {
+            id: event.id.clone(),
+            event_type: FAILOVER.to_owned(),
+            at_unix_ms: event.at_unix_ms,
+            enqueued_unix_ms: now_ms,
+            key_id: event.key_id.clone(),
+            data: json!({
+                "event_id": event.id,
+                "key_id": event.key_id,
+                "node_id": event.node_id,
+                "requested_model": event.requested_model,
+                "served_model": event.served_model,
+                "failover": {"occurred": true, "attempts": attempts},
+                "stream": event.stream,
+                "status": event.status,
+                "at_unix_ms": event.at_unix_ms,
+            }),
+            only: vec![],
+        }
+    }
+
+    /// `None` for a state this release does not know.
+    pub fn breaker(record: &BreakerRecord, from: &str, now_ms: i64) -> Option<Self> {
+        let event_type = match record.state.as_str() {
+            "open" => BREAKER_OPENED,
+            "half_open" => BREAKER_HALF_OPEN,
+            "closed" => BREAKER_CLOSED,
+            _ => return None,
+        };
+        // Deterministic, so that a transition written twice is one event to receivers.
+        let digest = Sha256::digest(
+            format!(
+                "{}\n{}\n{}\n{}\n{}",
+                record.node_id,
+                record.provider,
+                record.upstream_model,
+                record.state,
+                record.since_unix_ms
+            )
+            .as_bytes(),
+        );
+        let id = digest_id("brk", &digest);
+        Some(Self {
+            data: json!({
+                "event_id": id,
+                "node_id": record.node_id,
+                "provider": record.provider,
+                "upstream_model": record.upstream_model,
+                "from": from,
+                "to": record.state,
+                "cause": record.cause,
+                "failure_rate": record.failure_rate,
+                "calls_in_window": record.calls_in_window,
+                "next_probe_unix_ms": record.next_probe_unix_ms,
+                "cooldown_ms": record.cooldown_ms,
+                "at_unix_ms": record.since_unix_ms,
+            }),
+            id,
+            event_type: event_type.to_owned(),
+            at_unix_ms: record.since_unix_ms,
+            enqueued_unix_ms: now_ms,
+            key_id: String::new(),
+            only: vec![],
+        })
+    }
+
+    pub fn node_disconnected(node_id: &str, disconnected_unix_ms: i64, grace_ms: u64) -> Self {
+        let digest = Sha256::digest(format!("{node_id}\n{disconnected_unix_ms}").as_bytes());
+        let id = digest_id("nod", &digest);
+        let now = now_ms();
+        Self {
+            data: json!({
+                "event_id": id,
+                "node_id": node_id,
+                "disconnected_unix_ms": disconnected_unix_ms,
+                "grace_ms": grace_ms,
+            }),
+            id,
+            event_type: NODE_DISCONNECTED.to_owned(),
+            at_unix_ms: disconnected_unix_ms,
+            enqueued_unix_ms: now,
+            key_id: String::new(),
+            only: vec![],
+        }
+    }
+
+    /// Whether `webhook` gets this entry.
+    pub fn is_for(&self, webhook: &Webhook) -> bool {
+        if !self.only.is_empty() {
+            return webhook.enabled && self.only.contains(&webhook.name);
+        }
+        webhook.wants(&self.event_type, &self.key_id)
+    }
+
+    /// The write that queues this entry.
+    pub fn put(&self, layout: &Layout) -> Result<TxnOp, StoreError> {
+        let value = serde_json::to_vec(self)
+            .map_err(|e| StoreError::InvalidRequest(format!("cannot encode outbox entry: {e}")))?;
+        Ok(TxnOp::Put { key: layout.outbox(self.at_unix_ms, &self.id), value, lease: None })
+    }
+
+    /// A Standard Webhooks payload: `{type, timestamp, data}`.
+    pub fn payload(&self) -> serde_json::Value {
+        json!({"type": self.event_type, "timestamp": rfc3339_ms(self.at_unix_ms), "data": self.data})
+    }
+}
+
+// === who wants what ===
+
+/// Which events some subscription wants, from this replica's config cache, so that events
+/// nobody subscribed to cost no outbox write. The catalog is parsed once per revision.
+pub struct Interest {
+    cache: Arc<ConfigCache>,
+    memo: Mutex<(Revision, Arc<Vec<Webhook>>)>,
+}
+
+impl Interest {
+    pub fn new(cache: Arc<ConfigCache>) -> Self {
+        Self { cache, memo: Mutex::new((-1, Arc::new(Vec::new()))) }
+    }
+
+    pub fn webhooks(&self) -> Arc<Vec<Webhook>> {
+        let (bytes, revision) = match self.cache.resource(layout::CATALOG) {
+            Some((bytes, revision)) => (Some(bytes), revision),
+            None => (None, 0),
+        };
+        let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        if memo.0 != revision {
+            let webhooks = bytes
+                .and_then(|b| serde_json::from_slice::<Catalog>(&b).ok())
+                .map(|c| c.webhooks)
+                .unwrap_or_default();
+            *memo = (revision, Arc::new(webhooks));
+        }
+        Arc::clone(&memo.1)
+    }
+
+    pub fn wants(&self, entry: &OutboxEntry) -> bool {
+        self.webhooks().iter().any(|w| entry.is_for(w))
+    }
+}
+
+/// `<prefix>_<hex of the digest's first 12 bytes>`: an id derived from what identifies an
+/// event, so that the same event written twice is one event to receivers.
+pub fn digest_id(prefix: &str, digest: &[u8]) -> String {
+    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}_{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn events_round_trip_through_the_stored_json() {
+        let pb_event = pb::FailoverEvent {
+            id: "ev1".into(),
+            at_unix_ms: 5,
+            node_id: String::new(),
+            key_id: "key_1".into(),
+            requested_model: "a".into(),
+            served_model: "b".into(),
+            attempts: vec![pb::Attempt {
+                model: "a".into(),
+                status: "failed".into(),
+                reason: "timeout".into(),
+                latency_ms: 30_011,
+                probe: false,
+            }],
+            stream: true,
+            status: 200,
+        };
+        let event = AuditEvent::from_pb(pb_event.clone(), "n1");
+        assert_eq!(event.node_id, "n1");
+        let back: AuditEvent =
+            serde_json::from_slice(&serde_json::to_vec(&event).unwrap()).unwrap();
+        assert_eq!(back.to_pb(), pb::FailoverEvent { node_id: "n1".into(), ..pb_event });
+    }
+
+    #[test]
+    fn payloads_carry_rfc3339_timestamps() {
+        let entry = OutboxEntry::node_disconnected("n1", 1_796_219_557_123, 30_000);
+        assert_eq!(entry.event_type, NODE_DISCONNECTED);
+        assert_eq!(entry.payload()["timestamp"], "2026-12-02T13:52:37.123Z");
+        assert!(entry.id.starts_with("nod_") && entry.id.len() == 4 + 24, "{}", entry.id);
+    }
+
+    #[test]
+    fn every_event_type_is_one_the_catalog_accepts() {
+        for t in [FAILOVER, BREAKER_OPENED, BREAKER_HALF_OPEN, BREAKER_CLOSED, NODE_DISCONNECTED] {
+            assert!(switchyard_catalog::catalog::WEBHOOK_EVENTS.contains(&t), "{t}");
+        }
+    }
+}
