@@ -11,7 +11,6 @@ pub mod catalog;
 pub mod credential;
 pub mod error;
 pub mod keys;
-pub mod time;
 
 pub use catalog::{
     BreakerOverride, BreakerPolicy, Catalog, Model, Price, Provider, ProviderKind, Webhook,
