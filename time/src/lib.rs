@@ -50,15 +50,12 @@ pub enum DurationError {
 pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let text = text.trim();
     let d = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        text.parse::<u64>().map(Duration::from_secs).map_err(|e| DurationError::Invalid {
-            text: text.to_owned(),
-            reason: e.to_string(),
-        })?
+        text.parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|e| DurationError::Invalid { text: text.to_owned(), reason: e.to_string() })?
     } else {
-        humantime::parse_duration(text).map_err(|e| DurationError::Invalid {
-            text: text.to_owned(),
-            reason: e.to_string(),
-        })?
+        humantime::parse_duration(text)
+            .map_err(|e| DurationError::Invalid { text: text.to_owned(), reason: e.to_string() })?
     };
     if d.is_zero() { Err(DurationError::Zero) } else { Ok(d) }
 }
