@@ -68,6 +68,10 @@ pub struct ControlArgs {
     /// records go): 30s, 5m.
     #[arg(long, default_value = "30s", value_parser = audit::parse_max_age)]
     pub node_grace: Duration,
+    /// On SIGTERM or SIGINT, how long calls in flight may take to finish once node streams
+    /// are closed: 10s, 1m.
+    #[arg(long, default_value = "10s", value_parser = parse_shutdown_duration)]
+    pub drain_timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -94,6 +98,14 @@ pub struct NodeArgs {
     /// connection stays open: 500ms, 30s, 2m.
     #[arg(long, default_value = "30s", value_parser = parse_header_read_timeout)]
     pub header_read_timeout: Duration,
+    /// Longest a client may take to send a request's body once its head is in; a slower
+    /// one gets 408: 10s, 30s, 2m.
+    #[arg(long, default_value = "30s", value_parser = parse_shutdown_duration)]
+    pub body_read_timeout: Duration,
+    /// On SIGTERM or SIGINT, how long requests and streams in flight may take to finish
+    /// before their connections are closed: 30s, 2m.
+    #[arg(long, default_value = "30s", value_parser = parse_shutdown_duration)]
+    pub drain_timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -148,6 +160,7 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
             ),
         },
         disconnect_grace: args.node_grace,
+        drain_timeout: args.drain_timeout,
     })
     .await?;
     // The one line on stdout: scripts and tests read the bound address from it.
@@ -173,6 +186,8 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
         join_token,
         max_body_bytes: args.max_body_bytes,
         header_read_timeout: args.header_read_timeout,
+        body_read_timeout: args.body_read_timeout,
+        drain_timeout: args.drain_timeout,
     })
     .await?;
     println!("switchyard node {} listening on {}", node.node_id, node.local_addr);
@@ -209,6 +224,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         audit: Default::default(),
         webhooks: DeliveryOptions::default(),
         disconnect_grace: BREAKER_GRACE,
+        drain_timeout: server::DEFAULT_DRAIN_TIMEOUT,
     })
     .await?;
     let control_url = format!("http://{}", control.local_addr);
@@ -228,6 +244,8 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         join_token: None,
         max_body_bytes: switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES,
         header_read_timeout: switchyard_data_plane::http::DEFAULT_HEADER_READ_TIMEOUT,
+        body_read_timeout: switchyard_data_plane::serve::DEFAULT_BODY_READ_TIMEOUT,
+        drain_timeout: switchyard_data_plane::serve::DEFAULT_DRAIN_TIMEOUT,
     })
     .await?;
     let url = format!("http://{}", node.local_addr);
@@ -353,6 +371,15 @@ fn secret_from(var: &str, file: Option<&Path>) -> Result<Option<String>, ServeEr
     Ok(std::env::var(var).ok().filter(|v| !v.is_empty()))
 }
 
+/// `--drain-timeout`, `--body-read-timeout`: a duration from 1 ms to one hour.
+fn parse_shutdown_duration(text: &str) -> Result<Duration, String> {
+    let duration = switchyard_time::parse_duration(text).map_err(|e| e.to_string())?;
+    if duration > Duration::from_secs(3_600) {
+        return Err(format!("{:?} is out of range: at most 1h", text.trim()));
+    }
+    Ok(duration)
+}
+
 /// `--header-read-timeout`: a number with `ms`, `s` or `m`, from 1 ms to one hour.
 fn parse_header_read_timeout(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -384,5 +411,16 @@ mod tests {
         assert!(parse_header_read_timeout("61m").unwrap_err().contains("out of range"));
         assert!(parse_header_read_timeout("30").unwrap_err().contains("unknown unit"));
         assert!(parse_header_read_timeout("s").unwrap_err().contains("not a duration"));
+    }
+
+    #[test]
+    fn drain_and_body_timeouts_take_human_durations_and_refuse_zero_and_more_than_an_hour() {
+        assert_eq!(parse_shutdown_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_shutdown_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_shutdown_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_shutdown_duration("45"), Ok(Duration::from_secs(45)));
+        assert!(parse_shutdown_duration("0s").unwrap_err().contains("more than zero"));
+        assert!(parse_shutdown_duration("2h").unwrap_err().contains("out of range"));
+        assert!(parse_shutdown_duration("soon").unwrap_err().contains("not a duration"));
     }
 }
