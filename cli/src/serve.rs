@@ -228,8 +228,10 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     })
     .await?;
     let control_url = format!("http://{}", control.local_addr);
+    // The control plane stops with the process, after the node: on Ctrl-C the node drains
+    // and hands its failover events to it, which it could not if this stopped first.
     tokio::spawn(async move {
-        if let Err(e) = control.run().await {
+        if let Err(e) = control.run_until(std::future::pending()).await {
             tracing::error!(error = %e, "control plane stopped");
         }
     });
