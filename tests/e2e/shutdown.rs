@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 use switchyard_e2e::etcd::EtcdProcess;
+use switchyard_e2e::fake_node::{FakeNode, failover_event};
 use switchyard_e2e::gateway::{Gateway, GatewayOptions, PRIMARY, SECONDARY};
 use switchyard_e2e::*;
 
@@ -406,10 +407,12 @@ async fn a_control_plane_stopped_with_sigterm_leaves_its_elections_and_its_nodes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_control_plane_on_the_embedded_store_exits_with_a_node_connected_and_frees_the_store() {
+async fn a_control_plane_on_the_embedded_store_exits_by_its_drain_deadline_and_frees_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
-    let mut cp = start_control(&store, "127.0.0.1:0", dir.path(), "cp").await;
+    let token = [("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)];
+    let args = ["control", "--store", &store, "--listen", "127.0.0.1:0", "--drain-timeout", "2s"];
+    let mut cp = Proc::start(&args, &token, dir.path().join("cp.log")).await;
     let node_dir = dir.path().join("node");
     let node = start_node(&cp.url(), &node_dir, "127.0.0.1:0", dir.path().join("node.log")).await;
     let node_id = std::fs::read_to_string(node_dir.join("node_id")).unwrap();
@@ -417,12 +420,38 @@ async fn a_control_plane_on_the_embedded_store_exits_with_a_node_connected_and_f
         connected_to(&cp.url(), &node_id).await
     })
     .await;
+    // An `events --follow` stream stays open until the drain deadline closes it.
+    let mut fake = FakeNode::connect(&cp.url(), "n1").await;
+    fake.send_next(vec![failover_event("evt-1", 1, "key_1")]).await;
+    let mut follower = Command::new(switchyard_bin())
+        .args(["events", "--follow", "--json"])
+        .env("SWITCHYARD_CONTROL", cp.url())
+        .env("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "the follower is connected: {first:?}");
 
     sigterm(cp.child.id().unwrap());
+    // Node streams end at once, with a status that sends nodes elsewhere.
+    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            match fake.reply().await {
+                Ok(Some(_)) => {}
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the node stream ends at once");
+    assert_eq!(ended.unwrap_err().code(), tonic::Code::Unavailable);
     let (status, took) =
-        exits_within(&mut cp.child, Duration::from_secs(10), "the control plane").await;
+        exits_within(&mut cp.child, Duration::from_secs(6), "the control plane").await;
     assert!(status.success(), "exits 0, not {status}; log:\n{}", cp.log_text());
-    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(took >= Duration::from_millis(1500), "the follow stream was waited for: {took:?}");
     // Its replacement opens the same store.
     let again = start_control(&store, "127.0.0.1:0", dir.path(), "cp-again").await;
     assert_eq!(cli(&again.url(), &["nodes", "--json"]).await.code, Some(0));
