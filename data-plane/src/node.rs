@@ -98,7 +98,8 @@ impl Node {
             Ok(_) => info!(cut_off = drained.cut_off, "node stopped"),
             Err(_) => warn!(
                 events = self.telemetry.events_held(),
-                "no control plane took the failover events held; they are lost"
+                "no control plane answered the hand-off: the failover events held and the \
+                 usage since the last report are lost"
             ),
         }
         Ok(())
