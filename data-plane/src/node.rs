@@ -127,7 +127,16 @@ impl ShutdownSignals {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
-        info!(signal = name, "shutting down");
+        info!(signal = name, "shutting down; a second signal stops at once");
+        // Someone who presses Ctrl-C twice does not want to wait for the drain.
+        tokio::spawn(async move {
+            let code = tokio::select! {
+                _ = term.recv() => 143,
+                _ = int.recv() => 130,
+            };
+            warn!("second signal: stopping without finishing the drain");
+            std::process::exit(code);
+        });
     }
 }
 

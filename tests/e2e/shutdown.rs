@@ -21,11 +21,15 @@ use switchyard_e2e::*;
 const DRAIN: Duration = Duration::from_secs(10);
 
 fn sigterm(pid: u32) {
+    signal(pid, "TERM");
+}
+
+fn signal(pid: u32, name: &str) {
     let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
+        .args([&format!("-{name}"), &pid.to_string()])
         .status()
         .expect("kill runs");
-    assert!(status.success(), "kill -TERM {pid} failed");
+    assert!(status.success(), "kill -{name} {pid} failed");
 }
 
 /// Waits for `child` to exit, at most `limit`; returns its status and how long it took.
@@ -148,6 +152,22 @@ async fn a_node_under_load_finishes_every_request_in_flight_on_sigterm_and_hands
         .find(|r| r["model"] == SECONDARY)
         .unwrap_or_else(|| panic!("no usage for {SECONDARY}: {usage}"));
     assert_eq!(row["requests"], clients, "{usage}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ctrl_c_stops_the_node_without_finishing_the_drain() {
+    let mut gw = Gateway::start_with(node_options(vec![])).await;
+    gw.script("primary", json!({"kind": "ok", "delay_ms": 8000})).await;
+    let requests = start_requests(gw.node.addr, &gw.key, &chat_body(PRIMARY, &[], false), 1);
+    in_flight(&gw, "primary", 1).await;
+    let pid = gw.node.child.id().unwrap();
+    signal(pid, "INT");
+    reports_draining(gw.node.addr).await;
+    signal(pid, "INT");
+    let (status, took) = exits_within(&mut gw.node.child, Duration::from_secs(5), "the node").await;
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    drop(requests);
 }
 
 /// A streaming request's raw response: status and `data:` payloads.
