@@ -14,8 +14,10 @@
 //!   the rest of that head, up to the header-read timeout).
 //!
 //! While draining, the listener stays open so that load balancers probing the node see
-//! `/readyz` answer 503; every other request on a connection accepted during the drain
-//! gets 503 `draining` at once, and such connections are never waited for.
+//! `/readyz` answer 503. A connection accepted during the drain carries one request:
+//! `/readyz`, `/healthz` and `/metrics` are answered as usual, anything else gets 503
+//! `draining` at once (clients retry it elsewhere), and such connections are never waited
+//! for.
 
 use std::convert::Infallible;
 use std::future::Future;
