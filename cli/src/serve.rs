@@ -70,6 +70,10 @@ pub struct ControlArgs {
     /// records go): 30s, 5m.
     #[arg(long, default_value = "30s", value_parser = switchyard_time::parse_duration)]
     pub node_grace: Duration,
+    /// On SIGTERM or SIGINT, how long calls in flight may take to finish once node streams
+    /// are closed: 10s, 1m.
+    #[arg(long, default_value = "10s", value_parser = parse_server_timeout)]
+    pub drain_timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -103,8 +107,16 @@ pub struct NodeArgs {
     pub max_body_bytes: usize,
     /// Longest a client may take to send a request's head, and longest an idle keep-alive
     /// connection stays open: 500ms, 30s, 2m.
-    #[arg(long, default_value = "30s", value_parser = parse_header_read_timeout)]
+    #[arg(long, default_value = "30s", value_parser = parse_server_timeout)]
     pub header_read_timeout: Duration,
+    /// Longest a client may take to send a request's body once its head is in; a slower
+    /// one gets 408: 10s, 30s, 2m.
+    #[arg(long, default_value = "30s", value_parser = parse_server_timeout)]
+    pub body_read_timeout: Duration,
+    /// On SIGTERM or SIGINT, how long requests and streams in flight may take to finish
+    /// before their connections are closed: 30s, 2m.
+    #[arg(long, default_value = "30s", value_parser = parse_server_timeout)]
+    pub drain_timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -159,6 +171,7 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
             ),
         },
         disconnect_grace: args.node_grace,
+        drain_timeout: args.drain_timeout,
     })
     .await?;
     // The one line on stdout: scripts and tests read the bound address from it.
@@ -184,6 +197,8 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
         join_token,
         max_body_bytes: args.max_body_bytes,
         header_read_timeout: args.header_read_timeout,
+        body_read_timeout: args.body_read_timeout,
+        drain_timeout: args.drain_timeout,
     })
     .await?;
     println!("switchyard node {} listening on {}", node.node_id, node.local_addr);
@@ -221,11 +236,14 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         audit: Default::default(),
         webhooks: DeliveryOptions::default(),
         disconnect_grace: BREAKER_GRACE,
+        drain_timeout: server::DEFAULT_DRAIN_TIMEOUT,
     })
     .await?;
     let control_url = format!("http://{}", control.local_addr);
+    // The control plane stops with the process, after the node: on Ctrl-C the node drains
+    // and hands its failover events to it, which it could not if this stopped first.
     tokio::spawn(async move {
-        if let Err(e) = control.run().await {
+        if let Err(e) = control.run_until(std::future::pending()).await {
             tracing::error!(error = %e, "control plane stopped");
         }
     });
@@ -240,6 +258,8 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         join_token: join_token.clone(),
         max_body_bytes: switchyard_data_plane::http::DEFAULT_MAX_BODY_BYTES,
         header_read_timeout: switchyard_data_plane::http::DEFAULT_HEADER_READ_TIMEOUT,
+        body_read_timeout: switchyard_data_plane::serve::DEFAULT_BODY_READ_TIMEOUT,
+        drain_timeout: switchyard_data_plane::serve::DEFAULT_DRAIN_TIMEOUT,
     })
     .await?;
     let url = format!("http://{}", node.local_addr);
@@ -455,12 +475,13 @@ fn parse_max_body_bytes(text: &str) -> Result<usize, String> {
     Ok(n)
 }
 
-/// `--header-read-timeout`: a duration as every duration flag takes it (`500ms`, `30s`, `2m`,
-/// or plain seconds), from 1 ms to one hour.
-fn parse_header_read_timeout(text: &str) -> Result<Duration, String> {
+/// `--header-read-timeout`, `--body-read-timeout`, `--drain-timeout`: a duration as every
+/// duration flag takes it (`500ms`, `30s`, `2m`, or plain seconds), from 1 ms to one hour —
+/// longer would keep a stuck client or a stopping process around past any operator's patience.
+fn parse_server_timeout(text: &str) -> Result<Duration, String> {
     let duration = switchyard_time::parse_duration(text).map_err(|e| e.to_string())?;
     if duration > Duration::from_secs(3_600) {
-        return Err(format!("{:?} is out of range: from 1ms to 60m", text.trim()));
+        return Err(format!("{:?} is out of range: from 1ms to 1h", text.trim()));
     }
     Ok(duration)
 }
@@ -470,14 +491,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn header_read_timeout_takes_durations_and_refuses_zero_and_over_an_hour() {
-        assert_eq!(parse_header_read_timeout("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_header_read_timeout("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_header_read_timeout("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_header_read_timeout("30"), Ok(Duration::from_secs(30)));
-        assert!(parse_header_read_timeout("0s").unwrap_err().contains("more than zero"));
-        assert!(parse_header_read_timeout("61m").unwrap_err().contains("out of range"));
-        assert!(parse_header_read_timeout("s").unwrap_err().contains("not a duration"));
+    fn server_timeouts_take_durations_and_refuse_zero_and_over_an_hour() {
+        assert_eq!(parse_server_timeout("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_server_timeout("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_server_timeout("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_server_timeout("30"), Ok(Duration::from_secs(30)));
+        assert!(parse_server_timeout("0s").unwrap_err().contains("more than zero"));
+        assert!(parse_server_timeout("61m").unwrap_err().contains("out of range"));
+        assert!(parse_server_timeout("s").unwrap_err().contains("not a duration"));
     }
 
     #[test]

@@ -1,15 +1,35 @@
-//! Wiring of one control-plane replica: store, config cache, admin API, node streams.
+//! Wiring of one control-plane replica: store, config cache, admin API, node streams, and
+//! the shutdown on SIGTERM or SIGINT:
+//! 1. the replica leaves both elections (webhook delivery, audit retention) at once, so
+//!    another replica takes that work over without waiting for this one's lease to expire;
+//! 2. it ends every node stream with `Unavailable`, so nodes move to another replica, and
+//!    takes no new connections;
+//! 3. it waits for the calls in flight up to the drain timeout, then returns either way
+//!    (an `events --follow` stream would otherwise hold it open, and with it the store).
+//!
+//! The replica's lease is left to expire rather than revoked: the presence and breaker
+//! records of its nodes hang on it, and a node that has not yet reconnected elsewhere
+//! keeps them until the lease runs out, as after a crash.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use futures_util::Stream;
 use tokio::net::TcpListener;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
 use switchyard_proto::admin::v1::admin_server::AdminServer;
 use switchyard_proto::node::v1::node_control_server::NodeControlServer;
+use switchyard_proto::node::v1::{self as pb, node_control_server::NodeControl};
 
 use crate::admin::AdminService;
 use crate::audit::{self, AuditRetention};
@@ -17,11 +37,17 @@ use crate::auth::{AdminAuth, Token, TokenCheck};
 use crate::fanout::{self, ConfigCache};
 use crate::layout::Layout;
 use crate::nodes::{NodeService, NodeShared};
-use crate::store::{self, Store, StoreError};
+use crate::store::{self, LeaseId, Store, StoreError, election};
 use crate::webhooks::{self, DeliveryOptions, Interest};
 
 /// The replica's lease: node presence records vanish this long after a replica dies.
 const LEASE_TTL: Duration = Duration::from_secs(10);
+/// How long a shutdown waits for calls in flight once node streams are closed
+/// (`--drain-timeout`). Admin calls take milliseconds and node streams are ended at once;
+/// what remains is `events --follow`, which a client re-opens on another replica.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on each store call of the shutdown: a store that is down must not hold it up.
+const STORE_CALL_LIMIT: Duration = Duration::from_secs(2);
 
 pub struct ControlOptions {
     pub store_url: String,
@@ -36,6 +62,8 @@ pub struct ControlOptions {
     pub webhooks: DeliveryOptions,
     /// How long a node may be gone before `node.disconnected` (and its breakers go).
     pub disconnect_grace: Duration,
+    /// How long a shutdown waits for calls in flight once node streams are closed.
+    pub drain_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,17 +76,101 @@ pub enum ControlError {
     NoAdminToken,
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error("cannot listen for shutdown signals: {0}")]
+    Signal(std::io::Error),
 }
 
-/// A started replica: its bound address and the future that runs it.
+type ServeFuture = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+
+/// A started replica: its bound address and what runs and stops it.
 pub struct Control {
     pub local_addr: SocketAddr,
-    serve: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ControlError>> + Send>>,
+    serve: ServeFuture,
+    /// `true`: node streams end and the server stops accepting.
+    stopping: watch::Sender<bool>,
+    store: Arc<dyn Store>,
+    layout: Layout,
+    lease: LeaseId,
+    /// The tasks that campaign in the elections.
+    campaigns: Vec<JoinHandle<()>>,
+    drain_timeout: Duration,
+    signals: ShutdownSignals,
 }
 
 impl Control {
-    pub async fn run(self) -> Result<(), ControlError> {
-        self.serve.await
+    /// Serves until SIGTERM or SIGINT, then shuts down as the module says.
+    pub async fn run(mut self) -> Result<(), ControlError> {
+        let signals = std::mem::replace(&mut self.signals, ShutdownSignals(None));
+        self.run_until(signals.recv()).await
+    }
+
+    /// Serves until `shutdown` completes, then shuts down as the module says.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), ControlError> {
+        let mut serve = self.serve;
+        tokio::select! {
+            result = &mut serve => return Ok(result?),
+            () = shutdown => {}
+        }
+        for campaign in &self.campaigns {
+            campaign.abort();
+        }
+        for campaign in self.campaigns {
+            let _ = campaign.await;
+        }
+        let elections = [self.layout.webhook_election(), self.layout.audit_retention_election()];
+        withdraw(self.store.as_ref(), &elections, self.lease).await;
+        info!("left the elections; closing node streams");
+        let _ = self.stopping.send(true);
+        match tokio::time::timeout(self.drain_timeout, serve).await {
+            Ok(result) => result?,
+            Err(_) => warn!("drain timeout: closing the calls still open"),
+        }
+        // A campaign write already on its way when the task stopped may land after the
+        // first withdrawal.
+        withdraw(self.store.as_ref(), &elections, self.lease).await;
+        info!("control plane stopped");
+        Ok(())
+    }
+}
+
+async fn withdraw(store: &dyn Store, elections: &[String], lease: LeaseId) {
+    for prefix in elections {
+        match tokio::time::timeout(STORE_CALL_LIMIT, election::withdraw(store, prefix, lease)).await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(election = %prefix, error = %e, "could not leave the election"),
+            Err(_) => {
+                warn!(election = %prefix, "could not leave the election: the store did not answer")
+            }
+        }
+    }
+}
+
+/// SIGTERM and SIGINT, registered when the replica starts so that none is lost before
+/// [`Control::run`].
+struct ShutdownSignals(Option<(Signal, Signal)>);
+
+impl ShutdownSignals {
+    fn register() -> std::io::Result<Self> {
+        Ok(Self(Some((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))))
+    }
+
+    async fn recv(self) {
+        let Some((mut term, mut int)) = self.0 else { return std::future::pending().await };
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        info!(signal = name, "shutting down; a second signal stops at once");
+        // Someone who presses Ctrl-C twice does not want to wait for the drain.
+        tokio::spawn(async move {
+            let code = tokio::select! {
+                _ = term.recv() => 143,
+                _ = int.recv() => 130,
+            };
+            warn!("second signal: stopping without finishing the drain");
+            std::process::exit(code);
+        });
     }
 }
 
@@ -76,6 +188,7 @@ pub async fn start_with_store(
     if options.admin_token.is_empty() {
         return Err(ControlError::NoAdminToken);
     }
+    let signals = ShutdownSignals::register().map_err(ControlError::Signal)?;
     let listener = TcpListener::bind(options.listen)
         .await
         .map_err(|source| ControlError::Listen { addr: options.listen, source })?;
@@ -104,7 +217,7 @@ pub async fn start_with_store(
         events: audit::EventWriter::start(Arc::clone(&store), layout.clone(), outbox),
         disconnect_grace: options.disconnect_grace,
     }));
-    tokio::spawn(webhooks::run(
+    let webhooks = tokio::spawn(webhooks::run(
         Arc::clone(&store),
         layout.clone(),
         Arc::clone(&cache),
@@ -112,23 +225,83 @@ pub async fn start_with_store(
         local_addr.to_string(),
         options.webhooks,
     ));
-    tokio::spawn(audit::run_retention(
+    let retention = tokio::spawn(audit::run_retention(
         Arc::clone(&store),
         layout.clone(),
         lease,
         local_addr.to_string(),
         options.audit,
     ));
-    let admin = AdminService { store, layout, cache };
+    let admin = AdminService { store: Arc::clone(&store), layout: layout.clone(), cache };
     let admin = AdminServer::with_interceptor(admin, AdminAuth(Token::new(&options.admin_token)));
 
+    let (stopping, stop) = watch::channel(false);
+    let nodes = ClosingNodeStreams { inner: nodes, stop: stop.clone() };
     info!(addr = %local_addr, "control plane listening");
     let serve = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .add_service(admin)
         .add_service(NodeControlServer::new(nodes))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown_signal());
-    Ok(Control { local_addr, serve: Box::pin(async move { Ok(serve.await?) }) })
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop));
+    Ok(Control {
+        local_addr,
+        serve: Box::pin(serve),
+        stopping,
+        store,
+        layout,
+        lease,
+        campaigns: vec![webhooks, retention],
+        drain_timeout: options.drain_timeout,
+        signals,
+    })
+}
+
+/// Resolves once the replica is stopping (or its [`Control`] is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// [`NodeService`] whose streams end with `Unavailable` when the replica stops, so that
+/// each node reconnects to another replica at once.
+struct ClosingNodeStreams {
+    inner: NodeService,
+    stop: watch::Receiver<bool>,
+}
+
+type ControlStream = Pin<Box<dyn Stream<Item = Result<pb::ControlMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl NodeControl for ClosingNodeStreams {
+    type ConnectStream = ControlStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::NodeMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        if *self.stop.borrow() {
+            return Err(shutting_down());
+        }
+        let mut inner = self.inner.connect(request).await?.into_inner();
+        let mut stopped = Box::pin(stopped(self.stop.clone()));
+        let mut ended = false;
+        let stream = futures_util::stream::poll_fn(move |cx| {
+            if ended {
+                return Poll::Ready(None);
+            }
+            if stopped.as_mut().poll(cx).is_ready() {
+                ended = true;
+                return Poll::Ready(Some(Err(shutting_down())));
+            }
+            let next = inner.as_mut().poll_next(cx);
+            ended = matches!(next, Poll::Ready(None));
+            next
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("this control plane is shutting down; connect to another one")
 }
 
 /// Renews the replica's lease; if the store lost it (a long outage), takes a new one is not
@@ -148,9 +321,4 @@ async fn keep_lease(store: Arc<dyn Store>, lease: store::LeaseId) {
             Err(e) => warn!(error = %e, "lease keep-alive failed; retrying"),
         }
     }
-}
-
-async fn shutdown_signal() {
-    let _ = tokio::signal::ctrl_c().await;
-    info!("shutting down");
 }

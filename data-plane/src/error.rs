@@ -32,6 +32,12 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("node has no config yet")]
     NotReady,
+    /// The node is shutting down and takes no new requests; another node can serve them.
+    #[error("this node is shutting down; send the request to another node")]
+    Draining,
+    /// The request body did not arrive in full within `--body-read-timeout` of its head.
+    #[error("the request body did not arrive within {} ms", after.as_millis())]
+    BodyTimeout { after: std::time::Duration },
     /// A non-retryable error from the upstream (the client's own 4xx), passed on as is.
     #[error("{message}")]
     Upstream {
@@ -58,7 +64,8 @@ impl ApiError {
             Self::ModelNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::NotReady => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NotReady | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Upstream { status, .. } | Self::AllFailed { status, .. } => *status,
         }
     }
@@ -72,6 +79,8 @@ impl ApiError {
             Self::Unauthorized(_) => "unauthorized",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::NotReady => "not_ready",
+            Self::Draining => "draining",
+            Self::BodyTimeout { .. } => "request_timeout",
             Self::Upstream { .. } => "upstream_client_error",
             Self::AllFailed { .. } => "all_models_failed",
         }
@@ -93,6 +102,8 @@ impl ApiError {
                 ("invalid_request_error", Some("request_too_large"), None)
             }
             Self::NotReady => ("server_error", Some("not_ready"), None),
+            Self::Draining => ("server_error", Some("draining"), None),
+            Self::BodyTimeout { .. } => ("invalid_request_error", Some("request_timeout"), None),
             Self::Upstream { kind, code, param, .. } => {
                 (kind.as_str(), code.as_deref(), param.as_deref())
             }

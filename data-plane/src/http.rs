@@ -55,6 +55,13 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.state.is_draining() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"ready": false, "reason": "draining"})),
+        )
+            .into_response();
+    }
     match app.state.current() {
         Some(config) => {
             Json(json!({"ready": true, "config_version": config.version})).into_response()

@@ -26,4 +26,3 @@ pub mod state;
 pub mod stream;
 pub mod sync;
 pub mod telemetry;
-pub mod wake;

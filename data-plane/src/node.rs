@@ -1,21 +1,34 @@
-//! Wiring of one data-plane node: persisted config, config stream, HTTP listener.
+//! Wiring of one data-plane node: persisted config, config stream, HTTP listener, and
+//! the shutdown on SIGTERM or SIGINT: `/readyz` turns 503, requests and streams in flight
+//! finish (up to the drain timeout), failover events and usage go to the control plane,
+//! and [`Node::run`] returns.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tracing::info;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
 
 use crate::breaker::Breakers;
 use crate::executor::Executor;
 use crate::http::App;
 use crate::metrics::Metrics;
+use crate::serve::ServeOptions;
 use crate::state::NodeState;
 use crate::sync::{self, SyncOptions};
 use crate::telemetry::Telemetry;
 use crate::{http, persist, serve};
+
+/// The hand-off of failover events after a drain gets what is left of the drain timeout,
+/// and at least this: a drain that used all of it still gives a reachable control plane
+/// time to store what the node holds.
+const MIN_HANDOFF: Duration = Duration::from_secs(2);
 
 pub struct NodeOptions {
     pub controls: Vec<String>,
@@ -27,6 +40,10 @@ pub struct NodeOptions {
     /// A client that takes longer to send a request's head is disconnected; the clock also
     /// runs while a keep-alive connection waits for its next request.
     pub header_read_timeout: Duration,
+    /// A client that takes longer to send a request's body, counted from its head, gets 408.
+    pub body_read_timeout: Duration,
+    /// How long a shutdown waits for requests and streams in flight.
+    pub drain_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +56,8 @@ pub enum NodeError {
     NoControl,
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error("cannot listen for shutdown signals: {0}")]
+    Signal(std::io::Error),
 }
 
 pub struct Node {
@@ -46,17 +65,78 @@ pub struct Node {
     pub node_id: String,
     listener: TcpListener,
     router: axum::Router,
-    header_read_timeout: Duration,
+    serve: ServeOptions,
+    state: Arc<NodeState>,
+    telemetry: Arc<Telemetry>,
+    handoff: watch::Sender<bool>,
+    sync: JoinHandle<()>,
+    signals: ShutdownSignals,
 }
 
 impl Node {
-    pub async fn run(self) -> Result<(), NodeError> {
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+    /// Serves until SIGTERM or SIGINT, then drains and returns.
+    pub async fn run(mut self) -> Result<(), NodeError> {
+        let signals = std::mem::replace(&mut self.signals, ShutdownSignals::none());
+        self.run_until(signals.recv()).await
+    }
+
+    /// Serves until `shutdown` completes, then drains: `/readyz` turns 503, requests and
+    /// streams in flight finish (up to the drain timeout), and what the node holds for the
+    /// control plane is handed over.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
+        let state = Arc::clone(&self.state);
+        let shutdown = async move {
+            shutdown.await;
+            state.start_draining();
         };
-        serve::serve(self.listener, self.router, self.header_read_timeout, shutdown)
+        let drained = serve::serve(self.listener, self.router, self.serve, shutdown)
             .await
-            .map_err(NodeError::Serve)
+            .map_err(NodeError::Serve)?;
+        let budget = self.serve.drain_timeout.saturating_sub(drained.started.elapsed());
+        let _ = self.handoff.send(true);
+        match tokio::time::timeout(budget.max(MIN_HANDOFF), self.sync).await {
+            Ok(_) => info!(cut_off = drained.cut_off, "node stopped"),
+            Err(_) => warn!(
+                events = self.telemetry.events_held(),
+                "no control plane answered the hand-off: the failover events held and the \
+                 usage since the last report are lost"
+            ),
+        }
+        Ok(())
+    }
+}
+
+/// SIGTERM (what Kubernetes and most supervisors send) and SIGINT (Ctrl-C). Registered
+/// when the node starts, so a signal that comes before [`Node::run`] is not lost; and a
+/// process that handles SIGTERM also stops as PID 1 of a container, where the signal's
+/// default action does nothing.
+struct ShutdownSignals(Option<(Signal, Signal)>);
+
+impl ShutdownSignals {
+    fn register() -> std::io::Result<Self> {
+        Ok(Self(Some((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))))
+    }
+
+    fn none() -> Self {
+        Self(None)
+    }
+
+    async fn recv(self) {
+        let Some((mut term, mut int)) = self.0 else { return std::future::pending().await };
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        info!(signal = name, "shutting down; a second signal stops at once");
+        // Someone who presses Ctrl-C twice does not want to wait for the drain.
+        tokio::spawn(async move {
+            let code = tokio::select! {
+                _ = term.recv() => 143,
+                _ = int.recv() => 130,
+            };
+            warn!("second signal: stopping without finishing the drain");
+            std::process::exit(code);
+        });
     }
 }
 
@@ -64,6 +144,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     if options.controls.is_empty() {
         return Err(NodeError::NoControl);
     }
+    let signals = ShutdownSignals::register().map_err(NodeError::Signal)?;
     let data_dir_err = |dir: &PathBuf| {
         let dir = dir.clone();
         move |source| NodeError::DataDir { dir, source }
@@ -95,18 +176,24 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     let local_addr = listener
         .local_addr()
         .map_err(|source| NodeError::Listen { addr: options.listen, source })?;
+    let (handoff, handoff_rx) = watch::channel(false);
     let sync_options = SyncOptions {
         controls: options.controls,
         node_id: node_id.clone(),
         listen_address: local_addr.to_string(),
         join_token: options.join_token,
+        handoff: handoff_rx,
     };
     let metrics = Arc::new(Metrics::new());
     let telemetry = Arc::new(Telemetry::new(node_id.clone(), metrics.events_dropped.clone()));
-    tokio::spawn(sync::run(sync_options, state.clone(), Arc::clone(&telemetry)));
+    let sync = tokio::spawn(sync::run(sync_options, state.clone(), Arc::clone(&telemetry)));
     let app = Arc::new(App {
-        state,
-        executor: Executor { breakers: Breakers::new(), telemetry, metrics },
+        state: Arc::clone(&state),
+        executor: Executor {
+            breakers: Breakers::new(),
+            telemetry: Arc::clone(&telemetry),
+            metrics,
+        },
         max_body_bytes: options.max_body_bytes,
     });
     info!(addr = %local_addr, node = %node_id, "node listening");
@@ -115,7 +202,16 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         node_id,
         listener,
         router: http::router(app),
-        header_read_timeout: options.header_read_timeout,
+        serve: ServeOptions {
+            header_read_timeout: options.header_read_timeout,
+            body_read_timeout: options.body_read_timeout,
+            drain_timeout: options.drain_timeout,
+        },
+        state,
+        telemetry,
+        handoff,
+        sync,
+        signals,
     })
 }
 

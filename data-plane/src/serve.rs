@@ -1,86 +1,140 @@
-//! The node's HTTP/1 accept loop: one task per client connection, graceful shutdown.
+//! The node's HTTP/1 server: accept loop, per-connection read limits, graceful drain.
 //!
-//! This is what `axum::serve` does, with two differences that are the reason it exists:
-//! each connection's task runs under [`Repoll`], which spares it the thread wake-up it
-//! would otherwise cause itself on every request (see [`crate::wake`]), and connections are
-//! served by hyper's HTTP/1 server directly, the only protocol the node speaks to clients.
+//! Built from hyper's HTTP/1 connection and hyper-util's [`GracefulShutdown`] rather than
+//! `axum::serve`, which offers neither a header-read timeout nor a hook per connection.
+//!
+//! A connection's life:
+//! - its request head must arrive within `header_read_timeout` (hyper's own timer), which
+//!   also bounds how long an idle keep-alive connection stays open;
+//! - each request body must arrive within `body_read_timeout` of its head, or the request
+//!   is answered 408 (a client that sends `Content-Length: 1000`, ten bytes and then
+//!   nothing would otherwise hold a task and a socket for as long as it likes);
+//! - once draining, a connection finishes the request it is serving and closes; one that
+//!   is idle or has only part of its first head closes at once (hyper alone would wait for
+//!   the rest of that head, up to the header-read timeout).
+//!
+//! While draining, the listener stays open so that load balancers probing the node see
+//! `/readyz` answer 503. A connection accepted during the drain carries one request:
+//! `/readyz`, `/healthz` and `/metrics` are answered as usual, anything else gets 503
+//! `draining` at once (clients retry it elsewhere), and such connections are never waited
+//! for.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, header};
+use axum::response::Response;
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
+use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tracing::{debug, error};
+use tokio::time::{Instant, Sleep};
+use tracing::{debug, error, info, warn};
 
-use crate::wake::Repoll;
+use crate::error::{ApiError, Flavor};
 
 /// Pause after an accept error that is not about one connection (out of file descriptors,
 /// say), so the loop does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener`, closing connections whose request head does not arrive
-/// within `header_read_timeout`, until `shutdown` completes, then stops accepting, lets
-/// every connection finish the request it is serving, and returns once all have closed.
+/// How long a client may take to send a request body once its head is in (configurable
+/// with `--body-read-timeout`). A body of the largest size accepted by default (4 MiB)
+/// arrives in this time at a little over 1 Mbit/s, and the chat bodies real clients send
+/// are kilobytes; what takes longer is a stalled or hostile client holding a task and a
+/// socket. The same bound as the head's, for the same reason.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a shutdown waits for requests and streams in flight (`--drain-timeout`); also
+/// Kubernetes' default grace period between SIGTERM and SIGKILL.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    /// Longest a client may take to send a request head; also the idle keep-alive limit.
+    pub header_read_timeout: Duration,
+    /// Longest a client may take to send a request body, counted from its head.
+    pub body_read_timeout: Duration,
+    /// Longest the drain waits for requests in flight before closing their connections.
+    pub drain_timeout: Duration,
+}
+
+/// How a drain ended.
+#[derive(Clone, Copy, Debug)]
+pub struct Drained {
+    /// When the shutdown signal arrived.
+    pub started: Instant,
+    /// Connections still serving a request when `drain_timeout` ran out (closed then).
+    pub cut_off: usize,
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then drains: stops taking new
+/// requests, lets every request in flight finish (up to `drain_timeout`) and returns.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    header_read_timeout: Duration,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()>,
-) -> io::Result<()> {
-    // Connections watch `stop` for the shutdown signal; `done` closes when the last
-    // connection drops its receiver.
-    let (stop, _) = watch::channel(false);
-    let (done, _) = watch::channel(());
-    let mut shutdown = std::pin::pin!(shutdown);
+) -> io::Result<Drained> {
+    let graceful = GracefulShutdown::new();
+    // Every connection task holds a receiver: `true` starts the drain, and dropping the
+    // sender (when this function returns) closes whatever is still open.
+    let (draining, drain_rx) = watch::channel(false);
+    let mut shutdown = pin!(shutdown);
     loop {
-        let tcp = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
-                Err(e) if is_per_connection(&e) => continue,
-                Err(e) => {
-                    error!(error = %e, "accepting a connection failed; pausing");
-                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                    continue;
-                }
-            },
+        tokio::select! {
+            tcp = accept(&listener) => serve_connection(tcp, &router, options, &graceful, drain_rx.clone()),
             () = &mut shutdown => break,
-        };
-        // Without TCP_NODELAY a stream's small SSE writes can be held back by Nagle's
-        // algorithm until the client ACKs the previous one, and clients delay their ACKs.
-        let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let mut stop = stop.subscribe();
-        let done = done.subscribe();
-        tokio::spawn(Repoll::new(async move {
-            // A client that opens connections and trickles their heads (or sends nothing)
-            // would otherwise hold a task and a socket each for as long as it likes.
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_read_timeout)
-                .serve_connection(TokioIo::new(tcp), service);
-            let mut conn = std::pin::pin!(conn);
-            let result = tokio::select! {
-                result = conn.as_mut() => result,
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = result {
-                debug!(error = %e, "client connection ended with an error");
-            }
-            drop(done);
-        }));
+        }
     }
-    drop(listener);
-    let _ = stop.send(true);
-    done.closed().await;
-    Ok(())
+    drop(drain_rx);
+    let started = Instant::now();
+    let _ = draining.send(true);
+    info!(connections = draining.receiver_count(), "draining: finishing requests in flight");
+    let deadline = started + options.drain_timeout;
+    let mut finished = pin!(graceful.shutdown());
+    loop {
+        tokio::select! {
+            () = &mut finished => return Ok(Drained { started, cut_off: 0 }),
+            () = tokio::time::sleep_until(deadline) => {
+                let cut_off = draining.receiver_count();
+                warn!(cut_off, "drain timeout: closing connections still serving a request");
+                return Ok(Drained { started, cut_off });
+            }
+            tcp = accept(&listener) => serve_while_draining(tcp, &router, options),
+        }
+    }
+}
+
+/// The next client connection; errors that concern only one connection are skipped.
+async fn accept(listener: &TcpListener) -> TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, _)) => {
+                // Without TCP_NODELAY a stream's small SSE writes can be held back by
+                // Nagle's algorithm until the client ACKs the previous one, and clients
+                // delay their ACKs.
+                let _ = tcp.set_nodelay(true);
+                return tcp;
+            }
+            Err(e) if is_per_connection(&e) => {}
+            Err(e) => {
+                error!(error = %e, "accepting a connection failed; pausing");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
 }
 
 /// Errors that concern only the connection being accepted; the next accept may succeed.
@@ -91,4 +145,263 @@ fn is_per_connection(e: &io::Error) -> bool {
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
     )
+}
+
+fn http1_builder(options: ServeOptions) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    // A client that opens connections and trickles their heads (or sends nothing) would
+    // otherwise hold a task and a socket each for as long as it likes.
+    builder.timer(TokioTimer::new()).header_read_timeout(options.header_read_timeout);
+    builder
+}
+
+fn serve_connection(
+    tcp: TcpStream,
+    router: &Router,
+    options: ServeOptions,
+    graceful: &GracefulShutdown,
+    mut draining: watch::Receiver<bool>,
+) {
+    // Set when the connection's first request head is complete: from then on hyper knows
+    // what to finish; before, a drain may close the connection at once.
+    let started = Arc::new(AtomicBool::new(false));
+    let service = {
+        let started = Arc::clone(&started);
+        let service = TowerToHyperService::new(router.clone());
+        service_fn(move |request: Request<Incoming>| {
+            started.store(true, Ordering::Relaxed);
+            respond(service.clone(), request, options.body_read_timeout)
+        })
+    };
+    let conn = graceful.watch(http1_builder(options).serve_connection(TokioIo::new(tcp), service));
+    tokio::spawn(async move {
+        tokio::select! {
+            result = conn => {
+                if let Err(e) = result {
+                    debug!(error = %e, "client connection ended with an error");
+                }
+            }
+            () = closable(&mut draining, &started) => {}
+        }
+    });
+}
+
+/// Resolves when the connection may be closed without losing a request: once the drain
+/// starts if it never completed a request head, or when the drain gives up on it.
+async fn closable(draining: &mut watch::Receiver<bool>, started: &AtomicBool) {
+    if draining.wait_for(|d| *d).await.is_err() {
+        return;
+    }
+    if !started.load(Ordering::Relaxed) {
+        debug!("draining: closing a connection that has not sent a whole request head");
+        return;
+    }
+    // Until the sender goes: the drain is over (or gave up).
+    while draining.changed().await.is_ok() {}
+}
+
+/// A connection accepted while draining: one request, answered at once.
+fn serve_while_draining(tcp: TcpStream, router: &Router, options: ServeOptions) {
+    let service = TowerToHyperService::new(router.clone());
+    let service = service_fn(move |request: Request<Incoming>| {
+        let service = service.clone();
+        async move {
+            match request.uri().path() {
+                "/readyz" | "/healthz" | "/metrics" => service.call(request).await,
+                path => Ok(ApiError::Draining.render(flavor_of(path))),
+            }
+        }
+    });
+    let conn =
+        http1_builder(options).keep_alive(false).serve_connection(TokioIo::new(tcp), service);
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            debug!(error = %e, "client connection ended with an error");
+        }
+    });
+}
+
+fn flavor_of(path: &str) -> Flavor {
+    if path.starts_with("/v1/") { Flavor::OpenAi } else { Flavor::Classic }
+}
+
+/// Runs the router on `request`, answering 408 instead if the request body is not in
+/// within `body_read_timeout` of the head. The timer is armed only while the handler waits
+/// for body bytes that have not come: a body that arrives with its head costs nothing.
+async fn respond(
+    service: TowerToHyperService<Router>,
+    request: Request<Incoming>,
+    body_read_timeout: Duration,
+) -> Result<Response, Infallible> {
+    let deadline = Instant::now() + body_read_timeout;
+    let flavor = flavor_of(request.uri().path());
+    let received = Arc::new(AtomicBool::new(request.body().is_end_stream()));
+    let request =
+        request.map(|inner| Body::new(TimedBody { inner, received: Arc::clone(&received) }));
+    let mut handler = pin!(service.call(request));
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(response) = handler.as_mut().poll(cx) {
+            return Poll::Ready(response);
+        }
+        if received.load(Ordering::Acquire) {
+            timer = None;
+            return Poll::Pending;
+        }
+        let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        debug!("request body not received in time; answering 408");
+        let mut response = ApiError::BodyTimeout { after: body_read_timeout }.render(flavor);
+        // The rest of the body may still come: the connection cannot carry another request.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        Poll::Ready(Ok(response))
+    })
+    .await
+}
+
+/// A request body that says when it has been read to its end, or dropped unread.
+struct TimedBody {
+    inner: Incoming,
+    received: Arc<AtomicBool>,
+}
+
+impl HttpBody for TimedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
+            self.received.store(true, Ordering::Release);
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TimedBody {
+    /// A handler that answers without reading the body (401, 413) is not waiting for it.
+    fn drop(&mut self) {
+        self.received.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::net::SocketAddr;
+
+    use axum::routing::{get, post};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    fn options() -> ServeOptions {
+        ServeOptions {
+            header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_millis(200),
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Serves `router` on a loopback port until the returned sender fires or is dropped.
+    async fn start(
+        router: Router,
+    ) -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandle<io::Result<Drained>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, options(), async {
+            let _ = stopped.await;
+        }));
+        (addr, stop, server)
+    }
+
+    #[tokio::test]
+    async fn a_drain_finishes_the_request_in_flight_and_closes_a_half_open_connection_at_once() {
+        let (entered, handler_entered) = oneshot::channel::<()>();
+        let entered = Arc::new(std::sync::Mutex::new(Some(entered)));
+        let router = Router::new().route(
+            "/slow",
+            get(move || async move {
+                if let Some(tx) = entered.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "done"
+            }),
+        );
+        let (addr, stop, server) = start(router).await;
+        // Half a head first: its connection task (tasks run in order on this test's one
+        // thread) has read it by the time the other request reaches its handler.
+        let mut half_open = TcpStream::connect(addr).await.unwrap();
+        half_open.write_all(b"GET /slow HTTP/1.1\r\nHo").await.unwrap();
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        busy.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        handler_entered.await.unwrap();
+
+        stop.send(()).unwrap();
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(1), half_open.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0) | Err(_))), "the half-open connection is closed: {read:?}");
+        let mut response = Vec::new();
+        busy.read_to_end(&mut response).await.unwrap();
+        let response = String::from_utf8_lossy(&response);
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("done"), "{response}");
+        let drained = server.await.unwrap().unwrap();
+        assert_eq!(drained.cut_off, 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stalls_after_the_head_is_answered_408_and_one_in_time_is_served() {
+        let router = Router::new()
+            .route("/v1/echo", post(|body: Bytes| async move { format!("{} bytes", body.len()) }));
+        let (addr, _stop, _server) = start(router).await;
+        let mut stalled = TcpStream::connect(addr).await.unwrap();
+        stalled
+            .write_all(
+                b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789",
+            )
+            .await
+            .unwrap();
+        let mut response = Vec::new();
+        tokio::time::timeout(Duration::from_secs(2), stalled.read_to_end(&mut response))
+            .await
+            .unwrap()
+            .unwrap();
+        let response = String::from_utf8_lossy(&response);
+        assert!(response.starts_with("HTTP/1.1 408"), "{response}");
+        assert!(response.contains("request_timeout"), "{response}");
+
+        let mut in_time = TcpStream::connect(addr).await.unwrap();
+        in_time
+            .write_all(b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        // Not a wait for a condition: the body comes apart from its head, so the timer is
+        // armed, and within the 200 ms it allows.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        in_time.write_all(b"abcd").await.unwrap();
+        let mut response = Vec::new();
+        in_time.read_to_end(&mut response).await.unwrap();
+        let response = String::from_utf8_lossy(&response);
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("4 bytes"), "{response}");
+    }
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 use tracing::{debug, info, warn};
@@ -43,6 +43,9 @@ pub struct SyncOptions {
     pub node_id: String,
     pub listen_address: String,
     pub join_token: Option<String>,
+    /// Turns `true` when the node shuts down: the task hands over what it holds (see
+    /// [`hand_off`]) and returns.
+    pub handoff: watch::Receiver<bool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +71,8 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
         telemetry.requeue_in_flight();
         telemetry.mark_usage_dirty();
         match result {
-            Ok(()) => {}
+            // Only a completed hand-off ends a session without an error.
+            Ok(()) => return,
             Err(e) => warn!(control = %endpoint, error = %e, "config stream ended"),
         }
         // A stream that lived a while was healthy: start the backoff over.
@@ -119,8 +123,11 @@ async fn session(
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Snapshot chunks received so far: (version, resources).
     let mut pending_snapshot: Option<(i64, Resources)> = None;
+    let mut handoff = options.handoff.clone();
     loop {
         tokio::select! {
+            // An error means the node is gone without asking: hand over all the same.
+            () = handoff_requested(&mut handoff) => return hand_off(tx, inbound, telemetry).await,
             message = tokio::time::timeout(IDLE_LIMIT, inbound.message()) => {
                 let message = message.map_err(|_| SessionError::Idle)??.ok_or(SessionError::Closed)?;
                 let change = match message.msg {
@@ -172,6 +179,42 @@ async fn session(
             }
         }
     }
+}
+
+/// Resolves once the node asks for the hand-off, or is gone without asking.
+async fn handoff_requested(handoff: &mut watch::Receiver<bool>) {
+    let _ = handoff.wait_for(|h| *h).await;
+}
+
+/// The node is shutting down: sends everything it holds (breaker transitions, failover
+/// events, usage totals), waits until the control plane has acked every event, then ends
+/// its side of the stream. The control plane handles a stream's messages in order and
+/// closes its side after the last, so once it has, the usage totals are stored too.
+async fn hand_off(
+    tx: mpsc::Sender<pb::NodeMessage>,
+    mut inbound: tonic::Streaming<pb::ControlMessage>,
+    telemetry: &Telemetry,
+) -> Result<(), SessionError> {
+    for message in outbound(telemetry, true) {
+        tx.send(message).await.map_err(|_| SessionError::Closed)?;
+    }
+    while telemetry.events_held() > 0 {
+        let message = tokio::time::timeout(IDLE_LIMIT, inbound.message())
+            .await
+            .map_err(|_| SessionError::Idle)??
+            .ok_or(SessionError::Closed)?;
+        if let Some(control_message::Msg::EventsAck(ack)) = message.msg {
+            telemetry.ack_events(ack.seq);
+        }
+    }
+    drop(tx);
+    while tokio::time::timeout(IDLE_LIMIT, inbound.message())
+        .await
+        .map_err(|_| SessionError::Idle)??
+        .is_some()
+    {}
+    info!("failover events and usage handed to the control plane");
+    Ok(())
 }
 
 /// Applies a change all or nothing and says so to the control plane. Versions only grow:

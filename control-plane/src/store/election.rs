@@ -90,6 +90,19 @@ pub async fn leader(
     Ok(store.list(&prefix).await?.kvs.into_iter().min_by_key(|kv| kv.create_revision))
 }
 
+/// Withdraws the candidate campaigning with `lease` under `election_prefix`, leader or
+/// still in line, so that the next one leads at once instead of when the lease expires.
+/// The caller first stops whatever would campaign again.
+pub async fn withdraw(
+    store: &dyn Store,
+    election_prefix: &str,
+    lease: LeaseId,
+) -> Result<(), StoreError> {
+    let key = format!("{}/{lease:016x}", election_prefix.trim_end_matches('/'));
+    store.delete(&key).await?;
+    Ok(())
+}
+
 /// Returns `true` once `key` is deleted at or after `from`, `false` when the history needed to
 /// tell was compacted (the caller re-reads the key). Keys under one election prefix have a
 /// fixed length, so watching `key` as a prefix matches only `key`.
