@@ -10,6 +10,7 @@ pub mod address;
 pub mod catalog;
 pub mod credential;
 pub mod error;
+pub mod fault;
 pub mod keys;
 
 pub use catalog::{
@@ -17,4 +18,5 @@ pub use catalog::{
 };
 pub use credential::CredentialRef;
 pub use error::{FieldError, ValidationErrors};
+pub use fault::{Fault, FaultKind, FaultTarget};
 pub use keys::{ApiKeyRecord, FailoverDefaults, FailoverReason, KeyStatus};
