@@ -23,8 +23,18 @@ use switchyard_catalog::{ApiKeyRecord, FailoverDefaults, KeyStatus};
 use switchyard_control_plane::layout::Layout;
 use switchyard_control_plane::store::{self, Txn, TxnOp};
 
-use crate::fleet::{f, get_status, median, mib, status_kib, wait_ready};
-use crate::{Proc, Result, cli, clock_ticks, connect, cpu_ticks};
+/// The e2e harness's throw-away etcd (std + tokio + tempfile only), for `--store etcd`.
+#[path = "../../control-plane/tests/support/etcd.rs"]
+mod etcd;
+
+use crate::catalog::{PRIMARY, SECONDARY};
+use crate::client::{connect, get_status};
+use crate::error::Result;
+use crate::flags::bounded;
+use crate::fleet::wait_ready;
+use crate::host::{clock_ticks, cpu_ticks, mib, status_kib};
+use crate::proc::{Proc, cli, default_switchyard};
+use crate::stats::{fmt, median};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Backend {
@@ -54,7 +64,7 @@ const USAGE: &str = "usage: switchyard-bench keys [--count 100000] (comma-separa
 
 fn parse(args: &[String]) -> Result<Options> {
     let mut o = Options {
-        switchyard: crate::default_switchyard()?,
+        switchyard: default_switchyard()?,
         counts: vec![100_000],
         backends: vec![Backend::Embedded, Backend::Etcd],
         runs: 3,
@@ -82,8 +92,8 @@ fn parse(args: &[String]) -> Result<Options> {
                     })
                     .collect::<Result<Vec<_>>>()?;
             }
-            "--runs" => o.runs = crate::bounded(value()?, 1, 20, "--runs")?,
-            "--changes" => o.changes = crate::bounded(value()?, 1, 50, "--changes")?,
+            "--runs" => o.runs = bounded(value()?, 1, 20, "--runs")?,
+            "--changes" => o.changes = bounded(value()?, 1, 50, "--changes")?,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -164,20 +174,20 @@ async fn run(o: Options) -> Result<()> {
             s.bytes,
             s.resources.div_ceil(500).max(1),
             s.seed_secs,
-            f(m(|x| x.cp_start_ms), 0),
-            f(m(|x| x.cp_rss_mib), 1),
-            f(m(|x| x.node_ready_ms), 0),
-            f(m(|x| x.node_rss_mib), 1),
-            f(m(|x| x.node_hwm_mib), 1),
-            f(m(|x| x.lkg_bytes as f64 / 1048576.0), 1),
-            f(median(&changes), 1),
-            f(changes.iter().copied().reduce(f64::max), 1),
-            f(median(&clis), 1),
-            f(m(|x| x.persist_lag_ms), 0),
-            f(m(|x| x.node_cpu_ms_per_change), 1),
-            f(m(|x| x.cp_cpu_ms_per_change), 1),
-            f(m(|x| x.restart_ready_ms), 0),
-            f(m(|x| x.restart_rss_mib), 1),
+            fmt(m(|x| x.cp_start_ms), 0),
+            fmt(m(|x| x.cp_rss_mib), 1),
+            fmt(m(|x| x.node_ready_ms), 0),
+            fmt(m(|x| x.node_rss_mib), 1),
+            fmt(m(|x| x.node_hwm_mib), 1),
+            fmt(m(|x| x.lkg_bytes as f64 / 1048576.0), 1),
+            fmt(median(&changes), 1),
+            fmt(changes.iter().copied().reduce(f64::max), 1),
+            fmt(median(&clis), 1),
+            fmt(m(|x| x.persist_lag_ms), 0),
+            fmt(m(|x| x.node_cpu_ms_per_change), 1),
+            fmt(m(|x| x.cp_cpu_ms_per_change), 1),
+            fmt(m(|x| x.restart_ready_ms), 0),
+            fmt(m(|x| x.restart_rss_mib), 1),
         );
     }
     println!();
@@ -201,8 +211,7 @@ fn catalog_yaml() -> String {
     // The node never calls these models here; the address only has to be well-formed.
     format!(
         "providers:\n  - name: sim\n    kind: openai-compatible\n    base_url: http://127.0.0.1:9/v1\n    region: us\nmodels:\n  - name: {}\n    provider: sim\n    upstream_model: primary\n  - name: {}\n    provider: sim\n    upstream_model: secondary\n",
-        crate::PRIMARY,
-        crate::SECONDARY
+        PRIMARY, SECONDARY
     )
 }
 
@@ -220,7 +229,7 @@ async fn one(
     let bin = o.switchyard.as_path();
     // Declared before anything that talks to it, so it outlives them (dropped last).
     let etcd = match backend {
-        Backend::Etcd => Some(crate::etcd::EtcdProcess::start().await),
+        Backend::Etcd => Some(etcd::EtcdProcess::start().await),
         Backend::Embedded => None,
     };
     let store_url = match &etcd {
@@ -358,7 +367,7 @@ async fn seed(url: &str, count: usize, victims: usize) -> Result<Seeded> {
     let store = store::open(url).await.map_err(|e| format!("open {url}: {e}"))?;
     let layout = Layout::new("/switchyard/");
     let started = Instant::now();
-    let now = crate::unix_ms();
+    let now = switchyard_time::now_ms();
     let mut victim_keys = Vec::new();
     let mut batch = Vec::with_capacity(128);
     // The victims are extra keys beyond `count`, so `--count 0` still has something to revoke.
@@ -375,7 +384,7 @@ async fn seed(url: &str, count: usize, victims: usize) -> Result<Seeded> {
             secret_sha256: hash_secret(&secret),
             secret_hint: secret[secret.len() - 4..].to_owned(),
             failover_defaults: Some(FailoverDefaults {
-                models: vec![crate::PRIMARY.into(), crate::SECONDARY.into()],
+                models: vec![PRIMARY.into(), SECONDARY.into()],
                 timeout_ms: None,
                 first_token_timeout_ms: None,
                 on: None,

@@ -20,8 +20,14 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, header};
 use serde_json::json;
 
-use crate::fleet::{Fleet, connect_many, f, median, mib, open_files_limit, pct, status_kib};
-use crate::{Result, clock_ticks, cpu_ticks};
+use crate::catalog::{PRIMARY, catalog_yaml};
+use crate::client::connect_many;
+use crate::error::Result;
+use crate::flags::bounded;
+use crate::fleet::Fleet;
+use crate::host::{clock_ticks, cpu_ticks, mib, open_files_limit, status_kib};
+use crate::proc::{Proc, default_switchyard};
+use crate::stats::{fmt, median, pct};
 
 struct Options {
     switchyard: std::path::PathBuf,
@@ -37,7 +43,7 @@ const USAGE: &str = "usage: switchyard-bench streams [--streams 2000] [--chunks 
 
 fn parse(args: &[String]) -> Result<Options> {
     let mut o = Options {
-        switchyard: crate::default_switchyard()?,
+        switchyard: default_switchyard()?,
         streams: 2000,
         chunks: 200,
         chunk_delay_ms: 20,
@@ -49,13 +55,13 @@ fn parse(args: &[String]) -> Result<Options> {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
         match flag.as_str() {
             "--switchyard" => o.switchyard = value()?.into(),
-            "--streams" => o.streams = crate::bounded(value()?, 1, 20_000, "--streams")?,
-            "--chunks" => o.chunks = crate::bounded(value()?, 1, 2_000, "--chunks")? as u32,
+            "--streams" => o.streams = bounded(value()?, 1, 20_000, "--streams")?,
+            "--chunks" => o.chunks = bounded(value()?, 1, 2_000, "--chunks")? as u32,
             "--chunk-delay-ms" => {
-                o.chunk_delay_ms = crate::bounded(value()?, 0, 1_000, "--chunk-delay-ms")? as u64
+                o.chunk_delay_ms = bounded(value()?, 0, 1_000, "--chunk-delay-ms")? as u64
             }
-            "--ramp-ms" => o.ramp_ms = crate::bounded(value()?, 0, 60_000, "--ramp-ms")? as u64,
-            "--runs" => o.runs = crate::bounded(value()?, 1, 20, "--runs")?,
+            "--ramp-ms" => o.ramp_ms = bounded(value()?, 0, 60_000, "--ramp-ms")? as u64,
+            "--runs" => o.runs = bounded(value()?, 1, 20, "--runs")?,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -113,7 +119,7 @@ async fn run(o: Options) -> Result<()> {
         .prefix("switchyard-bench-streams-")
         .tempdir()
         .map_err(|e| format!("temp dir: {e}"))?;
-    let fleet = Fleet::start(&o.switchyard, dir.path(), crate::catalog_yaml).await?;
+    let fleet = Fleet::start(&o.switchyard, dir.path(), catalog_yaml).await?;
     // Enough text for `chunks` pieces of one word each.
     let text = (0..o.chunks).map(|i| format!("w{i} ")).collect::<String>();
     fleet
@@ -124,7 +130,7 @@ async fn run(o: Options) -> Result<()> {
         .await?;
     let ticks = clock_ticks() as f64;
     let messages = json!([{"role": "user", "content": "Stream me a story."}]);
-    let node_body = json!({"model": crate::PRIMARY, "messages": messages, "stream": true});
+    let node_body = json!({"model": PRIMARY, "messages": messages, "stream": true});
     let direct_body = json!({"model": "primary", "messages": messages, "stream": true});
     let node = Target {
         addr: fleet.node.addr,
@@ -137,7 +143,7 @@ async fn run(o: Options) -> Result<()> {
     // (bytes forwarded as they arrive, nothing parsed), in front of the same simulator.
     let me = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
     let sim_addr = fleet.sim.addr.to_string();
-    let pass = crate::Proc::start(
+    let pass = Proc::start(
         &me,
         &["passthrough", "--listen", "127.0.0.1:0", "--upstream", &sim_addr],
         &[],
@@ -181,8 +187,8 @@ async fn run(o: Options) -> Result<()> {
                 s.done,
                 o.streams,
                 s.chunks,
-                f(pct(&s.ttft_ms, 0.5), 1),
-                f(pct(&s.ttft_ms, 0.99), 1),
+                fmt(pct(&s.ttft_ms, 0.5), 1),
+                fmt(pct(&s.ttft_ms, 0.99), 1),
                 mib(s.idle_rss_kib),
                 mib(s.peak_rss_kib),
                 mib(s.after_rss_kib),
@@ -231,11 +237,11 @@ fn report(o: &Options, runs: &[Vec<Sample>]) {
                 s.done,
                 o.streams,
                 s.chunks,
-                f(pct(&s.ttft_ms, 0.5), 2),
-                f(pct(&s.ttft_ms, 0.99), 2),
-                if proxy { f(added(0.5), 2) } else { dash() },
-                if proxy { f(added(0.99), 2) } else { dash() },
-                f(pct(&s.total_ms, 0.5).map(|v| v / 1e3), 2),
+                fmt(pct(&s.ttft_ms, 0.5), 2),
+                fmt(pct(&s.ttft_ms, 0.99), 2),
+                if proxy { fmt(added(0.5), 2) } else { dash() },
+                if proxy { fmt(added(0.99), 2) } else { dash() },
+                fmt(pct(&s.total_ms, 0.5).map(|v| v / 1e3), 2),
                 mib(s.idle_rss_kib),
                 mib(s.peak_rss_kib),
                 per_stream(s),
@@ -265,12 +271,12 @@ fn report(o: &Options, runs: &[Vec<Sample>]) {
     let first = runs.first().map(|r| per_stream(&r[0]));
     println!(
         "| node RSS per open stream, run 1 (fresh node after warm-up) | {} KiB | ≤ 64 KiB | {} |",
-        f(first, 1),
+        fmt(first, 1),
         v(first.is_some_and(|r| r <= 64.0))
     );
     println!(
         "| node RSS per open stream, later runs (median; memory kept from run 1 reused) | {} KiB | – | – |",
-        f(median(&runs.iter().skip(1).map(|r| per_stream(&r[0])).collect::<Vec<_>>()), 1)
+        fmt(median(&runs.iter().skip(1).map(|r| per_stream(&r[0])).collect::<Vec<_>>()), 1)
     );
     println!(
         "| node idle VmRSS before each run | {} MiB | bounded | see reading |",
@@ -281,18 +287,18 @@ fn report(o: &Options, runs: &[Vec<Sample>]) {
     );
     println!(
         "| node / pass-through CPU per 1,000 chunks (median) | {} / {} ms | – | {}× |",
-        f(med(0, &|r| Some(cpu_per_k(&r[0], r[0].proxy_cpu_s))), 1),
-        f(med(0, &|r| Some(cpu_per_k(&r[1], r[1].proxy_cpu_s))), 1),
-        f(med(0, &|r| Some(r[0].proxy_cpu_s / r[1].proxy_cpu_s.max(1e-9))), 2)
+        fmt(med(0, &|r| Some(cpu_per_k(&r[0], r[0].proxy_cpu_s))), 1),
+        fmt(med(0, &|r| Some(cpu_per_k(&r[1], r[1].proxy_cpu_s))), 1),
+        fmt(med(0, &|r| Some(r[0].proxy_cpu_s / r[1].proxy_cpu_s.max(1e-9))), 2)
     );
     println!(
         "| TTFT p50: direct / pass-through / node (median) | {} / {} / {} ms | – | – |",
-        f(med(0, &|r| pct(&r[2].ttft_ms, 0.5)), 2),
-        f(med(0, &|r| pct(&r[1].ttft_ms, 0.5)), 2),
-        f(med(0, &|r| pct(&r[0].ttft_ms, 0.5)), 2)
+        fmt(med(0, &|r| pct(&r[2].ttft_ms, 0.5)), 2),
+        fmt(med(0, &|r| pct(&r[1].ttft_ms, 0.5)), 2),
+        fmt(med(0, &|r| pct(&r[0].ttft_ms, 0.5)), 2)
     );
-    println!("| node added TTFT p50 (median) | {} ms | – | – |", f(med(0, &added(0.5)), 2));
-    println!("| node added TTFT p99 (median) | {} ms | – | – |", f(med(0, &added(0.99)), 2));
+    println!("| node added TTFT p50 (median) | {} ms | – | – |", fmt(med(0, &added(0.5)), 2));
+    println!("| node added TTFT p99 (median) | {} ms | – | – |", fmt(med(0, &added(0.99)), 2));
     println!(
         "| streams completed with [DONE] (node+pass+direct per run) | {} | all | {} |",
         runs.iter()

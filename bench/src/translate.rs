@@ -30,8 +30,15 @@ use switchyard_data_plane::providers::sse::{Frame, Parser};
 use switchyard_data_plane::providers::{Adapter, StreamEvent};
 use switchyard_data_plane::request::ChatRequest;
 
-use crate::fleet::{Fleet, connect_many, f, median};
-use crate::{Kind, Result, Target, clock_ticks, connect, cpu_ticks, phase};
+use crate::catalog::{PRIMARY, SECONDARY};
+use crate::client::{connect, connect_many, http};
+use crate::error::Result;
+use crate::flags::bounded;
+use crate::fleet::Fleet;
+use crate::host::{clock_ticks, cpu_ticks};
+use crate::load::{Kind, Target, phase};
+use crate::proc::{Proc, default_switchyard};
+use crate::stats::{fmt, median, percentile};
 
 struct Options {
     switchyard: std::path::PathBuf,
@@ -47,7 +54,7 @@ const USAGE: &str = "usage: switchyard-bench translate [--runs 5] [--ms 200] [--
 
 fn parse(args: &[String]) -> Result<Options> {
     let mut o = Options {
-        switchyard: crate::default_switchyard()?,
+        switchyard: default_switchyard()?,
         runs: 5,
         ms: 200,
         e2e: true,
@@ -59,11 +66,11 @@ fn parse(args: &[String]) -> Result<Options> {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
         match flag.as_str() {
             "--switchyard" => o.switchyard = value()?.into(),
-            "--runs" => o.runs = crate::bounded(value()?, 1, 20, "--runs")?,
-            "--ms" => o.ms = crate::bounded(value()?, 10, 5_000, "--ms")? as u64,
+            "--runs" => o.runs = bounded(value()?, 1, 20, "--runs")?,
+            "--ms" => o.ms = bounded(value()?, 10, 5_000, "--ms")? as u64,
             "--no-e2e" => o.e2e = false,
-            "--conns" => o.conns = crate::bounded(value()?, 1, 256, "--conns")?,
-            "--e2e-secs" => o.e2e_secs = crate::bounded(value()?, 1, 60, "--e2e-secs")? as f64,
+            "--conns" => o.conns = bounded(value()?, 1, 256, "--conns")?,
+            "--e2e-secs" => o.e2e_secs = bounded(value()?, 1, 60, "--e2e-secs")? as f64,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -263,18 +270,14 @@ async fn run(o: Options) -> Result<()> {
         .tempdir()
         .map_err(|e| format!("temp dir: {e}"))?;
     let bin = o.switchyard.as_path();
-    let sim = crate::Proc::start(
-        bin,
-        &["sim", "--listen", "127.0.0.1:0"],
-        &[],
-        &dir.path().join("sim.log"),
-    )?;
+    let sim =
+        Proc::start(bin, &["sim", "--listen", "127.0.0.1:0"], &[], &dir.path().join("sim.log"))?;
     // The same answer from every format: ~40 words in 20 streamed chunks.
     let text = "Your order 48213 left our warehouse on Monday and is with the carrier; the tracking page updates once it is scanned at the depot. I have opened a check with them and will write to you by tomorrow noon.";
     for model in ["primary", "claude-sim", "gemini-sim"] {
         let body = json!({"model": model, "behaviour": {"kind": "ok", "chunks": 20, "text": text}});
         let (status, v) =
-            crate::http(sim.addr, "POST", "/_sim/script", None, Some(body.to_string())).await?;
+            http(sim.addr, "POST", "/_sim/script", None, Some(body.to_string())).await?;
         if status >= 300 {
             return Err(format!("scripting the simulator's {model}: {status} {v}"));
         }
@@ -321,7 +324,7 @@ async fn run(o: Options) -> Result<()> {
     };
     for (ci, case) in cases.iter().enumerate() {
         let req = med(ci, Op::Request).zip(med(ci, Op::Parse)).map(|(r, p)| (r - p).max(0.0));
-        let us = |v: Option<f64>| f(v.map(|v| v / 1e3), 2);
+        let us = |v: Option<f64>| fmt(v.map(|v| v / 1e3), 2);
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             case.label,
@@ -329,7 +332,7 @@ async fn run(o: Options) -> Result<()> {
             us(req),
             us(med(ci, Op::Completion)),
             us(total(ci)),
-            f(total(ci).zip(total(0)).map(|(a, b)| a / b), 2),
+            fmt(total(ci).zip(total(0)).map(|(a, b)| a / b), 2),
             case.frames.len(),
             us(med(ci, Op::Stream)),
             us(med(ci, Op::Stream).map(|v| v / case.frames.len().max(1) as f64)),
@@ -369,8 +372,8 @@ models:
     provider: sim-gemini
     upstream_model: gemini-sim
 "#,
-        primary = crate::PRIMARY,
-        secondary = crate::SECONDARY,
+        primary = PRIMARY,
+        secondary = SECONDARY,
     )
 }
 
@@ -380,7 +383,7 @@ async fn e2e(o: &Options, dir: &Path) -> Result<()> {
     let fleet = Fleet::start(&o.switchyard, &dir, e2e_catalog).await?;
     let ticks = clock_ticks() as f64;
     let models = [
-        ("openai-compatible", crate::PRIMARY),
+        ("openai-compatible", PRIMARY),
         ("anthropic", "sim-anthropic/claude"),
         ("gemini", "sim-gemini/gemini"),
     ];
@@ -400,8 +403,7 @@ async fn e2e(o: &Options, dir: &Path) -> Result<()> {
     for (t, (kind, m)) in targets.iter().zip(&models) {
         let body = String::from_utf8_lossy(&t.body).into_owned();
         let (status, v) =
-            crate::http(t.addr, "POST", "/v1/chat/completions", Some(&fleet.key), Some(body))
-                .await?;
+            http(t.addr, "POST", "/v1/chat/completions", Some(&fleet.key), Some(body)).await?;
         if status != 200 || v["model"] != *m {
             return Err(format!("{kind}: check request got {status}: {v}"));
         }
@@ -425,7 +427,7 @@ async fn e2e(o: &Options, dir: &Path) -> Result<()> {
             let n = lat.len() as f64;
             lat.sort_unstable();
             let per = |d: u64| d as f64 / ticks * 1e6 / n;
-            let p50 = crate::percentile(&lat, 0.5) / 1e3;
+            let p50 = percentile(&lat, 0.5) / 1e3;
             rows[i].push((n / wall, p50, per(node1 - node0), per(sim1 - sim0)));
             eprintln!(
                 "  e2e run {run} {:<18} {:>7.0} req/s p50 {:>6.1} µs node {:>5.1} µs/req",
@@ -452,11 +454,11 @@ async fn e2e(o: &Options, dir: &Path) -> Result<()> {
     for (i, (kind, _)) in models.iter().enumerate() {
         println!(
             "| {kind} | {} | {} | {} | {} | {} |",
-            f(m(i, |r| r.0), 0),
-            f(m(i, |r| r.1), 1),
-            f(m(i, |r| r.2), 1),
-            f(m(i, |r| r.2).zip(m(0, |r| r.2)).map(|(a, b)| a - b), 1),
-            f(m(i, |r| r.3), 1),
+            fmt(m(i, |r| r.0), 0),
+            fmt(m(i, |r| r.1), 1),
+            fmt(m(i, |r| r.2), 1),
+            fmt(m(i, |r| r.2).zip(m(0, |r| r.2)).map(|(a, b)| a - b), 1),
+            fmt(m(i, |r| r.3), 1),
         );
     }
     println!();

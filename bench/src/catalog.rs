@@ -1,0 +1,46 @@
+//! The catalog the bench applies: model names the subcommands request, and the simulator
+//! behind them.
+
+use std::net::SocketAddr;
+
+/// Gateway model names → simulator upstream models. `failing` is scripted to answer 503
+/// before the node sees any traffic; `secondary` is the fallback that serves instead.
+pub const PRIMARY: &str = "sim/primary";
+pub const FAILING: &str = "sim/failing";
+pub const SECONDARY: &str = "sim/secondary";
+
+/// A short cool-down so half-open probes do happen inside every measured window: the
+/// attempts-per-request figure is then the steady state of an open breaker that keeps
+/// probing, not an artefact of a 30 s default cool-down outlasting the window.
+const BREAKER_POLICY: &str = "breaker_policy:
+  window_size: 20
+  min_requests: 10
+  failure_rate_threshold: 0.5
+  consecutive_timeouts: 5
+  cooldown_ms: 1000
+  max_cooldown_ms: 1000
+  half_open_probes: 1
+";
+
+/// One openai-compatible provider (the simulator at `sim`) serving the three models, with
+/// the bench's breaker policy.
+pub fn catalog_yaml(sim: SocketAddr) -> String {
+    format!(
+        r#"providers:
+  - name: sim
+    kind: openai-compatible
+    base_url: http://{sim}/v1
+    region: us
+models:
+  - name: {PRIMARY}
+    provider: sim
+    upstream_model: primary
+  - name: {FAILING}
+    provider: sim
+    upstream_model: failing
+  - name: {SECONDARY}
+    provider: sim
+    upstream_model: secondary
+{BREAKER_POLICY}"#
+    )
+}

@@ -1,0 +1,95 @@
+//! The bench's HTTP/1.1 client: keep-alive connections and one-off requests for setup,
+//! checks and statistics.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Request, header};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+use crate::error::Result;
+
+/// A keep-alive HTTP/1.1 connection to `addr`, with Nagle off as a client under load wants.
+pub async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
+    let stream = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| format!("nodelay: {e}"))?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake {addr}: {e}"))?;
+    // The connection task ends when its sender is dropped.
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// One request on a fresh connection (setup and stats only, never in a measured loop).
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+    body: Option<String>,
+) -> Result<(u16, Value)> {
+    let mut sender = connect(addr).await?;
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, addr.to_string())
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(key) = auth {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .map_err(|e| format!("request: {e}"))?;
+    let resp = sender.send_request(req).await.map_err(|e| format!("{method} {path}: {e}"))?;
+    let status = resp.status().as_u16();
+    let bytes =
+        resp.into_body().collect().await.map_err(|e| format!("{method} {path}: {e}"))?.to_bytes();
+    Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+}
+
+/// The node's Prometheus text (not JSON, so not through [`http`]).
+pub async fn metrics_text(addr: SocketAddr) -> Result<String> {
+    let mut sender = connect(addr).await?;
+    let req = Request::get("/metrics")
+        .header(header::HOST, addr.to_string())
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("request: {e}"))?;
+    let resp = sender.send_request(req).await.map_err(|e| format!("GET /metrics: {e}"))?;
+    let body = resp.into_body().collect().await.map_err(|e| format!("GET /metrics: {e}"))?;
+    Ok(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+}
+
+/// Opens `n` keep-alive HTTP/1.1 connections to `addr`, one after another.
+pub async fn connect_many(addr: SocketAddr, n: usize) -> Result<Vec<SendRequest<Full<Bytes>>>> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        conns.push(connect(addr).await?);
+    }
+    Ok(conns)
+}
+
+/// `GET path` on an open keep-alive connection: the status only (the body is drained).
+pub async fn get_status(
+    sender: &mut SendRequest<Full<Bytes>>,
+    host: &str,
+    path: &str,
+    auth: Option<&str>,
+) -> Result<u16> {
+    sender.ready().await.map_err(|e| format!("connection lost: {e}"))?;
+    let mut req = Request::get(path).header(header::HOST, host);
+    if let Some(key) = auth {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let req = req.body(Full::new(Bytes::new())).map_err(|e| format!("request: {e}"))?;
+    let resp = sender.send_request(req).await.map_err(|e| format!("GET {path}: {e}"))?;
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await.map_err(|e| format!("GET {path}: {e}"))?;
+    Ok(status)
+}
