@@ -55,8 +55,9 @@ enum Command {
     Webhooks(admin::WebhooksArgs),
 }
 
-/// The request path allocates many small, short-lived buffers on two worker threads;
-/// mimalloc's thread-local heaps take them without glibc's arena locks (docs/BENCHMARKS.md).
+/// The request path allocates many small, short-lived buffers on every worker thread;
+/// mimalloc's thread-local heaps take them without glibc's arena locks
+/// (docs/BENCHMARKS.md, "Figures behind design choices").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

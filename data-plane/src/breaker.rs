@@ -1,4 +1,5 @@
-//! Circuit breakers, one per (provider name, upstream model) (DESIGN §1 failover, §3).
+//! Circuit breakers, one per (provider name, upstream model) (docs/catalog.md,
+//! "`breaker_policy`"; how the executor uses them: docs/http-api.md, "Failover").
 //!
 //! A [`Breaker`] is a small state machine — [`State::Closed`] → [`State::Open`] →
 //! [`State::HalfOpen`] → closed or open again — driven by the outcomes the executor reports
@@ -60,7 +61,7 @@ pub enum Cause {
     /// Half-open → closed: every probe succeeded.
     ProbesSucceeded,
     /// Open → half-open before the cool-down passed: every entry of a chain was open, so the
-    /// executor forced a probe on the one due soonest (DESIGN §1).
+    /// executor forced a probe on the one due soonest (docs/http-api.md, "Failover").
     ForcedProbe,
 }
 
@@ -219,10 +220,10 @@ impl Breaker {
     }
 
     /// Admit one call whatever the state: every entry of the chain was rejected and this one
-    /// is due soonest (DESIGN §1: breakers alone never fail a request). An open breaker turns
-    /// half-open now and the call is its probe; a half-open one takes it as one more probe
-    /// over the limit; a closed one (it closed meanwhile) as an ordinary call. The permit
-    /// reports itself as a probe in every case, as the attempt report does.
+    /// is due soonest: breakers alone never fail a request (docs/http-api.md, "Failover").
+    /// An open breaker turns half-open now and the call is its probe; a half-open one takes
+    /// it as one more probe over the limit; a closed one (it closed meanwhile) as an ordinary
+    /// call. The permit reports itself as a probe in every case, as the attempt report does.
     pub fn force_probe(self: &Arc<Self>, now: Instant) -> (Permit, Option<Transition>) {
         let mut inner = self.lock();
         let mut transition = None;

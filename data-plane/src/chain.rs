@@ -1,6 +1,6 @@
-//! How a chain is formed (DESIGN §1 "How a chain is formed"): from `models`, from `model` +
-//! `fallback_models`, or from the key's `failoverDefaults`; checked against the catalog and
-//! the key's policy before any upstream call.
+//! How a chain is formed (docs/http-api.md, "How the chain is formed"): from `models`, from
+//! `model` + `fallback_models`, or from the key's `failoverDefaults`; checked against the
+//! catalog and the key's policy before any upstream call.
 
 use std::time::Duration;
 

@@ -147,7 +147,8 @@ impl NodeConfig {
 
     /// The config as resources, the form in which it is persisted and re-applied.
     /// Writes the config as [`Persisted`]'s JSON, each record serialised straight into
-    /// `out`: no intermediate tree, which at 100,000 keys was most of the node's memory.
+    /// `out`: no intermediate tree, which with a fleet's worth of keys was most of the
+    /// node's memory (docs/BENCHMARKS.md, "Figures behind design choices").
     pub fn write_persisted(&self, out: &mut impl std::io::Write) -> Result<(), serde_json::Error> {
         let io = serde_json::Error::io;
         write!(out, "{{\"version\":{},\"resources\":{{", self.version).map_err(io)?;

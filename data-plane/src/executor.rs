@@ -24,7 +24,9 @@ use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_mess
 use crate::request::ChatRequest;
 use crate::telemetry::Telemetry;
 
-/// DESIGN §1: an attempt is not started with less than `min(1000 ms, its timeout)` left.
+/// An attempt is not started with less than `min(1000 ms, its timeout)` left of the
+/// chain's `deadline_ms`: it could not do useful work (docs/http-api.md,
+/// "Chain-wide options: `redundancy`").
 const FAIR_MINIMUM: Duration = Duration::from_millis(1000);
 
 pub struct Served {
@@ -38,7 +40,7 @@ pub enum Output {
     Stream(CommittedStream),
 }
 
-/// A stream whose first content arrived in time: its model is locked (DESIGN §1
+/// A stream whose first content arrived in time: its model is locked (docs/http-api.md,
 /// "Streaming"). The breaker permit travels with it, to be settled when the stream ends.
 pub struct CommittedStream {
     /// What the upstream sent up to and including the first content chunk.
@@ -123,7 +125,8 @@ impl Executor {
         }
 
         // Every entry's breaker was open: do not fail on breaker state alone, probe the one
-        // due soonest (DESIGN §1), so a fleet never turns a partial outage into a total one.
+        // due soonest (docs/http-api.md, "Failover"), so a fleet never turns a partial
+        // outage into a total one.
         if !tried && let Some(&(i, _)) = skipped.iter().min_by_key(|(_, ready_at)| *ready_at) {
             let entry = &chain.entries[i];
             if let Some(timeout) = budget(chain, entry, started) {
@@ -348,7 +351,7 @@ fn client_error(
     Failed { error, attempts }
 }
 
-/// 429 when every failure was a rate limit, else 502 (DESIGN §1 "All attempts failed").
+/// 429 when every failure was a rate limit, else 502 (docs/http-api.md, "Errors").
 fn all_failed(
     chain: &Chain,
     attempts: Vec<AttemptReport>,

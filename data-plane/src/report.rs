@@ -1,4 +1,4 @@
-//! The failover report: what every attempt of a chain did (DESIGN §1 "What comes back").
+//! The failover report: what every attempt of a chain did (docs/http-api.md, "The answer").
 
 use serde::Serialize;
 

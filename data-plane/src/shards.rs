@@ -1,6 +1,7 @@
 //! A map split into shards behind `Arc`s, so that a config update copies only the shards it
-//! touches: with 100,000 keys, cloning the whole map for every key change cost the node
-//! ~200 ms of CPU per change; with 256 shards it copies ~400 entries.
+//! touches: cloning a whole map of every API key for each key change made one change cost
+//! in proportion to the fleet's keys (docs/BENCHMARKS.md, "100,000 API keys"); with
+//! `SHARDS` shards a change copies about 1/SHARDS of it.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

@@ -1,7 +1,7 @@
-//! Forwarding a committed stream to the client (DESIGN §1 "Streaming"): chunks go out as
-//! they arrive, each naming the served model; the failover report rides in the first chunk;
-//! once the model is locked, a drop, a malformed frame or a stall ends the stream with an
-//! error frame — never a hang, never a second model's text.
+//! Forwarding a committed stream to the client (docs/http-api.md, "Streaming"): chunks go
+//! out as they arrive, each naming the served model; the failover report rides in the first
+//! chunk; once the model is locked, a drop, a malformed frame or a stall ends the stream with
+//! an error frame — never a hang, never a second model's text.
 //!
 //! The body is pulled by hyper as the client reads, so a slow client slows the upstream
 //! read (bounded buffering), and a client that goes away drops the body, which drops the
@@ -139,7 +139,8 @@ impl Pump {
                         fields.remove("usage");
                     }
                     // The report goes in the first chunk sent and, if that one carried no
-                    // content, again in the first one that does (DESIGN §1).
+                    // content, again in the first one that does (docs/http-api.md,
+                    // "Streaming"): clients that skip role-only chunks still see it.
                     let wants_report = !self.first_sent || (commits && !self.report_in_content);
                     if self.ctx.multi
                         && wants_report

@@ -22,12 +22,12 @@ use crate::telemetry::Telemetry;
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// No message (the control plane pings every 2 s) for this long: the stream is dead.
 const IDLE_LIMIT: Duration = Duration::from_secs(10);
-/// How often queued events and breaker transitions are sent. In an outage storm (every
-/// request a failover, ~20,000 events/s on one node) that is four batches of up to 500
-/// events, in the audit log and on their way to webhooks within a few hundred milliseconds.
-/// Every message and every write round costs the control plane a wake-up, a decode and an
-/// fsync whatever its size: at 20 ms its CPU per stored event was a fifth higher, and on a
-/// host it shares with the node that CPU comes out of request latency (docs/BENCHMARKS.md).
+/// How often queued events and breaker transitions are sent. Events reach the audit log
+/// and webhooks within a few hundred milliseconds, while in an outage storm (every
+/// request a failover) a node sends a few full batches per second rather than many
+/// small ones: every message and write round costs the control plane a wake-up, a
+/// decode and an fsync whatever its size, and on a shared host that CPU comes out of
+/// request latency (docs/BENCHMARKS.md, "Figures behind design choices").
 const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 /// Usage totals go to the control plane at most this often.
 const USAGE_INTERVAL: Duration = Duration::from_secs(5);

@@ -16,9 +16,10 @@ const MAX_EVENTS: usize = 10_000;
 /// During an outage every request fails over: batches keep that to a few messages (and
 /// store transactions) per second instead of one per request. The control plane stores a
 /// stream's batches one after another, one write round each (`MIN_WRITE_INTERVAL` apart),
-/// so this also bounds the events per second one node can have stored: 500 per 5 ms.
-/// Larger batches store no faster and arrive as larger bursts of control-plane work,
-/// which on a shared host showed in the node's p99 (docs/BENCHMARKS.md).
+/// so this batch size over that interval bounds the events per second one node can have
+/// stored. Larger batches store no faster and arrive as larger bursts of control-plane
+/// work, which on a shared host shows in the node's tail latency (docs/BENCHMARKS.md,
+/// "Figures behind design choices").
 const EVENTS_PER_BATCH: usize = 500;
 const MAX_TRANSITIONS: usize = 1_000;
 

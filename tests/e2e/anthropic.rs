@@ -1,7 +1,8 @@
 //! An Anthropic-kind provider in an OpenAI-shaped chain: the node translates the request to
-//! Anthropic's Messages API and the answer back (DESIGN §3), streaming included, and an
-//! Anthropic 529 `overloaded_error` fails over as `server_error` (DESIGN §1). Real
-//! processes on loopback; the simulator speaks Anthropic at `/v1/messages`.
+//! Anthropic's Messages API and the answer back (docs/catalog.md, "Provider kinds"),
+//! streaming included, and an Anthropic 529 `overloaded_error` fails over as `server_error`
+//! (docs/http-api.md, "Failover"). Real processes on loopback; the simulator speaks
+//! Anthropic at `/v1/messages`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{Value, json};

@@ -1,5 +1,5 @@
-//! DESIGN §1, clause by clause, for non-streaming requests: real control plane, node and
-//! simulated provider processes on loopback.
+//! docs/http-api.md, clause by clause, for non-streaming requests: real control plane,
+//! node and simulated provider processes on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};

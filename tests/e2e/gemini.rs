@@ -1,7 +1,8 @@
 //! A Gemini-kind provider in an OpenAI-shaped chain: the node translates the request to the
-//! Gemini API and the answer back (DESIGN §3), streaming included, and Google's 429
-//! RESOURCE_EXHAUSTED / 503 UNAVAILABLE fail over as `rate_limit` / `server_error`
-//! (DESIGN §1). Real processes on loopback; the simulator speaks Gemini at
+//! Gemini API and the answer back (docs/catalog.md, "Provider kinds"), streaming included,
+//! and Google's 429 RESOURCE_EXHAUSTED / 503 UNAVAILABLE fail over as `rate_limit` /
+//! `server_error` (docs/http-api.md, "Failover"). Real processes on loopback; the simulator
+//! speaks Gemini at
 //! `/v1beta/models/{model}:generateContent` and `:streamGenerateContent`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -182,7 +183,7 @@ async fn a_gemini_429_fails_over_as_rate_limit_and_a_503_as_server_error() {
             "Gemini {status}"
         );
     }
-    // Alone, every failure a rate limit: the node answers 429 (DESIGN §1 "What comes back").
+    // Alone, every failure a rate limit: the node answers 429 (docs/http-api.md, "Errors").
     gw.script(GEMINI_UPSTREAM, json!({"kind": "status", "status": 429})).await;
     let r = gw.chat(hello(GEMINI, &[])).await;
     assert_eq!(r.status, 429, "{}", r.body);

@@ -1,6 +1,7 @@
 //! One chain across three providers — OpenAI-compatible → Anthropic → Gemini, all
 //! simulated — where each failure reason moves to the next provider and the client gets the
-//! same OpenAI shape whoever serves (DESIGN §3), plain and streaming, with tool calls.
+//! same OpenAI shape whoever serves (docs/catalog.md, "Provider kinds"), plain and
+//! streaming, with tool calls.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;

@@ -1,5 +1,5 @@
-//! DESIGN §1 "Streaming": failover only before the first content token, a locked model
-//! after it, honest error frames; real processes on loopback.
+//! docs/http-api.md, "Streaming": failover only before the first content token, a locked
+//! model after it, honest error frames; real processes on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};

@@ -8,7 +8,8 @@
 //! - `max_tokens` is required by Anthropic: the request's `max_tokens`, else its
 //!   `max_completion_tokens`, else the catalog model's `max_tokens`, else
 //!   [`DEFAULT_MAX_TOKENS`].
-//! - `temperature` is capped into Anthropic's 0–1 (DESIGN §3: 1.8 → 1.0); `top_p` as is;
+//! - `temperature` is capped into Anthropic's 0–1 (1.8 is sent as 1.0; docs/catalog.md,
+//!   "Provider kinds"); `top_p` as is;
 //!   `stop` (string or array) → `stop_sequences`; `user` → `metadata.user_id`.
 //! - function `tools` → `{name, description, input_schema}`; `tool_choice` auto/none/required/
 //!   {function} → `{type: auto|none|any|tool}`; `parallel_tool_calls: false` →

@@ -17,7 +17,8 @@
 //!   the content as a JSON object, or `{"output": …}` otherwise (Google's FunctionResponse
 //!   reference names `output`/`error` as the keys it reads).
 //! - `max_completion_tokens` / `max_tokens` / the catalog's `max_tokens` → `maxOutputTokens`;
-//!   `temperature` clamped into Gemini's 0–2 (DESIGN §3: 1.8 stays 1.8); `top_p` → `topP`;
+//!   `temperature` clamped into Gemini's 0–2 (1.8 stays 1.8; docs/catalog.md, "Provider
+//!   kinds"); `top_p` → `topP`;
 //!   `stop` → `stopSequences`; `n` → `candidateCount`; `seed`, `presence_penalty`,
 //!   `frequency_penalty` → their Gemini names.
 //! - `tools` → one `functionDeclarations` tool; `tool_choice` → `toolConfig`
