@@ -244,16 +244,40 @@ impl Catalog {
         self.models.iter().find(|m| m.name == name)
     }
 
-    /// Every rule the catalog must meet beyond its shape, each broken one named by path.
+    /// [`Catalog::validate`], and no URL whose credentials are still hidden (`***`): what the
+    /// control plane checks after [`Catalog::restore_redacted`], before it stores a catalog.
+    /// A file re-applied from `switchyard catalog` passes `validate` in the CLI, and the
+    /// control plane, which holds the credentials, puts them back or refuses here.
+    pub fn validate_for_store(&self) -> Result<(), ValidationErrors> {
+        let mut errors = match self.validate() {
+            Ok(()) => Vec::new(),
+            Err(ValidationErrors(errors)) => errors,
+        };
+        for (i, p) in self.providers.iter().enumerate() {
+            if address::is_redacted(&p.base_url) {
+                errors.push(FieldError::new(
+                    format!("providers[{i}].base_url"),
+                    REDACTED_NOT_RESTORED,
+                ));
+            }
+        }
+        for (i, w) in self.webhooks.iter().enumerate() {
+            if address::is_redacted(&w.url) {
+                errors.push(FieldError::new(format!("webhooks[{i}].url"), REDACTED_NOT_RESTORED));
+            }
+        }
+        if errors.is_empty() { Ok(()) } else { Err(ValidationErrors(errors)) }
+    }
+
+    /// Every rule the catalog must meet beyond its shape, each broken one named by path. A
+    /// URL with hidden credentials (`https://***@host/…`) is a valid shape here.
     pub fn validate(&self) -> Result<(), ValidationErrors> {
         let mut errors = Vec::new();
         let mut seen = BTreeMap::new();
         for (i, p) in self.providers.iter().enumerate() {
             let path = format!("providers[{i}]");
             name_rule(&p.name, &format!("{path}.name"), &mut seen, &mut errors);
-            if address::is_redacted(&p.base_url) {
-                errors.push(FieldError::new(format!("{path}.base_url"), REDACTED_NOT_RESTORED));
-            } else if let Err(e) = address::parse_http_url(&p.base_url) {
+            if let Err(e) = address::parse_http_url(&p.base_url) {
                 errors.push(FieldError::new(format!("{path}.base_url"), e.to_string()));
             }
             if let Some(region) = &p.region
@@ -317,9 +341,7 @@ impl Catalog {
         for (i, w) in self.webhooks.iter().enumerate() {
             let path = format!("webhooks[{i}]");
             name_rule(&w.name, &format!("{path}.name"), &mut seen, &mut errors);
-            if address::is_redacted(&w.url) {
-                errors.push(FieldError::new(format!("{path}.url"), REDACTED_NOT_RESTORED));
-            } else if let Err(e) = address::check_webhook_url(&w.url, w.internal) {
+            if let Err(e) = address::check_webhook_url(&w.url, w.internal) {
                 errors.push(FieldError::new(format!("{path}.url"), e.to_string()));
             }
             if let Some(n) = w.batch_max_events
@@ -555,17 +577,18 @@ mod tests {
         edited.webhooks[0].enabled = false;
         edited.restore_redacted(&stored);
         assert_eq!(edited.webhooks[0].url, stored.webhooks[0].url);
-        assert_eq!(edited.validate(), Ok(()));
+        assert_eq!(edited.validate_for_store(), Ok(()));
 
         // Redacted with nothing to restore from (another name, or another URL).
         let mut renamed = shown.clone();
         renamed.webhooks[0].name = "other".into();
         renamed.restore_redacted(&stored);
-        assert_eq!(renamed.validate().unwrap_err().0[0].path, "webhooks[0].url");
+        assert_eq!(renamed.validate(), Ok(()), "a redacted URL is a valid shape for the CLI");
+        assert_eq!(renamed.validate_for_store().unwrap_err().0[0].path, "webhooks[0].url");
         let mut moved = shown;
         moved.webhooks[0].url = "https://***@elsewhere.example.com/x".into();
         moved.restore_redacted(&stored);
-        assert_eq!(moved.validate().unwrap_err().0[0].path, "webhooks[0].url");
+        assert_eq!(moved.validate_for_store().unwrap_err().0[0].path, "webhooks[0].url");
 
         // Provider base URLs the same way.
         stored.providers[0].base_url = "https://proxy:pw@gw.example.com/v1".into();
@@ -576,7 +599,7 @@ mod tests {
         assert_eq!(again, stored);
         let mut fresh = shown;
         fresh.restore_redacted(&Catalog::default());
-        assert_eq!(fresh.validate().unwrap_err().0[0].path, "providers[0].base_url");
+        assert_eq!(fresh.validate_for_store().unwrap_err().0[0].path, "providers[0].base_url");
     }
 
     #[test]

@@ -320,7 +320,7 @@ impl Admin for AdminService {
         })?;
         let (old, old_rev) = self.load_catalog().await?;
         new.restore_redacted(&old);
-        new.validate().map_err(AdminError::from)?;
+        new.validate_for_store().map_err(AdminError::from)?;
         if let Some(expected) = request.expected_version
             && expected != old_rev
         {

@@ -101,6 +101,33 @@ async fn catalog_output_round_trips_through_apply() {
     }
 }
 
+/// `switchyard catalog` hides credentials in URLs; applying its output again keeps the stored
+/// ones (the control plane puts them back), and a hidden URL it cannot restore is refused.
+#[tokio::test]
+async fn catalog_output_with_hidden_url_credentials_round_trips_through_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = control(dir.path()).await;
+    let with_credentials = CATALOG.replace(
+        "https://hooks.example.com/switchyard",
+        "https://user:s3cret@hooks.example.com/switchyard",
+    );
+    let applied =
+        cli(&cp.url(), &["apply", "-f", &write(dir.path(), "c.yaml", &with_credentials)]).await;
+    assert!(applied.success, "{}", applied.stderr);
+    let out = cli(&cp.url(), &["catalog"]).await;
+    assert!(!out.stdout.contains("s3cret"), "{}", out.stdout);
+    assert!(out.stdout.contains("https://***@hooks.example.com/switchyard"), "{}", out.stdout);
+    let file = write(dir.path(), "exported", &out.stdout);
+    let again = cli(&cp.url(), &["apply", "-f", &file, "--json"]).await;
+    assert!(again.success, "{}", again.stderr);
+    assert_eq!(again.json()["changes"], serde_json::json!([]), "the credentials were kept");
+
+    let elsewhere = out.stdout.replace("hooks.example.com", "other.example.com");
+    let refused = cli(&cp.url(), &["apply", "-f", &write(dir.path(), "moved", &elsewhere)]).await;
+    assert!(!refused.success);
+    assert!(refused.stderr.contains("webhooks[0].url"), "{}", refused.stderr);
+}
+
 #[tokio::test]
 async fn an_invalid_catalog_names_file_path_and_field_and_applies_nothing() {
     let dir = tempfile::tempdir().unwrap();
