@@ -12,7 +12,8 @@ pub mod keys;
 pub mod time;
 
 pub use catalog::{
-    BreakerOverride, BreakerPolicy, Catalog, Model, Price, Provider, ProviderKind, Webhook,
+    BreakerOverride, BreakerPolicy, Catalog, Model, Price, Provider, ProviderKind, RetryOverride,
+    RetryPolicy, Webhook,
 };
 pub use credential::CredentialRef;
 pub use keys::{ApiKeyRecord, FailoverDefaults, FailoverReason, KeyStatus};
