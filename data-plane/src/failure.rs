@@ -29,6 +29,16 @@ pub enum Failure {
     Unconfigured(String),
 }
 
+impl Failure {
+    /// The wait the upstream asked for with `Retry-After`, if it answered with one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Failure::Call(CallError::Http { retry_after, .. }) => *retry_after,
+            _ => None,
+        }
+    }
+}
+
 /// The code a client sees for a failure: in a stream's error frame, and in the message of
 /// a chain that failed for a reason the client cannot guess from the failover reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +74,25 @@ impl Code {
             Self::CredentialMissing => "provider_credential_missing",
             Self::GatewayError => "gateway_error",
             Self::ProviderNotConfigured => "provider_not_configured",
+        }
+    }
+
+    /// Whether another call to the same model could go differently. A refused or missing
+    /// credential, a missing provider and a request the gateway cannot build fail the same
+    /// way every time: retrying them only adds load and delay.
+    pub fn retryable(self) -> bool {
+        match self {
+            Self::Timeout
+            | Self::Disconnected
+            | Self::Malformed
+            | Self::UpstreamError
+            | Self::RateLimited
+            | Self::ServerError => true,
+            Self::Stalled
+            | Self::CredentialRefused
+            | Self::CredentialMissing
+            | Self::GatewayError
+            | Self::ProviderNotConfigured => false,
         }
     }
 

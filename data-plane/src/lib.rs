@@ -20,6 +20,7 @@ pub mod persist;
 pub mod providers;
 pub mod report;
 pub mod request;
+pub mod retry;
 pub mod serve;
 pub mod shards;
 pub mod state;
