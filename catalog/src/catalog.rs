@@ -9,7 +9,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CredentialRef, FailoverReason, FieldError, ValidationErrors};
+use crate::keys::FailoverReason;
+use crate::{CredentialRef, FieldError, ValidationErrors};
 
 pub const STALL_TIMEOUT_MS_DEFAULT: u32 = 30_000;
 pub const STALL_TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 600_000);

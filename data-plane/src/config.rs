@@ -266,4 +266,22 @@ mod tests {
         assert_eq!(again.version, 7);
         assert!(again.keys_by_hash.contains_key("h1"));
     }
+
+    #[test]
+    fn the_retry_budget_outlives_config_changes() {
+        let base = NodeConfig::default();
+        let next = base
+            .apply(Change::Snapshot {
+                version: 3,
+                resources: vec![("keys/k1".into(), key_json("k1", "h1"))],
+            })
+            .unwrap();
+        let next = next
+            .apply(Change::Update { version: 4, upserts: vec![], deletes: vec!["keys/k1".into()] })
+            .unwrap();
+        assert!(
+            Arc::ptr_eq(&base.retry_budget, &next.retry_budget),
+            "a resync must not hand every request a fresh budget"
+        );
+    }
 }
