@@ -5,6 +5,7 @@
 //!
 //! The executor drives the loop; this module does no I/O and reads no clock of its own.
 
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,9 @@ use switchyard_catalog::catalog::{
     BACKOFF_MS_RANGE, MAX_BACKOFF_MS_MAX, MAX_RETRIES, MAX_RETRY_AFTER_MS_MAX, RetryOverride,
     RetryPolicy,
 };
+
+/// The policy's values where the catalog sets none.
+static DEFAULTS: LazyLock<RetryPolicy> = LazyLock::new(RetryPolicy::default);
 
 /// The budget counts over the last this many seconds.
 pub const BUDGET_WINDOW_SECS: u32 = 10;
@@ -50,33 +54,33 @@ impl Policy {
         model: Option<&RetryOverride>,
         requested: Option<u32>,
     ) -> Policy {
-        let configured = match (global, model) {
-            (None, None) => None,
-            (global, model) => {
-                let global = global.cloned().unwrap_or_default();
-                Some(match model {
-                    Some(o) => global.with_override(o),
-                    None => global,
-                })
-            }
-        };
-        let max_retries = requested.or(configured.as_ref().map(|p| p.max_retries)).unwrap_or(0);
-        let p = configured.unwrap_or_default();
-        let base = p.base_backoff_ms.clamp(BACKOFF_MS_RANGE.0, BACKOFF_MS_RANGE.1);
-        let max = p.max_backoff_ms.clamp(base, MAX_BACKOFF_MS_MAX);
-        let ratio = if p.budget_ratio.is_finite() { p.budget_ratio.clamp(0.0, 1.0) } else { 0.0 };
-        let mut on = [false; 4];
-        for (slot, reason) in on.iter_mut().zip(FailoverReason::ALL) {
-            *slot = p.on.contains(&reason);
+        // Field by field, without building the merged policy: this runs for every attempt.
+        let p = global.unwrap_or(&DEFAULTS);
+        let configured = global.is_some() || model.is_some();
+        let field = |o: Option<u64>, g: u64| o.unwrap_or(g);
+        let max_retries = requested
+            .or(model.and_then(|m| m.max_retries))
+            .unwrap_or(if configured { p.max_retries } else { 0 });
+        let on = model.and_then(|m| m.on.as_deref()).unwrap_or(&p.on);
+        let base = field(model.and_then(|m| m.base_backoff_ms), p.base_backoff_ms)
+            .clamp(BACKOFF_MS_RANGE.0, BACKOFF_MS_RANGE.1);
+        let max = field(model.and_then(|m| m.max_backoff_ms), p.max_backoff_ms)
+            .clamp(base, MAX_BACKOFF_MS_MAX);
+        let max_retry_after = field(model.and_then(|m| m.max_retry_after_ms), p.max_retry_after_ms)
+            .min(MAX_RETRY_AFTER_MS_MAX);
+        let ratio = model.and_then(|m| m.budget_ratio).unwrap_or(p.budget_ratio);
+        let ratio = if ratio.is_finite() { ratio.clamp(0.0, 1.0) } else { 0.0 };
+        let min_per_sec = model.and_then(|m| m.budget_min_per_sec).unwrap_or(p.budget_min_per_sec);
+        let mut mask = [false; 4];
+        for (slot, reason) in mask.iter_mut().zip(FailoverReason::ALL) {
+            *slot = on.contains(&reason);
         }
         Policy {
             max_retries: max_retries.min(MAX_RETRIES),
-            on,
+            on: mask,
             backoff: Backoff::new(Duration::from_millis(base), Duration::from_millis(max)),
-            max_retry_after: Duration::from_millis(
-                p.max_retry_after_ms.min(MAX_RETRY_AFTER_MS_MAX),
-            ),
-            budget: BudgetRule { ratio, min_per_sec: p.budget_min_per_sec },
+            max_retry_after: Duration::from_millis(max_retry_after),
+            budget: BudgetRule { ratio, min_per_sec },
         }
     }
 
@@ -309,6 +313,30 @@ mod tests {
         assert!(!p.retries_on(FailoverReason::ServerError));
         let alone = Policy::resolve(None, Some(&o), None);
         assert_eq!((alone.max_retries, alone.backoff.base), (3, ms(100)), "over the defaults");
+    }
+
+    #[test]
+    fn resolution_agrees_with_the_catalogs_own_merge() {
+        let global = RetryPolicy {
+            max_retries: 3,
+            on: vec![FailoverReason::RateLimit],
+            base_backoff_ms: 20,
+            max_backoff_ms: 400,
+            max_retry_after_ms: 700,
+            budget_ratio: 0.5,
+            budget_min_per_sec: 4,
+        };
+        let o = RetryOverride {
+            on: Some(vec![FailoverReason::Timeout, FailoverReason::ServerError]),
+            max_backoff_ms: Some(900),
+            budget_min_per_sec: Some(2),
+            ..RetryOverride::default()
+        };
+        let merged = global.with_override(&o);
+        assert_eq!(
+            Policy::resolve(Some(&global), Some(&o), None),
+            Policy::resolve(Some(&merged), None, None)
+        );
     }
 
     #[test]
