@@ -456,6 +456,27 @@ mod tests {
     }
 
     #[test]
+    fn only_failures_another_call_could_change_are_retryable() {
+        let code = |failure| match classify(failure) {
+            Verdict::Failover { code, .. } => code,
+            other => panic!("{other:?}"),
+        };
+        for retryable in [status(429), status(503), status(529), status(408)] {
+            assert!(code(retryable).retryable());
+        }
+        assert!(code(Failure::Call(CallError::Transport("reset".into()))).retryable());
+        assert!(code(Failure::InBand(upstream("server_error", None))).retryable());
+        for futile in [
+            status(401),
+            Failure::Call(CallError::NoCredential("unset".into())),
+            Failure::Call(CallError::Encode(encode_error())),
+            Failure::Unconfigured("p".into()),
+        ] {
+            assert!(!code(futile).retryable());
+        }
+    }
+
+    #[test]
     fn only_401_and_403_try_a_reserve_credential() {
         assert!(refuses_credential(StatusCode::UNAUTHORIZED));
         assert!(refuses_credential(StatusCode::FORBIDDEN));
