@@ -96,6 +96,24 @@ async fn a_stream_is_retried_before_its_first_token() {
 }
 
 #[tokio::test]
+async fn a_stream_that_breaks_after_its_first_token_is_not_retried() {
+    let gw = gateway(POLICY).await;
+    gw.script(
+        "primary",
+        json!({"kind": "ok", "text": "one two three four", "chunks": 4, "drop_after": 2}),
+    )
+    .await;
+    let mut body = chain(&[PRIMARY, SECONDARY]);
+    body["stream"] = json!(true);
+    let s = gw.stream(body).await;
+    assert_eq!(s.status, 200);
+    assert!(!s.text().is_empty(), "content reached the client: {:?}", s.frames);
+    assert!(s.error_frame().is_some(), "the break is an error frame: {:?}", s.frames);
+    assert_eq!(gw.upstream_requests("primary").await, 1, "no second call once content was sent");
+    assert_eq!(gw.upstream_requests("secondary").await, 0);
+}
+
+#[tokio::test]
 async fn without_a_retry_policy_only_a_request_that_asks_is_retried() {
     let gw = Gateway::start().await;
     gw.script("primary", fails_then_ok(&[status(503)])).await;
