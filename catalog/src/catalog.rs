@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::address;
 use crate::credential::CredentialRef;
 use crate::error::{FieldError, ValidationErrors};
+use crate::keys::FailoverReason;
 
 pub const STALL_TIMEOUT_MS_DEFAULT: u32 = 30_000;
 pub const STALL_TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 600_000);
@@ -34,6 +35,10 @@ pub struct Catalog {
     pub models: Vec<Model>,
     #[serde(default)]
     pub breaker_policy: BreakerPolicy,
+    /// Retries inside one attempt. Absent: a failed call fails its attempt, unless a request
+    /// asks for retries (`redundancy.max_retries`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_policy: Option<RetryPolicy>,
     #[serde(default)]
     pub webhooks: Vec<Webhook>,
 }
@@ -79,6 +84,10 @@ pub struct Model {
     pub stall_timeout_ms: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<BreakerOverride>,
+    /// Per-model changes to `retry_policy` (or to its defaults, when the catalog has none:
+    /// an override turns retries on for this model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryOverride>,
     /// Output tokens asked for when the client sets no `max_tokens`/`max_completion_tokens`
     /// and the provider requires a value (Anthropic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,6 +196,137 @@ impl BreakerPolicy {
             "must be at least cooldown_ms and at most 86400000",
         );
         check((1..=100).contains(&self.half_open_probes), "half_open_probes", "must be 1–100");
+    }
+}
+
+/// The most retries one attempt may make (`retry_policy.max_retries`, `redundancy.max_retries`).
+pub const MAX_RETRIES: u32 = 5;
+pub const BACKOFF_MS_RANGE: (u64, u64) = (1, 60_000);
+pub const MAX_BACKOFF_MS_MAX: u64 = 300_000;
+pub const MAX_RETRY_AFTER_MS_MAX: u64 = 300_000;
+pub const BUDGET_MIN_PER_SEC_MAX: u32 = 10_000;
+
+/// Retries inside one attempt: extra calls to the same model before the chain moves on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Extra upstream calls inside one attempt, 0–5.
+    pub max_retries: u32,
+    /// The failure classes that are retried.
+    pub on: Vec<FailoverReason>,
+    /// Full jitter: the wait before retry `n` (from 0) is uniform in
+    /// `[0, min(max_backoff_ms, base_backoff_ms × 2^n)]`.
+    pub base_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+    /// A `Retry-After` is honoured up to this; a longer one fails over at once.
+    pub max_retry_after_ms: u64,
+    /// A node's retries over the last 10 s stay under this share of its upstream requests
+    /// (retries not counted) ...
+    pub budget_ratio: f64,
+    /// ... plus this many retries per second.
+    pub budget_min_per_sec: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_retries: 1,
+            on: vec![
+                FailoverReason::ConnectionError,
+                FailoverReason::RateLimit,
+                FailoverReason::ServerError,
+            ],
+            base_backoff_ms: 100,
+            max_backoff_ms: 2_000,
+            max_retry_after_ms: 10_000,
+            budget_ratio: 0.2,
+            budget_min_per_sec: 10,
+        }
+    }
+}
+
+/// Per-model changes to the [`RetryPolicy`]; unset fields inherit it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<Vec<FailoverReason>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_backoff_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_backoff_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retry_after_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_min_per_sec: Option<u32>,
+}
+
+impl RetryPolicy {
+    pub fn with_override(&self, o: &RetryOverride) -> Self {
+        Self {
+            max_retries: o.max_retries.unwrap_or(self.max_retries),
+            on: o.on.clone().unwrap_or_else(|| self.on.clone()),
+            base_backoff_ms: o.base_backoff_ms.unwrap_or(self.base_backoff_ms),
+            max_backoff_ms: o.max_backoff_ms.unwrap_or(self.max_backoff_ms),
+            max_retry_after_ms: o.max_retry_after_ms.unwrap_or(self.max_retry_after_ms),
+            budget_ratio: o.budget_ratio.unwrap_or(self.budget_ratio),
+            budget_min_per_sec: o.budget_min_per_sec.unwrap_or(self.budget_min_per_sec),
+        }
+    }
+
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        let mut check = |ok: bool, field: &str, what: String| {
+            if !ok {
+                errors.push(FieldError::new(format!("{path}.{field}"), what));
+            }
+        };
+        check(
+            self.max_retries <= MAX_RETRIES,
+            "max_retries",
+            format!("must be 0–{MAX_RETRIES}, got {}", self.max_retries),
+        );
+        let (lo, hi) = BACKOFF_MS_RANGE;
+        check(
+            (lo..=hi).contains(&self.base_backoff_ms),
+            "base_backoff_ms",
+            format!("must be {lo}–{hi}, got {}", self.base_backoff_ms),
+        );
+        check(
+            self.max_backoff_ms >= self.base_backoff_ms
+                && self.max_backoff_ms <= MAX_BACKOFF_MS_MAX,
+            "max_backoff_ms",
+            format!(
+                "must be at least base_backoff_ms and at most {MAX_BACKOFF_MS_MAX}, got {}",
+                self.max_backoff_ms
+            ),
+        );
+        check(
+            self.max_retry_after_ms <= MAX_RETRY_AFTER_MS_MAX,
+            "max_retry_after_ms",
+            format!("must be 0–{MAX_RETRY_AFTER_MS_MAX}, got {}", self.max_retry_after_ms),
+        );
+        check(
+            self.budget_ratio.is_finite() && (0.0..=1.0).contains(&self.budget_ratio),
+            "budget_ratio",
+            format!("must be a number from 0 to 1, got {}", self.budget_ratio),
+        );
+        check(
+            self.budget_min_per_sec <= BUDGET_MIN_PER_SEC_MAX,
+            "budget_min_per_sec",
+            format!("must be 0–{BUDGET_MIN_PER_SEC_MAX}, got {}", self.budget_min_per_sec),
+        );
+        for (i, reason) in self.on.iter().enumerate() {
+            if self.on[..i].contains(reason) {
+                errors.push(FieldError::new(
+                    format!("{path}.on[{i}]"),
+                    format!("{} is listed twice", reason.as_str()),
+                ));
+            }
+        }
     }
 }
 
@@ -335,8 +475,18 @@ impl Catalog {
                     .with_override(o)
                     .validate(&format!("{path}.breaker"), &mut errors);
             }
+            if let Some(o) = &m.retry {
+                self.retry_policy
+                    .clone()
+                    .unwrap_or_default()
+                    .with_override(o)
+                    .validate(&format!("{path}.retry"), &mut errors);
+            }
         }
         self.breaker_policy.validate("breaker_policy", &mut errors);
+        if let Some(policy) = &self.retry_policy {
+            policy.validate("retry_policy", &mut errors);
+        }
         seen.clear();
         for (i, w) in self.webhooks.iter().enumerate() {
             let path = format!("webhooks[{i}]");
@@ -387,6 +537,14 @@ impl Catalog {
         if self.breaker_policy != new.breaker_policy {
             let fields = field_changes(&self.breaker_policy, &new.breaker_policy);
             changes.push(format!("~ breaker_policy: {}", fields.join(", ")));
+        }
+        match (&self.retry_policy, &new.retry_policy) {
+            (None, Some(_)) => changes.push("+ retry_policy".to_owned()),
+            (Some(_), None) => changes.push("- retry_policy".to_owned()),
+            (Some(old), Some(new)) if old != new => {
+                changes.push(format!("~ retry_policy: {}", field_changes(old, new).join(", ")))
+            }
+            _ => {}
         }
         section_diff("webhooks", &self.webhooks, &new.webhooks, |w| &w.name, &mut changes);
         changes
@@ -633,5 +791,77 @@ mod tests {
             ]
         );
         assert!(old.diff(&old).is_empty());
+    }
+
+    #[test]
+    fn retry_policy_fields_left_out_take_the_defaults() {
+        let c: Catalog =
+            serde_json::from_value(serde_json::json!({"retry_policy": {"max_retries": 3}}))
+                .unwrap();
+        let policy = c.retry_policy.unwrap();
+        assert_eq!(policy, RetryPolicy { max_retries: 3, ..RetryPolicy::default() });
+        assert_eq!(
+            policy.on,
+            [
+                FailoverReason::ConnectionError,
+                FailoverReason::RateLimit,
+                FailoverReason::ServerError
+            ]
+        );
+        assert_eq!((policy.base_backoff_ms, policy.max_backoff_ms), (100, 2_000));
+        assert_eq!(policy.max_retry_after_ms, 10_000);
+        assert_eq!((policy.budget_ratio, policy.budget_min_per_sec), (0.2, 10));
+        assert_eq!(sample().retry_policy, None, "no retry_policy: no retries");
+    }
+
+    #[test]
+    fn retry_policy_out_of_range_is_refused_naming_each_path() {
+        let mut c = sample();
+        c.retry_policy = Some(RetryPolicy {
+            max_retries: 9,
+            base_backoff_ms: 0,
+            budget_ratio: 1.5,
+            on: vec![FailoverReason::Timeout, FailoverReason::Timeout],
+            ..RetryPolicy::default()
+        });
+        let paths: Vec<_> = c.validate().unwrap_err().0.into_iter().map(|e| e.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "retry_policy.max_retries",
+                "retry_policy.base_backoff_ms",
+                "retry_policy.budget_ratio",
+                "retry_policy.on[1]"
+            ]
+        );
+        let mut c = sample();
+        c.retry_policy = Some(RetryPolicy { max_retries: 5, ..RetryPolicy::default() });
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_models_retry_override_is_validated_over_the_policy_it_changes() {
+        let mut c = sample();
+        c.models[0].retry = Some(RetryOverride { max_backoff_ms: Some(50), ..Default::default() });
+        // Below the default base_backoff_ms of 100, with no retry_policy in the catalog.
+        assert_eq!(c.validate().unwrap_err().0[0].path, "models[0].retry.max_backoff_ms");
+        c.retry_policy = Some(RetryPolicy { base_backoff_ms: 10, ..RetryPolicy::default() });
+        c.validate().unwrap();
+        c.models[0].retry = Some(RetryOverride { max_retries: Some(6), ..Default::default() });
+        assert_eq!(c.validate().unwrap_err().0[0].path, "models[0].retry.max_retries");
+        let unknown = serde_json::from_value::<RetryOverride>(serde_json::json!({"retries": 1}));
+        assert!(unknown.unwrap_err().to_string().contains("retries"));
+    }
+
+    #[test]
+    fn diff_names_retry_policy_changes() {
+        let old = sample();
+        let mut new = sample();
+        new.retry_policy = Some(RetryPolicy::default());
+        assert_eq!(old.diff(&new), ["+ retry_policy"]);
+        let mut newer = new.clone();
+        newer.retry_policy = Some(RetryPolicy { max_retries: 2, ..RetryPolicy::default() });
+        assert_eq!(new.diff(&newer), ["~ retry_policy: max_retries"]);
+        assert_eq!(new.diff(&old), ["- retry_policy"]);
     }
 }

@@ -174,6 +174,28 @@ models:
     }
 
     #[test]
+    fn retry_policy_out_of_range_is_named_with_file_and_path() {
+        let text = format!("{VALID}retry_policy:\n  max_retries: 9\n  budget_ratio: 2\n");
+        assert_eq!(
+            parse("c.yaml", &text).unwrap_err().lines(),
+            [
+                "c.yaml: retry_policy.max_retries: must be 0–5, got 9",
+                "c.yaml: retry_policy.budget_ratio: must be a number from 0 to 1, got 2",
+            ]
+        );
+        let text = format!("{VALID}retry_policy:\n  on: [server_eror]\n");
+        assert_eq!(parse_err(&text).path, "retry_policy.on[0]");
+        let text = VALID.replace(
+            "upstream_model: gpt-5-nano\n",
+            "upstream_model: gpt-5-nano\n    retry: {max_retries: 6}\n",
+        );
+        assert_eq!(
+            parse("c.yaml", &text).unwrap_err().lines(),
+            ["c.yaml: models[0].retry.max_retries: must be 0–5, got 6"]
+        );
+    }
+
+    #[test]
     fn unknown_fields_are_named_with_their_path_and_line() {
         let text = VALID.replace("upstream_model:", "upstream_modle:");
         let e = parse_err(&text);

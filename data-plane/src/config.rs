@@ -9,6 +9,7 @@ use serde::Deserialize;
 use switchyard_catalog::{ApiKeyRecord, Catalog, Model};
 
 use crate::providers::ProviderRuntime;
+use crate::retry;
 use crate::shards::ShardedMap;
 
 /// Resource names, as the control plane sends them.
@@ -35,6 +36,9 @@ pub struct NodeConfig {
     pub models: HashMap<String, Arc<Model>>,
     /// Providers with their connection pools and resolved credentials, by name.
     pub providers: HashMap<String, Arc<ProviderRuntime>>,
+    /// The node's retry budget. It counts traffic, not config, so every version shares
+    /// the one the node started with; its limits come from the catalog's `retry_policy`.
+    pub retry_budget: Arc<retry::Budget>,
 }
 
 /// A change to apply: a full snapshot replaces everything, an update patches.
@@ -84,7 +88,11 @@ impl NodeConfig {
         let (version, mut next, upserts, deletes) = match change {
             Change::Snapshot { version, resources } => {
                 // Warm provider pools survive a resync; set_catalog drops the stale ones.
-                let fresh = NodeConfig { providers: self.providers.clone(), ..Default::default() };
+                let fresh = NodeConfig {
+                    providers: self.providers.clone(),
+                    retry_budget: Arc::clone(&self.retry_budget),
+                    ..Default::default()
+                };
                 (version, fresh, resources, Vec::new())
             }
             Change::Update { version, upserts, deletes } => {
@@ -258,5 +266,23 @@ mod tests {
             .unwrap();
         assert_eq!(again.version, 7);
         assert!(again.keys_by_hash.contains_key("h1"));
+    }
+
+    #[test]
+    fn the_retry_budget_outlives_config_changes() {
+        let base = NodeConfig::default();
+        let next = base
+            .apply(Change::Snapshot {
+                version: 3,
+                resources: vec![("keys/k1".into(), key_json("k1", "h1"))],
+            })
+            .unwrap();
+        let next = next
+            .apply(Change::Update { version: 4, upserts: vec![], deletes: vec!["keys/k1".into()] })
+            .unwrap();
+        assert!(
+            Arc::ptr_eq(&base.retry_budget, &next.retry_budget),
+            "a resync must not hand every request a fresh budget"
+        );
     }
 }

@@ -11,17 +11,18 @@ use tracing::{Instrument, debug, debug_span};
 use switchyard_catalog::{BreakerPolicy, FailoverReason, Model};
 use switchyard_proto::node::v1 as pb;
 
-use crate::breaker::{Admission, Breakers, Outcome, Permit, Transition};
+use crate::breaker::{Admission, Breakers, Outcome, Permit, State, Transition};
 use crate::chain::{Chain, Entry};
 use crate::config::NodeConfig;
 use crate::error::ApiError;
 use crate::failure::{self, Code, Failure, Verdict};
-use crate::metrics::{BreakerLabels, Metrics, TransitionLabels};
+use crate::metrics::{BreakerLabels, Metrics, ProviderModelLabels, RetryLabels, TransitionLabels};
 use crate::providers::{
     CallError, Completion, ProviderRuntime, StreamError, StreamEvent, UpstreamError, UpstreamStream,
 };
 use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_message};
 use crate::request::ChatRequest;
+use crate::retry::{self, FailedCall, NoRetry};
 use crate::telemetry::Telemetry;
 
 /// An attempt is not started with less than `min(1000 ms, its timeout)` left of the
@@ -67,6 +68,13 @@ pub struct Executor {
     pub metrics: Arc<Metrics>,
 }
 
+/// What one call of an attempt brought.
+enum Called {
+    Completion(Completion),
+    /// What the upstream sent up to its first content, and the rest of it.
+    Stream(Vec<StreamEvent>, UpstreamStream),
+}
+
 enum AttemptResult {
     Served(Output),
     Failover(FailoverReason, Code),
@@ -102,6 +110,7 @@ impl Executor {
                         status: AttemptStatus::Skipped,
                         reason: Some(AttemptReason::CircuitOpen),
                         latency_ms: 0,
+                        retries: 0,
                         probe: false,
                     });
                     continue;
@@ -163,6 +172,11 @@ impl Executor {
         self.breakers.get(&model.provider, &model.upstream_model, policy)
     }
 
+    /// One attempt: a call to the entry's model and, when its retry policy, the time left,
+    /// the node's retry budget and the breaker allow, more calls to the same model. Every
+    /// call counts in the breaker. Retries happen only before a stream commits (nothing has
+    /// reached the client yet); a client that goes away drops this future, and with it any
+    /// backoff in progress.
     async fn attempt(
         &self,
         entry: &Entry,
@@ -175,91 +189,196 @@ impl Executor {
         let model = &entry.model;
         let span = debug_span!("attempt", model = %model.name, provider = %model.provider);
         let started = Instant::now();
-        let provider = config.providers.get(&model.provider).cloned();
         let deadline = started + timeout;
-        let result = match provider {
-            None => Err(Failure::Unconfigured(model.provider.clone())),
-            Some(provider) => {
-                // Translating adapters translated when the chain was formed; the others
-                // build their pass-through body for this attempt only.
-                let body = match &entry.body {
-                    Some(body) => Ok(body.clone()),
-                    None => provider.body(model, request),
-                };
-                match body {
-                    Err(e) => Err(Failure::Call(e)),
-                    Ok(body) if request.stream => {
-                        let first_token = deadline.min(started + entry.first_token_timeout);
-                        match open_until_first_token(&provider, model, body, first_token)
-                            .instrument(span)
-                            .await
-                        {
-                            Ok((buffered, upstream)) => {
-                                let stall = Duration::from_millis(model.stall_timeout_ms().into());
-                                let stream = CommittedStream {
-                                    buffered,
-                                    upstream,
-                                    permit,
-                                    deadline,
-                                    timeout,
-                                    stall,
-                                };
-                                self.finish_attempt(
-                                    model,
-                                    started,
-                                    AttemptStatus::Served,
-                                    None,
-                                    attempts,
-                                );
-                                return AttemptResult::Served(Output::Stream(stream));
-                            }
-                            Err(failure) => Err(failure),
-                        }
-                    }
-                    Ok(body) => {
-                        match tokio::time::timeout(timeout, provider.complete(model, body))
-                            .instrument(span)
-                            .await
-                        {
-                            Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
-                            Ok(Ok(completion)) => Ok(completion),
-                            Ok(Err(e)) => Err(Failure::Call(e)),
-                        }
-                    }
+        // A stream's every call must bring its first content by then, retries included.
+        let first_token = deadline.min(started + entry.first_token_timeout);
+        let limit = if request.stream { first_token } else { deadline };
+        let policy = retry::Policy::resolve(
+            config.catalog.retry_policy.as_ref(),
+            model.retry.as_ref(),
+            request.redundancy.max_retries,
+        );
+        config.retry_budget.deposit(started);
+        let mut permit = permit;
+        let mut retries = 0;
+        loop {
+            let called = self
+                .call(entry, timeout, deadline, first_token, request, config)
+                .instrument(span.clone())
+                .await;
+            let failure = match called {
+                Ok(Called::Completion(completion)) => {
+                    self.report_transition(permit.record(Outcome::Success, Instant::now()));
+                    self.finish_attempt(
+                        model,
+                        started,
+                        AttemptStatus::Served,
+                        None,
+                        retries,
+                        attempts,
+                    );
+                    return AttemptResult::Served(Output::Completion(completion));
                 }
-            }
-        };
-        let (outcome, result) = match result {
-            Ok(completion) => {
-                (Some(Outcome::Success), AttemptResult::Served(Output::Completion(completion)))
-            }
-            Err(failure) => {
-                debug!(model = %model.name, ?failure, "attempt failed");
-                match failure::classify(failure) {
-                    Verdict::Failover { reason, breaker, code } => {
-                        (breaker, AttemptResult::Failover(reason, code))
-                    }
-                    Verdict::Stop { status, error, breaker } => {
-                        (breaker, AttemptResult::ClientError(status, error))
-                    }
+                Ok(Called::Stream(buffered, upstream)) => {
+                    let stall = Duration::from_millis(model.stall_timeout_ms().into());
+                    let stream =
+                        CommittedStream { buffered, upstream, permit, deadline, timeout, stall };
+                    self.finish_attempt(
+                        model,
+                        started,
+                        AttemptStatus::Served,
+                        None,
+                        retries,
+                        attempts,
+                    );
+                    return AttemptResult::Served(Output::Stream(stream));
                 }
+                Err(failure) => failure,
+            };
+            debug!(model = %model.name, ?failure, retries, "call failed");
+            let retry_after = failure.retry_after();
+            let (outcome, result, failed) = match failure::classify(failure) {
+                Verdict::Failover { reason, breaker, code } => (
+                    breaker,
+                    AttemptResult::Failover(reason, code),
+                    Some(FailedCall { reason, retryable: code.retryable(), retry_after }),
+                ),
+                Verdict::Stop { status, error, breaker } => {
+                    (breaker, AttemptResult::ClientError(status, error), None)
+                }
+            };
+            // A failure the upstream is not to blame for releases the permit unjudged.
+            let opened = match outcome {
+                Some(outcome) => {
+                    let transition = permit.record(outcome, Instant::now());
+                    let opened = transition.as_ref().is_some_and(|t| t.to == State::Open);
+                    self.report_transition(transition);
+                    opened
+                }
+                None => {
+                    drop(permit);
+                    false
+                }
+            };
+            let next = match failed {
+                // The request is at fault: the same call would fail the same way.
+                None => None,
+                Some(failed) => {
+                    let time = limit.saturating_duration_since(started);
+                    let next = self
+                        .next_call(&policy, retries, failed, opened, limit, time, config, model)
+                        .await;
+                    next.inspect_err(|why| {
+                        if policy.max_retries > 0 {
+                            debug!(model = %model.name, why = why.as_str(), retries, "not retried");
+                        }
+                    })
+                    .ok()
+                }
+            };
+            if let Some(next) = next {
+                permit = next;
+                retries += 1;
+                continue;
             }
-        };
-        // A failure the upstream is not to blame for releases the permit unjudged.
-        if let Some(outcome) = outcome {
-            self.report_transition(permit.record(outcome, Instant::now()));
+            let reason = match &result {
+                AttemptResult::Failover(reason, _) => AttemptReason::Failover(*reason),
+                _ => AttemptReason::ClientError,
+            };
+            self.finish_attempt(
+                model,
+                started,
+                AttemptStatus::Failed,
+                Some(reason),
+                retries,
+                attempts,
+            );
+            return result;
         }
-        let (status, reason) = match &result {
-            AttemptResult::Served(_) => (AttemptStatus::Served, None),
-            AttemptResult::Failover(reason, _) => {
-                (AttemptStatus::Failed, Some(AttemptReason::Failover(*reason)))
-            }
-            AttemptResult::ClientError(..) => {
-                (AttemptStatus::Failed, Some(AttemptReason::ClientError))
-            }
+    }
+
+    /// One upstream call of an attempt: a plain completion, or a stream read up to its
+    /// first content.
+    async fn call(
+        &self,
+        entry: &Entry,
+        timeout: Duration,
+        deadline: Instant,
+        first_token: Instant,
+        request: &ChatRequest<'_>,
+        config: &NodeConfig,
+    ) -> Result<Called, Failure> {
+        let model = &entry.model;
+        let Some(provider) = config.providers.get(&model.provider) else {
+            return Err(Failure::Unconfigured(model.provider.clone()));
         };
-        self.finish_attempt(model, started, status, reason, attempts);
-        result
+        // Translating adapters translated when the chain was formed; the others build their
+        // pass-through body for this call only.
+        let body = match &entry.body {
+            Some(body) => body.clone(),
+            None => provider.body(model, request).map_err(Failure::Call)?,
+        };
+        if request.stream {
+            let (buffered, upstream) =
+                open_until_first_token(provider, model, body, first_token).await?;
+            return Ok(Called::Stream(buffered, upstream));
+        }
+        let deadline = tokio::time::Instant::from_std(deadline);
+        match tokio::time::timeout_at(deadline, provider.complete(model, body)).await {
+            Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
+            Ok(Ok(completion)) => Ok(Called::Completion(completion)),
+            Ok(Err(e)) => Err(Failure::Call(e)),
+        }
+    }
+
+    /// Decides whether retry number `retries` follows the failed call; if so, waits and
+    /// returns the breaker's permit for it. `limit` is when the attempt's time (or a
+    /// stream's first-token time) runs out, `time` how long the attempt had in all.
+    #[allow(clippy::too_many_arguments)]
+    async fn next_call(
+        &self,
+        policy: &retry::Policy,
+        retries: u32,
+        failed: FailedCall,
+        opened: bool,
+        limit: Instant,
+        time: Duration,
+        config: &NodeConfig,
+        model: &Model,
+    ) -> Result<Permit, NoRetry> {
+        if opened {
+            return Err(NoRetry::BreakerOpen);
+        }
+        let left = limit.saturating_duration_since(Instant::now());
+        let wait = retry::decide(policy, retries, failed, left, FAIR_MINIMUM.min(time))?;
+        if !config.retry_budget.try_withdraw(policy.budget, Instant::now()) {
+            self.metrics
+                .retry_budget_refusals
+                .get_or_create(&ProviderModelLabels {
+                    provider: model.provider.clone(),
+                    model: model.name.clone(),
+                })
+                .inc();
+            return Err(NoRetry::Budget);
+        }
+        debug!(model = %model.name, reason = failed.reason.as_str(), wait_ms = wait.as_millis() as u64, "retrying");
+        // Awaited here, inside the request's future: a client that disconnects drops it,
+        // and nothing keeps sleeping or calls again.
+        tokio::time::sleep(wait).await;
+        // The breaker may have opened meanwhile (other requests' failures): never retry
+        // into an open one.
+        let (admission, transition) = self.breaker(config, model).try_acquire(Instant::now());
+        self.report_transition(transition);
+        let Admission::Admitted(permit) = admission else { return Err(NoRetry::BreakerOpen) };
+        self.metrics
+            .retries
+            .get_or_create(&RetryLabels {
+                provider: model.provider.clone(),
+                model: model.name.clone(),
+                reason: failed.reason.as_str(),
+            })
+            .inc();
+        Ok(permit)
     }
 
     /// Reports an attempt: metrics, and its line in the failover report.
@@ -269,6 +388,7 @@ impl Executor {
         started: Instant,
         status: AttemptStatus,
         reason: Option<AttemptReason>,
+        retries: u32,
         attempts: &mut Vec<AttemptReport>,
     ) {
         let metrics = self.metrics.model(&model.name);
@@ -279,6 +399,7 @@ impl Executor {
             status,
             reason,
             latency_ms: started.elapsed().as_millis() as u64,
+            retries,
             probe: false,
         });
     }
@@ -287,9 +408,9 @@ impl Executor {
     pub fn report_transition(&self, transition: Option<Transition>) {
         let Some(t) = transition else { return };
         let state = match t.to {
-            crate::breaker::State::Closed => 0,
-            crate::breaker::State::HalfOpen => 1,
-            crate::breaker::State::Open => 2,
+            State::Closed => 0,
+            State::HalfOpen => 1,
+            State::Open => 2,
         };
         self.metrics
             .breaker_state

@@ -29,6 +29,16 @@ pub enum Failure {
     Unconfigured(String),
 }
 
+impl Failure {
+    /// The wait the upstream asked for with `Retry-After`, if it answered with one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Failure::Call(CallError::Http { retry_after, .. }) => *retry_after,
+            _ => None,
+        }
+    }
+}
+
 /// The code a client sees for a failure: in a stream's error frame, and in the message of
 /// a chain that failed for a reason the client cannot guess from the failover reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +74,25 @@ impl Code {
             Self::CredentialMissing => "provider_credential_missing",
             Self::GatewayError => "gateway_error",
             Self::ProviderNotConfigured => "provider_not_configured",
+        }
+    }
+
+    /// Whether another call to the same model could go differently. A refused or missing
+    /// credential, a missing provider and a request the gateway cannot build fail the same
+    /// way every time: retrying them only adds load and delay.
+    pub fn retryable(self) -> bool {
+        match self {
+            Self::Timeout
+            | Self::Disconnected
+            | Self::Malformed
+            | Self::UpstreamError
+            | Self::RateLimited
+            | Self::ServerError => true,
+            Self::Stalled
+            | Self::CredentialRefused
+            | Self::CredentialMissing
+            | Self::GatewayError
+            | Self::ProviderNotConfigured => false,
         }
     }
 
@@ -424,6 +453,27 @@ mod tests {
             .into_iter()
             .find(|c| c.as_str() == text)
             .unwrap()
+    }
+
+    #[test]
+    fn only_failures_another_call_could_change_are_retryable() {
+        let code = |failure| match classify(failure) {
+            Verdict::Failover { code, .. } => code,
+            other => panic!("{other:?}"),
+        };
+        for retryable in [status(429), status(503), status(529), status(408)] {
+            assert!(code(retryable).retryable());
+        }
+        assert!(code(Failure::Call(CallError::Transport("reset".into()))).retryable());
+        assert!(code(Failure::InBand(upstream("server_error", None))).retryable());
+        for futile in [
+            status(401),
+            Failure::Call(CallError::NoCredential("unset".into())),
+            Failure::Call(CallError::Encode(encode_error())),
+            Failure::Unconfigured("p".into()),
+        ] {
+            assert!(!code(futile).retryable());
+        }
     }
 
     #[test]

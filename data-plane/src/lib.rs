@@ -3,7 +3,8 @@
 //! `providers::<kind>` and back; no module names one above it on that path. `app` holds
 //! what every request shares (below `http` and `stream`, the streaming response), and
 //! `failure` decides what an upstream failure means (below `executor`, `stream` and the
-//! providers' dispatch). `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
+//! providers' dispatch); `retry` whether the executor calls the same model again.
+//! `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -20,6 +21,7 @@ pub mod persist;
 pub mod providers;
 pub mod report;
 pub mod request;
+pub mod retry;
 pub mod serve;
 pub mod shards;
 pub mod state;

@@ -50,6 +50,19 @@ pub struct TransitionLabels {
     pub to: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub provider: String,
+    pub model: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderModelLabels {
+    pub provider: String,
+    pub model: String,
+}
+
 /// One model's attempt metrics, resolved once: the request path then increments counters
 /// without building (and allocating) label sets.
 pub struct ModelMetrics {
@@ -120,6 +133,10 @@ pub struct Metrics {
     /// 0 closed, 1 half-open, 2 open.
     pub breaker_state: Family<BreakerLabels, Gauge>,
     pub breaker_transitions: Family<TransitionLabels, Counter>,
+    /// Retries inside an attempt, by the failure that caused them.
+    pub retries: Family<RetryLabels, Counter>,
+    /// Retries the node's retry budget refused (the attempt failed over instead).
+    pub retry_budget_refusals: Family<ProviderModelLabels, Counter>,
     pub events_dropped: Counter,
     pub config_version: Gauge,
 }
@@ -178,6 +195,18 @@ impl Metrics {
             "Circuit breaker state changes",
             breaker_transitions.clone(),
         );
+        let retries = Family::<RetryLabels, Counter>::default();
+        registry.register(
+            "upstream_retries",
+            "Retries of an upstream call inside one attempt, by provider, model and the failure retried",
+            retries.clone(),
+        );
+        let retry_budget_refusals = Family::<ProviderModelLabels, Counter>::default();
+        registry.register(
+            "retry_budget_refusals",
+            "Retries refused because the node's retry budget was spent",
+            retry_budget_refusals.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
@@ -200,6 +229,8 @@ impl Metrics {
             failovers,
             breaker_state,
             breaker_transitions,
+            retries,
+            retry_budget_refusals,
             events_dropped,
             config_version,
         }

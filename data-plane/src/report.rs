@@ -56,10 +56,18 @@ pub struct AttemptReport {
     pub status: AttemptStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<AttemptReason>,
+    /// Every call of the attempt, retries and their waits included.
     pub latency_ms: u64,
+    /// Extra calls to the same model inside this attempt.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub retries: u32,
     /// Tried although its breaker was open, because every entry's breaker was open.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub probe: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// `secureai` on `/v1`, `metadata` on the classic endpoint.

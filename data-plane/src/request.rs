@@ -8,6 +8,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use switchyard_catalog::FailoverReason;
+use switchyard_catalog::catalog::MAX_RETRIES;
 use switchyard_catalog::keys::{FIRST_TOKEN_TIMEOUT_MS_RANGE, TIMEOUT_MS_RANGE};
 
 use crate::error::ApiError;
@@ -102,6 +103,8 @@ pub struct Redundancy {
     pub first_token_timeout_ms: Option<u32>,
     pub on: Option<Vec<FailoverReason>>,
     pub deadline_ms: Option<u32>,
+    /// Retries inside each attempt, over the catalog's `retry_policy`.
+    pub max_retries: Option<u32>,
 }
 
 impl<'a> ChatRequest<'a> {
@@ -282,6 +285,7 @@ fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
                 r.first_token_timeout_ms = Some(ranged(&v, &path, FIRST_TOKEN_TIMEOUT_MS_RANGE)?)
             }
             "deadline_ms" => r.deadline_ms = Some(ranged(&v, &path, DEADLINE_MS_RANGE)?),
+            "max_retries" => r.max_retries = Some(ranged(&v, &path, (0, MAX_RETRIES))?),
             "on" => {
                 let Value::Array(items) = v else {
                     return Err(ApiError::invalid(
@@ -309,7 +313,7 @@ fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
                 return Err(ApiError::invalid(
                     path.clone(),
                     format!(
-                        "unknown field {path}; expected timeout_ms, first_token_timeout_ms, on, deadline_ms"
+                        "unknown field {path}; expected timeout_ms, first_token_timeout_ms, on, deadline_ms, max_retries"
                     ),
                 ));
             }
@@ -408,6 +412,27 @@ mod tests {
             param(&format!(r#"{{"models":[{{"timeout_ms":5000}}],{MSG}}}"#)).as_deref(),
             Some("models[0].model")
         );
+    }
+
+    #[test]
+    fn max_retries_is_read_and_checked_against_its_range() {
+        let parse = |n: &str| {
+            ChatRequest::parse(
+                format!(r#"{{"model":"a","redundancy":{{"max_retries":{n}}},{MSG}}}"#).as_bytes(),
+            )
+            .map(|r| r.redundancy.max_retries)
+        };
+        assert_eq!(parse("0").unwrap(), Some(0));
+        assert_eq!(parse("5").unwrap(), Some(5));
+        for bad in ["6", "-1", "1.5", "\"2\""] {
+            match parse(bad) {
+                Err(ApiError::InvalidRequest { param, message, .. }) => {
+                    assert_eq!(param.as_deref(), Some("redundancy.max_retries"), "{bad}");
+                    assert!(message.contains("from 0 to 5"), "{message}");
+                }
+                other => panic!("{bad}: expected a 400, got {other:?}"),
+            }
+        }
     }
 
     #[test]
