@@ -59,7 +59,7 @@ pub struct InjectArgs {
     #[arg(long, value_name = "ID")]
     pub key: Option<String>,
     /// The probability that a matching call is affected, 0 to 1.
-    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = rate)]
+    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = rate, allow_negative_numbers = true)]
     pub rate: f64,
     /// How long the fault lives, 1s to 24h [default: 10m].
     #[arg(long, value_name = "DURATION", value_parser = ttl)]
@@ -68,7 +68,8 @@ pub struct InjectArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(400..=599))]
     pub status: Option<u16>,
     /// With --status: the Retry-After the answer carries, in seconds.
-    #[arg(long, value_name = "S", requires = "status")]
+    // Checked in `fault`: clap takes `requires` as met by any member of the kind group.
+    #[arg(long, value_name = "S")]
     pub retry_after: Option<u64>,
     /// Wait this long before making the real call (1-600000).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=600_000))]
@@ -135,6 +136,9 @@ impl InjectArgs {
             (None, Some(p)) => FaultTarget::Provider(p.clone()),
             _ => return Err(CliError::Usage("give exactly one of --model and --provider".into())),
         };
+        if self.retry_after.is_some() && self.status.is_none() {
+            return Err(CliError::Usage("--retry-after goes with --status".into()));
+        }
         let kind = if let Some(status) = self.status {
             FaultKind::Status { status, retry_after_secs: self.retry_after }
         } else if let Some(ms) = self.delay_ms {

@@ -359,8 +359,14 @@ mod tests {
         assert!(text.contains("--model") && text.contains("--provider"), "{text}");
         let (text, _) = refused(&["inject", "d", "--model", "m", "--provider", "p", "--hang"]);
         assert!(text.contains("--model") && text.contains("--provider"), "{text}");
-        let (text, _) = refused(&["inject", "d", "--model", "m", "--hang", "--retry-after", "3"]);
-        assert!(text.contains("--status"), "--retry-after goes with --status: {text}");
+        let chaos::ChaosCommand::Inject(alone) =
+            chaos(&["inject", "d", "--model", "m", "--hang", "--retry-after", "3"]).unwrap()
+        else {
+            panic!()
+        };
+        let err = alone.fault().unwrap_err();
+        assert!(err.to_string().contains("--status"), "{err}");
+        assert_eq!(err.exit_code(), 2);
     }
 
     #[test]

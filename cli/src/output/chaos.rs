@@ -153,9 +153,9 @@ mod tests {
         );
         assert_eq!(
             faults_table(&[flaky, stall], NOW),
-            "NAME   TARGET             KEY    KIND                       RATE  EXPIRES IN\n\
+            "NAME   TARGET             KEY    KIND                      RATE  EXPIRES IN\n\
              flaky  provider openai    key_a  status 503 retry-after 2  0.5   9m 58s\n\
-             stall  model sim/primary  -      stall-after 3              1     9m 58s\n"
+             stall  model sim/primary  -      stall-after 3             1     9m 58s\n"
         );
         assert_eq!(faults_table(&[], NOW), "no faults in force\n");
     }
