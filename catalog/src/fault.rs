@@ -81,6 +81,16 @@ impl FaultKind {
     }
 }
 
+/// What [`is_valid_name`] checks, in words for an error message.
+pub const NAME_RULE: &str = "a fault name is 1-64 characters of letters, digits, '.', '_' and '-'";
+
+/// Whether `name` can name a fault: it becomes a store key segment and a resource name, so
+/// it holds no `/` and nothing that needs escaping.
+pub fn is_valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
 impl Fault {
     /// Whether the fault applies to a call to `model` (gateway name) of `provider` for `key_id`.
     pub fn matches(&self, model: &str, provider: &str, key_id: &str) -> bool {
@@ -95,13 +105,8 @@ impl Fault {
     /// check). Field paths are the CLI's flags.
     pub fn validate(&self) -> Result<(), ValidationErrors> {
         let mut errors = Vec::new();
-        let valid_name = (1..=64).contains(&self.name.len())
-            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-        if !valid_name {
-            errors.push(FieldError::new(
-                "name",
-                "a fault name is 1-64 characters of letters, digits, '.', '_' and '-'",
-            ));
+        if !is_valid_name(&self.name) {
+            errors.push(FieldError::new("name", NAME_RULE));
         }
         let target_empty = match &self.target {
             FaultTarget::Model(m) | FaultTarget::Provider(m) => m.trim().is_empty(),

@@ -310,8 +310,8 @@ pub fn failover_reason(text: &str) -> Result<FailoverReason, String> {
 // === connection ===
 
 /// A connected admin client; every request it builds carries the admin token.
-struct Admin {
-    client: AdminClient<Channel>,
+pub struct Admin {
+    pub client: AdminClient<Channel>,
     auth: MetadataValue<Ascii>,
     url: String,
 }
@@ -320,7 +320,7 @@ impl Admin {
     /// Connects to the first control plane of `--control` that answers. Only connecting
     /// moves on to the next URL: once a request is sent it is never repeated elsewhere, so
     /// a `keys create` cannot happen twice.
-    async fn connect(opts: &AdminOpts) -> Result<Self, CliError> {
+    pub async fn connect(opts: &AdminOpts) -> Result<Self, CliError> {
         let token =
             read_token(opts.admin_token_file.as_deref(), std::env::var(ADMIN_TOKEN_ENV).ok())?;
         let auth = MetadataValue::try_from(format!("Bearer {token}"))
@@ -342,13 +342,13 @@ impl Admin {
         Err(CliError::Unreachable { urls: urls.join(", "), failures })
     }
 
-    fn request<T>(&self, message: T) -> tonic::Request<T> {
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         request.metadata_mut().insert("authorization", self.auth.clone());
         request
     }
 
-    fn status(&self, status: tonic::Status) -> CliError {
+    pub fn status(&self, status: tonic::Status) -> CliError {
         CliError::from_status(status, &self.url)
     }
 }
@@ -401,7 +401,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-fn print(text: &str) -> Result<(), CliError> {
+pub fn print(text: &str) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).map_err(CliError::Stdout)
 }

@@ -5,6 +5,7 @@
 
 mod admin;
 mod catalog_file;
+mod chaos;
 mod error;
 mod output;
 mod serve;
@@ -53,6 +54,8 @@ enum Command {
     Usage(admin::UsageArgs),
     /// Manage webhook subscriptions and see their deliveries.
     Webhooks(admin::WebhooksArgs),
+    /// Inject faults for drills (every node applies them at its upstream call), list, clear.
+    Chaos(chaos::ChaosArgs),
 }
 
 /// The request path allocates many small, short-lived buffers on every worker thread;
@@ -92,6 +95,7 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Events(args) => admin::events(args).await,
         Command::Usage(args) => admin::usage(args).await,
         Command::Webhooks(args) => admin::webhooks(args).await,
+        Command::Chaos(args) => chaos::chaos(args).await,
     }
 }
 
@@ -276,6 +280,140 @@ mod tests {
             webhooks(&["deliveries", "oncall", "--limit", "5"]).unwrap(),
             WebhooksCommand::Deliveries { limit: 5, .. }
         ));
+    }
+
+    fn chaos(args: &[&str]) -> Result<chaos::ChaosCommand, clap::Error> {
+        let mut all = vec!["chaos"];
+        all.extend_from_slice(args);
+        match parse(&all)?.command {
+            Command::Chaos(c) => Ok(c.command),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The error of a command line clap refuses: its text and exit code.
+    fn refused(args: &[&str]) -> (String, i32) {
+        let err = chaos(args).unwrap_err();
+        (err.to_string(), err.exit_code())
+    }
+
+    #[test]
+    fn chaos_inject_builds_each_kind_of_fault() {
+        use switchyard_catalog::fault::{FaultKind, FaultTarget};
+        let cases: [(&[&str], FaultKind); 7] = [
+            (
+                &["--status", "503", "--retry-after", "2"],
+                FaultKind::Status { status: 503, retry_after_secs: Some(2) },
+            ),
+            (&["--delay-ms", "250"], FaultKind::Delay { ms: 250 }),
+            (&["--hang"], FaultKind::Hang),
+            (&["--reset"], FaultKind::Reset),
+            (&["--malformed"], FaultKind::Malformed),
+            (&["--stall-after", "3"], FaultKind::StallAfter { chunks: 3 }),
+            (&["--drop-after", "0"], FaultKind::DropAfter { chunks: 0 }),
+        ];
+        for (kind_args, kind) in cases {
+            let mut args = vec!["inject", "drill", "--model", "sim/primary"];
+            args.extend_from_slice(kind_args);
+            let chaos::ChaosCommand::Inject(inject) = chaos(&args).unwrap() else { panic!() };
+            let fault = inject.fault().unwrap();
+            assert_eq!(fault.kind, kind, "{args:?}");
+            assert_eq!(fault.target, FaultTarget::Model("sim/primary".into()));
+            assert_eq!((fault.rate, fault.key_id.as_deref()), (1.0, None));
+            assert_eq!(inject.ttl, None, "the control plane's default applies");
+        }
+        let chaos::ChaosCommand::Inject(inject) = chaos(&[
+            "inject",
+            "d2",
+            "--provider",
+            "openai",
+            "--key",
+            "key_a",
+            "--rate",
+            "0.5",
+            "--ttl",
+            "90s",
+            "--hang",
+            "--json",
+        ])
+        .unwrap() else {
+            panic!()
+        };
+        let fault = inject.fault().unwrap();
+        assert_eq!(fault.target, FaultTarget::Provider("openai".into()));
+        assert_eq!((fault.rate, fault.key_id.as_deref()), (0.5, Some("key_a")));
+        assert_eq!(inject.ttl, Some(std::time::Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn chaos_inject_wants_exactly_one_kind_and_one_target_naming_the_flags() {
+        let (text, code) = refused(&["inject", "d", "--model", "m"]);
+        assert_eq!(code, 2);
+        for flag in ["--status", "--delay-ms", "--hang", "--reset", "--malformed", "--stall-after"]
+        {
+            assert!(text.contains(flag), "{flag} not in: {text}");
+        }
+        let (text, code) = refused(&["inject", "d", "--model", "m", "--hang", "--reset"]);
+        assert_eq!(code, 2);
+        assert!(text.contains("--hang") && text.contains("--reset"), "{text}");
+        let (text, _) = refused(&["inject", "d", "--hang"]);
+        assert!(text.contains("--model") && text.contains("--provider"), "{text}");
+        let (text, _) = refused(&["inject", "d", "--model", "m", "--provider", "p", "--hang"]);
+        assert!(text.contains("--model") && text.contains("--provider"), "{text}");
+        let chaos::ChaosCommand::Inject(alone) =
+            chaos(&["inject", "d", "--model", "m", "--hang", "--retry-after", "3"]).unwrap()
+        else {
+            panic!()
+        };
+        let err = alone.fault().unwrap_err();
+        assert!(err.to_string().contains("--status"), "{err}");
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn chaos_inject_refuses_out_of_range_values_naming_the_flag() {
+        for (args, flag) in [
+            (&["--rate", "1.5"][..], "--rate"),
+            (&["--rate", "-0.1"], "--rate"),
+            (&["--rate", "half"], "--rate"),
+            (&["--ttl", "500ms"], "--ttl"),
+            (&["--ttl", "25h"], "--ttl"),
+            (&["--ttl", "0"], "--ttl"),
+            (&["--status", "200"], "--status"),
+            (&["--delay-ms", "0"], "--delay-ms"),
+        ] {
+            let mut all = vec!["inject", "d", "--model", "m"];
+            all.extend_from_slice(args);
+            if !args.contains(&"--status") && !args.contains(&"--delay-ms") {
+                all.push("--hang");
+            }
+            let (text, code) = refused(&all);
+            assert_eq!(code, 2, "{args:?}");
+            assert!(text.contains(flag), "{args:?}: {text}");
+        }
+        let (text, code) = refused(&["inject", "bad/name", "--model", "m", "--hang"]);
+        assert_eq!(code, 2);
+        assert!(text.contains("<NAME>") && text.contains("1-64 characters"), "{text}");
+        assert!(chaos(&["inject", "d", "--model", "m", "--hang", "--ttl", "1s"]).is_ok());
+        assert!(chaos(&["inject", "d", "--model", "m", "--hang", "--ttl", "24h"]).is_ok());
+        assert!(chaos(&["inject", "d", "--model", "m", "--hang", "--rate", "0"]).is_ok());
+    }
+
+    #[test]
+    fn chaos_clear_takes_a_name_or_all_and_list_takes_json() {
+        assert!(matches!(
+            chaos(&["clear", "drill"]).unwrap(),
+            chaos::ChaosCommand::Clear(c) if c.name.as_deref() == Some("drill") && !c.all
+        ));
+        assert!(
+            matches!(chaos(&["clear", "--all"]).unwrap(), chaos::ChaosCommand::Clear(c) if c.all)
+        );
+        assert_eq!(refused(&["clear"]).1, 2);
+        assert_eq!(refused(&["clear", "drill", "--all"]).1, 2);
+        let Command::Chaos(c) = parse(&["chaos", "list", "--json"]).unwrap().command else {
+            panic!()
+        };
+        assert!(c.opts.json && matches!(c.command, chaos::ChaosCommand::List));
     }
 
     #[test]

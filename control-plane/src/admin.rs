@@ -1,16 +1,18 @@
 //! The admin API (`switchyard.admin.v1.Admin`): catalog and API keys in the store, the
-//! fleet as the nodes' presence records show it, and what nodes report: breaker states,
-//! the failover-event audit log, usage totals.
+//! fleet as the nodes' presence records show it, what nodes report (breaker states, the
+//! failover-event audit log, usage totals), and injected faults ([`crate::faults`]).
 //!
 //! Every write is a compare-and-swap on the revision that was read, so two admins (or two
 //! replicas) racing on one resource never lose an update silently: the loser gets `Aborted`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rand::Rng;
 use tonic::{Request, Response, Status};
 use tracing::info;
 
+use switchyard_catalog::fault::{DEFAULT_TTL, Fault};
 use switchyard_catalog::keys::{SECRET_PREFIX, hash_secret};
 use switchyard_catalog::{
     ApiKeyRecord, Catalog, FailoverDefaults, FailoverReason, FieldError, KeyStatus,
@@ -23,6 +25,7 @@ use switchyard_time::now_ms;
 use crate::audit;
 use crate::events::{AuditEvent, BreakerRecord, OutboxEntry};
 use crate::fanout::ConfigCache;
+use crate::faults::{self, FaultError};
 use crate::layout::Layout;
 use crate::nodes::NodeRecord;
 use crate::reports::UsageRecord;
@@ -41,6 +44,8 @@ pub enum AdminError {
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
     FailedPrecondition(String),
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -55,9 +60,22 @@ impl From<AdminError> for Status {
             AdminError::Invalid(_) => Status::invalid_argument(message),
             AdminError::NotFound(_) => Status::not_found(message),
             AdminError::Conflict(_) => Status::aborted(message),
+            AdminError::AlreadyExists(_) => Status::already_exists(message),
             AdminError::FailedPrecondition(_) => Status::failed_precondition(message),
             AdminError::Store(_) => Status::unavailable(message),
             AdminError::Corrupt { .. } => Status::internal(message),
+        }
+    }
+}
+
+impl From<FaultError> for AdminError {
+    fn from(e: FaultError) -> Self {
+        match e {
+            FaultError::Invalid(errors) => Self::Invalid(errors),
+            FaultError::Duplicate(_) => Self::AlreadyExists(e.to_string()),
+            FaultError::NotFound(_) => Self::NotFound(e.to_string()),
+            FaultError::Store(e) => Self::Store(e),
+            FaultError::Corrupt { what, reason } => Self::Corrupt { what: what.into(), reason },
         }
     }
 }
@@ -641,6 +659,63 @@ impl Admin for AdminService {
             requeued: done.requeued,
             not_found: done.not_found,
         }))
+    }
+
+    async fn inject_fault(
+        &self,
+        request: Request<pb::InjectFaultRequest>,
+    ) -> Result<Response<pb::InjectFaultResponse>, Status> {
+        let request = request.into_inner();
+        let deserializer = &mut serde_json::Deserializer::from_str(&request.fault_json);
+        let fault: Fault = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            AdminError::from(ValidationErrors(vec![FieldError::new(
+                path,
+                e.into_inner().to_string(),
+            )]))
+        })?;
+        let ttl = match request.ttl_ms {
+            0 => DEFAULT_TTL,
+            ms => Duration::from_millis(ms),
+        };
+        let (fault, version) = faults::inject(self.store.as_ref(), &self.layout, fault, ttl)
+            .await
+            .map_err(AdminError::from)?;
+        let fault_json = serde_json::to_string(&fault)
+            .map_err(|e| AdminError::Corrupt { what: "fault".into(), reason: e.to_string() })?;
+        Ok(Response::new(pb::InjectFaultResponse { fault_json, version }))
+    }
+
+    async fn list_faults(
+        &self,
+        _request: Request<pb::ListFaultsRequest>,
+    ) -> Result<Response<pb::ListFaultsResponse>, Status> {
+        let listed =
+            faults::list(self.store.as_ref(), &self.layout).await.map_err(AdminError::from)?;
+        let faults_json =
+            listed
+                .iter()
+                .map(serde_json::to_string)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| AdminError::Corrupt { what: "fault".into(), reason: e.to_string() })?;
+        Ok(Response::new(pb::ListFaultsResponse { faults_json }))
+    }
+
+    async fn clear_faults(
+        &self,
+        request: Request<pb::ClearFaultsRequest>,
+    ) -> Result<Response<pb::ClearFaultsResponse>, Status> {
+        let request = request.into_inner();
+        let (cleared, version) = match (request.all, request.name.is_empty()) {
+            (true, true) => faults::clear_all(self.store.as_ref(), &self.layout).await,
+            (false, false) => faults::clear(self.store.as_ref(), &self.layout, &request.name)
+                .await
+                .map(|version| (vec![request.name], version)),
+            (true, false) => return Err(invalid("name", "give a name or all, not both").into()),
+            (false, true) => return Err(invalid("name", "name a fault, or ask for all").into()),
+        }
+        .map_err(AdminError::from)?;
+        Ok(Response::new(pb::ClearFaultsResponse { cleared, version }))
     }
 
     async fn list_nodes(

@@ -60,6 +60,10 @@ pub struct AuditAttempt {
     pub latency_ms: u64,
     #[serde(default)]
     pub probe: bool,
+    /// The injected fault (`switchyard chaos`) that affected the attempt; empty for a real
+    /// call, and then left out of the stored record.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub injected: String,
 }
 
 impl AuditEvent {
@@ -81,6 +85,7 @@ impl AuditEvent {
                     reason: a.reason,
                     latency_ms: a.latency_ms,
                     probe: a.probe,
+                    injected: a.injected,
                 })
                 .collect(),
             stream: e.stream,
@@ -105,6 +110,7 @@ impl AuditEvent {
                     reason: a.reason.clone(),
                     latency_ms: a.latency_ms,
                     probe: a.probe,
+                    injected: a.injected.clone(),
                 })
                 .collect(),
             stream: self.stream,
@@ -189,6 +195,10 @@ impl OutboxEntry {
                 }
                 if a.probe {
                     v["probe"] = json!(true);
+                }
+                // A drill must never read as an outage: the fault is named.
+                if !a.injected.is_empty() {
+                    v["injected"] = json!(a.injected);
                 }
                 v
             })
@@ -362,6 +372,7 @@ mod tests {
                 reason: "timeout".into(),
                 latency_ms: 30_011,
                 probe: false,
+                injected: "drill-1".into(),
             }],
             stream: true,
             status: 200,
@@ -371,6 +382,42 @@ mod tests {
         let back: AuditEvent =
             serde_json::from_slice(&serde_json::to_vec(&event).unwrap()).unwrap();
         assert_eq!(back.to_pb(), pb::FailoverEvent { node_id: "n1".into(), ..pb_event });
+    }
+
+    #[test]
+    fn an_injected_attempt_names_its_fault_and_a_real_one_says_nothing() {
+        let attempt = |model: &str, injected: &str| AuditAttempt {
+            model: model.into(),
+            status: "failed".into(),
+            reason: "server_error".into(),
+            latency_ms: 3,
+            probe: false,
+            injected: injected.into(),
+        };
+        let event = AuditEvent {
+            id: "ev1".into(),
+            at_unix_ms: 5,
+            node_id: "n1".into(),
+            key_id: "key_1".into(),
+            requested_model: "a".into(),
+            served_model: "b".into(),
+            attempts: vec![attempt("a", "drill-1"), attempt("b", "")],
+            stream: false,
+            status: 200,
+        };
+        let stored = serde_json::to_value(&event).unwrap();
+        assert_eq!(stored["attempts"][0]["injected"], "drill-1");
+        assert!(stored["attempts"][1].get("injected").is_none(), "{stored}");
+        // A record written before the field existed still reads.
+        let mut old = stored.clone();
+        old["attempts"][0].as_object_mut().unwrap().remove("injected");
+        let read: AuditEvent = serde_json::from_value(old).unwrap();
+        assert_eq!(read.attempts[0].injected, "");
+
+        let data = OutboxEntry::failover(&event, 6).payload()["data"].clone();
+        let attempts = &data["failover"]["attempts"];
+        assert_eq!(attempts[0]["injected"], "drill-1");
+        assert!(attempts[1].get("injected").is_none(), "{data}");
     }
 
     #[test]

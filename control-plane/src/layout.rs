@@ -29,6 +29,9 @@ pub const MAX_TXN_OPS: usize = 128;
 pub const CATALOG: &str = "catalog";
 /// The resource-name prefix of API keys below `config/`.
 pub const KEYS: &str = "keys/";
+/// The resource-name prefix of injected faults below `config/`; each is kept under a lease
+/// of its TTL (see [`crate::faults`]).
+pub const FAULTS: &str = "faults/";
 
 impl Layout {
     pub fn new(prefix: &str) -> Self {
@@ -53,6 +56,16 @@ impl Layout {
 
     pub fn key(&self, id: &str) -> String {
         format!("{}config/{KEYS}{id}", self.prefix)
+    }
+
+    pub fn faults_prefix(&self) -> String {
+        format!("{}config/{FAULTS}", self.prefix)
+    }
+
+    /// Fault names are `[A-Za-z0-9._-]` (checked before anything is stored), so they need
+    /// no escaping.
+    pub fn fault(&self, name: &str) -> String {
+        format!("{}config/{FAULTS}{name}", self.prefix)
     }
 
     pub fn nodes_prefix(&self) -> String {

@@ -7,6 +7,7 @@ pub mod audit;
 pub mod auth;
 pub mod events;
 pub mod fanout;
+pub mod faults;
 pub mod layout;
 pub mod nodes;
 pub mod peer;

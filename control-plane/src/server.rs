@@ -35,6 +35,7 @@ use crate::admin::AdminService;
 use crate::audit::{self, AuditRetention};
 use crate::auth::{AdminAuth, Token, TokenCheck};
 use crate::fanout::{self, ConfigCache};
+use crate::faults;
 use crate::layout::Layout;
 use crate::nodes::{NodeService, NodeShared};
 use crate::store::{self, LeaseId, Store, StoreError, election};
@@ -201,6 +202,7 @@ pub async fn start_with_store(
 
     let cache = ConfigCache::new();
     tokio::spawn(fanout::run(Arc::clone(&cache), Arc::clone(&store), layout.clone()));
+    tokio::spawn(faults::run_expiry(Arc::clone(&store), layout.clone()));
 
     if options.join_token.is_none() {
         warn!("no SWITCHYARD_JOIN_TOKEN set: accepting nodes from loopback addresses only");

@@ -11,6 +11,10 @@ pub struct AttemptView {
     pub reason: String,
     pub latency_ms: u64,
     pub probe: bool,
+    /// The injected fault (`switchyard chaos`) that affected the attempt; absent for a
+    /// real call.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub injected: String,
 }
 
 /// A failover event; field names follow the stored audit record.
@@ -45,6 +49,7 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
                     reason: a.reason,
                     latency_ms: a.latency_ms,
                     probe: a.probe,
+                    injected: a.injected,
                 })
                 .collect(),
             stream: e.stream,
@@ -54,7 +59,7 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
 }
 
 /// `failed(timeout 30011ms)`, `served(734ms)`, `skipped(circuit_open)`; `probe` marks an
-/// attempt made through an open breaker.
+/// attempt made through an open breaker, `injected=NAME` one a drill's fault affected.
 fn attempt(a: &AttemptView) -> String {
     let mut detail = Vec::new();
     if !a.reason.is_empty() {
@@ -65,6 +70,9 @@ fn attempt(a: &AttemptView) -> String {
     }
     if a.probe {
         detail.push("probe".to_owned());
+    }
+    if !a.injected.is_empty() {
+        detail.push(format!("injected={}", a.injected));
     }
     format!("{} {}({})", a.model, a.status, detail.join(" "))
 }
@@ -105,6 +113,7 @@ mod tests {
                     reason: "timeout".into(),
                     latency_ms: 30_011,
                     probe: false,
+                    injected: "drill-1".into(),
                 },
                 switchyard_proto::node::v1::Attempt {
                     model: "anthropic/claude-sonnet-4".into(),
@@ -119,7 +128,11 @@ mod tests {
         assert_eq!(
             event_line(&e),
             "2026-12-02 13:52:37 UTC  key_1  openai/gpt-5-nano → anthropic/claude-sonnet-4  \
-             openai/gpt-5-nano failed(timeout 30011ms) → anthropic/claude-sonnet-4 served(734ms)\n"
+             openai/gpt-5-nano failed(timeout 30011ms injected=drill-1) → \
+             anthropic/claude-sonnet-4 served(734ms)\n"
         );
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["attempts"][0]["injected"], "drill-1");
+        assert!(json["attempts"][1].get("injected").is_none(), "{json}");
     }
 }

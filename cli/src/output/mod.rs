@@ -7,6 +7,7 @@ use serde::Serialize;
 
 pub mod apply;
 pub mod breakers;
+pub mod chaos;
 pub mod events;
 pub mod keys;
 pub mod nodes;
