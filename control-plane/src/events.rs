@@ -105,6 +105,7 @@ impl AuditEvent {
                     reason: a.reason.clone(),
                     latency_ms: a.latency_ms,
                     probe: a.probe,
+                    injected: String::new(),
                 })
                 .collect(),
             stream: self.stream,
@@ -362,6 +363,7 @@ mod tests {
                 reason: "timeout".into(),
                 latency_ms: 30_011,
                 probe: false,
+                injected: String::new(),
             }],
             stream: true,
             status: 200,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use switchyard_catalog::{ApiKeyRecord, Catalog, Model};
+use switchyard_catalog::{ApiKeyRecord, Catalog, Fault, Model};
 
 use crate::providers::ProviderRuntime;
 use crate::shards::ShardedMap;
@@ -14,6 +14,7 @@ use crate::shards::ShardedMap;
 /// Resource names, as the control plane sends them.
 const CATALOG: &str = "catalog";
 const KEYS: &str = "keys/";
+const FAULTS: &str = "faults/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -35,6 +36,9 @@ pub struct NodeConfig {
     pub models: HashMap<String, Arc<Model>>,
     /// Providers with their connection pools and resolved credentials, by name.
     pub providers: HashMap<String, Arc<ProviderRuntime>>,
+    /// Injected faults in force, by name; empty unless a drill is on, which is all the
+    /// request path checks then.
+    pub faults: Arc<[Arc<Fault>]>,
 }
 
 /// A change to apply: a full snapshot replaces everything, an update patches.
@@ -54,6 +58,7 @@ impl Change {
 enum Parsed {
     Catalog(Catalog),
     Key(ApiKeyRecord),
+    Fault(Fault),
     /// A resource kind this node does not know (a newer control plane); ignored.
     Unknown,
 }
@@ -71,6 +76,13 @@ fn parse(name: &str, value: &[u8]) -> Result<Parsed, ConfigError> {
             return Err(invalid(format!("holds key id {:?}", key.id)));
         }
         Ok(Parsed::Key(key))
+    } else if let Some(fault_name) = name.strip_prefix(FAULTS) {
+        let fault: Fault = serde_json::from_slice(value).map_err(|e| invalid(e.to_string()))?;
+        if fault.name != fault_name {
+            return Err(invalid(format!("holds fault {:?}", fault.name)));
+        }
+        fault.validate().map_err(|e| invalid(e.to_string()))?;
+        Ok(Parsed::Fault(fault))
     } else {
         Ok(Parsed::Unknown)
     }
@@ -96,6 +108,14 @@ impl NodeConfig {
             .iter()
             .map(|(name, value)| parse(name, value))
             .collect::<Result<Vec<_>, _>>()?;
+        // Faults are few and change rarely: the list is rebuilt whole when one changes.
+        let touches_faults = deletes.iter().any(|n| n.starts_with(FAULTS))
+            || parsed.iter().any(|p| matches!(p, Parsed::Fault(_)));
+        let mut faults: BTreeMap<String, Arc<Fault>> = if touches_faults {
+            next.faults.iter().map(|f| (f.name.clone(), Arc::clone(f))).collect()
+        } else {
+            BTreeMap::new()
+        };
         for name in &deletes {
             if name == CATALOG {
                 next.set_catalog(Catalog::default());
@@ -103,6 +123,8 @@ impl NodeConfig {
                 && let Some(old) = next.keys.remove(id)
             {
                 next.keys_by_hash.remove(&old.secret_sha256);
+            } else if let Some(fault) = name.strip_prefix(FAULTS) {
+                faults.remove(fault);
             }
         }
         for item in parsed {
@@ -115,8 +137,14 @@ impl NodeConfig {
                     }
                     next.keys_by_hash.insert(key.secret_sha256.clone(), key);
                 }
+                Parsed::Fault(fault) => {
+                    faults.insert(fault.name.clone(), Arc::new(fault));
+                }
                 Parsed::Unknown => {}
             }
+        }
+        if touches_faults {
+            next.faults = faults.into_values().collect();
         }
         if snapshot && !upserts.iter().any(|(name, _)| name == CATALOG) {
             next.set_catalog(Catalog::default());
@@ -148,6 +176,8 @@ impl NodeConfig {
     /// The config as resources, the form in which it is persisted and re-applied.
     /// Writes the config as [`Persisted`]'s JSON, each record serialised straight into
     /// `out`: no intermediate tree, which at 100,000 keys was most of the node's memory.
+    /// Injected faults are left out: a node restarted while its control plane is away serves
+    /// without a drill, whose end (its lease) it could not learn.
     pub fn write_persisted(&self, out: &mut impl std::io::Write) -> Result<(), serde_json::Error> {
         let io = serde_json::Error::io;
         write!(out, "{{\"version\":{},\"resources\":{{", self.version).map_err(io)?;

@@ -13,10 +13,11 @@ use switchyard_proto::node::v1 as pb;
 
 use crate::breaker::{Admission, Breakers, Outcome, Permit, Transition};
 use crate::chain::{Chain, Entry};
+use crate::chaos::Injector;
 use crate::config::NodeConfig;
 use crate::error::ApiError;
 use crate::failure::{self, Code, Failure, Verdict};
-use crate::metrics::{BreakerLabels, Metrics, TransitionLabels};
+use crate::metrics::{BreakerLabels, InjectedLabels, Metrics, TransitionLabels};
 use crate::providers::{
     CallError, Completion, ProviderRuntime, StreamError, StreamEvent, UpstreamError, UpstreamStream,
 };
@@ -101,6 +102,7 @@ impl Executor {
                         reason: Some(AttemptReason::CircuitOpen),
                         latency_ms: 0,
                         probe: false,
+                        injected: None,
                     });
                     continue;
                 }
@@ -174,6 +176,7 @@ impl Executor {
         let started = Instant::now();
         let provider = config.providers.get(&model.provider).cloned();
         let deadline = started + timeout;
+        let mut injector = Injector::new(&entry.faults);
         let result = match provider {
             None => Err(Failure::Unconfigured(model.provider.clone())),
             Some(provider) => {
@@ -187,9 +190,15 @@ impl Executor {
                     Err(e) => Err(Failure::Call(e)),
                     Ok(body) if request.stream => {
                         let first_token = deadline.min(started + entry.first_token_timeout);
-                        match open_until_first_token(&provider, model, body, first_token)
-                            .instrument(span)
-                            .await
+                        match open_until_first_token(
+                            &provider,
+                            model,
+                            body,
+                            first_token,
+                            &mut injector,
+                        )
+                        .instrument(span)
+                        .await
                         {
                             Ok((buffered, upstream)) => {
                                 let stall = Duration::from_millis(model.stall_timeout_ms().into());
@@ -206,6 +215,7 @@ impl Executor {
                                     started,
                                     AttemptStatus::Served,
                                     None,
+                                    &injector,
                                     attempts,
                                 );
                                 return AttemptResult::Served(Output::Stream(stream));
@@ -214,10 +224,8 @@ impl Executor {
                         }
                     }
                     Ok(body) => {
-                        match tokio::time::timeout(timeout, provider.complete(model, body))
-                            .instrument(span)
-                            .await
-                        {
+                        let call = provider.complete(model, body, &mut injector);
+                        match tokio::time::timeout(timeout, call).instrument(span).await {
                             Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
                             Ok(Ok(completion)) => Ok(completion),
                             Ok(Err(e)) => Err(Failure::Call(e)),
@@ -255,7 +263,7 @@ impl Executor {
                 (AttemptStatus::Failed, Some(AttemptReason::ClientError))
             }
         };
-        self.finish_attempt(model, started, status, reason, attempts);
+        self.finish_attempt(model, started, status, reason, &injector, attempts);
         result
     }
 
@@ -266,8 +274,17 @@ impl Executor {
         started: Instant,
         status: AttemptStatus,
         reason: Option<AttemptReason>,
+        injector: &Injector<'_>,
         attempts: &mut Vec<AttemptReport>,
     ) {
+        for fault in injector.injected() {
+            let labels = InjectedLabels {
+                fault: fault.name.clone(),
+                model: model.name.clone(),
+                kind: fault.kind.flag(),
+            };
+            self.metrics.injected_faults.get_or_create(&labels).inc();
+        }
         let metrics = self.metrics.model(&model.name);
         metrics.attempt(status.as_str(), reason.map_or("", AttemptReason::as_str)).inc();
         metrics.duration.observe(started.elapsed().as_secs_f64());
@@ -277,6 +294,7 @@ impl Executor {
             reason,
             latency_ms: started.elapsed().as_millis() as u64,
             probe: false,
+            injected: injector.first().map(|f| f.name.clone()),
         });
     }
 
@@ -392,15 +410,17 @@ async fn open_until_first_token(
     model: &Model,
     body: bytes::Bytes,
     first_token: Instant,
+    injector: &mut Injector<'_>,
 ) -> Result<(Vec<StreamEvent>, UpstreamStream), Failure> {
     let started = Instant::now();
     let waited = || first_token.saturating_duration_since(started);
     let deadline = tokio::time::Instant::from_std(first_token);
     let timed_out = || Failure::Call(CallError::Timeout(waited()));
-    let mut upstream = tokio::time::timeout_at(deadline, provider.open_stream(model, body))
-        .await
-        .map_err(|_| timed_out())?
-        .map_err(Failure::Call)?;
+    let mut upstream =
+        tokio::time::timeout_at(deadline, provider.open_stream(model, body, injector))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(Failure::Call)?;
     let mut buffered = Vec::new();
     loop {
         match tokio::time::timeout_at(deadline, upstream.next()).await {

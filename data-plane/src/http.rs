@@ -252,6 +252,7 @@ fn failover_event(
                 reason: a.reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
                 latency_ms: a.latency_ms,
                 probe: a.probe,
+                injected: a.injected.clone().unwrap_or_default(),
             })
             .collect(),
         stream,

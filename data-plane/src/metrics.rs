@@ -50,6 +50,15 @@ pub struct TransitionLabels {
     pub to: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InjectedLabels {
+    /// The fault's name, as `switchyard chaos list` shows it.
+    pub fault: String,
+    pub model: String,
+    /// The fault's kind as the CLI flag spells it (`status`, `delay-ms`, `hang`, …).
+    pub kind: &'static str,
+}
+
 /// One model's attempt metrics, resolved once: the request path then increments counters
 /// without building (and allocating) label sets.
 pub struct ModelMetrics {
@@ -120,6 +129,11 @@ pub struct Metrics {
     /// 0 closed, 1 half-open, 2 open.
     pub breaker_state: Family<BreakerLabels, Gauge>,
     pub breaker_transitions: Family<TransitionLabels, Counter>,
+    /// Upstream calls an injected fault touched. A counter of its own rather than a label on
+    /// `upstream_attempts`: that family's series are resolved once per model so that the
+    /// request path builds no label set, and a drill's calls are counted here only while a
+    /// drill runs, by the fault's name.
+    pub injected_faults: Family<InjectedLabels, Counter>,
     pub events_dropped: Counter,
     pub config_version: Gauge,
 }
@@ -178,6 +192,12 @@ impl Metrics {
             "Circuit breaker state changes",
             breaker_transitions.clone(),
         );
+        let injected_faults = Family::<InjectedLabels, Counter>::default();
+        registry.register(
+            "injected_faults",
+            "Upstream calls touched by an injected fault (switchyard chaos), by fault, model and kind",
+            injected_faults.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
@@ -200,6 +220,7 @@ impl Metrics {
             failovers,
             breaker_state,
             breaker_transitions,
+            injected_faults,
             events_dropped,
             config_version,
         }

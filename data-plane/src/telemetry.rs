@@ -217,6 +217,7 @@ mod tests {
                 reason: "server_error".into(),
                 latency_ms: 7,
                 probe: false,
+                injected: String::new(),
             }],
             status: 200,
             ..Default::default()

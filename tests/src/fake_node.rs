@@ -137,6 +137,7 @@ pub fn failover_event(id: &str, at_unix_ms: i64, key_id: &str) -> pb::FailoverEv
         reason: reason.into(),
         latency_ms,
         probe: false,
+        injected: String::new(),
     };
     pb::FailoverEvent {
         id: id.into(),

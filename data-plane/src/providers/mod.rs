@@ -10,15 +10,16 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header;
+use http::{StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tracing::warn;
 
-use switchyard_catalog::{Model, Provider, ProviderKind};
+use switchyard_catalog::{Fault, FaultKind, Model, Provider, ProviderKind};
 
+use crate::chaos::{self, Cut, Injector};
 use crate::failure;
 use crate::request::ChatRequest;
 
@@ -45,6 +46,12 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 pub type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A 2xx answer with its body unread: the upstream's, or one an injected fault made.
+enum Answer {
+    Upstream(http::Response<hyper::body::Incoming>),
+    Injected(Bytes),
+}
 
 /// A provider as this node uses it: its definition, resolved credentials, its connection pool.
 pub struct ProviderRuntime {
@@ -95,9 +102,18 @@ impl ProviderRuntime {
     }
 
     /// One attempt's upstream call with its translated `body`; the caller bounds it in time.
-    pub async fn complete(&self, model: &Model, body: Bytes) -> Result<Completion, CallError> {
-        let response = self.respond(model, false, body).await?;
-        let body = read_body(response).await?;
+    /// `injector` says whether an injected fault touches the call, and keeps the ones that did.
+    pub async fn complete(
+        &self,
+        model: &Model,
+        body: Bytes,
+        injector: &mut Injector<'_>,
+    ) -> Result<Completion, CallError> {
+        let fault = injector.draw(false);
+        let body = match self.respond(model, false, body, fault).await? {
+            Answer::Upstream(response) => read_body(response).await?,
+            Answer::Injected(body) => body,
+        };
         self.adapter.completion_bytes(body)
     }
 
@@ -107,25 +123,36 @@ impl ProviderRuntime {
         &self,
         model: &Model,
         body: Bytes,
+        injector: &mut Injector<'_>,
     ) -> Result<UpstreamStream, CallError> {
-        let response = self.respond(model, true, body).await?;
-        Ok(UpstreamStream::new(
-            response.into_body(),
-            self.adapter.stream_decoder(&model.upstream_model),
-        ))
+        let fault = injector.draw(true);
+        let source = match self.respond(model, true, body, fault).await? {
+            Answer::Upstream(response) => stream::Source::Upstream(response.into_body()),
+            Answer::Injected(body) => stream::Source::Injected(Some(body)),
+        };
+        let mut upstream =
+            UpstreamStream::new(source, self.adapter.stream_decoder(&model.upstream_model));
+        if let Some(cut) = fault.and_then(Cut::of) {
+            upstream.cut(cut);
+        }
+        Ok(upstream)
     }
 
     /// Sends with the primary credential and, when the provider refuses it, with each
-    /// reserve in order before the call counts as failed; returns a 2xx response with its
+    /// reserve in order before the call counts as failed; returns a 2xx answer with its
     /// body unread.
     async fn respond(
         &self,
         model: &Model,
         stream: bool,
         body: Bytes,
-    ) -> Result<http::Response<hyper::body::Incoming>, CallError> {
+        fault: Option<&Fault>,
+    ) -> Result<Answer, CallError> {
+        if let Some(Fault { kind: FaultKind::Delay { ms }, .. }) = fault {
+            tokio::time::sleep(Duration::from_millis(*ms)).await;
+        }
         if self.credentials.is_empty() {
-            return self.send(model, stream, body, None).await;
+            return self.send(model, stream, body, None, fault).await;
         }
         let mut last = CallError::NoCredential("no credential resolved".into());
         for credential in &self.credentials {
@@ -136,7 +163,7 @@ impl ProviderRuntime {
                     continue;
                 }
             };
-            match self.send(model, stream, body.clone(), Some(secret)).await {
+            match self.send(model, stream, body.clone(), Some(secret), fault).await {
                 Err(e @ CallError::Http { status, .. }) if failure::refuses_credential(status) => {
                     warn!(provider = %self.def.name, %status, "provider refused a credential; trying the next");
                     last = e;
@@ -147,14 +174,22 @@ impl ProviderRuntime {
         Err(last)
     }
 
+    /// One HTTP exchange. An injected fault that stands for the upstream's answer replaces
+    /// the network exchange only: the request is built, and the answer parsed, as always.
     async fn send(
         &self,
         model: &Model,
         stream: bool,
         body: Bytes,
         credential: Option<&Secret>,
-    ) -> Result<http::Response<hyper::body::Incoming>, CallError> {
+        fault: Option<&Fault>,
+    ) -> Result<Answer, CallError> {
         let upstream = self.adapter.request(&self.def, model, stream, body, credential)?;
+        if let Some(fault) = fault
+            && let Some(answer) = self.injected_answer(fault, model, stream).await
+        {
+            return answer;
+        }
         let response = self
             .client
             .request(upstream)
@@ -162,7 +197,7 @@ impl ProviderRuntime {
             .map_err(|e| CallError::Transport(error::error_chain(&e)))?;
         let status = response.status();
         if status.is_success() {
-            return Ok(response);
+            return Ok(Answer::Upstream(response));
         }
         let retry_after = response
             .headers()
@@ -170,9 +205,48 @@ impl ProviderRuntime {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| switchyard_time::retry_after(v, SystemTime::now()));
         let body = read_body(response).await?;
-        let error = self.adapter.error(status, &body);
+        Err(self.http_error(status, &body, retry_after))
+    }
+
+    /// An error status with its body, as the adapter reads it.
+    fn http_error(
+        &self,
+        status: StatusCode,
+        body: &[u8],
+        retry_after: Option<Duration>,
+    ) -> CallError {
+        let error = self.adapter.error(status, body);
         let status = self.adapter.status(status, &error);
-        Err(CallError::Http { status, error, retry_after })
+        CallError::Http { status, error, retry_after }
+    }
+
+    /// What the upstream answers under an injected fault that stands for its answer; `None`
+    /// for faults that let the real exchange happen (a delay, a stream cut short later).
+    async fn injected_answer(
+        &self,
+        fault: &Fault,
+        model: &Model,
+        stream: bool,
+    ) -> Option<Result<Answer, CallError>> {
+        Some(match &fault.kind {
+            FaultKind::Delay { .. }
+            | FaultKind::StallAfter { .. }
+            | FaultKind::DropAfter { .. } => {
+                return None;
+            }
+            FaultKind::Status { status, retry_after_secs } => {
+                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
+                let body = chaos::error_body(self.def.kind, status.as_u16(), &model.upstream_model);
+                let retry_after = retry_after_secs.map(Duration::from_secs);
+                Err(self.http_error(status, &body, retry_after))
+            }
+            FaultKind::Reset => Err(CallError::Transport(chaos::reset_message(fault))),
+            FaultKind::Malformed => Ok(Answer::Injected(Bytes::from_static(
+                chaos::malformed_body(self.def.kind, stream),
+            ))),
+            // The attempt's timeout (or a stream's first-token timeout) ends the wait.
+            FaultKind::Hang => std::future::pending().await,
+        })
     }
 }
 
