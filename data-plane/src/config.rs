@@ -270,6 +270,98 @@ mod tests {
         assert!(err.to_string().contains("catalog"), "{err}");
     }
 
+    fn fault_json(name: &str, status: u16) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "name": name, "target": {"model": "m"}, "rate": 1.0,
+            "kind": {"type": "status", "status": status}, "expires_at_unix_ms": 0
+        }))
+        .unwrap()
+    }
+
+    fn fault_names(config: &NodeConfig) -> Vec<&str> {
+        config.faults.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    #[test]
+    fn faults_arrive_change_and_go_with_the_config() {
+        assert!(NodeConfig::default().faults.is_empty());
+        let base = NodeConfig::default()
+            .apply(Change::Snapshot {
+                version: 3,
+                resources: vec![
+                    ("keys/k1".into(), key_json("k1", "h1")),
+                    ("faults/a".into(), fault_json("a", 503)),
+                ],
+            })
+            .unwrap();
+        assert_eq!(fault_names(&base), ["a"]);
+        let next = base
+            .apply(Change::Update {
+                version: 4,
+                upserts: vec![("faults/b".into(), fault_json("b", 429))],
+                deletes: vec![],
+            })
+            .unwrap();
+        assert_eq!(fault_names(&next), ["a", "b"]);
+        let next = next
+            .apply(Change::Update {
+                version: 5,
+                upserts: vec![("faults/b".into(), fault_json("b", 500))],
+                deletes: vec!["faults/a".into()],
+            })
+            .unwrap();
+        assert_eq!(fault_names(&next), ["b"]);
+        assert!(matches!(
+            next.faults[0].kind,
+            switchyard_catalog::FaultKind::Status { status: 500, .. }
+        ));
+        assert_eq!(fault_names(&base), ["a"], "the old snapshot is untouched");
+        let resynced = next
+            .apply(Change::Snapshot {
+                version: 6,
+                resources: vec![("keys/k1".into(), key_json("k1", "h1"))],
+            })
+            .unwrap();
+        assert!(resynced.faults.is_empty(), "a snapshot without faults ends them all");
+    }
+
+    #[test]
+    fn an_invalid_fault_rejects_the_whole_change() {
+        let base = NodeConfig::default();
+        let bad = [
+            ("faults/a", b"{\"name\": \"a\"}".to_vec(), "missing field"),
+            ("faults/a", fault_json("b", 503), "holds fault"),
+            ("faults/a", fault_json("a", 200), "status"),
+        ];
+        for (name, value, why) in bad {
+            let err = base
+                .apply(Change::Update {
+                    version: 2,
+                    upserts: vec![("keys/k1".into(), key_json("k1", "h1")), (name.into(), value)],
+                    deletes: vec![],
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(name) && err.contains(why), "{err}");
+        }
+    }
+
+    #[test]
+    fn faults_are_not_persisted() {
+        let cfg = NodeConfig::default()
+            .apply(Change::Snapshot {
+                version: 7,
+                resources: vec![("faults/a".into(), fault_json("a", 503))],
+            })
+            .unwrap();
+        let mut bytes = Vec::new();
+        cfg.write_persisted(&mut bytes).unwrap();
+        let again = NodeConfig::default()
+            .apply(serde_json::from_slice::<Persisted>(&bytes).unwrap().into_change())
+            .unwrap();
+        assert!(again.faults.is_empty());
+    }
+
     #[test]
     fn persisted_config_round_trips() {
         let cfg = NodeConfig::default()
