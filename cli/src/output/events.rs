@@ -105,6 +105,7 @@ mod tests {
                     reason: "timeout".into(),
                     latency_ms: 30_011,
                     probe: false,
+                    injected: String::new(),
                 },
                 switchyard_proto::node::v1::Attempt {
                     model: "anthropic/claude-sonnet-4".into(),
