@@ -311,6 +311,48 @@ mod tests {
     }
 
     #[test]
+    fn the_failover_event_names_the_fault_that_touched_an_attempt() {
+        use crate::executor::Executor;
+        use crate::report::AttemptStatus;
+        let app = App {
+            state: crate::state::NodeState::new(None),
+            executor: Executor {
+                breakers: crate::breaker::Breakers::new(),
+                telemetry: Arc::new(crate::telemetry::Telemetry::new(
+                    "n1".into(),
+                    Default::default(),
+                )),
+                metrics: Arc::new(crate::metrics::Metrics::new()),
+            },
+            max_body_bytes: 1,
+        };
+        let key: ApiKeyRecord = serde_json::from_value(json!({
+            "id": "k1", "name": "n", "created_unix_ms": 1, "status": "active",
+            "secret_sha256": "h", "secret_hint": "abcd"
+        }))
+        .unwrap();
+        let chain = Chain { entries: Vec::new(), on: Vec::new(), deadline: None };
+        let attempt = |model: &str, status, injected: Option<&str>| AttemptReport {
+            model: model.into(),
+            status,
+            reason: None,
+            latency_ms: 1,
+            probe: false,
+            injected: injected.map(Into::into),
+        };
+        let attempts = [
+            attempt("a", AttemptStatus::Failed, Some("drill")),
+            attempt("b", AttemptStatus::Served, None),
+        ];
+        let event = failover_event(&app, false, &key, &chain, &attempts, "b".into(), 200);
+        assert_eq!(event.attempts[0].injected, "drill");
+        assert_eq!(event.attempts[1].injected, "");
+        let report = serde_json::to_value(&attempts).unwrap();
+        assert_eq!(report[0]["injected"], "drill");
+        assert!(report[1].get("injected").is_none(), "absent when no fault touched it");
+    }
+
+    #[test]
     fn other_schemes_and_bare_tokens_are_not_bearer_credentials() {
         for value in ["Basic c2stMQ==", "sk-1", "Bearersk-1", ""] {
             assert_eq!(bearer_token(value), None, "{value}");
