@@ -7,8 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use switchyard_catalog::keys::MAX_CHAIN_MODELS;
-use switchyard_catalog::{ApiKeyRecord, FailoverReason, Model};
+use switchyard_catalog::{ApiKeyRecord, FailoverReason, Fault, Model};
 
+use crate::chaos;
 use crate::config::NodeConfig;
 use crate::error::ApiError;
 use crate::providers::CallError;
@@ -27,6 +28,9 @@ pub struct Entry {
     /// request the provider cannot take is refused before any call. `None` for
     /// pass-through adapters, whose body is built by the attempt that sends it.
     pub body: Option<Bytes>,
+    /// The injected faults that match this entry's calls (its model or provider, and the
+    /// request's key); empty unless a drill is on.
+    pub faults: Vec<std::sync::Arc<Fault>>,
 }
 
 #[derive(Clone, Debug)]
@@ -134,6 +138,7 @@ pub fn resolve(
         };
         entries.push(Entry {
             body,
+            faults: chaos::matching(&config.faults, &model.name, &model.provider, &key.id),
             timeout: s
                 .timeout_ms
                 .or(chain_timeout)

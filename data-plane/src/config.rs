@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use switchyard_catalog::{ApiKeyRecord, Catalog, Model};
+use switchyard_catalog::{ApiKeyRecord, Catalog, Fault, Model};
 
 use crate::providers::ProviderRuntime;
 use crate::retry;
@@ -15,6 +15,7 @@ use crate::shards::ShardedMap;
 /// Resource names, as the control plane sends them.
 const CATALOG: &str = "catalog";
 const KEYS: &str = "keys/";
+const FAULTS: &str = "faults/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -39,6 +40,9 @@ pub struct NodeConfig {
     /// The node's retry budget. It counts traffic, not config, so every version shares
     /// the one the node started with; its limits come from the catalog's `retry_policy`.
     pub retry_budget: Arc<retry::Budget>,
+    /// Injected faults in force, by name; empty unless a drill is on, which is all the
+    /// request path checks then.
+    pub faults: Arc<[Arc<Fault>]>,
 }
 
 /// A change to apply: a full snapshot replaces everything, an update patches.
@@ -58,6 +62,7 @@ impl Change {
 enum Parsed {
     Catalog(Catalog),
     Key(ApiKeyRecord),
+    Fault(Fault),
     /// A resource kind this node does not know (a newer control plane); ignored.
     Unknown,
 }
@@ -75,6 +80,13 @@ fn parse(name: &str, value: &[u8]) -> Result<Parsed, ConfigError> {
             return Err(invalid(format!("holds key id {:?}", key.id)));
         }
         Ok(Parsed::Key(key))
+    } else if let Some(fault_name) = name.strip_prefix(FAULTS) {
+        let fault: Fault = serde_json::from_slice(value).map_err(|e| invalid(e.to_string()))?;
+        if fault.name != fault_name {
+            return Err(invalid(format!("holds fault {:?}", fault.name)));
+        }
+        fault.validate().map_err(|e| invalid(e.to_string()))?;
+        Ok(Parsed::Fault(fault))
     } else {
         Ok(Parsed::Unknown)
     }
@@ -104,6 +116,14 @@ impl NodeConfig {
             .iter()
             .map(|(name, value)| parse(name, value))
             .collect::<Result<Vec<_>, _>>()?;
+        // Faults are few and change rarely: the list is rebuilt whole when one changes.
+        let touches_faults = deletes.iter().any(|n| n.starts_with(FAULTS))
+            || parsed.iter().any(|p| matches!(p, Parsed::Fault(_)));
+        let mut faults: BTreeMap<String, Arc<Fault>> = if touches_faults {
+            next.faults.iter().map(|f| (f.name.clone(), Arc::clone(f))).collect()
+        } else {
+            BTreeMap::new()
+        };
         for name in &deletes {
             if name == CATALOG {
                 next.set_catalog(Catalog::default());
@@ -111,6 +131,8 @@ impl NodeConfig {
                 && let Some(old) = next.keys.remove(id)
             {
                 next.keys_by_hash.remove(&old.secret_sha256);
+            } else if let Some(fault) = name.strip_prefix(FAULTS) {
+                faults.remove(fault);
             }
         }
         for item in parsed {
@@ -123,8 +145,14 @@ impl NodeConfig {
                     }
                     next.keys_by_hash.insert(key.secret_sha256.clone(), key);
                 }
+                Parsed::Fault(fault) => {
+                    faults.insert(fault.name.clone(), Arc::new(fault));
+                }
                 Parsed::Unknown => {}
             }
+        }
+        if touches_faults {
+            next.faults = faults.into_values().collect();
         }
         if snapshot && !upserts.iter().any(|(name, _)| name == CATALOG) {
             next.set_catalog(Catalog::default());
@@ -157,6 +185,8 @@ impl NodeConfig {
     /// Writes the config as [`Persisted`]'s JSON, each record serialised straight into
     /// `out`: no intermediate tree, which with a fleet's worth of keys was most of the
     /// node's memory (docs/BENCHMARKS.md, "Figures behind design choices").
+    /// Injected faults are left out: a node restarted while its control plane is away serves
+    /// without a drill, whose end (its lease) it could not learn.
     pub fn write_persisted(&self, out: &mut impl std::io::Write) -> Result<(), serde_json::Error> {
         let io = serde_json::Error::io;
         write!(out, "{{\"version\":{},\"resources\":{{", self.version).map_err(io)?;
@@ -247,6 +277,98 @@ mod tests {
             })
             .unwrap_err();
         assert!(err.to_string().contains("catalog"), "{err}");
+    }
+
+    fn fault_json(name: &str, status: u16) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "name": name, "target": {"model": "m"}, "rate": 1.0,
+            "kind": {"type": "status", "status": status}, "expires_at_unix_ms": 0
+        }))
+        .unwrap()
+    }
+
+    fn fault_names(config: &NodeConfig) -> Vec<&str> {
+        config.faults.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    #[test]
+    fn faults_arrive_change_and_go_with_the_config() {
+        assert!(NodeConfig::default().faults.is_empty());
+        let base = NodeConfig::default()
+            .apply(Change::Snapshot {
+                version: 3,
+                resources: vec![
+                    ("keys/k1".into(), key_json("k1", "h1")),
+                    ("faults/a".into(), fault_json("a", 503)),
+                ],
+            })
+            .unwrap();
+        assert_eq!(fault_names(&base), ["a"]);
+        let next = base
+            .apply(Change::Update {
+                version: 4,
+                upserts: vec![("faults/b".into(), fault_json("b", 429))],
+                deletes: vec![],
+            })
+            .unwrap();
+        assert_eq!(fault_names(&next), ["a", "b"]);
+        let next = next
+            .apply(Change::Update {
+                version: 5,
+                upserts: vec![("faults/b".into(), fault_json("b", 500))],
+                deletes: vec!["faults/a".into()],
+            })
+            .unwrap();
+        assert_eq!(fault_names(&next), ["b"]);
+        assert!(matches!(
+            next.faults[0].kind,
+            switchyard_catalog::FaultKind::Status { status: 500, .. }
+        ));
+        assert_eq!(fault_names(&base), ["a"], "the old snapshot is untouched");
+        let resynced = next
+            .apply(Change::Snapshot {
+                version: 6,
+                resources: vec![("keys/k1".into(), key_json("k1", "h1"))],
+            })
+            .unwrap();
+        assert!(resynced.faults.is_empty(), "a snapshot without faults ends them all");
+    }
+
+    #[test]
+    fn an_invalid_fault_rejects_the_whole_change() {
+        let base = NodeConfig::default();
+        let bad = [
+            ("faults/a", b"{\"name\": \"a\"}".to_vec(), "missing field"),
+            ("faults/a", fault_json("b", 503), "holds fault"),
+            ("faults/a", fault_json("a", 200), "status"),
+        ];
+        for (name, value, why) in bad {
+            let err = base
+                .apply(Change::Update {
+                    version: 2,
+                    upserts: vec![("keys/k1".into(), key_json("k1", "h1")), (name.into(), value)],
+                    deletes: vec![],
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(name) && err.contains(why), "{err}");
+        }
+    }
+
+    #[test]
+    fn faults_are_not_persisted() {
+        let cfg = NodeConfig::default()
+            .apply(Change::Snapshot {
+                version: 7,
+                resources: vec![("faults/a".into(), fault_json("a", 503))],
+            })
+            .unwrap();
+        let mut bytes = Vec::new();
+        cfg.write_persisted(&mut bytes).unwrap();
+        let again = NodeConfig::default()
+            .apply(serde_json::from_slice::<Persisted>(&bytes).unwrap().into_change())
+            .unwrap();
+        assert!(again.faults.is_empty());
     }
 
     #[test]

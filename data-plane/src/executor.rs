@@ -13,10 +13,13 @@ use switchyard_proto::node::v1 as pb;
 
 use crate::breaker::{Admission, Breakers, Outcome, Permit, State, Transition};
 use crate::chain::{Chain, Entry};
+use crate::chaos::Injector;
 use crate::config::NodeConfig;
 use crate::error::ApiError;
 use crate::failure::{self, Code, Failure, Verdict};
-use crate::metrics::{BreakerLabels, Metrics, ProviderModelLabels, RetryLabels, TransitionLabels};
+use crate::metrics::{
+    BreakerLabels, InjectedLabels, Metrics, ProviderModelLabels, RetryLabels, TransitionLabels,
+};
 use crate::providers::{
     CallError, Completion, ProviderRuntime, StreamError, StreamEvent, UpstreamError, UpstreamStream,
 };
@@ -112,6 +115,7 @@ impl Executor {
                         latency_ms: 0,
                         retries: 0,
                         probe: false,
+                        injected: None,
                     });
                     continue;
                 }
@@ -201,9 +205,12 @@ impl Executor {
         config.retry_budget.deposit(started);
         let mut permit = permit;
         let mut retries = 0;
+        // One per attempt: every call of the attempt (retries too) draws its own fault, and
+        // the attempt reports the first one that touched it.
+        let mut injector = Injector::new(&entry.faults);
         loop {
             let called = self
-                .call(entry, timeout, deadline, first_token, request, config)
+                .call(entry, timeout, deadline, first_token, request, config, &mut injector)
                 .instrument(span.clone())
                 .await;
             let failure = match called {
@@ -215,6 +222,7 @@ impl Executor {
                         AttemptStatus::Served,
                         None,
                         retries,
+                        &injector,
                         attempts,
                     );
                     return AttemptResult::Served(Output::Completion(completion));
@@ -229,6 +237,7 @@ impl Executor {
                         AttemptStatus::Served,
                         None,
                         retries,
+                        &injector,
                         attempts,
                     );
                     return AttemptResult::Served(Output::Stream(stream));
@@ -291,6 +300,7 @@ impl Executor {
                 AttemptStatus::Failed,
                 Some(reason),
                 retries,
+                &injector,
                 attempts,
             );
             return result;
@@ -299,6 +309,7 @@ impl Executor {
 
     /// One upstream call of an attempt: a plain completion, or a stream read up to its
     /// first content.
+    #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
         entry: &Entry,
@@ -307,6 +318,7 @@ impl Executor {
         first_token: Instant,
         request: &ChatRequest<'_>,
         config: &NodeConfig,
+        injector: &mut Injector<'_>,
     ) -> Result<Called, Failure> {
         let model = &entry.model;
         let Some(provider) = config.providers.get(&model.provider) else {
@@ -320,11 +332,11 @@ impl Executor {
         };
         if request.stream {
             let (buffered, upstream) =
-                open_until_first_token(provider, model, body, first_token).await?;
+                open_until_first_token(provider, model, body, first_token, injector).await?;
             return Ok(Called::Stream(buffered, upstream));
         }
         let deadline = tokio::time::Instant::from_std(deadline);
-        match tokio::time::timeout_at(deadline, provider.complete(model, body)).await {
+        match tokio::time::timeout_at(deadline, provider.complete(model, body, injector)).await {
             Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
             Ok(Ok(completion)) => Ok(Called::Completion(completion)),
             Ok(Err(e)) => Err(Failure::Call(e)),
@@ -382,6 +394,7 @@ impl Executor {
     }
 
     /// Reports an attempt: metrics, and its line in the failover report.
+    #[allow(clippy::too_many_arguments)]
     fn finish_attempt(
         &self,
         model: &Model,
@@ -389,8 +402,17 @@ impl Executor {
         status: AttemptStatus,
         reason: Option<AttemptReason>,
         retries: u32,
+        injector: &Injector<'_>,
         attempts: &mut Vec<AttemptReport>,
     ) {
+        for fault in injector.injected() {
+            let labels = InjectedLabels {
+                fault: fault.name.clone(),
+                model: model.name.clone(),
+                kind: fault.kind.flag(),
+            };
+            self.metrics.injected_faults.get_or_create(&labels).inc();
+        }
         let metrics = self.metrics.model(&model.name);
         metrics.attempt(status.as_str(), reason.map_or("", AttemptReason::as_str)).inc();
         metrics.duration.observe(started.elapsed().as_secs_f64());
@@ -401,6 +423,7 @@ impl Executor {
             latency_ms: started.elapsed().as_millis() as u64,
             retries,
             probe: false,
+            injected: injector.first().map(|f| f.name.clone()),
         });
     }
 
@@ -516,15 +539,17 @@ async fn open_until_first_token(
     model: &Model,
     body: bytes::Bytes,
     first_token: Instant,
+    injector: &mut Injector<'_>,
 ) -> Result<(Vec<StreamEvent>, UpstreamStream), Failure> {
     let started = Instant::now();
     let waited = || first_token.saturating_duration_since(started);
     let deadline = tokio::time::Instant::from_std(first_token);
     let timed_out = || Failure::Call(CallError::Timeout(waited()));
-    let mut upstream = tokio::time::timeout_at(deadline, provider.open_stream(model, body))
-        .await
-        .map_err(|_| timed_out())?
-        .map_err(Failure::Call)?;
+    let mut upstream =
+        tokio::time::timeout_at(deadline, provider.open_stream(model, body, injector))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(Failure::Call)?;
     let mut buffered = Vec::new();
     loop {
         match tokio::time::timeout_at(deadline, upstream.next()).await {

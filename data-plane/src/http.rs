@@ -252,7 +252,7 @@ fn failover_event(
                 reason: a.reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
                 latency_ms: a.latency_ms,
                 probe: a.probe,
-                injected: String::new(),
+                injected: a.injected.clone().unwrap_or_default(),
             })
             .collect(),
         stream,
@@ -308,6 +308,49 @@ mod tests {
         for value in ["Bearer sk-1", "bearer sk-1", "BEARER sk-1", "bEaReR sk-1"] {
             assert_eq!(bearer_token(value), Some("sk-1"), "{value}");
         }
+    }
+
+    #[test]
+    fn the_failover_event_names_the_fault_that_touched_an_attempt() {
+        use crate::executor::Executor;
+        use crate::report::AttemptStatus;
+        let app = App {
+            state: crate::state::NodeState::new(None),
+            executor: Executor {
+                breakers: crate::breaker::Breakers::new(),
+                telemetry: Arc::new(crate::telemetry::Telemetry::new(
+                    "n1".into(),
+                    Default::default(),
+                )),
+                metrics: Arc::new(crate::metrics::Metrics::new()),
+            },
+            max_body_bytes: 1,
+        };
+        let key: ApiKeyRecord = serde_json::from_value(json!({
+            "id": "k1", "name": "n", "created_unix_ms": 1, "status": "active",
+            "secret_sha256": "h", "secret_hint": "abcd"
+        }))
+        .unwrap();
+        let chain = Chain { entries: Vec::new(), on: Vec::new(), deadline: None };
+        let attempt = |model: &str, status, injected: Option<&str>| AttemptReport {
+            model: model.into(),
+            status,
+            reason: None,
+            latency_ms: 1,
+            retries: 0,
+            probe: false,
+            injected: injected.map(Into::into),
+        };
+        let attempts = [
+            attempt("a", AttemptStatus::Failed, Some("drill")),
+            attempt("b", AttemptStatus::Served, None),
+        ];
+        let event = failover_event(&app, false, &key, &chain, &attempts, "b".into(), 200);
+        assert_eq!(event.attempts[0].injected, "drill");
+        assert_eq!(event.attempts[1].injected, "");
+        let report = serde_json::to_value(&attempts).unwrap();
+        assert_eq!(report[0]["injected"], "drill");
+        assert!(report[1].get("injected").is_none(), "absent when no fault touched it");
     }
 
     #[test]

@@ -3,13 +3,15 @@
 //! `providers::<kind>` and back; no module names one above it on that path. `app` holds
 //! what every request shares (below `http` and `stream`, the streaming response), and
 //! `failure` decides what an upstream failure means (below `executor`, `stream` and the
-//! providers' dispatch); `retry` whether the executor calls the same model again.
-//! `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
+//! providers' dispatch); `retry` whether the executor calls the same model again; `chaos`
+//! which injected fault touches an upstream call (below the providers' dispatch, which
+//! applies it). `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
 #![forbid(unsafe_code)]
 
 pub mod app;
 pub mod breaker;
 pub mod chain;
+pub mod chaos;
 pub mod config;
 pub mod error;
 pub mod executor;

@@ -63,6 +63,15 @@ pub struct ProviderModelLabels {
     pub model: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InjectedLabels {
+    /// The fault's name, as `switchyard chaos list` shows it.
+    pub fault: String,
+    pub model: String,
+    /// The fault's kind as the CLI flag spells it (`status`, `delay-ms`, `hang`, …).
+    pub kind: &'static str,
+}
+
 /// One model's attempt metrics, resolved once: the request path then increments counters
 /// without building (and allocating) label sets.
 pub struct ModelMetrics {
@@ -137,6 +146,11 @@ pub struct Metrics {
     pub retries: Family<RetryLabels, Counter>,
     /// Retries the node's retry budget refused (the attempt failed over instead).
     pub retry_budget_refusals: Family<ProviderModelLabels, Counter>,
+    /// Upstream calls an injected fault touched. A counter of its own rather than a label on
+    /// `upstream_attempts`: that family's series are resolved once per model so that the
+    /// request path builds no label set, and a drill's calls are counted here only while a
+    /// drill runs, by the fault's name.
+    pub injected_faults: Family<InjectedLabels, Counter>,
     pub events_dropped: Counter,
     pub config_version: Gauge,
 }
@@ -207,6 +221,12 @@ impl Metrics {
             "Retries refused because the node's retry budget was spent",
             retry_budget_refusals.clone(),
         );
+        let injected_faults = Family::<InjectedLabels, Counter>::default();
+        registry.register(
+            "injected_faults",
+            "Upstream calls touched by an injected fault (switchyard chaos), by fault, model and kind",
+            injected_faults.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
@@ -231,6 +251,7 @@ impl Metrics {
             breaker_transitions,
             retries,
             retry_budget_refusals,
+            injected_faults,
             events_dropped,
             config_version,
         }

@@ -64,6 +64,9 @@ pub struct AttemptReport {
     /// Tried although its breaker was open, because every entry's breaker was open.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub probe: bool,
+    /// The injected fault that touched one of the attempt's calls (a drill, not an outage).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub injected: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

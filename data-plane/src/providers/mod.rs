@@ -10,15 +10,16 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header;
+use http::{StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tracing::warn;
 
-use switchyard_catalog::{Model, Provider, ProviderKind};
+use switchyard_catalog::{Fault, FaultKind, Model, Provider, ProviderKind};
 
+use crate::chaos::{self, Cut, Injector};
 use crate::failure;
 use crate::request::ChatRequest;
 
@@ -45,6 +46,12 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 pub type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A 2xx answer with its body unread: the upstream's, or one an injected fault made.
+enum Answer {
+    Upstream(http::Response<hyper::body::Incoming>),
+    Injected(Bytes),
+}
 
 /// A provider as this node uses it: its definition, resolved credentials, its connection pool.
 pub struct ProviderRuntime {
@@ -95,9 +102,18 @@ impl ProviderRuntime {
     }
 
     /// One attempt's upstream call with its translated `body`; the caller bounds it in time.
-    pub async fn complete(&self, model: &Model, body: Bytes) -> Result<Completion, CallError> {
-        let response = self.respond(model, false, body).await?;
-        let body = read_body(response).await?;
+    /// `injector` says whether an injected fault touches the call, and keeps the ones that did.
+    pub async fn complete(
+        &self,
+        model: &Model,
+        body: Bytes,
+        injector: &mut Injector<'_>,
+    ) -> Result<Completion, CallError> {
+        let fault = injector.draw(false);
+        let body = match self.respond(model, false, body, fault).await? {
+            Answer::Upstream(response) => read_body(response).await?,
+            Answer::Injected(body) => body,
+        };
         self.adapter.completion_bytes(body)
     }
 
@@ -107,25 +123,36 @@ impl ProviderRuntime {
         &self,
         model: &Model,
         body: Bytes,
+        injector: &mut Injector<'_>,
     ) -> Result<UpstreamStream, CallError> {
-        let response = self.respond(model, true, body).await?;
-        Ok(UpstreamStream::new(
-            response.into_body(),
-            self.adapter.stream_decoder(&model.upstream_model),
-        ))
+        let fault = injector.draw(true);
+        let source = match self.respond(model, true, body, fault).await? {
+            Answer::Upstream(response) => stream::Source::Upstream(response.into_body()),
+            Answer::Injected(body) => stream::Source::Injected(Some(body)),
+        };
+        let mut upstream =
+            UpstreamStream::new(source, self.adapter.stream_decoder(&model.upstream_model));
+        if let Some(cut) = fault.and_then(Cut::of) {
+            upstream.cut(cut);
+        }
+        Ok(upstream)
     }
 
     /// Sends with the primary credential and, when the provider refuses it, with each
-    /// reserve in order before the call counts as failed; returns a 2xx response with its
+    /// reserve in order before the call counts as failed; returns a 2xx answer with its
     /// body unread.
     async fn respond(
         &self,
         model: &Model,
         stream: bool,
         body: Bytes,
-    ) -> Result<http::Response<hyper::body::Incoming>, CallError> {
+        fault: Option<&Fault>,
+    ) -> Result<Answer, CallError> {
+        if let Some(Fault { kind: FaultKind::Delay { ms }, .. }) = fault {
+            tokio::time::sleep(Duration::from_millis(*ms)).await;
+        }
         if self.credentials.is_empty() {
-            return self.send(model, stream, body, None).await;
+            return self.send(model, stream, body, None, fault).await;
         }
         let mut last = CallError::NoCredential("no credential resolved".into());
         for credential in &self.credentials {
@@ -136,7 +163,7 @@ impl ProviderRuntime {
                     continue;
                 }
             };
-            match self.send(model, stream, body.clone(), Some(secret)).await {
+            match self.send(model, stream, body.clone(), Some(secret), fault).await {
                 Err(e @ CallError::Http { status, .. }) if failure::refuses_credential(status) => {
                     warn!(provider = %self.def.name, %status, "provider refused a credential; trying the next");
                     last = e;
@@ -147,14 +174,22 @@ impl ProviderRuntime {
         Err(last)
     }
 
+    /// One HTTP exchange. An injected fault that stands for the upstream's answer replaces
+    /// the network exchange only: the request is built, and the answer parsed, as always.
     async fn send(
         &self,
         model: &Model,
         stream: bool,
         body: Bytes,
         credential: Option<&Secret>,
-    ) -> Result<http::Response<hyper::body::Incoming>, CallError> {
+        fault: Option<&Fault>,
+    ) -> Result<Answer, CallError> {
         let upstream = self.adapter.request(&self.def, model, stream, body, credential)?;
+        if let Some(fault) = fault
+            && let Some(answer) = self.injected_answer(fault, model, stream).await
+        {
+            return answer;
+        }
         let response = self
             .client
             .request(upstream)
@@ -162,7 +197,7 @@ impl ProviderRuntime {
             .map_err(|e| CallError::Transport(error::error_chain(&e)))?;
         let status = response.status();
         if status.is_success() {
-            return Ok(response);
+            return Ok(Answer::Upstream(response));
         }
         let retry_after = response
             .headers()
@@ -170,9 +205,48 @@ impl ProviderRuntime {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| switchyard_time::retry_after(v, SystemTime::now()));
         let body = read_body(response).await?;
-        let error = self.adapter.error(status, &body);
+        Err(self.http_error(status, &body, retry_after))
+    }
+
+    /// An error status with its body, as the adapter reads it.
+    fn http_error(
+        &self,
+        status: StatusCode,
+        body: &[u8],
+        retry_after: Option<Duration>,
+    ) -> CallError {
+        let error = self.adapter.error(status, body);
         let status = self.adapter.status(status, &error);
-        Err(CallError::Http { status, error, retry_after })
+        CallError::Http { status, error, retry_after }
+    }
+
+    /// What the upstream answers under an injected fault that stands for its answer; `None`
+    /// for faults that let the real exchange happen (a delay, a stream cut short later).
+    async fn injected_answer(
+        &self,
+        fault: &Fault,
+        model: &Model,
+        stream: bool,
+    ) -> Option<Result<Answer, CallError>> {
+        Some(match &fault.kind {
+            FaultKind::Delay { .. }
+            | FaultKind::StallAfter { .. }
+            | FaultKind::DropAfter { .. } => {
+                return None;
+            }
+            FaultKind::Status { status, retry_after_secs } => {
+                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
+                let body = chaos::error_body(self.def.kind, status.as_u16(), &model.upstream_model);
+                let retry_after = retry_after_secs.map(Duration::from_secs);
+                Err(self.http_error(status, &body, retry_after))
+            }
+            FaultKind::Reset => Err(CallError::Transport(chaos::reset_message(fault))),
+            FaultKind::Malformed => Ok(Answer::Injected(Bytes::from_static(
+                chaos::malformed_body(self.def.kind, stream),
+            ))),
+            // The attempt's timeout (or a stream's first-token timeout) ends the wait.
+            FaultKind::Hang => std::future::pending().await,
+        })
     }
 }
 
@@ -198,4 +272,406 @@ fn build_client() -> HttpsClient {
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .pool_max_idle_per_host(1024)
         .build(https)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Injected faults at the upstream call, against a real HTTP upstream on loopback where
+    //! the call is made: each fault kind, and the real parsing and classification after it.
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    use serde_json::json;
+    use switchyard_catalog::FaultTarget;
+
+    use super::*;
+    use crate::failure::{Failure, Verdict, classify};
+
+    fn fault(kind: FaultKind) -> Arc<Fault> {
+        Arc::new(Fault {
+            name: "drill".into(),
+            target: FaultTarget::Model("m".into()),
+            key_id: None,
+            rate: 1.0,
+            kind,
+            expires_at_unix_ms: 0,
+        })
+    }
+
+    fn runtime(kind: &str, base_url: &str) -> ProviderRuntime {
+        ProviderRuntime::new(
+            serde_json::from_value(json!({
+                "name": "p", "kind": kind, "base_url": base_url, "api_version": "2024-10-21"
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn model() -> Model {
+        serde_json::from_value(json!({"name": "m", "provider": "p", "upstream_model": "up"}))
+            .unwrap()
+    }
+
+    const CHUNKS: [&str; 5] = ["one ", "two ", "three ", "four ", "five"];
+
+    /// An OpenAI-style upstream on loopback that counts the requests it receives: a plain
+    /// completion, or a stream of a role chunk, five content chunks and `[DONE]`.
+    struct Upstream {
+        url: String,
+        requests: Arc<AtomicUsize>,
+    }
+
+    async fn upstream() -> Upstream {
+        use axum::routing::post;
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&requests);
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            post(move |body: String| {
+                let counter = Arc::clone(&counter);
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    if body.contains("\"stream\":true") {
+                        let chunk = |delta: serde_json::Value| {
+                            let c = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                                "model": "up", "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
+                            format!("data: {c}\n\n")
+                        };
+                        let mut sse = chunk(json!({"role": "assistant", "content": ""}));
+                        for text in CHUNKS {
+                            sse.push_str(&chunk(json!({"content": text})));
+                        }
+                        sse.push_str("data: [DONE]\n\n");
+                        ([(header::CONTENT_TYPE, "text/event-stream")], sse)
+                    } else {
+                        let c = json!({"id": "c1", "object": "chat.completion", "created": 1, "model": "up",
+                            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}});
+                        ([(header::CONTENT_TYPE, "application/json")], c.to_string())
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Upstream { url: format!("http://{addr}/v1"), requests }
+    }
+
+    fn plain() -> Bytes {
+        Bytes::from_static(br#"{"model":"up","messages":[{"role":"user","content":"hi"}]}"#)
+    }
+
+    fn streamed() -> Bytes {
+        Bytes::from_static(
+            br#"{"model":"up","messages":[{"role":"user","content":"hi"}],"stream":true}"#,
+        )
+    }
+
+    /// What the chain makes of a failure: for a failover its reason, breaker outcome and
+    /// code; for a stop its status and the upstream's error class.
+    fn verdict(e: CallError) -> String {
+        match classify(Failure::Call(e)) {
+            Verdict::Failover { reason, breaker, code } => {
+                format!("failover {} {breaker:?} {}", reason.as_str(), code.as_str())
+            }
+            Verdict::Stop { status, error, .. } => {
+                format!("stop {status} {} {:?}", error.kind, error.code)
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_injected_status_is_classified_like_the_providers_real_error_body() {
+        // Real bodies, as the providers document and send them.
+        let table: &[(&str, u16, &str)] = &[
+            (
+                "openai",
+                429,
+                r#"{"error":{"message":"Rate limit reached for gpt-4o in organization org-abc on requests per min (RPM): Limit 500, Used 500, Requested 1. Please try again in 120ms.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#,
+            ),
+            (
+                "openai",
+                500,
+                r#"{"error":{"message":"The server had an error while processing your request. Sorry about that!","type":"server_error","param":null,"code":null}}"#,
+            ),
+            (
+                "openai",
+                503,
+                r#"{"error":{"message":"The engine is currently overloaded, please try again later","type":"server_error","param":null,"code":null}}"#,
+            ),
+            (
+                "openai",
+                401,
+                r#"{"error":{"message":"Incorrect API key provided: sk-abc***wxyz.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#,
+            ),
+            (
+                "openai",
+                404,
+                r#"{"error":{"message":"The model `gpt-9` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#,
+            ),
+            (
+                "openai-compatible",
+                503,
+                r#"{"error":{"message":"overloaded","type":"server_error","param":null,"code":null}}"#,
+            ),
+            (
+                "azure-openai",
+                429,
+                r#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded call rate limit of your current OpenAI S0 pricing tier. Please retry after 2 seconds."}}"#,
+            ),
+            (
+                "azure-openai",
+                500,
+                r#"{"error":{"code":"InternalServerError","message":"Backend returned unexpected response. Please contact Microsoft for help."}}"#,
+            ),
+            (
+                "azure-openai",
+                404,
+                r#"{"error":{"code":"DeploymentNotFound","message":"The API deployment for this resource does not exist."}}"#,
+            ),
+            (
+                "anthropic",
+                529,
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            ),
+            (
+                "anthropic",
+                429,
+                r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#,
+            ),
+            (
+                "anthropic",
+                500,
+                r#"{"type":"error","error":{"type":"api_error","message":"Internal server error"}}"#,
+            ),
+            (
+                "anthropic",
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"messages: at least one message is required"}}"#,
+            ),
+            (
+                "anthropic",
+                401,
+                r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#,
+            ),
+            (
+                "gemini",
+                429,
+                r#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details.","status":"RESOURCE_EXHAUSTED"}}"#,
+            ),
+            (
+                "gemini",
+                503,
+                r#"{"error":{"code":503,"message":"The model is overloaded. Please try again later.","status":"UNAVAILABLE"}}"#,
+            ),
+            (
+                "gemini",
+                500,
+                r#"{"error":{"code":500,"message":"An internal error has occurred.","status":"INTERNAL"}}"#,
+            ),
+            (
+                "gemini",
+                400,
+                r#"{"error":{"code":400,"message":"Request contains an invalid argument.","status":"INVALID_ARGUMENT"}}"#,
+            ),
+            (
+                "gemini",
+                403,
+                r#"{"error":{"code":403,"message":"The caller does not have permission","status":"PERMISSION_DENIED"}}"#,
+            ),
+        ];
+        for (kind, status, real) in table {
+            // Nothing listens there: an injected status never reaches the network.
+            let provider = runtime(kind, "http://127.0.0.1:9/v1");
+            let faults = [fault(FaultKind::Status { status: *status, retry_after_secs: None })];
+            for stream in [false, true] {
+                let mut injector = Injector::new(&faults);
+                let injected = if stream {
+                    provider.open_stream(&model(), streamed(), &mut injector).await.err()
+                } else {
+                    provider.complete(&model(), plain(), &mut injector).await.err()
+                };
+                let injected = injected.unwrap_or_else(|| panic!("{kind} {status}: no error"));
+                let code = StatusCode::from_u16(*status).unwrap();
+                let real = provider.http_error(code, real.as_bytes(), None);
+                assert_eq!(verdict(injected), verdict(real), "{kind} {status} stream={stream}");
+                assert_eq!(injector.first().map(|f| f.name.as_str()), Some("drill"));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_injected_status_carries_its_retry_after() {
+        let provider = runtime("anthropic", "http://127.0.0.1:9");
+        let faults = [fault(FaultKind::Status { status: 429, retry_after_secs: Some(7) })];
+        let e = provider.complete(&model(), plain(), &mut Injector::new(&faults)).await.err();
+        let Some(CallError::Http { status, error, retry_after }) = e else { panic!("{e:?}") };
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(error.code.as_deref(), Some("rate_limit_error"));
+        assert_eq!(retry_after, Some(Duration::from_secs(7)));
+    }
+
+    #[tokio::test]
+    async fn an_injected_529_is_anthropics_overloaded_error_and_a_server_error() {
+        let provider = runtime("anthropic", "http://127.0.0.1:9");
+        let faults = [fault(FaultKind::Status { status: 529, retry_after_secs: None })];
+        let e =
+            provider.complete(&model(), plain(), &mut Injector::new(&faults)).await.unwrap_err();
+        let CallError::Http { error, .. } = &e else { panic!("{e:?}") };
+        assert_eq!(error.code.as_deref(), Some("overloaded_error"));
+        assert_eq!(verdict(e), "failover server_error Some(Failure) upstream_server_error");
+    }
+
+    #[tokio::test]
+    async fn reset_is_a_connection_error_without_a_call() {
+        let up = upstream().await;
+        let provider = runtime("openai", &up.url);
+        let faults = [fault(FaultKind::Reset)];
+        let e =
+            provider.complete(&model(), plain(), &mut Injector::new(&faults)).await.unwrap_err();
+        assert_eq!(verdict(e), "failover connection_error Some(Failure) upstream_disconnected");
+        let e = provider.open_stream(&model(), streamed(), &mut Injector::new(&faults)).await.err();
+        assert_eq!(
+            verdict(e.unwrap()),
+            "failover connection_error Some(Failure) upstream_disconnected"
+        );
+        assert_eq!(up.requests.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn malformed_is_a_200_the_adapters_own_parser_refuses() {
+        let faults = [fault(FaultKind::Malformed)];
+        for kind in ["openai", "openai-compatible", "azure-openai", "anthropic", "gemini"] {
+            let provider = runtime(kind, "http://127.0.0.1:9/v1");
+            let e = provider.complete(&model(), plain(), &mut Injector::new(&faults)).await;
+            let e = e.err().unwrap_or_else(|| panic!("{kind}: parsed"));
+            assert!(matches!(e, CallError::Malformed(_)), "{kind}: {e:?}");
+            assert_eq!(verdict(e), "failover server_error Some(Failure) upstream_malformed");
+            let mut stream = provider
+                .open_stream(&model(), streamed(), &mut Injector::new(&faults))
+                .await
+                .unwrap_or_else(|e| panic!("{kind}: the head is a 200: {e:?}"));
+            let first = stream.next().await;
+            assert!(matches!(first, Some(Err(StreamError::Malformed(_)))), "{kind}: {first:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn hang_never_answers_so_the_attempts_timeout_fires() {
+        let up = upstream().await;
+        let provider = runtime("openai", &up.url);
+        let faults = [fault(FaultKind::Hang)];
+        let wait = Duration::from_millis(300);
+        let model = model();
+        let mut injector = Injector::new(&faults);
+        let plain_call = provider.complete(&model, plain(), &mut injector);
+        assert!(tokio::time::timeout(wait, plain_call).await.is_err(), "answered");
+        let mut injector = Injector::new(&faults);
+        let stream_call = provider.open_stream(&model, streamed(), &mut injector);
+        assert!(tokio::time::timeout(wait, stream_call).await.is_err(), "answered");
+        assert_eq!(injector.first().map(|f| f.name.as_str()), Some("drill"));
+        assert_eq!(up.requests.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn delay_waits_then_makes_the_real_call() {
+        let up = upstream().await;
+        let provider = runtime("openai", &up.url);
+        let faults = [fault(FaultKind::Delay { ms: 300 })];
+        let started = Instant::now();
+        let completion =
+            provider.complete(&model(), plain(), &mut Injector::new(&faults)).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
+        assert_eq!(completion.usage.completion_tokens, 1);
+        assert_eq!(up.requests.load(Ordering::SeqCst), 1);
+    }
+
+    async fn content_before_the_cut(stream: &mut UpstreamStream) -> Vec<String> {
+        let mut texts = Vec::new();
+        loop {
+            let next = tokio::time::timeout(Duration::from_millis(300), stream.next()).await;
+            match next {
+                Ok(Some(Ok(StreamEvent::Chunk { fields, commits: true, .. }))) => {
+                    let choices: serde_json::Value =
+                        serde_json::from_str(fields["choices"].get()).unwrap();
+                    texts.push(choices[0]["delta"]["content"].as_str().unwrap().to_owned());
+                }
+                Ok(Some(Ok(StreamEvent::Done))) => {
+                    texts.push("[DONE]".into());
+                    return texts;
+                }
+                Ok(Some(Ok(_))) => {}
+                // The caller sees what ended it.
+                other => {
+                    texts.push(format!("{other:?}"));
+                    return texts;
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn stall_after_k_chunks_keeps_the_stream_open_and_silent() {
+        let up = upstream().await;
+        let provider = runtime("openai", &up.url);
+        let faults = [fault(FaultKind::StallAfter { chunks: 3 })];
+        let mut stream =
+            provider.open_stream(&model(), streamed(), &mut Injector::new(&faults)).await.unwrap();
+        let got = content_before_the_cut(&mut stream).await;
+        assert_eq!(got[..3], ["one ", "two ", "three "]);
+        assert!(got[3].starts_with("Err(Elapsed"), "the reader's timeout ended it: {got:?}");
+        assert_eq!(up.requests.load(Ordering::SeqCst), 1, "the real call was made");
+    }
+
+    #[tokio::test]
+    async fn drop_after_k_chunks_breaks_the_connection() {
+        let up = upstream().await;
+        let provider = runtime("openai", &up.url);
+        let faults = [fault(FaultKind::DropAfter { chunks: 2 })];
+        let mut stream =
+            provider.open_stream(&model(), streamed(), &mut Injector::new(&faults)).await.unwrap();
+        let got = content_before_the_cut(&mut stream).await;
+        assert_eq!(got[..2], ["one ", "two "]);
+        assert!(got[2].contains("Connection") && got[2].contains("drill"), "{got:?}");
+        assert!(stream.next().await.is_none(), "nothing after the drop");
+    }
+
+    #[tokio::test]
+    async fn a_stream_fault_leaves_a_plain_call_alone() {
+        let up = upstream().await;
+        let provider = runtime("openai", &up.url);
+        let faults = [fault(FaultKind::DropAfter { chunks: 0 })];
+        let mut injector = Injector::new(&faults);
+        assert!(provider.complete(&model(), plain(), &mut injector).await.is_ok());
+        assert!(injector.first().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_fault_at_rate_zero_never_touches_a_call() {
+        let up = upstream().await;
+        let provider = runtime("openai", &up.url);
+        let mut never = (*fault(FaultKind::Reset)).clone();
+        never.rate = 0.0;
+        let faults = [Arc::new(never)];
+        let mut injector = Injector::new(&faults);
+        for _ in 0..20 {
+            assert!(provider.complete(&model(), plain(), &mut injector).await.is_ok());
+        }
+        assert!(injector.first().is_none());
+        assert_eq!(up.requests.load(Ordering::SeqCst), 20);
+    }
+
+    #[tokio::test]
+    async fn without_faults_the_stream_is_the_upstreams_whole() {
+        let up = upstream().await;
+        let provider = runtime("openai", &up.url);
+        let mut stream =
+            provider.open_stream(&model(), streamed(), &mut Injector::default()).await.unwrap();
+        let got = content_before_the_cut(&mut stream).await;
+        assert_eq!(got[..5], CHUNKS);
+        assert_eq!(got[5], "[DONE]", "{got:?}");
+    }
 }
