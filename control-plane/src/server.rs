@@ -19,8 +19,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::Stream;
+use switchyard_shutdown::ShutdownSignals;
 use tokio::net::TcpListener;
-use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -101,7 +101,7 @@ pub struct Control {
 impl Control {
     /// Serves until SIGTERM or SIGINT, then shuts down as the module says.
     pub async fn run(mut self) -> Result<(), ControlError> {
-        let signals = std::mem::replace(&mut self.signals, ShutdownSignals(None));
+        let signals = std::mem::replace(&mut self.signals, ShutdownSignals::none());
         self.run_until(signals.recv()).await
     }
 
@@ -144,34 +144,6 @@ async fn withdraw(store: &dyn Store, elections: &[String], lease: LeaseId) {
                 warn!(election = %prefix, "could not leave the election: the store did not answer")
             }
         }
-    }
-}
-
-/// SIGTERM and SIGINT, registered when the replica starts so that none is lost before
-/// [`Control::run`].
-struct ShutdownSignals(Option<(Signal, Signal)>);
-
-impl ShutdownSignals {
-    fn register() -> std::io::Result<Self> {
-        Ok(Self(Some((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))))
-    }
-
-    async fn recv(self) {
-        let Some((mut term, mut int)) = self.0 else { return std::future::pending().await };
-        let name = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        };
-        info!(signal = name, "shutting down; a second signal stops at once");
-        // Someone who presses Ctrl-C twice does not want to wait for the drain.
-        tokio::spawn(async move {
-            let code = tokio::select! {
-                _ = term.recv() => 143,
-                _ = int.recv() => 130,
-            };
-            warn!("second signal: stopping without finishing the drain");
-            std::process::exit(code);
-        });
     }
 }
 

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use switchyard_shutdown::ShutdownSignals;
 use tokio::net::TcpListener;
-use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -103,40 +103,6 @@ impl Node {
             ),
         }
         Ok(())
-    }
-}
-
-/// SIGTERM (what Kubernetes and most supervisors send) and SIGINT (Ctrl-C). Registered
-/// when the node starts, so a signal that comes before [`Node::run`] is not lost; and a
-/// process that handles SIGTERM also stops as PID 1 of a container, where the signal's
-/// default action does nothing.
-struct ShutdownSignals(Option<(Signal, Signal)>);
-
-impl ShutdownSignals {
-    fn register() -> std::io::Result<Self> {
-        Ok(Self(Some((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))))
-    }
-
-    fn none() -> Self {
-        Self(None)
-    }
-
-    async fn recv(self) {
-        let Some((mut term, mut int)) = self.0 else { return std::future::pending().await };
-        let name = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        };
-        info!(signal = name, "shutting down; a second signal stops at once");
-        // Someone who presses Ctrl-C twice does not want to wait for the drain.
-        tokio::spawn(async move {
-            let code = tokio::select! {
-                _ = term.recv() => 143,
-                _ = int.recv() => 130,
-            };
-            warn!("second signal: stopping without finishing the drain");
-            std::process::exit(code);
-        });
     }
 }
 
