@@ -43,6 +43,11 @@ pub struct Fleet {
     pub node: Proc,
     /// The key's secret.
     pub key: String,
+    /// The control plane's URL and admin token, for CLI commands against it.
+    pub control: String,
+    pub token: String,
+    /// The config version the first node was ready at.
+    pub version: i64,
 }
 
 impl Fleet {
@@ -68,15 +73,13 @@ impl Fleet {
         let created = cli(bin, &control, &token, &["keys", "create", "--name", "bench"])?;
         let key = created["key"].as_str().ok_or("keys create printed no key")?.to_owned();
         let version = created["version"].as_i64().max(applied["version"].as_i64()).unwrap_or(0);
-        let node_dir = dir.join("node").display().to_string();
-        let node = Proc::start(
-            bin,
-            &["node", "--control", &control, "--listen", "127.0.0.1:0", "--data-dir", &node_dir],
-            &[],
-            &logs("node"),
-        )?;
-        wait_ready(node.addr, version, Duration::from_millis(50), Duration::from_secs(20)).await?;
-        Ok(Fleet { sim, cp, node, key })
+        let node = start_node(bin, dir, &control, "node", version).await?;
+        Ok(Fleet { sim, cp, node, key, control, token, version })
+    }
+
+    /// One more node on the same control plane, ready with the fleet's config.
+    pub async fn add_node(&self, bin: &Path, dir: &Path, name: &str) -> Result<Proc> {
+        start_node(bin, dir, &self.control, name, self.version).await
     }
 
     /// Scripts one of the simulator's upstream models.
@@ -88,4 +91,23 @@ impl Fleet {
         }
         Ok(())
     }
+}
+
+/// A node named `name` (its data and log under `dir`), once ready at `version`.
+async fn start_node(
+    bin: &Path,
+    dir: &Path,
+    control: &str,
+    name: &str,
+    version: i64,
+) -> Result<Proc> {
+    let node_dir = dir.join(name).display().to_string();
+    let node = Proc::start(
+        bin,
+        &["node", "--control", control, "--listen", "127.0.0.1:0", "--data-dir", &node_dir],
+        &[],
+        &dir.join(format!("{name}.log")),
+    )?;
+    wait_ready(node.addr, version, Duration::from_millis(50), Duration::from_secs(20)).await?;
+    Ok(node)
 }

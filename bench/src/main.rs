@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod catalog;
+mod chaos;
 mod client;
 mod error;
 mod flags;
@@ -25,6 +26,7 @@ mod load;
 mod overhead;
 mod passthrough;
 mod proc;
+mod retry_storm;
 mod stats;
 mod streams;
 mod translate;
@@ -37,6 +39,8 @@ const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 
        switchyard-bench keys [--count 100000] [--store embedded,etcd] [--runs 3] [--changes 5]
        switchyard-bench streams [--streams 2000] [--chunks 200] [--chunk-delay-ms 20] [--runs 3]
        switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] [--conns 1] [--e2e-secs 4]
+       switchyard-bench retries [--requests 3000] [--concurrency 8] [--models 16]
+       switchyard-bench chaos --baseline PATH [--concurrency 1,8] [--runs 3] [--nodes 3] [--changes 20]
        switchyard-bench passthrough --listen ADDR --upstream ADDR   (started by the bench)";
 
 /// A concurrency's targets are measured again when the hypervisor took more than this share
@@ -56,6 +60,8 @@ fn main() -> ExitCode {
         Some("keys") => keys::main(&args[1..]),
         Some("streams") => streams::main(&args[1..]),
         Some("translate") => translate::main(&args[1..]),
+        Some("chaos") => chaos::main(&args[1..]),
+        Some("retries") => retry_storm::main(&args[1..]),
         Some("-h" | "--help") => {
             println!("{USAGE}");
             Ok(())

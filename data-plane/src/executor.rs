@@ -92,6 +92,9 @@ impl Executor {
         config: &NodeConfig,
     ) -> Result<Served, Failed> {
         let started = Instant::now();
+        // The budget grows with requests, not attempts: a request that fails over must not
+        // earn its failing model more retries than one that does not.
+        config.retry_budget.deposit(started);
         let mut attempts: Vec<AttemptReport> = Vec::with_capacity(chain.entries.len());
         // Entries skipped on an open breaker, with when each is due for a probe.
         let mut skipped: Vec<(usize, Instant)> = Vec::new();
@@ -202,7 +205,6 @@ impl Executor {
             model.retry.as_ref(),
             request.redundancy.max_retries,
         );
-        config.retry_budget.deposit(started);
         let mut permit = permit;
         let mut retries = 0;
         // One per attempt: every call of the attempt (retries too) draws its own fault, and

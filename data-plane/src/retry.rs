@@ -169,7 +169,8 @@ pub fn decide(
 
 /// The node's retry budget: retries over the last [`BUDGET_WINDOW_SECS`] stay within
 /// `ratio × requests + min_per_sec × BUDGET_WINDOW_SECS` over the same window, where
-/// requests are the node's first calls of each attempt (retries do not earn retries).
+/// requests are the chat requests the node ran, one each however many attempts and retries
+/// they made (neither failovers nor retries earn retries).
 ///
 /// Lock-free: a ring of per-second counters, each tagged with its second, so a slot left
 /// from an earlier lap reads as empty and is reset by the first count of its new second.
@@ -191,7 +192,7 @@ impl Budget {
         Self { epoch, requests: Default::default(), retries: Default::default() }
     }
 
-    /// Counts an attempt's first call.
+    /// Counts one chat request.
     pub fn deposit(&self, now: Instant) {
         let second = self.second(now);
         slot(&self.requests, second).add(second);
