@@ -64,6 +64,13 @@ pub struct AuditAttempt {
     /// call, and then left out of the stored record.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub injected: String,
+    /// Extra calls to the same model inside the attempt; left out of the record when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl AuditEvent {
@@ -86,6 +93,7 @@ impl AuditEvent {
                     latency_ms: a.latency_ms,
                     probe: a.probe,
                     injected: a.injected,
+                    retries: a.retries,
                 })
                 .collect(),
             stream: e.stream,
@@ -111,6 +119,7 @@ impl AuditEvent {
                     latency_ms: a.latency_ms,
                     probe: a.probe,
                     injected: a.injected.clone(),
+                    retries: a.retries,
                 })
                 .collect(),
             stream: self.stream,
@@ -199,6 +208,9 @@ impl OutboxEntry {
                 // A drill must never read as an outage: the fault is named.
                 if !a.injected.is_empty() {
                     v["injected"] = json!(a.injected);
+                }
+                if a.retries > 0 {
+                    v["retries"] = json!(a.retries);
                 }
                 v
             })
@@ -373,6 +385,7 @@ mod tests {
                 latency_ms: 30_011,
                 probe: false,
                 injected: "drill-1".into(),
+                retries: 2,
             }],
             stream: true,
             status: 200,
@@ -393,6 +406,7 @@ mod tests {
             latency_ms: 3,
             probe: false,
             injected: injected.into(),
+            retries: u32::from(!injected.is_empty()),
         };
         let event = AuditEvent {
             id: "ev1".into(),
@@ -408,6 +422,8 @@ mod tests {
         let stored = serde_json::to_value(&event).unwrap();
         assert_eq!(stored["attempts"][0]["injected"], "drill-1");
         assert!(stored["attempts"][1].get("injected").is_none(), "{stored}");
+        assert_eq!(stored["attempts"][0]["retries"], 1);
+        assert!(stored["attempts"][1].get("retries").is_none(), "{stored}");
         // A record written before the field existed still reads.
         let mut old = stored.clone();
         old["attempts"][0].as_object_mut().unwrap().remove("injected");
@@ -418,6 +434,8 @@ mod tests {
         let attempts = &data["failover"]["attempts"];
         assert_eq!(attempts[0]["injected"], "drill-1");
         assert!(attempts[1].get("injected").is_none(), "{data}");
+        assert_eq!(attempts[0]["retries"], 1);
+        assert!(attempts[1].get("retries").is_none(), "{data}");
     }
 
     #[test]

@@ -253,6 +253,7 @@ fn failover_event(
                 latency_ms: a.latency_ms,
                 probe: a.probe,
                 injected: a.injected.clone().unwrap_or_default(),
+                retries: a.retries,
             })
             .collect(),
         stream,

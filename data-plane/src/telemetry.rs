@@ -217,8 +217,7 @@ mod tests {
                 status: "failed".into(),
                 reason: "server_error".into(),
                 latency_ms: 7,
-                probe: false,
-                injected: String::new(),
+                ..Default::default()
             }],
             status: 200,
             ..Default::default()

@@ -336,6 +336,58 @@ breaker_policy:
     assert!(refusals > 0, "{m}");
 }
 
+#[tokio::test]
+async fn a_request_that_fails_over_earns_no_more_retry_budget_than_one_that_does_not() {
+    // Floor 0 and ratio 0.5: over BURST requests, at most BURST / 2 retries. Were the budget
+    // grown by attempts, each request's second attempt would earn the failing model as many
+    // retries again.
+    let gw = gateway(
+        "retry_policy:
+  max_retries: 5
+  base_backoff_ms: 1
+  max_backoff_ms: 2
+  budget_ratio: 0.5
+  budget_min_per_sec: 0
+breaker_policy:
+  window_size: 1000
+  min_requests: 1000
+",
+    )
+    .await;
+    gw.script("primary", status(503)).await;
+    const BURST: u64 = 20;
+    for _ in 0..BURST {
+        let v = gw.chat(chain(&[PRIMARY, SECONDARY])).await.json();
+        assert_eq!(v["model"], SECONDARY, "{v}");
+    }
+    let calls = gw.upstream_requests("primary").await;
+    assert!(calls <= BURST + BURST / 2, "{calls} calls to the failing model for {BURST} requests");
+    assert!(calls > BURST, "half a retry per request is allowed: {calls}");
+}
+
+#[tokio::test]
+async fn the_failover_event_carries_each_attempts_retries() {
+    let gw = gateway(POLICY).await;
+    gw.script("primary", status(503)).await;
+    let v = gw.chat(chain(&[PRIMARY, SECONDARY])).await.json();
+    assert_eq!(attempt_objects(&v)[0]["retries"], 2, "{v}");
+    let control = gw.cp.url();
+    let events = eventually(Duration::from_secs(10), "the failover event stored", || {
+        let control = control.clone();
+        async move {
+            let out = cli(&control, &["events", "--json"]).await;
+            let events: Vec<Value> =
+                out.stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+            (!events.is_empty()).then_some(events)
+        }
+    })
+    .await;
+    let attempts = &events[0]["attempts"];
+    assert_eq!(attempts[0]["model"], PRIMARY, "{attempts}");
+    assert_eq!(attempts[0]["retries"], 2, "{attempts}");
+    assert!(attempts[1].get("retries").is_none(), "none for the served attempt: {attempts}");
+}
+
 // === The client goes away ===
 
 #[tokio::test]

@@ -136,8 +136,7 @@ pub fn failover_event(id: &str, at_unix_ms: i64, key_id: &str) -> pb::FailoverEv
         status: status.into(),
         reason: reason.into(),
         latency_ms,
-        probe: false,
-        injected: String::new(),
+        ..Default::default()
     };
     pb::FailoverEvent {
         id: id.into(),

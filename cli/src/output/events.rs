@@ -15,6 +15,13 @@ pub struct AttemptView {
     /// real call.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub injected: String,
+    /// Extra calls to the same model inside the attempt; absent when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub retries: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A failover event; field names follow the stored audit record.
@@ -50,6 +57,7 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
                     latency_ms: a.latency_ms,
                     probe: a.probe,
                     injected: a.injected,
+                    retries: a.retries,
                 })
                 .collect(),
             stream: e.stream,
@@ -67,6 +75,9 @@ fn attempt(a: &AttemptView) -> String {
     }
     if a.status != "skipped" {
         detail.push(format!("{}ms", a.latency_ms));
+    }
+    if a.retries > 0 {
+        detail.push(format!("retries={}", a.retries));
     }
     if a.probe {
         detail.push("probe".to_owned());
@@ -114,6 +125,7 @@ mod tests {
                     latency_ms: 30_011,
                     probe: false,
                     injected: "drill-1".into(),
+                    retries: 2,
                 },
                 switchyard_proto::node::v1::Attempt {
                     model: "anthropic/claude-sonnet-4".into(),
@@ -128,11 +140,13 @@ mod tests {
         assert_eq!(
             event_line(&e),
             "2026-12-02 13:52:37 UTC  key_1  openai/gpt-5-nano → anthropic/claude-sonnet-4  \
-             openai/gpt-5-nano failed(timeout 30011ms injected=drill-1) → \
+             openai/gpt-5-nano failed(timeout 30011ms retries=2 injected=drill-1) → \
              anthropic/claude-sonnet-4 served(734ms)\n"
         );
         let json = serde_json::to_value(&e).unwrap();
         assert_eq!(json["attempts"][0]["injected"], "drill-1");
         assert!(json["attempts"][1].get("injected").is_none(), "{json}");
+        assert_eq!(json["attempts"][0]["retries"], 2);
+        assert!(json["attempts"][1].get("retries").is_none(), "{json}");
     }
 }
