@@ -249,6 +249,7 @@ models:
         let text = include_str!("../../deploy/catalog.example.yaml");
         let c = parse("deploy/catalog.example.yaml", text).unwrap_or_else(|e| panic!("{e}"));
         assert!(!c.providers.is_empty() && !c.models.is_empty() && !c.webhooks.is_empty());
+        assert_eq!(c.retry_policy.as_ref().map(|p| p.max_retries), Some(1));
         assert_eq!(parse("c.yaml", &to_yaml(&c).unwrap()).unwrap(), c);
     }
 }
