@@ -19,6 +19,7 @@ use switchyard_time::now_ms;
 
 use crate::events::{AuditEvent, FAILOVER, Interest, OutboxEntry};
 use crate::layout::{Layout, MAX_TXN_OPS};
+use crate::metrics::ControlMetrics;
 use crate::store::election::{self, Leadership};
 use crate::store::{
     Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseId, Revision, Store, StoreError,
@@ -136,7 +137,12 @@ struct WriteRequest {
 }
 
 impl EventWriter {
-    pub fn start(store: Arc<dyn Store>, layout: Layout, outbox: Arc<Interest>) -> Self {
+    pub fn start(
+        store: Arc<dyn Store>,
+        layout: Layout,
+        outbox: Arc<Interest>,
+        metrics: Arc<ControlMetrics>,
+    ) -> Self {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<WriteRequest>(1024);
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -161,6 +167,11 @@ impl EventWriter {
                     replies.push(r.done);
                 }
                 let result = write_events(store.as_ref(), &layout, events, Some(&outbox)).await;
+                let stored: usize = counts.iter().sum();
+                match &result {
+                    Ok(_) => metrics.events_stored.inc_by(stored as u64),
+                    Err(_) => metrics.event_write_failures.inc_by(stored as u64),
+                };
                 for (done, n) in replies.into_iter().zip(counts) {
                     let reply = match &result {
                         Ok(_) => Ok(n),

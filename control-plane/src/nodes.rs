@@ -36,6 +36,7 @@ use crate::auth::TokenCheck;
 use crate::events::{AuditEvent, BreakerRecord, Interest};
 use crate::fanout::{ConfigCache, ConfigUpdate, Start};
 use crate::layout::Layout;
+use crate::metrics::ControlMetrics;
 use crate::reports::{self, UsageRecord};
 use crate::store::{Compare, LeaseId, Revision, Store, Txn, TxnOp};
 
@@ -87,6 +88,7 @@ pub struct NodeShared {
     /// How long a node may be gone before its breakers are forgotten and
     /// `node.disconnected` is sent.
     pub disconnect_grace: Duration,
+    pub metrics: Arc<ControlMetrics>,
 }
 
 /// The `NodeControl` gRPC service; each stream runs as a task over the shared state.
@@ -131,6 +133,7 @@ impl NodeShared {
     ) {
         let node_id = hello.node_id.clone();
         info!(node = %node_id, version = hello.last_applied_version, "node connected");
+        let _connected = self.metrics.node_connected();
         let connected = now_ms();
         let mut record = NodeRecord {
             node_id: node_id.clone(),

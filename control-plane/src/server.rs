@@ -37,6 +37,7 @@ use crate::auth::{AdminAuth, Token, TokenCheck};
 use crate::fanout::{self, ConfigCache};
 use crate::faults;
 use crate::layout::Layout;
+use crate::metrics::ControlMetrics;
 use crate::nodes::{NodeService, NodeShared};
 use crate::store::{self, LeaseId, Store, StoreError, election};
 use crate::webhooks::{self, DeliveryOptions, Interest};
@@ -179,6 +180,7 @@ pub async fn start_with_store(
     if options.join_token.is_none() {
         warn!("no SWITCHYARD_JOIN_TOKEN set: accepting nodes from loopback addresses only");
     }
+    let metrics = Arc::new(ControlMetrics::new());
     let outbox = Arc::new(Interest::new(Arc::clone(&cache)));
     let nodes = NodeService(Arc::new(NodeShared {
         cache: Arc::clone(&cache),
@@ -188,8 +190,14 @@ pub async fn start_with_store(
         control_plane: local_addr.to_string(),
         join: TokenCheck { join_token: options.join_token.as_deref().map(Token::new) },
         outbox: Arc::clone(&outbox),
-        events: audit::EventWriter::start(Arc::clone(&store), layout.clone(), outbox),
+        events: audit::EventWriter::start(
+            Arc::clone(&store),
+            layout.clone(),
+            outbox,
+            Arc::clone(&metrics),
+        ),
         disconnect_grace: options.disconnect_grace,
+        metrics: Arc::clone(&metrics),
     }));
     let webhooks = tokio::spawn(webhooks::run(
         Arc::clone(&store),
@@ -206,16 +214,22 @@ pub async fn start_with_store(
         local_addr.to_string(),
         options.audit,
     ));
+    let scrape = Scrape { metrics, cache: Arc::clone(&cache) };
     let admin = AdminService { store: Arc::clone(&store), layout: layout.clone(), cache };
     let admin = AdminServer::with_interceptor(admin, AdminAuth(Token::new(&options.admin_token)));
 
     let (stopping, stop) = watch::channel(false);
     let nodes = ClosingNodeStreams { inner: nodes, stop: stop.clone() };
     info!(addr = %local_addr, "control plane listening");
+    // `/metrics` shares the gRPC port, over HTTP/1.1 too, so a scraper needs no other port.
+    let routes = tonic::service::Routes::new(admin)
+        .add_service(NodeControlServer::new(nodes))
+        .into_axum_router()
+        .route("/metrics", axum::routing::get(scrape_metrics).with_state(scrape));
     let serve = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .add_service(admin)
-        .add_service(NodeControlServer::new(nodes))
+        .accept_http1(true)
+        .add_routes(routes.into())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop));
     Ok(Control {
         local_addr,
@@ -228,6 +242,23 @@ pub async fn start_with_store(
         drain_timeout: options.drain_timeout,
         signals,
     })
+}
+
+#[derive(Clone)]
+struct Scrape {
+    metrics: Arc<ControlMetrics>,
+    cache: Arc<ConfigCache>,
+}
+
+async fn scrape_metrics(
+    axum::extract::State(scrape): axum::extract::State<Scrape>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    scrape.metrics.config_revision.set(scrape.cache.revision());
+    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = scrape.metrics.render(accept);
+    ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 /// Resolves once the replica is stopping (or its [`Control`] is gone).

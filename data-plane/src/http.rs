@@ -23,7 +23,7 @@ use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
 use crate::error::{ApiError, Flavor};
 use crate::executor::Output;
-use crate::metrics::{EndpointLabels, RequestLabels};
+use crate::metrics::{EndpointLabels, RequestLabels, gen_ai_provider_name};
 use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
@@ -45,13 +45,11 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
+async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     app.executor.metrics.config_version.set(app.state.version());
-    (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        app.executor.metrics.render(),
-    )
-        .into_response()
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = app.executor.metrics.render(accept);
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {
@@ -137,7 +135,7 @@ async fn chat(
     let span = debug_span!("request", endpoint = ?flavor, key = tracing::field::Empty);
     async move {
         let started = Instant::now();
-        let response = match handle(&app, &headers, body, flavor).await {
+        let response = match handle(&app, &headers, body, flavor, started).await {
             Ok(response) => response,
             Err(e) => e.render(flavor),
         };
@@ -165,6 +163,7 @@ async fn handle(
     headers: &HeaderMap,
     body: Body,
     flavor: Flavor,
+    started: Instant,
 ) -> Result<Response, ApiError> {
     let config = app.state.current().ok_or(ApiError::NotReady)?;
     // The key is checked before the body is read or validated.
@@ -196,26 +195,52 @@ async fn handle(
             status,
         ));
     }
-    let served = outcome.map_err(|failed| failed.error)?;
+    let metrics = &app.executor.metrics;
+    let served = match outcome {
+        Ok(served) => served,
+        Err(failed) => {
+            let provider = chain.entries.first().map_or("", |e| gen_ai_provider(&config, &e.model));
+            let seconds = started.elapsed().as_secs_f64();
+            metrics.gen_ai_failed(chain.requested_model(), provider, failed.error.label(), seconds);
+            return Err(failed.error);
+        }
+    };
     tracing::debug!(served = %served.model.name, "served");
+    let gen_ai = metrics.gen_ai(chain.requested_model(), &served.model.name, || {
+        gen_ai_provider(&config, &served.model)
+    });
     Ok(match served.output {
         Output::Completion(completion) => {
             record_usage(app, &key.id, &served.model, completion.usage);
+            gen_ai.tokens(completion.usage.prompt_tokens, completion.usage.completion_tokens);
+            gen_ai.duration.observe(started.elapsed().as_secs_f64());
             render_completion(completion, served.model, served.attempts, &chain, flavor)
         }
-        Output::Stream(stream) => crate::stream::respond(
-            app,
-            stream,
-            crate::stream::Context {
-                key_id: key.id.clone(),
-                model: served.model,
-                report: report(&chain, &served.attempts),
-                multi: chain.is_multi_model(),
-                include_usage: request.include_usage,
-                flavor,
-            },
-        ),
+        Output::Stream(stream) => {
+            // The executor commits to a stream once its first content chunk has arrived,
+            // which goes out with the response head.
+            gen_ai.time_to_first_token.observe(started.elapsed().as_secs_f64());
+            crate::stream::respond(
+                app,
+                stream,
+                crate::stream::Context {
+                    key_id: key.id.clone(),
+                    model: served.model,
+                    report: report(&chain, &served.attempts),
+                    multi: chain.is_multi_model(),
+                    include_usage: request.include_usage,
+                    flavor,
+                    gen_ai,
+                    started,
+                },
+            )
+        }
     })
+}
+
+/// `gen_ai.provider.name` of the provider serving `model`.
+fn gen_ai_provider(config: &NodeConfig, model: &Model) -> &'static str {
+    config.catalog.provider(&model.provider).map_or("", |p| gen_ai_provider_name(p.kind))
 }
 
 /// The failover report of a chain whose last attempt served.

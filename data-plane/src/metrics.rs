@@ -1,4 +1,4 @@
-//! Prometheus metrics at `/metrics` (OpenMetrics text). Names carry their unit; labels are
+//! Prometheus metrics at `/metrics` (OpenMetrics or Prometheus text, as the scraper asks). Names carry their unit; labels are
 //! low-cardinality: endpoint, status class, gateway model names, providers, reasons.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -7,6 +7,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use switchyard_catalog::ProviderKind;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -71,6 +73,88 @@ pub struct InjectedLabels {
     /// The fault's kind as the CLI flag spells it (`status`, `delay-ms`, `hang`, …).
     pub kind: &'static str,
 }
+
+/// The OpenTelemetry GenAI semantic conventions' attributes, as Prometheus labels (dots
+/// become underscores, as OpenTelemetry's Prometheus exporter writes them).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GenAiLabels {
+    pub gen_ai_operation_name: &'static str,
+    pub gen_ai_provider_name: &'static str,
+    pub gen_ai_request_model: String,
+    /// The model that served; empty when none did.
+    pub gen_ai_response_model: String,
+    /// Why the request failed (the error code the client got); empty when it was served.
+    pub error_type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GenAiTokenLabels {
+    pub gen_ai_operation_name: &'static str,
+    pub gen_ai_provider_name: &'static str,
+    pub gen_ai_request_model: String,
+    pub gen_ai_response_model: String,
+    /// `input` or `output`.
+    pub gen_ai_token_type: &'static str,
+}
+
+/// Bucket boundaries the GenAI semantic conventions advise for `gen_ai.server.request.duration`
+/// (seconds), so that dashboards built for the conventions read these histograms as they are.
+const REQUEST_DURATION_BUCKETS: [f64; 14] =
+    [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92];
+/// … for `gen_ai.server.time_to_first_token` (seconds).
+const TTFT_BUCKETS: [f64; 16] =
+    [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+/// … for `gen_ai.client.token.usage` (tokens).
+const TOKEN_BUCKETS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+
+fn request_duration_histogram() -> Histogram {
+    Histogram::new(REQUEST_DURATION_BUCKETS)
+}
+
+fn ttft_histogram() -> Histogram {
+    Histogram::new(TTFT_BUCKETS)
+}
+
+fn token_histogram() -> Histogram {
+    Histogram::new(TOKEN_BUCKETS)
+}
+
+/// `gen_ai.provider.name` for a provider kind: the conventions' well-known values; an
+/// OpenAI-compatible provider speaks OpenAI's format, which is what the attribute tells apart.
+pub fn gen_ai_provider_name(kind: ProviderKind) -> &'static str {
+    match kind {
+        ProviderKind::Openai | ProviderKind::OpenaiCompatible => "openai",
+        ProviderKind::AzureOpenai => "azure.ai.openai",
+        ProviderKind::Anthropic => "anthropic",
+        ProviderKind::Gemini => "gcp.gemini",
+    }
+}
+
+/// The GenAI series of one (requested model, served model) pair, resolved once: a served
+/// request then observes histograms without building label sets.
+pub struct GenAiSeries {
+    pub duration: Histogram,
+    pub time_to_first_token: Histogram,
+    input_tokens: Histogram,
+    output_tokens: Histogram,
+}
+
+impl GenAiSeries {
+    pub fn tokens(&self, input: u64, output: u64) {
+        self.input_tokens.observe(input as f64);
+        self.output_tokens.observe(output as f64);
+    }
+}
+
+type GenAiCache = std::sync::RwLock<
+    std::collections::HashMap<
+        String,
+        std::collections::HashMap<String, std::sync::Arc<GenAiSeries>>,
+    >,
+>;
 
 /// One model's attempt metrics, resolved once: the request path then increments counters
 /// without building (and allocating) label sets.
@@ -153,6 +237,15 @@ pub struct Metrics {
     pub injected_faults: Family<InjectedLabels, Counter>,
     pub events_dropped: Counter,
     pub config_version: Gauge,
+    /// `gen_ai_server_request_duration_seconds`: request to last byte, by requested and
+    /// served model (served) or error type (failed).
+    pub gen_ai_duration: Family<GenAiLabels, Histogram>,
+    /// `gen_ai_server_time_to_first_token_seconds`: request to the first content chunk of a
+    /// stream.
+    pub gen_ai_ttft: Family<GenAiLabels, Histogram>,
+    /// `gen_ai_client_token_usage`: tokens the served model reported, by type.
+    pub gen_ai_tokens: Family<GenAiTokenLabels, Histogram>,
+    gen_ai: GenAiCache,
 }
 
 fn latency_histogram() -> Histogram {
@@ -162,7 +255,8 @@ fn latency_histogram() -> Histogram {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("switchyard");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("switchyard");
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "http_requests",
@@ -239,8 +333,34 @@ impl Metrics {
             "Store revision of the applied config",
             config_version.clone(),
         );
+        // The GenAI semantic conventions' names, without the `switchyard_` prefix, so that
+        // dashboards and alerts written for them work unchanged.
+        let gen_ai_duration = Family::<GenAiLabels, Histogram>::new_with_constructor(
+            request_duration_histogram as fn() -> Histogram,
+        );
+        root.register(
+            "gen_ai_server_request_duration_seconds",
+            "GenAI request duration: from the request to the answer's last byte",
+            gen_ai_duration.clone(),
+        );
+        let gen_ai_ttft = Family::<GenAiLabels, Histogram>::new_with_constructor(
+            ttft_histogram as fn() -> Histogram,
+        );
+        root.register(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time from a streaming request to its first content chunk",
+            gen_ai_ttft.clone(),
+        );
+        let gen_ai_tokens = Family::<GenAiTokenLabels, Histogram>::new_with_constructor(
+            token_histogram as fn() -> Histogram,
+        );
+        root.register(
+            "gen_ai_client_token_usage",
+            "Input and output tokens the serving model reported, per request",
+            gen_ai_tokens.clone(),
+        );
         Self {
-            registry,
+            registry: root,
             models: Default::default(),
             requests,
             request_duration,
@@ -254,7 +374,81 @@ impl Metrics {
             injected_faults,
             events_dropped,
             config_version,
+            gen_ai_duration,
+            gen_ai_ttft,
+            gen_ai_tokens,
+            gen_ai: Default::default(),
         }
+    }
+
+    /// The GenAI series of requests for `requested` served by `served`; `provider` names
+    /// the served model's provider and is called only the first time a pair is seen.
+    pub fn gen_ai(
+        &self,
+        requested: &str,
+        served: &str,
+        provider: impl FnOnce() -> &'static str,
+    ) -> std::sync::Arc<GenAiSeries> {
+        if let Some(series) = self
+            .gen_ai
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(requested)
+            .and_then(|by_served| by_served.get(served))
+        {
+            return std::sync::Arc::clone(series);
+        }
+        let gen_ai_provider_name = provider();
+        let labels = GenAiLabels {
+            gen_ai_operation_name: "chat",
+            gen_ai_provider_name,
+            gen_ai_request_model: requested.to_owned(),
+            gen_ai_response_model: served.to_owned(),
+            error_type: "",
+        };
+        let tokens = |gen_ai_token_type| {
+            self.gen_ai_tokens
+                .get_or_create(&GenAiTokenLabels {
+                    gen_ai_operation_name: "chat",
+                    gen_ai_provider_name,
+                    gen_ai_request_model: requested.to_owned(),
+                    gen_ai_response_model: served.to_owned(),
+                    gen_ai_token_type,
+                })
+                .clone()
+        };
+        let built = std::sync::Arc::new(GenAiSeries {
+            duration: self.gen_ai_duration.get_or_create(&labels).clone(),
+            time_to_first_token: self.gen_ai_ttft.get_or_create(&labels).clone(),
+            input_tokens: tokens("input"),
+            output_tokens: tokens("output"),
+        });
+        let mut cache = self.gen_ai.write().unwrap_or_else(|e| e.into_inner());
+        let by_served = match cache.get_mut(requested) {
+            Some(by_served) => by_served,
+            None => cache.entry(requested.to_owned()).or_default(),
+        };
+        std::sync::Arc::clone(by_served.entry(served.to_owned()).or_insert(built))
+    }
+
+    /// A request for `requested` that no model served, answered with `error_type`.
+    /// `provider` is the requested model's.
+    pub fn gen_ai_failed(
+        &self,
+        requested: &str,
+        provider: &'static str,
+        error_type: &'static str,
+        seconds: f64,
+    ) {
+        self.gen_ai_duration
+            .get_or_create(&GenAiLabels {
+                gen_ai_operation_name: "chat",
+                gen_ai_provider_name: provider,
+                gen_ai_request_model: requested.to_owned(),
+                gen_ai_response_model: String::new(),
+                error_type,
+            })
+            .observe(seconds);
     }
 
     /// The metrics of the model named `model`, created on first use.
@@ -283,11 +477,9 @@ impl Metrics {
         std::sync::Arc::clone(models.entry(model.to_owned()).or_insert(built))
     }
 
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+    /// The content type and body of a `/metrics` answer to a scraper that sent `accept`.
+    pub fn render(&self, accept: Option<&str>) -> (&'static str, String) {
+        switchyard_exposition::render(&self.registry, accept)
     }
 }
 

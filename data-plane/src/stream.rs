@@ -25,6 +25,7 @@ use crate::breaker::{Outcome, Permit};
 use crate::error::Flavor;
 use crate::executor::CommittedStream;
 use crate::failure::{self, Failure};
+use crate::metrics::GenAiSeries;
 use crate::providers::{CallError, StreamError, StreamEvent, UpstreamStream, Usage};
 use crate::report::FailoverReport;
 
@@ -37,6 +38,9 @@ pub struct Context {
     /// The client asked for the final usage chunk (`stream_options.include_usage`).
     pub include_usage: bool,
     pub flavor: Flavor,
+    pub gen_ai: Arc<GenAiSeries>,
+    /// When the request arrived: the GenAI request duration ends with the stream.
+    pub started: Instant,
 }
 
 pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Response {
@@ -214,6 +218,8 @@ impl Pump {
             .usage
             .take()
             .unwrap_or(Usage { prompt_tokens: 0, completion_tokens: self.content_chunks });
+        self.ctx.gen_ai.tokens(usage.prompt_tokens, usage.completion_tokens);
+        self.ctx.gen_ai.duration.observe(self.ctx.started.elapsed().as_secs_f64());
         record_usage(&self.app, &self.ctx.key_id, &self.ctx.model, usage);
     }
 }

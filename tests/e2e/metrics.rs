@@ -1,0 +1,213 @@
+//! `/metrics` on a real node and control plane: the output passes `promtool check metrics`
+//! (Debian's `prometheus` package; `.ci/run` installs it), the GenAI histograms carry the
+//! semantic conventions' names, labels and buckets, and a scraper that asks for OpenMetrics
+//! gets it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+use switchyard_e2e::gateway::*;
+use switchyard_e2e::{eventually, http_get};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `promtool check metrics` on `text`: its exit status and what it printed.
+async fn promtool(text: &str) -> (bool, String) {
+    let mut child = tokio::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect(
+            "promtool not found: install Debian's `prometheus` package (`.ci/run` does), \
+             which ships it",
+        );
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(text.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), said)
+}
+
+/// A GET of `/metrics` with an `Accept` header: (content type, body).
+async fn scrape_accepting(addr: SocketAddr, accept: &str) -> (String, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type").then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        switchyard_e2e::dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (content_type, body)
+}
+
+async fn scrape(addr: SocketAddr) -> String {
+    let response = http_get(addr, "/metrics", None).await.expect("/metrics answers");
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert!(
+        response.headers.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"),
+        "without an Accept header, the Prometheus text format: {}",
+        response.headers
+    );
+    response.body
+}
+
+/// The value of the sample written exactly as `series` (name and labels).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn gen_ai(name: &str, requested: &str, served: &str, error: &str, suffix: &str) -> String {
+    format!(
+        "{name}{suffix}{{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"openai\",\
+         gen_ai_request_model=\"{requested}\",gen_ai_response_model=\"{served}\",\
+         error_type=\"{error}\"}}"
+    )
+}
+
+/// A `_bucket` series: prometheus-client writes `le` first.
+fn with_le(series: &str, le: &str) -> String {
+    series.replacen('{', &format!("{{le=\"{le}\","), 1)
+}
+
+fn tokens(requested: &str, served: &str, kind: &str, suffix: &str) -> String {
+    format!(
+        "gen_ai_client_token_usage{suffix}{{gen_ai_operation_name=\"chat\",\
+         gen_ai_provider_name=\"openai\",gen_ai_request_model=\"{requested}\",\
+         gen_ai_response_model=\"{served}\",gen_ai_token_type=\"{kind}\"}}"
+    )
+}
+
+/// Served, failed-over, streamed and failed requests, so that every family has samples.
+async fn traffic(gw: &Gateway) -> serde_json::Value {
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let failover = gw
+        .chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(failover.status, 200, "{}", failover.body);
+    let streamed = gw
+        .stream(json!({"model": SECONDARY, "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert!(streamed.text().contains("secondary"), "{}", streamed.text());
+    assert!(streamed.error_frame().is_none(), "{:?}", streamed.error_frame());
+    gw.script("tertiary", json!({"kind": "status", "status": 503})).await;
+    let failed = gw
+        .chat(json!({"model": TERTIARY, "fallback_models": [PRIMARY], "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(failed.status, 502, "{}", failed.body);
+    failover.json()
+}
+
+#[tokio::test]
+async fn node_and_control_plane_metrics_pass_promtool() {
+    let gw = Gateway::start().await;
+    traffic(&gw).await;
+    let node = scrape(gw.node.addr).await;
+    let (ok, said) = promtool(&node).await;
+    assert!(ok && said.trim().is_empty(), "promtool on the node's /metrics: {said}\n{node}");
+    let control = scrape(gw.cp.addr).await;
+    let (ok, said) = promtool(&control).await;
+    assert!(
+        ok && said.trim().is_empty(),
+        "promtool on the control plane's /metrics: {said}\n{control}"
+    );
+}
+
+#[tokio::test]
+async fn promtool_in_this_harness_refuses_what_it_should() {
+    // The check above can only fail if promtool reads what it is given: a counter whose
+    // TYPE line names the family, as OpenMetrics writes it, is not the Prometheus format.
+    let openmetrics =
+        "# HELP x_requests Requests.\n# TYPE x_requests counter\nx_requests_total 1\n";
+    let (ok, said) = promtool(openmetrics).await;
+    assert!(!ok || !said.trim().is_empty(), "promtool accepted OpenMetrics naming: {said}");
+}
+
+#[tokio::test]
+async fn the_node_exports_the_gen_ai_histograms_with_the_conventions_buckets() {
+    let gw = Gateway::start().await;
+    let answer = traffic(&gw).await;
+    let m = scrape(gw.node.addr).await;
+
+    // The failed-over request: requested the primary, served by the secondary.
+    let duration = "gen_ai_server_request_duration_seconds";
+    let count = gen_ai(duration, PRIMARY, SECONDARY, "", "_count");
+    assert_eq!(sample(&m, &count), Some(1.0), "{count} in\n{m}");
+    for le in ["0.01", "81.92", "+Inf"] {
+        let bucket = with_le(&gen_ai(duration, PRIMARY, SECONDARY, "", "_bucket"), le);
+        assert!(sample(&m, &bucket).is_some(), "the conventions' bucket {le}: {bucket} in\n{m}");
+    }
+    let input = answer["usage"]["prompt_tokens"].as_f64().unwrap();
+    let output = answer["usage"]["completion_tokens"].as_f64().unwrap();
+    assert_eq!(sample(&m, &tokens(PRIMARY, SECONDARY, "input", "_sum")), Some(input), "{m}");
+    assert_eq!(sample(&m, &tokens(PRIMARY, SECONDARY, "output", "_sum")), Some(output), "{m}");
+    let bucket = with_le(&tokens(PRIMARY, SECONDARY, "input", "_bucket"), "67108864.0");
+    assert_eq!(sample(&m, &bucket), Some(1.0), "{bucket} in\n{m}");
+
+    // The stream: its time to first token, and its duration once it ended.
+    let ttft =
+        gen_ai("gen_ai_server_time_to_first_token_seconds", SECONDARY, SECONDARY, "", "_count");
+    assert_eq!(sample(&m, &ttft), Some(1.0), "{ttft} in\n{m}");
+    let ttft_bucket =
+        gen_ai("gen_ai_server_time_to_first_token_seconds", SECONDARY, SECONDARY, "", "_bucket");
+    let ttft_bucket = with_le(&ttft_bucket, "0.001");
+    assert!(sample(&m, &ttft_bucket).is_some(), "{ttft_bucket} in\n{m}");
+    let streamed = gen_ai(duration, SECONDARY, SECONDARY, "", "_count");
+    assert_eq!(sample(&m, &streamed), Some(1.0), "{streamed} in\n{m}");
+
+    // The request no model served: by the error the client got.
+    let failed = gen_ai(duration, TERTIARY, "", "all_models_failed", "_count");
+    assert_eq!(sample(&m, &failed), Some(1.0), "{failed} in\n{m}");
+}
+
+#[tokio::test]
+async fn a_scraper_that_asks_for_openmetrics_gets_openmetrics() {
+    let gw = Gateway::start().await;
+    let accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
+    for addr in [gw.node.addr, gw.cp.addr] {
+        let (content_type, body) = scrape_accepting(addr, accept).await;
+        assert!(content_type.starts_with("application/openmetrics-text"), "{addr}: {content_type}");
+        assert!(body.ends_with("# EOF\n"), "{addr}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn the_control_plane_counts_connected_nodes_and_stored_events() {
+    let gw = Gateway::start().await;
+    let m = scrape(gw.cp.addr).await;
+    assert_eq!(sample(&m, "switchyard_control_nodes_connected"), Some(1.0), "{m}");
+    assert!(sample(&m, "switchyard_control_config_revision").is_some_and(|v| v > 0.0), "{m}");
+    traffic(&gw).await;
+    eventually(Duration::from_secs(10), "two failover events stored", || async {
+        let m = scrape(gw.cp.addr).await;
+        (sample(&m, "switchyard_control_failover_events_stored_total") == Some(2.0)).then_some(())
+    })
+    .await;
+
+    let node = gw.node;
+    node.kill().await;
+    eventually(Duration::from_secs(10), "the node's stream counted as closed", || async {
+        let m = scrape(gw.cp.addr).await;
+        (sample(&m, "switchyard_control_nodes_connected") == Some(0.0)).then_some(())
+    })
+    .await;
+}
