@@ -117,6 +117,10 @@ pub struct NodeArgs {
     /// before their connections are closed: 30s, 2m.
     #[arg(long, default_value = "30s", value_parser = parse_server_timeout)]
     pub drain_timeout: Duration,
+    /// Largest size of the failover events kept in --data-dir while no control plane takes
+    /// them, in MiB (at least 1); beyond it events are counted as lost.
+    #[arg(long, default_value_t = 256, value_parser = parse_spool_mib)]
+    pub event_spool_max_mib: u64,
 }
 
 #[derive(Debug, Args)]
@@ -199,6 +203,7 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
         header_read_timeout: args.header_read_timeout,
         body_read_timeout: args.body_read_timeout,
         drain_timeout: args.drain_timeout,
+        event_spool_max_bytes: args.event_spool_max_mib * 1024 * 1024,
     })
     .await?;
     println!("switchyard node {} listening on {}", node.node_id, node.local_addr);
@@ -260,6 +265,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         header_read_timeout: switchyard_data_plane::http::DEFAULT_HEADER_READ_TIMEOUT,
         body_read_timeout: switchyard_data_plane::serve::DEFAULT_BODY_READ_TIMEOUT,
         drain_timeout: switchyard_data_plane::serve::DEFAULT_DRAIN_TIMEOUT,
+        event_spool_max_bytes: switchyard_data_plane::spool::DEFAULT_MAX_BYTES,
     })
     .await?;
     let url = format!("http://{}", node.local_addr);
@@ -471,6 +477,16 @@ fn parse_max_body_bytes(text: &str) -> Result<usize, String> {
         text.trim().parse().map_err(|e| format!("{text:?} is not a number of bytes: {e}"))?;
     if n == 0 {
         return Err("must be at least 1: 0 would refuse every request with a body".to_owned());
+    }
+    Ok(n)
+}
+
+/// `--event-spool-max-mib`: at least 1, at most 1 TiB.
+fn parse_spool_mib(text: &str) -> Result<u64, String> {
+    let n: u64 =
+        text.trim().parse().map_err(|e| format!("{text:?} is not a number of MiB: {e}"))?;
+    if !(1..=1024 * 1024).contains(&n) {
+        return Err(format!("{n} is out of range: from 1 to 1048576 (1 TiB)"));
     }
     Ok(n)
 }

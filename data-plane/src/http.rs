@@ -47,6 +47,8 @@ pub fn router(app: Arc<App>) -> Router {
 
 async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     app.executor.metrics.config_version.set(app.state.version());
+    let held = app.executor.telemetry.events_held();
+    app.executor.metrics.events_held.set(i64::try_from(held).unwrap_or(i64::MAX));
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let (content_type, body) = app.executor.metrics.render(accept);
     ([(header::CONTENT_TYPE, content_type)], body).into_response()

@@ -5,7 +5,8 @@
 //! `failure` decides what an upstream failure means (below `executor`, `stream` and the
 //! providers' dispatch); `retry` whether the executor calls the same model again; `chaos`
 //! which injected fault touches an upstream call (below the providers' dispatch, which
-//! applies it). `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
+//! applies it); `spool` keeps on disk the failover events `telemetry` cannot hold.
+//! `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -26,6 +27,7 @@ pub mod request;
 pub mod retry;
 pub mod serve;
 pub mod shards;
+pub mod spool;
 pub mod state;
 pub mod stream;
 pub mod sync;

@@ -236,6 +236,10 @@ pub struct Metrics {
     /// drill runs, by the fault's name.
     pub injected_faults: Family<InjectedLabels, Counter>,
     pub events_dropped: Counter,
+    /// Failover events held in memory for the control plane (queued or awaiting its ack).
+    pub events_held: Gauge,
+    /// Bytes of failover events in the spool on disk.
+    pub event_spool_bytes: Gauge,
     pub config_version: Gauge,
     /// `gen_ai_server_request_duration_seconds`: request to last byte, by requested and
     /// served model (served) or error type (failed).
@@ -324,8 +328,20 @@ impl Metrics {
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
-            "Failover events dropped because the node's buffer was full",
+            "Failover events lost: memory full and no spool (no --data-dir), the spool full, or unreadable",
             events_dropped.clone(),
+        );
+        let events_held = Gauge::default();
+        registry.register(
+            "failover_events_held",
+            "Failover events held in memory for the control plane, queued or awaiting its ack",
+            events_held.clone(),
+        );
+        let event_spool_bytes = Gauge::default();
+        registry.register(
+            "failover_event_spool_bytes",
+            "Bytes of failover events kept on disk until a control plane takes them",
+            event_spool_bytes.clone(),
         );
         let config_version = Gauge::default();
         registry.register(
@@ -373,6 +389,8 @@ impl Metrics {
             retry_budget_refusals,
             injected_faults,
             events_dropped,
+            events_held,
+            event_spool_bytes,
             config_version,
             gen_ai_duration,
             gen_ai_ttft,

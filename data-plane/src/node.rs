@@ -20,6 +20,7 @@ use crate::executor::Executor;
 use crate::http::App;
 use crate::metrics::Metrics;
 use crate::serve::ServeOptions;
+use crate::spool::Spool;
 use crate::state::NodeState;
 use crate::sync::{self, SyncOptions};
 use crate::telemetry::Telemetry;
@@ -44,6 +45,8 @@ pub struct NodeOptions {
     pub body_read_timeout: Duration,
     /// How long a shutdown waits for requests and streams in flight.
     pub drain_timeout: Duration,
+    /// Bound of the failover-event spool in `data_dir` (no spool without a data dir).
+    pub event_spool_max_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,11 +99,24 @@ impl Node {
         let _ = self.handoff.send(true);
         match tokio::time::timeout(budget.max(MIN_HANDOFF), self.sync).await {
             Ok(_) => info!(cut_off = drained.cut_off, "node stopped"),
-            Err(_) => warn!(
-                events = self.telemetry.events_held(),
-                "no control plane answered the hand-off: the failover events held and the \
-                 usage since the last report are lost"
-            ),
+            Err(_) => match self.telemetry.spool_held().await {
+                Ok(events) if self.telemetry.has_spool() => warn!(
+                    events,
+                    "no control plane answered the hand-off: the failover events held are \
+                     spooled for the next start; the usage since the last report is lost"
+                ),
+                Ok(_) => warn!(
+                    events = self.telemetry.events_held(),
+                    "no control plane answered the hand-off: the failover events held (no \
+                     --data-dir to spool them in) and the usage since the last report are lost"
+                ),
+                Err(e) => warn!(
+                    error = %e,
+                    events = self.telemetry.events_held(),
+                    "no control plane answered the hand-off and the failover events held \
+                     could not be spooled: they are lost"
+                ),
+            },
         }
         Ok(())
     }
@@ -151,7 +167,28 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         handoff: handoff_rx,
     };
     let metrics = Arc::new(Metrics::new());
-    let telemetry = Arc::new(Telemetry::new(node_id.clone(), metrics.events_dropped.clone()));
+    let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone());
+    if let Some(dir) = &options.data_dir {
+        let spool_dir = dir.join("event-spool");
+        let (max, lost, bytes) = (
+            options.event_spool_max_bytes,
+            metrics.events_dropped.clone(),
+            metrics.event_spool_bytes.clone(),
+        );
+        let opened = tokio::task::spawn_blocking(move || Spool::open(&spool_dir, max, lost, bytes))
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|opened| opened)
+            .map_err(data_dir_err(dir))?;
+        if opened.records > 0 {
+            info!(
+                events = opened.records,
+                "failover events spooled by an earlier run will be sent"
+            );
+        }
+        telemetry = telemetry.with_spool(opened.spool, opened.records);
+    }
+    let telemetry = Arc::new(telemetry);
     let sync = tokio::spawn(sync::run(sync_options, state.clone(), Arc::clone(&telemetry)));
     let app = Arc::new(App {
         state: Arc::clone(&state),

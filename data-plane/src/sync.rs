@@ -158,6 +158,7 @@ async fn session(
                 }
             }
             _ = flush.tick() => {
+                telemetry.refill_from_spool().await;
                 for message in outbound(telemetry, false) {
                     if tx.send(message).await.is_err() {
                         return Err(SessionError::Closed);

@@ -1,6 +1,8 @@
 //! What the node reports to the control plane: failover events (at least once: held until
 //! acked), usage totals, breaker transitions. Requests only push into bounded in-memory
-//! queues; the config-stream task drains them.
+//! queues; the config-stream task drains them. Failover events beyond the memory bound go
+//! to the node's spool on disk ([`crate::spool`]) and come back, in order, as the control
+//! plane takes them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -10,6 +12,8 @@ use prometheus_client::metrics::counter::Counter;
 use prost::Message;
 
 use switchyard_proto::node::v1 as pb;
+
+use crate::spool::Spool;
 
 /// Events held (queued or sent but not acked); beyond this new events are dropped and counted.
 const MAX_EVENTS: usize = 10_000;
@@ -23,8 +27,15 @@ const MAX_EVENTS: usize = 10_000;
 const EVENTS_PER_BATCH: usize = 500;
 const MAX_TRANSITIONS: usize = 1_000;
 
+/// Events read back from the spool at a time, at most.
+const REFILL_EVENTS: usize = 2 * EVENTS_PER_BATCH;
+
 #[derive(Default)]
 struct EventQueue {
+    /// While the spool holds events, newer ones go there too, so that they leave in order.
+    spooling: bool,
+    /// Events handed to the spool (those an earlier run left there included).
+    spooled: u64,
     pending: VecDeque<pb::FailoverEvent>,
     /// Batches sent and not yet acked, kept encoded: one buffer per batch instead of a deep
     /// copy of every event's strings, and only a reconnect ever reads one back.
@@ -50,6 +61,7 @@ pub struct Telemetry {
     pub node_id: String,
     boot_id: String,
     events: Mutex<EventQueue>,
+    spool: Option<Spool>,
     pub events_dropped: Counter,
     transitions: Mutex<VecDeque<pb::BreakerTransition>>,
     /// Key id → served model → totals: nested so that a request finds its entry by
@@ -68,6 +80,7 @@ impl Telemetry {
             node_id,
             boot_id: format!("{:016x}", rand::random::<u64>()),
             events: Mutex::default(),
+            spool: None,
             events_dropped,
             transitions: Mutex::default(),
             usage: Mutex::default(),
@@ -75,16 +88,79 @@ impl Telemetry {
         }
     }
 
+    /// Keeps failover events that do not fit in memory in `spool`, counting `records` an
+    /// earlier run left there as not yet sent.
+    pub fn with_spool(mut self, spool: Spool, records: u64) -> Self {
+        let q = self.events.get_mut().unwrap_or_else(|e| e.into_inner());
+        q.spooling = records > 0;
+        q.spooled = records;
+        self.spool = Some(spool);
+        self
+    }
+
     pub fn push_event(&self, event: pb::FailoverEvent) {
-        {
-            let mut q = lock(&self.events);
-            if q.held >= MAX_EVENTS {
-                self.events_dropped.inc();
-                return;
-            }
+        let mut q = lock(&self.events);
+        if !q.spooling && q.held < MAX_EVENTS {
             q.held += 1;
             q.pending.push_back(event);
+            return;
         }
+        let spooled = self.spool.as_ref().is_some_and(|spool| spool.append(event));
+        if spooled {
+            q.spooling = true;
+            q.spooled += 1;
+        } else {
+            self.events_dropped.inc();
+        }
+    }
+
+    /// Moves spooled events back into memory once what memory held has gone out, so that
+    /// they leave in the order they happened.
+    pub async fn refill_from_spool(&self) {
+        let Some(spool) = &self.spool else { return };
+        let room = {
+            let q = lock(&self.events);
+            if !q.spooling || !q.pending.is_empty() {
+                return;
+            }
+            MAX_EVENTS.saturating_sub(q.held).min(REFILL_EVENTS)
+        };
+        if room == 0 {
+            return;
+        }
+        let Some(batch) = spool.read(room).await else { return };
+        // Nothing reached `pending` meanwhile: while spooling, new events go to the spool,
+        // and a requeue after a reconnect puts older ones in front, where they belong.
+        let mut q = lock(&self.events);
+        q.held += batch.events.len();
+        q.pending.extend(batch.events);
+        if batch.disposed >= q.spooled {
+            q.spooling = false;
+        }
+    }
+
+    /// The node is stopping and no control plane took its events: everything held in
+    /// memory goes to the spool, ahead of what is already there, for the next start.
+    pub async fn spool_held(&self) -> std::io::Result<usize> {
+        let Some(spool) = &self.spool else { return Ok(0) };
+        self.requeue_in_flight();
+        let events: Vec<_> = {
+            let mut q = lock(&self.events);
+            q.held = 0;
+            q.pending.drain(..).collect()
+        };
+        let n = events.len();
+        if n > 0
+            && let Err(e) = spool.prepend(events).await
+        {
+            self.events_dropped.inc_by(n as u64);
+            return Err(e);
+        }
+        Ok(n)
+    }
+
+    pub fn has_spool(&self) -> bool {
+        self.spool.is_some()
     }
 
     /// The next batch to send, now in flight until [`Self::ack_events`].
@@ -254,6 +330,46 @@ mod tests {
         }
         assert_eq!(t.events_dropped.get(), 3);
         assert_eq!(t.events_held(), MAX_EVENTS);
+    }
+
+    #[tokio::test]
+    async fn events_beyond_memory_are_spooled_and_leave_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let dropped = Counter::default();
+        let opened = crate::spool::Spool::open(
+            dir.path(),
+            crate::spool::DEFAULT_MAX_BYTES,
+            dropped.clone(),
+            Default::default(),
+        )
+        .unwrap();
+        let t = Telemetry::new("n".into(), dropped).with_spool(opened.spool, opened.records);
+        let total = MAX_EVENTS + 1_200;
+        for i in 0..total {
+            t.push_event(event(&i.to_string()));
+        }
+        assert_eq!(t.events_held(), MAX_EVENTS);
+        let mut sent = Vec::new();
+        while sent.len() < total + 1 {
+            t.refill_from_spool().await;
+            let Some(batch) = t.next_event_batch() else {
+                panic!("nothing to send after {} of {total} events", sent.len())
+            };
+            // A newer event arriving mid-drain still leaves after every spooled one.
+            if sent.is_empty() {
+                t.push_event(event("late"));
+            }
+            sent.extend(batch.events.iter().map(|e| e.id.clone()));
+            t.ack_events(batch.seq);
+        }
+        let mut expected: Vec<String> = (0..total).map(|i| i.to_string()).collect();
+        expected.push("late".into());
+        assert_eq!(sent, expected);
+        assert_eq!(t.events_dropped.get(), 0);
+        // Drained: new events are kept in memory again.
+        t.refill_from_spool().await;
+        t.push_event(event("after"));
+        assert_eq!(t.next_event_batch().unwrap().events, [event("after")]);
     }
 
     #[test]
