@@ -552,7 +552,7 @@ pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
             print_secret("Created", reply.into_inner(), json)
         }
         KeysCommand::List => {
-            let request = admin.request(pb::ListKeysRequest {});
+            let request = admin.request(pb::ListKeysRequest::default());
             let reply = admin.client.list_keys(request).await.map_err(|s| admin.status(s))?;
             let keys: Vec<KeyView> = reply.into_inner().keys.into_iter().map(Into::into).collect();
             if json {

@@ -4,6 +4,7 @@
 use tonic::Code;
 
 use crate::catalog_file::CatalogFileError;
+use crate::drill::error::DrillError;
 use crate::serve::ServeError;
 use crate::token::{ADMIN_TOKEN_ENV, TokenError};
 
@@ -41,6 +42,8 @@ pub enum CliError {
     Yaml(serde_yaml_ng::Error),
     #[error("cannot write to stdout: {0}")]
     Stdout(std::io::Error),
+    #[error(transparent)]
+    Drill(#[from] DrillError),
 }
 
 impl CliError {
@@ -69,6 +72,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => 2,
+            Self::Drill(e) => e.exit_code(),
             _ => 1,
         }
     }

@@ -6,6 +6,7 @@
 mod admin;
 mod catalog_file;
 mod chaos;
+mod drill;
 mod error;
 mod output;
 mod serve;
@@ -56,6 +57,9 @@ enum Command {
     Webhooks(admin::WebhooksArgs),
     /// Inject faults for drills (every node applies them at its upstream call), list, clear.
     Chaos(chaos::ChaosArgs),
+    /// Run a failure drill through a node: inject a fault for one key, send requests, judge
+    /// what the fleet did, clear the fault.
+    Drill(drill::DrillArgs),
 }
 
 /// The request path allocates many small, short-lived buffers on every worker thread;
@@ -96,6 +100,7 @@ async fn run(command: Command) -> Result<(), CliError> {
         Command::Usage(args) => admin::usage(args).await,
         Command::Webhooks(args) => admin::webhooks(args).await,
         Command::Chaos(args) => chaos::chaos(args).await,
+        Command::Drill(args) => drill::drill(args).await,
     }
 }
 

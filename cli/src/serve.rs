@@ -231,6 +231,13 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
             "Hello from the fallback model: the primary failed and Switchyard moved on.",
         )),
     );
+    // A healthy chain for `switchyard drill` to break on purpose.
+    let drill_reply = |model: &str| Reply {
+        chunks: 8,
+        ..Reply::text(format!("Hello from {model}: healthy until a drill says otherwise."))
+    };
+    sim.set(DEMO_DRILL_PRIMARY_UPSTREAM, Behaviour::Ok(drill_reply(DEMO_DRILL_PRIMARY)));
+    sim.set(DEMO_DRILL_FALLBACK_UPSTREAM, Behaviour::Ok(drill_reply(DEMO_DRILL_FALLBACK)));
 
     let control = server::start(ControlOptions {
         store_url: format!("file://{}", dir.join("store").display()),
@@ -293,6 +300,13 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     }
     println!("  switchyard catalog; switchyard keys list; switchyard nodes; switchyard events");
     println!();
+    println!("A drill (injects a fault for the demo key only, judges what happened, clears it;");
+    println!("also primary-flaky, stream-stall, all-down):");
+    println!();
+    println!(
+        "  switchyard drill primary-down --node {url} --key {demo_key} \\\n    --model {DEMO_DRILL_PRIMARY} --fallback-models {DEMO_DRILL_FALLBACK}"
+    );
+    println!();
     if join_token.is_some() {
         println!("Other nodes join with the SWITCHYARD_JOIN_TOKEN set in this environment.");
     } else {
@@ -317,6 +331,10 @@ const DEMO_PRIMARY: &str = "demo/flaky-primary";
 const DEMO_FALLBACK: &str = "demo/steady-fallback";
 const DEMO_PRIMARY_UPSTREAM: &str = "flaky-primary";
 const DEMO_FALLBACK_UPSTREAM: &str = "steady-fallback";
+const DEMO_DRILL_PRIMARY: &str = "demo/drill-primary";
+const DEMO_DRILL_FALLBACK: &str = "demo/drill-fallback";
+const DEMO_DRILL_PRIMARY_UPSTREAM: &str = "drill-primary";
+const DEMO_DRILL_FALLBACK_UPSTREAM: &str = "drill-fallback";
 const DEMO_KEY_NAME: &str = "dev-demo";
 
 /// Applies the demo catalog (pointing at this run's simulator, `sim_base_url` being its
@@ -339,7 +357,10 @@ async fn seed_demo(
             {"name": DEMO_PRIMARY, "provider": "demo", "upstream_model": DEMO_PRIMARY_UPSTREAM,
              "price": {"input_per_mtok": 0.05, "output_per_mtok": 0.4}},
             {"name": DEMO_FALLBACK, "provider": "demo", "upstream_model": DEMO_FALLBACK_UPSTREAM,
-             "price": {"input_per_mtok": 0.25, "output_per_mtok": 2.0}}
+             "price": {"input_per_mtok": 0.25, "output_per_mtok": 2.0}},
+            {"name": DEMO_DRILL_PRIMARY, "provider": "demo", "upstream_model": DEMO_DRILL_PRIMARY_UPSTREAM,
+             "stall_timeout_ms": 2000},
+            {"name": DEMO_DRILL_FALLBACK, "provider": "demo", "upstream_model": DEMO_DRILL_FALLBACK_UPSTREAM}
         ],
         "breaker_policy": {"cooldown_ms": 10000}
     });
@@ -364,7 +385,7 @@ async fn seed_demo(
         .await
         .map_err(|e| e.message().to_owned())?;
     let keys = client
-        .list_keys(authed(&auth, admin::ListKeysRequest {}))
+        .list_keys(authed(&auth, admin::ListKeysRequest::default()))
         .await
         .map_err(|e| e.message().to_owned())?
         .into_inner()

@@ -29,7 +29,7 @@ use crate::faults::{self, FaultError};
 use crate::layout::Layout;
 use crate::nodes::NodeRecord;
 use crate::reports::UsageRecord;
-use crate::store::{Compare, KeyValue, Revision, Store, StoreError, Txn, TxnOp};
+use crate::store::{Compare, Revision, Store, StoreError, Txn, TxnOp};
 use crate::webhooks::{self, DeadLetter, RedeliverError, SubscriptionState};
 
 /// Events `ListEvents` sends first when the request names no limit.
@@ -435,17 +435,18 @@ impl Admin for AdminService {
 
     async fn list_keys(
         &self,
-        _request: Request<pb::ListKeysRequest>,
+        request: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
+        let wanted = request.into_inner().secret_sha256.to_ascii_lowercase();
         let listing =
             self.store.list(&self.layout.keys_prefix()).await.map_err(AdminError::from)?;
-        let keys = listing
-            .kvs
-            .iter()
-            .map(|kv: &KeyValue| {
-                decode::<ApiKeyRecord>(&kv.value, "API key").map(|r| key_to_pb(&r))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut keys = Vec::new();
+        for kv in &listing.kvs {
+            let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+            if wanted.is_empty() || record.secret_sha256 == wanted {
+                keys.push(key_to_pb(&record));
+            }
+        }
         Ok(Response::new(pb::ListKeysResponse { keys }))
     }
 

@@ -8,6 +8,7 @@ use serde::Serialize;
 pub mod apply;
 pub mod breakers;
 pub mod chaos;
+pub mod drill;
 pub mod events;
 pub mod keys;
 pub mod nodes;

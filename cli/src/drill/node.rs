@@ -1,0 +1,348 @@
+//! The drill's side of a node's HTTP API: chat completions as an app sends them (plain and
+//! streamed, timed chunk by chunk), `/readyz` for the applied config version, `/metrics` for
+//! breaker transitions. One pooled client; `http://` and `https://` node URLs.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+use crate::drill::observe::{Observation, StreamTiming, attempts, error_code};
+
+type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// Why the node could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("--node {0:?}: {1}")]
+    Url(String, String),
+    #[error("the node at {url} does not answer: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("the node at {url} answered {path} with {status}: {body}")]
+    Answer { url: String, path: &'static str, status: u16, body: String },
+}
+
+#[derive(Clone)]
+pub struct Node {
+    client: Client<Https, Full<Bytes>>,
+    base: String,
+    key: String,
+}
+
+/// What a request asks of the chain.
+#[derive(Clone, Debug)]
+pub struct Ask {
+    pub model: String,
+    /// Sent as `fallback_models` when not empty; otherwise the key's defaults form the chain.
+    pub fallback_models: Vec<String>,
+    /// Sent as `models` (exactly this chain) when set.
+    pub models: Option<Vec<String>>,
+    pub stream: bool,
+}
+
+impl Node {
+    pub fn new(url: &str, key: &str) -> Result<Self, NodeError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| NodeError::Url(url.into(), e.to_string()))?;
+        match uri.scheme_str() {
+            Some("http" | "https") => {}
+            _ => return Err(NodeError::Url(url.into(), "give an http:// or https:// URL".into())),
+        }
+        if uri.host().is_none() {
+            return Err(NodeError::Url(url.into(), "no host".into()));
+        }
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(TokioExecutor::new()).build(https);
+        Ok(Self { client, base: url.trim_end_matches('/').to_owned(), key: key.to_owned() })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    fn unreachable(&self, e: impl std::fmt::Display) -> NodeError {
+        NodeError::Unreachable { url: self.base.clone(), reason: e.to_string() }
+    }
+
+    async fn get(&self, path: &'static str) -> Result<(StatusCode, Bytes), NodeError> {
+        let request = Request::get(format!("{}{path}", self.base))
+            .body(Full::default())
+            .map_err(|e| self.unreachable(e))?;
+        let response = tokio::time::timeout(Duration::from_secs(10), self.client.request(request))
+            .await
+            .map_err(|_| self.unreachable("no answer within 10 s"))?
+            .map_err(|e| self.unreachable(error_chain(&e)))?;
+        let status = response.status();
+        let body = response.into_body().collect().await.map_err(|e| self.unreachable(e))?;
+        Ok((status, body.to_bytes()))
+    }
+
+    /// The config version the node has applied (`/readyz`).
+    pub async fn config_version(&self) -> Result<i64, NodeError> {
+        let (status, body) = self.get("/readyz").await?;
+        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        match value.get("config_version").and_then(Value::as_i64) {
+            Some(v) if status == StatusCode::OK => Ok(v),
+            _ => Err(NodeError::Answer {
+                url: self.base.clone(),
+                path: "/readyz",
+                status: status.as_u16(),
+                body: String::from_utf8_lossy(&body).chars().take(300).collect(),
+            }),
+        }
+    }
+
+    /// `switchyard_breaker_transitions_total` by (provider, upstream model), summed over `to`.
+    pub async fn breaker_transitions(&self) -> Result<BTreeMap<(String, String), u64>, NodeError> {
+        let (status, body) = self.get("/metrics").await?;
+        if status != StatusCode::OK {
+            return Err(NodeError::Answer {
+                url: self.base.clone(),
+                path: "/metrics",
+                status: status.as_u16(),
+                body: String::new(),
+            });
+        }
+        Ok(transitions(&String::from_utf8_lossy(&body)))
+    }
+
+    fn body(&self, ask: &Ask, content: &str) -> Value {
+        let mut body = serde_json::json!({
+            "messages": [{"role": "user", "content": content}],
+        });
+        match &ask.models {
+            Some(models) => body["models"] = serde_json::json!(models),
+            None => {
+                body["model"] = Value::String(ask.model.clone());
+                if !ask.fallback_models.is_empty() {
+                    body["fallback_models"] = serde_json::json!(ask.fallback_models);
+                }
+            }
+        }
+        if ask.stream {
+            body["stream"] = Value::Bool(true);
+        }
+        body
+    }
+
+    /// Sends one chat completion and records what it came to. A stream is read chunk by
+    /// chunk until `[DONE]`, an error frame or its end, and given up after `give_up`.
+    pub async fn chat(
+        &self,
+        ask: &Ask,
+        content: &str,
+        epoch: Instant,
+        give_up: Duration,
+    ) -> Observation {
+        let started = epoch.elapsed();
+        let sent = Instant::now();
+        let mut observation = Observation {
+            started,
+            finished: started,
+            status: None,
+            error: None,
+            served_model: None,
+            degraded: false,
+            attempts: Vec::new(),
+            stream: None,
+        };
+        let body = self.body(ask, content).to_string();
+        let request = Request::post(format!("{}/v1/chat/completions", self.base))
+            .header("authorization", format!("Bearer {}", self.key))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)));
+        let request = match request {
+            Ok(r) => r,
+            Err(e) => {
+                observation.error = Some(e.to_string());
+                return observation;
+            }
+        };
+        let answer = tokio::time::timeout(give_up, async {
+            let response = self.client.request(request).await.map_err(|e| error_chain(&e))?;
+            Ok::<_, String>(response)
+        })
+        .await;
+        let response = match answer {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                observation.error = Some(e);
+                observation.finished = epoch.elapsed();
+                return observation;
+            }
+            Err(_) => {
+                observation.error = Some("no answer in time".to_owned());
+                observation.finished = epoch.elapsed();
+                return observation;
+            }
+        };
+        let status = response.status();
+        observation.status = Some(status.as_u16());
+        observation.degraded = response
+            .headers()
+            .get("x-switchyard-degraded")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        let is_stream = ask.stream && status == StatusCode::OK;
+        let mut body = response.into_body();
+        if !is_stream {
+            let left = give_up.saturating_sub(sent.elapsed());
+            match tokio::time::timeout(left, body.collect()).await {
+                Ok(Ok(collected)) => {
+                    let value: Value =
+                        serde_json::from_slice(&collected.to_bytes()).unwrap_or(Value::Null);
+                    observation.served_model =
+                        value.get("model").and_then(Value::as_str).map(str::to_owned);
+                    observation.attempts = attempts(&value);
+                    observation.error = error_code(&value);
+                }
+                Ok(Err(e)) => observation.error = Some(e.to_string()),
+                Err(_) => observation.error = Some("the body did not end in time".to_owned()),
+            }
+            observation.finished = epoch.elapsed();
+            return observation;
+        }
+
+        let mut timing = StreamTiming::default();
+        let mut pending = Vec::new();
+        let deadline = tokio::time::Instant::from_std(sent + give_up);
+        'read: loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) => {
+                    timing.hung = true;
+                    break;
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    observation.error = Some(e.to_string());
+                    break;
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            pending.extend_from_slice(&data);
+            while let Some(end) = find_event_end(&pending) {
+                let event: Vec<u8> = pending.drain(..end).collect();
+                for line in String::from_utf8_lossy(&event).lines() {
+                    let Some(payload) = line.strip_prefix("data:").map(str::trim) else {
+                        continue;
+                    };
+                    if payload == "[DONE]" {
+                        timing.done = true;
+                        break 'read;
+                    }
+                    let Ok(chunk) = serde_json::from_str::<Value>(payload) else { continue };
+                    if let Some(code) = error_code(&chunk) {
+                        timing.error_code = Some(code);
+                        timing.error_at = Some(sent.elapsed());
+                        break 'read;
+                    }
+                    if observation.served_model.is_none() {
+                        observation.served_model =
+                            chunk.get("model").and_then(Value::as_str).map(str::to_owned);
+                    }
+                    if observation.attempts.is_empty() {
+                        observation.attempts = attempts(&chunk);
+                    }
+                    let has_content = chunk
+                        .pointer("/choices/0/delta/content")
+                        .and_then(Value::as_str)
+                        .is_some_and(|t| !t.is_empty());
+                    if has_content {
+                        timing.content_chunks += 1;
+                        timing.last_content = Some(sent.elapsed());
+                    }
+                }
+            }
+        }
+        observation.stream = Some(timing);
+        observation.finished = epoch.elapsed();
+        observation
+    }
+}
+
+/// The end of the first complete SSE event in `buf` (after its blank line), if any.
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Reads `switchyard_breaker_transitions_total{provider=…,upstream_model=…,to=…} N` lines.
+pub fn transitions(metrics: &str) -> BTreeMap<(String, String), u64> {
+    let mut found = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("switchyard_breaker_transitions_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
+        let label = |name: &str| {
+            labels.split("\",").find_map(|pair| {
+                let (k, v) = pair.split_once("=\"")?;
+                (k.trim_start_matches(',') == name).then(|| v.trim_end_matches('"').to_owned())
+            })
+        };
+        let (Some(provider), Some(model)) = (label("provider"), label("upstream_model")) else {
+            continue;
+        };
+        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        *found.entry((provider, model)).or_default() += count;
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transitions_are_summed_per_breaker_over_their_target_state() {
+        let text = "# TYPE switchyard_breaker_transitions counter\n\
+            switchyard_breaker_transitions_total{provider=\"demo\",upstream_model=\"p\",to=\"open\"} 2\n\
+            switchyard_breaker_transitions_total{provider=\"demo\",upstream_model=\"p\",to=\"half_open\"} 1\n\
+            switchyard_breaker_transitions_total{provider=\"demo\",upstream_model=\"q\",to=\"open\"} 1\n\
+            switchyard_breaker_state{provider=\"demo\",upstream_model=\"p\"} 2\n";
+        let t = transitions(text);
+        assert_eq!(t[&("demo".to_owned(), "p".to_owned())], 3);
+        assert_eq!(t[&("demo".to_owned(), "q".to_owned())], 1);
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn sse_events_end_at_a_blank_line() {
+        assert_eq!(find_event_end(b"data: x\n\ndata: y"), Some(9));
+        assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some(11));
+        assert_eq!(find_event_end(b"data: x\n"), None);
+    }
+
+    #[test]
+    fn node_urls_need_a_scheme_and_a_host() {
+        assert!(Node::new("127.0.0.1:8080", "k").is_err());
+        assert!(Node::new("ftp://h", "k").is_err());
+        assert!(Node::new("http://127.0.0.1:8080/", "k").is_ok());
+    }
+}

@@ -1,0 +1,55 @@
+//! `drill`: one verdict per expectation, with the figures behind it.
+
+use crate::drill::report::DrillReport;
+
+fn verdict(holds: Option<bool>) -> &'static str {
+    match holds {
+        Some(true) => "PASS",
+        Some(false) => "FAIL",
+        None => "N/A ",
+    }
+}
+
+pub fn drill_report(r: &DrillReport) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "drill {} through {} with key {}\n",
+        r.scenario.name(),
+        r.node,
+        r.key_id
+    ));
+    out.push_str(&format!("  chain:     {}\n", r.chain.join(" → ")));
+    out.push_str(&format!("  faults:    {}\n", r.faults.join(", ")));
+    out.push_str(&format!(
+        "  requests:  {} ({} at a time) in {:.2} s; latency p50 {:.1} ms, p99 {:.1} ms\n",
+        r.requests,
+        r.concurrency,
+        r.took_ms / 1000.0,
+        r.latency_ms.p50,
+        r.latency_ms.p99
+    ));
+    out.push_str(&format!(
+        "  upstream calls per request: {:.2} to the primary, {:.2} in all\n",
+        r.primary_calls_per_request, r.upstream_calls_per_request
+    ));
+    let transitions: Vec<String> =
+        r.breaker_transitions.iter().map(|(model, n)| format!("{model} {n}")).collect();
+    out.push_str(&format!("  breaker state changes on the node: {}\n", transitions.join(", ")));
+    out.push('\n');
+    for e in &r.expectations {
+        out.push_str(&format!("  {}  {}\n        {}\n", verdict(e.holds), e.expectation, e.detail));
+    }
+    out.push_str(&format!(
+        "  {}  the drill's faults are cleared on the node\n",
+        verdict(Some(r.faults_cleared))
+    ));
+    out.push('\n');
+    let failed = r.expectations.iter().filter(|e| e.holds == Some(false)).count()
+        + usize::from(!r.faults_cleared);
+    if failed == 0 {
+        out.push_str("every expectation holds\n");
+    } else {
+        out.push_str(&format!("{failed} expectation(s) do not hold\n"));
+    }
+    out
+}
