@@ -1,0 +1,361 @@
+//! The four drills (`switchyard drill`) run against real processes: the simulator behind
+//! real nodes and control planes. Each test checks the drill's own verdicts and, apart from
+//! them, what the simulator, the nodes and the control plane saw, so a drill that judged
+//! wrongly would fail here too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use switchyard_e2e::etcd::EtcdProcess;
+use switchyard_e2e::gateway::*;
+use switchyard_e2e::*;
+use tokio::process::Command;
+
+/// Runs `switchyard drill ARGS --json` against `control`.
+async fn drill(control: &str, args: &[&str]) -> CliOutput {
+    let mut all = vec!["drill"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    cli(control, &all).await
+}
+
+fn drill_args<'a>(scenario: &'a str, gw: &'a Gateway, node: &'a str) -> Vec<&'a str> {
+    vec![scenario, "--node", node, "--key", &gw.key]
+}
+
+/// Every expectation of a drill's report, as (id, holds).
+fn verdicts(report: &Value) -> Vec<(String, Option<bool>)> {
+    report["expectations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["id"].as_str().unwrap().to_owned(), e["holds"].as_bool()))
+        .collect()
+}
+
+fn all_hold(report: &Value, ids: &[&str]) {
+    let found = verdicts(report);
+    let want: Vec<(String, Option<bool>)> =
+        ids.iter().map(|id| ((*id).to_owned(), Some(true))).collect();
+    assert_eq!(found, want, "{report:#}");
+    assert_eq!(report["faults_cleared"], true, "{report:#}");
+    assert_eq!(report["passed"], true, "{report:#}");
+}
+
+async fn faults_in_force(control: &str) -> Vec<Value> {
+    cli(control, &["chaos", "list", "--json"]).await.json().as_array().unwrap().clone()
+}
+
+/// A counter of the node's `/metrics`, summed over the series whose line holds `needle`.
+async fn metric(node: std::net::SocketAddr, name: &str, needle: &str) -> f64 {
+    let text = http_get(node, "/metrics", None).await.unwrap().body;
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(needle))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_down_on_etcd_opens_the_breaker_within_one_window_then_the_next_model_serves_without_primary_calls()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdProcess::start().await;
+    let store = etcd.endpoint().replace("http://", "etcd://");
+    let sim =
+        Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
+    let cp1 = start_control(&store, "127.0.0.1:0", dir.path(), "cp1").await;
+    let cp2 = start_control(&store, "127.0.0.1:0", dir.path(), "cp2").await;
+    let catalog = dir.path().join("catalog.yaml");
+    std::fs::write(&catalog, catalog_yaml(&sim.url(), &GatewayOptions::default())).unwrap();
+    cli(&cp1.url(), &["apply", "-f", &catalog.display().to_string(), "--json"]).await.json();
+    let created = cli(&cp1.url(), &["keys", "create", "--name", "drill", "--json"]).await.json();
+    let key = created["key"].as_str().unwrap().to_owned();
+    // Each node follows a different replica first: the fault the drill stores through cp2
+    // reaches node 1 through cp1 and etcd.
+    let node1 = start_node(
+        &format!("{},{}", cp1.url(), cp2.url()),
+        &dir.path().join("node1"),
+        "127.0.0.1:0",
+        dir.path().join("node1.log"),
+    )
+    .await;
+    let node2 = start_node(
+        &format!("{},{}", cp2.url(), cp1.url()),
+        &dir.path().join("node2"),
+        "127.0.0.1:0",
+        dir.path().join("node2.log"),
+    )
+    .await;
+    let version = created["version"].as_i64().unwrap();
+    for node in [&node1, &node2] {
+        let addr = node.addr;
+        eventually(PATIENCE, "a node to apply the key", || async move {
+            node_version(addr).await.filter(|v| *v >= version)
+        })
+        .await;
+    }
+
+    let out = drill(
+        &cp2.url(),
+        &[
+            "primary-down",
+            "--node",
+            &node1.url(),
+            "--key",
+            &key,
+            "--model",
+            PRIMARY,
+            "--fallback-models",
+            SECONDARY,
+        ],
+    )
+    .await;
+    let report = out.json();
+    all_hold(
+        &report,
+        &[
+            "breaker_opened_within_one_window",
+            "no_primary_call_once_open",
+            "served_by_the_next_model",
+        ],
+    );
+    assert_eq!(report["chain"], json!([PRIMARY, SECONDARY]));
+    let requests = report["requests"].as_u64().unwrap();
+    assert_eq!(requests, 40);
+
+    // What the node saw, apart from the drill's judgement: the fault answered every primary
+    // call (the simulator got only the request before the drill), at most one window of
+    // them (20 by default, plus the 3 others in flight), and the breaker opened once.
+    let fault = report["faults"][0].as_str().unwrap().to_owned();
+    let injected =
+        metric(node1.addr, "switchyard_injected_faults_total", &format!(r#"fault="{fault}""#))
+            .await;
+    let primary_calls = report["primary_calls_per_request"].as_f64().unwrap() * requests as f64;
+    assert_eq!(injected, primary_calls.round(), "{report:#}");
+    assert!((1.0..=23.0).contains(&injected), "{injected} primary calls");
+    let stats = http_get(sim.addr, "/_sim/stats", None).await.unwrap().json();
+    assert_eq!(stats["models"]["primary"]["requests"], 1, "only the pre-drill request: {stats}");
+    assert_eq!(stats["models"]["secondary"]["requests"], requests, "{stats}");
+    let opened = metric(node1.addr, "switchyard_breaker_transitions_total", r#"to="open""#).await;
+    assert_eq!(opened, 1.0);
+
+    // The fault is gone from the store and from both nodes: node 2 serves the primary.
+    assert_eq!(faults_in_force(&cp1.url()).await, Vec::<Value>::new());
+    let v = http_request(
+        node2.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&key),
+        Some(body(PRIMARY).to_string().as_bytes()),
+    )
+    .await
+    .unwrap()
+    .json();
+    assert_eq!(v["model"], PRIMARY, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_flaky_serves_every_request_without_flapping_and_reports_the_extra_cost() {
+    let gw = Gateway::start().await;
+    let node = gw.node.url();
+    let mut args = drill_args("primary-flaky", &gw, &node);
+    args.extend(["--model", PRIMARY, "--fallback-models", SECONDARY, "--requests", "60"]);
+    let report = drill(&gw.cp.url(), &args).await.json();
+    all_hold(&report, &["every_request_served", "no_flapping"]);
+
+    // The cost, checked against the node and the simulator: every primary call was either
+    // answered by the fault or reached the simulator (less the one before the drill).
+    let fault = report["faults"][0].as_str().unwrap().to_owned();
+    let injected =
+        metric(gw.node.addr, "switchyard_injected_faults_total", &format!(r#"fault="{fault}""#))
+            .await;
+    let reached = gw.upstream_requests("primary").await as f64 - 1.0;
+    let requests = report["requests"].as_f64().unwrap();
+    let primary_calls = report["primary_calls_per_request"].as_f64().unwrap() * requests;
+    assert_eq!(injected + reached, primary_calls.round(), "{report:#}");
+    assert!(injected >= 1.0, "half the primary's calls fail: {injected}");
+    let all_calls = report["upstream_calls_per_request"].as_f64().unwrap();
+    assert!(all_calls > 1.0, "a flaky primary costs extra calls: {all_calls}");
+    let transitions = report["breaker_transitions"][PRIMARY].as_u64().unwrap();
+    assert!(transitions <= 3, "{transitions} transitions in a drill shorter than the cool-down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_stall_ends_every_stream_with_an_error_frame_within_the_stall_timeout_and_closes_the_upstream_connection()
+ {
+    let gw = Gateway::start().await;
+    // 20 chunks 100 ms apart: the upstream is still sending when the node gives up on the
+    // stalled stream, so only closing the connection stops it.
+    gw.script(
+        "stally",
+        json!({"kind": "ok", "text": "a b c d e f g h i j k l m n o p q r s t",
+                                "chunks": 20, "chunk_delay_ms": 100}),
+    )
+    .await;
+    let before = http_get(gw.sim.addr, "/_sim/stats", None).await.unwrap().json();
+    let closed_before = before["connections"]["closed"].as_u64().unwrap();
+    let node = gw.node.url();
+    let mut args = drill_args("stream-stall", &gw, &node);
+    args.extend(["--model", STALLY, "--requests", "4", "--concurrency", "2"]);
+    let report = drill(&gw.cp.url(), &args).await.json();
+    all_hold(
+        &report,
+        &["every_stream_ends_with_an_error_frame", "error_frame_within_stall_timeout"],
+    );
+    // The catalog gives the model stall_timeout_ms 1000: each stream waited it out, no more.
+    let p50 = report["latency_ms"]["p50"].as_f64().unwrap();
+    assert!((1000.0..3500.0).contains(&p50), "p50 {p50} ms");
+
+    // Every stalled stream's upstream connection was closed by the node while the
+    // simulator was still sending (it would have finished 2 s in), not left open or pooled.
+    let addr = gw.sim.addr;
+    let stats = eventually(
+        Duration::from_secs(2),
+        "the stalled streams' upstream connections to close",
+        || async move {
+            let stats = http_get(addr, "/_sim/stats", None).await?.json();
+            (stats["connections"]["closed"].as_u64()? >= closed_before + 4).then_some(stats)
+        },
+    )
+    .await;
+    assert_eq!(
+        stats["models"]["stally"]["requests"], 5,
+        "the pre-drill request and 4 streams: {stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_down_answers_every_request_within_3s_and_a_model_outside_the_chain_keeps_serving() {
+    let gw = Gateway::start().await;
+    let node = gw.node.url();
+    let mut args = drill_args("all-down", &gw, &node);
+    args.extend(["--model", PRIMARY, "--fallback-models", SECONDARY]);
+    let report = drill(&gw.cp.url(), &args).await.json();
+    all_hold(&report, &["answered_within_3s", "a_model_outside_the_chain_serves"]);
+    assert_eq!(report["faults"].as_array().unwrap().len(), 2, "one fault per model of the chain");
+    assert!(report["latency_ms"]["p99"].as_f64().unwrap() < 3000.0);
+    // The model outside the chain is the catalog's next one, and it really served: once
+    // before the drill and five times during it.
+    let detail = report["expectations"][1]["expectation"].as_str().unwrap();
+    assert!(detail.contains(TERTIARY), "{detail}");
+    assert_eq!(gw.upstream_requests("tertiary").await, 6);
+    // The chain's models were never called during the drill: the faults answered.
+    assert_eq!(gw.upstream_requests("primary").await, 1);
+    assert_eq!(gw.upstream_requests("secondary").await, 0);
+}
+
+#[tokio::test]
+async fn a_drill_refuses_a_node_that_is_down_a_wrong_key_or_a_chain_it_cannot_drill_before_injecting()
+ {
+    let gw = Gateway::start().await;
+    let node = gw.node.url();
+    let control = gw.cp.url();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "primary-down",
+                "--node",
+                "http://127.0.0.1:9",
+                "--key",
+                &gw.key,
+                "--model",
+                PRIMARY,
+                "--fallback-models",
+                SECONDARY,
+            ],
+            "does not answer",
+        ),
+        (
+            vec![
+                "primary-down",
+                "--node",
+                &node,
+                "--key",
+                "sy-not-a-key-of-this-fleet",
+                "--model",
+                PRIMARY,
+                "--fallback-models",
+                SECONDARY,
+            ],
+            "--key: the control plane knows no active API key",
+        ),
+        (
+            vec!["primary-down", "--node", &node, "--key", &gw.key, "--model", PRIMARY],
+            "needs a chain of two or more models",
+        ),
+        (
+            vec!["all-down", "--node", &node, "--key", &gw.key, "--model", "sim/nope"],
+            "--model \"sim/nope\": not in the catalog",
+        ),
+        (
+            vec![
+                "primary-down",
+                "--node",
+                &node,
+                "--key",
+                &gw.key,
+                "--model",
+                PRIMARY,
+                "--fallback-models",
+                "sim/nope",
+            ],
+            "--fallback-models: \"sim/nope\" is not in the catalog",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = drill(&control, &args).await;
+        assert_eq!(out.code, Some(1), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+        assert_eq!(faults_in_force(&control).await, Vec::<Value>::new(), "{args:?} injected");
+    }
+    for bad in [["--requests", "0"], ["--concurrency", "0"]] {
+        let mut args = drill_args("primary-down", &gw, &node);
+        args.extend(["--model", PRIMARY]);
+        args.extend(bad);
+        let out = drill(&control, &args).await;
+        assert_eq!(out.code, Some(2), "{bad:?}: {}", out.stderr);
+        assert!(out.stderr.contains(bad[0]), "{bad:?}: {}", out.stderr);
+    }
+    let out = drill(
+        &control,
+        &["primary-down", "--node", "127.0.0.1:1", "--key", &gw.key, "--model", PRIMARY],
+    )
+    .await;
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--node"), "{}", out.stderr);
+    assert_eq!(gw.upstream_total().await, 0, "a refused drill sends nothing upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_drill_clears_its_fault_and_exits_130() {
+    let gw = Gateway::start().await;
+    let node = gw.node.url();
+    let mut child = Command::new(switchyard_bin())
+        .args(["drill", "stream-stall", "--node", &node, "--key", &gw.key, "--model", STALLY])
+        .env("SWITCHYARD_CONTROL", gw.cp.url())
+        .env("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let control = gw.cp.url();
+    eventually(PATIENCE, "the drill to inject its fault", || {
+        let control = control.clone();
+        async move { (!faults_in_force(&control).await.is_empty()).then_some(()) }
+    })
+    .await;
+    let pid = child.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let status =
+        tokio::time::timeout(PATIENCE, child.wait()).await.expect("the drill exits").unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(faults_in_force(&control).await, Vec::<Value>::new());
+    // And the node no longer applies it: a stream from the model runs to its end.
+    let s = gw
+        .stream(json!({"model": STALLY, "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert!(s.error_frame().is_none(), "{:?}", s.frames);
+}
