@@ -388,6 +388,7 @@ async fn seed(url: &str, count: usize, victims: usize) -> Result<Seeded> {
                 timeout_ms: None,
                 first_token_timeout_ms: None,
                 on: None,
+                degraded: None,
             }),
             allowed_models: vec![],
             allowed_regions: vec![],

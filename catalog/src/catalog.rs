@@ -19,6 +19,7 @@ pub const STALL_TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 600_000);
 /// Event types a webhook may subscribe to (`*`: all of them).
 pub const WEBHOOK_EVENTS: &[&str] = &[
     "api:model_failover",
+    "api:degraded_response",
     "breaker.opened",
     "breaker.half_open",
     "breaker.closed",

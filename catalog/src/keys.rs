@@ -67,6 +67,38 @@ pub struct FailoverDefaults {
     /// `None`: all four triggers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on: Option<Vec<FailoverReason>>,
+    /// The designed answer when no model of a chain can serve (docs/http-api.md,
+    /// "Degraded answers"); a request's `redundancy.degraded` replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<Degraded>,
+}
+
+/// The most bytes a degraded answer's message may hold.
+pub const DEGRADED_MESSAGE_MAX_BYTES: usize = 4096;
+
+/// A designed, labelled answer for the moment no model can serve.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Degraded {
+    /// The assistant message the client gets, 1 to 4,096 bytes.
+    pub message: String,
+    /// Answer at once, without trying a model, when every model's breaker is open and none is
+    /// due for a probe.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub when_all_open: bool,
+}
+
+impl Degraded {
+    /// Why `message` cannot be sent, if it cannot.
+    pub fn check_message(message: &str) -> Option<String> {
+        if message.is_empty() {
+            Some("must not be empty".to_owned())
+        } else if message.len() > DEGRADED_MESSAGE_MAX_BYTES {
+            Some(format!("at most {DEGRADED_MESSAGE_MAX_BYTES} bytes, got {}", message.len()))
+        } else {
+            None
+        }
+    }
 }
 
 impl FailoverDefaults {
@@ -80,7 +112,12 @@ impl FailoverDefaults {
         let mut errors = Vec::new();
         let mut warnings = Vec::new();
         let models = dedup(self.models);
-        if models.is_empty() {
+        if let Some(why) = self.degraded.as_ref().and_then(|d| Degraded::check_message(&d.message))
+        {
+            errors.push(FieldError::new("failoverDefaults.degraded.message", why));
+        }
+        // A key may carry only a degraded answer, for requests that bring their own chains.
+        if models.is_empty() && self.degraded.is_none() {
             errors.push(FieldError::new("failoverDefaults.models", "must name 1 to 3 models"));
         } else if models.len() > MAX_CHAIN_MODELS {
             errors.push(FieldError::new(
@@ -117,7 +154,10 @@ impl FailoverDefaults {
             other => other,
         };
         if errors.is_empty() {
-            Ok((Self { models, timeout_ms, first_token_timeout_ms, on }, warnings))
+            Ok((
+                Self { models, timeout_ms, first_token_timeout_ms, on, degraded: self.degraded },
+                warnings,
+            ))
         } else {
             Err(ValidationErrors(errors))
         }
@@ -227,11 +267,30 @@ mod tests {
             timeout_ms: Some(999_999),
             first_token_timeout_ms: Some(10),
             on: None,
+            degraded: None,
         };
         let (saved, warnings) = d.normalize(known).unwrap();
         assert_eq!(saved.timeout_ms, Some(300_000));
         assert_eq!(saved.first_token_timeout_ms, Some(500));
         assert_eq!(warnings.len(), 2);
+    }
+
+    #[test]
+    fn a_degraded_message_is_checked_and_may_stand_without_models() {
+        let degraded = |message: &str| FailoverDefaults {
+            degraded: Some(Degraded { message: message.into(), when_all_open: true }),
+            ..Default::default()
+        };
+        let (saved, _) = degraded("Summaries are unavailable right now.").normalize(known).unwrap();
+        assert!(saved.models.is_empty());
+        assert!(saved.degraded.as_ref().is_some_and(|d| d.when_all_open));
+        for bad in [String::new(), "x".repeat(DEGRADED_MESSAGE_MAX_BYTES + 1)] {
+            let e = degraded(&bad).normalize(known).unwrap_err();
+            assert_eq!(e.0[0].path, "failoverDefaults.degraded.message", "{e:?}");
+        }
+        assert!(degraded(&"x".repeat(DEGRADED_MESSAGE_MAX_BYTES)).normalize(known).is_ok());
+        let e = FailoverDefaults::default().normalize(known).unwrap_err();
+        assert_eq!(e.0[0].path, "failoverDefaults.models");
     }
 
     #[test]

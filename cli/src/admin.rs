@@ -248,20 +248,38 @@ pub struct SetDefaultsArgs {
     /// The key's id, as `keys list` shows it.
     #[arg(value_name = "ID")]
     pub id: String,
-    /// The default chain: up to 3 models, in order.
+    /// The default chain: up to 3 models, in order. Without it, the key's chain and options
+    /// are kept and only the degraded answer changes.
     #[arg(
         long,
         value_delimiter = ',',
         value_parser = list_item,
         value_name = "A,B,C",
-        required_unless_present = "clear"
+        required_unless_present_any = ["clear", "degraded_message"]
     )]
     pub models: Vec<String>,
     /// Remove the key's defaults.
-    #[arg(long, conflicts_with_all = ["models", "timeout_ms", "first_token_timeout_ms", "on"])]
+    #[arg(long, conflicts_with_all = ["models", "timeout_ms", "first_token_timeout_ms", "on", "degraded_message", "degraded_when_all_open"])]
     pub clear: bool,
     #[command(flatten)]
     pub options: ChainOptions,
+    /// The answer clients get, labelled as degraded, when no model of a chain can serve
+    /// (1 to 4096 bytes).
+    #[arg(long, value_name = "TEXT")]
+    pub degraded_message: Option<String>,
+    /// With --degraded-message: answer at once, without trying a model, when every model's
+    /// breaker is open.
+    #[arg(long, requires = "degraded_message")]
+    pub degraded_when_all_open: bool,
+}
+
+impl SetDefaultsArgs {
+    fn degraded(&self) -> Option<pb::Degraded> {
+        self.degraded_message.as_ref().map(|message| pb::Degraded {
+            message: message.clone(),
+            when_all_open: self.degraded_when_all_open,
+        })
+    }
 }
 
 /// Chain-wide options stored with a key's defaults; out-of-range values are clamped by the
@@ -290,6 +308,7 @@ impl ChainOptions {
             timeout_ms: self.timeout_ms,
             first_token_timeout_ms: self.first_token_timeout_ms,
             on: self.on.iter().flatten().map(|r| r.as_str().to_owned()).collect(),
+            degraded: None,
         }
     }
 }
@@ -577,7 +596,27 @@ pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
             print_secret("Rotated", reply.into_inner(), json)
         }
         KeysCommand::SetDefaults(set) => {
-            let failover_defaults = (!set.clear).then(|| set.options.defaults(set.models));
+            let degraded = set.degraded();
+            let failover_defaults = if set.clear {
+                None
+            } else if set.models.is_empty() {
+                // Only the degraded answer changes: the key's chain and options stay.
+                let request = admin.request(pb::KeyIdRequest { id: set.id.clone() });
+                let current = admin.client.get_key(request).await.map_err(|s| admin.status(s))?;
+                let mut defaults =
+                    current.into_inner().key.and_then(|k| k.failover_defaults).unwrap_or_default();
+                let given = set.options.defaults(Vec::new());
+                defaults.timeout_ms = given.timeout_ms.or(defaults.timeout_ms);
+                defaults.first_token_timeout_ms =
+                    given.first_token_timeout_ms.or(defaults.first_token_timeout_ms);
+                if !given.on.is_empty() {
+                    defaults.on = given.on;
+                }
+                defaults.degraded = degraded;
+                Some(defaults)
+            } else {
+                Some(pb::FailoverDefaults { degraded, ..set.options.defaults(set.models) })
+            };
             let request =
                 admin.request(pb::SetKeyDefaultsRequest { id: set.id, failover_defaults });
             let reply =

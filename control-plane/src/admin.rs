@@ -15,7 +15,7 @@ use tracing::info;
 use switchyard_catalog::fault::{DEFAULT_TTL, Fault};
 use switchyard_catalog::keys::{SECRET_PREFIX, hash_secret};
 use switchyard_catalog::{
-    ApiKeyRecord, Catalog, FailoverDefaults, FailoverReason, FieldError, KeyStatus,
+    ApiKeyRecord, Catalog, Degraded, FailoverDefaults, FailoverReason, FieldError, KeyStatus,
     ValidationErrors,
 };
 use switchyard_proto::admin::v1::{self as pb, admin_server::Admin};
@@ -774,6 +774,9 @@ fn defaults_from_pb(d: pb::FailoverDefaults) -> Result<FailoverDefaults, Validat
         timeout_ms: d.timeout_ms,
         first_token_timeout_ms: d.first_token_timeout_ms,
         on: if on.is_empty() { None } else { Some(on) },
+        degraded: d
+            .degraded
+            .map(|d| Degraded { message: d.message, when_all_open: d.when_all_open }),
     })
 }
 
@@ -790,6 +793,10 @@ pub fn key_to_pb(r: &ApiKeyRecord) -> pb::ApiKey {
             timeout_ms: d.timeout_ms,
             first_token_timeout_ms: d.first_token_timeout_ms,
             on: d.on.iter().flatten().map(|r| r.as_str().to_owned()).collect(),
+            degraded: d.degraded.as_ref().map(|d| pb::Degraded {
+                message: d.message.clone(),
+                when_all_open: d.when_all_open,
+            }),
         }),
         allowed_models: r.allowed_models.clone(),
         allowed_regions: r.allowed_regions.clone(),

@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use switchyard_time::now_ms;
 
-use crate::events::{AuditEvent, FAILOVER, Interest, OutboxEntry};
+use crate::events::{AuditEvent, Interest, OutboxEntry};
 use crate::layout::{Layout, MAX_TXN_OPS};
 use crate::metrics::ControlMetrics;
 use crate::store::election::{self, Leadership};
@@ -82,7 +82,7 @@ pub async fn write_events(
             .map_err(|e| StoreError::InvalidRequest(format!("cannot encode event: {e}")))?;
         let mut group = vec![TxnOp::Put { key, value, lease: None }];
         if let Some(webhooks) = &webhooks
-            && webhooks.iter().any(|w| w.wants(FAILOVER, &event.key_id))
+            && webhooks.iter().any(|w| w.wants(event.event_type(), &event.key_id))
         {
             group.push(OutboxEntry::failover(&event, now).put(layout)?);
         }
@@ -417,6 +417,7 @@ mod tests {
                     attempts: vec![],
                     stream: false,
                     status: 200,
+                    degraded: String::new(),
                 }
             })
             .collect();

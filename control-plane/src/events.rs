@@ -23,6 +23,8 @@ use crate::store::{Revision, StoreError, TxnOp};
 /// A request was served by another model than the first of its chain, or failed after
 /// trying several.
 pub const FAILOVER: &str = "api:model_failover";
+/// A node answered with a key's or request's designed degraded answer: no model could serve.
+pub const DEGRADED: &str = "api:degraded_response";
 pub const BREAKER_OPENED: &str = "breaker.opened";
 pub const BREAKER_HALF_OPEN: &str = "breaker.half_open";
 pub const BREAKER_CLOSED: &str = "breaker.closed";
@@ -48,6 +50,17 @@ pub struct AuditEvent {
     pub stream: bool,
     #[serde(default)]
     pub status: u32,
+    /// Why the node answered with its degraded answer (`all_models_failed`,
+    /// `all_breakers_open`); empty, and left out of the record, for a failover event.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub degraded: String,
+}
+
+impl AuditEvent {
+    /// `api:degraded_response` for a degraded answer, else `api:model_failover`.
+    pub fn event_type(&self) -> &'static str {
+        if self.degraded.is_empty() { FAILOVER } else { DEGRADED }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -98,6 +111,7 @@ impl AuditEvent {
                 .collect(),
             stream: e.stream,
             status: e.status,
+            degraded: e.degraded,
         }
     }
 
@@ -124,6 +138,7 @@ impl AuditEvent {
                 .collect(),
             stream: self.stream,
             status: self.status,
+            degraded: self.degraded.clone(),
         }
     }
 }
@@ -215,23 +230,27 @@ impl OutboxEntry {
                 v
             })
             .collect();
+        let mut data = json!({
+            "event_id": event.id,
+            "key_id": event.key_id,
+            "node_id": event.node_id,
+            "requested_model": event.requested_model,
+            "served_model": event.served_model,
+            "failover": {"occurred": true, "attempts": attempts},
+            "stream": event.stream,
+            "status": event.status,
+            "at_unix_ms": event.at_unix_ms,
+        });
+        if !event.degraded.is_empty() {
+            data["degraded"] = json!({"reason": event.degraded});
+        }
         Self {
             id: event.id.clone(),
-            event_type: FAILOVER.to_owned(),
+            event_type: event.event_type().to_owned(),
             at_unix_ms: event.at_unix_ms,
             enqueued_unix_ms: now_ms,
             key_id: event.key_id.clone(),
-            data: json!({
-                "event_id": event.id,
-                "key_id": event.key_id,
-                "node_id": event.node_id,
-                "requested_model": event.requested_model,
-                "served_model": event.served_model,
-                "failover": {"occurred": true, "attempts": attempts},
-                "stream": event.stream,
-                "status": event.status,
-                "at_unix_ms": event.at_unix_ms,
-            }),
+            data,
             only: vec![],
         }
     }
@@ -389,6 +408,7 @@ mod tests {
             }],
             stream: true,
             status: 200,
+            degraded: String::new(),
         };
         let event = AuditEvent::from_pb(pb_event.clone(), "n1");
         assert_eq!(event.node_id, "n1");
@@ -418,6 +438,7 @@ mod tests {
             attempts: vec![attempt("a", "drill-1"), attempt("b", "")],
             stream: false,
             status: 200,
+            degraded: String::new(),
         };
         let stored = serde_json::to_value(&event).unwrap();
         assert_eq!(stored["attempts"][0]["injected"], "drill-1");
@@ -439,6 +460,22 @@ mod tests {
     }
 
     #[test]
+    fn a_degraded_answer_is_its_own_event_type_and_names_its_reason() {
+        let mut event = AuditEvent::from_pb(
+            pb::FailoverEvent { id: "ev1".into(), key_id: "k".into(), ..Default::default() },
+            "n1",
+        );
+        assert_eq!(OutboxEntry::failover(&event, 1).event_type, FAILOVER);
+        assert!(OutboxEntry::failover(&event, 1).data.get("degraded").is_none());
+        assert!(serde_json::to_value(&event).unwrap().get("degraded").is_none());
+        event.degraded = "all_breakers_open".into();
+        let entry = OutboxEntry::failover(&event, 1);
+        assert_eq!(entry.event_type, DEGRADED);
+        assert_eq!(entry.data["degraded"]["reason"], "all_breakers_open");
+        assert_eq!(serde_json::to_value(&event).unwrap()["degraded"], "all_breakers_open");
+    }
+
+    #[test]
     fn payloads_carry_rfc3339_timestamps() {
         let entry = OutboxEntry::node_disconnected("n1", 1_796_219_557_123, 30_000);
         assert_eq!(entry.event_type, NODE_DISCONNECTED);
@@ -448,7 +485,14 @@ mod tests {
 
     #[test]
     fn every_event_type_is_one_the_catalog_accepts() {
-        for t in [FAILOVER, BREAKER_OPENED, BREAKER_HALF_OPEN, BREAKER_CLOSED, NODE_DISCONNECTED] {
+        for t in [
+            FAILOVER,
+            DEGRADED,
+            BREAKER_OPENED,
+            BREAKER_HALF_OPEN,
+            BREAKER_CLOSED,
+            NODE_DISCONNECTED,
+        ] {
             assert!(switchyard_catalog::catalog::WEBHOOK_EVENTS.contains(&t), "{t}");
         }
     }

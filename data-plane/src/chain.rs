@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use switchyard_catalog::keys::MAX_CHAIN_MODELS;
-use switchyard_catalog::{ApiKeyRecord, FailoverReason, Fault, Model};
+use switchyard_catalog::{ApiKeyRecord, Degraded, FailoverReason, Fault, Model};
 
 use crate::chaos;
 use crate::config::NodeConfig;
@@ -40,6 +40,8 @@ pub struct Chain {
     pub on: Vec<FailoverReason>,
     /// One budget across every attempt, when the client set `redundancy.deadline_ms`.
     pub deadline: Option<Duration>,
+    /// The designed answer when no model can serve: the request's, else the key's.
+    pub degraded: Option<Degraded>,
 }
 
 impl Chain {
@@ -157,7 +159,9 @@ pub fn resolve(
         .or_else(|| defaults.and_then(|d| d.on.clone()))
         .unwrap_or_else(|| FailoverReason::ALL.to_vec());
     let deadline = request.redundancy.deadline_ms.map(|ms| Duration::from_millis(ms.into()));
-    Ok(Chain { entries, on, deadline })
+    let degraded =
+        request.redundancy.degraded.clone().or_else(|| defaults.and_then(|d| d.degraded.clone()));
+    Ok(Chain { entries, on, deadline, degraded })
 }
 
 fn spec(model: &str, param: &str) -> EntrySpec {

@@ -70,6 +70,13 @@ impl ApiError {
         }
     }
 
+    /// The chain ended in `all_models_failed` (429 or 502): where a degraded answer, when
+    /// the key or request has one, replaces the error.
+    pub fn is_all_models_failed(&self) -> bool {
+        matches!(self, Self::AllFailed { status, .. }
+            if *status == StatusCode::TOO_MANY_REQUESTS || *status == StatusCode::BAD_GATEWAY)
+    }
+
     /// A short label for metrics.
     pub fn label(&self) -> &'static str {
         match self {

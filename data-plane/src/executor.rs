@@ -62,6 +62,9 @@ pub struct CommittedStream {
 pub struct Failed {
     pub error: ApiError,
     pub attempts: Vec<AttemptReport>,
+    /// Every model's breaker was open and none due for a probe, and the chain's degraded
+    /// answer asked not to wait (`when_all_open`): no model was tried.
+    pub all_open: bool,
 }
 
 /// What is shared by every request of a node.
@@ -138,6 +141,19 @@ impl Executor {
                     }
                 }
             }
+        }
+
+        // Every entry's breaker was open and none is due for a probe: a chain with a degraded
+        // answer for this moment gets it now, without a probe and without waiting.
+        let now = Instant::now();
+        if !tried
+            && chain.degraded.as_ref().is_some_and(|d| d.when_all_open)
+            && skipped.len() == chain.entries.len()
+            && skipped.iter().all(|(_, ready_at)| *ready_at > now)
+        {
+            let mut failed = all_failed(chain, attempts, None);
+            failed.all_open = true;
+            return Err(failed);
         }
 
         // Every entry's breaker was open: do not fail on breaker state alone, probe the one
@@ -494,7 +510,7 @@ fn client_error(
         param: error.param,
         attempts: chain.is_multi_model().then(|| attempts.clone()),
     };
-    Failed { error, attempts }
+    Failed { error, attempts, all_open: false }
 }
 
 /// 429 when every failure was a rate limit, else 502 (docs/http-api.md, "Errors").
@@ -531,7 +547,7 @@ fn all_failed(
         message,
         attempts: chain.is_multi_model().then(|| attempts.clone()),
     };
-    Failed { error, attempts }
+    Failed { error, attempts, all_open: false }
 }
 
 /// Opens the upstream stream and reads it until its first content (or its end), all before

@@ -21,6 +21,7 @@ pub use crate::app::App;
 use crate::app::{raw, record_usage};
 use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
+use crate::degraded::{self, Answer, Reason};
 use crate::error::{ApiError, Flavor};
 use crate::executor::Output;
 use crate::metrics::{EndpointLabels, RequestLabels, gen_ai_provider_name};
@@ -177,6 +178,34 @@ async fn handle(
     let request = ChatRequest::parse(&bytes)?;
     let chain = chain::resolve(&request, &key, &config)?;
     let outcome = app.executor.run(&chain, &request, &config).await;
+    if let Err(failed) = &outcome
+        && let Some(degraded) = &chain.degraded
+        && failed.error.is_all_models_failed()
+    {
+        let reason =
+            if failed.all_open { Reason::AllBreakersOpen } else { Reason::AllModelsFailed };
+        app.executor.metrics.degraded(chain.requested_model(), reason.as_str()).inc();
+        let mut event = failover_event(
+            app,
+            request.stream,
+            &key,
+            &chain,
+            &failed.attempts,
+            degraded::MODEL.to_owned(),
+            200,
+        );
+        event.degraded = reason.as_str().to_owned();
+        app.executor.telemetry.push_event(event);
+        // Never billed: no model served, so no usage is recorded.
+        return Ok(degraded::respond(Answer {
+            message: &degraded.message,
+            reason,
+            requested_model: chain.requested_model(),
+            attempts: &failed.attempts,
+            stream: request.stream,
+            flavor,
+        }));
+    }
     let attempts = match &outcome {
         Ok(served) => &served.attempts,
         Err(failed) => &failed.attempts,
@@ -285,6 +314,7 @@ fn failover_event(
             .collect(),
         stream,
         status,
+        degraded: String::new(),
     }
 }
 
@@ -359,7 +389,7 @@ mod tests {
             "secret_sha256": "h", "secret_hint": "abcd"
         }))
         .unwrap();
-        let chain = Chain { entries: Vec::new(), on: Vec::new(), deadline: None };
+        let chain = Chain { entries: Vec::new(), on: Vec::new(), deadline: None, degraded: None };
         let attempt = |model: &str, status, injected: Option<&str>| AttemptReport {
             model: model.into(),
             status,

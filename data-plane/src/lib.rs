@@ -14,6 +14,7 @@ pub mod breaker;
 pub mod chain;
 pub mod chaos;
 pub mod config;
+pub mod degraded;
 pub mod error;
 pub mod executor;
 pub mod failure;

@@ -74,6 +74,14 @@ pub struct InjectedLabels {
     pub kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DegradedLabels {
+    /// The chain's first model.
+    pub model: String,
+    /// `all_models_failed` or `all_breakers_open`.
+    pub reason: &'static str,
+}
+
 /// The OpenTelemetry GenAI semantic conventions' attributes, as Prometheus labels (dots
 /// become underscores, as OpenTelemetry's Prometheus exporter writes them).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -235,6 +243,7 @@ pub struct Metrics {
     /// request path builds no label set, and a drill's calls are counted here only while a
     /// drill runs, by the fault's name.
     pub injected_faults: Family<InjectedLabels, Counter>,
+    pub degraded_responses: Family<DegradedLabels, Counter>,
     pub events_dropped: Counter,
     /// Failover events held in memory for the control plane (queued or awaiting its ack).
     pub events_held: Gauge,
@@ -325,6 +334,12 @@ impl Metrics {
             "Upstream calls touched by an injected fault (switchyard chaos), by fault, model and kind",
             injected_faults.clone(),
         );
+        let degraded_responses = Family::<DegradedLabels, Counter>::default();
+        registry.register(
+            "degraded_responses",
+            "Designed degraded answers sent because no model could serve, by requested model and reason",
+            degraded_responses.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
@@ -388,6 +403,7 @@ impl Metrics {
             retries,
             retry_budget_refusals,
             injected_faults,
+            degraded_responses,
             events_dropped,
             events_held,
             event_spool_bytes,
@@ -397,6 +413,14 @@ impl Metrics {
             gen_ai_tokens,
             gen_ai: Default::default(),
         }
+    }
+
+    /// The degraded answers counter for a chain starting at `model`. Not pre-resolved: a
+    /// degraded answer is rare, and its cost is one map lookup.
+    pub fn degraded(&self, model: &str, reason: &'static str) -> Counter {
+        self.degraded_responses
+            .get_or_create(&DegradedLabels { model: model.to_owned(), reason })
+            .clone()
     }
 
     /// The GenAI series of requests for `requested` served by `served`; `provider` names

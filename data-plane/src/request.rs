@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use switchyard_catalog::FailoverReason;
 use switchyard_catalog::catalog::MAX_RETRIES;
 use switchyard_catalog::keys::{FIRST_TOKEN_TIMEOUT_MS_RANGE, TIMEOUT_MS_RANGE};
+use switchyard_catalog::{Degraded, FailoverReason};
 
 use crate::error::ApiError;
 
@@ -105,6 +105,8 @@ pub struct Redundancy {
     pub deadline_ms: Option<u32>,
     /// Retries inside each attempt, over the catalog's `retry_policy`.
     pub max_retries: Option<u32>,
+    /// The designed answer when no model can serve; replaces the key's.
+    pub degraded: Option<Degraded>,
 }
 
 impl<'a> ChatRequest<'a> {
@@ -286,6 +288,7 @@ fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
             }
             "deadline_ms" => r.deadline_ms = Some(ranged(&v, &path, DEADLINE_MS_RANGE)?),
             "max_retries" => r.max_retries = Some(ranged(&v, &path, (0, MAX_RETRIES))?),
+            "degraded" => r.degraded = Some(degraded(v)?),
             "on" => {
                 let Value::Array(items) = v else {
                     return Err(ApiError::invalid(
@@ -313,13 +316,51 @@ fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
                 return Err(ApiError::invalid(
                     path.clone(),
                     format!(
-                        "unknown field {path}; expected timeout_ms, first_token_timeout_ms, on, deadline_ms, max_retries"
+                        "unknown field {path}; expected timeout_ms, first_token_timeout_ms, on, deadline_ms, max_retries, degraded"
                     ),
                 ));
             }
         }
     }
     Ok(r)
+}
+
+/// `redundancy.degraded`: `{"message": "...", "when_all_open": true}`.
+fn degraded(value: Value) -> Result<Degraded, ApiError> {
+    const PATH: &str = "redundancy.degraded";
+    let Value::Object(map) = value else {
+        return Err(ApiError::invalid(PATH, format!("{PATH} must be an object with a message")));
+    };
+    let mut message = None;
+    let mut when_all_open = false;
+    for (key, v) in map {
+        let path = format!("{PATH}.{key}");
+        match (key.as_str(), v) {
+            ("message", Value::String(text)) => {
+                if let Some(why) = Degraded::check_message(&text) {
+                    return Err(ApiError::invalid(path.clone(), format!("{path}: {why}")));
+                }
+                message = Some(text);
+            }
+            ("message", _) => {
+                return Err(ApiError::invalid(path.clone(), format!("{path} must be a string")));
+            }
+            ("when_all_open", Value::Bool(b)) => when_all_open = b,
+            ("when_all_open", _) => {
+                return Err(ApiError::invalid(path.clone(), format!("{path} must be a boolean")));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    path.clone(),
+                    format!("unknown field {path}; expected message, when_all_open"),
+                ));
+            }
+        }
+    }
+    let message = message.ok_or_else(|| {
+        ApiError::invalid(format!("{PATH}.message"), format!("{PATH}.message is required"))
+    })?;
+    Ok(Degraded { message, when_all_open })
 }
 
 fn ranged(v: &Value, path: &str, (lo, hi): (u32, u32)) -> Result<u32, ApiError> {
@@ -362,6 +403,32 @@ mod tests {
         let r = ChatRequest::parse(body.as_bytes()).unwrap();
         assert_eq!(r.model.as_deref(), Some("a"));
         assert_eq!(r.passthrough["temperature"].get(), "0.5");
+    }
+
+    #[test]
+    fn a_degraded_answer_is_read_and_each_bad_field_is_named() {
+        let body = format!(
+            r#"{{"model":"a","redundancy":{{"degraded":{{"message":"Down.","when_all_open":true}}}},{MSG}}}"#
+        );
+        let r = ChatRequest::parse(body.as_bytes()).unwrap();
+        let d = r.redundancy.degraded.unwrap();
+        assert_eq!((d.message.as_str(), d.when_all_open), ("Down.", true));
+        let long = "x".repeat(4097);
+        for (degraded, named) in [
+            (r#"{"message":""}"#.to_owned(), "redundancy.degraded.message"),
+            (format!(r#"{{"message":"{long}"}}"#), "redundancy.degraded.message"),
+            (r#"{"message":5}"#.to_owned(), "redundancy.degraded.message"),
+            (r#"{"when_all_open":true}"#.to_owned(), "redundancy.degraded.message"),
+            (
+                r#"{"message":"m","when_all_open":"yes"}"#.to_owned(),
+                "redundancy.degraded.when_all_open",
+            ),
+            (r#"{"message":"m","colour":"red"}"#.to_owned(), "redundancy.degraded.colour"),
+            (r#""m""#.to_owned(), "redundancy.degraded"),
+        ] {
+            let body = format!(r#"{{"model":"a","redundancy":{{"degraded":{degraded}}},{MSG}}}"#);
+            assert_eq!(param(&body).as_deref(), Some(named), "{degraded}");
+        }
     }
 
     #[test]

@@ -151,5 +151,6 @@ pub fn failover_event(id: &str, at_unix_ms: i64, key_id: &str) -> pb::FailoverEv
         ],
         stream: false,
         status: 200,
+        ..Default::default()
     }
 }

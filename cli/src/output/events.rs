@@ -36,6 +36,10 @@ pub struct EventView {
     pub attempts: Vec<AttemptView>,
     pub stream: bool,
     pub status: u32,
+    /// Why the node sent its degraded answer instead (`api:degraded_response`); absent for
+    /// a failover event.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub degraded: String,
 }
 
 impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
@@ -62,6 +66,7 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
                 .collect(),
             stream: e.stream,
             status: e.status,
+            degraded: e.degraded,
         }
     }
 }
@@ -90,7 +95,9 @@ fn attempt(a: &AttemptView) -> String {
 
 /// One line: when, which key, requested → served, then each attempt.
 pub fn event_line(e: &EventView) -> String {
-    let served = if e.served_model.is_empty() {
+    let served = if !e.degraded.is_empty() {
+        format!("degraded answer ({})", e.degraded)
+    } else if e.served_model.is_empty() {
         format!("none ({})", e.status)
     } else {
         e.served_model.clone()

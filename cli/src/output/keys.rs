@@ -27,6 +27,14 @@ pub struct DefaultsView {
     pub first_token_timeout_ms: Option<u32>,
     /// Empty on the wire means all four triggers; scripts get the list spelled out.
     pub on: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<DegradedView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DegradedView {
+    pub message: String,
+    pub when_all_open: bool,
 }
 
 impl From<pb::ApiKey> for KeyView {
@@ -50,6 +58,9 @@ impl From<pb::ApiKey> for KeyView {
                 } else {
                     d.on
                 },
+                degraded: d
+                    .degraded
+                    .map(|g| DegradedView { message: g.message, when_all_open: g.when_all_open }),
             }),
             allowed_models: k.allowed_models,
             allowed_regions: k.allowed_regions,
@@ -126,6 +137,14 @@ pub fn key_details(k: &KeyView, now_ms: i64) -> String {
             rows.push(("timeout", ms(d.timeout_ms, "default (60000 ms)")));
             rows.push(("first token timeout", ms(d.first_token_timeout_ms, "default (10000 ms)")));
             rows.push(("fails over on", d.on.join(", ")));
+            if let Some(g) = &d.degraded {
+                let when = if g.when_all_open {
+                    "when no model serves, at once when every breaker is open"
+                } else {
+                    "when no model serves"
+                };
+                rows.push(("degraded answer", format!("{:?} ({when})", g.message)));
+            }
         }
     }
     rows.push(("allowed models", list_or(&k.allowed_models, "all")));
@@ -160,6 +179,7 @@ mod tests {
                 timeout_ms: Some(20_000),
                 first_token_timeout_ms: None,
                 on: vec![],
+                degraded: Some(pb::Degraded { message: "Down.".into(), when_all_open: true }),
             }),
             allowed_models: vec![],
             allowed_regions: vec!["eu".into()],
@@ -196,5 +216,9 @@ mod tests {
         let details = key_details(&key(), 61_000);
         assert!(details.contains("timeout:             20000 ms"), "{details}");
         assert!(details.contains("allowed regions:     eu"), "{details}");
+        assert!(
+            details.contains(r#"degraded answer:     "Down." (when no model serves, at once"#),
+            "{details}"
+        );
     }
 }
