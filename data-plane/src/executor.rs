@@ -468,6 +468,7 @@ impl Executor {
             calls_in_window: t.calls_in_window,
             next_probe_unix_ms: t.next_probe.map_or(0, switchyard_time::unix_ms),
             cooldown_ms: t.cooldown.as_millis() as u64,
+            ..Default::default()
         });
     }
 }
