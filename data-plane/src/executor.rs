@@ -565,7 +565,15 @@ fn all_failed(
             _ => message,
         }
     } else {
-        let reason = last_failure.map_or("unknown", |(r, _)| r.as_str());
+        // Nothing tried: the model's breaker is open and its prober, not this request, tests
+        // it (docs/http-api.md, "Failover").
+        let reason = match last_failure {
+            Some((r, _)) => r.as_str(),
+            None => attempts.last().and_then(|a| a.reason).map_or("unknown", AttemptReason::as_str),
+        };
+        let explanation = explanation.or(last_failure.is_none().then_some(
+            "its circuit breaker is open and the gateway's probes, not requests, test when it recovers",
+        ));
         match explanation {
             Some(why) => {
                 format!("The model `{}` failed ({reason}): {why}.", chain.requested_model())
