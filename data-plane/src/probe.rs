@@ -405,6 +405,24 @@ mod tests {
         assert_eq!(up.requests(), 3);
     }
 
+    #[tokio::test]
+    async fn the_prober_probes_on_its_own_and_stops_when_the_node_drains() {
+        let up = upstream().await;
+        let app = Arc::new(app(&up.url, true));
+        let prober = tokio::spawn(run(Arc::clone(&app)));
+        // Interval 1 s from the first plan: the first probe within a few ticks after it.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while probes(&app, "success") == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("an idle probe");
+        app.state.start_draining();
+        tokio::time::timeout(TICK * 4, prober).await.expect("stops at the drain").unwrap();
+        assert_eq!(up.requests(), 1, "one probe in the interval, none after the drain");
+    }
+
     #[test]
     fn the_probe_body_is_one_user_message_and_one_token() {
         let request = ChatRequest::parse(PROBE_BODY).unwrap();
