@@ -198,7 +198,7 @@ async fn an_open_breaker_is_probed_when_due_and_user_requests_are_never_its_test
 }
 
 #[tokio::test]
-async fn a_catalog_with_an_out_of_range_probe_is_refused_by_apply_naming_the_path() {
+async fn an_out_of_range_probe_is_refused_by_apply_naming_the_path_and_one_in_range_is_a_change() {
     let gw = Gateway::start().await;
     let options = GatewayOptions {
         breaker_policy: "probe:\n  interval_ms: 500\n  timeout_ms: 5000\n",
@@ -227,4 +227,16 @@ async fn a_catalog_with_an_out_of_range_probe_is_refused_by_apply_naming_the_pat
     assert!(out.stderr.contains("models[1].probe.timeout_ms"), "{}", out.stderr);
     let stored = cli(&gw.cp.url(), &["catalog", "--json"]).await.json();
     assert!(stored["models"][1].get("probe").is_none(), "nothing was applied: {stored}");
+
+    // In range, it is applied, and apply names the change like any other.
+    for (probe, change) in [
+        ("probe:\n  interval_ms: 60000\n", "+ probe"),
+        ("probe:\n  interval_ms: 50000\n", "~ probe: interval_ms"),
+    ] {
+        let options = GatewayOptions { breaker_policy: probe, ..Default::default() };
+        std::fs::write(&file, catalog_yaml(&gw.sim.url(), &options)).unwrap();
+        let out = cli(&gw.cp.url(), &["apply", "-f", &file.display().to_string()]).await;
+        assert!(out.success, "{}", out.stderr);
+        assert!(out.stdout.contains(change), "{}", out.stdout);
+    }
 }
