@@ -40,6 +40,10 @@ pub struct Catalog {
     /// asks for retries (`redundancy.max_retries`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_policy: Option<RetryPolicy>,
+    /// Probes of every model (docs/catalog.md, "`probe`"). Absent: no model is probed
+    /// unless its own `probe` says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbePolicy>,
     #[serde(default)]
     pub webhooks: Vec<Webhook>,
 }
@@ -93,6 +97,10 @@ pub struct Model {
     /// and the provider requires a value (Anthropic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// Per-model changes to the catalog's `probe` (or to its defaults, when the catalog has
+    /// none: an override turns probes on for this model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeOverride>,
 }
 
 impl Model {
@@ -197,6 +205,75 @@ impl BreakerPolicy {
             "must be at least cooldown_ms and at most 86400000",
         );
         check((1..=100).contains(&self.half_open_probes), "half_open_probes", "must be 1–100");
+    }
+}
+
+pub const PROBE_INTERVAL_MS_RANGE: (u64, u64) = (1_000, 3_600_000);
+pub const PROBE_TIMEOUT_MS_RANGE: (u64, u64) = (100, 60_000);
+
+/// A node's probes of a model: one minimal call when the model saw no real call from the
+/// node for `interval_ms`, and one when its breaker is due to half-open (docs/catalog.md,
+/// "`probe`").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbePolicy {
+    pub interval_ms: u64,
+    /// A probe that has no answer by then counts as a timeout.
+    pub timeout_ms: u64,
+}
+
+impl Default for ProbePolicy {
+    fn default() -> Self {
+        Self { interval_ms: 30_000, timeout_ms: 5_000 }
+    }
+}
+
+/// Per-model changes to the catalog's [`ProbePolicy`]; unset fields inherit it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+impl ProbePolicy {
+    pub fn with_override(self, o: &ProbeOverride) -> Self {
+        Self {
+            interval_ms: o.interval_ms.unwrap_or(self.interval_ms),
+            timeout_ms: o.timeout_ms.unwrap_or(self.timeout_ms),
+        }
+    }
+
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        let (lo, hi) = PROBE_INTERVAL_MS_RANGE;
+        if !(lo..=hi).contains(&self.interval_ms) {
+            errors.push(FieldError::new(
+                format!("{path}.interval_ms"),
+                format!("must be {lo}–{hi}, got {}", self.interval_ms),
+            ));
+        }
+        // Below the interval: a node never has two idle probes of one model in flight.
+        let (lo, hi) = PROBE_TIMEOUT_MS_RANGE;
+        if !(lo..=hi).contains(&self.timeout_ms) || self.timeout_ms >= self.interval_ms {
+            errors.push(FieldError::new(
+                format!("{path}.timeout_ms"),
+                format!("must be {lo}–{hi} and below interval_ms, got {}", self.timeout_ms),
+            ));
+        }
+    }
+}
+
+impl Catalog {
+    /// The probes of `model`: its own `probe` over the catalog's (or over the defaults when
+    /// the catalog has none); `None` when neither is set.
+    pub fn probe_for(&self, model: &Model) -> Option<ProbePolicy> {
+        match (&self.probe, &model.probe) {
+            (None, None) => None,
+            (global, Some(o)) => Some(global.unwrap_or_default().with_override(o)),
+            (Some(global), None) => Some(*global),
+        }
     }
 }
 
@@ -483,10 +560,19 @@ impl Catalog {
                     .with_override(o)
                     .validate(&format!("{path}.retry"), &mut errors);
             }
+            if let Some(o) = &m.probe {
+                self.probe
+                    .unwrap_or_default()
+                    .with_override(o)
+                    .validate(&format!("{path}.probe"), &mut errors);
+            }
         }
         self.breaker_policy.validate("breaker_policy", &mut errors);
         if let Some(policy) = &self.retry_policy {
             policy.validate("retry_policy", &mut errors);
+        }
+        if let Some(probe) = &self.probe {
+            probe.validate("probe", &mut errors);
         }
         seen.clear();
         for (i, w) in self.webhooks.iter().enumerate() {
@@ -544,6 +630,14 @@ impl Catalog {
             (Some(_), None) => changes.push("- retry_policy".to_owned()),
             (Some(old), Some(new)) if old != new => {
                 changes.push(format!("~ retry_policy: {}", field_changes(old, new).join(", ")))
+            }
+            _ => {}
+        }
+        match (&self.probe, &new.probe) {
+            (None, Some(_)) => changes.push("+ probe".to_owned()),
+            (Some(_), None) => changes.push("- probe".to_owned()),
+            (Some(old), Some(new)) if old != new => {
+                changes.push(format!("~ probe: {}", field_changes(old, new).join(", ")))
             }
             _ => {}
         }
@@ -864,5 +958,73 @@ mod tests {
         newer.retry_policy = Some(RetryPolicy { max_retries: 2, ..RetryPolicy::default() });
         assert_eq!(new.diff(&newer), ["~ retry_policy: max_retries"]);
         assert_eq!(new.diff(&old), ["- retry_policy"]);
+    }
+
+    #[test]
+    fn probe_is_off_unless_set_and_a_models_probe_inherits_the_global_one() {
+        let mut c = sample();
+        assert_eq!(c.probe_for(&c.models[0]), None, "no probe anywhere: none");
+        // A model's own probe over the defaults when the catalog has none.
+        c.models[0].probe = Some(ProbeOverride { interval_ms: Some(60_000), timeout_ms: None });
+        assert_eq!(
+            c.probe_for(&c.models[0]),
+            Some(ProbePolicy { interval_ms: 60_000, timeout_ms: 5_000 })
+        );
+        // Over the catalog's, field by field.
+        c.probe = Some(ProbePolicy { interval_ms: 10_000, timeout_ms: 2_000 });
+        assert_eq!(
+            c.probe_for(&c.models[0]),
+            Some(ProbePolicy { interval_ms: 60_000, timeout_ms: 2_000 })
+        );
+        c.models[0].probe = None;
+        assert_eq!(c.probe_for(&c.models[0]), c.probe);
+        let parsed: Catalog =
+            serde_json::from_value(serde_json::json!({"probe": {"timeout_ms": 1000}})).unwrap();
+        assert_eq!(parsed.probe, Some(ProbePolicy { interval_ms: 30_000, timeout_ms: 1_000 }));
+        let unknown = serde_json::from_value::<Catalog>(serde_json::json!({"probe": {"every": 1}}));
+        assert!(unknown.unwrap_err().to_string().contains("every"));
+    }
+
+    #[test]
+    fn probe_out_of_range_is_refused_naming_each_path() {
+        let mut c = sample();
+        c.models.push(Model { name: "second".into(), ..c.models[0].clone() });
+        c.models.push(Model { name: "third".into(), ..c.models[0].clone() });
+        c.probe = Some(ProbePolicy { interval_ms: 999, timeout_ms: 50 });
+        c.models[2].probe =
+            Some(ProbeOverride { interval_ms: Some(5_000), timeout_ms: Some(5_000) });
+        let errors = c.validate().unwrap_err().0;
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["models[2].probe.timeout_ms", "probe.interval_ms", "probe.timeout_ms"],
+            "{errors:?}"
+        );
+        assert!(errors[1].message.contains("1000–3600000, got 999"), "{}", errors[1].message);
+        assert!(errors[2].message.contains("below interval_ms"), "{}", errors[2].message);
+        // A model's override is checked over the global it changes: 70 s is too long a
+        // timeout whatever the interval.
+        let mut c = sample();
+        c.probe = Some(ProbePolicy { interval_ms: 3_600_000, timeout_ms: 5_000 });
+        c.models[0].probe = Some(ProbeOverride { interval_ms: None, timeout_ms: Some(70_000) });
+        assert_eq!(c.validate().unwrap_err().0[0].path, "models[0].probe.timeout_ms");
+        c.models[0].probe = Some(ProbeOverride { interval_ms: Some(1_000), timeout_ms: Some(100) });
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn diff_names_probe_changes() {
+        let old = sample();
+        let mut new = sample();
+        new.probe = Some(ProbePolicy::default());
+        assert_eq!(old.diff(&new), ["+ probe"]);
+        let mut newer = new.clone();
+        newer.probe = Some(ProbePolicy { interval_ms: 1_000, timeout_ms: 500 });
+        assert_eq!(new.diff(&newer), ["~ probe: interval_ms, timeout_ms"]);
+        assert_eq!(new.diff(&old), ["- probe"]);
+        let mut per_model = sample();
+        per_model.models[0].probe =
+            Some(ProbeOverride { interval_ms: Some(2_000), timeout_ms: None });
+        assert_eq!(old.diff(&per_model), ["~ models/openai/gpt-5-nano: probe"]);
     }
 }

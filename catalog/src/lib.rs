@@ -14,8 +14,8 @@ pub mod fault;
 pub mod keys;
 
 pub use catalog::{
-    BreakerOverride, BreakerPolicy, Catalog, Model, Price, Provider, ProviderKind, RetryOverride,
-    RetryPolicy, Webhook,
+    BreakerOverride, BreakerPolicy, Catalog, Model, Price, ProbeOverride, ProbePolicy, Provider,
+    ProviderKind, RetryOverride, RetryPolicy, Webhook,
 };
 pub use credential::CredentialRef;
 pub use error::{FieldError, ValidationErrors};

@@ -250,6 +250,7 @@ models:
         let c = parse("deploy/catalog.example.yaml", text).unwrap_or_else(|e| panic!("{e}"));
         assert!(!c.providers.is_empty() && !c.models.is_empty() && !c.webhooks.is_empty());
         assert_eq!(c.retry_policy.as_ref().map(|p| p.max_retries), Some(1));
+        assert_eq!(c.probe.map(|p| (p.interval_ms, p.timeout_ms)), Some((30_000, 5_000)));
         assert_eq!(parse("c.yaml", &to_yaml(&c).unwrap()).unwrap(), c);
     }
 }

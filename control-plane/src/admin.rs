@@ -218,6 +218,9 @@ impl Admin for AdminService {
                 next_probe_unix_ms: b.next_probe_unix_ms,
                 cause: b.cause,
                 cooldown_ms: b.cooldown_ms,
+                last_probe_unix_ms: b.last_probe_unix_ms,
+                last_probe_outcome: b.last_probe_outcome,
+                last_probe_latency_ms: b.last_probe_latency_ms,
             })
             .collect();
         Ok(Response::new(pb::ListBreakersResponse { breakers }))

@@ -164,6 +164,13 @@ pub struct BreakerRecord {
     pub cause: String,
     #[serde(default)]
     pub cooldown_ms: u64,
+    /// The node's last probe of the breaker; 0 and empty when it never probed it.
+    #[serde(default)]
+    pub last_probe_unix_ms: i64,
+    #[serde(default)]
+    pub last_probe_outcome: String,
+    #[serde(default)]
+    pub last_probe_latency_ms: u64,
 }
 
 impl BreakerRecord {
@@ -179,6 +186,9 @@ impl BreakerRecord {
             next_probe_unix_ms: t.next_probe_unix_ms,
             cause: t.cause,
             cooldown_ms: t.cooldown_ms,
+            last_probe_unix_ms: t.last_probe_unix_ms,
+            last_probe_outcome: t.last_probe_outcome,
+            last_probe_latency_ms: t.last_probe_latency_ms,
         }
     }
 }

@@ -253,22 +253,10 @@ impl NodeShared {
             Some(node_message::Msg::Events(batch)) => self.on_events(node_id, batch, tx).await?,
             Some(node_message::Msg::Breaker(transition)) => {
                 let from = transition.from.clone();
-                let breaker = BreakerRecord::from_transition(node_id, transition);
-                debug!(node = %node_id, provider = %breaker.provider, model = %breaker.upstream_model, state = %breaker.state, "breaker transition");
-                // A lost write is corrected by the node's next transition of this breaker.
-                if let Err(e) = reports::record_breaker(
-                    self.store.as_ref(),
-                    &self.layout,
-                    self.lease,
-                    &breaker,
-                    &from,
-                    &self.outbox,
-                )
-                .await
-                {
-                    warn!(node = %node_id, error = %e, "could not record a breaker transition");
-                }
+                self.on_breaker(node_id, transition, Some(&from)).await;
             }
+            // A probe that left the state as it was: no transition to announce.
+            Some(node_message::Msg::Probed(report)) => self.on_breaker(node_id, report, None).await,
             Some(node_message::Msg::Usage(report)) => {
                 if report.boot_id.is_empty() {
                     warn!(node = %node_id, "usage report without a boot id; ignored");
@@ -285,6 +273,26 @@ impl NodeShared {
             Some(node_message::Msg::Hello(_)) | None => {}
         }
         Ok(record.applied_version != before)
+    }
+
+    /// Stores a node's breaker as its report says it is now (`from`: the state a transition
+    /// left; `None` for a probe's report).
+    async fn on_breaker(&self, node_id: &str, report: pb::BreakerTransition, from: Option<&str>) {
+        let breaker = BreakerRecord::from_transition(node_id, report);
+        debug!(node = %node_id, provider = %breaker.provider, model = %breaker.upstream_model, state = %breaker.state, probe = from.is_none(), "breaker report");
+        // A lost write is corrected by the node's next report of this breaker.
+        if let Err(e) = reports::record_breaker(
+            self.store.as_ref(),
+            &self.layout,
+            self.lease,
+            &breaker,
+            from,
+            &self.outbox,
+        )
+        .await
+        {
+            warn!(node = %node_id, error = %e, "could not record a breaker report");
+        }
     }
 
     /// Writes the batch to the audit log, then acks it.

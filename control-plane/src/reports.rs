@@ -28,22 +28,24 @@ use crate::store::{Compare, LeaseId, Revision, Store, StoreError, Txn, TxnOp};
 /// How long a disconnected node's breaker records outlive its stream.
 pub const BREAKER_GRACE: Duration = Duration::from_secs(30);
 
-/// A node's breaker state changed: store it under the replica's lease, with the
-/// transition's webhook event (`breaker.opened|half_open|closed`) in the same transaction
-/// when some subscription wants it.
+/// A node's breaker state changed (`from` is the state it left), or a probe left it as it
+/// was (`from` is `None`): store it under the replica's lease, with a transition's webhook
+/// event (`breaker.opened|half_open|closed`) in the same transaction when some
+/// subscription wants it. A probe is no state change and raises no event.
 pub async fn record_breaker(
     store: &dyn Store,
     layout: &Layout,
     lease: LeaseId,
     record: &BreakerRecord,
-    from: &str,
+    from: Option<&str>,
     outbox: &Interest,
 ) -> Result<Revision, StoreError> {
     let key = layout.breaker(&record.node_id, &record.provider, &record.upstream_model);
     let value = serde_json::to_vec(record)
         .map_err(|e| StoreError::InvalidRequest(format!("cannot encode breaker: {e}")))?;
     let mut success = vec![TxnOp::Put { key, value, lease: Some(lease) }];
-    if let Some(entry) = OutboxEntry::breaker(record, from, now_ms())
+    if let Some(from) = from
+        && let Some(entry) = OutboxEntry::breaker(record, from, now_ms())
         && outbox.wants(&entry)
     {
         success.push(entry.put(layout)?);

@@ -6,6 +6,11 @@
 //! through a [`Permit`]. It does no I/O and reads no clock of its own: time is passed in, and
 //! every state change comes back to the caller as a [`Transition`] (the node forwards it to
 //! the control plane and updates its metrics). [`Breakers`] is the node's registry.
+//!
+//! A breaker whose model has a `probe` is *probed* (docs/catalog.md, "`probe`"): the node's
+//! prober, not a user request, turns it half-open and holds its half-open slots, and
+//! [`Breaker::acquire_probe`] says when a probe is due, from the breaker's own record of
+//! the node's last real call.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
@@ -96,6 +101,56 @@ pub struct Transition {
     /// The cool-down in force: the one just started when opening, otherwise the one the next
     /// opening would use.
     pub cooldown: Duration,
+    pub last_probe: Option<LastProbe>,
+}
+
+/// How a probe went: the breaker's outcome, or `Error` when the gateway could not make the
+/// call (a request it could not build) and the breaker did not count it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    Success,
+    Failure,
+    Timeout,
+    Error,
+}
+
+impl ProbeOutcome {
+    pub fn of(outcome: Option<Outcome>) -> Self {
+        match outcome {
+            Some(Outcome::Success) => Self::Success,
+            Some(Outcome::Failure) => Self::Failure,
+            Some(Outcome::Timeout) => Self::Timeout,
+            None => Self::Error,
+        }
+    }
+
+    /// The wire name (`last_probe_outcome` in the node proto) and the metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failure => "failure",
+            Self::Timeout => "timeout",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// A breaker's last probe, for `switchyard breakers`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LastProbe {
+    /// When it started.
+    pub at: SystemTime,
+    pub outcome: ProbeOutcome,
+    pub latency: Duration,
+}
+
+/// Why a probe is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// Open with its cool-down passed, or half-open with a slot free.
+    HalfOpen,
+    /// Closed, and no real call (nor probe) for the probe's interval.
+    Idle,
 }
 
 /// A breaker as it is now, for `ListBreakers` and `/metrics`.
@@ -114,6 +169,7 @@ pub struct Snapshot {
     /// Set while open.
     pub next_probe: Option<SystemTime>,
     pub cooldown: Duration,
+    pub last_probe: Option<LastProbe>,
 }
 
 /// Whether a call may go upstream.
@@ -122,9 +178,11 @@ pub enum Admission {
     Admitted(Permit),
     /// Skip this entry (`circuit_open`). `ready_at` is when it is due for a probe (in the past
     /// for a half-open breaker whose probes are all in flight): when every entry of a chain is
-    /// rejected, the executor forces a probe on the soonest.
+    /// rejected, the executor forces a probe on the soonest of those not `probed`. A probed
+    /// breaker's half-open test is the prober's, never a user request's.
     Rejected {
         ready_at: Instant,
+        probed: bool,
     },
 }
 
@@ -158,6 +216,15 @@ struct Inner {
     /// and its outcome counts only in that one: a call started before the breaker opened says
     /// nothing about the upstream since.
     generation: u64,
+    /// Its model has a `probe`: the prober owns the half-open test.
+    probed: bool,
+    /// Idle probes count from the latest of: the last real call admitted, the last probe
+    /// started, the moment probing began (so a node start or a catalog change does not
+    /// probe everything at once). Written under the lock `try_acquire` holds anyway, so the
+    /// request path pays nothing for it.
+    idle_since: Instant,
+    /// The last probe, and when it started (an `Instant`, for the idle clock).
+    last_probe: Option<(Instant, ProbeOutcome, Duration)>,
 }
 
 impl Breaker {
@@ -179,6 +246,9 @@ impl Breaker {
                 probes_in_flight: 0,
                 probes_succeeded: 0,
                 generation: 0,
+                probed: false,
+                idle_since: now,
+                last_probe: None,
             }),
         })
     }
@@ -197,25 +267,30 @@ impl Breaker {
         let mut inner = self.lock();
         let mut transition = None;
         if inner.state == State::Open {
-            if now < inner.ready_at {
-                return (Admission::Rejected { ready_at: inner.ready_at }, None);
+            if now < inner.ready_at || inner.probed {
+                let ready_at = inner.ready_at;
+                return (Admission::Rejected { ready_at, probed: inner.probed }, None);
             }
             transition =
                 Some(self.transition(&mut inner, State::HalfOpen, Cause::CooldownElapsed, now));
         }
+        let probed = inner.probed;
         let admission = match inner.state {
             State::Closed => Admission::Admitted(self.permit(&inner, Kind::Call, false)),
             State::HalfOpen => {
-                if inner.probes_in_flight + inner.probes_succeeded < inner.policy.half_open_probes {
+                if !probed && inner.has_free_slot() {
                     inner.probes_in_flight += 1;
                     Admission::Admitted(self.permit(&inner, Kind::Probe, false))
                 } else {
-                    Admission::Rejected { ready_at: inner.since }
+                    Admission::Rejected { ready_at: inner.since, probed }
                 }
             }
             // Turned half-open above.
-            State::Open => Admission::Rejected { ready_at: inner.ready_at },
+            State::Open => Admission::Rejected { ready_at: inner.ready_at, probed },
         };
+        if matches!(admission, Admission::Admitted(_)) {
+            inner.idle_since = inner.idle_since.max(now);
+        }
         (admission, transition)
     }
 
@@ -239,7 +314,50 @@ impl Breaker {
                 self.permit(&inner, Kind::Probe, true)
             }
         };
+        inner.idle_since = inner.idle_since.max(now);
         (permit, transition)
+    }
+
+    /// Marks the breaker as probed (its model has a `probe`) or not. Turning it on starts the
+    /// idle clock now.
+    pub fn set_probed(&self, probed: bool, now: Instant) {
+        let mut inner = self.lock();
+        if inner.probed != probed {
+            inner.probed = probed;
+            if probed {
+                inner.idle_since = inner.idle_since.max(now);
+            }
+        }
+    }
+
+    /// A permit for the prober's call, when one is due at `now` (see [`Due`]); `interval` is
+    /// the probe's `interval_ms`. An open breaker whose cool-down has passed turns half-open
+    /// here and the probe holds its slot. The probe is no real call: it restarts the idle
+    /// clock but does not count as the node's traffic.
+    pub fn acquire_probe(
+        self: &Arc<Self>,
+        now: Instant,
+        interval: Duration,
+    ) -> Option<(Permit, Due, Option<Transition>)> {
+        let mut inner = self.lock();
+        let mut transition = None;
+        let (kind, due) = match inner.state {
+            State::Open if now >= inner.ready_at => {
+                transition =
+                    Some(self.transition(&mut inner, State::HalfOpen, Cause::CooldownElapsed, now));
+                (Kind::Probe, Due::HalfOpen)
+            }
+            State::Open => return None,
+            State::HalfOpen if inner.has_free_slot() => (Kind::Probe, Due::HalfOpen),
+            State::HalfOpen => return None,
+            State::Closed if now >= inner.idle_since + interval => (Kind::Call, Due::Idle),
+            State::Closed => return None,
+        };
+        if kind == Kind::Probe {
+            inner.probes_in_flight += 1;
+        }
+        inner.idle_since = inner.idle_since.max(now);
+        Some((self.permit(&inner, kind, false), due, transition))
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -254,6 +372,7 @@ impl Breaker {
             calls_in_window: inner.calls(),
             next_probe: (inner.state == State::Open).then(|| wall(inner.ready_at)),
             cooldown: inner.cooldown_in_force(),
+            last_probe: inner.last_probe(),
         }
     }
 
@@ -369,6 +488,7 @@ impl Breaker {
             calls_in_window,
             next_probe: (to == State::Open).then(|| wall(inner.ready_at)),
             cooldown: inner.cooldown_in_force(),
+            last_probe: inner.last_probe(),
         }
     }
 
@@ -390,6 +510,14 @@ impl std::fmt::Debug for Breaker {
 }
 
 impl Inner {
+    fn has_free_slot(&self) -> bool {
+        self.probes_in_flight + self.probes_succeeded < self.policy.half_open_probes
+    }
+
+    fn last_probe(&self) -> Option<LastProbe> {
+        self.last_probe.map(|(at, outcome, latency)| LastProbe { at: wall(at), outcome, latency })
+    }
+
     fn push(&mut self, outcome: Outcome) {
         let failed = outcome != Outcome::Success;
         self.window.push_back(failed);
@@ -469,6 +597,26 @@ impl Permit {
         self.breaker.record(self.kind, self.generation, outcome, now)
     }
 
+    /// Settles a probe's permit: `outcome` as [`Permit::record`] (`None`: not counted, as a
+    /// dropped permit), and the probe, started at `started`, becomes the breaker's last.
+    pub fn record_probe(
+        mut self,
+        outcome: Option<Outcome>,
+        started: Instant,
+        now: Instant,
+    ) -> Option<Transition> {
+        self.settled = true;
+        let latency = now.saturating_duration_since(started);
+        self.breaker.lock().last_probe = Some((started, ProbeOutcome::of(outcome), latency));
+        match outcome {
+            Some(outcome) => self.breaker.record(self.kind, self.generation, outcome, now),
+            None => {
+                self.breaker.abandon(self.kind, self.generation);
+                None
+            }
+        }
+    }
+
     /// A half-open probe, or a call forced through by [`Breaker::force_probe`]; the attempt
     /// is reported with `probe: true`.
     pub fn is_probe(&self) -> bool {
@@ -534,17 +682,20 @@ impl Breakers {
         Arc::clone(breaker)
     }
 
-    /// Every breaker, sorted by provider then model.
-    pub fn snapshots(&self) -> Vec<Snapshot> {
-        let breakers: Vec<Arc<Breaker>> = self
-            .by_provider
+    /// Every breaker, in no particular order.
+    pub fn all(&self) -> Vec<Arc<Breaker>> {
+        self.by_provider
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
             .flat_map(|models| models.values().cloned())
-            .collect();
+            .collect()
+    }
+
+    /// Every breaker, sorted by provider then model.
+    pub fn snapshots(&self) -> Vec<Snapshot> {
         // Each breaker's own lock is taken after the registry's is released.
-        let mut snapshots: Vec<Snapshot> = breakers.iter().map(|b| b.snapshot()).collect();
+        let mut snapshots: Vec<Snapshot> = self.all().iter().map(|b| b.snapshot()).collect();
         snapshots.sort_by(|a, b| {
             (&a.provider, &a.upstream_model).cmp(&(&b.provider, &b.upstream_model))
         });
@@ -654,7 +805,9 @@ mod tests {
         let t0 = Instant::now();
         let b = opened(t0);
         match b.try_acquire(t0 + ms(999)) {
-            (Admission::Rejected { ready_at }, None) => assert_eq!(ready_at, t0 + ms(1_000)),
+            (Admission::Rejected { ready_at, probed: false }, None) => {
+                assert_eq!(ready_at, t0 + ms(1_000))
+            }
             other => panic!("{other:?}"),
         }
         let (admission, t) = b.try_acquire(t0 + ms(1_000));
@@ -678,7 +831,7 @@ mod tests {
         assert!(p1.is_probe() && p2.is_probe());
         match b.try_acquire(t1).0 {
             // Due already: its probes are under way.
-            Admission::Rejected { ready_at } => assert_eq!(ready_at, t1),
+            Admission::Rejected { ready_at, .. } => assert_eq!(ready_at, t1),
             Admission::Admitted(_) => panic!("third probe admitted"),
         }
         // A success frees no slot for a third probe: two successes are all it needs.
@@ -886,5 +1039,151 @@ mod tests {
             .map(|s| format!("{}/{}", s.provider, s.upstream_model))
             .collect();
         assert_eq!(names, ["azure/gpt-5-nano", "openai/gpt-5", "openai/gpt-5-nano"]);
+    }
+
+    // === the prober's decisions ===
+
+    const INTERVAL: Duration = Duration::from_millis(5_000);
+
+    fn probed(t0: Instant) -> Arc<Breaker> {
+        let b = Breaker::new("openai", "gpt-5-nano", policy());
+        b.set_probed(true, t0);
+        b
+    }
+
+    fn probe_at(b: &Arc<Breaker>, now: Instant) -> Option<(Permit, Due)> {
+        b.acquire_probe(now, INTERVAL).map(|(permit, due, _)| (permit, due))
+    }
+
+    #[test]
+    fn an_idle_probe_is_due_an_interval_after_the_last_real_call_or_probe() {
+        let t0 = Instant::now();
+        let b = probed(t0);
+        // Probing began at t0: nothing is due before one interval.
+        assert!(probe_at(&b, t0 + ms(4_999)).is_none());
+        // A real call restarts the idle clock.
+        call(&b, Outcome::Success, t0 + ms(4_000));
+        assert!(probe_at(&b, t0 + ms(8_999)).is_none());
+        let (permit, due) = probe_at(&b, t0 + ms(9_000)).expect("idle for an interval");
+        assert_eq!(due, Due::Idle);
+        assert!(!permit.is_probe(), "a closed breaker's probe is an ordinary call for it");
+        // The probe restarts the clock too, in flight or not: no second probe meanwhile.
+        assert!(probe_at(&b, t0 + ms(9_001)).is_none());
+        assert!(
+            permit.record_probe(Some(Outcome::Success), t0 + ms(9_000), t0 + ms(9_020)).is_none()
+        );
+        assert!(probe_at(&b, t0 + ms(13_999)).is_none());
+        assert!(probe_at(&b, t0 + ms(14_000)).is_some());
+        // Its outcome went into the window like a real call's, and it is the last probe.
+        let s = b.snapshot();
+        assert_eq!(s.calls_in_window, 2);
+        let last = s.last_probe.expect("recorded");
+        assert_eq!((last.outcome, last.latency), (ProbeOutcome::Success, ms(20)));
+        assert_eq!(last.at, wall(t0 + ms(9_000)));
+    }
+
+    #[test]
+    fn an_open_breaker_is_due_for_a_probe_when_its_cooldown_has_passed() {
+        let t0 = Instant::now();
+        let b = probed(t0);
+        for _ in 0..4 {
+            call(&b, Outcome::Failure, t0);
+        }
+        assert_eq!(state(&b), State::Open);
+        // Open is never idle: no probe before the cool-down, however long the quiet.
+        assert!(b.acquire_probe(t0 + ms(999), Duration::from_millis(1)).is_none());
+        let (permit, due, t) = b.acquire_probe(t0 + ms(1_000), INTERVAL).expect("due");
+        assert_eq!(due, Due::HalfOpen);
+        assert!(permit.is_probe());
+        let t = t.expect("open → half-open is reported");
+        assert_eq!((t.from, t.to, t.cause), (State::Open, State::HalfOpen, Cause::CooldownElapsed));
+        // Its one slot is taken: no second probe.
+        assert!(probe_at(&b, t0 + ms(1_001)).is_none());
+        drop(permit);
+    }
+
+    #[test]
+    fn a_probe_holds_the_half_open_slot_and_user_requests_are_skipped() {
+        let t0 = Instant::now();
+        let b = probed(t0);
+        for _ in 0..4 {
+            call(&b, Outcome::Failure, t0);
+        }
+        // Due, but a user request does not turn it half-open: the prober does.
+        match b.try_acquire(t0 + ms(1_500)) {
+            (Admission::Rejected { probed: true, .. }, None) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(state(&b), State::Open);
+        let (probe, _) = probe_at(&b, t0 + ms(1_500)).expect("due");
+        // While it is in flight, user requests are skipped.
+        assert!(is_rejected(&b, t0 + ms(1_600)));
+        // It fails: open again, on the doubled cool-down, and it is the last probe.
+        let t = probe.record_probe(Some(Outcome::Failure), t0 + ms(1_500), t0 + ms(1_700));
+        let t = t.expect("re-opens");
+        assert_eq!((t.to, t.cause, t.cooldown), (State::Open, Cause::ProbeFailed, ms(2_000)));
+        let last = t.last_probe.expect("the transition carries the probe");
+        assert_eq!((last.outcome, last.latency), (ProbeOutcome::Failure, ms(200)));
+        assert!(is_rejected(&b, t0 + ms(3_700)), "skipped while open, due or not");
+        // The next probe succeeds: closed, and user requests flow.
+        let (probe, due) = probe_at(&b, t0 + ms(3_700)).expect("due again");
+        assert_eq!(due, Due::HalfOpen);
+        let t = probe.record_probe(Some(Outcome::Success), t0 + ms(3_700), t0 + ms(3_710));
+        assert_eq!(t.map(|t| (t.to, t.cause)), Some((State::Closed, Cause::ProbesSucceeded)));
+        assert!(!is_rejected(&b, t0 + ms(3_720)));
+    }
+
+    #[test]
+    fn the_prober_sends_every_half_open_probe_one_after_another() {
+        let t0 = Instant::now();
+        let b = probed(t0);
+        b.set_policy(BreakerPolicy { half_open_probes: 2, ..policy() });
+        for _ in 0..4 {
+            call(&b, Outcome::Failure, t0);
+        }
+        let (first, _) = probe_at(&b, t0 + ms(1_000)).expect("due");
+        // User requests never take the second slot.
+        assert!(is_rejected(&b, t0 + ms(1_000)));
+        assert!(
+            first.record_probe(Some(Outcome::Success), t0 + ms(1_000), t0 + ms(1_010)).is_none()
+        );
+        assert!(is_rejected(&b, t0 + ms(1_010)));
+        let (second, due) = probe_at(&b, t0 + ms(1_010)).expect("the second slot is the prober's");
+        assert_eq!(due, Due::HalfOpen);
+        let t = second.record_probe(Some(Outcome::Success), t0 + ms(1_010), t0 + ms(1_020));
+        assert_eq!(t.map(|t| t.to), Some(State::Closed));
+    }
+
+    #[test]
+    fn a_probe_the_gateway_could_not_make_frees_its_slot_uncounted() {
+        let t0 = Instant::now();
+        let b = probed(t0);
+        for _ in 0..4 {
+            call(&b, Outcome::Failure, t0);
+        }
+        let (probe, _) = probe_at(&b, t0 + ms(1_000)).expect("due");
+        assert!(probe.record_probe(None, t0 + ms(1_000), t0 + ms(1_001)).is_none());
+        let s = b.snapshot();
+        assert_eq!(s.state, State::HalfOpen);
+        assert_eq!(s.last_probe.map(|p| p.outcome), Some(ProbeOutcome::Error));
+        assert!(probe_at(&b, t0 + ms(1_002)).is_some(), "the slot is free again");
+    }
+
+    #[test]
+    fn unprobed_again_a_user_request_takes_the_half_open_slot() {
+        let t0 = Instant::now();
+        let b = probed(t0);
+        for _ in 0..4 {
+            call(&b, Outcome::Failure, t0);
+        }
+        assert!(is_rejected(&b, t0 + ms(1_000)));
+        b.set_probed(false, t0 + ms(1_000));
+        match b.try_acquire(t0 + ms(1_000)) {
+            (Admission::Admitted(p), Some(t)) => {
+                assert!(p.is_probe());
+                assert_eq!(t.to, State::HalfOpen);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -11,7 +11,9 @@ use tracing::{Instrument, debug, debug_span};
 use switchyard_catalog::{BreakerPolicy, FailoverReason, Model};
 use switchyard_proto::node::v1 as pb;
 
-use crate::breaker::{Admission, Breakers, Outcome, Permit, State, Transition};
+use crate::breaker::{
+    Admission, Breakers, LastProbe, Outcome, Permit, Snapshot, State, Transition,
+};
 use crate::chain::{Chain, Entry};
 use crate::chaos::Injector;
 use crate::config::NodeConfig;
@@ -111,8 +113,12 @@ impl Executor {
             self.report_transition(transition);
             let permit = match admission {
                 Admission::Admitted(permit) => permit,
-                Admission::Rejected { ready_at } => {
-                    skipped.push((i, ready_at));
+                Admission::Rejected { ready_at, probed } => {
+                    // A probed breaker's half-open test is its prober's (docs/http-api.md,
+                    // "Failover"): never forced onto a user request.
+                    if !probed {
+                        skipped.push((i, ready_at));
+                    }
                     self.metrics.model(&entry.model.name).attempt("skipped", "circuit_open").inc();
                     attempts.push(AttemptReport {
                         model: entry.model.name.clone(),
@@ -143,12 +149,13 @@ impl Executor {
             }
         }
 
-        // Every entry's breaker was open and none is due for a probe: a chain with a degraded
-        // answer for this moment gets it now, without a probe and without waiting.
+        // Every entry's breaker was open and none is due for a probe (a probed one never is
+        // for a user request): a chain with a degraded answer for this moment gets it now,
+        // without a probe and without waiting.
         let now = Instant::now();
         if !tried
             && chain.degraded.as_ref().is_some_and(|d| d.when_all_open)
-            && skipped.len() == chain.entries.len()
+            && attempts.len() == chain.entries.len()
             && skipped.iter().all(|(_, ready_at)| *ready_at > now)
         {
             let mut failed = all_failed(chain, attempts, None);
@@ -157,8 +164,8 @@ impl Executor {
         }
 
         // Every entry's breaker was open: do not fail on breaker state alone, probe the one
-        // due soonest (docs/http-api.md, "Failover"), so a fleet never turns a partial
-        // outage into a total one.
+        // due soonest among those no prober tests (docs/http-api.md, "Failover"), so a fleet
+        // never turns a partial outage into a total one.
         if !tried && let Some(&(i, _)) = skipped.iter().min_by_key(|(_, ready_at)| *ready_at) {
             let entry = &chain.entries[i];
             if let Some(timeout) = budget(chain, entry, started) {
@@ -187,7 +194,9 @@ impl Executor {
         Err(all_failed(chain, attempts, last_failure))
     }
 
-    fn breaker(&self, config: &NodeConfig, model: &Model) -> Arc<crate::breaker::Breaker> {
+    /// The breaker of `model`'s (provider, upstream model), with the catalog's policy and
+    /// the model's override in force.
+    pub fn breaker(&self, config: &NodeConfig, model: &Model) -> Arc<crate::breaker::Breaker> {
         let policy: BreakerPolicy = match &model.breaker {
             Some(o) => config.catalog.breaker_policy.with_override(o),
             None => config.catalog.breaker_policy,
@@ -473,6 +482,8 @@ impl Executor {
             from = t.from.as_str(), to = t.to.as_str(), cause = t.cause.as_str(),
             "circuit breaker changed state"
         );
+        let (last_probe_unix_ms, last_probe_outcome, last_probe_latency_ms) =
+            last_probe_fields(t.last_probe);
         self.telemetry.push_transition(pb::BreakerTransition {
             provider: t.provider,
             upstream_model: t.upstream_model,
@@ -484,8 +495,45 @@ impl Executor {
             calls_in_window: t.calls_in_window,
             next_probe_unix_ms: t.next_probe.map_or(0, switchyard_time::unix_ms),
             cooldown_ms: t.cooldown.as_millis() as u64,
+            last_probe_unix_ms,
+            last_probe_outcome,
+            last_probe_latency_ms,
         });
     }
+
+    /// Queues a breaker for the control plane as it is after a probe that changed nothing
+    /// of its state (`probed` in the node proto): its last probe shows in `switchyard
+    /// breakers`.
+    pub fn report_probed(&self, s: Snapshot) {
+        let (last_probe_unix_ms, last_probe_outcome, last_probe_latency_ms) =
+            last_probe_fields(s.last_probe);
+        self.telemetry.push_probed(pb::BreakerTransition {
+            provider: s.provider,
+            upstream_model: s.upstream_model,
+            from: s.state.as_str().to_owned(),
+            to: s.state.as_str().to_owned(),
+            cause: s.cause.map_or("", |c| c.as_str()).to_owned(),
+            at_unix_ms: switchyard_time::unix_ms(s.since),
+            failure_rate: s.failure_rate,
+            calls_in_window: s.calls_in_window,
+            next_probe_unix_ms: s.next_probe.map_or(0, switchyard_time::unix_ms),
+            cooldown_ms: s.cooldown.as_millis() as u64,
+            last_probe_unix_ms,
+            last_probe_outcome,
+            last_probe_latency_ms,
+        });
+    }
+}
+
+/// A breaker's last probe as the node proto carries it: 0 and empty when never probed.
+fn last_probe_fields(probe: Option<LastProbe>) -> (i64, String, u64) {
+    probe.map_or((0, String::new(), 0), |p| {
+        (
+            switchyard_time::unix_ms(p.at),
+            p.outcome.as_str().to_owned(),
+            p.latency.as_millis() as u64,
+        )
+    })
 }
 
 /// The time this attempt may take: its timeout, cut to what is left of the chain's
@@ -534,7 +582,15 @@ fn all_failed(
             _ => message,
         }
     } else {
-        let reason = last_failure.map_or("unknown", |(r, _)| r.as_str());
+        // Nothing tried: the model's breaker is open and its prober, not this request, tests
+        // it (docs/http-api.md, "Failover").
+        let reason = match last_failure {
+            Some((r, _)) => r.as_str(),
+            None => attempts.last().and_then(|a| a.reason).map_or("unknown", AttemptReason::as_str),
+        };
+        let explanation = explanation.or(last_failure.is_none().then_some(
+            "its circuit breaker is open and the gateway's probes, not requests, test when it recovers",
+        ));
         match explanation {
             Some(why) => {
                 format!("The model `{}` failed ({reason}): {why}.", chain.requested_model())

@@ -5,7 +5,9 @@
 //! `failure` decides what an upstream failure means (below `executor`, `stream` and the
 //! providers' dispatch); `retry` whether the executor calls the same model again; `chaos`
 //! which injected fault touches an upstream call (below the providers' dispatch, which
-//! applies it); `spool` keeps on disk the failover events `telemetry` cannot hold.
+//! applies it); `spool` keeps on disk the failover events `telemetry` cannot hold; `probe`
+//! is the node's prober, beside the request path, using the executor's breakers and the
+//! providers.
 //! `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
 #![forbid(unsafe_code)]
 
@@ -22,6 +24,7 @@ pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod persist;
+pub mod probe;
 pub mod providers;
 pub mod report;
 pub mod request;

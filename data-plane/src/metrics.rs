@@ -53,6 +53,14 @@ pub struct TransitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    pub provider: String,
+    pub upstream_model: String,
+    /// `success`, `failure`, `timeout` or `error`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RetryLabels {
     pub provider: String,
     pub model: String,
@@ -234,6 +242,11 @@ pub struct Metrics {
     /// 0 closed, 1 half-open, 2 open.
     pub breaker_state: Family<BreakerLabels, Gauge>,
     pub breaker_transitions: Family<TransitionLabels, Counter>,
+    /// The prober's calls (docs/catalog.md, "`probe`"), by outcome. Probes are not user
+    /// attempts: they are counted here and in `probe_duration`, never in
+    /// `upstream_attempts`.
+    pub probes: Family<ProbeLabels, Counter>,
+    pub probe_duration: Family<BreakerLabels, Histogram>,
     /// Retries inside an attempt, by the failure that caused them.
     pub retries: Family<RetryLabels, Counter>,
     /// Retries the node's retry budget refused (the attempt failed over instead).
@@ -315,6 +328,20 @@ impl Metrics {
             "breaker_transitions",
             "Circuit breaker state changes",
             breaker_transitions.clone(),
+        );
+        let probes = Family::<ProbeLabels, Counter>::default();
+        registry.register(
+            "probes",
+            "Probes of idle or half-open models (catalog probe), by provider, upstream model and outcome",
+            probes.clone(),
+        );
+        let probe_duration = Family::<BreakerLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "probe_duration_seconds",
+            "Duration of each probe",
+            probe_duration.clone(),
         );
         let retries = Family::<RetryLabels, Counter>::default();
         registry.register(
@@ -400,6 +427,8 @@ impl Metrics {
             failovers,
             breaker_state,
             breaker_transitions,
+            probes,
+            probe_duration,
             retries,
             retry_budget_refusals,
             injected_faults,

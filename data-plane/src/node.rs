@@ -1,7 +1,7 @@
 //! Wiring of one data-plane node: persisted config, config stream, HTTP listener, and
 //! the shutdown on SIGTERM or SIGINT: `/readyz` turns 503, requests and streams in flight
 //! finish (up to the drain timeout), failover events and usage go to the control plane,
-//! and [`Node::run`] returns.
+//! and [`Node::run`] returns. The prober (`probe`) runs beside the server until the drain.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,7 +24,7 @@ use crate::spool::Spool;
 use crate::state::NodeState;
 use crate::sync::{self, SyncOptions};
 use crate::telemetry::Telemetry;
-use crate::{http, persist, serve};
+use crate::{http, persist, probe, serve};
 
 /// The hand-off of failover events after a drain gets what is left of the drain timeout,
 /// and at least this: a drain that used all of it still gives a reachable control plane
@@ -73,6 +73,8 @@ pub struct Node {
     telemetry: Arc<Telemetry>,
     handoff: watch::Sender<bool>,
     sync: JoinHandle<()>,
+    /// Stops by itself once the node drains; aborted after the drain in any case.
+    prober: JoinHandle<()>,
     signals: ShutdownSignals,
 }
 
@@ -95,6 +97,7 @@ impl Node {
         let drained = serve::serve(self.listener, self.router, self.serve, shutdown)
             .await
             .map_err(NodeError::Serve)?;
+        self.prober.abort();
         let budget = self.serve.drain_timeout.saturating_sub(drained.started.elapsed());
         let _ = self.handoff.send(true);
         match tokio::time::timeout(budget.max(MIN_HANDOFF), self.sync).await {
@@ -199,6 +202,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         },
         max_body_bytes: options.max_body_bytes,
     });
+    let prober = tokio::spawn(probe::run(Arc::clone(&app)));
     info!(addr = %local_addr, node = %node_id, "node listening");
     Ok(Node {
         local_addr,
@@ -214,6 +218,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         telemetry,
         handoff,
         sync,
+        prober,
         signals,
     })
 }

@@ -255,13 +255,10 @@ async fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
     }
 }
 
-/// Queued breaker transitions and event batches, and with `usage` the usage totals.
+/// Queued breaker transitions and probe reports, event batches, and with `usage` the usage totals.
 fn outbound(telemetry: &Telemetry, usage: bool) -> Vec<pb::NodeMessage> {
-    let mut out: Vec<pb::NodeMessage> = telemetry
-        .take_transitions()
-        .into_iter()
-        .map(|t| node_msg(node_message::Msg::Breaker(t)))
-        .collect();
+    let mut out: Vec<pb::NodeMessage> =
+        telemetry.take_breaker_reports().into_iter().map(node_msg).collect();
     while let Some(batch) = telemetry.next_event_batch() {
         out.push(node_msg(node_message::Msg::Events(batch)));
     }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use prometheus_client::metrics::counter::Counter;
 use prost::Message;
 
-use switchyard_proto::node::v1 as pb;
+use switchyard_proto::node::v1::{self as pb, node_message};
 
 use crate::spool::Spool;
 
@@ -63,7 +63,10 @@ pub struct Telemetry {
     events: Mutex<EventQueue>,
     spool: Option<Spool>,
     pub events_dropped: Counter,
-    transitions: Mutex<VecDeque<pb::BreakerTransition>>,
+    /// Breaker transitions and probe reports, in one queue so that they reach the control
+    /// plane in the order they happened: each carries the breaker's whole state, and the
+    /// newest one is what `switchyard breakers` shows.
+    transitions: Mutex<VecDeque<node_message::Msg>>,
     /// Key id → served model → totals: nested so that a request finds its entry by
     /// borrowed names and allocates only the first time a pair is seen.
     usage: Mutex<HashMap<String, HashMap<String, Totals>>>,
@@ -220,16 +223,24 @@ impl Telemetry {
     }
 
     pub fn push_transition(&self, transition: pb::BreakerTransition) {
-        {
-            let mut t = lock(&self.transitions);
-            if t.len() >= MAX_TRANSITIONS {
-                t.pop_front();
-            }
-            t.push_back(transition);
-        }
+        self.push_breaker_report(node_message::Msg::Breaker(transition));
     }
 
-    pub fn take_transitions(&self) -> Vec<pb::BreakerTransition> {
+    /// A breaker as a probe left it (`probed` in the node proto).
+    pub fn push_probed(&self, report: pb::BreakerTransition) {
+        self.push_breaker_report(node_message::Msg::Probed(report));
+    }
+
+    fn push_breaker_report(&self, report: node_message::Msg) {
+        let mut t = lock(&self.transitions);
+        if t.len() >= MAX_TRANSITIONS {
+            t.pop_front();
+        }
+        t.push_back(report);
+    }
+
+    /// Breaker transitions and probe reports, oldest first, as node messages.
+    pub fn take_breaker_reports(&self) -> Vec<node_message::Msg> {
         lock(&self.transitions).drain(..).collect()
     }
 

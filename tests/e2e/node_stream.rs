@@ -177,6 +177,7 @@ async fn breaker_transitions_show_in_switchyard_breakers() {
         calls_in_window: 20,
         next_probe_unix_ms: now + 30_000,
         cooldown_ms: 30_000,
+        ..Default::default()
     };
     node.send(node_message::Msg::Breaker(open.clone())).await;
     let other = pb::BreakerTransition {
@@ -219,13 +220,39 @@ async fn breaker_transitions_show_in_switchyard_breakers() {
         next_probe_unix_ms: 0,
         ..open
     };
-    node.send(node_message::Msg::Breaker(closed)).await;
+    node.send(node_message::Msg::Breaker(closed.clone())).await;
     node.barrier(2).await;
     let listed = cli(&cp.url(), &["breakers", "--json"]).await.json();
     let b = listed.as_array().unwrap().iter().find(|b| b["provider"] == "openai").unwrap().clone();
     assert_eq!(
         (b["state"].as_str(), b["since_unix_ms"].as_i64()),
         (Some("closed"), Some(now + 31_000))
+    );
+    assert!(b["last_probe"].is_null(), "never probed: {b}");
+
+    // A probe that left the breaker closed is reported alone and shows as its last probe.
+    let probed = pb::BreakerTransition {
+        from: "closed".into(),
+        last_probe_unix_ms: now + 40_000,
+        last_probe_outcome: "success".into(),
+        last_probe_latency_ms: 12,
+        ..closed
+    };
+    node.send(node_message::Msg::Probed(probed)).await;
+    node.barrier(3).await;
+    let listed = cli(&cp.url(), &["breakers", "--json"]).await.json();
+    let b = listed.as_array().unwrap().iter().find(|b| b["provider"] == "openai").unwrap().clone();
+    assert_eq!(b["state"], "closed");
+    assert_eq!(b["since_unix_ms"], now + 31_000);
+    assert_eq!(
+        b["last_probe"],
+        serde_json::json!({"at_unix_ms": now + 40_000, "outcome": "success", "latency_ms": 12})
+    );
+    let table = cli(&cp.url(), &["breakers"]).await;
+    assert!(
+        table.stdout.lines().next().unwrap().ends_with("NEXT PROBE  LAST PROBE"),
+        "{}",
+        table.stdout
     );
 }
 
@@ -323,6 +350,7 @@ async fn reports_work_on_etcd() {
         calls_in_window: 12,
         next_probe_unix_ms: now_ms() + 10_000,
         cooldown_ms: 10_000,
+        ..Default::default()
     };
     node.send(node_message::Msg::Breaker(transition)).await;
     node.send(usage("boot-1", now_ms(), &[("key_1", "openai/gpt-5-nano", 2)])).await;

@@ -284,6 +284,7 @@ async fn send_breaker(node: &mut FakeNode, from: &str, to: &str) {
         calls_in_window: 20,
         next_probe_unix_ms: now_ms() + 30_000,
         cooldown_ms: 30_000,
+        ..Default::default()
     };
     node.send(node_message::Msg::Breaker(t)).await;
     // Messages on a stream are handled in order: this ack follows the breaker's write.

@@ -1,4 +1,5 @@
-//! `breakers`: every node's circuit breakers and when each next probes.
+//! `breakers`: every node's circuit breakers, when each next probes and how its last probe
+//! went.
 
 use serde::Serialize;
 use switchyard_proto::admin::v1 as pb;
@@ -16,6 +17,17 @@ pub struct BreakerView {
     pub next_probe_unix_ms: i64,
     pub cause: String,
     pub cooldown_ms: u64,
+    /// `null` when the node never probed this breaker (no `probe` for its model).
+    pub last_probe: Option<LastProbe>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LastProbe {
+    /// When the probe started.
+    pub at_unix_ms: i64,
+    /// `success`, `failure`, `timeout`, or `error` (the gateway could not make the call).
+    pub outcome: String,
+    pub latency_ms: u64,
 }
 
 impl From<pb::Breaker> for BreakerView {
@@ -30,7 +42,20 @@ impl From<pb::Breaker> for BreakerView {
             next_probe_unix_ms: b.next_probe_unix_ms,
             cause: b.cause,
             cooldown_ms: b.cooldown_ms,
+            last_probe: (b.last_probe_unix_ms > 0).then_some(LastProbe {
+                at_unix_ms: b.last_probe_unix_ms,
+                outcome: b.last_probe_outcome,
+                latency_ms: b.last_probe_latency_ms,
+            }),
         }
+    }
+}
+
+/// `failure 12ms, 3s ago`; `-` when never probed.
+fn last_probe(probe: Option<&LastProbe>, now_ms: i64) -> String {
+    match probe {
+        None => "-".to_owned(),
+        Some(p) => format!("{} {}ms, {}", p.outcome, p.latency_ms, ago(p.at_unix_ms, now_ms)),
     }
 }
 
@@ -56,8 +81,16 @@ pub fn breakers_table(breakers: &[BreakerView], now_ms: i64) -> String {
     if breakers.is_empty() {
         return "no breakers reported\n".to_owned();
     }
-    let mut t =
-        Table::new(["NODE", "PROVIDER", "MODEL", "STATE", "SINCE", "FAILURE RATE", "NEXT PROBE"]);
+    let mut t = Table::new([
+        "NODE",
+        "PROVIDER",
+        "MODEL",
+        "STATE",
+        "SINCE",
+        "FAILURE RATE",
+        "NEXT PROBE",
+        "LAST PROBE",
+    ]);
     for b in breakers {
         let state =
             if b.cause.is_empty() { b.state.clone() } else { format!("{} ({})", b.state, b.cause) };
@@ -69,6 +102,7 @@ pub fn breakers_table(breakers: &[BreakerView], now_ms: i64) -> String {
             ago(b.since_unix_ms, now_ms),
             format!("{:.0}%", b.failure_rate * 100.0),
             next_probe(b.next_probe_unix_ms, now_ms),
+            last_probe(b.last_probe.as_ref(), now_ms),
         ]);
     }
     t.render()
@@ -90,16 +124,44 @@ mod tests {
             next_probe_unix_ms: 40_000,
             cause: "failure_rate".into(),
             cooldown_ms: 30_000,
+            ..Default::default()
         });
         let text = breakers_table(&[b], 10_000);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "NODE  PROVIDER  MODEL       STATE                SINCE   FAILURE RATE  NEXT PROBE"
+            "NODE  PROVIDER  MODEL       STATE                SINCE   FAILURE RATE  NEXT PROBE  LAST PROBE"
         );
         assert_eq!(
             lines[1],
-            "n1    openai    gpt-5-nano  open (failure_rate)  5s ago  62%           in 30s"
+            "n1    openai    gpt-5-nano  open (failure_rate)  5s ago  62%           in 30s      -"
         );
+    }
+
+    #[test]
+    fn breakers_show_the_last_probe_in_the_table_and_in_json() {
+        let b = BreakerView::from(pb::Breaker {
+            node_id: "n1".into(),
+            provider: "openai".into(),
+            upstream_model: "gpt-5-nano".into(),
+            state: "open".into(),
+            since_unix_ms: 5_000,
+            cause: "probe_failed".into(),
+            next_probe_unix_ms: 40_000,
+            last_probe_unix_ms: 7_000,
+            last_probe_outcome: "failure".into(),
+            last_probe_latency_ms: 12,
+            ..Default::default()
+        });
+        let text = breakers_table(std::slice::from_ref(&b), 10_000);
+        let row = text.lines().nth(1).unwrap();
+        assert!(row.ends_with("in 30s      failure 12ms, 3s ago"), "{row}");
+        let json = serde_json::to_value(&b).unwrap();
+        assert_eq!(
+            json["last_probe"],
+            serde_json::json!({"at_unix_ms": 7_000, "outcome": "failure", "latency_ms": 12})
+        );
+        let never = BreakerView::from(pb::Breaker::default());
+        assert!(serde_json::to_value(&never).unwrap()["last_probe"].is_null());
     }
 }

@@ -1,0 +1,436 @@
+//! The node's prober (docs/catalog.md, "`probe`"): for every model with a `probe`, one
+//! minimal call when the model saw no real call from this node for `interval_ms`, and one
+//! when its breaker is due to half-open, so that no user request is the test subject.
+//!
+//! A probe goes through the same provider adapter as a request (credentials, injected
+//! faults, the model's translation), bounded by `timeout_ms`, and its outcome is classified
+//! by `failure::classify` and settles a breaker permit like any call. Its answer, usage
+//! included, is dropped: a probe belongs to no key and is never billed. The request path
+//! pays nothing for any of this: the idle clock is kept by the breaker under the lock a
+//! request takes anyway.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+use tracing::debug;
+
+use switchyard_catalog::{Model, ProbePolicy};
+
+use crate::app::App;
+use crate::breaker::{Breaker, Due, Outcome, Permit, ProbeOutcome};
+use crate::chaos::{self, Injector};
+use crate::config::NodeConfig;
+use crate::failure::{self, Failure, Verdict};
+use crate::metrics::{BreakerLabels, InjectedLabels, ProbeLabels};
+use crate::providers::{CallError, Completion};
+use crate::request::ChatRequest;
+
+/// How often the prober looks for due probes. A probe starts at most this late: small next
+/// to a breaker's cool-down (30 s by default) and to a probe interval (at least 1 s).
+const TICK: Duration = Duration::from_millis(250);
+
+/// The probe's request: one user message, at most one output token. `max_tokens` is the
+/// field every adapter maps (Anthropic's and Gemini's translations included).
+const PROBE_BODY: &[u8] = br#"{"messages":[{"role":"user","content":"ping"}],"max_tokens":1}"#;
+
+/// One breaker the prober watches, with the probe of the model that names it.
+#[derive(Clone)]
+pub struct Target {
+    pub model: Arc<Model>,
+    pub breaker: Arc<Breaker>,
+    pub policy: ProbePolicy,
+}
+
+/// Runs until the node drains; in-flight probes are dropped with it (their permits free
+/// their half-open slots).
+pub async fn run(app: Arc<App>) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut version = None;
+    let mut targets = Vec::new();
+    let mut in_flight = JoinSet::new();
+    loop {
+        tick.tick().await;
+        while in_flight.try_join_next().is_some() {}
+        if app.state.is_draining() {
+            return;
+        }
+        let Some(config) = app.state.current() else { continue };
+        if version != Some(config.version) {
+            targets = plan(&app, &config, Instant::now());
+            version = Some(config.version);
+        }
+        let now = Instant::now();
+        for target in &targets {
+            let interval = Duration::from_millis(target.policy.interval_ms);
+            let Some((permit, due, transition)) = target.breaker.acquire_probe(now, interval)
+            else {
+                continue;
+            };
+            app.executor.report_transition(transition);
+            let (app, config, target) = (Arc::clone(&app), Arc::clone(&config), target.clone());
+            in_flight.spawn(async move { probe(&app, &config, &target, permit, due).await });
+        }
+    }
+}
+
+/// The breakers to probe under `config`, each marked probed; every other breaker is
+/// unmarked, so a model whose `probe` was removed gets its half-open tests from user
+/// requests again. Models sharing a breaker (the same provider and upstream model) are one
+/// target: the first of them in the catalog with a `probe` decides its interval and timeout.
+pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
+    let mut seen = HashSet::new();
+    let mut targets = Vec::new();
+    for model in &config.catalog.models {
+        let Some(policy) = config.catalog.probe_for(model) else { continue };
+        let Some(model) = config.models.get(&model.name) else { continue };
+        if !seen.insert((model.provider.clone(), model.upstream_model.clone())) {
+            continue;
+        }
+        let breaker = app.executor.breaker(config, model);
+        breaker.set_probed(true, now);
+        targets.push(Target { model: Arc::clone(model), breaker, policy });
+    }
+    for breaker in app.executor.breakers.all() {
+        let key = (breaker.provider().to_owned(), breaker.upstream_model().to_owned());
+        if !seen.contains(&key) {
+            breaker.set_probed(false, now);
+        }
+    }
+    targets
+}
+
+/// One probe: the call, its outcome into the breaker, the metrics, and the breaker's new
+/// state with its last probe for the control plane.
+pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Permit, due: Due) {
+    let model = &target.model;
+    let started = Instant::now();
+    let faults = chaos::matching(&config.faults, &model.name, &model.provider, "");
+    let mut injector = Injector::new(&faults);
+    let timeout = Duration::from_millis(target.policy.timeout_ms);
+    let outcome = match call(config, model, timeout, &mut injector).await {
+        // The answer and its usage go nowhere: a probe is billed to no key.
+        Ok(_completion) => Some(Outcome::Success),
+        Err(failure) => {
+            debug!(model = %model.name, ?failure, "probe failed");
+            match failure::classify(failure) {
+                Verdict::Failover { breaker, .. } | Verdict::Stop { breaker, .. } => breaker,
+            }
+        }
+    };
+    let ended = Instant::now();
+    let transition = permit.record_probe(outcome, started, ended);
+    let metrics = &app.executor.metrics;
+    let outcome = ProbeOutcome::of(outcome);
+    let (provider, upstream_model) = (&model.provider, &model.upstream_model);
+    metrics
+        .probes
+        .get_or_create(&ProbeLabels {
+            provider: provider.clone(),
+            upstream_model: upstream_model.clone(),
+            outcome: outcome.as_str(),
+        })
+        .inc();
+    metrics
+        .probe_duration
+        .get_or_create(&BreakerLabels {
+            provider: provider.clone(),
+            upstream_model: upstream_model.clone(),
+        })
+        .observe(ended.duration_since(started).as_secs_f64());
+    for fault in injector.injected() {
+        let labels = InjectedLabels {
+            fault: fault.name.clone(),
+            model: model.name.clone(),
+            kind: fault.kind.flag(),
+        };
+        metrics.injected_faults.get_or_create(&labels).inc();
+    }
+    debug!(
+        model = %model.name, due = ?due, outcome = outcome.as_str(),
+        latency_ms = ended.duration_since(started).as_millis() as u64, "probed"
+    );
+    // A transition carries the last probe with it; otherwise the probe is reported alone.
+    match transition {
+        Some(t) => app.executor.report_transition(Some(t)),
+        None => app.executor.report_probed(target.breaker.snapshot()),
+    }
+}
+
+/// The probe's call: a plain (not streamed) completion through the model's adapter.
+async fn call(
+    config: &NodeConfig,
+    model: &Model,
+    timeout: Duration,
+    injector: &mut Injector<'_>,
+) -> Result<Completion, Failure> {
+    let Some(provider) = config.providers.get(&model.provider) else {
+        return Err(Failure::Unconfigured(model.provider.clone()));
+    };
+    let request = ChatRequest::parse(PROBE_BODY).map_err(|e| {
+        Failure::Call(CallError::Unsupported { message: format!("{e:?}"), param: None })
+    })?;
+    let body = provider.body(model, &request).map_err(Failure::Call)?;
+    match tokio::time::timeout(timeout, provider.complete(model, body, injector)).await {
+        Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
+        Ok(result) => result.map_err(Failure::Call),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU16, Ordering};
+
+    use prometheus_client::metrics::counter::Counter;
+    use serde_json::{Value, json};
+
+    use switchyard_catalog::FailoverReason;
+    use switchyard_proto::node::v1::node_message::Msg;
+
+    use super::*;
+    use crate::breaker::{Breakers, State};
+    use crate::chain::{Chain, Entry};
+    use crate::config::Change;
+    use crate::executor::Executor;
+    use crate::metrics::Metrics;
+    use crate::report::{AttemptReason, AttemptStatus};
+    use crate::state::NodeState;
+    use crate::telemetry::Telemetry;
+
+    /// An OpenAI-style upstream on loopback that keeps every body it receives and answers
+    /// `status` (200 with a completion and its usage, else a server error).
+    struct Upstream {
+        url: String,
+        bodies: Arc<Mutex<Vec<Value>>>,
+        status: Arc<AtomicU16>,
+    }
+
+    impl Upstream {
+        fn requests(&self) -> usize {
+            self.bodies.lock().unwrap().len()
+        }
+    }
+
+    async fn upstream() -> Upstream {
+        use axum::routing::post;
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let status = Arc::new(AtomicU16::new(200));
+        let (kept, answer) = (Arc::clone(&bodies), Arc::clone(&status));
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            post(move |body: String| {
+                let (kept, answer) = (Arc::clone(&kept), Arc::clone(&answer));
+                async move {
+                    kept.lock().unwrap().push(serde_json::from_str::<Value>(&body).unwrap());
+                    let status = http::StatusCode::from_u16(answer.load(Ordering::SeqCst)).unwrap();
+                    let body = if status.is_success() {
+                        json!({"id": "c1", "object": "chat.completion", "created": 1, "model": "up",
+                            "choices": [{"index": 0, "message": {"role": "assistant", "content": "p"}, "finish_reason": "length"}],
+                            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+                    } else {
+                        json!({"error": {"message": "overloaded", "type": "server_error", "param": null, "code": null}})
+                    };
+                    (status, [(http::header::CONTENT_TYPE, "application/json")], body.to_string())
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Upstream { url: format!("http://{addr}/v1"), bodies, status }
+    }
+
+    /// A node's shared state with one model `m` at `url`, probed every second when `probe`.
+    fn app(url: &str, probe: bool) -> App {
+        let mut catalog = json!({
+            "providers": [{"name": "p", "kind": "openai-compatible", "base_url": url}],
+            "models": [{"name": "m", "provider": "p", "upstream_model": "up"}],
+            "breaker_policy": {"window_size": 2, "min_requests": 2, "cooldown_ms": 100,
+                               "max_cooldown_ms": 1000}
+        });
+        if probe {
+            catalog["probe"] = json!({"interval_ms": 1000, "timeout_ms": 500});
+        }
+        let change = Change::Snapshot {
+            version: 1,
+            resources: vec![("catalog".into(), serde_json::to_vec(&catalog).unwrap())],
+        };
+        let config = NodeConfig::default().apply(change).unwrap();
+        App {
+            state: NodeState::new(Some(config)),
+            executor: Executor {
+                breakers: Breakers::new(),
+                telemetry: Arc::new(Telemetry::new("n".into(), Counter::default())),
+                metrics: Arc::new(Metrics::new()),
+            },
+            max_body_bytes: 1 << 20,
+        }
+    }
+
+    fn probes(app: &App, outcome: &'static str) -> u64 {
+        let labels = ProbeLabels { provider: "p".into(), upstream_model: "up".into(), outcome };
+        app.executor.metrics.probes.get_or_create(&labels).get()
+    }
+
+    /// A user request for `m` alone, as the executor runs it: its attempts.
+    async fn user_request(app: &App) -> Vec<(AttemptStatus, Option<AttemptReason>, bool)> {
+        let config = app.state.current().unwrap();
+        let chain = Chain {
+            entries: vec![Entry {
+                model: Arc::clone(&config.models["m"]),
+                timeout: Duration::from_secs(5),
+                first_token_timeout: Duration::from_secs(5),
+                body: None,
+                faults: Vec::new(),
+            }],
+            on: FailoverReason::ALL.to_vec(),
+            deadline: None,
+            degraded: None,
+        };
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let request = ChatRequest::parse(body).unwrap();
+        let attempts = match app.executor.run(&chain, &request, &config).await {
+            Ok(served) => served.attempts,
+            Err(failed) => failed.attempts,
+        };
+        attempts.into_iter().map(|a| (a.status, a.reason, a.probe)).collect()
+    }
+
+    /// Opens `m`'s breaker with two failed user requests.
+    async fn open(app: &App, up: &Upstream) {
+        up.status.store(503, Ordering::SeqCst);
+        for _ in 0..2 {
+            user_request(app).await;
+        }
+        let config = app.state.current().unwrap();
+        assert_eq!(
+            app.executor.breaker(&config, &config.models["m"]).snapshot().state,
+            State::Open
+        );
+    }
+
+    #[tokio::test]
+    async fn an_idle_model_is_probed_with_one_token_and_billed_to_no_key() {
+        let up = upstream().await;
+        let app = app(&up.url, true);
+        let config = app.state.current().unwrap();
+        let targets = plan(&app, &config, Instant::now());
+        // Probing began (the breaker was created) no later than this.
+        let t0 = Instant::now();
+        assert_eq!(targets.len(), 1);
+        let target = &targets[0];
+        let interval = Duration::from_millis(target.policy.interval_ms);
+        assert!(target.breaker.acquire_probe(t0 + interval / 2, interval).is_none());
+        let (permit, due, _) = target.breaker.acquire_probe(t0 + interval, interval).unwrap();
+        assert_eq!(due, Due::Idle);
+        probe(&app, &config, target, permit, due).await;
+
+        let bodies = up.bodies.lock().unwrap().clone();
+        assert_eq!(bodies.len(), 1);
+        assert_eq!(bodies[0]["max_tokens"], 1);
+        assert_eq!(bodies[0]["model"], "up");
+        assert_eq!(bodies[0]["messages"], json!([{"role": "user", "content": "ping"}]));
+        assert_eq!(probes(&app, "success"), 1);
+        assert!(app.executor.telemetry.usage_report(0).is_none(), "no usage for a probe");
+        // The control plane hears of it: the breaker, closed, with its last probe.
+        let reports = app.executor.telemetry.take_breaker_reports();
+        match reports.as_slice() {
+            [Msg::Probed(r)] => {
+                assert_eq!((r.from.as_str(), r.to.as_str()), ("closed", "closed"));
+                assert_eq!(r.last_probe_outcome, "success");
+                assert!(r.last_probe_unix_ms > 0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_due_probe_takes_the_half_open_test_and_user_requests_are_skipped() {
+        let up = upstream().await;
+        let app = app(&up.url, true);
+        let config = app.state.current().unwrap();
+        let target = plan(&app, &config, Instant::now()).remove(0);
+        open(&app, &up).await;
+        assert_eq!(up.requests(), 2);
+        let cooldown = Duration::from_millis(100);
+        let due_at = Instant::now() + cooldown;
+        // Due to half-open, yet a user request is skipped and never reaches the upstream:
+        // the breaker is the prober's to test, and nothing is forced onto the request.
+        tokio::time::sleep(cooldown).await;
+        assert_eq!(
+            user_request(&app).await,
+            [(AttemptStatus::Skipped, Some(AttemptReason::CircuitOpen), false)]
+        );
+        assert_eq!(up.requests(), 2);
+
+        // The probe fails: the breaker stays open.
+        let (permit, due, t) = target.breaker.acquire_probe(due_at, Duration::MAX).unwrap();
+        assert_eq!((due, t.map(|t| t.to)), (Due::HalfOpen, Some(State::HalfOpen)));
+        probe(&app, &config, &target, permit, due).await;
+        assert_eq!(up.requests(), 3);
+        assert_eq!(target.breaker.snapshot().state, State::Open);
+        assert_eq!(probes(&app, "failure"), 1);
+
+        // It succeeds: closed, and the next user request is served.
+        up.status.store(200, Ordering::SeqCst);
+        let (permit, due, _) = target
+            .breaker
+            .acquire_probe(Instant::now() + Duration::from_secs(1), Duration::MAX)
+            .unwrap();
+        probe(&app, &config, &target, permit, due).await;
+        assert_eq!(target.breaker.snapshot().state, State::Closed);
+        assert_eq!(probes(&app, "success"), 1);
+        assert_eq!(user_request(&app).await, [(AttemptStatus::Served, None, false)]);
+        // Every breaker report went out, the transitions carrying the probe that made them.
+        let reports = app.executor.telemetry.take_breaker_reports();
+        let last = reports.iter().rev().find_map(|m| match m {
+            Msg::Breaker(t) if t.to == "closed" => Some(t),
+            _ => None,
+        });
+        assert_eq!(last.map(|t| t.last_probe_outcome.as_str()), Some("success"));
+    }
+
+    #[tokio::test]
+    async fn without_a_probe_a_user_request_is_still_forced_through_an_open_breaker() {
+        let up = upstream().await;
+        let app = app(&up.url, false);
+        let config = app.state.current().unwrap();
+        assert!(plan(&app, &config, Instant::now()).is_empty());
+        open(&app, &up).await;
+        up.status.store(200, Ordering::SeqCst);
+        // Every entry open, none probed: the soonest is forced, the request its probe.
+        assert_eq!(user_request(&app).await, [(AttemptStatus::Served, None, true)]);
+        assert_eq!(up.requests(), 3);
+    }
+
+    #[tokio::test]
+    async fn the_prober_probes_on_its_own_and_stops_when_the_node_drains() {
+        let up = upstream().await;
+        let app = Arc::new(app(&up.url, true));
+        let prober = tokio::spawn(run(Arc::clone(&app)));
+        // Interval 1 s from the first plan: the first probe within a few ticks after it.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while probes(&app, "success") == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("an idle probe");
+        app.state.start_draining();
+        tokio::time::timeout(TICK * 4, prober).await.expect("stops at the drain").unwrap();
+        assert_eq!(up.requests(), 1, "one probe in the interval, none after the drain");
+    }
+
+    #[test]
+    fn the_probe_body_is_one_user_message_and_one_token() {
+        let request = ChatRequest::parse(PROBE_BODY).unwrap();
+        assert!(!request.stream);
+        let body: Value = serde_json::from_slice(PROBE_BODY).unwrap();
+        assert_eq!(body["max_tokens"], 1);
+        assert_eq!(body["messages"].as_array().unwrap().len(), 1);
+        assert_eq!(body["messages"][0]["role"], "user");
+    }
+}
