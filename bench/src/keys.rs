@@ -392,6 +392,7 @@ async fn seed(url: &str, count: usize, victims: usize) -> Result<Seeded> {
             }),
             allowed_models: vec![],
             allowed_regions: vec![],
+            limits: None,
         };
         if i >= count {
             victim_keys.push((id.clone(), secret));

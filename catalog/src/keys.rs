@@ -183,6 +183,72 @@ pub fn dedup(items: Vec<String>) -> Vec<String> {
     out
 }
 
+/// The largest count a limit may hold (requests or tokens).
+pub const LIMIT_MAX: u64 = 1_000_000_000_000;
+/// The largest daily budget, in US dollars.
+pub const USD_PER_DAY_MAX: f64 = 1e9;
+
+/// A key's own limits, held for the whole fleet (docs/limits.md): requests and tokens per
+/// sliding minute, tokens and US dollars per UTC day. `None`: no such limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd_per_day: Option<f64>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        self.rpm.is_none()
+            && self.tpm.is_none()
+            && self.tokens_per_day.is_none()
+            && self.usd_per_day.is_none()
+    }
+
+    /// The daily budget in micro-dollars, the unit nodes count cost in.
+    pub fn micro_usd_per_day(&self) -> Option<u64> {
+        self.usd_per_day.map(|usd| (usd * 1e6).round() as u64)
+    }
+
+    /// Checks every field; errors name the limit as the CLI flag does (`rpm`, `usd_per_day`).
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut errors = Vec::new();
+        for (name, value) in
+            [("rpm", self.rpm), ("tpm", self.tpm), ("tokens_per_day", self.tokens_per_day)]
+        {
+            if let Some(v) = value
+                && !(1..=LIMIT_MAX).contains(&v)
+            {
+                errors.push(FieldError::new(
+                    format!("limits.{name}"),
+                    format!("must be from 1 to {LIMIT_MAX}, got {v}"),
+                ));
+            }
+        }
+        if let Some(usd) = self.usd_per_day {
+            let micro = usd * 1e6;
+            if !usd.is_finite() || usd <= 0.0 || usd > USD_PER_DAY_MAX {
+                errors.push(FieldError::new(
+                    "limits.usd_per_day",
+                    format!("must be above 0 and at most {USD_PER_DAY_MAX:e}, got {usd}"),
+                ));
+            } else if (micro - micro.round()).abs() > 1e-6 * micro.max(1.0) {
+                errors.push(FieldError::new(
+                    "limits.usd_per_day",
+                    format!("at most 6 decimals (a millionth of a dollar), got {usd}"),
+                ));
+            }
+        }
+        if errors.is_empty() { Ok(()) } else { Err(ValidationErrors(errors)) }
+    }
+}
+
 /// An API key as stored: the secret itself is never kept, only its SHA-256.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ApiKeyRecord {
@@ -204,6 +270,9 @@ pub struct ApiKeyRecord {
     /// Empty: every region.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_regions: Vec<String>,
+    /// The key's own limits, enforced by every node for the whole fleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
 }
 
 impl ApiKeyRecord {
@@ -291,6 +360,31 @@ mod tests {
         assert!(degraded(&"x".repeat(DEGRADED_MESSAGE_MAX_BYTES)).normalize(known).is_ok());
         let e = FailoverDefaults::default().normalize(known).unwrap_err();
         assert_eq!(e.0[0].path, "failoverDefaults.models");
+    }
+
+    #[test]
+    fn limits_are_checked_naming_the_limit() {
+        let ok =
+            Limits { rpm: Some(60), tpm: Some(1), tokens_per_day: None, usd_per_day: Some(2.5) };
+        assert!(ok.validate().is_ok());
+        assert_eq!(ok.micro_usd_per_day(), Some(2_500_000));
+        let paths = |l: Limits| -> Vec<String> {
+            l.validate().unwrap_err().0.into_iter().map(|e| e.path).collect()
+        };
+        assert_eq!(paths(Limits { rpm: Some(0), ..Default::default() }), ["limits.rpm"]);
+        assert_eq!(
+            paths(Limits { tokens_per_day: Some(LIMIT_MAX + 1), ..Default::default() }),
+            ["limits.tokens_per_day"]
+        );
+        for usd in [0.0, -1.0, 2e9, f64::NAN, 0.1234567] {
+            assert_eq!(
+                paths(Limits { usd_per_day: Some(usd), ..Default::default() }),
+                ["limits.usd_per_day"],
+                "{usd}"
+            );
+        }
+        assert!(Limits { usd_per_day: Some(0.123456), ..Default::default() }.validate().is_ok());
+        assert!(Limits::default().is_empty());
     }
 
     #[test]

@@ -20,4 +20,4 @@ pub use catalog::{
 pub use credential::CredentialRef;
 pub use error::{FieldError, ValidationErrors};
 pub use fault::{Fault, FaultKind, FaultTarget};
-pub use keys::{ApiKeyRecord, Degraded, FailoverDefaults, FailoverReason, KeyStatus};
+pub use keys::{ApiKeyRecord, Degraded, FailoverDefaults, FailoverReason, KeyStatus, Limits};

@@ -25,7 +25,7 @@ use crate::output::keys::{
     KeySecretView, KeyView, KeyWithWarnings, key_details, key_secret, keys_table,
 };
 use crate::output::nodes::{NodesView, nodes_table};
-use crate::output::usage::{UsageView, usage_table};
+use crate::output::usage::{LimitView, UsageView, limits_table, usage_table};
 use crate::output::webhooks::{DeliveriesView, deliveries, webhooks_table};
 use crate::token::{self, ADMIN_TOKEN_ENV};
 
@@ -102,6 +102,10 @@ pub struct UsageArgs {
     /// Only this API key.
     #[arg(long, value_name = "ID")]
     pub key: Option<String>,
+    /// Show each limited key's use of its limits in the current window (the last minute,
+    /// the UTC day), fleet-wide, instead of the totals.
+    #[arg(long)]
+    pub limits: bool,
     #[command(flatten)]
     pub opts: AdminOpts,
 }
@@ -223,6 +227,43 @@ pub enum KeysCommand {
     },
     /// Set (or with --clear, remove) the key's default failover chain.
     SetDefaults(SetDefaultsArgs),
+    /// Set (or with --clear, remove) the key's own limits, held for the whole fleet.
+    SetLimits(SetLimitsArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("limit").required(true).multiple(true)
+        .args(["rpm", "tpm", "tokens_per_day", "usd_per_day", "clear"])
+))]
+pub struct SetLimitsArgs {
+    /// The key's id, as `keys list` shows it.
+    #[arg(value_name = "ID")]
+    pub id: String,
+    /// Requests per sliding minute.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=switchyard_catalog::keys::LIMIT_MAX))]
+    pub rpm: Option<u64>,
+    /// Tokens (prompt and completion) per sliding minute.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=switchyard_catalog::keys::LIMIT_MAX))]
+    pub tpm: Option<u64>,
+    /// Tokens per UTC day.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=switchyard_catalog::keys::LIMIT_MAX))]
+    pub tokens_per_day: Option<u64>,
+    /// US dollars per UTC day, at the catalog's prices of the models that served.
+    #[arg(long, value_name = "X", value_parser = usd_per_day)]
+    pub usd_per_day: Option<f64>,
+    /// Remove every limit of the key.
+    #[arg(long, conflicts_with_all = ["rpm", "tpm", "tokens_per_day", "usd_per_day"])]
+    pub clear: bool,
+}
+
+fn usd_per_day(text: &str) -> Result<f64, String> {
+    let usd: f64 = text.trim().parse().map_err(|_| format!("{text:?} is not a number"))?;
+    let limits = switchyard_catalog::Limits { usd_per_day: Some(usd), ..Default::default() };
+    match limits.validate() {
+        Ok(()) => Ok(usd),
+        Err(e) => Err(e.0.into_iter().map(|f| f.message).collect::<Vec<_>>().join("; ")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -539,8 +580,17 @@ pub async fn events(args: EventsArgs) -> Result<(), CliError> {
 pub async fn usage(args: UsageArgs) -> Result<(), CliError> {
     let mut admin = Admin::connect(&args.opts).await?;
     let request = admin.request(pb::GetUsageRequest { key_id: args.key.unwrap_or_default() });
-    let reply = admin.client.get_usage(request).await.map_err(|s| admin.status(s))?;
-    let rows: Vec<UsageView> = reply.into_inner().rows.into_iter().map(Into::into).collect();
+    let reply = admin.client.get_usage(request).await.map_err(|s| admin.status(s))?.into_inner();
+    if args.limits {
+        let rows: Vec<LimitView> = reply.limits.into_iter().map(Into::into).collect();
+        let now = switchyard_time::now_ms();
+        return if args.opts.json {
+            print(&output::json(&rows)?)
+        } else {
+            print(&limits_table(&rows, now))
+        };
+    }
+    let rows: Vec<UsageView> = reply.rows.into_iter().map(Into::into).collect();
     if args.opts.json { print(&output::json(&rows)?) } else { print(&usage_table(&rows)) }
 }
 
@@ -594,6 +644,18 @@ pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
             let request = admin.request(pb::KeyIdRequest { id });
             let reply = admin.client.rotate_key(request).await.map_err(|s| admin.status(s))?;
             print_secret("Rotated", reply.into_inner(), json)
+        }
+        KeysCommand::SetLimits(set) => {
+            let limits = (!set.clear).then_some(pb::KeyLimits {
+                rpm: set.rpm,
+                tpm: set.tpm,
+                tokens_per_day: set.tokens_per_day,
+                usd_per_day: set.usd_per_day,
+            });
+            let request = admin.request(pb::SetKeyLimitsRequest { id: set.id, limits });
+            let reply = admin.client.set_key_limits(request).await.map_err(|s| admin.status(s))?;
+            let verb = if set.clear { "Cleared the limits of" } else { "Set the limits of" };
+            print_key(Some(verb), reply.into_inner(), json)
         }
         KeysCommand::SetDefaults(set) => {
             let degraded = set.degraded();

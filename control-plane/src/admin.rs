@@ -16,7 +16,7 @@ use switchyard_catalog::fault::{DEFAULT_TTL, Fault};
 use switchyard_catalog::keys::{SECRET_PREFIX, hash_secret};
 use switchyard_catalog::{
     ApiKeyRecord, Catalog, Degraded, FailoverDefaults, FailoverReason, FieldError, KeyStatus,
-    ValidationErrors,
+    Limits, ValidationErrors,
 };
 use switchyard_proto::admin::v1::{self as pb, admin_server::Admin};
 
@@ -27,6 +27,7 @@ use crate::events::{AuditEvent, BreakerRecord, OutboxEntry};
 use crate::fanout::ConfigCache;
 use crate::faults::{self, FaultError};
 use crate::layout::Layout;
+use crate::limits;
 use crate::nodes::NodeRecord;
 use crate::reports::UsageRecord;
 use crate::store::{Compare, Revision, Store, StoreError, Txn, TxnOp};
@@ -323,7 +324,8 @@ impl Admin for AdminService {
                 row.cost_usd += e.cost_usd;
             }
         }
-        Ok(Response::new(pb::GetUsageResponse { rows: totals.into_values().collect() }))
+        let limits = self.limit_status(&key_id).await?;
+        Ok(Response::new(pb::GetUsageResponse { rows: totals.into_values().collect(), limits }))
     }
 
     async fn apply_catalog(
@@ -425,6 +427,7 @@ impl Admin for AdminService {
             failover_defaults,
             allowed_models: request.allowed_models,
             allowed_regions: request.allowed_regions,
+            limits: None,
         };
         let version = self.save_key(&record, 0).await?;
         info!(key = %record.id, "API key created");
@@ -527,6 +530,32 @@ impl Admin for AdminService {
         let version = self.save_key(&record, rev).await?;
         info!(key = %record.id, "API key defaults set");
         Ok(Response::new(pb::KeyResponse { key: Some(key_to_pb(&record)), warnings, version }))
+    }
+
+    async fn set_key_limits(
+        &self,
+        request: Request<pb::SetKeyLimitsRequest>,
+    ) -> Result<Response<pb::KeyResponse>, Status> {
+        let request = request.into_inner();
+        let limits = request.limits.map(|l| Limits {
+            rpm: l.rpm,
+            tpm: l.tpm,
+            tokens_per_day: l.tokens_per_day,
+            usd_per_day: l.usd_per_day,
+        });
+        if let Some(limits) = &limits {
+            limits.validate().map_err(AdminError::from)?;
+        }
+        let (mut record, rev) = self.load_key(&request.id).await?;
+        record.limits = limits.filter(|l| !l.is_empty());
+        record.updated_unix_ms = now_ms();
+        let version = self.save_key(&record, rev).await?;
+        info!(key = %record.id, "API key limits set");
+        Ok(Response::new(pb::KeyResponse {
+            key: Some(key_to_pb(&record)),
+            warnings: vec![],
+            version,
+        }))
     }
 
     async fn list_deliveries(
@@ -750,6 +779,49 @@ impl Admin for AdminService {
     }
 }
 
+impl AdminService {
+    /// Every limited key's use of each of its limits, fleet-wide, from what the replicas
+    /// published a moment ago.
+    async fn limit_status(&self, key_id: &str) -> Result<Vec<pb::LimitStatus>, AdminError> {
+        let listing = self.store.list(&self.layout.keys_prefix()).await?;
+        let fleet = limits::fleet_totals(self.store.as_ref(), &self.layout).await?;
+        let now = now_ms();
+        let now_s = now.div_euclid(1000);
+        let midnight = (now_s.div_euclid(86_400) + 1) * 86_400_000;
+        let mut out = Vec::new();
+        for kv in &listing.kvs {
+            let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+            let Some(l) = record.limits else { continue };
+            if !key_id.is_empty() && record.id != key_id {
+                continue;
+            }
+            let used = fleet.get(&record.id).cloned().unwrap_or_default();
+            // The window has room again when its oldest counted second leaves it.
+            let oldest = used.seconds.keys().next().map_or(0, |s| (s + 60) * 1000);
+            let status = |limit: &str, value: f64, used: f64, reset: i64| pb::LimitStatus {
+                key_id: record.id.clone(),
+                limit: limit.to_owned(),
+                value,
+                used,
+                reset_unix_ms: if used > 0.0 { reset } else { 0 },
+            };
+            if let Some(v) = l.rpm {
+                out.push(status("rpm", v as f64, used.requests() as f64, oldest));
+            }
+            if let Some(v) = l.tpm {
+                out.push(status("tpm", v as f64, used.tokens() as f64, oldest));
+            }
+            if let Some(v) = l.tokens_per_day {
+                out.push(status("tokens_per_day", v as f64, used.day_tokens as f64, midnight));
+            }
+            if let Some(v) = l.usd_per_day {
+                out.push(status("usd_per_day", v, used.day_micro_usd as f64 / 1e6, midnight));
+            }
+        }
+        Ok(out)
+    }
+}
+
 fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, AdminError> {
     serde_json::from_slice(bytes)
         .map_err(|e| AdminError::Corrupt { what: what.into(), reason: e.to_string() })
@@ -803,6 +875,12 @@ pub fn key_to_pb(r: &ApiKeyRecord) -> pb::ApiKey {
         }),
         allowed_models: r.allowed_models.clone(),
         allowed_regions: r.allowed_regions.clone(),
+        limits: r.limits.map(|l| pb::KeyLimits {
+            rpm: l.rpm,
+            tpm: l.tpm,
+            tokens_per_day: l.tokens_per_day,
+            usd_per_day: l.usd_per_day,
+        }),
     }
 }
 

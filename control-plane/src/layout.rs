@@ -103,6 +103,15 @@ impl Layout {
         )
     }
 
+    /// Each replica's view of its nodes' limit windows (docs/limits.md), under its lease.
+    pub fn limits_prefix(&self) -> String {
+        format!("{}limits/", self.prefix)
+    }
+
+    pub fn limits(&self, replica: &str) -> String {
+        format!("{}limits/{}", self.prefix, escape(replica))
+    }
+
     pub fn usage_prefix(&self) -> String {
         format!("{}usage/", self.prefix)
     }

@@ -9,6 +9,7 @@ pub mod events;
 pub mod fanout;
 pub mod faults;
 pub mod layout;
+pub mod limits;
 pub mod metrics;
 pub mod nodes;
 pub mod peer;

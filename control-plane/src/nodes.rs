@@ -36,6 +36,7 @@ use crate::auth::TokenCheck;
 use crate::events::{AuditEvent, BreakerRecord, Interest};
 use crate::fanout::{ConfigCache, ConfigUpdate, Start};
 use crate::layout::Layout;
+use crate::limits::FleetLedger;
 use crate::metrics::ControlMetrics;
 use crate::reports::{self, UsageRecord};
 use crate::store::{Compare, LeaseId, Revision, Store, Txn, TxnOp};
@@ -89,6 +90,8 @@ pub struct NodeShared {
     /// `node.disconnected` is sent.
     pub disconnect_grace: Duration,
     pub metrics: Arc<ControlMetrics>,
+    /// The fleet's limit windows; a node's report is answered with what the others used.
+    pub limits: Arc<FleetLedger>,
 }
 
 /// The `NodeControl` gRPC service; each stream runs as a task over the shared state.
@@ -257,6 +260,12 @@ impl NodeShared {
             }
             // A probe that left the state as it was: no transition to announce.
             Some(node_message::Msg::Probed(report)) => self.on_breaker(node_id, report, None).await,
+            Some(node_message::Msg::Limits(usage)) => {
+                let state = self.limits.on_report(node_id, usage);
+                let msg = pb::ControlMessage { msg: Some(control_message::Msg::Limits(state)) };
+                // A full queue means the node is slow to read: it keeps its last view.
+                let _ = tx.try_send(Ok(msg));
+            }
             Some(node_message::Msg::Usage(report)) => {
                 if report.boot_id.is_empty() {
                     warn!(node = %node_id, "usage report without a boot id; ignored");

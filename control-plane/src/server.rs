@@ -37,6 +37,7 @@ use crate::auth::{AdminAuth, Token, TokenCheck};
 use crate::fanout::{self, ConfigCache};
 use crate::faults;
 use crate::layout::Layout;
+use crate::limits::{self, FleetLedger};
 use crate::metrics::ControlMetrics;
 use crate::nodes::{NodeService, NodeShared};
 use crate::store::{self, LeaseId, Store, StoreError, election};
@@ -182,6 +183,14 @@ pub async fn start_with_store(
     }
     let metrics = Arc::new(ControlMetrics::new());
     let outbox = Arc::new(Interest::new(Arc::clone(&cache)));
+    let fleet_limits = Arc::new(FleetLedger::new());
+    tokio::spawn(limits::run(
+        Arc::clone(&fleet_limits),
+        Arc::clone(&store),
+        layout.clone(),
+        local_addr.to_string(),
+        lease,
+    ));
     let nodes = NodeService(Arc::new(NodeShared {
         cache: Arc::clone(&cache),
         store: Arc::clone(&store),
@@ -198,6 +207,7 @@ pub async fn start_with_store(
         ),
         disconnect_grace: options.disconnect_grace,
         metrics: Arc::clone(&metrics),
+        limits: fleet_limits,
     }));
     let webhooks = tokio::spawn(webhooks::run(
         Arc::clone(&store),

@@ -25,12 +25,14 @@ pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
             + usage.completion_tokens as f64 * p.output_per_mtok)
             / 1_000_000.0
     });
-    app.executor.telemetry.record_usage(
+    let telemetry = &app.executor.telemetry;
+    telemetry.record_usage(key_id, &model.name, usage.prompt_tokens, usage.completion_tokens, cost);
+    // A key's limits count what the model that served used (docs/limits.md).
+    telemetry.limits.record(
         key_id,
-        &model.name,
-        usage.prompt_tokens,
-        usage.completion_tokens,
-        cost,
+        usage.prompt_tokens + usage.completion_tokens,
+        (cost * 1e6).round() as u64,
+        switchyard_time::now_ms(),
     );
 }
 

@@ -43,6 +43,13 @@ pub struct NodeConfig {
     /// Injected faults in force, by name; empty unless a drill is on, which is all the
     /// request path checks then.
     pub faults: Arc<[Arc<Fault>]>,
+    /// Active keys with limits: while there are any, the node reports its limit windows
+    /// (kept as a count so a key change costs O(1), not a scan of every key).
+    pub limited_keys: usize,
+}
+
+fn limited(key: &ApiKeyRecord) -> bool {
+    key.is_active() && key.limits.is_some_and(|l| !l.is_empty())
 }
 
 /// A change to apply: a full snapshot replaces everything, an update patches.
@@ -130,6 +137,7 @@ impl NodeConfig {
             } else if let Some(id) = name.strip_prefix(KEYS)
                 && let Some(old) = next.keys.remove(id)
             {
+                next.limited_keys -= usize::from(limited(&old));
                 next.keys_by_hash.remove(&old.secret_sha256);
             } else if let Some(fault) = name.strip_prefix(FAULTS) {
                 faults.remove(fault);
@@ -140,7 +148,9 @@ impl NodeConfig {
                 Parsed::Catalog(catalog) => next.set_catalog(catalog),
                 Parsed::Key(key) => {
                     let key = Arc::new(key);
+                    next.limited_keys += usize::from(limited(&key));
                     if let Some(old) = next.keys.insert(key.id.clone(), Arc::clone(&key)) {
+                        next.limited_keys -= usize::from(limited(&old));
                         next.keys_by_hash.remove(&old.secret_sha256);
                     }
                     next.keys_by_hash.insert(key.secret_sha256.clone(), key);

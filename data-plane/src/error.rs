@@ -6,6 +6,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use std::time::Duration;
+
+use switchyard_catalog::Limits;
+
+use crate::limits::Limit;
 use crate::report::AttemptReport;
 
 /// Which endpoint's body shape a response takes.
@@ -51,6 +56,24 @@ pub enum ApiError {
     /// Every attempt failed (or the chain ended on a reason outside `on`).
     #[error("{message}")]
     AllFailed { status: StatusCode, message: String, attempts: Option<Vec<AttemptReport>> },
+    /// The key reached one of its own limits (docs/limits.md); nothing was sent upstream.
+    #[error("{}", limited_message(*limit, limits, *retry_after))]
+    Limited { limit: Limit, limits: Limits, retry_after: Duration },
+}
+
+fn limited_message(limit: Limit, limits: &Limits, retry_after: Duration) -> String {
+    let (what, value) = match limit {
+        Limit::Rpm => ("requests per minute", limits.rpm.map(|v| v.to_string())),
+        Limit::Tpm => ("tokens per minute", limits.tpm.map(|v| v.to_string())),
+        Limit::TokensPerDay => ("tokens per day", limits.tokens_per_day.map(|v| v.to_string())),
+        Limit::UsdPerDay => ("US dollars per day", limits.usd_per_day.map(|v| v.to_string())),
+    };
+    format!(
+        "This API key reached its limit of {} {what} (the gateway's, for the whole fleet); \
+         retry after {} s.",
+        value.unwrap_or_default(),
+        retry_after.as_secs().max(1)
+    )
 }
 
 impl ApiError {
@@ -67,6 +90,7 @@ impl ApiError {
             Self::NotReady | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Upstream { status, .. } | Self::AllFailed { status, .. } => *status,
+            Self::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -90,6 +114,7 @@ impl ApiError {
             Self::BodyTimeout { .. } => "request_timeout",
             Self::Upstream { .. } => "upstream_client_error",
             Self::AllFailed { .. } => "all_models_failed",
+            Self::Limited { limit, .. } => limit.code(),
         }
     }
 
@@ -122,6 +147,7 @@ impl ApiError {
                 };
                 (kind, Some("all_models_failed"), None)
             }
+            Self::Limited { limit, .. } => ("rate_limit_error", Some(limit.code()), None),
         };
         let attempts = match self {
             Self::Upstream { attempts, .. } | Self::AllFailed { attempts, .. } => {
@@ -161,6 +187,14 @@ impl ApiError {
                 body = classic;
             }
         }
-        (self.status(), Json(body)).into_response()
+        let mut response = (self.status(), Json(body)).into_response();
+        if let Self::Limited { retry_after, .. } = self {
+            // Whole seconds, rounded up: a client that waits this long finds room.
+            let secs = retry_after.as_millis().div_ceil(1000).max(1);
+            if let Ok(value) = axum::http::HeaderValue::from_str(&secs.to_string()) {
+                response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
+            }
+        }
+        response
     }
 }

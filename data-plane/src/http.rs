@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use switchyard_time::now_ms;
+
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -24,6 +26,7 @@ use crate::config::NodeConfig;
 use crate::degraded::{self, Answer, Reason};
 use crate::error::{ApiError, Flavor};
 use crate::executor::Output;
+use crate::limits::Decision;
 use crate::metrics::{EndpointLabels, RequestLabels, gen_ai_provider_name};
 use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
@@ -172,6 +175,42 @@ async fn handle(
     // The key is checked before the body is read or validated.
     let key = authenticate(&config, headers)?;
     tracing::Span::current().record("key", key.id.as_str());
+    // The key's own limits are decided here, from counts the node holds: no network call,
+    // and before anything else is done for the request (docs/limits.md).
+    let Some(limits) = key.limits.as_ref().filter(|l| !l.is_empty()) else {
+        return serve(app, &config, &key, body, flavor, started).await;
+    };
+    let telemetry = &app.executor.telemetry;
+    let decision = telemetry.limits.admit(&key.id, limits, now_ms(), Instant::now());
+    let (mut response, rate) = match decision {
+        Decision::Admitted(rate) => {
+            let response = serve(app, &config, &key, body, flavor, started).await;
+            (response.unwrap_or_else(|e| e.render(flavor)), rate)
+        }
+        Decision::Blocked { limit, retry_after, headers: rate } => {
+            app.executor.metrics.limit_blocked(&key.id, limit.as_str()).inc();
+            (ApiError::Limited { limit, limits: *limits, retry_after }.render(flavor), rate)
+        }
+    };
+    let headers = response.headers_mut();
+    for (name, value) in rate.pairs() {
+        if let Ok(value) = header::HeaderValue::from_str(&value) {
+            headers.insert(name, value);
+        }
+    }
+    Ok(response)
+}
+
+/// The request once its key is known and admitted: body, chain, executor, answer.
+async fn serve(
+    app: &Arc<App>,
+    config: &Arc<NodeConfig>,
+    key: &Arc<ApiKeyRecord>,
+    body: Body,
+    flavor: Flavor,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    let (config, key) = (Arc::clone(config), Arc::clone(key));
     let bytes = axum::body::to_bytes(body, app.max_body_bytes)
         .await
         .map_err(|_| ApiError::PayloadTooLarge { limit: app.max_body_bytes })?;

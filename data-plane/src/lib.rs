@@ -21,6 +21,7 @@ pub mod error;
 pub mod executor;
 pub mod failure;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod node;
 pub mod persist;

@@ -83,6 +83,14 @@ pub struct InjectedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// The API key's id (never its secret).
+    pub key: String,
+    /// `rpm`, `tpm`, `tokens_per_day` or `usd_per_day`.
+    pub limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DegradedLabels {
     /// The chain's first model.
     pub model: String,
@@ -257,6 +265,7 @@ pub struct Metrics {
     /// drill runs, by the fault's name.
     pub injected_faults: Family<InjectedLabels, Counter>,
     pub degraded_responses: Family<DegradedLabels, Counter>,
+    pub limit_blocks: Family<LimitLabels, Counter>,
     pub events_dropped: Counter,
     /// Failover events held in memory for the control plane (queued or awaiting its ack).
     pub events_held: Gauge,
@@ -367,6 +376,12 @@ impl Metrics {
             "Designed degraded answers sent because no model could serve, by requested model and reason",
             degraded_responses.clone(),
         );
+        let limit_blocks = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "limit_blocks",
+            "Requests refused with 429 because their key reached one of its own limits",
+            limit_blocks.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
@@ -433,6 +448,7 @@ impl Metrics {
             retry_budget_refusals,
             injected_faults,
             degraded_responses,
+            limit_blocks,
             events_dropped,
             events_held,
             event_spool_bytes,
@@ -442,6 +458,11 @@ impl Metrics {
             gen_ai_tokens,
             gen_ai: Default::default(),
         }
+    }
+
+    /// The counter of requests of `key` refused on `limit`.
+    pub fn limit_blocked(&self, key: &str, limit: &'static str) -> Counter {
+        self.limit_blocks.get_or_create(&LimitLabels { key: key.to_owned(), limit }).clone()
     }
 
     /// The degraded answers counter for a chain starting at `model`. Not pre-resolved: a

@@ -117,6 +117,8 @@ async fn session(
 
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     let mut usage_tick = tokio::time::interval(USAGE_INTERVAL);
+    let mut limits_tick = tokio::time::interval(crate::limits::REPORT_INTERVAL);
+    limits_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Events and breaker transitions go out in batches on a short tick (the first tick is
     // immediate: anything queued while no stream was open goes out now).
     let mut flush = tokio::time::interval(FLUSH_INTERVAL);
@@ -150,6 +152,10 @@ async fn session(
                         telemetry.ack_events(ack.seq);
                         continue;
                     }
+                    Some(control_message::Msg::Limits(view)) => {
+                        telemetry.limits.apply(view, switchyard_time::now_ms(), std::time::Instant::now());
+                        continue;
+                    }
                     Some(control_message::Msg::Ping(_)) | None => continue,
                 };
                 let reply = apply(state, change).await;
@@ -163,6 +169,16 @@ async fn session(
                     if tx.send(message).await.is_err() {
                         return Err(SessionError::Closed);
                     }
+                }
+            }
+            _ = limits_tick.tick() => {
+                // Only while some key counted here has limits: a fleet without limits sends
+                // nothing.
+                let limited = state.current().is_some_and(|c| c.limited_keys > 0);
+                if let Some(report) = telemetry.limit_report(switchyard_time::now_ms(), limited)
+                    && tx.send(node_msg(node_message::Msg::Limits(report))).await.is_err()
+                {
+                    return Err(SessionError::Closed);
                 }
             }
             _ = usage_tick.tick() => {

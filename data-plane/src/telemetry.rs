@@ -13,6 +13,7 @@ use prost::Message;
 
 use switchyard_proto::node::v1::{self as pb, node_message};
 
+use crate::limits::Ledger;
 use crate::spool::Spool;
 
 /// Events held (queued or sent but not acked); beyond this new events are dropped and counted.
@@ -71,6 +72,8 @@ pub struct Telemetry {
     /// borrowed names and allocates only the first time a pair is seen.
     usage: Mutex<HashMap<String, HashMap<String, Totals>>>,
     usage_dirty: AtomicBool,
+    /// Every limited key's counts and the fleet's, for the request path's decisions.
+    pub limits: Ledger,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -88,7 +91,13 @@ impl Telemetry {
             transitions: Mutex::default(),
             usage: Mutex::default(),
             usage_dirty: AtomicBool::new(false),
+            limits: Ledger::new(),
         }
+    }
+
+    /// This node's limit windows, for its control plane.
+    pub fn limit_report(&self, now_ms: i64, limited: bool) -> Option<pb::LimitUsage> {
+        self.limits.report(&self.boot_id, now_ms, limited)
     }
 
     /// Keeps failover events that do not fit in memory in `spool`, counting `records` an

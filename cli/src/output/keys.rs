@@ -18,6 +18,8 @@ pub struct KeyView {
     pub failover_defaults: Option<DefaultsView>,
     pub allowed_models: Vec<String>,
     pub allowed_regions: Vec<String>,
+    /// The key's own limits; `null` when it has none.
+    pub limits: Option<switchyard_catalog::Limits>,
 }
 
 #[derive(Debug, Serialize)]
@@ -64,8 +66,33 @@ impl From<pb::ApiKey> for KeyView {
             }),
             allowed_models: k.allowed_models,
             allowed_regions: k.allowed_regions,
+            limits: k.limits.map(|l| switchyard_catalog::Limits {
+                rpm: l.rpm,
+                tpm: l.tpm,
+                tokens_per_day: l.tokens_per_day,
+                usd_per_day: l.usd_per_day,
+            }),
         }
     }
+}
+
+/// `60 rpm, 2000 tpm, $5/day`; `-` for none.
+pub fn limits_text(l: Option<&switchyard_catalog::Limits>) -> String {
+    let Some(l) = l else { return "-".to_owned() };
+    let mut parts = Vec::new();
+    if let Some(v) = l.rpm {
+        parts.push(format!("{v} rpm"));
+    }
+    if let Some(v) = l.tpm {
+        parts.push(format!("{v} tpm"));
+    }
+    if let Some(v) = l.tokens_per_day {
+        parts.push(format!("{v} tokens/day"));
+    }
+    if let Some(v) = l.usd_per_day {
+        parts.push(format!("${v}/day"));
+    }
+    if parts.is_empty() { "-".to_owned() } else { parts.join(", ") }
 }
 
 /// What `keys create --json` and `keys rotate --json` print: the key's fields, plus the
@@ -102,7 +129,8 @@ pub fn keys_table(keys: &[KeyView], now_ms: i64) -> String {
     if keys.is_empty() {
         return "no keys\n".to_owned();
     }
-    let mut t = Table::new(["ID", "NAME", "STATUS", "SECRET", "DEFAULT CHAIN", "CREATED"]);
+    let mut t =
+        Table::new(["ID", "NAME", "STATUS", "SECRET", "DEFAULT CHAIN", "LIMITS", "CREATED"]);
     for k in keys {
         t.row(vec![
             k.id.clone(),
@@ -110,6 +138,7 @@ pub fn keys_table(keys: &[KeyView], now_ms: i64) -> String {
             k.status.clone(),
             hint(&k.secret_hint),
             k.failover_defaults.as_ref().map_or_else(|| "-".to_owned(), chain),
+            limits_text(k.limits.as_ref()),
             ago(k.created_unix_ms, now_ms),
         ]);
     }
@@ -147,6 +176,7 @@ pub fn key_details(k: &KeyView, now_ms: i64) -> String {
             }
         }
     }
+    rows.push(("limits", limits_text(k.limits.as_ref())));
     rows.push(("allowed models", list_or(&k.allowed_models, "all")));
     rows.push(("allowed regions", list_or(&k.allowed_regions, "all")));
     let width = rows.iter().map(|(label, _)| label.len()).max().unwrap_or(0) + 1;
@@ -184,6 +214,11 @@ mod tests {
             allowed_models: vec![],
             allowed_regions: vec!["eu".into()],
             updated_unix_ms: 0,
+            limits: Some(pb::KeyLimits {
+                rpm: Some(60),
+                usd_per_day: Some(5.0),
+                ..Default::default()
+            }),
         })
     }
 
@@ -216,6 +251,7 @@ mod tests {
         let details = key_details(&key(), 61_000);
         assert!(details.contains("timeout:             20000 ms"), "{details}");
         assert!(details.contains("allowed regions:     eu"), "{details}");
+        assert!(details.contains("limits:              60 rpm, $5/day"), "{details}");
         assert!(
             details.contains(r#"degraded answer:     "Down." (when no model serves, at once"#),
             "{details}"

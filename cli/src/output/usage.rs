@@ -48,6 +48,55 @@ pub fn usage_table(rows: &[UsageView]) -> String {
     t.render()
 }
 
+/// One limit of one key and what the fleet used of it in the current window.
+#[derive(Debug, Serialize)]
+pub struct LimitView {
+    pub key_id: String,
+    /// `rpm`, `tpm`, `tokens_per_day` or `usd_per_day`.
+    pub limit: String,
+    pub value: f64,
+    pub used: f64,
+    /// When the window has room again; 0 when nothing is counted.
+    pub reset_unix_ms: i64,
+}
+
+impl From<pb::LimitStatus> for LimitView {
+    fn from(l: pb::LimitStatus) -> Self {
+        Self {
+            key_id: l.key_id,
+            limit: l.limit,
+            value: l.value,
+            used: l.used,
+            reset_unix_ms: l.reset_unix_ms,
+        }
+    }
+}
+
+pub fn limits_table(rows: &[LimitView], now_ms: i64) -> String {
+    if rows.is_empty() {
+        return "no key has limits\n".to_owned();
+    }
+    let mut t = Table::new(["KEY", "LIMIT", "USED", "OF", "USED %", "ROOM IN"]);
+    for r in rows {
+        let number =
+            |v: f64| if r.limit == "usd_per_day" { format!("{v:.6}") } else { format!("{v:.0}") };
+        let room = if r.reset_unix_ms > now_ms {
+            format!("{}s", (r.reset_unix_ms - now_ms).div_euclid(1000).max(1))
+        } else {
+            "-".to_owned()
+        };
+        t.row(vec![
+            r.key_id.clone(),
+            r.limit.clone(),
+            number(r.used),
+            number(r.value),
+            format!("{:.0}%", 100.0 * r.used / r.value.max(f64::MIN_POSITIVE)),
+            room,
+        ]);
+    }
+    t.render()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
