@@ -49,10 +49,6 @@ impl KeyWindow {
             day_micro_usd: w.day_micro_usd,
         }
     }
-
-    fn used(&self, now_s: i64) -> bool {
-        self.slots.iter().any(|(s, r, t)| *s > now_s - WINDOW_SECS && (*r > 0 || *t > 0))
-    }
 }
 
 /// One node run's windows.
@@ -62,6 +58,9 @@ pub struct RunWindows {
     pub boot_id: String,
     pub at_unix_ms: i64,
     pub keys: Vec<KeyWindow>,
+    /// Its node stream ended: its seconds still count, but it takes no share.
+    #[serde(default)]
+    pub ended: bool,
 }
 
 /// What one key used over the fleet (or part of it), as of now.
@@ -71,9 +70,16 @@ pub struct KeyTotals {
     pub seconds: BTreeMap<i64, (u64, u64)>,
     pub day_tokens: u64,
     pub day_micro_usd: u64,
-    /// Node runs that used the key in the window.
-    pub runs: u32,
+    /// Node runs alive (reported in the last [`ALIVE_MS`]) that used the key in the last
+    /// [`RECENT_SECS`], and the requests they admitted then.
+    pub active_runs: u32,
+    pub recent_requests: u64,
 }
+
+/// A run that reported this recently is alive (nodes report every 100 ms).
+const ALIVE_MS: i64 = 2_000;
+/// The traffic a node's share is measured on.
+const RECENT_SECS: i64 = 10;
 
 impl KeyTotals {
     pub fn requests(&self) -> u64 {
@@ -123,6 +129,7 @@ impl FleetLedger {
             boot_id: run.1.clone(),
             at_unix_ms: now,
             keys: usage.keys.into_iter().map(KeyWindow::from_pb).collect(),
+            ended: false,
         };
         let mut inner = lock(&self.inner);
         inner.local.insert(run.clone(), windows);
@@ -132,7 +139,11 @@ impl FleetLedger {
         let day = now.div_euclid(1000).div_euclid(SECONDS_PER_DAY);
         let mut state = pb::LimitState::default();
         for (key_id, t) in totals {
-            state.shares.push(pb::KeyShare { key_id: key_id.clone(), nodes: t.runs });
+            state.shares.push(pb::KeyShare {
+                key_id: key_id.clone(),
+                nodes: t.active_runs,
+                recent_requests: t.recent_requests,
+            });
             state.others.push(pb::KeyUsageWindow {
                 key_id,
                 slots: t
@@ -146,6 +157,18 @@ impl FleetLedger {
             });
         }
         state
+    }
+
+    /// A node's stream ended: its runs keep counting until their seconds age out, but no
+    /// longer take a share of what is left.
+    pub fn ended(&self, node_id: &str) {
+        let mut inner = lock(&self.inner);
+        for (run, w) in inner.local.iter_mut() {
+            if run.0 == node_id {
+                w.ended = true;
+            }
+        }
+        self.changed.store(true, Ordering::Relaxed);
     }
 
     /// This replica's node runs, for the other replicas; `None` when nothing changed.
@@ -194,8 +217,19 @@ fn fleet(inner: &Inner, now: i64, except: Option<&RunId>) -> BTreeMap<String, Ke
     let day = now_s.div_euclid(SECONDS_PER_DAY);
     let mut totals: BTreeMap<String, KeyTotals> = BTreeMap::new();
     for w in newest.values() {
+        let alive = !w.ended && now - w.at_unix_ms < ALIVE_MS;
         for k in &w.keys {
             let t = totals.entry(k.key_id.clone()).or_default();
+            if alive {
+                let recent: u64 = k
+                    .slots
+                    .iter()
+                    .filter(|(s, _, _)| *s > now_s - RECENT_SECS)
+                    .map(|(_, r, _)| r)
+                    .sum();
+                t.recent_requests += recent;
+                t.active_runs += u32::from(recent > 0);
+            }
             for (second, requests, tokens) in &k.slots {
                 if *second > now_s - WINDOW_SECS && *second <= now_s {
                     let slot = t.seconds.entry(*second).or_default();
@@ -207,7 +241,6 @@ fn fleet(inner: &Inner, now: i64, except: Option<&RunId>) -> BTreeMap<String, Ke
                 t.day_tokens += k.day_tokens;
                 t.day_micro_usd += k.day_micro_usd;
             }
-            t.runs += u32::from(k.used(now_s));
         }
     }
     totals
@@ -318,7 +351,7 @@ mod tests {
         let requests: u64 = others.slots.iter().map(|s| s.requests).sum();
         assert_eq!(requests, 12, "{state:?}");
         assert_eq!(others.day_tokens, 120);
-        assert_eq!(state.shares[0].nodes, 2);
+        assert_eq!((state.shares[0].nodes, state.shares[0].recent_requests), (2, 12));
         // A resend replaces, never adds.
         let state = ledger.on_report("n2", usage("b1", "k", now_s - 1, 7));
         let requests: u64 = state.others[0].slots.iter().map(|s| s.requests).sum();
@@ -334,6 +367,7 @@ mod tests {
             node_id: "n1".into(),
             boot_id: "b".into(),
             at_unix_ms: now - 1000,
+            ended: false,
             keys: vec![KeyWindow {
                 key_id: "k".into(),
                 slots: vec![(now_s - 61, 100, 0), (now_s - 2, 3, 0)],
@@ -349,6 +383,6 @@ mod tests {
         inner.peers.insert("other".into(), vec![newer]);
         let totals = fleet(&inner, now, None);
         assert_eq!(totals["k"].requests(), 4, "{totals:?}");
-        assert_eq!(totals["k"].runs, 1);
+        assert_eq!((totals["k"].active_runs, totals["k"].recent_requests), (1, 4));
     }
 }

@@ -350,6 +350,7 @@ impl NodeShared {
     /// (another replica's write changed the record's revision); its breaker records follow
     /// after a grace period unless it is back by then.
     async fn forget(self: &Arc<Self>, node_id: &str, presence_rev: Revision) {
+        self.limits.ended(node_id);
         let (this, id) = (Arc::clone(self), node_id.to_owned());
         tokio::spawn(async move {
             reports::forget_breakers_later(

@@ -68,7 +68,14 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     }
     match app.state.current() {
         Some(config) => {
-            Json(json!({"ready": true, "config_version": config.version})).into_response()
+            let mut body = json!({"ready": true, "config_version": config.version});
+            if config.limited_keys > 0 {
+                // How fresh this node's view of the fleet's use of limited keys is
+                // (docs/limits.md); null until the first view arrives.
+                let age = app.executor.telemetry.limits.view_age(Instant::now());
+                body["limits_view_age_ms"] = json!(age.map(|a| a.as_millis() as u64));
+            }
+            Json(body).into_response()
         }
         None => (
             StatusCode::SERVICE_UNAVAILABLE,

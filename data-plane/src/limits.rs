@@ -22,6 +22,8 @@ pub const REPORT_INTERVAL: Duration = Duration::from_millis(100);
 /// A view of the others older than this is no longer trusted for shares.
 pub const STALE: Duration = Duration::from_secs(2);
 const WINDOW_SECS: i64 = 60;
+/// The traffic a node's share of what is left is measured on.
+const RECENT_SECS: i64 = 10;
 const SECONDS_PER_DAY: i64 = 86_400;
 /// Seconds kept: the window and one more, so a report never misses the second that is
 /// just leaving it.
@@ -118,8 +120,9 @@ struct KeyLedger {
     others_day: i64,
     others_day_tokens: u64,
     others_day_micro_usd: u64,
-    /// Other nodes that used the key in the window, as of `state_at`.
+    /// Other nodes using the key now, and their recent requests, as of `state_at`.
     other_nodes: u32,
+    others_recent: u64,
     state_at: Option<Instant>,
     /// This node's share of what is left between two views, and the window's requests when
     /// the last view arrived.
@@ -140,6 +143,7 @@ impl Default for KeyLedger {
             others_day_tokens: 0,
             others_day_micro_usd: 0,
             other_nodes: 0,
+            others_recent: 0,
             state_at: None,
             share: 1.0,
             requests_at_state: 0,
@@ -214,6 +218,8 @@ impl KeyLedger {
 /// The node's counts and its view of the fleet, for every key with limits.
 pub struct Ledger {
     keys: RwLock<HashMap<String, Arc<Mutex<KeyLedger>>>>,
+    /// When the last view of the fleet arrived.
+    viewed_at: Mutex<Option<Instant>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -228,7 +234,7 @@ impl Default for Ledger {
 
 impl Ledger {
     pub fn new() -> Self {
-        Self { keys: RwLock::new(HashMap::new()) }
+        Self { keys: RwLock::new(HashMap::new()), viewed_at: Mutex::new(None) }
     }
 
     fn key(&self, key_id: &str) -> Arc<Mutex<KeyLedger>> {
@@ -248,9 +254,13 @@ impl Ledger {
         let mut k = lock(&ledger);
         k.roll_day(day);
         let fresh = k.state_at.is_some_and(|at| now.duration_since(at) < STALE);
-        // Cut off from the fleet: hold this node to an even share of what the fleet was.
+        // Cut off from the fleet, a node still counts what it last knew of the others (their
+        // use only grows while it cannot hear of it), and holds itself to an even share of
+        // the limit among the nodes it last knew of.
         let nodes = u64::from(k.other_nodes) + 1;
-        let even = |limit: u64| if fresh { limit } else { limit.div_ceil(nodes) };
+        let over = |used: u64, own: u64, limit: u64| {
+            used >= limit || (!fresh && own >= limit.div_ceil(nodes))
+        };
 
         let requests: u64 = k.window(now_s).map(|s| s.requests).sum();
         let tokens: u64 = k.window(now_s).map(|s| s.tokens).sum();
@@ -276,21 +286,18 @@ impl Ledger {
                 ..headers.clone()
             },
         };
-        if let Some(budget) = limits.micro_usd_per_day() {
-            let used = if fresh { k.day_micro_usd + others_micro_usd } else { k.day_micro_usd };
-            if used >= even(budget) {
-                return blocked(Limit::UsdPerDay, until_midnight);
-            }
+        if let Some(budget) = limits.micro_usd_per_day()
+            && over(k.day_micro_usd + others_micro_usd, k.day_micro_usd, budget)
+        {
+            return blocked(Limit::UsdPerDay, until_midnight);
         }
-        if let Some(budget) = limits.tokens_per_day {
-            let used = if fresh { k.day_tokens + others_tokens } else { k.day_tokens };
-            if used >= even(budget) {
-                return blocked(Limit::TokensPerDay, until_midnight);
-            }
+        if let Some(budget) = limits.tokens_per_day
+            && over(k.day_tokens + others_tokens, k.day_tokens, budget)
+        {
+            return blocked(Limit::TokensPerDay, until_midnight);
         }
         if let Some(rpm) = limits.rpm {
-            let used = if fresh { requests } else { own_requests };
-            if used >= even(rpm) {
+            if over(requests, own_requests, rpm) {
                 let retry = k.room_in(now_s, requests, rpm, |s| s.requests);
                 return blocked(Limit::Rpm, retry);
             }
@@ -304,8 +311,7 @@ impl Ledger {
         if let Some(tpm) = limits.tpm {
             let own_tokens: u64 =
                 k.own.iter().filter(|s| s.second > now_s - WINDOW_SECS).map(|s| s.tokens).sum();
-            let used = if fresh { tokens } else { own_tokens };
-            if used >= even(tpm) {
+            if over(tokens, own_tokens, tpm) {
                 let retry = k.room_in(now_s, tokens, tpm, |s| s.tokens);
                 return blocked(Limit::Tpm, retry);
             }
@@ -363,11 +369,20 @@ impl Ledger {
         Some(pb::LimitUsage { boot_id: boot_id.to_owned(), keys: windows })
     }
 
+    /// How old the last view of the fleet is (`/readyz` shows it); `None` before the first.
+    pub fn view_age(&self, now: Instant) -> Option<Duration> {
+        lock(&self.viewed_at).map(|at| now.saturating_duration_since(at))
+    }
+
     /// Takes the control plane's view of every other node, received at `now`.
     pub fn apply(&self, state: pb::LimitState, now_ms: i64, now: Instant) {
+        *lock(&self.viewed_at) = Some(now);
         let now_s = now_ms.div_euclid(1000);
-        let nodes: HashMap<&str, u32> =
-            state.shares.iter().map(|s| (s.key_id.as_str(), s.nodes)).collect();
+        let shares: HashMap<&str, (u32, u64)> = state
+            .shares
+            .iter()
+            .map(|s| (s.key_id.as_str(), (s.nodes, s.recent_requests)))
+            .collect();
         let mut seen = std::collections::HashSet::new();
         for window in &state.others {
             seen.insert(window.key_id.clone());
@@ -381,7 +396,8 @@ impl Ledger {
             k.others_day = window.day;
             k.others_day_tokens = window.day_tokens;
             k.others_day_micro_usd = window.day_micro_usd;
-            k.other_nodes = nodes.get(window.key_id.as_str()).copied().unwrap_or(0);
+            (k.other_nodes, k.others_recent) =
+                shares.get(window.key_id.as_str()).copied().unwrap_or((0, 0));
             settle(&mut k, now_s, now);
         }
         // Keys nobody else used: the view is that the others used nothing.
@@ -393,6 +409,7 @@ impl Ledger {
                 k.others_day_tokens = 0;
                 k.others_day_micro_usd = 0;
                 k.other_nodes = 0;
+                k.others_recent = 0;
                 settle(&mut k, now_s, now);
             }
         }
@@ -404,17 +421,21 @@ impl Ledger {
     }
 }
 
-/// A fresh view: this node's share of what is left — its part of the key's requests in the
-/// window, with one request's worth given to each node so that a node that has served none
-/// still gets some — and the window's requests when the view arrived.
+/// A fresh view: this node's share of what is left — its part of the key's recent traffic
+/// among the nodes using it now, with one request's worth given to each so that a node that
+/// has served none yet still gets some — and the window's requests when the view arrived.
 fn settle(k: &mut KeyLedger, now_s: i64, now: Instant) {
     k.state_at = Some(now);
     k.admitted_since_state = 0;
-    let own = k.own_requests(now_s) as f64;
-    let all: u64 = k.window(now_s).map(|s| s.requests).sum();
+    let own_recent: u64 = k
+        .own
+        .iter()
+        .filter(|s| s.second > now_s - RECENT_SECS && s.second <= now_s)
+        .map(|s| s.requests)
+        .sum();
     let nodes = f64::from(k.other_nodes) + 1.0;
-    k.share = (own + 1.0) / (all as f64 + nodes);
-    k.requests_at_state = all;
+    k.share = (own_recent as f64 + 1.0) / ((own_recent + k.others_recent) as f64 + nodes);
+    k.requests_at_state = k.window(now_s).map(|s| s.requests).sum();
 }
 
 #[cfg(test)]
@@ -452,7 +473,11 @@ mod tests {
                 day_tokens,
                 day_micro_usd,
             }],
-            shares: vec![pb::KeyShare { key_id: "k".into(), nodes }],
+            shares: vec![pb::KeyShare {
+                key_id: "k".into(),
+                nodes,
+                recent_requests: others.iter().filter(|o| o.0 > T0 / 1000 - 10).map(|o| o.1).sum(),
+            }],
         }
     }
 
