@@ -43,6 +43,8 @@ pub struct Fleet {
     pub node: Proc,
     /// The key's secret.
     pub key: String,
+    /// A second key with all four limits set too high to bind.
+    pub limited_key: String,
     /// The control plane's URL and admin token, for CLI commands against it.
     pub control: String,
     pub token: String,
@@ -72,9 +74,35 @@ impl Fleet {
         let applied = cli(bin, &control, &token, &["apply", "-f", &file.display().to_string()])?;
         let created = cli(bin, &control, &token, &["keys", "create", "--name", "bench"])?;
         let key = created["key"].as_str().ok_or("keys create printed no key")?.to_owned();
-        let version = created["version"].as_i64().max(applied["version"].as_i64()).unwrap_or(0);
+        let limited = cli(bin, &control, &token, &["keys", "create", "--name", "bench-limited"])?;
+        let limited_key = limited["key"].as_str().ok_or("keys create printed no key")?.to_owned();
+        let limited_id = limited["id"].as_str().ok_or("keys create printed no id")?;
+        let set = cli(
+            bin,
+            &control,
+            &token,
+            &[
+                "keys",
+                "set-limits",
+                limited_id,
+                "--rpm",
+                "1000000000000",
+                "--tpm",
+                "1000000000000",
+                "--tokens-per-day",
+                "1000000000000",
+                "--usd-per-day",
+                "1000000000",
+            ],
+        )?;
+        let version =
+            [created["version"].as_i64(), applied["version"].as_i64(), set["version"].as_i64()]
+                .into_iter()
+                .flatten()
+                .max()
+                .unwrap_or(0);
         let node = start_node(bin, dir, &control, "node", version).await?;
-        Ok(Fleet { sim, cp, node, key, control, token, version })
+        Ok(Fleet { sim, cp, node, key, limited_key, control, token, version })
     }
 
     /// One more node on the same control plane, ready with the fleet's config.

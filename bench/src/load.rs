@@ -18,11 +18,14 @@ pub enum Kind {
     Passthrough,
     NodeHealthy,
     NodeFailing,
+    /// Healthy, with a key that has all four limits (too high to bind): what deciding and
+    /// counting them costs.
+    NodeLimited,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] =
-        [Kind::Direct, Kind::Passthrough, Kind::NodeHealthy, Kind::NodeFailing];
+    pub const ALL: [Kind; 5] =
+        [Kind::Direct, Kind::Passthrough, Kind::NodeHealthy, Kind::NodeFailing, Kind::NodeLimited];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -30,6 +33,7 @@ impl Kind {
             Kind::Passthrough => "hyper pass-through",
             Kind::NodeHealthy => "node, primary healthy",
             Kind::NodeFailing => "node, primary failing",
+            Kind::NodeLimited => "node, healthy, key with limits",
         }
     }
 }

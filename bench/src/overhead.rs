@@ -198,6 +198,7 @@ async fn bench(options: Options) -> Result<()> {
         json!({"model": model, "fallback_models": [SECONDARY], "messages": messages}).to_string()
     };
     let auth = Some(format!("Bearer {key}"));
+    let limited_auth = Some(format!("Bearer {}", fleet.limited_key));
     let targets: Vec<Arc<Target>> = Kind::ALL
         .iter()
         .map(|&kind| {
@@ -209,6 +210,9 @@ async fn bench(options: Options) -> Result<()> {
                 }
                 Kind::NodeFailing => {
                     (node.addr, auth.clone(), node_body(FAILING), Some(node.pid()))
+                }
+                Kind::NodeLimited => {
+                    (node.addr, limited_auth.clone(), node_body(PRIMARY), Some(node.pid()))
                 }
             };
             Arc::new(Target {
@@ -230,7 +234,7 @@ async fn bench(options: Options) -> Result<()> {
         let (status, v) = http(t.addr, "POST", "/v1/chat/completions", auth, Some(body)).await?;
         let want = match t.kind {
             Kind::Direct | Kind::Passthrough => "primary",
-            Kind::NodeHealthy => PRIMARY,
+            Kind::NodeHealthy | Kind::NodeLimited => PRIMARY,
             Kind::NodeFailing => SECONDARY,
         };
         if status != 200 || v["model"] != want {
@@ -333,7 +337,7 @@ fn derive(run: &[Sample], s: &Sample) -> Derived {
     let direct = find(Kind::Direct);
     let pass = find(Kind::Passthrough);
     let proxied = s.kind != Kind::Direct;
-    let node = matches!(s.kind, Kind::NodeHealthy | Kind::NodeFailing);
+    let node = matches!(s.kind, Kind::NodeHealthy | Kind::NodeFailing | Kind::NodeLimited);
     Derived {
         added_p50_us: direct.filter(|_| proxied).map(|d| s.p50_us - d.p50_us),
         added_p99_us: direct.filter(|_| proxied).map(|d| s.p99_us - d.p99_us),
@@ -418,6 +422,14 @@ fn print_goals(runs: &[Vec<Sample>], concurrency: &[usize], dropped: Option<u64>
             println!("| {goal} | {c} | {} | {} | {} |", fmt(h, d), fmt(f, d), verdict(ok));
         };
         row("CPU/req ≤ 2× pass-through", both(|r, s| derive(r, s).cpu_vs_pass), 2.0, 2);
+        let limited = med_of(runs, Kind::NodeLimited, c, |_, s| s.proxy_cpu_us)
+            .zip(med_of(runs, Kind::NodeHealthy, c, |_, s| s.proxy_cpu_us))
+            .map(|(l, h)| l / h);
+        println!(
+            "| CPU/req, key with all four limits ≤ 1.05× without | {c} | {} | – | {} |",
+            fmt(limited, 3),
+            verdict(limited.is_some_and(|r| r <= 1.05))
+        );
         if c == 1 {
             row(
                 "p50 over pass-through ≤ 0.1 ms",

@@ -258,3 +258,34 @@ async fn bad_limits_are_refused_naming_the_flag_and_nothing_changes() {
     assert_eq!(r.status, 200);
     assert!(header(&r, "x-ratelimit-limit-requests").is_none(), "no limits, no headers");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_raises_rate_limit_error_with_the_gateways_headers() {
+    let gw = Gateway::start().await;
+    let set =
+        cli(&gw.cp.url(), &["keys", "set-limits", &gw.key_id, "--rpm", "3", "--json"]).await.json();
+    wait_ready(gw.node.addr, set["version"].as_i64().unwrap()).await;
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/e2e/openai_sdk_limits.py");
+    let out = tokio::process::Command::new(python())
+        .arg(&script)
+        .arg(format!("{}/v1", gw.node.url()))
+        .arg(&gw.key)
+        .arg(PRIMARY)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(seen["served"], 3, "{seen}");
+    assert_eq!(seen["status"], 429);
+    assert_eq!(seen["code"], "gateway_rate_limited");
+    assert_eq!(seen["type"], "rate_limit_error");
+    assert_eq!(seen["limit"], "3");
+    assert_eq!(seen["remaining"], "0");
+    assert!(seen["retry_after"].as_str().unwrap().parse::<u64>().unwrap() >= 1, "{seen}");
+    assert!(seen["reset"].as_str().unwrap().ends_with('s'), "{seen}");
+}
