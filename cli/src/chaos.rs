@@ -115,7 +115,7 @@ fn rate(text: &str) -> Result<f64, String> {
     }
 }
 
-fn ttl(text: &str) -> Result<Duration, String> {
+pub fn ttl(text: &str) -> Result<Duration, String> {
     let ttl = parse_duration(text).map_err(|e| e.to_string())?;
     if (MIN_TTL..=MAX_TTL).contains(&ttl) {
         Ok(ttl)

@@ -19,11 +19,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use switchyard_catalog::fault::{Fault, FaultKind, FaultTarget, MAX_TTL, MIN_TTL};
+use switchyard_catalog::fault::{Fault, FaultKind, FaultTarget, MAX_TTL};
 use switchyard_catalog::keys::hash_secret;
 use switchyard_catalog::{Catalog, Model};
 use switchyard_proto::admin::v1 as pb;
-use switchyard_time::{format_duration, parse_duration};
+use switchyard_time::format_duration;
 
 use crate::admin::{Admin, AdminOpts, print};
 use crate::error::CliError;
@@ -60,23 +60,10 @@ pub struct DrillArgs {
     pub concurrency: u32,
     /// How long the injected fault lives if the drill cannot clear it (killed), 1s to 24h
     /// [default: 5m, longer when the drill needs it].
-    #[arg(long, value_name = "DURATION", value_parser = ttl)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::chaos::ttl)]
     pub ttl: Option<Duration>,
     #[command(flatten)]
     pub opts: AdminOpts,
-}
-
-fn ttl(text: &str) -> Result<Duration, String> {
-    let ttl = parse_duration(text).map_err(|e| e.to_string())?;
-    if (MIN_TTL..=MAX_TTL).contains(&ttl) {
-        Ok(ttl)
-    } else {
-        Err(format!(
-            "must be between {} and {}",
-            format_duration(MIN_TTL),
-            format_duration(MAX_TTL)
-        ))
-    }
 }
 
 /// How long the node may take to apply an injected or cleared fault.

@@ -60,42 +60,16 @@ async fn metric(node: std::net::SocketAddr, name: &str, needle: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_down_on_etcd_opens_the_breaker_within_one_window_then_the_next_model_serves_without_primary_calls()
  {
-    let dir = tempfile::tempdir().unwrap();
     let etcd = EtcdProcess::start().await;
-    let store = etcd.endpoint().replace("http://", "etcd://");
-    let sim =
-        Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
-    let cp1 = start_control(&store, "127.0.0.1:0", dir.path(), "cp1").await;
-    let cp2 = start_control(&store, "127.0.0.1:0", dir.path(), "cp2").await;
-    let catalog = dir.path().join("catalog.yaml");
-    std::fs::write(&catalog, catalog_yaml(&sim.url(), &GatewayOptions::default())).unwrap();
-    cli(&cp1.url(), &["apply", "-f", &catalog.display().to_string(), "--json"]).await.json();
+    let fleet = EtcdPair::start(&etcd).await;
+    let (sim, cp1, cp2) = (&fleet.sim, &fleet.cp1, &fleet.cp2);
     let created = cli(&cp1.url(), &["keys", "create", "--name", "drill", "--json"]).await.json();
     let key = created["key"].as_str().unwrap().to_owned();
+    let version = created["version"].as_i64().unwrap();
     // Each node follows a different replica first: the fault the drill stores through cp2
     // reaches node 1 through cp1 and etcd.
-    let node1 = start_node(
-        &format!("{},{}", cp1.url(), cp2.url()),
-        &dir.path().join("node1"),
-        "127.0.0.1:0",
-        dir.path().join("node1.log"),
-    )
-    .await;
-    let node2 = start_node(
-        &format!("{},{}", cp2.url(), cp1.url()),
-        &dir.path().join("node2"),
-        "127.0.0.1:0",
-        dir.path().join("node2.log"),
-    )
-    .await;
-    let version = created["version"].as_i64().unwrap();
-    for node in [&node1, &node2] {
-        let addr = node.addr;
-        eventually(PATIENCE, "a node to apply the key", || async move {
-            node_version(addr).await.filter(|v| *v >= version)
-        })
-        .await;
-    }
+    let node1 = fleet.node("node1", cp1, cp2, version).await;
+    let node2 = fleet.node("node2", cp2, cp1, version).await;
 
     let out = drill(
         &cp2.url(),

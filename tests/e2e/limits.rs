@@ -45,16 +45,9 @@ fn blocked_well(r: &HttpResponse, code: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_rpm_hold_across_three_nodes_and_two_control_planes_on_etcd() {
-    let dir = tempfile::tempdir().unwrap();
     let etcd = EtcdProcess::start().await;
-    let store = etcd.endpoint().replace("http://", "etcd://");
-    let sim =
-        Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
-    let cp1 = start_control(&store, "127.0.0.1:0", dir.path(), "cp1").await;
-    let cp2 = start_control(&store, "127.0.0.1:0", dir.path(), "cp2").await;
-    let catalog = dir.path().join("catalog.yaml");
-    std::fs::write(&catalog, catalog_yaml(&sim.url(), &GatewayOptions::default())).unwrap();
-    cli(&cp1.url(), &["apply", "-f", &catalog.display().to_string(), "--json"]).await.json();
+    let fleet = EtcdPair::start(&etcd).await;
+    let (sim, cp1, cp2) = (&fleet.sim, &fleet.cp1, &fleet.cp2);
     let created = cli(&cp1.url(), &["keys", "create", "--name", "metered", "--json"]).await.json();
     let (key, id) = (created["key"].as_str().unwrap(), created["id"].as_str().unwrap());
     let set = cli(&cp2.url(), &["keys", "set-limits", id, "--rpm", "60", "--json"]).await.json();
@@ -62,15 +55,8 @@ async fn sixty_rpm_hold_across_three_nodes_and_two_control_planes_on_etcd() {
     let version = set["version"].as_i64().unwrap();
     // Nodes 1 and 3 follow cp1, node 2 follows cp2: the fleet's count crosses replicas.
     let mut nodes = Vec::new();
-    for (i, first) in [&cp1, &cp2, &cp1].into_iter().enumerate() {
-        let other = if std::ptr::eq(first, &cp1) { &cp2 } else { &cp1 };
-        let node = start_node(
-            &format!("{},{}", first.url(), other.url()),
-            &dir.path().join(format!("node{i}")),
-            "127.0.0.1:0",
-            dir.path().join(format!("node{i}.log")),
-        )
-        .await;
+    for (i, (first, second)) in [(cp1, cp2), (cp2, cp1), (cp1, cp2)].into_iter().enumerate() {
+        let node = fleet.node(&format!("node{i}"), first, second, version).await;
         wait_ready(node.addr, version).await;
         nodes.push(node);
     }

@@ -362,3 +362,44 @@ impl Gateway {
         Streamed { status, headers: head.to_owned(), frames, took }
     }
 }
+
+/// A simulator and two control planes on one etcd, with the test catalog applied: the
+/// fleets that check what holds across replicas. Nodes are the test's to start.
+pub struct EtcdPair {
+    pub dir: tempfile::TempDir,
+    pub sim: Proc,
+    pub cp1: Proc,
+    pub cp2: Proc,
+}
+
+impl EtcdPair {
+    pub async fn start(etcd: &crate::etcd::EtcdProcess) -> EtcdPair {
+        let dir = tempfile::tempdir().unwrap();
+        let store = etcd.endpoint().replace("http://", "etcd://");
+        let sim =
+            Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
+        let cp1 = start_control(&store, "127.0.0.1:0", dir.path(), "cp1").await;
+        let cp2 = start_control(&store, "127.0.0.1:0", dir.path(), "cp2").await;
+        let catalog = dir.path().join("catalog.yaml");
+        std::fs::write(&catalog, catalog_yaml(&sim.url(), &GatewayOptions::default())).unwrap();
+        cli(&cp1.url(), &["apply", "-f", &catalog.display().to_string(), "--json"]).await.json();
+        EtcdPair { dir, sim, cp1, cp2 }
+    }
+
+    /// A node following `first`, then `second`, ready at `version`.
+    pub async fn node(&self, name: &str, first: &Proc, second: &Proc, version: i64) -> Proc {
+        let node = start_node(
+            &format!("{},{}", first.url(), second.url()),
+            &self.dir.path().join(name),
+            "127.0.0.1:0",
+            self.dir.path().join(format!("{name}.log")),
+        )
+        .await;
+        let addr = node.addr;
+        eventually(PATIENCE, "a node to apply the config", || async move {
+            node_version(addr).await.filter(|v| *v >= version)
+        })
+        .await;
+        node
+    }
+}
