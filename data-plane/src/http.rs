@@ -199,12 +199,7 @@ async fn handle(
             (ApiError::Limited { limit, limits: *limits, retry_after }.render(flavor), rate)
         }
     };
-    let headers = response.headers_mut();
-    for (name, value) in rate.pairs() {
-        if let Ok(value) = header::HeaderValue::from_str(&value) {
-            headers.insert(name, value);
-        }
-    }
+    rate.write(response.headers_mut());
     Ok(response)
 }
 

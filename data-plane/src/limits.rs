@@ -66,20 +66,26 @@ pub struct RateHeaders {
 }
 
 impl RateHeaders {
-    /// The header pairs, in OpenAI's names and formats.
-    pub fn pairs(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::with_capacity(6);
-        if let Some((limit, remaining, reset)) = self.requests {
-            out.push(("x-ratelimit-limit-requests", limit.to_string()));
-            out.push(("x-ratelimit-remaining-requests", remaining.to_string()));
-            out.push(("x-ratelimit-reset-requests", reset_text(reset)));
+    /// Writes the headers into `headers`, in OpenAI's names and formats.
+    pub fn write(&self, headers: &mut http::HeaderMap) {
+        let mut put = |name: &'static str, value: http::HeaderValue| {
+            headers.insert(http::HeaderName::from_static(name), value);
+        };
+        let reset = |d: Duration| http::HeaderValue::from_str(&reset_text(d)).ok();
+        if let Some((limit, remaining, at)) = self.requests {
+            put("x-ratelimit-limit-requests", limit.into());
+            put("x-ratelimit-remaining-requests", remaining.into());
+            if let Some(v) = reset(at) {
+                put("x-ratelimit-reset-requests", v);
+            }
         }
-        if let Some((limit, remaining, reset)) = self.tokens {
-            out.push(("x-ratelimit-limit-tokens", limit.to_string()));
-            out.push(("x-ratelimit-remaining-tokens", remaining.to_string()));
-            out.push(("x-ratelimit-reset-tokens", reset_text(reset)));
+        if let Some((limit, remaining, at)) = self.tokens {
+            put("x-ratelimit-limit-tokens", limit.into());
+            put("x-ratelimit-remaining-tokens", remaining.into());
+            if let Some(v) = reset(at) {
+                put("x-ratelimit-reset-tokens", v);
+            }
         }
-        out
     }
 }
 
@@ -100,6 +106,16 @@ pub fn reset_text(d: Duration) -> String {
 pub enum Decision {
     Admitted(RateHeaders),
     Blocked { limit: Limit, retry_after: Duration, headers: RateHeaders },
+}
+
+#[derive(Default)]
+struct Sums {
+    requests: u64,
+    tokens: u64,
+    own_requests: u64,
+    own_tokens: u64,
+    oldest_request: Option<i64>,
+    oldest_token: Option<i64>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -175,10 +191,6 @@ impl KeyLedger {
         self.own.iter().filter(live).chain(self.others.iter().filter(live))
     }
 
-    fn own_requests(&self, now_s: i64) -> u64 {
-        self.own.iter().filter(|s| s.second > now_s - WINDOW_SECS).map(|s| s.requests).sum()
-    }
-
     fn others_day(&self, day: i64) -> (u64, u64) {
         if self.others_day == day {
             (self.others_day_tokens, self.others_day_micro_usd)
@@ -203,15 +215,30 @@ impl KeyLedger {
         Duration::from_secs(1)
     }
 
-    /// Until the oldest counted second leaves the window (OpenAI's "reset").
-    fn reset_in(&self, now_s: i64, of: fn(&Slot) -> u64) -> Duration {
-        self.window(now_s)
-            .filter(|s| of(s) > 0)
-            .map(|s| s.second)
-            .min()
-            .map_or(Duration::ZERO, |oldest| {
-                Duration::from_secs((oldest + WINDOW_SECS - now_s).max(0) as u64)
-            })
+    /// The window's totals, this node's part of them, and the oldest second that counts
+    /// requests or tokens (for OpenAI's "reset" headers).
+    fn sums(&self, now_s: i64) -> Sums {
+        let mut w = Sums::default();
+        let mut add = |s: &Slot, own: bool| {
+            if s.second <= now_s - WINDOW_SECS || s.second > now_s {
+                return;
+            }
+            w.requests += s.requests;
+            w.tokens += s.tokens;
+            if own {
+                w.own_requests += s.requests;
+                w.own_tokens += s.tokens;
+            }
+            if s.requests > 0 {
+                w.oldest_request = Some(w.oldest_request.map_or(s.second, |o| o.min(s.second)));
+            }
+            if s.tokens > 0 {
+                w.oldest_token = Some(w.oldest_token.map_or(s.second, |o| o.min(s.second)));
+            }
+        };
+        self.own.iter().for_each(|s| add(s, true));
+        self.others.iter().for_each(|s| add(s, false));
+        w
     }
 }
 
@@ -262,16 +289,20 @@ impl Ledger {
             used >= limit || (!fresh && own >= limit.div_ceil(nodes))
         };
 
-        let requests: u64 = k.window(now_s).map(|s| s.requests).sum();
-        let tokens: u64 = k.window(now_s).map(|s| s.tokens).sum();
-        let own_requests = k.own_requests(now_s);
+        // One pass over the window for every figure the decision and the headers need.
+        let w = k.sums(now_s);
+        let (requests, tokens) = (w.requests, w.tokens);
+        let own_requests = w.own_requests;
+        let reset = |oldest: Option<i64>| {
+            oldest.map_or(Duration::ZERO, |s| {
+                Duration::from_secs((s + WINDOW_SECS - now_s).max(0) as u64)
+            })
+        };
         let headers = RateHeaders {
-            requests: limits.rpm.map(|rpm| {
-                (rpm, rpm.saturating_sub(requests + 1), k.reset_in(now_s, |s| s.requests))
-            }),
-            tokens: limits
-                .tpm
-                .map(|tpm| (tpm, tpm.saturating_sub(tokens), k.reset_in(now_s, |s| s.tokens))),
+            requests: limits
+                .rpm
+                .map(|rpm| (rpm, rpm.saturating_sub(requests + 1), reset(w.oldest_request))),
+            tokens: limits.tpm.map(|tpm| (tpm, tpm.saturating_sub(tokens), reset(w.oldest_token))),
         };
         let until_midnight =
             Duration::from_millis(((day + 1) * SECONDS_PER_DAY * 1000 - now_ms).max(1000) as u64);
@@ -308,13 +339,11 @@ impl Ledger {
                 return blocked(Limit::Rpm, Duration::from_secs(1));
             }
         }
-        if let Some(tpm) = limits.tpm {
-            let own_tokens: u64 =
-                k.own.iter().filter(|s| s.second > now_s - WINDOW_SECS).map(|s| s.tokens).sum();
-            if over(tokens, own_tokens, tpm) {
-                let retry = k.room_in(now_s, tokens, tpm, |s| s.tokens);
-                return blocked(Limit::Tpm, retry);
-            }
+        if let Some(tpm) = limits.tpm
+            && over(tokens, w.own_tokens, tpm)
+        {
+            let retry = k.room_in(now_s, tokens, tpm, |s| s.tokens);
+            return blocked(Limit::Tpm, retry);
         }
         k.own_slot(now_s).requests += 1;
         k.admitted_since_state += 1;
@@ -594,12 +623,16 @@ mod tests {
         assert_eq!(reset_text(Duration::from_millis(11_200)), "12s");
         assert_eq!(reset_text(Duration::from_secs(60)), "1m0s");
         let h = RateHeaders { requests: Some((60, 59, Duration::from_secs(1))), tokens: None };
+        let mut headers = http::HeaderMap::new();
+        h.write(&mut headers);
+        let got: Vec<(String, String)> =
+            headers.iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned())).collect();
         assert_eq!(
-            h.pairs(),
+            got,
             [
-                ("x-ratelimit-limit-requests", "60".to_owned()),
-                ("x-ratelimit-remaining-requests", "59".to_owned()),
-                ("x-ratelimit-reset-requests", "1s".to_owned()),
+                ("x-ratelimit-limit-requests".to_owned(), "60".to_owned()),
+                ("x-ratelimit-remaining-requests".to_owned(), "59".to_owned()),
+                ("x-ratelimit-reset-requests".to_owned(), "1s".to_owned()),
             ]
         );
     }

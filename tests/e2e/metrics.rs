@@ -211,3 +211,99 @@ async fn the_control_plane_counts_connected_nodes_and_stored_events() {
     })
     .await;
 }
+
+/// The metric families a node exposes, by their `# TYPE` lines, with the sample names each
+/// family writes (`_total`, `_bucket`, `_sum`, `_count`).
+fn sample_names(metrics: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in metrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            let (Some(name), Some(kind)) = (parts.next(), parts.next()) else { continue };
+            match kind {
+                // The Prometheus text format names a counter's family with its `_total`;
+                // OpenMetrics without it.
+                "counter" => {
+                    names.insert(format!("{}_total", name.trim_end_matches("_total")));
+                }
+                "histogram" => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        names.insert(format!("{name}{suffix}"));
+                    }
+                }
+                _ => {
+                    names.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_query_of_the_grafana_dashboard_is_valid_promql_over_metrics_a_node_exposes() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/grafana/switchyard.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(exprs.len() >= 14, "{exprs:?}");
+
+    // Grafana's variables as it would fill them, then every query as a recording rule:
+    // `promtool check rules` parses each one as Prometheus does.
+    let rules: Vec<serde_json::Value> = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let e = e.replace("$__rate_interval", "1m").replace("$instance", ".*");
+            json!({"record": format!("dashboard:query_{i}"), "expr": e})
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.yml");
+    let yaml = json!({"groups": [{"name": "dashboard", "rules": rules}]});
+    std::fs::write(&file, yaml.to_string()).unwrap();
+    let out = tokio::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .await
+        .expect("promtool (Debian's prometheus package; .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Every metric a query names is one a node exposes (a family shows in `/metrics` once it
+    // has a sample) or one the metrics table of docs/operating.md promises.
+    let gw = Gateway::start().await;
+    traffic(&gw).await;
+    let exposed = sample_names(&scrape(gw.node.addr).await);
+    let docs = std::fs::read_to_string(
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/operating.md"),
+    )
+    .unwrap();
+    for e in &exprs {
+        for word in e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            let metric = ["switchyard_", "gen_ai_server_", "gen_ai_client_"];
+            if !metric.iter().any(|p| word.starts_with(p)) {
+                continue;
+            }
+            let family = word.trim_end_matches("_bucket");
+            let documented = docs.contains(&format!("| `{family}` |"));
+            assert!(
+                exposed.contains(word) || documented,
+                "the dashboard queries {word}, which a node neither exposes nor documents: {e}"
+            );
+        }
+    }
+    assert!(exposed.contains("switchyard_upstream_attempts_total"), "{exposed:?}");
+}
