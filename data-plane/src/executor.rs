@@ -85,7 +85,9 @@ enum Called {
 
 enum AttemptResult {
     Served(Output),
-    Failover(FailoverReason, Code),
+    /// With when the upstream said it would take calls again, if its last answer had a
+    /// `Retry-After`.
+    Failover(FailoverReason, Code, Option<Instant>),
     ClientError(StatusCode, UpstreamError),
 }
 
@@ -105,6 +107,9 @@ impl Executor {
         let mut skipped: Vec<(usize, Instant)> = Vec::new();
         let mut tried = false;
         let mut last_failure: Option<(FailoverReason, Code)> = None;
+        // The soonest any upstream said it would take calls again: the chain's `Retry-After`
+        // when every failure was a rate limit.
+        let mut retry_at: Option<Instant> = None;
 
         for (i, entry) in chain.entries.iter().enumerate() {
             let Some(timeout) = budget(chain, entry, started) else { break };
@@ -140,8 +145,9 @@ impl Executor {
                 AttemptResult::ClientError(status, error) => {
                     return Err(client_error(chain, status, error, attempts));
                 }
-                AttemptResult::Failover(reason, code) => {
+                AttemptResult::Failover(reason, code, at) => {
                     last_failure = Some((reason, code));
+                    retry_at = soonest(retry_at, at);
                     if !chain.fails_over_on(reason) {
                         break;
                     }
@@ -158,7 +164,7 @@ impl Executor {
             && attempts.len() == chain.entries.len()
             && skipped.iter().all(|(_, ready_at)| *ready_at > now)
         {
-            let mut failed = all_failed(chain, attempts, None);
+            let mut failed = all_failed(chain, attempts, None, None);
             failed.all_open = true;
             return Err(failed);
         }
@@ -186,12 +192,15 @@ impl Executor {
                     AttemptResult::ClientError(status, error) => {
                         return Err(client_error(chain, status, error, attempts));
                     }
-                    AttemptResult::Failover(reason, code) => last_failure = Some((reason, code)),
+                    AttemptResult::Failover(reason, code, at) => {
+                        last_failure = Some((reason, code));
+                        retry_at = soonest(retry_at, at);
+                    }
                 }
             }
         }
 
-        Err(all_failed(chain, attempts, last_failure))
+        Err(all_failed(chain, attempts, last_failure, retry_at))
     }
 
     /// The breaker of `model`'s (provider, upstream model), with the catalog's policy and
@@ -273,10 +282,11 @@ impl Executor {
             };
             debug!(model = %model.name, ?failure, retries, "call failed");
             let retry_after = failure.retry_after();
+            let retry_at = retry_after.map(|wait| Instant::now() + wait);
             let (outcome, result, failed) = match failure::classify(failure) {
                 Verdict::Failover { reason, breaker, code } => (
                     breaker,
-                    AttemptResult::Failover(reason, code),
+                    AttemptResult::Failover(reason, code, retry_at),
                     Some(FailedCall { reason, retryable: code.retryable(), retry_after }),
                 ),
                 Verdict::Stop { status, error, breaker } => {
@@ -318,7 +328,7 @@ impl Executor {
                 continue;
             }
             let reason = match &result {
-                AttemptResult::Failover(reason, _) => AttemptReason::Failover(*reason),
+                AttemptResult::Failover(reason, ..) => AttemptReason::Failover(*reason),
                 _ => AttemptReason::ClientError,
             };
             self.finish_attempt(
@@ -561,11 +571,21 @@ fn client_error(
     Failed { error, attempts, all_open: false }
 }
 
-/// 429 when every failure was a rate limit, else 502 (docs/http-api.md, "Errors").
+/// The earlier of two moments, either of which may be unknown.
+fn soonest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// 429 when every failure was a rate limit, else 502 (docs/http-api.md, "Errors"). A 429
+/// carries `retry_at`, the soonest any upstream said it would take calls again.
 fn all_failed(
     chain: &Chain,
     attempts: Vec<AttemptReport>,
     last_failure: Option<(FailoverReason, Code)>,
+    retry_at: Option<Instant>,
 ) -> Failed {
     let failures: Vec<_> = attempts.iter().filter(|a| a.status == AttemptStatus::Failed).collect();
     let all_rate_limited = !failures.is_empty()
@@ -602,6 +622,7 @@ fn all_failed(
         status,
         message,
         attempts: chain.is_multi_model().then(|| attempts.clone()),
+        retry_at: if all_rate_limited { retry_at } else { None },
     };
     Failed { error, attempts, all_open: false }
 }

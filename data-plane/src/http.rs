@@ -352,6 +352,7 @@ fn render_completion(
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: "could not encode the response".into(),
             attempts: None,
+            retry_at: None,
         }
         .render(flavor),
     }
