@@ -18,7 +18,7 @@ use switchyard_catalog::{ApiKeyRecord, Model};
 use switchyard_proto::node::v1 as pb;
 
 pub use crate::app::App;
-use crate::app::{raw, record_usage};
+use crate::app::{model_headers, raw, record_usage};
 use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
 use crate::degraded::{self, Answer, Reason};
@@ -347,7 +347,16 @@ fn render_completion(
         }
     });
     match body {
-        Some(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Some(body) => {
+            let mut response = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+            // Clients that drop unknown body fields (LangChain, the Vercel AI SDK) see a
+            // failover only here (docs/clients.md); a single model adds nothing to `model`.
+            if chain.is_multi_model() {
+                let (served, requested) = (&report.served_model, chain.requested_model());
+                model_headers(response.headers_mut(), served, requested);
+            }
+            response
+        }
         None => ApiError::AllFailed {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: "could not encode the response".into(),
