@@ -317,6 +317,24 @@ impl Streamed {
         })
     }
 
+    /// The one chunk that carries the failover report (`secureai`, or `metadata` on the
+    /// classic endpoint): the first with content (docs/http-api.md, "Streaming"). Panics
+    /// unless exactly one chunk carries it.
+    pub fn report_chunk(&self) -> Value {
+        let mut carriers = self
+            .chunks()
+            .into_iter()
+            .filter(|c| c.get("secureai").is_some() || c.get("metadata").is_some());
+        let first =
+            carriers.next().unwrap_or_else(|| panic!("no chunk has the report: {:?}", self.frames));
+        assert!(
+            carriers.next().is_none(),
+            "the report is in more than one chunk: {:?}",
+            self.frames
+        );
+        first
+    }
+
     pub fn error_frame(&self) -> Option<Value> {
         self.chunks().into_iter().find(|c| c.get("error").is_some())
     }
