@@ -315,6 +315,7 @@ fn failover_event(
         stream,
         status,
         degraded: String::new(),
+        request_id: String::new(),
     }
 }
 
