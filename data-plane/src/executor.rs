@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::StatusCode;
+use http::{HeaderValue, StatusCode};
 use tracing::{Instrument, debug, debug_span};
 
 use switchyard_catalog::{BreakerPolicy, FailoverReason, Model};
@@ -92,11 +92,13 @@ enum AttemptResult {
 }
 
 impl Executor {
+    /// `request_id` goes upstream with every call (docs/http-api.md, "Response headers").
     pub async fn run(
         &self,
         chain: &Chain,
         request: &ChatRequest<'_>,
         config: &NodeConfig,
+        request_id: &HeaderValue,
     ) -> Result<Served, Failed> {
         let started = Instant::now();
         // The budget grows with requests, not attempts: a request that fails over must not
@@ -138,7 +140,9 @@ impl Executor {
                 }
             };
             tried = true;
-            match self.attempt(entry, timeout, permit, request, config, &mut attempts).await {
+            let result =
+                self.attempt(entry, timeout, permit, request, config, request_id, &mut attempts);
+            match result.await {
                 AttemptResult::Served(output) => {
                     return Ok(Served { output, model: Arc::clone(&entry.model), attempts });
                 }
@@ -179,8 +183,9 @@ impl Executor {
                 let (permit, transition) = breaker.force_probe(Instant::now());
                 self.report_transition(transition);
                 let mut probe_report = Vec::with_capacity(1);
-                let result =
-                    self.attempt(entry, timeout, permit, request, config, &mut probe_report).await;
+                let result = self
+                    .attempt(entry, timeout, permit, request, config, request_id, &mut probe_report)
+                    .await;
                 if let Some(mut report) = probe_report.pop() {
                     report.probe = true;
                     attempts[i] = report;
@@ -218,6 +223,7 @@ impl Executor {
     /// call counts in the breaker. Retries happen only before a stream commits (nothing has
     /// reached the client yet); a client that goes away drops this future, and with it any
     /// backoff in progress.
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         entry: &Entry,
@@ -225,6 +231,7 @@ impl Executor {
         permit: Permit,
         request: &ChatRequest<'_>,
         config: &NodeConfig,
+        request_id: &HeaderValue,
         attempts: &mut Vec<AttemptReport>,
     ) -> AttemptResult {
         let model = &entry.model;
@@ -246,7 +253,16 @@ impl Executor {
         let mut injector = Injector::new(&entry.faults);
         loop {
             let called = self
-                .call(entry, timeout, deadline, first_token, request, config, &mut injector)
+                .call(
+                    entry,
+                    timeout,
+                    deadline,
+                    first_token,
+                    request,
+                    config,
+                    request_id,
+                    &mut injector,
+                )
                 .instrument(span.clone())
                 .await;
             let failure = match called {
@@ -355,6 +371,7 @@ impl Executor {
         first_token: Instant,
         request: &ChatRequest<'_>,
         config: &NodeConfig,
+        request_id: &HeaderValue,
         injector: &mut Injector<'_>,
     ) -> Result<Called, Failure> {
         let model = &entry.model;
@@ -369,11 +386,13 @@ impl Executor {
         };
         if request.stream {
             let (buffered, upstream) =
-                open_until_first_token(provider, model, body, first_token, injector).await?;
+                open_until_first_token(provider, model, body, first_token, request_id, injector)
+                    .await?;
             return Ok(Called::Stream(buffered, upstream));
         }
         let deadline = tokio::time::Instant::from_std(deadline);
-        match tokio::time::timeout_at(deadline, provider.complete(model, body, injector)).await {
+        let call = provider.complete(model, body, Some(request_id), injector);
+        match tokio::time::timeout_at(deadline, call).await {
             Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
             Ok(Ok(completion)) => Ok(Called::Completion(completion)),
             Ok(Err(e)) => Err(Failure::Call(e)),
@@ -634,17 +653,20 @@ async fn open_until_first_token(
     model: &Model,
     body: bytes::Bytes,
     first_token: Instant,
+    request_id: &HeaderValue,
     injector: &mut Injector<'_>,
 ) -> Result<(Vec<StreamEvent>, UpstreamStream), Failure> {
     let started = Instant::now();
     let waited = || first_token.saturating_duration_since(started);
     let deadline = tokio::time::Instant::from_std(first_token);
     let timed_out = || Failure::Call(CallError::Timeout(waited()));
-    let mut upstream =
-        tokio::time::timeout_at(deadline, provider.open_stream(model, body, injector))
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(Failure::Call)?;
+    let mut upstream = tokio::time::timeout_at(
+        deadline,
+        provider.open_stream(model, body, Some(request_id), injector),
+    )
+    .await
+    .map_err(|_| timed_out())?
+    .map_err(Failure::Call)?;
     let mut buffered = Vec::new();
     loop {
         match tokio::time::timeout_at(deadline, upstream.next()).await {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -28,6 +28,7 @@ use crate::metrics::{EndpointLabels, RequestLabels, gen_ai_provider_name};
 use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
+use crate::request_id;
 
 /// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -133,15 +134,22 @@ async fn chat(
     // The request taken whole, not through a `HeaderMap` extractor, which would clone the headers.
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
+    let id = request_id::of(&headers);
     // Debug level: free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the
     // request path pays nothing for spans nobody collects.
-    let span = debug_span!("request", endpoint = ?flavor, key = tracing::field::Empty);
+    let span = debug_span!(
+        "request",
+        endpoint = ?flavor,
+        request_id = id.to_str().unwrap_or_default(),
+        key = tracing::field::Empty
+    );
     async move {
         let started = Instant::now();
-        let response = match handle(&app, &headers, body, flavor, started).await {
+        let mut response = match handle(&app, &headers, body, flavor, &id, started).await {
             Ok(response) => response,
             Err(e) => e.render(flavor),
         };
+        response.headers_mut().insert(request_id::HEADER, id);
         let endpoint = match flavor {
             Flavor::OpenAi => "/v1/chat/completions",
             Flavor::Classic => "/chat/completions",
@@ -166,6 +174,7 @@ async fn handle(
     headers: &HeaderMap,
     body: Body,
     flavor: Flavor,
+    id: &HeaderValue,
     started: Instant,
 ) -> Result<Response, ApiError> {
     let config = app.state.current().ok_or(ApiError::NotReady)?;
@@ -177,7 +186,9 @@ async fn handle(
         .map_err(|_| ApiError::PayloadTooLarge { limit: app.max_body_bytes })?;
     let request = ChatRequest::parse(&bytes)?;
     let chain = chain::resolve(&request, &key, &config)?;
-    let outcome = app.executor.run(&chain, &request, &config).await;
+    let outcome = app.executor.run(&chain, &request, &config, id).await;
+    // Valid ids are visible ASCII, so this is the id as sent.
+    let id_text = id.to_str().unwrap_or_default();
     if let Err(failed) = &outcome
         && let Some(degraded) = &chain.degraded
         && failed.error.is_all_models_failed()
@@ -195,6 +206,7 @@ async fn handle(
             200,
         );
         event.degraded = reason.as_str().to_owned();
+        event.request_id = id_text.to_owned();
         app.executor.telemetry.push_event(event);
         // Never billed: no model served, so no usage is recorded.
         return Ok(degraded::respond(Answer {
@@ -216,15 +228,10 @@ async fn handle(
             Err(f) => (String::new(), u32::from(f.error.status().as_u16())),
         };
         app.executor.metrics.model(chain.requested_model()).failover(&served_model);
-        app.executor.telemetry.push_event(failover_event(
-            app,
-            request.stream,
-            &key,
-            &chain,
-            attempts,
-            served_model,
-            status,
-        ));
+        let mut event =
+            failover_event(app, request.stream, &key, &chain, attempts, served_model, status);
+        event.request_id = id_text.to_owned();
+        app.executor.telemetry.push_event(event);
     }
     let metrics = &app.executor.metrics;
     let served = match outcome {
@@ -256,6 +263,7 @@ async fn handle(
                 stream,
                 crate::stream::Context {
                     key_id: key.id.clone(),
+                    request_id: id.clone(),
                     model: served.model,
                     report: report(&chain, &served.attempts),
                     multi: chain.is_multi_model(),

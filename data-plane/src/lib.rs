@@ -28,6 +28,7 @@ pub mod probe;
 pub mod providers;
 pub mod report;
 pub mod request;
+pub mod request_id;
 pub mod retry;
 pub mod serve;
 pub mod shards;

@@ -45,6 +45,7 @@ use tokio::time::{Instant, Sleep};
 use tracing::{debug, error, info, warn};
 
 use crate::error::{ApiError, Flavor};
+use crate::request_id;
 
 /// Pause after an accept error that is not about one connection (out of file descriptors,
 /// say), so the loop does not spin while the condition lasts.
@@ -206,10 +207,14 @@ fn serve_while_draining(tcp: TcpStream, router: &Router, options: ServeOptions) 
     let service = service_fn(move |request: Request<Incoming>| {
         let service = service.clone();
         async move {
-            match request.uri().path() {
-                "/readyz" | "/healthz" | "/metrics" => service.call(request).await,
-                path => Ok(ApiError::Draining.render(flavor_of(path))),
-            }
+            let mut request = request;
+            let id = request_id::ensure(request.headers_mut());
+            let mut response = match request.uri().path() {
+                "/readyz" | "/healthz" | "/metrics" => service.call(request).await?,
+                path => ApiError::Draining.render(flavor_of(path)),
+            };
+            response.headers_mut().entry(request_id::HEADER).or_insert(id);
+            Ok::<_, Infallible>(response)
         }
     });
     let conn =
@@ -228,7 +233,20 @@ fn flavor_of(path: &str) -> Flavor {
 /// Runs the router on `request`, answering 408 instead if the request body is not in
 /// within `body_read_timeout` of the head. The timer is armed only while the handler waits
 /// for body bytes that have not come: a body that arrives with its head costs nothing.
+/// Every answer carries the request's id (docs/http-api.md, "Response headers"), set on the
+/// request first so the handler reads the same one.
 async fn respond(
+    service: TowerToHyperService<Router>,
+    mut request: Request<Incoming>,
+    body_read_timeout: Duration,
+) -> Result<Response, Infallible> {
+    let id = request_id::ensure(request.headers_mut());
+    let mut response = respond_in_time(service, request, body_read_timeout).await?;
+    response.headers_mut().entry(request_id::HEADER).or_insert(id);
+    Ok(response)
+}
+
+async fn respond_in_time(
     service: TowerToHyperService<Router>,
     request: Request<Incoming>,
     body_read_timeout: Duration,

@@ -32,6 +32,8 @@ use crate::report::FailoverReport;
 
 pub struct Context {
     pub key_id: String,
+    /// The request's id: the stream outlives the request's span, so its log lines name it.
+    pub request_id: HeaderValue,
     pub model: Arc<Model>,
     pub report: FailoverReport,
     /// A chain of one gets no report.
@@ -195,7 +197,8 @@ impl Pump {
     fn fail(&mut self, failure: &Failure, message: &str) -> Bytes {
         let (outcome, code) = failure::after_commit(failure);
         let code = code.as_str();
-        tracing::warn!(model = %self.ctx.model.name, code, %message, "stream ended with an error frame");
+        let request_id = self.ctx.request_id.to_str().unwrap_or_default();
+        tracing::warn!(model = %self.ctx.model.name, request_id, code, %message, "stream ended with an error frame");
         self.settle(outcome);
         let body = json!({"error": {"message": message, "type": "server_error", "code": code, "param": null}});
         sse_frame(body.to_string().as_bytes())
