@@ -214,6 +214,21 @@ impl Gateway {
         self.post("/v1/chat/completions", Some(&self.key), body.to_string().as_bytes()).await
     }
 
+    /// [`Gateway::chat`] with more request headers (`name`, raw `value`).
+    pub async fn chat_with(&self, headers: &[(&str, &[u8])], body: Value) -> HttpResponse {
+        let body = body.to_string();
+        crate::http_request_with(
+            self.node.addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(&self.key),
+            headers,
+            Some(body.as_bytes()),
+        )
+        .await
+        .expect("the node answers")
+    }
+
     pub async fn classic(&self, body: Value) -> HttpResponse {
         self.post("/chat/completions", Some(&self.key), body.to_string().as_bytes()).await
     }
