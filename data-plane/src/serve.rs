@@ -406,6 +406,7 @@ mod tests {
         let response = String::from_utf8_lossy(&response);
         assert!(response.starts_with("HTTP/1.1 408"), "{response}");
         assert!(response.contains("request_timeout"), "{response}");
+        assert!(response.contains("x-request-id: "), "even a 408 carries its id: {response}");
 
         let mut in_time = TcpStream::connect(addr).await.unwrap();
         in_time
@@ -421,5 +422,37 @@ mod tests {
         let response = String::from_utf8_lossy(&response);
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
         assert!(response.ends_with("4 bytes"), "{response}");
+    }
+
+    /// One GET on a fresh connection; the response's `x-request-id` and body.
+    async fn get_id(addr: SocketAddr, sent: Option<&str>) -> (String, String) {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        let header = sent.map(|id| format!("x-request-id: {id}\r\n")).unwrap_or_default();
+        let head = format!("GET /v1/id HTTP/1.1\r\nHost: x\r\n{header}Connection: close\r\n\r\n");
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        conn.read_to_end(&mut response).await.unwrap();
+        let response = String::from_utf8_lossy(&response).into_owned();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        let id = head.lines().find_map(|l| l.strip_prefix("x-request-id: ")).unwrap_or_default();
+        (id.to_owned(), body.to_owned())
+    }
+
+    #[tokio::test]
+    async fn every_answer_carries_the_request_id_the_handler_read() {
+        let router = Router::new().route(
+            "/v1/id",
+            get(|headers: axum::http::HeaderMap| async move {
+                let id = headers.get(request_id::HEADER).unwrap();
+                id.to_str().unwrap().to_owned()
+            }),
+        );
+        let (addr, _stop, _server) = start(router).await;
+        assert_eq!(get_id(addr, Some("req-1")).await, ("req-1".into(), "req-1".into()));
+        for sent in [None, Some("two words")] {
+            let (id, seen) = get_id(addr, sent).await;
+            assert_eq!(id.len(), 32, "{sent:?}: {id}");
+            assert_eq!(seen, id, "the handler read the id the client got");
+        }
     }
 }

@@ -130,6 +130,16 @@ async fn a_request_without_an_id_gets_one_on_every_answer_errors_included() {
     let failed = gw.chat_with(&[("x-request-id", b"failed-1")], chain(&[PRIMARY, SECONDARY])).await;
     assert_eq!(failed.status, 502);
     assert_eq!(request_id(&failed), "failed-1");
+    let mut designed = chain(&[PRIMARY, SECONDARY]);
+    designed["redundancy"] = json!({"degraded": {"message": "Back soon."}});
+    let degraded = gw.chat(designed).await;
+    assert_eq!(
+        degraded.header("x-switchyard-degraded").as_deref(),
+        Some("true"),
+        "{}",
+        degraded.body
+    );
+    assert!(is_generated(&request_id(&degraded)), "a degraded answer carries one too");
     let streamed = gw
         .stream(json!({"model": TERTIARY, "stream": true,
         "messages": [{"role": "user", "content": "hello"}]}))
