@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
 use bytes::Bytes;
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -57,10 +57,12 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
         };
         carry_report(&mut buffered, key, report);
     }
-    let mut headers = HeaderMap::with_capacity(4);
+    // The head is written while `ctx` is at hand; the body, which takes it, comes after.
+    let mut response = Response::new(Body::empty());
+    let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    model_headers(&mut headers, &ctx.model.name, &ctx.report.requested_model);
+    model_headers(headers, &ctx.model.name, &ctx.report.requested_model);
     let pump = Pump {
         app: Arc::clone(app),
         ctx,
@@ -78,8 +80,7 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
         let frame = pump.next().await?;
         Some((Ok::<Bytes, Infallible>(frame), pump))
     });
-    let mut response = Body::from_stream(body).into_response();
-    response.headers_mut().extend(headers);
+    *response.body_mut() = Body::from_stream(body);
     response
 }
 
