@@ -140,6 +140,8 @@ async fn a_request_without_an_id_gets_one_on_every_answer_errors_included() {
         degraded.body
     );
     assert!(is_generated(&request_id(&degraded)), "a degraded answer carries one too");
+    assert_eq!(degraded.header("x-served-model").as_deref(), Some("switchyard/degraded"));
+    assert_eq!(degraded.header("x-requested-model").as_deref(), Some(PRIMARY));
     let streamed = gw
         .stream(json!({"model": TERTIARY, "stream": true,
         "messages": [{"role": "user", "content": "hello"}]}))
