@@ -418,6 +418,7 @@ mod tests {
                     stream: false,
                     status: 200,
                     degraded: String::new(),
+                    request_id: String::new(),
                 }
             })
             .collect();

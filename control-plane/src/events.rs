@@ -54,6 +54,10 @@ pub struct AuditEvent {
     /// `all_breakers_open`); empty, and left out of the record, for a failover event.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub degraded: String,
+    /// The request's `x-request-id`, as the client got it back; empty, and left out of the
+    /// record, for an event from a node older than the field.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_id: String,
 }
 
 impl AuditEvent {
@@ -112,6 +116,7 @@ impl AuditEvent {
             stream: e.stream,
             status: e.status,
             degraded: e.degraded,
+            request_id: e.request_id,
         }
     }
 
@@ -139,6 +144,7 @@ impl AuditEvent {
             stream: self.stream,
             status: self.status,
             degraded: self.degraded.clone(),
+            request_id: self.request_id.clone(),
         }
     }
 }
@@ -253,6 +259,10 @@ impl OutboxEntry {
         });
         if !event.degraded.is_empty() {
             data["degraded"] = json!({"reason": event.degraded});
+        }
+        // The id the client got back: a receiver finds the request in the client's logs.
+        if !event.request_id.is_empty() {
+            data["request_id"] = json!(event.request_id);
         }
         Self {
             id: event.id.clone(),
@@ -419,8 +429,10 @@ mod tests {
             stream: true,
             status: 200,
             degraded: String::new(),
+            request_id: "req-1".into(),
         };
         let event = AuditEvent::from_pb(pb_event.clone(), "n1");
+        assert_eq!(event.request_id, "req-1");
         assert_eq!(event.node_id, "n1");
         let back: AuditEvent =
             serde_json::from_slice(&serde_json::to_vec(&event).unwrap()).unwrap();
@@ -449,6 +461,7 @@ mod tests {
             stream: false,
             status: 200,
             degraded: String::new(),
+            request_id: String::new(),
         };
         let stored = serde_json::to_value(&event).unwrap();
         assert_eq!(stored["attempts"][0]["injected"], "drill-1");
@@ -467,6 +480,22 @@ mod tests {
         assert!(attempts[1].get("injected").is_none(), "{data}");
         assert_eq!(attempts[0]["retries"], 1);
         assert!(attempts[1].get("retries").is_none(), "{data}");
+    }
+
+    #[test]
+    fn the_request_id_is_stored_and_delivered_when_the_node_sent_one() {
+        let mut event = AuditEvent::from_pb(
+            pb::FailoverEvent { id: "ev1".into(), key_id: "k".into(), ..Default::default() },
+            "n1",
+        );
+        assert!(serde_json::to_value(&event).unwrap().get("request_id").is_none());
+        assert!(OutboxEntry::failover(&event, 1).data.get("request_id").is_none());
+        event.request_id = "req-7".into();
+        let stored = serde_json::to_value(&event).unwrap();
+        assert_eq!(stored["request_id"], "req-7");
+        assert_eq!(OutboxEntry::failover(&event, 1).data["request_id"], "req-7");
+        let read: AuditEvent = serde_json::from_value(stored).unwrap();
+        assert_eq!(read.to_pb().request_id, "req-7");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::value::RawValue;
 
 use switchyard_catalog::Model;
@@ -39,4 +40,19 @@ pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
 /// A value as raw JSON, to splice into a response without building a tree.
 pub fn raw(value: &impl serde::Serialize) -> Option<Box<RawValue>> {
     serde_json::value::to_raw_value(value).ok()
+}
+
+pub const SERVED_MODEL: HeaderName = HeaderName::from_static("x-served-model");
+pub const REQUESTED_MODEL: HeaderName = HeaderName::from_static("x-requested-model");
+
+/// `x-served-model` and `x-requested-model` (docs/http-api.md, "Response headers"), on every
+/// stream and on a plain answer of a chain of more than one model; a name that is not a
+/// valid header value is left out.
+pub fn model_headers(headers: &mut HeaderMap, served: &str, requested: &str) {
+    if let Ok(v) = HeaderValue::from_str(served) {
+        headers.insert(SERVED_MODEL, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(requested) {
+        headers.insert(REQUESTED_MODEL, v);
+    }
 }

@@ -70,10 +70,6 @@ pub fn respond(a: Answer<'_>) -> Response {
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert("x-served-model", HeaderValue::from_static(MODEL));
-        if let Ok(requested) = HeaderValue::from_str(a.requested_model) {
-            headers.insert("x-requested-model", requested);
-        }
         response
     } else {
         let completion = json!({
@@ -92,6 +88,13 @@ pub fn respond(a: Answer<'_>) -> Response {
         };
         axum::Json(body).into_response()
     };
-    response.headers_mut().insert(HEADER, HeaderValue::from_static("true"));
+    // Plain or streamed, the answer names what served in its headers as a stream does, for
+    // clients that keep no unknown body field (docs/clients.md).
+    let headers = response.headers_mut();
+    headers.insert(HEADER, HeaderValue::from_static("true"));
+    headers.insert("x-served-model", HeaderValue::from_static(MODEL));
+    if let Ok(requested) = HeaderValue::from_str(a.requested_model) {
+        headers.insert("x-requested-model", requested);
+    }
     response
 }

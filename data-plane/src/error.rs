@@ -1,12 +1,13 @@
 //! Errors returned to API clients, and the one place that renders them: the OpenAI error
-//! envelope on `/v1`, the classic `success: false` body on `/chat/completions`.
+//! envelope on `/v1`, the classic `success: false` body on `/chat/completions`, and the
+//! headers that tell a client's retry logic what to do (docs/http-api.md, "Errors").
+
+use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-
-use std::time::Duration;
 
 use switchyard_catalog::Limits;
 
@@ -55,7 +56,14 @@ pub enum ApiError {
     },
     /// Every attempt failed (or the chain ended on a reason outside `on`).
     #[error("{message}")]
-    AllFailed { status: StatusCode, message: String, attempts: Option<Vec<AttemptReport>> },
+    AllFailed {
+        status: StatusCode,
+        message: String,
+        attempts: Option<Vec<AttemptReport>>,
+        /// On a 429: the soonest any upstream said, with `Retry-After`, it would take calls
+        /// again; `None` when none said.
+        retry_at: Option<Instant>,
+    },
     /// The key reached one of its own limits (docs/limits.md); nothing was sent upstream.
     #[error("{}", limited_message(*limit, limits, *retry_after))]
     Limited { limit: Limit, limits: Limits, retry_after: Duration },
@@ -75,6 +83,18 @@ fn limited_message(limit: Limit, limits: &Limits, retry_after: Duration) -> Stri
         retry_after.as_secs().max(1)
     )
 }
+
+/// `wait` in whole seconds, rounded up, so a client never comes back early.
+fn whole_seconds(wait: Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+}
+
+/// The OpenAI SDKs' own header: `false` makes them raise at once instead of retrying.
+pub const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+/// `Retry-After` of an all-rate-limited 429 when no upstream sent one (docs/http-api.md,
+/// "Errors"): the shortest wait the header can say and still slow a client down.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 impl ApiError {
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
@@ -155,10 +175,37 @@ impl ApiError {
             }
             _ => None,
         };
-        let body = json!({"error": {
+        let mut body = json!({"error": {
             "message": self.to_string(), "type": kind, "param": param, "code": code,
         }});
+        // The OpenAI SDKs keep only `error` of an error body: the attempts go there too.
+        if let Some(attempts) = attempts {
+            body["error"]["attempts"] = json!(attempts);
+        }
         (body, attempts)
+    }
+
+    /// What a client's retry logic should do with this error. A failed chain already tried
+    /// every model it had, each under its retry policy: the same request again at once
+    /// would fail the same way, so the SDKs are told not to (`x-should-retry: false`). An
+    /// all-rate-limited chain says when it could serve (`Retry-After`, whole seconds,
+    /// rounded up so a client never comes back early).
+    fn retry_headers(&self, now: Instant) -> Option<(HeaderName, HeaderValue)> {
+        match self {
+            Self::AllFailed { status: StatusCode::BAD_GATEWAY, .. } => {
+                Some((SHOULD_RETRY, HeaderValue::from_static("false")))
+            }
+            Self::AllFailed { status: StatusCode::TOO_MANY_REQUESTS, retry_at, .. } => {
+                let wait =
+                    retry_at.map_or(DEFAULT_RETRY_AFTER, |at| at.saturating_duration_since(now));
+                Some((header::RETRY_AFTER, HeaderValue::from(whole_seconds(wait))))
+            }
+            // At least a second: a client that waits this long finds room.
+            Self::Limited { retry_after, .. } => {
+                Some((header::RETRY_AFTER, HeaderValue::from(whole_seconds(*retry_after).max(1))))
+            }
+            _ => None,
+        }
     }
 
     pub fn render(&self, flavor: Flavor) -> Response {
@@ -188,13 +235,61 @@ impl ApiError {
             }
         }
         let mut response = (self.status(), Json(body)).into_response();
-        if let Self::Limited { retry_after, .. } = self {
-            // Whole seconds, rounded up: a client that waits this long finds room.
-            let secs = retry_after.as_millis().div_ceil(1000).max(1);
-            if let Ok(value) = axum::http::HeaderValue::from_str(&secs.to_string()) {
-                response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
-            }
+        if let Some((name, value)) = self.retry_headers(Instant::now()) {
+            response.headers_mut().insert(name, value);
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{AttemptReason, AttemptStatus};
+    use switchyard_catalog::FailoverReason;
+
+    fn failed(status: StatusCode, retry_at: Option<Instant>) -> ApiError {
+        let attempt = AttemptReport {
+            model: "a".into(),
+            status: AttemptStatus::Failed,
+            reason: Some(AttemptReason::Failover(FailoverReason::ServerError)),
+            latency_ms: 1,
+            retries: 0,
+            probe: false,
+            injected: None,
+        };
+        ApiError::AllFailed { status, message: "m".into(), attempts: Some(vec![attempt]), retry_at }
+    }
+
+    #[test]
+    fn the_attempts_of_a_failed_chain_are_under_error_too() {
+        let (body, _) = failed(StatusCode::BAD_GATEWAY, None).envelope();
+        assert_eq!(body["error"]["attempts"][0]["model"], "a", "{body}");
+        assert_eq!(body["error"]["code"], "all_models_failed");
+        let (body, _) = ApiError::NotReady.envelope();
+        assert!(body["error"].get("attempts").is_none(), "{body}");
+    }
+
+    #[test]
+    fn a_failed_chain_is_not_to_be_retried_and_a_rate_limited_one_says_when() {
+        let now = Instant::now();
+        let header = |e: ApiError| {
+            e.retry_headers(now).map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+        };
+        let bad_gateway = header(failed(StatusCode::BAD_GATEWAY, None));
+        assert_eq!(bad_gateway.as_deref(), Some("x-should-retry: false"));
+        let soon = Some(now + Duration::from_millis(2_001));
+        let rate_limited = header(failed(StatusCode::TOO_MANY_REQUESTS, soon));
+        assert_eq!(rate_limited.as_deref(), Some("retry-after: 3"), "rounded up");
+        let exact =
+            header(failed(StatusCode::TOO_MANY_REQUESTS, Some(now + Duration::from_secs(2))));
+        assert_eq!(exact.as_deref(), Some("retry-after: 2"));
+        let unsaid = header(failed(StatusCode::TOO_MANY_REQUESTS, None));
+        assert_eq!(unsaid.as_deref(), Some("retry-after: 1"), "DEFAULT_RETRY_AFTER");
+        let past =
+            header(failed(StatusCode::TOO_MANY_REQUESTS, now.checked_sub(Duration::from_secs(1))));
+        assert_eq!(past.as_deref(), Some("retry-after: 0"));
+        assert_eq!(header(ApiError::Draining), None);
+        assert_eq!(header(failed(StatusCode::INTERNAL_SERVER_ERROR, None)), None);
     }
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::StatusCode;
+use http::{HeaderValue, StatusCode};
 use tracing::{Instrument, debug, debug_span};
 
 use switchyard_catalog::{BreakerPolicy, FailoverReason, Model};
@@ -85,16 +85,20 @@ enum Called {
 
 enum AttemptResult {
     Served(Output),
-    Failover(FailoverReason, Code),
+    /// With when the upstream said it would take calls again, if its last answer had a
+    /// `Retry-After`.
+    Failover(FailoverReason, Code, Option<Instant>),
     ClientError(StatusCode, UpstreamError),
 }
 
 impl Executor {
+    /// `request_id` goes upstream with every call (docs/http-api.md, "Response headers").
     pub async fn run(
         &self,
         chain: &Chain,
         request: &ChatRequest<'_>,
         config: &NodeConfig,
+        request_id: &HeaderValue,
     ) -> Result<Served, Failed> {
         let started = Instant::now();
         // The budget grows with requests, not attempts: a request that fails over must not
@@ -105,6 +109,9 @@ impl Executor {
         let mut skipped: Vec<(usize, Instant)> = Vec::new();
         let mut tried = false;
         let mut last_failure: Option<(FailoverReason, Code)> = None;
+        // The soonest any upstream said it would take calls again: the chain's `Retry-After`
+        // when every failure was a rate limit.
+        let mut retry_at: Option<Instant> = None;
 
         for (i, entry) in chain.entries.iter().enumerate() {
             let Some(timeout) = budget(chain, entry, started) else { break };
@@ -133,15 +140,18 @@ impl Executor {
                 }
             };
             tried = true;
-            match self.attempt(entry, timeout, permit, request, config, &mut attempts).await {
+            let result =
+                self.attempt(entry, timeout, permit, request, config, request_id, &mut attempts);
+            match result.await {
                 AttemptResult::Served(output) => {
                     return Ok(Served { output, model: Arc::clone(&entry.model), attempts });
                 }
                 AttemptResult::ClientError(status, error) => {
                     return Err(client_error(chain, status, error, attempts));
                 }
-                AttemptResult::Failover(reason, code) => {
+                AttemptResult::Failover(reason, code, at) => {
                     last_failure = Some((reason, code));
+                    retry_at = soonest(retry_at, at);
                     if !chain.fails_over_on(reason) {
                         break;
                     }
@@ -158,7 +168,7 @@ impl Executor {
             && attempts.len() == chain.entries.len()
             && skipped.iter().all(|(_, ready_at)| *ready_at > now)
         {
-            let mut failed = all_failed(chain, attempts, None);
+            let mut failed = all_failed(chain, attempts, None, None);
             failed.all_open = true;
             return Err(failed);
         }
@@ -173,8 +183,9 @@ impl Executor {
                 let (permit, transition) = breaker.force_probe(Instant::now());
                 self.report_transition(transition);
                 let mut probe_report = Vec::with_capacity(1);
-                let result =
-                    self.attempt(entry, timeout, permit, request, config, &mut probe_report).await;
+                let result = self
+                    .attempt(entry, timeout, permit, request, config, request_id, &mut probe_report)
+                    .await;
                 if let Some(mut report) = probe_report.pop() {
                     report.probe = true;
                     attempts[i] = report;
@@ -186,12 +197,15 @@ impl Executor {
                     AttemptResult::ClientError(status, error) => {
                         return Err(client_error(chain, status, error, attempts));
                     }
-                    AttemptResult::Failover(reason, code) => last_failure = Some((reason, code)),
+                    AttemptResult::Failover(reason, code, at) => {
+                        last_failure = Some((reason, code));
+                        retry_at = soonest(retry_at, at);
+                    }
                 }
             }
         }
 
-        Err(all_failed(chain, attempts, last_failure))
+        Err(all_failed(chain, attempts, last_failure, retry_at))
     }
 
     /// The breaker of `model`'s (provider, upstream model), with the catalog's policy and
@@ -209,6 +223,7 @@ impl Executor {
     /// call counts in the breaker. Retries happen only before a stream commits (nothing has
     /// reached the client yet); a client that goes away drops this future, and with it any
     /// backoff in progress.
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         entry: &Entry,
@@ -216,6 +231,7 @@ impl Executor {
         permit: Permit,
         request: &ChatRequest<'_>,
         config: &NodeConfig,
+        request_id: &HeaderValue,
         attempts: &mut Vec<AttemptReport>,
     ) -> AttemptResult {
         let model = &entry.model;
@@ -237,7 +253,16 @@ impl Executor {
         let mut injector = Injector::new(&entry.faults);
         loop {
             let called = self
-                .call(entry, timeout, deadline, first_token, request, config, &mut injector)
+                .call(
+                    entry,
+                    timeout,
+                    deadline,
+                    first_token,
+                    request,
+                    config,
+                    request_id,
+                    &mut injector,
+                )
                 .instrument(span.clone())
                 .await;
             let failure = match called {
@@ -273,10 +298,11 @@ impl Executor {
             };
             debug!(model = %model.name, ?failure, retries, "call failed");
             let retry_after = failure.retry_after();
+            let retry_at = retry_after.map(|wait| Instant::now() + wait);
             let (outcome, result, failed) = match failure::classify(failure) {
                 Verdict::Failover { reason, breaker, code } => (
                     breaker,
-                    AttemptResult::Failover(reason, code),
+                    AttemptResult::Failover(reason, code, retry_at),
                     Some(FailedCall { reason, retryable: code.retryable(), retry_after }),
                 ),
                 Verdict::Stop { status, error, breaker } => {
@@ -318,7 +344,7 @@ impl Executor {
                 continue;
             }
             let reason = match &result {
-                AttemptResult::Failover(reason, _) => AttemptReason::Failover(*reason),
+                AttemptResult::Failover(reason, ..) => AttemptReason::Failover(*reason),
                 _ => AttemptReason::ClientError,
             };
             self.finish_attempt(
@@ -345,6 +371,7 @@ impl Executor {
         first_token: Instant,
         request: &ChatRequest<'_>,
         config: &NodeConfig,
+        request_id: &HeaderValue,
         injector: &mut Injector<'_>,
     ) -> Result<Called, Failure> {
         let model = &entry.model;
@@ -359,11 +386,13 @@ impl Executor {
         };
         if request.stream {
             let (buffered, upstream) =
-                open_until_first_token(provider, model, body, first_token, injector).await?;
+                open_until_first_token(provider, model, body, first_token, request_id, injector)
+                    .await?;
             return Ok(Called::Stream(buffered, upstream));
         }
         let deadline = tokio::time::Instant::from_std(deadline);
-        match tokio::time::timeout_at(deadline, provider.complete(model, body, injector)).await {
+        let call = provider.complete(model, body, Some(request_id), injector);
+        match tokio::time::timeout_at(deadline, call).await {
             Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
             Ok(Ok(completion)) => Ok(Called::Completion(completion)),
             Ok(Err(e)) => Err(Failure::Call(e)),
@@ -561,11 +590,21 @@ fn client_error(
     Failed { error, attempts, all_open: false }
 }
 
-/// 429 when every failure was a rate limit, else 502 (docs/http-api.md, "Errors").
+/// The earlier of two moments, either of which may be unknown.
+fn soonest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// 429 when every failure was a rate limit, else 502 (docs/http-api.md, "Errors"). A 429
+/// carries `retry_at`, the soonest any upstream said it would take calls again.
 fn all_failed(
     chain: &Chain,
     attempts: Vec<AttemptReport>,
     last_failure: Option<(FailoverReason, Code)>,
+    retry_at: Option<Instant>,
 ) -> Failed {
     let failures: Vec<_> = attempts.iter().filter(|a| a.status == AttemptStatus::Failed).collect();
     let all_rate_limited = !failures.is_empty()
@@ -602,6 +641,7 @@ fn all_failed(
         status,
         message,
         attempts: chain.is_multi_model().then(|| attempts.clone()),
+        retry_at: if all_rate_limited { retry_at } else { None },
     };
     Failed { error, attempts, all_open: false }
 }
@@ -613,17 +653,20 @@ async fn open_until_first_token(
     model: &Model,
     body: bytes::Bytes,
     first_token: Instant,
+    request_id: &HeaderValue,
     injector: &mut Injector<'_>,
 ) -> Result<(Vec<StreamEvent>, UpstreamStream), Failure> {
     let started = Instant::now();
     let waited = || first_token.saturating_duration_since(started);
     let deadline = tokio::time::Instant::from_std(first_token);
     let timed_out = || Failure::Call(CallError::Timeout(waited()));
-    let mut upstream =
-        tokio::time::timeout_at(deadline, provider.open_stream(model, body, injector))
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(Failure::Call)?;
+    let mut upstream = tokio::time::timeout_at(
+        deadline,
+        provider.open_stream(model, body, Some(request_id), injector),
+    )
+    .await
+    .map_err(|_| timed_out())?
+    .map_err(Failure::Call)?;
     let mut buffered = Vec::new();
     loop {
         match tokio::time::timeout_at(deadline, upstream.next()).await {

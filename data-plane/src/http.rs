@@ -8,7 +8,7 @@ use switchyard_time::now_ms;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -20,7 +20,7 @@ use switchyard_catalog::{ApiKeyRecord, Model};
 use switchyard_proto::node::v1 as pb;
 
 pub use crate::app::App;
-use crate::app::{raw, record_usage};
+use crate::app::{model_headers, raw, record_usage};
 use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
 use crate::degraded::{self, Answer, Reason};
@@ -31,6 +31,7 @@ use crate::metrics::{EndpointLabels, RequestLabels, gen_ai_provider_name};
 use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
+use crate::request_id;
 
 /// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -143,15 +144,22 @@ async fn chat(
     // The request taken whole, not through a `HeaderMap` extractor, which would clone the headers.
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
+    let id = request_id::of(&headers);
     // Debug level: free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the
     // request path pays nothing for spans nobody collects.
-    let span = debug_span!("request", endpoint = ?flavor, key = tracing::field::Empty);
+    let span = debug_span!(
+        "request",
+        endpoint = ?flavor,
+        request_id = id.to_str().unwrap_or_default(),
+        key = tracing::field::Empty
+    );
     async move {
         let started = Instant::now();
-        let response = match handle(&app, &headers, body, flavor, started).await {
+        let mut response = match handle(&app, &headers, body, flavor, &id, started).await {
             Ok(response) => response,
             Err(e) => e.render(flavor),
         };
+        response.headers_mut().insert(request_id::HEADER, id);
         let endpoint = match flavor {
             Flavor::OpenAi => "/v1/chat/completions",
             Flavor::Classic => "/chat/completions",
@@ -176,6 +184,7 @@ async fn handle(
     headers: &HeaderMap,
     body: Body,
     flavor: Flavor,
+    id: &HeaderValue,
     started: Instant,
 ) -> Result<Response, ApiError> {
     let config = app.state.current().ok_or(ApiError::NotReady)?;
@@ -185,13 +194,13 @@ async fn handle(
     // The key's own limits are decided here, from counts the node holds: no network call,
     // and before anything else is done for the request (docs/limits.md).
     let Some(limits) = key.limits.as_ref().filter(|l| !l.is_empty()) else {
-        return serve(app, &config, &key, body, flavor, started).await;
+        return serve(app, &config, &key, body, flavor, id, started).await;
     };
     let telemetry = &app.executor.telemetry;
     let decision = telemetry.limits.admit(&key.id, limits, now_ms(), Instant::now());
     let (mut response, rate) = match decision {
         Decision::Admitted(rate) => {
-            let response = serve(app, &config, &key, body, flavor, started).await;
+            let response = serve(app, &config, &key, body, flavor, id, started).await;
             (response.unwrap_or_else(|e| e.render(flavor)), rate)
         }
         Decision::Blocked { limit, retry_after, headers: rate } => {
@@ -210,6 +219,7 @@ async fn serve(
     key: &Arc<ApiKeyRecord>,
     body: Body,
     flavor: Flavor,
+    id: &HeaderValue,
     started: Instant,
 ) -> Result<Response, ApiError> {
     let (config, key) = (Arc::clone(config), Arc::clone(key));
@@ -218,7 +228,9 @@ async fn serve(
         .map_err(|_| ApiError::PayloadTooLarge { limit: app.max_body_bytes })?;
     let request = ChatRequest::parse(&bytes)?;
     let chain = chain::resolve(&request, &key, &config)?;
-    let outcome = app.executor.run(&chain, &request, &config).await;
+    let outcome = app.executor.run(&chain, &request, &config, id).await;
+    // Valid ids are visible ASCII, so this is the id as sent.
+    let id_text = id.to_str().unwrap_or_default();
     if let Err(failed) = &outcome
         && let Some(degraded) = &chain.degraded
         && failed.error.is_all_models_failed()
@@ -236,6 +248,7 @@ async fn serve(
             200,
         );
         event.degraded = reason.as_str().to_owned();
+        event.request_id = id_text.to_owned();
         app.executor.telemetry.push_event(event);
         // Never billed: no model served, so no usage is recorded.
         return Ok(degraded::respond(Answer {
@@ -257,15 +270,10 @@ async fn serve(
             Err(f) => (String::new(), u32::from(f.error.status().as_u16())),
         };
         app.executor.metrics.model(chain.requested_model()).failover(&served_model);
-        app.executor.telemetry.push_event(failover_event(
-            app,
-            request.stream,
-            &key,
-            &chain,
-            attempts,
-            served_model,
-            status,
-        ));
+        let mut event =
+            failover_event(app, request.stream, &key, &chain, attempts, served_model, status);
+        event.request_id = id_text.to_owned();
+        app.executor.telemetry.push_event(event);
     }
     let metrics = &app.executor.metrics;
     let served = match outcome {
@@ -297,6 +305,7 @@ async fn serve(
                 stream,
                 crate::stream::Context {
                     key_id: key.id.clone(),
+                    request_id: id.clone(),
                     model: served.model,
                     report: report(&chain, &served.attempts),
                     multi: chain.is_multi_model(),
@@ -356,6 +365,7 @@ fn failover_event(
         stream,
         status,
         degraded: String::new(),
+        request_id: String::new(),
     }
 }
 
@@ -388,11 +398,21 @@ fn render_completion(
         }
     });
     match body {
-        Some(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Some(body) => {
+            let mut response = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+            // Clients that drop unknown body fields (LangChain, the Vercel AI SDK) see a
+            // failover only here (docs/clients.md); a single model adds nothing to `model`.
+            if chain.is_multi_model() {
+                let (served, requested) = (&report.served_model, chain.requested_model());
+                model_headers(response.headers_mut(), served, requested);
+            }
+            response
+        }
         None => ApiError::AllFailed {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: "could not encode the response".into(),
             attempts: None,
+            retry_at: None,
         }
         .render(flavor),
     }

@@ -29,6 +29,7 @@ pub mod probe;
 pub mod providers;
 pub mod report;
 pub mod request;
+pub mod request_id;
 pub mod retry;
 pub mod serve;
 pub mod shards;

@@ -173,7 +173,7 @@ async fn call(
         Failure::Call(CallError::Unsupported { message: format!("{e:?}"), param: None })
     })?;
     let body = provider.body(model, &request).map_err(Failure::Call)?;
-    match tokio::time::timeout(timeout, provider.complete(model, body, injector)).await {
+    match tokio::time::timeout(timeout, provider.complete(model, body, None, injector)).await {
         Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
         Ok(result) => result.map_err(Failure::Call),
     }
@@ -292,10 +292,12 @@ mod tests {
         };
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
         let request = ChatRequest::parse(body).unwrap();
-        let attempts = match app.executor.run(&chain, &request, &config).await {
-            Ok(served) => served.attempts,
-            Err(failed) => failed.attempts,
-        };
+        let attempts =
+            match app.executor.run(&chain, &request, &config, &crate::request_id::generate()).await
+            {
+                Ok(served) => served.attempts,
+                Err(failed) => failed.attempts,
+            };
         attempts.into_iter().map(|a| (a.status, a.reason, a.probe)).collect()
     }
 

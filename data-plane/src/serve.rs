@@ -45,6 +45,7 @@ use tokio::time::{Instant, Sleep};
 use tracing::{debug, error, info, warn};
 
 use crate::error::{ApiError, Flavor};
+use crate::request_id;
 
 /// Pause after an accept error that is not about one connection (out of file descriptors,
 /// say), so the loop does not spin while the condition lasts.
@@ -206,10 +207,14 @@ fn serve_while_draining(tcp: TcpStream, router: &Router, options: ServeOptions) 
     let service = service_fn(move |request: Request<Incoming>| {
         let service = service.clone();
         async move {
-            match request.uri().path() {
-                "/readyz" | "/healthz" | "/metrics" => service.call(request).await,
-                path => Ok(ApiError::Draining.render(flavor_of(path))),
-            }
+            let mut request = request;
+            let id = request_id::ensure(request.headers_mut());
+            let mut response = match request.uri().path() {
+                "/readyz" | "/healthz" | "/metrics" => service.call(request).await?,
+                path => ApiError::Draining.render(flavor_of(path)),
+            };
+            response.headers_mut().entry(request_id::HEADER).or_insert(id);
+            Ok::<_, Infallible>(response)
         }
     });
     let conn =
@@ -228,7 +233,20 @@ fn flavor_of(path: &str) -> Flavor {
 /// Runs the router on `request`, answering 408 instead if the request body is not in
 /// within `body_read_timeout` of the head. The timer is armed only while the handler waits
 /// for body bytes that have not come: a body that arrives with its head costs nothing.
+/// Every answer carries the request's id (docs/http-api.md, "Response headers"), set on the
+/// request first so the handler reads the same one.
 async fn respond(
+    service: TowerToHyperService<Router>,
+    mut request: Request<Incoming>,
+    body_read_timeout: Duration,
+) -> Result<Response, Infallible> {
+    let id = request_id::ensure(request.headers_mut());
+    let mut response = respond_in_time(service, request, body_read_timeout).await?;
+    response.headers_mut().entry(request_id::HEADER).or_insert(id);
+    Ok(response)
+}
+
+async fn respond_in_time(
     service: TowerToHyperService<Router>,
     request: Request<Incoming>,
     body_read_timeout: Duration,
@@ -388,6 +406,7 @@ mod tests {
         let response = String::from_utf8_lossy(&response);
         assert!(response.starts_with("HTTP/1.1 408"), "{response}");
         assert!(response.contains("request_timeout"), "{response}");
+        assert!(response.contains("x-request-id: "), "even a 408 carries its id: {response}");
 
         let mut in_time = TcpStream::connect(addr).await.unwrap();
         in_time
@@ -403,5 +422,37 @@ mod tests {
         let response = String::from_utf8_lossy(&response);
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
         assert!(response.ends_with("4 bytes"), "{response}");
+    }
+
+    /// One GET on a fresh connection; the response's `x-request-id` and body.
+    async fn get_id(addr: SocketAddr, sent: Option<&str>) -> (String, String) {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        let header = sent.map(|id| format!("x-request-id: {id}\r\n")).unwrap_or_default();
+        let head = format!("GET /v1/id HTTP/1.1\r\nHost: x\r\n{header}Connection: close\r\n\r\n");
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        conn.read_to_end(&mut response).await.unwrap();
+        let response = String::from_utf8_lossy(&response).into_owned();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        let id = head.lines().find_map(|l| l.strip_prefix("x-request-id: ")).unwrap_or_default();
+        (id.to_owned(), body.to_owned())
+    }
+
+    #[tokio::test]
+    async fn every_answer_carries_the_request_id_the_handler_read() {
+        let router = Router::new().route(
+            "/v1/id",
+            get(|headers: axum::http::HeaderMap| async move {
+                let id = headers.get(request_id::HEADER).unwrap();
+                id.to_str().unwrap().to_owned()
+            }),
+        );
+        let (addr, _stop, _server) = start(router).await;
+        assert_eq!(get_id(addr, Some("req-1")).await, ("req-1".into(), "req-1".into()));
+        for sent in [None, Some("two words")] {
+            let (id, seen) = get_id(addr, sent).await;
+            assert_eq!(id.len(), 32, "{sent:?}: {id}");
+            assert_eq!(seen, id, "the handler read the id the client got");
+        }
     }
 }

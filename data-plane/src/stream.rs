@@ -1,7 +1,7 @@
 //! Forwarding a committed stream to the client (docs/http-api.md, "Streaming"): chunks go
-//! out as they arrive, each naming the served model; the failover report rides in the first
-//! chunk; once the model is locked, a drop, a malformed frame or a stall ends the stream with
-//! an error frame — never a hang, never a second model's text.
+//! out as they arrive, each naming the served model; the failover report rides in one chunk,
+//! the first with content; once the model is locked, a drop, a malformed frame or a stall
+//! ends the stream with an error frame — never a hang, never a second model's text.
 //!
 //! The body is pulled by hyper as the client reads, so a slow client slows the upstream
 //! read (bounded buffering), and a client that goes away drops the body, which drops the
@@ -14,13 +14,14 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use serde_json::json;
+use serde_json::value::RawValue;
 
 use switchyard_catalog::Model;
 
-use crate::app::{App, raw, record_usage};
+use crate::app::{App, model_headers, raw, record_usage};
 use crate::breaker::{Outcome, Permit};
 use crate::error::Flavor;
 use crate::executor::CommittedStream;
@@ -31,6 +32,8 @@ use crate::report::FailoverReport;
 
 pub struct Context {
     pub key_id: String,
+    /// The request's id: the stream outlives the request's span, so its log lines name it.
+    pub request_id: HeaderValue,
     pub model: Arc<Model>,
     pub report: FailoverReport,
     /// A chain of one gets no report.
@@ -44,9 +47,22 @@ pub struct Context {
 }
 
 pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Response {
-    let CommittedStream { buffered, upstream, permit, deadline, timeout, stall } = stream;
-    let served = HeaderValue::from_str(&ctx.model.name).ok();
-    let requested = HeaderValue::from_str(&ctx.report.requested_model).ok();
+    let CommittedStream { mut buffered, upstream, permit, deadline, timeout, stall } = stream;
+    if ctx.multi
+        && let Some(report) = raw(&ctx.report)
+    {
+        let key = match ctx.flavor {
+            Flavor::OpenAi => "secureai",
+            Flavor::Classic => "metadata",
+        };
+        carry_report(&mut buffered, key, report);
+    }
+    // The head is written while `ctx` is at hand; the body, which takes it, comes after.
+    let mut response = Response::new(Body::empty());
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    model_headers(headers, &ctx.model.name, &ctx.report.requested_model);
     let pump = Pump {
         app: Arc::clone(app),
         ctx,
@@ -56,8 +72,6 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
         deadline,
         timeout,
         stall,
-        first_sent: false,
-        report_in_content: false,
         usage: None,
         content_chunks: 0,
         settled: false,
@@ -66,17 +80,25 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
         let frame = pump.next().await?;
         Some((Ok::<Bytes, Infallible>(frame), pump))
     });
-    let mut response = Body::from_stream(body).into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    if let Some(v) = served {
-        headers.insert("x-served-model", v);
-    }
-    if let Some(v) = requested {
-        headers.insert("x-requested-model", v);
-    }
+    *response.body_mut() = Body::from_stream(body);
     response
+}
+
+/// Puts the failover report in one chunk (docs/http-api.md, "Streaming"): the first with
+/// content, which the executor read before it committed, so it is among `buffered`. A
+/// client that shows text reads that chunk whatever it skips (role-only chunks, say), and
+/// the served model is in the headers before any chunk. A stream that committed on its end
+/// marker, with no content at all, has the report in its first chunk.
+fn carry_report(buffered: &mut [StreamEvent], key: &str, report: Box<RawValue>) {
+    let carrier = buffered
+        .iter()
+        .position(|e| matches!(e, StreamEvent::Chunk { commits: true, .. }))
+        .or_else(|| {
+            buffered.iter().position(|e| matches!(e, StreamEvent::Chunk { usage_only: false, .. }))
+        });
+    if let Some(StreamEvent::Chunk { fields, .. }) = carrier.and_then(|i| buffered.get_mut(i)) {
+        fields.insert(key.to_owned(), report);
+    }
 }
 
 struct Pump {
@@ -88,8 +110,6 @@ struct Pump {
     deadline: Instant,
     timeout: std::time::Duration,
     stall: std::time::Duration,
-    first_sent: bool,
-    report_in_content: bool,
     usage: Option<Usage>,
     content_chunks: u64,
     settled: bool,
@@ -142,22 +162,6 @@ impl Pump {
                     if !self.ctx.include_usage {
                         fields.remove("usage");
                     }
-                    // The report goes in the first chunk sent and, if that one carried no
-                    // content, again in the first one that does (docs/http-api.md,
-                    // "Streaming"): clients that skip role-only chunks still see it.
-                    let wants_report = !self.first_sent || (commits && !self.report_in_content);
-                    if self.ctx.multi
-                        && wants_report
-                        && let Some(report) = raw(&self.ctx.report)
-                    {
-                        let key = match self.ctx.flavor {
-                            Flavor::OpenAi => "secureai",
-                            Flavor::Classic => "metadata",
-                        };
-                        fields.insert(key.to_owned(), report);
-                    }
-                    self.first_sent = true;
-                    self.report_in_content |= commits;
                     let Ok(json) = serde_json::to_vec(&fields) else { continue };
                     return Some(sse_frame(&json));
                 }
@@ -194,7 +198,8 @@ impl Pump {
     fn fail(&mut self, failure: &Failure, message: &str) -> Bytes {
         let (outcome, code) = failure::after_commit(failure);
         let code = code.as_str();
-        tracing::warn!(model = %self.ctx.model.name, code, %message, "stream ended with an error frame");
+        let request_id = self.ctx.request_id.to_str().unwrap_or_default();
+        tracing::warn!(model = %self.ctx.model.name, request_id, code, %message, "stream ended with an error frame");
         self.settle(outcome);
         let body = json!({"error": {"message": message, "type": "server_error", "code": code, "param": null}});
         sse_frame(body.to_string().as_bytes())
@@ -241,4 +246,40 @@ fn sse_frame(json: &[u8]) -> Bytes {
     out.extend_from_slice(json);
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(commits: bool, usage_only: bool) -> StreamEvent {
+        StreamEvent::Chunk { fields: Default::default(), commits, usage: None, usage_only }
+    }
+
+    fn carriers(events: &[StreamEvent]) -> Vec<usize> {
+        (0..events.len())
+            .filter(|i| matches!(&events[*i], StreamEvent::Chunk { fields, .. } if fields.contains_key("secureai")))
+            .collect()
+    }
+
+    fn report() -> Box<RawValue> {
+        raw(&json!({"served_model": "b"})).unwrap()
+    }
+
+    #[test]
+    fn the_report_rides_once_in_the_first_chunk_with_content() {
+        let mut events = [chunk(false, false), chunk(true, false)];
+        carry_report(&mut events, "secureai", report());
+        assert_eq!(carriers(&events), [1]);
+    }
+
+    #[test]
+    fn a_stream_without_content_has_the_report_in_its_first_chunk_never_a_usage_chunk() {
+        let mut events = [chunk(false, true), chunk(false, false), StreamEvent::Done];
+        carry_report(&mut events, "secureai", report());
+        assert_eq!(carriers(&events), [1]);
+        let mut nothing = [StreamEvent::Done];
+        carry_report(&mut nothing, "secureai", report());
+        assert_eq!(carriers(&nothing), Vec::<usize>::new());
+    }
 }

@@ -70,7 +70,7 @@ async fn a_stream_through_anthropic_is_openai_chunks_ending_in_done() {
     }
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     assert_eq!(
-        attempts(&chunks[0]),
+        attempts(&s.report_chunk()),
         [triple(PRIMARY, "failed", "server_error"), triple(ANTHROPIC, "served", "")]
     );
     assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "stop"));
@@ -146,7 +146,7 @@ async fn an_in_band_overloaded_error_before_content_fails_over_as_server_error()
     assert_eq!(s.status, 200);
     assert_eq!(s.text(), "from the fallback");
     assert_eq!(
-        attempts(&s.chunks()[0]),
+        attempts(&s.report_chunk()),
         [triple(ANTHROPIC, "failed", "server_error"), triple(SECONDARY, "served", "")]
     );
 }

@@ -201,7 +201,7 @@ async fn a_gemini_in_band_error_before_content_fails_over() {
     assert_eq!(s.status, 200);
     assert_eq!(s.text(), "from the fallback");
     assert_eq!(
-        attempts(&s.chunks()[0]),
+        attempts(&s.report_chunk()),
         [triple(GEMINI, "failed", "server_error"), triple(SECONDARY, "served", "")]
     );
 }

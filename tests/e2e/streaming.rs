@@ -41,11 +41,11 @@ async fn fails_over_on_first_token_timeout_without_leaking_the_slow_models_text(
     assert_eq!(s.header("x-served-model").as_deref(), Some(SECONDARY));
     assert_eq!(s.header("x-requested-model").as_deref(), Some(PRIMARY));
     assert_every_chunk_names(&s, SECONDARY);
-    let first = &s.chunks()[0];
+    let report = s.report_chunk();
     assert_eq!(
-        attempts(first),
+        attempts(&report),
         [triple(PRIMARY, "failed", "timeout"), triple(SECONDARY, "served", "")],
-        "the report rides in the first chunk: {first}"
+        "the report rides in the first chunk with content: {report}"
     );
     assert_eq!(s.frames.last().map(String::as_str), Some("[DONE]"));
     assert!(
@@ -66,6 +66,7 @@ async fn the_report_is_in_the_first_chunk_that_carries_content() {
         .find(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()))
         .unwrap();
     assert_eq!(first_content["secureai"]["served_model"], SECONDARY, "{first_content}");
+    assert_eq!(s.report_chunk(), first_content, "and in no other chunk");
 }
 
 async fn fails_over_before_the_stream_on(behaviour: serde_json::Value, reason: &str) {
@@ -76,7 +77,7 @@ async fn fails_over_before_the_stream_on(behaviour: serde_json::Value, reason: &
     assert_eq!(s.status, 200);
     assert_eq!(s.text(), "from the fallback");
     assert_eq!(
-        attempts(&s.chunks()[0]),
+        attempts(&s.report_chunk()),
         [triple(PRIMARY, "failed", reason), triple(SECONDARY, "served", "")]
     );
 }

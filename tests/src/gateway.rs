@@ -214,6 +214,21 @@ impl Gateway {
         self.post("/v1/chat/completions", Some(&self.key), body.to_string().as_bytes()).await
     }
 
+    /// [`Gateway::chat`] with more request headers (`name`, raw `value`).
+    pub async fn chat_with(&self, headers: &[(&str, &[u8])], body: Value) -> HttpResponse {
+        let body = body.to_string();
+        crate::http_request_with(
+            self.node.addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(&self.key),
+            headers,
+            Some(body.as_bytes()),
+        )
+        .await
+        .expect("the node answers")
+    }
+
     pub async fn classic(&self, body: Value) -> HttpResponse {
         self.post("/chat/completions", Some(&self.key), body.to_string().as_bytes()).await
     }
@@ -315,6 +330,24 @@ impl Streamed {
             let (k, v) = l.split_once(':')?;
             k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
         })
+    }
+
+    /// The one chunk that carries the failover report (`secureai`, or `metadata` on the
+    /// classic endpoint): the first with content (docs/http-api.md, "Streaming"). Panics
+    /// unless exactly one chunk carries it.
+    pub fn report_chunk(&self) -> Value {
+        let mut carriers = self
+            .chunks()
+            .into_iter()
+            .filter(|c| c.get("secureai").is_some() || c.get("metadata").is_some());
+        let first =
+            carriers.next().unwrap_or_else(|| panic!("no chunk has the report: {:?}", self.frames));
+        assert!(
+            carriers.next().is_none(),
+            "the report is in more than one chunk: {:?}",
+            self.frames
+        );
+        first
     }
 
     pub fn error_frame(&self) -> Option<Value> {

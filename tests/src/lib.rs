@@ -199,6 +199,14 @@ impl HttpResponse {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
     }
+
+    /// A response header's value (the first, if sent more than once).
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+    }
 }
 
 /// A minimal HTTP/1.1 GET (connection closed after one request); `None` if nothing answers.
@@ -214,6 +222,18 @@ pub async fn http_request(
     bearer: Option<&str>,
     body: Option<&[u8]>,
 ) -> Option<HttpResponse> {
+    http_request_with(addr, method, path, bearer, &[], body).await
+}
+
+/// [`http_request`] with more request headers, sent as given (`name`, raw `value`).
+pub async fn http_request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    headers: &[(&str, &[u8])],
+    body: Option<&[u8]>,
+) -> Option<HttpResponse> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let auth = bearer.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
     let length = body
@@ -222,7 +242,14 @@ pub async fn http_request(
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}{length}Connection: close\r\n\r\n"
     );
-    stream.write_all(request.as_bytes()).await.ok()?;
+    let (head, end) = request.split_at(request.len() - 2);
+    stream.write_all(head.as_bytes()).await.ok()?;
+    for (name, value) in headers {
+        stream.write_all(format!("{name}: ").as_bytes()).await.ok()?;
+        stream.write_all(value).await.ok()?;
+        stream.write_all(b"\r\n").await.ok()?;
+    }
+    stream.write_all(end.as_bytes()).await.ok()?;
     if let Some(body) = body {
         stream.write_all(body).await.ok()?;
     }

@@ -40,6 +40,9 @@ pub struct EventView {
     /// a failover event.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub degraded: String,
+    /// The request's `x-request-id`; absent for an event from a node older than the field.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub request_id: String,
 }
 
 impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
@@ -67,6 +70,7 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
             stream: e.stream,
             status: e.status,
             degraded: e.degraded,
+            request_id: e.request_id,
         }
     }
 }
@@ -93,7 +97,8 @@ fn attempt(a: &AttemptView) -> String {
     format!("{} {}({})", a.model, a.status, detail.join(" "))
 }
 
-/// One line: when, which key, requested → served, then each attempt.
+/// One line: when, which key, requested → served, then each attempt, and the request's id
+/// last (`request_id=ID`), where a search for it finds the line.
 pub fn event_line(e: &EventView) -> String {
     let served = if !e.degraded.is_empty() {
         format!("degraded answer ({})", e.degraded)
@@ -104,8 +109,13 @@ pub fn event_line(e: &EventView) -> String {
     };
     let key = if e.key_id.is_empty() { "-" } else { &e.key_id };
     let attempts: Vec<String> = e.attempts.iter().map(attempt).collect();
+    let request_id = if e.request_id.is_empty() {
+        String::new()
+    } else {
+        format!("  request_id={}", e.request_id)
+    };
     format!(
-        "{}  {key}  {} → {served}  {}\n",
+        "{}  {key}  {} → {served}  {}{request_id}\n",
         utc(e.at_unix_ms),
         e.requested_model,
         attempts.join(" → ")
@@ -150,6 +160,14 @@ mod tests {
              openai/gpt-5-nano failed(timeout 30011ms retries=2 injected=drill-1) → \
              anthropic/claude-sonnet-4 served(734ms)\n"
         );
+        assert!(serde_json::to_value(&e).unwrap().get("request_id").is_none());
+        let e = EventView { request_id: "req-1".into(), ..e };
+        assert!(
+            event_line(&e).ends_with("served(734ms)  request_id=req-1\n"),
+            "{}",
+            event_line(&e)
+        );
+        assert_eq!(serde_json::to_value(&e).unwrap()["request_id"], "req-1");
         let json = serde_json::to_value(&e).unwrap();
         assert_eq!(json["attempts"][0]["injected"], "drill-1");
         assert!(json["attempts"][1].get("injected").is_none(), "{json}");

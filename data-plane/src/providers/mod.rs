@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{StatusCode, header};
+use http::{HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -22,6 +22,7 @@ use switchyard_catalog::{Fault, FaultKind, Model, Provider, ProviderKind};
 use crate::chaos::{self, Cut, Injector};
 use crate::failure;
 use crate::request::ChatRequest;
+use crate::request_id;
 
 pub mod adapter;
 pub mod anthropic;
@@ -102,15 +103,18 @@ impl ProviderRuntime {
     }
 
     /// One attempt's upstream call with its translated `body`; the caller bounds it in time.
-    /// `injector` says whether an injected fault touches the call, and keeps the ones that did.
+    /// `request_id`, the client request's id, goes upstream as `x-request-id` (a probe has
+    /// none). `injector` says whether an injected fault touches the call, and keeps the ones
+    /// that did.
     pub async fn complete(
         &self,
         model: &Model,
         body: Bytes,
+        request_id: Option<&HeaderValue>,
         injector: &mut Injector<'_>,
     ) -> Result<Completion, CallError> {
         let fault = injector.draw(false);
-        let body = match self.respond(model, false, body, fault).await? {
+        let body = match self.respond(model, false, body, request_id, fault).await? {
             Answer::Upstream(response) => read_body(response).await?,
             Answer::Injected(body) => body,
         };
@@ -123,10 +127,11 @@ impl ProviderRuntime {
         &self,
         model: &Model,
         body: Bytes,
+        request_id: Option<&HeaderValue>,
         injector: &mut Injector<'_>,
     ) -> Result<UpstreamStream, CallError> {
         let fault = injector.draw(true);
-        let source = match self.respond(model, true, body, fault).await? {
+        let source = match self.respond(model, true, body, request_id, fault).await? {
             Answer::Upstream(response) => stream::Source::Upstream(response.into_body()),
             Answer::Injected(body) => stream::Source::Injected(Some(body)),
         };
@@ -146,13 +151,14 @@ impl ProviderRuntime {
         model: &Model,
         stream: bool,
         body: Bytes,
+        request_id: Option<&HeaderValue>,
         fault: Option<&Fault>,
     ) -> Result<Answer, CallError> {
         if let Some(Fault { kind: FaultKind::Delay { ms }, .. }) = fault {
             tokio::time::sleep(Duration::from_millis(*ms)).await;
         }
         if self.credentials.is_empty() {
-            return self.send(model, stream, body, None, fault).await;
+            return self.send(model, stream, body, None, request_id, fault).await;
         }
         let mut last = CallError::NoCredential("no credential resolved".into());
         for credential in &self.credentials {
@@ -163,7 +169,7 @@ impl ProviderRuntime {
                     continue;
                 }
             };
-            match self.send(model, stream, body.clone(), Some(secret), fault).await {
+            match self.send(model, stream, body.clone(), Some(secret), request_id, fault).await {
                 Err(e @ CallError::Http { status, .. }) if failure::refuses_credential(status) => {
                     warn!(provider = %self.def.name, %status, "provider refused a credential; trying the next");
                     last = e;
@@ -182,9 +188,15 @@ impl ProviderRuntime {
         stream: bool,
         body: Bytes,
         credential: Option<&Secret>,
+        request_id: Option<&HeaderValue>,
         fault: Option<&Fault>,
     ) -> Result<Answer, CallError> {
-        let upstream = self.adapter.request(&self.def, model, stream, body, credential)?;
+        let mut upstream = self.adapter.request(&self.def, model, stream, body, credential)?;
+        // Set here, not by each adapter: every provider kind gets it, and a provider's support
+        // can trace one request from the client's logs (docs/http-api.md, "Response headers").
+        if let Some(id) = request_id {
+            upstream.headers_mut().insert(request_id::HEADER, id.clone());
+        }
         if let Some(fault) = fault
             && let Some(answer) = self.injected_answer(fault, model, stream).await
         {
@@ -490,9 +502,9 @@ mod tests {
             for stream in [false, true] {
                 let mut injector = Injector::new(&faults);
                 let injected = if stream {
-                    provider.open_stream(&model(), streamed(), &mut injector).await.err()
+                    provider.open_stream(&model(), streamed(), None, &mut injector).await.err()
                 } else {
-                    provider.complete(&model(), plain(), &mut injector).await.err()
+                    provider.complete(&model(), plain(), None, &mut injector).await.err()
                 };
                 let injected = injected.unwrap_or_else(|| panic!("{kind} {status}: no error"));
                 let code = StatusCode::from_u16(*status).unwrap();
@@ -507,7 +519,7 @@ mod tests {
     async fn an_injected_status_carries_its_retry_after() {
         let provider = runtime("anthropic", "http://127.0.0.1:9");
         let faults = [fault(FaultKind::Status { status: 429, retry_after_secs: Some(7) })];
-        let e = provider.complete(&model(), plain(), &mut Injector::new(&faults)).await.err();
+        let e = provider.complete(&model(), plain(), None, &mut Injector::new(&faults)).await.err();
         let Some(CallError::Http { status, error, retry_after }) = e else { panic!("{e:?}") };
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(error.code.as_deref(), Some("rate_limit_error"));
@@ -518,8 +530,10 @@ mod tests {
     async fn an_injected_529_is_anthropics_overloaded_error_and_a_server_error() {
         let provider = runtime("anthropic", "http://127.0.0.1:9");
         let faults = [fault(FaultKind::Status { status: 529, retry_after_secs: None })];
-        let e =
-            provider.complete(&model(), plain(), &mut Injector::new(&faults)).await.unwrap_err();
+        let e = provider
+            .complete(&model(), plain(), None, &mut Injector::new(&faults))
+            .await
+            .unwrap_err();
         let CallError::Http { error, .. } = &e else { panic!("{e:?}") };
         assert_eq!(error.code.as_deref(), Some("overloaded_error"));
         assert_eq!(verdict(e), "failover server_error Some(Failure) upstream_server_error");
@@ -530,10 +544,15 @@ mod tests {
         let up = upstream().await;
         let provider = runtime("openai", &up.url);
         let faults = [fault(FaultKind::Reset)];
-        let e =
-            provider.complete(&model(), plain(), &mut Injector::new(&faults)).await.unwrap_err();
+        let e = provider
+            .complete(&model(), plain(), None, &mut Injector::new(&faults))
+            .await
+            .unwrap_err();
         assert_eq!(verdict(e), "failover connection_error Some(Failure) upstream_disconnected");
-        let e = provider.open_stream(&model(), streamed(), &mut Injector::new(&faults)).await.err();
+        let e = provider
+            .open_stream(&model(), streamed(), None, &mut Injector::new(&faults))
+            .await
+            .err();
         assert_eq!(
             verdict(e.unwrap()),
             "failover connection_error Some(Failure) upstream_disconnected"
@@ -546,12 +565,12 @@ mod tests {
         let faults = [fault(FaultKind::Malformed)];
         for kind in ["openai", "openai-compatible", "azure-openai", "anthropic", "gemini"] {
             let provider = runtime(kind, "http://127.0.0.1:9/v1");
-            let e = provider.complete(&model(), plain(), &mut Injector::new(&faults)).await;
+            let e = provider.complete(&model(), plain(), None, &mut Injector::new(&faults)).await;
             let e = e.err().unwrap_or_else(|| panic!("{kind}: parsed"));
             assert!(matches!(e, CallError::Malformed(_)), "{kind}: {e:?}");
             assert_eq!(verdict(e), "failover server_error Some(Failure) upstream_malformed");
             let mut stream = provider
-                .open_stream(&model(), streamed(), &mut Injector::new(&faults))
+                .open_stream(&model(), streamed(), None, &mut Injector::new(&faults))
                 .await
                 .unwrap_or_else(|e| panic!("{kind}: the head is a 200: {e:?}"));
             let first = stream.next().await;
@@ -567,10 +586,10 @@ mod tests {
         let wait = Duration::from_millis(300);
         let model = model();
         let mut injector = Injector::new(&faults);
-        let plain_call = provider.complete(&model, plain(), &mut injector);
+        let plain_call = provider.complete(&model, plain(), None, &mut injector);
         assert!(tokio::time::timeout(wait, plain_call).await.is_err(), "answered");
         let mut injector = Injector::new(&faults);
-        let stream_call = provider.open_stream(&model, streamed(), &mut injector);
+        let stream_call = provider.open_stream(&model, streamed(), None, &mut injector);
         assert!(tokio::time::timeout(wait, stream_call).await.is_err(), "answered");
         assert_eq!(injector.first().map(|f| f.name.as_str()), Some("drill"));
         assert_eq!(up.requests.load(Ordering::SeqCst), 0);
@@ -583,7 +602,7 @@ mod tests {
         let faults = [fault(FaultKind::Delay { ms: 300 })];
         let started = Instant::now();
         let completion =
-            provider.complete(&model(), plain(), &mut Injector::new(&faults)).await.unwrap();
+            provider.complete(&model(), plain(), None, &mut Injector::new(&faults)).await.unwrap();
         assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
         assert_eq!(completion.usage.completion_tokens, 1);
         assert_eq!(up.requests.load(Ordering::SeqCst), 1);
@@ -618,8 +637,10 @@ mod tests {
         let up = upstream().await;
         let provider = runtime("openai", &up.url);
         let faults = [fault(FaultKind::StallAfter { chunks: 3 })];
-        let mut stream =
-            provider.open_stream(&model(), streamed(), &mut Injector::new(&faults)).await.unwrap();
+        let mut stream = provider
+            .open_stream(&model(), streamed(), None, &mut Injector::new(&faults))
+            .await
+            .unwrap();
         let got = content_before_the_cut(&mut stream).await;
         assert_eq!(got[..3], ["one ", "two ", "three "]);
         assert!(got[3].starts_with("Err(Elapsed"), "the reader's timeout ended it: {got:?}");
@@ -631,8 +652,10 @@ mod tests {
         let up = upstream().await;
         let provider = runtime("openai", &up.url);
         let faults = [fault(FaultKind::DropAfter { chunks: 2 })];
-        let mut stream =
-            provider.open_stream(&model(), streamed(), &mut Injector::new(&faults)).await.unwrap();
+        let mut stream = provider
+            .open_stream(&model(), streamed(), None, &mut Injector::new(&faults))
+            .await
+            .unwrap();
         let got = content_before_the_cut(&mut stream).await;
         assert_eq!(got[..2], ["one ", "two "]);
         assert!(got[2].contains("Connection") && got[2].contains("drill"), "{got:?}");
@@ -645,7 +668,7 @@ mod tests {
         let provider = runtime("openai", &up.url);
         let faults = [fault(FaultKind::DropAfter { chunks: 0 })];
         let mut injector = Injector::new(&faults);
-        assert!(provider.complete(&model(), plain(), &mut injector).await.is_ok());
+        assert!(provider.complete(&model(), plain(), None, &mut injector).await.is_ok());
         assert!(injector.first().is_none());
     }
 
@@ -658,18 +681,55 @@ mod tests {
         let faults = [Arc::new(never)];
         let mut injector = Injector::new(&faults);
         for _ in 0..20 {
-            assert!(provider.complete(&model(), plain(), &mut injector).await.is_ok());
+            assert!(provider.complete(&model(), plain(), None, &mut injector).await.is_ok());
         }
         assert!(injector.first().is_none());
         assert_eq!(up.requests.load(Ordering::SeqCst), 20);
     }
 
     #[tokio::test]
+    async fn the_request_id_goes_upstream_as_x_request_id_for_every_provider_kind() {
+        use std::sync::Mutex;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = Arc::clone(&seen);
+        let app = axum::Router::new().fallback(move |headers: http::HeaderMap| {
+            let record = Arc::clone(&record);
+            async move {
+                let id = headers.get("x-request-id").map(|v| v.to_str().unwrap().to_owned());
+                record.lock().unwrap().push(id);
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let id = HeaderValue::from_static("req-1");
+        for kind in ["openai", "azure-openai", "anthropic", "gemini"] {
+            let provider = runtime(kind, &url);
+            let (model, mut injector) = (model(), Injector::default());
+            let call = provider.complete(&model, plain(), Some(&id), &mut injector).await;
+            assert!(call.is_err(), "{kind}: the upstream answers 503");
+        }
+        let probe = provider_without_id(&url).await;
+        assert!(probe.is_err());
+        let seen = seen.lock().unwrap().clone();
+        let expected = [Some("req-1"); 4].map(|s| s.map(str::to_owned));
+        assert_eq!(seen[..4], expected, "{seen:?}");
+        assert_eq!(seen[4], None, "a call without a request (a probe) sends none");
+    }
+
+    async fn provider_without_id(url: &str) -> Result<Completion, CallError> {
+        runtime("openai", url).complete(&model(), plain(), None, &mut Injector::default()).await
+    }
+
+    #[tokio::test]
     async fn without_faults_the_stream_is_the_upstreams_whole() {
         let up = upstream().await;
         let provider = runtime("openai", &up.url);
-        let mut stream =
-            provider.open_stream(&model(), streamed(), &mut Injector::default()).await.unwrap();
+        let mut stream = provider
+            .open_stream(&model(), streamed(), None, &mut Injector::default())
+            .await
+            .unwrap();
         let got = content_before_the_cut(&mut stream).await;
         assert_eq!(got[..5], CHUNKS);
         assert_eq!(got[5], "[DONE]", "{got:?}");
