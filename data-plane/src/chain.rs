@@ -43,8 +43,8 @@ pub struct Chain {
     pub deadline: Option<Duration>,
     /// The designed answer when no model can serve: the request's, else the key's.
     pub degraded: Option<Degraded>,
-    /// The request's `response_format`, compiled once for every attempt, when answers are
-    /// checked against it: `on` holds `invalid_output`, the request is not a stream and its
+    /// The request's `response_format`, compiled (or kept from an earlier request) once for
+    /// every attempt, when answers are checked against it: `on` holds `invalid_output`, the request is not a stream and its
     /// `response_format` asks for JSON (docs/http-api.md, "Structured outputs").
     pub output: Option<std::sync::Arc<OutputCheck>>,
 }
@@ -168,9 +168,10 @@ pub fn resolve(
         request.redundancy.degraded.clone().or_else(|| defaults.and_then(|d| d.degraded.clone()));
     // Streams are not checked: their content reaches the client as it comes.
     let output = if on.contains(&FailoverReason::InvalidOutput) && !request.stream {
-        OutputCheck::compile(request.passthrough.get("response_format").copied())
+        config
+            .schemas
+            .get(request.passthrough.get("response_format").copied())
             .map_err(|e| ApiError::invalid(e.param(), e.to_string()))?
-            .map(std::sync::Arc::new)
     } else {
         None
     };

@@ -770,6 +770,10 @@ mod tests {
             panic!("expected the third model to serve")
         };
         assert_eq!(structured::tests::compiled() - before, 1, "one schema compiled per request");
+        // The next request with the same response_format finds it compiled.
+        let again = crate::chain::resolve(&request, &key(), &config).unwrap();
+        assert!(Arc::ptr_eq(chain.output.as_ref().unwrap(), again.output.as_ref().unwrap()));
+        assert_eq!(structured::tests::compiled() - before, 1);
 
         assert_eq!(served.model.name, "c");
         let reasons: Vec<_> =

@@ -1,6 +1,6 @@
 //! Structured outputs (docs/http-api.md, "Structured outputs"): what a request's
-//! `response_format` asks of an answer, compiled once per request, and whether an answer's
-//! content gives it. Used only when `invalid_output` is in the chain's `on`; the request
+//! `response_format` asks of an answer, compiled at most once per request (and kept for the
+//! next requests that send the same one), and whether an answer's content gives it. Used only when `invalid_output` is in the chain's `on`; the request
 //! path of every other request never reaches this module.
 //!
 //! Schemas are JSON Schema draft 2020-12, the dialect of OpenAI's structured outputs, with
@@ -9,6 +9,8 @@
 //! never fetches a schema from elsewhere.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -168,6 +170,46 @@ impl OutputCheck {
     }
 }
 
+/// The most compiled `response_format`s a node keeps, and the longest one it keeps.
+const KEPT: usize = 256;
+const KEPT_MAX_BYTES: usize = 16 * 1024;
+
+/// The node's compiled `response_format`s, by their exact text, shared by every request
+/// and config version: an app sends the same schema with every request, and compiling one
+/// costs several times what checking an answer does (docs/BENCHMARKS.md, "Structured
+/// output validation"). Bounded: past [`KEPT`] it starts again empty, and a format longer
+/// than [`KEPT_MAX_BYTES`] is compiled for its request alone.
+#[derive(Debug, Default)]
+pub struct Compiled {
+    kept: RwLock<HashMap<Box<str>, Arc<OutputCheck>>>,
+}
+
+impl Compiled {
+    /// The request's compiled `response_format` (`None` when it asks for no JSON): kept
+    /// from an earlier request with the same text, else compiled now. An error is the
+    /// client's 400 and is never kept.
+    pub fn get(
+        &self,
+        response_format: Option<&RawValue>,
+    ) -> Result<Option<Arc<OutputCheck>>, FormatError> {
+        let Some(raw) = response_format else { return Ok(None) };
+        let text = raw.get();
+        let keep = text.len() <= KEPT_MAX_BYTES;
+        if keep && let Some(check) = self.kept.read().unwrap_or_else(|e| e.into_inner()).get(text) {
+            return Ok(Some(Arc::clone(check)));
+        }
+        let Some(check) = OutputCheck::compile(Some(raw))?.map(Arc::new) else { return Ok(None) };
+        if keep {
+            let mut kept = self.kept.write().unwrap_or_else(|e| e.into_inner());
+            if kept.len() >= KEPT {
+                kept.clear();
+            }
+            kept.insert(text.into(), Arc::clone(&check));
+        }
+        Ok(Some(check))
+    }
+}
+
 /// `response_format.json_schema.schema`, if the request gives one (OpenAI's API makes it
 /// optional: then any JSON will do).
 fn schema_of(response_format: &str) -> Result<Option<Value>, FormatError> {
@@ -267,6 +309,41 @@ pub(crate) mod tests {
     fn check(format: &RawValue, content: Value, finish_reason: &str) -> Result<(), Invalid> {
         let check = OutputCheck::compile(Some(format)).unwrap().unwrap();
         check.check(Some(&choices(content, finish_reason)))
+    }
+
+    #[test]
+    fn a_format_is_compiled_once_for_every_request_that_sends_it() {
+        let cache = Compiled::default();
+        let before = compiled();
+        let format = schema_format(person());
+        let first = cache.get(Some(&format)).unwrap().unwrap();
+        let again = cache.get(Some(&format)).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(compiled() - before, 1);
+        let other = schema_format(json!({"type": "object"}));
+        cache.get(Some(&other)).unwrap().unwrap();
+        assert_eq!(compiled() - before, 2);
+        assert!(cache.get(Some(&raw(json!({"type": "text"})))).unwrap().is_none());
+        assert!(cache.get(None).unwrap().is_none());
+        // An invalid schema is refused every time, never kept.
+        let bad = schema_format(json!({"type": "objekt"}));
+        assert!(cache.get(Some(&bad)).is_err());
+        assert!(cache.get(Some(&bad)).is_err());
+    }
+
+    #[test]
+    fn the_kept_formats_are_bounded() {
+        let cache = Compiled::default();
+        let format = |i: usize| schema_format(json!({"type": "object", "title": format!("s{i}")}));
+        for i in 0..KEPT {
+            cache.get(Some(&format(i))).unwrap();
+        }
+        assert_eq!(cache.kept.read().unwrap().len(), KEPT);
+        cache.get(Some(&format(KEPT))).unwrap();
+        assert_eq!(cache.kept.read().unwrap().len(), 1, "started again, empty");
+        let long = schema_format(json!({"type": "object", "title": "x".repeat(KEPT_MAX_BYTES)}));
+        cache.get(Some(&long)).unwrap();
+        assert_eq!(cache.kept.read().unwrap().len(), 1, "a long format is not kept");
     }
 
     #[test]
