@@ -228,7 +228,8 @@ fn http_status(status: StatusCode, error: UpstreamError) -> Verdict {
         }
         // After every reserve credential: the gateway's credential failing is not the
         // client's fault, and the next provider may serve. `server_error` is the failover
-        // reason (the contract has four); the code and message say what happened.
+        // reason (the contract has none of its own for it); the code and message say what
+        // happened.
         s if refuses_credential(s) => {
             failover(R::ServerError, Some(Outcome::Failure), Code::CredentialRefused)
         }
