@@ -403,6 +403,14 @@ impl RetryPolicy {
                     format!("{path}.on[{i}]"),
                     format!("{} is listed twice", reason.as_str()),
                 ));
+            } else if *reason == FailoverReason::InvalidOutput {
+                // Retries are for a provider's passing faults; an answer that breaks the
+                // request's schema moves to the next model instead (docs/catalog.md,
+                // "Retries").
+                errors.push(FieldError::new(
+                    format!("{path}.on[{i}]"),
+                    "invalid_output is never retried: it fails over to the next model",
+                ));
             }
         }
     }
@@ -930,6 +938,12 @@ mod tests {
             ]
         );
         let mut c = sample();
+        c.retry_policy = Some(RetryPolicy {
+            on: vec![FailoverReason::Timeout, FailoverReason::InvalidOutput],
+            ..RetryPolicy::default()
+        });
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.0.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["retry_policy.on[1]"]);
         c.retry_policy = Some(RetryPolicy { max_retries: 5, ..RetryPolicy::default() });
         c.validate().unwrap();
     }

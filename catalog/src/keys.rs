@@ -20,11 +20,25 @@ pub enum FailoverReason {
     ServerError,
     RateLimit,
     Timeout,
+    /// The provider answered, but not with JSON matching the request's `response_format`
+    /// (docs/http-api.md, "Structured outputs"). Opt-in: never in the default `on`.
+    InvalidOutput,
 }
 
 impl FailoverReason {
+    /// The default `on`: the four reasons that say a provider is failing. `invalid_output`
+    /// is left out so that turning it on is a choice each key or request makes.
     pub const ALL: [FailoverReason; 4] =
         [Self::ConnectionError, Self::ServerError, Self::RateLimit, Self::Timeout];
+
+    /// Every value `on` accepts, in the order messages list them.
+    pub const ACCEPTED: [FailoverReason; 5] = [
+        Self::ConnectionError,
+        Self::ServerError,
+        Self::RateLimit,
+        Self::Timeout,
+        Self::InvalidOutput,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -32,11 +46,22 @@ impl FailoverReason {
             Self::ServerError => "server_error",
             Self::RateLimit => "rate_limit",
             Self::Timeout => "timeout",
+            Self::InvalidOutput => "invalid_output",
         }
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.as_str() == text)
+        Self::ACCEPTED.into_iter().find(|r| r.as_str() == text)
+    }
+
+    /// `connection_error, server_error, rate_limit, timeout or invalid_output`, for messages
+    /// that list what `on` accepts.
+    pub fn accepted_list() -> String {
+        let names: Vec<&str> = Self::ACCEPTED.iter().map(|r| r.as_str()).collect();
+        match names.split_last() {
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
     }
 }
 
@@ -149,8 +174,10 @@ impl FailoverDefaults {
             on.dedup();
             on
         });
+        // Stored as "the default" only when it is exactly the default four: with
+        // `invalid_output` a list of four can be another set.
         let on = match on {
-            Some(on) if on.is_empty() || on.len() == FailoverReason::ALL.len() => None,
+            Some(on) if on.is_empty() || on == FailoverReason::ALL => None,
             other => other,
         };
         if errors.is_empty() {
@@ -385,6 +412,42 @@ mod tests {
         }
         assert!(Limits { usd_per_day: Some(0.123456), ..Default::default() }.validate().is_ok());
         assert!(Limits::default().is_empty());
+    }
+
+    #[test]
+    fn invalid_output_is_accepted_but_never_a_default() {
+        assert_eq!(FailoverReason::parse("invalid_output"), Some(FailoverReason::InvalidOutput));
+        assert!(!FailoverReason::ALL.contains(&FailoverReason::InvalidOutput));
+        assert_eq!(
+            FailoverReason::accepted_list(),
+            "connection_error, server_error, rate_limit, timeout or invalid_output"
+        );
+        let with = |on: Vec<FailoverReason>| FailoverDefaults {
+            models: vec!["a".into()],
+            on: Some(on),
+            ..Default::default()
+        };
+        let (saved, _) = with(FailoverReason::ALL.to_vec()).normalize(known).unwrap();
+        assert_eq!(saved.on, None, "the default four are stored as the default");
+        // Four reasons, but not the default four: kept as they are.
+        let four = vec![
+            FailoverReason::InvalidOutput,
+            FailoverReason::Timeout,
+            FailoverReason::ServerError,
+            FailoverReason::ConnectionError,
+        ];
+        let (saved, _) = with(four).normalize(known).unwrap();
+        assert_eq!(
+            saved.on,
+            Some(vec![
+                FailoverReason::ConnectionError,
+                FailoverReason::ServerError,
+                FailoverReason::Timeout,
+                FailoverReason::InvalidOutput,
+            ])
+        );
+        let (saved, _) = with(FailoverReason::ACCEPTED.to_vec()).normalize(known).unwrap();
+        assert_eq!(saved.on.as_deref(), Some(&FailoverReason::ACCEPTED[..]));
     }
 
     #[test]

@@ -333,7 +333,9 @@ pub struct ChainOptions {
     /// Streaming: wait for the first token before failing over (500–60000).
     #[arg(long, value_name = "MS")]
     pub first_token_timeout_ms: Option<u32>,
-    /// Which failures fail over: connection_error,server_error,rate_limit,timeout (default all).
+    /// Which failures fail over: connection_error,server_error,rate_limit,timeout (the
+    /// default: these four), and invalid_output (opt-in: structured answers that break the
+    /// request's response_format).
     #[arg(long, value_delimiter = ',', value_parser = failover_reason, value_name = "LIST")]
     pub on: Option<Vec<FailoverReason>>,
 }
@@ -362,7 +364,7 @@ pub fn list_item(text: &str) -> Result<String, String> {
 
 pub fn failover_reason(text: &str) -> Result<FailoverReason, String> {
     FailoverReason::parse(text.trim()).ok_or_else(|| {
-        let all: Vec<&str> = FailoverReason::ALL.iter().map(|r| r.as_str()).collect();
+        let all: Vec<&str> = FailoverReason::ACCEPTED.iter().map(|r| r.as_str()).collect();
         format!("unknown trigger {text:?}; expected one of {}", all.join(", "))
     })
 }

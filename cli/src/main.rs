@@ -155,14 +155,21 @@ mod tests {
             "--allowed-regions",
             "eu",
             "--on",
-            "timeout,rate_limit",
+            "timeout,rate_limit,invalid_output",
             "--json",
         ]);
         assert!(k.opts.json);
         let KeysCommand::Create(c) = k.command else { panic!() };
         assert_eq!(c.default_models, ["a", "b", "c"]);
         assert_eq!(c.allowed_regions, ["eu"]);
-        assert_eq!(c.options.on, Some(vec![FailoverReason::Timeout, FailoverReason::RateLimit]));
+        assert_eq!(
+            c.options.on,
+            Some(vec![
+                FailoverReason::Timeout,
+                FailoverReason::RateLimit,
+                FailoverReason::InvalidOutput
+            ])
+        );
     }
 
     #[test]
@@ -177,7 +184,10 @@ mod tests {
                 .unwrap_err();
         let text = err.to_string();
         assert!(text.contains(r#"unknown trigger "oops""#), "{text}");
-        assert!(text.contains("connection_error, server_error, rate_limit, timeout"), "{text}");
+        assert!(
+            text.contains("connection_error, server_error, rate_limit, timeout, invalid_output"),
+            "{text}"
+        );
         assert_eq!(err.exit_code(), 2);
     }
 

@@ -835,9 +835,7 @@ fn defaults_from_pb(d: pb::FailoverDefaults) -> Result<FailoverDefaults, Validat
             Some(reason) => on.push(reason),
             None => errors.push(FieldError::new(
                 format!("failoverDefaults.on[{i}]"),
-                format!(
-                    "unknown trigger {text:?}; expected connection_error, server_error, rate_limit or timeout"
-                ),
+                format!("unknown trigger {text:?}; expected {}", FailoverReason::accepted_list()),
             )),
         }
     }
@@ -930,6 +928,20 @@ mod tests {
     async fn read(admin: &AdminService) -> String {
         let reply = admin.get_catalog(Request::new(pb::GetCatalogRequest {})).await.unwrap();
         reply.into_inner().catalog_json
+    }
+
+    #[test]
+    fn defaults_take_invalid_output_in_on_and_name_an_unknown_trigger() {
+        let pb_defaults = |on: &[&str]| pb::FailoverDefaults {
+            models: vec!["a".into()],
+            on: on.iter().map(|s| (*s).to_owned()).collect(),
+            ..Default::default()
+        };
+        let d = defaults_from_pb(pb_defaults(&["timeout", "invalid_output"])).unwrap();
+        assert_eq!(d.on, Some(vec![FailoverReason::Timeout, FailoverReason::InvalidOutput]));
+        let e = defaults_from_pb(pb_defaults(&["timeout", "bad_json"])).unwrap_err();
+        assert_eq!(e.0[0].path, "failoverDefaults.on[1]");
+        assert!(e.0[0].message.contains("timeout or invalid_output"), "{}", e.0[0].message);
     }
 
     #[tokio::test]

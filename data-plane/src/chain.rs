@@ -14,6 +14,7 @@ use crate::config::NodeConfig;
 use crate::error::ApiError;
 use crate::providers::CallError;
 use crate::request::{ChatRequest, EntrySpec};
+use crate::structured::OutputCheck;
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(60_000);
 pub const DEFAULT_FIRST_TOKEN_TIMEOUT: Duration = Duration::from_millis(10_000);
@@ -42,6 +43,10 @@ pub struct Chain {
     pub deadline: Option<Duration>,
     /// The designed answer when no model can serve: the request's, else the key's.
     pub degraded: Option<Degraded>,
+    /// The request's `response_format`, compiled (or kept from an earlier request) once for
+    /// every attempt, when answers are checked against it: `on` holds `invalid_output`, the request is not a stream and its
+    /// `response_format` asks for JSON (docs/http-api.md, "Structured outputs").
+    pub output: Option<std::sync::Arc<OutputCheck>>,
 }
 
 impl Chain {
@@ -161,7 +166,16 @@ pub fn resolve(
     let deadline = request.redundancy.deadline_ms.map(|ms| Duration::from_millis(ms.into()));
     let degraded =
         request.redundancy.degraded.clone().or_else(|| defaults.and_then(|d| d.degraded.clone()));
-    Ok(Chain { entries, on, deadline, degraded })
+    // Streams are not checked: their content reaches the client as it comes.
+    let output = if on.contains(&FailoverReason::InvalidOutput) && !request.stream {
+        config
+            .schemas
+            .get(request.passthrough.get("response_format").copied())
+            .map_err(|e| ApiError::invalid(e.param(), e.to_string()))?
+    } else {
+        None
+    };
+    Ok(Chain { entries, on, deadline, degraded, output })
 }
 
 fn spec(model: &str, param: &str) -> EntrySpec {

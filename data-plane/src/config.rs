@@ -11,6 +11,7 @@ use switchyard_catalog::{ApiKeyRecord, Catalog, Fault, Model};
 use crate::providers::ProviderRuntime;
 use crate::retry;
 use crate::shards::ShardedMap;
+use crate::structured;
 
 /// Resource names, as the control plane sends them.
 const CATALOG: &str = "catalog";
@@ -40,6 +41,10 @@ pub struct NodeConfig {
     /// The node's retry budget. It counts traffic, not config, so every version shares
     /// the one the node started with; its limits come from the catalog's `retry_policy`.
     pub retry_budget: Arc<retry::Budget>,
+    /// Compiled `response_format`s (structured outputs), kept across requests. Like the
+    /// retry budget, every version shares the one the node started with: a schema means the
+    /// same under any config.
+    pub schemas: Arc<structured::Compiled>,
     /// Injected faults in force, by name; empty unless a drill is on, which is all the
     /// request path checks then.
     pub faults: Arc<[Arc<Fault>]>,
@@ -110,6 +115,7 @@ impl NodeConfig {
                 let fresh = NodeConfig {
                     providers: self.providers.clone(),
                     retry_budget: Arc::clone(&self.retry_budget),
+                    schemas: Arc::clone(&self.schemas),
                     ..Default::default()
                 };
                 (version, fresh, resources, Vec::new())
@@ -416,5 +422,6 @@ mod tests {
             Arc::ptr_eq(&base.retry_budget, &next.retry_budget),
             "a resync must not hand every request a fresh budget"
         );
+        assert!(Arc::ptr_eq(&base.schemas, &next.schemas), "nor forget compiled schemas");
     }
 }

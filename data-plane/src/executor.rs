@@ -28,6 +28,7 @@ use crate::providers::{
 use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_message};
 use crate::request::ChatRequest;
 use crate::retry::{self, FailedCall, NoRetry};
+use crate::structured::OutputCheck;
 use crate::telemetry::Telemetry;
 
 /// An attempt is not started with less than `min(1000 ms, its timeout)` left of the
@@ -140,8 +141,16 @@ impl Executor {
                 }
             };
             tried = true;
-            let result =
-                self.attempt(entry, timeout, permit, request, config, request_id, &mut attempts);
+            let result = self.attempt(
+                chain,
+                entry,
+                timeout,
+                permit,
+                request,
+                config,
+                request_id,
+                &mut attempts,
+            );
             match result.await {
                 AttemptResult::Served(output) => {
                     return Ok(Served { output, model: Arc::clone(&entry.model), attempts });
@@ -184,7 +193,16 @@ impl Executor {
                 self.report_transition(transition);
                 let mut probe_report = Vec::with_capacity(1);
                 let result = self
-                    .attempt(entry, timeout, permit, request, config, request_id, &mut probe_report)
+                    .attempt(
+                        chain,
+                        entry,
+                        timeout,
+                        permit,
+                        request,
+                        config,
+                        request_id,
+                        &mut probe_report,
+                    )
                     .await;
                 if let Some(mut report) = probe_report.pop() {
                     report.probe = true;
@@ -226,6 +244,7 @@ impl Executor {
     #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
+        chain: &Chain,
         entry: &Entry,
         timeout: Duration,
         permit: Permit,
@@ -252,6 +271,7 @@ impl Executor {
         // the attempt reports the first one that touched it.
         let mut injector = Injector::new(&entry.faults);
         loop {
+            let output = chain.output.as_deref();
             let called = self
                 .call(
                     entry,
@@ -261,6 +281,7 @@ impl Executor {
                     request,
                     config,
                     request_id,
+                    output,
                     &mut injector,
                 )
                 .instrument(span.clone())
@@ -297,6 +318,9 @@ impl Executor {
                 Err(failure) => failure,
             };
             debug!(model = %model.name, ?failure, retries, "call failed");
+            if let Failure::InvalidOutput(invalid) = &failure {
+                self.metrics.invalid_output(&model.name, invalid.kind()).inc();
+            }
             let retry_after = failure.retry_after();
             let retry_at = retry_after.map(|wait| Instant::now() + wait);
             let (outcome, result, failed) = match failure::classify(failure) {
@@ -360,8 +384,9 @@ impl Executor {
         }
     }
 
-    /// One upstream call of an attempt: a plain completion, or a stream read up to its
-    /// first content.
+    /// One upstream call of an attempt: a plain completion, checked against the request's
+    /// `response_format` when the chain asks (`output`), or a stream read up to its first
+    /// content.
     #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
@@ -372,6 +397,7 @@ impl Executor {
         request: &ChatRequest<'_>,
         config: &NodeConfig,
         request_id: &HeaderValue,
+        output: Option<&OutputCheck>,
         injector: &mut Injector<'_>,
     ) -> Result<Called, Failure> {
         let model = &entry.model;
@@ -394,7 +420,12 @@ impl Executor {
         let call = provider.complete(model, body, Some(request_id), injector);
         match tokio::time::timeout_at(deadline, call).await {
             Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
-            Ok(Ok(completion)) => Ok(Called::Completion(completion)),
+            Ok(Ok(completion)) => {
+                if let Some(output) = output {
+                    output.check(completion.choices()).map_err(Failure::InvalidOutput)?;
+                }
+                Ok(Called::Completion(completion))
+            }
             Ok(Err(e)) => Err(Failure::Call(e)),
         }
     }
@@ -686,6 +717,224 @@ async fn open_until_first_token(
                     return Ok((buffered, upstream));
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use prometheus_client::metrics::counter::Counter;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::breaker::Breakers;
+    use crate::config::Change;
+    use crate::metrics::InvalidOutputLabels;
+    use crate::structured;
+
+    /// An OpenAI-style upstream on loopback answering each upstream model with its own
+    /// content, and counting the calls each got.
+    async fn upstream(
+        contents: HashMap<&'static str, String>,
+    ) -> (String, Arc<Mutex<Vec<String>>>) {
+        use axum::routing::post;
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&calls);
+        let contents = Arc::new(contents);
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            post(move |body: String| {
+                let (seen, contents) = (Arc::clone(&seen), Arc::clone(&contents));
+                async move {
+                    let body: Value = serde_json::from_str(&body).unwrap();
+                    let model = body["model"].as_str().unwrap().to_owned();
+                    seen.lock().unwrap().push(model.clone());
+                    let answer = json!({"id": "c", "object": "chat.completion", "created": 1,
+                        "model": model,
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": contents[model.as_str()]}}],
+                        "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}});
+                    ([(http::header::CONTENT_TYPE, "application/json")], answer.to_string())
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{addr}/v1"), calls)
+    }
+
+    fn config(url: &str) -> NodeConfig {
+        // A retry policy that would retry every reason it may: invalid output is still not
+        // retried.
+        let models: Vec<Value> = ["a", "b", "c"]
+            .map(|m| json!({"name": m, "provider": "p", "upstream_model": m}))
+            .into();
+        let catalog = json!({
+            "providers": [{"name": "p", "kind": "openai-compatible", "base_url": url}],
+            "models": models,
+            "retry_policy": {"max_retries": 2, "base_backoff_ms": 1, "max_backoff_ms": 1,
+                "on": ["connection_error", "server_error", "rate_limit", "timeout"]}
+        });
+        let change = Change::Snapshot {
+            version: 1,
+            resources: vec![("catalog".into(), serde_json::to_vec(&catalog).unwrap())],
+        };
+        NodeConfig::default().apply(change).unwrap()
+    }
+
+    fn executor() -> Executor {
+        Executor {
+            breakers: Breakers::new(),
+            telemetry: Arc::new(Telemetry::new("n".into(), Counter::default())),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
+        }
+    }
+
+    fn key() -> switchyard_catalog::ApiKeyRecord {
+        serde_json::from_value(json!({
+            "id": "k1", "name": "n", "created_unix_ms": 1, "status": "active",
+            "secret_sha256": "h", "secret_hint": "abcd"
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn invalid_answers_fail_over_with_one_compiled_schema_and_closed_breakers() {
+        let person = json!({"type": "object", "properties": {"name": {"type": "string"}},
+                            "required": ["name"], "additionalProperties": false});
+        let (url, calls) = upstream(HashMap::from([
+            ("a", "Sure! The name is Ada.".to_owned()),
+            ("b", json!({"name": 7}).to_string()),
+            ("c", json!({"name": "Ada"}).to_string()),
+        ]))
+        .await;
+        let config = config(&url);
+        let executor = executor();
+        let body = json!({"models": ["a", "b", "c"],
+            "messages": [{"role": "user", "content": "Who?"}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "person", "strict": true, "schema": person}},
+            "redundancy": {"on": ["server_error", "invalid_output"]}})
+        .to_string();
+        let request = ChatRequest::parse(body.as_bytes()).unwrap();
+
+        let before = structured::tests::compiled();
+        let chain = crate::chain::resolve(&request, &key(), &config).unwrap();
+        let Ok(served) =
+            executor.run(&chain, &request, &config, &crate::request_id::generate()).await
+        else {
+            panic!("expected the third model to serve")
+        };
+        assert_eq!(structured::tests::compiled() - before, 1, "one schema compiled per request");
+        // The next request with the same response_format finds it compiled.
+        let again = crate::chain::resolve(&request, &key(), &config).unwrap();
+        assert!(Arc::ptr_eq(chain.output.as_ref().unwrap(), again.output.as_ref().unwrap()));
+        assert_eq!(structured::tests::compiled() - before, 1);
+
+        assert_eq!(served.model.name, "c");
+        let reasons: Vec<_> =
+            served.attempts.iter().map(|a| (a.status, a.reason.map(|r| r.as_str()))).collect();
+        assert_eq!(
+            reasons,
+            [
+                (AttemptStatus::Failed, Some("invalid_output")),
+                (AttemptStatus::Failed, Some("invalid_output")),
+                (AttemptStatus::Served, None)
+            ]
+        );
+        assert_eq!(*calls.lock().unwrap(), ["a", "b", "c"], "no retry of an invalid output");
+        for model in ["a", "b", "c"] {
+            let breaker = executor.breaker(&config, &config.models[model]);
+            let snapshot = breaker.snapshot();
+            assert_eq!(snapshot.state, State::Closed, "{model}");
+            assert_eq!(snapshot.failure_rate, 0.0, "{model}: the provider answered");
+        }
+        let counted = |model: &str, kind| {
+            let labels = InvalidOutputLabels { model: model.into(), kind };
+            executor.metrics.invalid_outputs.get_or_create(&labels).get()
+        };
+        assert_eq!((counted("a", "not_json"), counted("b", "schema")), (1, 1));
+        assert_eq!(executor.metrics.model("a").attempt("failed", "invalid_output").get(), 1);
+    }
+
+    #[tokio::test]
+    async fn without_invalid_output_in_on_the_first_answer_is_served_unchecked() {
+        let (url, calls) =
+            upstream(HashMap::from([("a", "not JSON at all".to_owned()), ("b", "{}".to_owned())]))
+                .await;
+        let config = config(&url);
+        let body = json!({"models": ["a", "b"], "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"}})
+        .to_string();
+        let request = ChatRequest::parse(body.as_bytes()).unwrap();
+        let before = structured::tests::compiled();
+        let chain = crate::chain::resolve(&request, &key(), &config).unwrap();
+        assert!(chain.output.is_none());
+        let Ok(served) =
+            executor().run(&chain, &request, &config, &crate::request_id::generate()).await
+        else {
+            panic!()
+        };
+        assert_eq!(served.model.name, "a");
+        assert_eq!(*calls.lock().unwrap(), ["a"]);
+        assert_eq!(structured::tests::compiled(), before);
+    }
+
+    #[tokio::test]
+    async fn the_last_invalid_answer_ends_the_chain_naming_invalid_output() {
+        let (url, _) = upstream(HashMap::from([("a", "nope".to_owned())])).await;
+        let config = config(&url);
+        let body = json!({"model": "a", "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"},
+            "redundancy": {"on": ["invalid_output"]}})
+        .to_string();
+        let request = ChatRequest::parse(body.as_bytes()).unwrap();
+        let chain = crate::chain::resolve(&request, &key(), &config).unwrap();
+        let Err(failed) =
+            executor().run(&chain, &request, &config, &crate::request_id::generate()).await
+        else {
+            panic!()
+        };
+        match failed.error {
+            ApiError::AllFailed { status, message, .. } => {
+                assert_eq!(status, StatusCode::BAD_GATEWAY);
+                assert!(message.contains("(invalid_output)"), "{message}");
+                assert!(message.contains("response_format"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_streams_schema_is_not_compiled() {
+        let body = json!({"model": "a", "stream": true,
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "x", "schema": {"type": "objekt"}}},
+            "redundancy": {"on": ["invalid_output"]}})
+        .to_string();
+        let request = ChatRequest::parse(body.as_bytes()).unwrap();
+        let chain = crate::chain::resolve(&request, &key(), &config("http://127.0.0.1:9/v1"));
+        assert!(chain.unwrap().output.is_none(), "streams are not validated");
+    }
+
+    #[test]
+    fn an_invalid_schema_is_refused_when_the_chain_is_formed() {
+        let body = json!({"model": "a", "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "x", "schema": {"type": "objekt"}}},
+            "redundancy": {"on": ["invalid_output"]}})
+        .to_string();
+        let request = ChatRequest::parse(body.as_bytes()).unwrap();
+        match crate::chain::resolve(&request, &key(), &config("http://127.0.0.1:9/v1")) {
+            Err(ApiError::InvalidRequest { param, .. }) => {
+                assert_eq!(param.as_deref(), Some("response_format.json_schema.schema"))
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

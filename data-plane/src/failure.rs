@@ -1,8 +1,9 @@
 //! What an upstream failure means — the one place that decides it. For each way an attempt
 //! can fail (an HTTP status, a transport error, a timeout, an in-band stream error, a
-//! malformed body, a request refused before the call), it says whether the chain fails over
-//! and under which of the four failover reasons, whether the circuit breaker counts it
-//! against the upstream, and the code a client sees (docs/http-api.md, "Errors").
+//! malformed body, a request refused before the call, an answer that breaks the request's
+//! `response_format`), it says whether the chain fails over and under which failover reason,
+//! whether the circuit breaker counts it against the upstream, and the code a client sees
+//! (docs/http-api.md, "Errors").
 
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use switchyard_catalog::FailoverReason;
 
 use crate::breaker::Outcome;
 use crate::providers::error::{CallError, StreamError, UpstreamError};
+use crate::structured::Invalid;
 
 /// How one attempt failed.
 #[derive(Debug)]
@@ -27,6 +29,9 @@ pub enum Failure {
     Stalled(Duration),
     /// The model's provider is not configured on this node.
     Unconfigured(String),
+    /// A completion whose content is not what the request's `response_format` asked for,
+    /// checked because the chain's `on` holds `invalid_output`.
+    InvalidOutput(Invalid),
 }
 
 impl Failure {
@@ -58,6 +63,8 @@ pub enum Code {
     /// The gateway could not encode or build the upstream request: a bug of ours.
     GatewayError,
     ProviderNotConfigured,
+    /// The answer is not JSON valid against the request's `response_format`.
+    InvalidOutput,
 }
 
 impl Code {
@@ -74,6 +81,7 @@ impl Code {
             Self::CredentialMissing => "provider_credential_missing",
             Self::GatewayError => "gateway_error",
             Self::ProviderNotConfigured => "provider_not_configured",
+            Self::InvalidOutput => "invalid_output",
         }
     }
 
@@ -92,7 +100,10 @@ impl Code {
             | Self::CredentialRefused
             | Self::CredentialMissing
             | Self::GatewayError
-            | Self::ProviderNotConfigured => false,
+            | Self::ProviderNotConfigured
+            // Not retried: the next model is a better bet than sampling the same one again
+            // (docs/catalog.md, "Retries").
+            | Self::InvalidOutput => false,
         }
     }
 
@@ -107,6 +118,9 @@ impl Code {
                 Some("the gateway has no usable credential for its provider on this node")
             }
             Self::ProviderNotConfigured => Some("its provider is not configured on this node"),
+            Self::InvalidOutput => {
+                Some("its answer was not JSON valid against the request's response_format")
+            }
             _ => None,
         }
     }
@@ -168,6 +182,11 @@ pub fn classify(failure: Failure) -> Verdict {
         Failure::Unconfigured(_) => {
             failover(R::ServerError, Some(Outcome::Failure), Code::ProviderNotConfigured)
         }
+        // The provider answered, so its breaker counts a success: the output is wrong, the
+        // provider is up, and the chain moves on without opening anything.
+        Failure::InvalidOutput(_) => {
+            failover(R::InvalidOutput, Some(Outcome::Success), Code::InvalidOutput)
+        }
     }
 }
 
@@ -182,6 +201,8 @@ pub fn after_commit(failure: &Failure) -> (Outcome, Code) {
         Failure::Stream(StreamError::Malformed(_)) => (Outcome::Failure, Code::Malformed),
         Failure::InBand(_) => (Outcome::Failure, Code::UpstreamError),
         Failure::Call(_) | Failure::Unconfigured(_) => (Outcome::Failure, Code::ServerError),
+        // Streams are not checked against a response_format; were one, the provider answered.
+        Failure::InvalidOutput(_) => (Outcome::Success, Code::InvalidOutput),
     }
 }
 
@@ -207,7 +228,8 @@ fn http_status(status: StatusCode, error: UpstreamError) -> Verdict {
         }
         // After every reserve credential: the gateway's credential failing is not the
         // client's fault, and the next provider may serve. `server_error` is the failover
-        // reason (the contract has four); the code and message say what happened.
+        // reason (the contract has none of its own for it); the code and message say what
+        // happened.
         s if refuses_credential(s) => {
             failover(R::ServerError, Some(Outcome::Failure), Code::CredentialRefused)
         }
@@ -380,6 +402,25 @@ mod tests {
                 Failure::Unconfigured("p".into()),
                 Some((R::ServerError, Some(O::Failure), C::ProviderNotConfigured)),
             ),
+            (
+                "answer not JSON for its response_format",
+                Failure::InvalidOutput(Invalid::NotJson { choice: 0, error: "x".into() }),
+                Some((R::InvalidOutput, Some(O::Success), C::InvalidOutput)),
+            ),
+            (
+                "answer cut at max_tokens, its JSON broken",
+                Failure::InvalidOutput(Invalid::Truncated { choice: 0, error: "x".into() }),
+                Some((R::InvalidOutput, Some(O::Success), C::InvalidOutput)),
+            ),
+            (
+                "answer against the schema",
+                Failure::InvalidOutput(Invalid::Schema {
+                    choice: 0,
+                    at: "/age".into(),
+                    message: "x".into(),
+                }),
+                Some((R::InvalidOutput, Some(O::Success), C::InvalidOutput)),
+            ),
         ];
         for (case, failure, want) in table {
             let got = classify(failure);
@@ -471,6 +512,7 @@ mod tests {
             Failure::Call(CallError::NoCredential("unset".into())),
             Failure::Call(CallError::Encode(encode_error())),
             Failure::Unconfigured("p".into()),
+            Failure::InvalidOutput(Invalid::Unreadable("x".into())),
         ] {
             assert!(!code(futile).retryable());
         }

@@ -450,7 +450,13 @@ mod tests {
             "secret_sha256": "h", "secret_hint": "abcd"
         }))
         .unwrap();
-        let chain = Chain { entries: Vec::new(), on: Vec::new(), deadline: None, degraded: None };
+        let chain = Chain {
+            entries: Vec::new(),
+            on: Vec::new(),
+            deadline: None,
+            degraded: None,
+            output: None,
+        };
         let attempt = |model: &str, status, injected: Option<&str>| AttemptReport {
             model: model.into(),
             status,

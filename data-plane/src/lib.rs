@@ -5,7 +5,8 @@
 //! `failure` decides what an upstream failure means (below `executor`, `stream` and the
 //! providers' dispatch); `retry` whether the executor calls the same model again; `chaos`
 //! which injected fault touches an upstream call (below the providers' dispatch, which
-//! applies it); `spool` keeps on disk the failover events `telemetry` cannot hold; `probe`
+//! applies it); `structured` checks answers against a request's `response_format` (below
+//! `failure` and `chain`); `spool` keeps on disk the failover events `telemetry` cannot hold; `probe`
 //! is the node's prober, beside the request path, using the executor's breakers and the
 //! providers.
 //! `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
@@ -36,5 +37,6 @@ pub mod shards;
 pub mod spool;
 pub mod state;
 pub mod stream;
+pub mod structured;
 pub mod sync;
 pub mod telemetry;

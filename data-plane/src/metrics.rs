@@ -91,6 +91,13 @@ pub struct LimitLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InvalidOutputLabels {
+    pub model: String,
+    /// `not_json`, `truncated` (cut at the token limit, its JSON broken) or `schema`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DegradedLabels {
     /// The chain's first model.
     pub model: String,
@@ -216,13 +223,14 @@ impl ModelMetrics {
             .insert(served.to_owned(), counter);
     }
 
-    const REASONS: [&'static str; 6] = [
+    const REASONS: [&'static str; 7] = [
         "connection_error",
         "server_error",
         "rate_limit",
         "timeout",
         "client_error",
         "deadline_exceeded",
+        "invalid_output",
     ];
 
     /// The counter for one attempt outcome (`reason` as in the failover report).
@@ -266,6 +274,10 @@ pub struct Metrics {
     pub injected_faults: Family<InjectedLabels, Counter>,
     pub degraded_responses: Family<DegradedLabels, Counter>,
     pub limit_blocks: Family<LimitLabels, Counter>,
+    /// Answers that broke their request's `response_format`, by model and how. Apart from
+    /// `upstream_attempts` (which counts them too, reason `invalid_output`) for the `kind`,
+    /// and created only when one happens: most nodes never see one.
+    pub invalid_outputs: Family<InvalidOutputLabels, Counter>,
     pub events_dropped: Counter,
     /// Failover events held in memory for the control plane (queued or awaiting its ack).
     pub events_held: Gauge,
@@ -382,6 +394,12 @@ impl Metrics {
             "Requests refused with 429 because their key reached one of its own limits",
             limit_blocks.clone(),
         );
+        let invalid_outputs = Family::<InvalidOutputLabels, Counter>::default();
+        registry.register(
+            "invalid_outputs",
+            "Answers whose content was not JSON valid against the request's response_format (invalid_output), by model and kind",
+            invalid_outputs.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
@@ -449,6 +467,7 @@ impl Metrics {
             injected_faults,
             degraded_responses,
             limit_blocks,
+            invalid_outputs,
             events_dropped,
             events_held,
             event_spool_bytes,
@@ -470,6 +489,14 @@ impl Metrics {
     pub fn degraded(&self, model: &str, reason: &'static str) -> Counter {
         self.degraded_responses
             .get_or_create(&DegradedLabels { model: model.to_owned(), reason })
+            .clone()
+    }
+
+    /// The invalid outputs counter of `model` for `kind`. Not pre-resolved: only requests
+    /// that opted into `invalid_output` and got a wrong answer pay the lookup.
+    pub fn invalid_output(&self, model: &str, kind: &'static str) -> Counter {
+        self.invalid_outputs
+            .get_or_create(&InvalidOutputLabels { model: model.to_owned(), kind })
             .clone()
     }
 

@@ -289,6 +289,7 @@ mod tests {
             on: FailoverReason::ALL.to_vec(),
             deadline: None,
             degraded: None,
+            output: None,
         };
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
         let request = ChatRequest::parse(body).unwrap();

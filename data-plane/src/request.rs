@@ -12,6 +12,7 @@ use switchyard_catalog::keys::{FIRST_TOKEN_TIMEOUT_MS_RANGE, TIMEOUT_MS_RANGE};
 use switchyard_catalog::{Degraded, FailoverReason};
 
 use crate::error::ApiError;
+use crate::structured;
 
 pub const DEADLINE_MS_RANGE: (u32, u32) = (1_000, 600_000);
 
@@ -164,6 +165,19 @@ impl<'a> ChatRequest<'a> {
                 ));
             }
         };
+        // `invalid_output` judges answers against the response_format: asked for without
+        // one, it could never apply, which is the client's mistake to hear about. The key's
+        // `failoverDefaults.on` may hold it: it applies to the key's requests that have one.
+        if redundancy.on.as_ref().is_some_and(|on| on.contains(&FailoverReason::InvalidOutput)) {
+            let format = structured::kind(fields.get("response_format").copied())
+                .map_err(|e| ApiError::invalid(e.param(), e.to_string()))?;
+            if format.is_none() {
+                return Err(ApiError::invalid(
+                    "redundancy.on",
+                    "redundancy.on: invalid_output needs a response_format of type json_schema or json_object, whose answers it checks",
+                ));
+            }
+        }
         let mut passthrough = fields;
         for name in GATEWAY_FIELDS {
             passthrough.remove(name);
@@ -304,7 +318,8 @@ fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
                             return Err(ApiError::invalid(
                                 format!("redundancy.on[{i}]"),
                                 format!(
-                                    "redundancy.on[{i}]: unknown trigger {item}; expected connection_error, server_error, rate_limit or timeout"
+                                    "redundancy.on[{i}]: unknown trigger {item}; expected {}",
+                                    FailoverReason::accepted_list()
                                 ),
                             ));
                         }
@@ -479,6 +494,55 @@ mod tests {
             param(&format!(r#"{{"models":[{{"timeout_ms":5000}}],{MSG}}}"#)).as_deref(),
             Some("models[0].model")
         );
+    }
+
+    #[test]
+    fn invalid_output_in_on_needs_a_json_response_format() {
+        let body = |rest: &str| {
+            format!(
+                r#"{{"model":"a","redundancy":{{"on":["timeout","invalid_output"]}}{rest},{MSG}}}"#
+            )
+        };
+        for format in [
+            r#","response_format":{"type":"json_object"}"#,
+            r#","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}"#,
+        ] {
+            let body = body(format);
+            let r = ChatRequest::parse(body.as_bytes()).unwrap();
+            assert_eq!(
+                r.redundancy.on,
+                Some(vec![FailoverReason::Timeout, FailoverReason::InvalidOutput])
+            );
+            assert!(r.passthrough.contains_key("response_format"), "still sent upstream");
+        }
+        for format in ["", r#","response_format":{"type":"text"}"#, r#","response_format":null"#] {
+            match ChatRequest::parse(body(format).as_bytes()) {
+                Err(ApiError::InvalidRequest { param, message, .. }) => {
+                    assert_eq!(param.as_deref(), Some("redundancy.on"), "{format}");
+                    assert!(message.contains("response_format"), "{message}");
+                }
+                other => panic!("{format}: expected a 400, got {other:?}"),
+            }
+        }
+        assert_eq!(
+            param(&body(r#","response_format":"json""#)).as_deref(),
+            Some("response_format")
+        );
+        // The schema itself is compiled, once, when the chain is formed.
+        assert!(
+            ChatRequest::parse(body(r#","response_format":{"type":"json_schema"}"#).as_bytes())
+                .is_ok()
+        );
+        // Without invalid_output the response_format is not looked at: forwarded as it is.
+        let plain = format!(r#"{{"model":"a","response_format":"json",{MSG}}}"#);
+        assert!(ChatRequest::parse(plain.as_bytes()).is_ok());
+        let unknown = format!(r#"{{"model":"a","redundancy":{{"on":["bad_json"]}},{MSG}}}"#);
+        match ChatRequest::parse(unknown.as_bytes()) {
+            Err(ApiError::InvalidRequest { message, .. }) => {
+                assert!(message.contains("timeout or invalid_output"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -33,6 +33,22 @@ pub enum Fields {
 }
 
 impl Completion {
+    /// The completion's `choices`, raw: for a check of what the answer says (structured
+    /// outputs), without building a tree of the whole body.
+    pub fn choices(&self) -> Option<&RawValue> {
+        #[derive(serde::Deserialize)]
+        struct Top<'a> {
+            #[serde(borrow)]
+            choices: Option<&'a RawValue>,
+        }
+        match &self.fields {
+            Fields::Map(map) => map.get("choices").map(|raw| &**raw),
+            Fields::Verbatim { bytes, .. } => {
+                serde_json::from_slice::<Top<'_>>(bytes).ok().and_then(|top| top.choices)
+            }
+        }
+    }
+
     /// The completion's JSON with `model` set to the gateway name (a JSON string) and, if
     /// given, one more top-level field.
     pub fn to_json(&self, model: &RawValue, extra: Option<(&str, &RawValue)>) -> Vec<u8> {
