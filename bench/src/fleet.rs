@@ -43,8 +43,9 @@ pub struct Fleet {
     pub node: Proc,
     /// The key's secret.
     pub key: String,
-    /// A second key with all four limits set too high to bind.
-    pub limited_key: String,
+    /// A second key with all four limits set too high to bind; `None` for a `switchyard`
+    /// older than limits (a `chaos --baseline` build).
+    pub limited_key: Option<String>,
     /// The control plane's URL and admin token, for CLI commands against it.
     pub control: String,
     pub token: String,
@@ -75,7 +76,6 @@ impl Fleet {
         let created = cli(bin, &control, &token, &["keys", "create", "--name", "bench"])?;
         let key = created["key"].as_str().ok_or("keys create printed no key")?.to_owned();
         let limited = cli(bin, &control, &token, &["keys", "create", "--name", "bench-limited"])?;
-        let limited_key = limited["key"].as_str().ok_or("keys create printed no key")?.to_owned();
         let limited_id = limited["id"].as_str().ok_or("keys create printed no id")?;
         let set = cli(
             bin,
@@ -94,13 +94,15 @@ impl Fleet {
                 "--usd-per-day",
                 "1000000000",
             ],
-        )?;
-        let version =
-            [created["version"].as_i64(), applied["version"].as_i64(), set["version"].as_i64()]
-                .into_iter()
-                .flatten()
-                .max()
-                .unwrap_or(0);
+        )
+        .ok();
+        let limited_key = set.as_ref().and_then(|_| limited["key"].as_str().map(str::to_owned));
+        let set_version = set.as_ref().and_then(|s| s["version"].as_i64());
+        let version = [created["version"].as_i64(), applied["version"].as_i64(), set_version]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(0);
         let node = start_node(bin, dir, &control, "node", version).await?;
         Ok(Fleet { sim, cp, node, key, limited_key, control, token, version })
     }

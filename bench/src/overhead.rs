@@ -198,7 +198,11 @@ async fn bench(options: Options) -> Result<()> {
         json!({"model": model, "fallback_models": [SECONDARY], "messages": messages}).to_string()
     };
     let auth = Some(format!("Bearer {key}"));
-    let limited_auth = Some(format!("Bearer {}", fleet.limited_key));
+    let limited_key = fleet
+        .limited_key
+        .as_deref()
+        .ok_or("this switchyard has no key limits (keys set-limits)")?;
+    let limited_auth = Some(format!("Bearer {limited_key}"));
     let targets: Vec<Arc<Target>> = Kind::ALL
         .iter()
         .map(|&kind| {
