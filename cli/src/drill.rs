@@ -29,6 +29,7 @@ use crate::admin::{Admin, AdminOpts, print};
 use crate::error::CliError;
 use crate::output;
 use crate::output::drill::drill_report;
+use crate::token::Secret;
 use error::DrillError;
 use node::{Ask, Node, NodeError};
 use observe::Observation;
@@ -44,7 +45,7 @@ pub struct DrillArgs {
     pub node: String,
     /// The API key the requests use; the fault touches only this key's calls.
     #[arg(long, value_name = "KEY", env = "SWITCHYARD_DRILL_KEY", hide_env_values = true)]
-    pub key: String,
+    pub key: Secret,
     /// The model the requests ask for: the chain's first model.
     #[arg(long, value_name = "M")]
     pub model: String,
@@ -87,18 +88,28 @@ struct Plan {
 
 pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
     let scenario = args.scenario;
-    let node = Node::new(&args.node, &args.key).map_err(|e| CliError::Usage(e.to_string()))?;
+    // Listening for Ctrl-C from the start: one pressed while the drill injects still clears.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    let node = Node::new(&args.node, &args.key.0).map_err(|e| CliError::Usage(e.to_string()))?;
     let mut admin = Admin::connect(&args.opts).await?;
-    let plan = plan(&args, &mut admin, &node).await?;
+    let plan = tokio::select! {
+        plan = plan(&args, &mut admin, &node) => plan?,
+        _ = &mut interrupted => return Err(DrillError::Interrupted(scenario.name()).into()),
+    };
     let requests = args.requests.unwrap_or_else(|| scenario.default_requests());
     let give_up = match scenario {
         Scenario::StreamStall => plan.stall_timeout + verdict::STALL_SLACK + Duration::from_secs(5),
         _ => PLAIN_GIVE_UP,
     };
-    let ttl = args.ttl.unwrap_or_else(|| {
-        let rounds = requests.div_ceil(args.concurrency);
-        let needed = give_up.saturating_mul(rounds.min(100)) + Duration::from_secs(60);
-        DEFAULT_TTL.max(needed.min(MAX_TTL))
+    // Short: the fault outlives a drill that is killed outright only by this much. A stalled
+    // stream takes its whole stall timeout, so those drills get what their rounds need.
+    let ttl = args.ttl.unwrap_or_else(|| match scenario {
+        Scenario::StreamStall => {
+            let rounds = requests.div_ceil(args.concurrency).min(1_000);
+            DEFAULT_TTL.max((give_up.saturating_mul(rounds) + Duration::from_secs(60)).min(MAX_TTL))
+        }
+        _ => DEFAULT_TTL,
     });
     let before = node.breaker_transitions().await.map_err(DrillError::from)?;
 
@@ -106,14 +117,22 @@ pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
     let mut injected = Vec::new();
     let mut version = 0;
     for fault in &faults {
-        match inject(&mut admin, fault, ttl).await {
-            Ok(v) => {
-                injected.push(fault.name.clone());
-                version = version.max(v);
-            }
-            Err(e) => {
+        // Named before it is sent: a write the control plane made but could not confirm is
+        // cleared like the others.
+        injected.push(fault.name.clone());
+        let result = tokio::select! {
+            result = inject(&mut admin, fault, ttl) => Some(result),
+            _ = &mut interrupted => None,
+        };
+        match result {
+            Some(Ok(v)) => version = version.max(v),
+            Some(Err(e)) => {
                 clear(&mut admin, &injected).await;
                 return Err(e);
+            }
+            None => {
+                clear(&mut admin, &injected).await;
+                return Err(DrillError::Interrupted(scenario.name()).into());
             }
         }
     }
@@ -121,7 +140,7 @@ pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
     // From here on every way out clears the faults.
     let outcome = tokio::select! {
         outcome = run(scenario, &node, &args, &plan, requests, give_up, version) => Some(outcome),
-        _ = tokio::signal::ctrl_c() => None,
+        _ = &mut interrupted => None,
     };
     let cleared_at = clear(&mut admin, &injected).await;
     let cleared = match cleared_at {
@@ -187,7 +206,7 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
             .into());
         }
     }
-    let request = admin.request(pb::ListKeysRequest { secret_sha256: hash_secret(&args.key) });
+    let request = admin.request(pb::ListKeysRequest { secret_sha256: hash_secret(&args.key.0) });
     let keys =
         admin.client.list_keys(request).await.map_err(|s| admin.status(s))?.into_inner().keys;
     let key = keys.into_iter().find(|k| k.status == "active").ok_or(DrillError::UnknownKey)?;
@@ -380,6 +399,8 @@ async fn clear(admin: &mut Admin, names: &[String]) -> Option<i64> {
         let request = admin.request(pb::ClearFaultsRequest { name: name.clone(), all: false });
         match admin.client.clear_faults(request).await {
             Ok(reply) => version = version.map(|v| v.max(reply.into_inner().version)),
+            // Gone already (its TTL ended, or its inject never landed): nothing to clear.
+            Err(status) if status.code() == tonic::Code::NotFound => {}
             Err(status) => {
                 eprintln!(
                     "warning: could not clear fault {name} ({}); it ends with its TTL, or run \
@@ -504,9 +525,13 @@ fn report(
         }
     }
     let expectations = match scenario {
-        Scenario::PrimaryDown => {
-            verdict::primary_down(obs, &plan.chain, plan.window_size, args.concurrency as usize)
-        }
+        Scenario::PrimaryDown => verdict::primary_down(
+            obs,
+            &plan.chain,
+            plan.window_size,
+            args.concurrency as usize,
+            Duration::from_millis(plan.cooldown_ms),
+        ),
         Scenario::PrimaryFlaky => verdict::primary_flaky(
             obs,
             transitions.get(primary).copied().unwrap_or(0),

@@ -12,6 +12,25 @@ pub const JOIN_TOKEN_ENV: &str = "SWITCHYARD_JOIN_TOKEN";
 /// reach; a generated token (`openssl rand -hex 32`) is far longer.
 pub const MIN_TOKEN_CHARS: usize = 16;
 
+/// A secret taken from a flag or the environment (an API key for `switchyard drill`): its
+/// `Debug` never shows it, so a logged or printed argument list cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TokenError {
     /// `place` names where the token came from (a variable or a file), never its value.

@@ -53,7 +53,8 @@ pub struct NodeConfig {
     pub limited_keys: usize,
 }
 
-fn limited(key: &ApiKeyRecord) -> bool {
+/// An active key with at least one limit: the node counts it for the fleet.
+pub fn limited(key: &ApiKeyRecord) -> bool {
     key.is_active() && key.limits.is_some_and(|l| !l.is_empty())
 }
 

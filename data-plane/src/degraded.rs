@@ -57,14 +57,18 @@ pub fn respond(a: Answer<'_>) -> Response {
     let id = format!("chatcmpl-degraded-{:016x}", rand::random::<u64>());
     let created = switchyard_time::now_ms() / 1000;
     let mut response = if a.stream {
-        // One content chunk that also ends the answer, then the stream's end; the classic
-        // endpoint streams the same chunks.
-        let chunk = json!({
+        // One content chunk that also ends the answer, then the stream's end.
+        let mut chunk = json!({
             "id": id, "object": "chat.completion.chunk", "created": created, "model": MODEL,
             "choices": [{"index": 0, "delta": {"role": "assistant", "content": a.message},
                          "finish_reason": "stop"}],
-            "secureai": report(&a),
         });
+        // Where each endpoint's streams carry the report.
+        let field = match a.flavor {
+            Flavor::OpenAi => "secureai",
+            Flavor::Classic => "metadata",
+        };
+        chunk[field] = report(&a);
         let body = format!("data: {chunk}\n\ndata: [DONE]\n\n");
         let mut response = (StatusCode::OK, body).into_response();
         let headers = response.headers_mut();

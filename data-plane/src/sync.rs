@@ -154,6 +154,7 @@ async fn session(
                     }
                     Some(control_message::Msg::Limits(view)) => {
                         telemetry.limits.apply(view, switchyard_time::now_ms(), std::time::Instant::now());
+                        forget_unlimited(state, telemetry);
                         continue;
                     }
                     Some(control_message::Msg::Ping(_)) | None => continue,
@@ -175,6 +176,7 @@ async fn session(
                 // Only while some key counted here has limits: a fleet without limits sends
                 // nothing.
                 let limited = state.current().is_some_and(|c| c.limited_keys > 0);
+                forget_unlimited(state, telemetry);
                 if let Some(report) = telemetry.limit_report(switchyard_time::now_ms(), limited)
                     && tx.send(node_msg(node_message::Msg::Limits(report))).await.is_err()
                 {
@@ -196,6 +198,13 @@ async fn session(
             }
         }
     }
+}
+
+/// Drops the counts of keys that no longer have limits (cleared, revoked, deleted), so a
+/// node stops reporting them and, once no key has limits, stops reporting at all.
+fn forget_unlimited(state: &NodeState, telemetry: &Telemetry) {
+    let Some(config) = state.current() else { return };
+    telemetry.limits.retain(|id| config.keys.get(id).is_some_and(|k| crate::config::limited(k)));
 }
 
 /// Resolves once the node asks for the hand-off, or is gone without asking.

@@ -80,6 +80,7 @@ pub fn primary_down(
     chain: &[String],
     window_size: u32,
     concurrency: usize,
+    cooldown: Duration,
 ) -> Vec<Expectation> {
     let (primary, next) = (&chain[0], chain.get(1).unwrap_or(&chain[0]));
     // The first answer that found the breaker open: requests sent after it arrived must
@@ -117,17 +118,26 @@ pub fn primary_down(
                     ms(at)
                 ),
             ));
-            let after: Vec<&Observation> = obs.iter().filter(|o| o.started >= at).collect();
+            // Within its cool-down; after it, one request may be the half-open test (unless
+            // the model is probed), which is the breaker working, not failing.
+            let after: Vec<&Observation> =
+                obs.iter().filter(|o| o.started >= at && o.started < at + cooldown).collect();
+            let later = obs.iter().filter(|o| o.started >= at + cooldown).count();
             let calls: u32 = after.iter().map(|o| o.calls_to(primary)).sum();
             found.push(Expectation::new(
                 "no_primary_call_once_open",
-                "once open, no request calls the primary",
+                "once open, no request calls the primary during its cool-down",
                 Some(calls == 0 && !after.is_empty()),
                 if after.is_empty() {
                     "no request was sent after it opened: raise --requests".to_owned()
                 } else {
+                    let later = if later > 0 {
+                        format!(" ({later} more after the cool-down, not judged)")
+                    } else {
+                        String::new()
+                    };
                     format!(
-                        "{} requests sent after it opened made {calls} primary calls",
+                        "{} requests sent after it opened made {calls} primary calls{later}",
                         after.len()
                     )
                 },
@@ -299,6 +309,8 @@ mod tests {
         }
     }
 
+    const COOL: Duration = Duration::from_secs(30);
+
     fn chain() -> Vec<String> {
         vec!["a".into(), "b".into()]
     }
@@ -312,7 +324,7 @@ mod tests {
         let mut obs: Vec<_> =
             (0..10).map(|i| request(i * 2, &[("a", "failed"), ("b", "served")])).collect();
         obs.extend((10..20).map(|i| request(i * 2, &[("a", "skipped"), ("b", "served")])));
-        let found = primary_down(&obs, &chain(), 10, 1);
+        let found = primary_down(&obs, &chain(), 10, 1, COOL);
         assert_eq!(holds(&found), [Some(true), Some(true), Some(true)], "{found:#?}");
         assert!(found[0].detail.starts_with("open after 10 primary calls"), "{}", found[0].detail);
     }
@@ -321,13 +333,28 @@ mod tests {
     fn primary_down_fails_when_the_breaker_never_opens_or_a_later_request_calls_the_primary() {
         let obs: Vec<_> =
             (0..5).map(|i| request(i * 2, &[("a", "failed"), ("b", "served")])).collect();
-        assert_eq!(holds(&primary_down(&obs, &chain(), 10, 1)), [Some(false), None, Some(true)]);
+        assert_eq!(
+            holds(&primary_down(&obs, &chain(), 10, 1, COOL)),
+            [Some(false), None, Some(true)]
+        );
 
         let mut obs = vec![request(0, &[("a", "failed"), ("b", "served")])];
         obs.push(request(2, &[("a", "skipped"), ("b", "served")]));
         // Sent after the skip was seen, yet it called the primary (a half-open test subject).
         obs.push(request(4, &[("a", "failed"), ("b", "served")]));
-        assert_eq!(holds(&primary_down(&obs, &chain(), 10, 1))[1], Some(false));
+        assert_eq!(holds(&primary_down(&obs, &chain(), 10, 1, COOL))[1], Some(false));
+    }
+
+    #[test]
+    fn primary_down_does_not_judge_the_half_open_test_after_the_cool_down() {
+        let mut obs = vec![request(0, &[("a", "failed"), ("b", "served")])];
+        obs.push(request(2, &[("a", "skipped"), ("b", "served")]));
+        obs.push(request(10, &[("a", "skipped"), ("b", "served")]));
+        // 30 s after the breaker opened, a request is its half-open test.
+        obs.push(request(30_010, &[("a", "served")]));
+        let found = primary_down(&obs, &chain(), 10, 1, COOL);
+        assert_eq!(found[1].holds, Some(true), "{found:#?}");
+        assert!(found[1].detail.contains("1 more after the cool-down"), "{}", found[1].detail);
     }
 
     #[test]
@@ -337,14 +364,14 @@ mod tests {
         let mut obs: Vec<_> =
             (0..12).map(|i| request(i, &[("a", "failed"), ("b", "served")])).collect();
         obs.push(request(20, &[("a", "skipped"), ("b", "served")]));
-        assert_eq!(primary_down(&obs, &chain(), 10, 4)[0].holds, Some(true));
-        assert_eq!(primary_down(&obs, &chain(), 10, 1)[0].holds, Some(false));
+        assert_eq!(primary_down(&obs, &chain(), 10, 4, COOL)[0].holds, Some(true));
+        assert_eq!(primary_down(&obs, &chain(), 10, 1, COOL)[0].holds, Some(false));
     }
 
     #[test]
     fn primary_down_fails_when_a_request_is_not_served_by_the_next_model() {
         let obs = vec![request(0, &[("a", "failed"), ("b", "failed")])];
-        let found = primary_down(&obs, &chain(), 10, 1);
+        let found = primary_down(&obs, &chain(), 10, 1, COOL);
         assert_eq!(found[2].holds, Some(false));
         assert!(found[2].detail.contains("502 all_models_failed ×1"), "{}", found[2].detail);
     }
