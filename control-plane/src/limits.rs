@@ -182,6 +182,12 @@ impl FleetLedger {
         Some(inner.local.values().cloned().collect())
     }
 
+    /// Forgets every other replica's windows, before a fresh listing replaces them (a
+    /// replica gone while the watch was down must not linger).
+    fn clear_peers(&self) {
+        lock(&self.inner).peers.clear();
+    }
+
     fn set_peer(&self, replica: String, runs: Option<Vec<RunWindows>>) {
         let mut inner = lock(&self.inner);
         match runs {
@@ -297,6 +303,7 @@ async fn follow(ledger: Arc<FleetLedger>, store: Arc<dyn Store>, layout: Layout,
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         };
+        ledger.clear_peers();
         for kv in &listing.kvs {
             if kv.key != own_key {
                 let runs = serde_json::from_slice(&kv.value).ok();

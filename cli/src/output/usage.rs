@@ -80,7 +80,8 @@ pub fn limits_table(rows: &[LimitView], now_ms: i64) -> String {
     for r in rows {
         let number =
             |v: f64| if r.limit == "usd_per_day" { format!("{v:.6}") } else { format!("{v:.0}") };
-        let room = if r.reset_unix_ms > now_ms {
+        // Only a limit that is reached has to wait for room.
+        let room = if r.used >= r.value && r.reset_unix_ms > now_ms {
             format!("{}s", (r.reset_unix_ms - now_ms).div_euclid(1000).max(1))
         } else {
             "-".to_owned()
