@@ -104,8 +104,12 @@ pub struct UsageArgs {
     pub key: Option<String>,
     /// Show each limited key's use of its limits in the current window (the last minute,
     /// the UTC day), fleet-wide, instead of the totals.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "since")]
     pub limits: bool,
+    /// Only usage from this time on (RFC 3339, or a duration back from now like 24h),
+    /// rounded down to the whole hour.
+    #[arg(long, value_name = "T", value_parser = since)]
+    pub since: Option<i64>,
     #[command(flatten)]
     pub opts: AdminOpts,
 }
@@ -255,6 +259,10 @@ pub struct SetLimitsArgs {
     /// Remove every limit of the key.
     #[arg(long, conflicts_with_all = ["rpm", "tpm", "tokens_per_day", "usd_per_day"])]
     pub clear: bool,
+}
+
+fn since(text: &str) -> Result<i64, String> {
+    switchyard_time::parse_since(text, switchyard_time::now_ms()).map_err(|e| e.to_string())
 }
 
 fn usd_per_day(text: &str) -> Result<f64, String> {
@@ -581,7 +589,10 @@ pub async fn events(args: EventsArgs) -> Result<(), CliError> {
 
 pub async fn usage(args: UsageArgs) -> Result<(), CliError> {
     let mut admin = Admin::connect(&args.opts).await?;
-    let request = admin.request(pb::GetUsageRequest { key_id: args.key.unwrap_or_default() });
+    let request = admin.request(pb::GetUsageRequest {
+        key_id: args.key.unwrap_or_default(),
+        since_unix_ms: args.since.unwrap_or(0),
+    });
     let reply = admin.client.get_usage(request).await.map_err(|s| admin.status(s))?.into_inner();
     if args.limits {
         let rows: Vec<LimitView> = reply.limits.into_iter().map(Into::into).collect();

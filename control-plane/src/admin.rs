@@ -5,6 +5,7 @@
 //! Every write is a compare-and-swap on the revision that was read, so two admins (or two
 //! replicas) racing on one resource never lose an update silently: the loser gets `Aborted`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ use crate::faults::{self, FaultError};
 use crate::layout::Layout;
 use crate::limits;
 use crate::nodes::NodeRecord;
-use crate::reports::UsageRecord;
+use crate::reports::{self, UsageRecord};
 use crate::store::{Compare, Revision, Store, StoreError, Txn, TxnOp};
 use crate::webhooks::{self, DeadLetter, RedeliverError, SubscriptionState};
 
@@ -301,27 +302,70 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::GetUsageResponse>, Status> {
-        let key_id = request.into_inner().key_id;
+        let request = request.into_inner();
+        let key_id = request.key_id;
         let listing =
             self.store.list(&self.layout.usage_prefix()).await.map_err(AdminError::from)?;
-        let mut totals: std::collections::BTreeMap<(String, String), pb::UsageRow> =
-            std::collections::BTreeMap::new();
+        // Usage since a time: each run's totals less its mark at the hour `since` falls in.
+        let since = (request.since_unix_ms > 0).then(|| reports::hour(request.since_unix_ms));
+        let mut marks: std::collections::HashMap<(String, String), BTreeMap<i64, UsageRecord>> =
+            std::collections::HashMap::new();
+        if since.is_some() {
+            let listing = self
+                .store
+                .list(&self.layout.usage_marks_prefix())
+                .await
+                .map_err(AdminError::from)?;
+            for kv in &listing.kvs {
+                let hour = kv.key.rsplit('/').next().and_then(|h| h.parse::<i64>().ok());
+                let (Some(hour), Ok(mark)) =
+                    (hour, serde_json::from_slice::<UsageRecord>(&kv.value))
+                else {
+                    continue;
+                };
+                marks
+                    .entry((mark.node_id.clone(), mark.boot_id.clone()))
+                    .or_default()
+                    .insert(hour, mark);
+            }
+        }
+        let none = BTreeMap::new();
+        let mut totals: BTreeMap<(String, String), pb::UsageRow> = BTreeMap::new();
         for kv in &listing.kvs {
             let Ok(record) = serde_json::from_slice::<UsageRecord>(&kv.value) else {
                 tracing::warn!(key = %kv.key, "unreadable usage record; skipped");
                 continue;
             };
-            for e in record.entries {
+            let baseline = since.and_then(|since| {
+                let run = marks.get(&(record.node_id.clone(), record.boot_id.clone()));
+                reports::usage_since(&record, run.unwrap_or(&none), since)
+            });
+            let before = |key: &str, model: &str| {
+                baseline
+                    .and_then(|b| b.entries.iter().find(|e| e.key_id == key && e.model == model))
+            };
+            for e in &record.entries {
                 if !key_id.is_empty() && e.key_id != key_id {
                     continue;
                 }
+                let old = before(&e.key_id, &e.model);
+                let requests = e.requests.saturating_sub(old.map_or(0, |o| o.requests));
+                if requests == 0 && old.is_some() {
+                    continue;
+                }
                 let row = totals.entry((e.key_id.clone(), e.model.clone())).or_insert_with(|| {
-                    pb::UsageRow { key_id: e.key_id, model: e.model, ..Default::default() }
+                    pb::UsageRow {
+                        key_id: e.key_id.clone(),
+                        model: e.model.clone(),
+                        ..Default::default()
+                    }
                 });
-                row.requests += e.requests;
-                row.prompt_tokens += e.prompt_tokens;
-                row.completion_tokens += e.completion_tokens;
-                row.cost_usd += e.cost_usd;
+                row.requests += requests;
+                row.prompt_tokens +=
+                    e.prompt_tokens.saturating_sub(old.map_or(0, |o| o.prompt_tokens));
+                row.completion_tokens +=
+                    e.completion_tokens.saturating_sub(old.map_or(0, |o| o.completion_tokens));
+                row.cost_usd += (e.cost_usd - old.map_or(0.0, |o| o.cost_usd)).max(0.0);
             }
         }
         let limits = self.limit_status(&key_id).await?;

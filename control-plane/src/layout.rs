@@ -112,6 +112,22 @@ impl Layout {
         format!("{}limits/{}", self.prefix, escape(replica))
     }
 
+    /// A node run's cumulative usage as it stood at the start of an hour, for usage since a
+    /// time (`switchyard usage --since`).
+    pub fn usage_marks_prefix(&self) -> String {
+        format!("{}usage_marks/", self.prefix)
+    }
+
+    pub fn usage_mark(&self, node_id: &str, boot_id: &str, hour_unix_ms: i64) -> String {
+        format!(
+            "{}usage_marks/{}/{}/{:013}",
+            self.prefix,
+            escape(node_id),
+            escape(boot_id),
+            hour_unix_ms.max(0)
+        )
+    }
+
     pub fn usage_prefix(&self) -> String {
         format!("{}usage/", self.prefix)
     }

@@ -160,6 +160,30 @@ impl UsageRecord {
     }
 }
 
+const HOUR_MS: i64 = 3_600_000;
+
+/// The start of the hour holding `unix_ms`.
+pub fn hour(unix_ms: i64) -> i64 {
+    unix_ms.div_euclid(HOUR_MS) * HOUR_MS
+}
+
+/// What a node run used from `since` (an hour start) on: its newest totals less its totals
+/// at `since`, which this returns (`None`: nothing to subtract, the run reported nothing
+/// before `since`). `marks` are the run's hour marks (hour start → the last report before
+/// it), `latest` its newest report.
+pub fn usage_since<'a>(
+    latest: &'a UsageRecord,
+    marks: &'a std::collections::BTreeMap<i64, UsageRecord>,
+    since: i64,
+) -> Option<&'a UsageRecord> {
+    if latest.at_unix_ms < since {
+        return Some(latest);
+    }
+    // The first mark after `since` holds the last report before its hour; if even that
+    // report came after `since`, the run reported nothing before it.
+    marks.range(since..).next().map(|(_, m)| m).filter(|m| m.at_unix_ms < since)
+}
+
 /// Stores the report unless a newer one of the same boot is already there (a report that
 /// overtook this one on a reconnect). Returns whether it was stored.
 pub async fn record_usage(
@@ -169,12 +193,22 @@ pub async fn record_usage(
 ) -> Result<bool, StoreError> {
     let key = layout.usage(&record.node_id, &record.boot_id);
     let current = store.get(&key).await?;
+    let mut mark = None;
     let expected = match &current {
         Some(kv) => {
-            let newer = serde_json::from_slice::<UsageRecord>(&kv.value)
-                .is_ok_and(|stored| stored.at_unix_ms > record.at_unix_ms);
-            if newer {
+            let stored = serde_json::from_slice::<UsageRecord>(&kv.value).ok();
+            if stored.as_ref().is_some_and(|s| s.at_unix_ms > record.at_unix_ms) {
                 return Ok(false);
+            }
+            // The first report of a new hour keeps the totals as they stood when the hour
+            // began (the last report before it): usage since an hour is the newest totals
+            // less that mark.
+            if let Some(stored) = stored
+                && hour(stored.at_unix_ms) < hour(record.at_unix_ms)
+            {
+                let at =
+                    layout.usage_mark(&record.node_id, &record.boot_id, hour(record.at_unix_ms));
+                mark = Some(TxnOp::Put { key: at, value: kv.value.to_vec(), lease: None });
             }
             kv.mod_revision
         }
@@ -182,12 +216,58 @@ pub async fn record_usage(
     };
     let value = serde_json::to_vec(record)
         .map_err(|e| StoreError::InvalidRequest(format!("cannot encode usage: {e}")))?;
+    let mut success = vec![TxnOp::Put { key, value, lease: None }];
+    success.extend(mark);
     let txn = Txn {
-        compare: vec![Compare::mod_revision(key.clone(), expected)],
-        success: vec![TxnOp::Put { key, value, lease: None }],
+        compare: vec![Compare::mod_revision(
+            layout.usage(&record.node_id, &record.boot_id),
+            expected,
+        )],
+        success,
         failure: vec![],
     };
     // A lost race means another write of this boot's totals won; the next report (they are
     // cumulative) settles it.
     Ok(store.txn(txn).await?.succeeded)
+}
+
+#[cfg(test)]
+mod usage_since_tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn totals(at: i64, requests: u64) -> UsageRecord {
+        UsageRecord {
+            node_id: "n".into(),
+            boot_id: "b".into(),
+            at_unix_ms: at,
+            entries: vec![UsageEntry {
+                key_id: "k".into(),
+                model: "m".into(),
+                requests,
+                prompt_tokens: requests,
+                completion_tokens: requests,
+                cost_usd: 0.0,
+            }],
+        }
+    }
+
+    #[test]
+    fn usage_since_an_hour_is_measured_from_that_hours_mark() {
+        let h = |n: i64| n * HOUR_MS;
+        // Reports at 1:10 (5 requests), 2:20 (8), then nothing until 5:05 (12): marks at 2:00
+        // (the 1:10 totals) and 5:00 (the 2:20 totals).
+        let latest = totals(h(5) + 300_000, 12);
+        let marks: BTreeMap<i64, UsageRecord> =
+            [(h(2), totals(h(1) + 600_000, 5)), (h(5), totals(h(2) + 1_200_000, 8))].into();
+        let base = |since| usage_since(&latest, &marks, since).map(|r| r.entries[0].requests);
+        assert_eq!(base(h(2)), Some(5), "since 2:00: 12 − 5");
+        assert_eq!(base(h(3)), Some(8), "since 3:00, idle until 5:05: 12 − 8");
+        assert_eq!(base(h(6)), Some(12), "since after the last report: nothing");
+        assert_eq!(base(h(1)), None, "its first report, at 1:10, came after 1:00: all 12 count");
+        let young = totals(h(5) + 300_000, 3);
+        assert_eq!(usage_since(&young, &BTreeMap::new(), h(4)).map(|r| r.at_unix_ms), None);
+        assert_eq!(hour(h(3) + 1), h(3));
+    }
 }

@@ -275,3 +275,30 @@ async fn the_official_openai_sdk_raises_rate_limit_error_with_the_gateways_heade
     assert!(seen["retry_after"].as_str().unwrap().parse::<u64>().unwrap() >= 1, "{seen}");
     assert!(seen["reset"].as_str().unwrap().ends_with('s'), "{seen}");
 }
+
+#[tokio::test]
+async fn usage_since_a_time_counts_what_was_used_from_that_hour_on() {
+    let gw = Gateway::start().await;
+    for _ in 0..3 {
+        assert_eq!(post(gw.node.addr, &gw.key, &body(PRIMARY)).await.status, 200);
+    }
+    let control = gw.cp.url();
+    let key_id = gw.key_id.clone();
+    let all = eventually(PATIENCE, "the usage to be reported", || {
+        let (control, key_id) = (control.clone(), key_id.clone());
+        async move {
+            let rows = cli(&control, &["usage", "--key", &key_id, "--json"]).await.json();
+            (rows[0]["requests"].as_u64()? == 3).then_some(rows)
+        }
+    })
+    .await;
+    // Everything this node run used came after an hour ago's hour.
+    let since = cli(&control, &["usage", "--key", &gw.key_id, "--since", "1h", "--json"]).await;
+    assert_eq!(since.json(), all);
+    // Nothing came after a time to come.
+    let later = cli(&control, &["usage", "--since", "2099-01-01T00:00:00Z", "--json"]).await.json();
+    assert_eq!(later, json!([]));
+    let bad = cli(&control, &["usage", "--since", "yesterday"]).await;
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    assert!(bad.stderr.contains("--since") && bad.stderr.contains("RFC 3339"), "{}", bad.stderr);
+}

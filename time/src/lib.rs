@@ -35,6 +35,24 @@ pub fn rfc3339_ms(unix_ms: i64) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
+/// A point in time as flags take it: RFC 3339 (`2026-12-05T00:00:00Z`), or a duration back
+/// from `now_ms` (`24h`: a day ago). Unix milliseconds.
+pub fn parse_since(text: &str, now_ms: i64) -> Result<i64, DurationError> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(text.trim()) {
+        return Ok(unix_ms(t));
+    }
+    let back = parse_duration(text).map_err(|e| match e {
+        DurationError::Invalid { text, .. } => DurationError::Invalid {
+            reason:
+                "give an RFC 3339 time (2026-12-05T00:00:00Z) or a duration back from now (24h)"
+                    .to_owned(),
+            text,
+        },
+        other => other,
+    })?;
+    Ok(now_ms.saturating_sub(i64::try_from(back.as_millis()).unwrap_or(i64::MAX)))
+}
+
 /// Why a duration flag did not parse.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DurationError {
@@ -83,6 +101,14 @@ pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn since_takes_a_time_or_a_duration_back() {
+        let now = 1_796_219_557_123;
+        assert_eq!(parse_since("2026-12-05T00:00:00Z", now), Ok(1_796_428_800_000));
+        assert_eq!(parse_since("24h", now), Ok(now - 86_400_000));
+        assert!(parse_since("yesterday", now).unwrap_err().to_string().contains("RFC 3339"));
+    }
+
     use super::*;
 
     #[test]
