@@ -302,3 +302,41 @@ async fn usage_since_a_time_counts_what_was_used_from_that_hour_on() {
     assert_eq!(bad.code, Some(2), "{}", bad.stderr);
     assert!(bad.stderr.contains("--since") && bad.stderr.contains("RFC 3339"), "{}", bad.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_through_the_official_sdk_at_its_default_retries_completes_within_the_limit() {
+    let gw = Gateway::start().await;
+    let set =
+        cli(&gw.cp.url(), &["keys", "set-limits", &gw.key_id, "--rpm", "3", "--json"]).await.json();
+    wait_ready(gw.node.addr, set["version"].as_i64().unwrap()).await;
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/e2e/openai_sdk_limits.py");
+    // Five calls at 3 a minute: the fourth waits out the SDK's read of our Retry-After.
+    let out = tokio::process::Command::new(python())
+        .arg(&script)
+        .arg(format!("{}/v1", gw.node.url()))
+        .arg(&gw.key)
+        .arg(PRIMARY)
+        .args(["burst", "5"])
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(seen["failed"], json!([]), "{seen}");
+    let done: Vec<f64> =
+        seen["done"].as_array().unwrap().iter().map(|t| t.as_f64().unwrap()).collect();
+    assert_eq!(done.len(), 5, "{seen}");
+    // Never more than 3 answers in any minute: the SDK waited for room, it did not push
+    // past. The node's window moves in whole seconds, the client's clock does not: a
+    // minute here is 59 s.
+    for (i, t) in done.iter().enumerate() {
+        let in_window = done[i..].iter().filter(|u| **u < t + 59.0).count();
+        assert!(in_window <= 3, "{in_window} answers within 59 s of {t} s: {done:?}");
+    }
+    assert!(done[3] >= 50.0, "the fourth waited for room: {done:?}");
+    assert_eq!(gw.upstream_requests("primary").await, 5, "a refused call never went upstream");
+}
