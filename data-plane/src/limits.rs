@@ -19,6 +19,11 @@ use switchyard_proto::node::v1 as pb;
 
 /// How often a node sends its windows, and so how fresh its view of the others is.
 pub const REPORT_INTERVAL: Duration = Duration::from_millis(100);
+/// Between two views a node admits at most this many times its part of the limit's average
+/// rate (`rpm / 60` per second, over the nodes using the key) ...
+const BURST: f64 = 3.0;
+/// ... or this many requests, or the whole limit if it is smaller.
+const MIN_BURST: u64 = 10;
 /// A view of the others older than this is no longer trusted for shares.
 pub const STALE: Duration = Duration::from_secs(2);
 const WINDOW_SECS: i64 = 60;
@@ -334,7 +339,14 @@ impl Ledger {
             }
             // This node's share of what was left when the view arrived is spent: the rest
             // is the other nodes' until the next view (a tenth of a second away).
-            let allowance = rpm.saturating_sub(k.requests_at_state) as f64 * k.share;
+            // ... and never more than a burst of the limit's average rate: a view is up to a
+            // few hundred ms old, and what the others admitted meanwhile is not in it, so
+            // the faster every node may admit between views, the further past the limit a
+            // fleet under load would go. Small limits may still be used in one go.
+            let nodes = f64::from(k.other_nodes) + 1.0;
+            let burst = (rpm as f64 * BURST * REPORT_INTERVAL.as_secs_f64() / 60.0 / nodes)
+                .max(rpm.min(MIN_BURST) as f64);
+            let allowance = (rpm.saturating_sub(k.requests_at_state) as f64 * k.share).min(burst);
             if fresh && k.admitted_since_state as f64 >= allowance {
                 return blocked(Limit::Rpm, Duration::from_secs(1));
             }
@@ -555,13 +567,19 @@ mod tests {
     }
 
     #[test]
-    fn two_idle_nodes_split_what_is_left() {
-        let ledger = Ledger::new();
+    fn between_views_a_node_takes_its_share_of_what_is_left_in_bursts() {
         let now = Instant::now();
-        ledger.apply(view(&[], 1, 0, 0), T0, now);
-        let admitted_now =
-            (0..100).filter(|_| admitted(&ledger.admit("k", &rpm(60), T0, now))).count();
-        assert_eq!(admitted_now, 30, "half of 60 until the next view");
+        let burst = |limit: u64| {
+            let ledger = Ledger::new();
+            ledger.apply(view(&[], 1, 0, 0), T0, now);
+            (0..10_000).filter(|_| admitted(&ledger.admit("k", &rpm(limit), T0, now))).count()
+        };
+        // Two idle nodes: half of what is left each, but at most three times the node's part
+        // of the average rate per view (6000 rpm over 2 nodes: 15 per tenth of a second) ...
+        assert_eq!(burst(6000), 15);
+        // ... or 10, or a small limit whole (its half here, by the share).
+        assert_eq!(burst(60), 10);
+        assert_eq!(burst(4), 2);
     }
 
     #[test]
