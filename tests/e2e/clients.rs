@@ -5,7 +5,6 @@
 //! stream. Real processes on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -220,25 +219,9 @@ async fn a_streamed_failover_carries_its_report_in_exactly_one_chunk_the_first_w
 async fn the_openai_python_sdk_at_default_retries_tries_a_failed_chain_once() {
     let gw = Gateway::start().await;
     all_down(&gw).await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e/clients_sdk.py");
-    let out = tokio::process::Command::new(switchyard_e2e::python())
-        .arg(&script)
-        .arg(format!("{}/v1", gw.node.url()))
-        .arg(&gw.key)
-        .arg(PRIMARY)
-        .arg(SECONDARY)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_MAX_RETRIES")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "SDK check failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let base = format!("{}/v1", gw.node.url());
+    let stdout =
+        switchyard_e2e::sdk_script("clients_sdk.py", &[&base, &gw.key, PRIMARY, SECONDARY]).await;
     let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(seen["status"], 502, "{seen}");
     assert_eq!(seen["max_retries"], 2, "the SDK's default: {seen}");

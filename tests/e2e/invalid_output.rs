@@ -4,7 +4,6 @@
 //! provider processes on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 
 use serde_json::{Value, json};
 use switchyard_e2e::gateway::*;
@@ -195,25 +194,10 @@ async fn the_openai_sdks_parse_gets_a_valid_object_through_a_chain_whose_first_m
     // Cut mid-object, as an answer stopped at its token limit is.
     gw.script("primary", ok(r#"{"name": "Ada", "age"#)).await;
     gw.script("secondary", ok(r#"{"name": "Ada", "age": 36}"#)).await;
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e/invalid_output_sdk.py");
-    let out = tokio::process::Command::new(switchyard_e2e::python())
-        .arg(&script)
-        .arg(format!("{}/v1", gw.node.url()))
-        .arg(&gw.key)
-        .arg(PRIMARY)
-        .arg(SECONDARY)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "SDK check failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let base = format!("{}/v1", gw.node.url());
+    let stdout =
+        switchyard_e2e::sdk_script("invalid_output_sdk.py", &[&base, &gw.key, PRIMARY, SECONDARY])
+            .await;
     let parsed: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(parsed["parsed"], json!({"name": "Ada", "age": 36}), "{stdout}");
     assert_eq!(parsed["model"], SECONDARY);

@@ -251,20 +251,8 @@ async fn the_official_openai_sdk_raises_rate_limit_error_with_the_gateways_heade
     let set =
         cli(&gw.cp.url(), &["keys", "set-limits", &gw.key_id, "--rpm", "3", "--json"]).await.json();
     wait_ready(gw.node.addr, set["version"].as_i64().unwrap()).await;
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/e2e/openai_sdk_limits.py");
-    let out = tokio::process::Command::new(python())
-        .arg(&script)
-        .arg(format!("{}/v1", gw.node.url()))
-        .arg(&gw.key)
-        .arg(PRIMARY)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let base = format!("{}/v1", gw.node.url());
+    let stdout = sdk_script("openai_sdk_limits.py", &[&base, &gw.key, PRIMARY]).await;
     let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(seen["served"], 3, "{seen}");
     assert_eq!(seen["status"], 429);
@@ -309,22 +297,9 @@ async fn a_burst_through_the_official_sdk_at_its_default_retries_completes_withi
     let set =
         cli(&gw.cp.url(), &["keys", "set-limits", &gw.key_id, "--rpm", "3", "--json"]).await.json();
     wait_ready(gw.node.addr, set["version"].as_i64().unwrap()).await;
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/e2e/openai_sdk_limits.py");
     // Five calls at 3 a minute: the fourth waits out the SDK's read of our Retry-After.
-    let out = tokio::process::Command::new(python())
-        .arg(&script)
-        .arg(format!("{}/v1", gw.node.url()))
-        .arg(&gw.key)
-        .arg(PRIMARY)
-        .args(["burst", "5"])
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let base = format!("{}/v1", gw.node.url());
+    let stdout = sdk_script("openai_sdk_limits.py", &[&base, &gw.key, PRIMARY, "burst", "5"]).await;
     let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(seen["failed"], json!([]), "{seen}");
     let done: Vec<f64> =

@@ -312,3 +312,26 @@ pub fn percentile(samples: &[Duration], p: f64) -> Duration {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
+
+/// Runs `tests/e2e/SCRIPT` (a Python check with the official SDKs in `.venv`) with `args`,
+/// without any `OPENAI_*` setting of the environment leaking in; asserts it succeeded and
+/// returns what it printed.
+pub async fn sdk_script(script: &str, args: &[&str]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e").join(script);
+    let out = Command::new(python())
+        .arg(&path)
+        .args(args)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_MAX_RETRIES")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
