@@ -99,3 +99,15 @@ pub fn clock_ticks() -> u64 {
         .filter(|t| *t > 0)
         .unwrap_or(100)
 }
+
+/// The calling thread's time on a CPU so far, in nanoseconds (the first field of
+/// `/proc/thread-self/schedstat`): unlike wall time, it leaves out what a neighbour's
+/// process took of the core meanwhile.
+pub fn thread_cpu_ns() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .map_err(|e| format!("/proc/thread-self/schedstat: {e}"))?;
+    text.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("/proc/thread-self/schedstat: unexpected {text:?}"))
+}

@@ -22,6 +22,7 @@ mod flags;
 mod fleet;
 mod host;
 mod keys;
+mod limit_cost;
 mod limits;
 mod load;
 mod overhead;
@@ -42,6 +43,7 @@ const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 
        switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] [--conns 1] [--e2e-secs 4]
        switchyard-bench retries [--requests 3000] [--concurrency 8] [--models 16]
        switchyard-bench limits [--nodes 3] [--rpm 6000] [--concurrency 12] [--duration-secs 75]
+       switchyard-bench limit-cost [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]
        switchyard-bench chaos --baseline PATH [--concurrency 1,8] [--runs 3] [--nodes 3] [--changes 20]
        switchyard-bench passthrough --listen ADDR --upstream ADDR   (started by the bench)";
 
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         Some("chaos") => chaos::main(&args[1..]),
         Some("retries") => retry_storm::main(&args[1..]),
         Some("limits") => limits::main(&args[1..]),
+        Some("limit-cost") => limit_cost::main(&args[1..]),
         Some("-h" | "--help") => {
             println!("{USAGE}");
             Ok(())

@@ -33,12 +33,12 @@ pub struct Options {
 
 /// What one target measured in one run at one concurrency.
 #[derive(Clone, Debug)]
-struct Sample {
+pub struct Sample {
     kind: Kind,
     conns: usize,
     requests: u64,
     rps: f64,
-    p50_us: f64,
+    pub p50_us: f64,
     p99_us: f64,
     /// Either side of p99, for the progress line only: on an oversubscribed host the tail
     /// is a cliff (a thread waiting out another's time slice), and whether p99 lands
@@ -46,7 +46,7 @@ struct Sample {
     p98_us: f64,
     p999_us: f64,
     /// Proxy CPU (utime+stime) per measured request, µs.
-    proxy_cpu_us: Option<f64>,
+    pub proxy_cpu_us: Option<f64>,
     /// The simulator's CPU per measured request, µs (the same work behind every target).
     sim_cpu_us: f64,
     /// The control plane's CPU per measured request, µs: what the node's telemetry
@@ -60,10 +60,10 @@ struct Sample {
     primary_per_req: Option<f64>,
     /// The machine's steal time during the window, % of all CPUs' time.
     steal_pct: f64,
-    non_200: u64,
+    pub non_200: u64,
 }
 
-struct Bench {
+pub struct Bench {
     sim: SocketAddr,
     sim_pid: u32,
     control_pid: u32,
@@ -71,12 +71,22 @@ struct Bench {
 }
 
 impl Bench {
+    /// Measures against `fleet`'s simulator and control plane.
+    pub fn new(fleet: &Fleet) -> Result<Self> {
+        Ok(Self {
+            sim: fleet.sim.addr,
+            sim_pid: fleet.sim.pid(),
+            control_pid: fleet.cp.pid(),
+            ticks_per_sec: clock_ticks() as f64,
+        })
+    }
+
     async fn failing_upstream_requests(&self) -> Result<u64> {
         let (_, stats) = http(self.sim, "GET", "/_sim/stats", None, None).await?;
         Ok(stats["models"]["failing"]["requests"].as_u64().unwrap_or(0))
     }
 
-    async fn measure(
+    pub async fn measure(
         &self,
         target: &Arc<Target>,
         conns: usize,
@@ -251,12 +261,7 @@ async fn bench(options: Options) -> Result<()> {
     }
 
     let ticks = clock_ticks();
-    let bench = Bench {
-        sim: sim.addr,
-        sim_pid: sim.pid(),
-        control_pid: cp.pid(),
-        ticks_per_sec: ticks as f64,
-    };
+    let bench = Bench::new(&fleet)?;
     eprintln!(
         "switchyard-bench: {} run(s) × concurrency {:?} × {} targets, {:.1} s warm-up + {:.1} s measured each; CLK_TCK {ticks}; logs in {}",
         options.runs,

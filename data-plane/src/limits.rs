@@ -70,26 +70,35 @@ pub struct RateHeaders {
     pub tokens: Option<(u64, u64, Duration)>,
 }
 
+// Names built at compile time: a limited key's every answer carries these.
+const LIMIT_REQUESTS: http::HeaderName =
+    http::HeaderName::from_static("x-ratelimit-limit-requests");
+const REMAINING_REQUESTS: http::HeaderName =
+    http::HeaderName::from_static("x-ratelimit-remaining-requests");
+const RESET_REQUESTS: http::HeaderName =
+    http::HeaderName::from_static("x-ratelimit-reset-requests");
+const LIMIT_TOKENS: http::HeaderName = http::HeaderName::from_static("x-ratelimit-limit-tokens");
+const REMAINING_TOKENS: http::HeaderName =
+    http::HeaderName::from_static("x-ratelimit-remaining-tokens");
+const RESET_TOKENS: http::HeaderName = http::HeaderName::from_static("x-ratelimit-reset-tokens");
+
 impl RateHeaders {
     /// Writes the headers into `headers`, in OpenAI's names and formats.
     pub fn write(&self, headers: &mut http::HeaderMap) {
-        let mut put = |name: &'static str, value: http::HeaderValue| {
-            headers.insert(http::HeaderName::from_static(name), value);
+        let mut put = |names: [http::HeaderName; 3],
+                       (limit, remaining, reset): (u64, u64, Duration)| {
+            let [limit_name, remaining_name, reset_name] = names;
+            headers.insert(limit_name, limit.into());
+            headers.insert(remaining_name, remaining.into());
+            if let Ok(v) = http::HeaderValue::from_str(&reset_text(reset)) {
+                headers.insert(reset_name, v);
+            }
         };
-        let reset = |d: Duration| http::HeaderValue::from_str(&reset_text(d)).ok();
-        if let Some((limit, remaining, at)) = self.requests {
-            put("x-ratelimit-limit-requests", limit.into());
-            put("x-ratelimit-remaining-requests", remaining.into());
-            if let Some(v) = reset(at) {
-                put("x-ratelimit-reset-requests", v);
-            }
+        if let Some(requests) = self.requests {
+            put([LIMIT_REQUESTS, REMAINING_REQUESTS, RESET_REQUESTS], requests);
         }
-        if let Some((limit, remaining, at)) = self.tokens {
-            put("x-ratelimit-limit-tokens", limit.into());
-            put("x-ratelimit-remaining-tokens", remaining.into());
-            if let Some(v) = reset(at) {
-                put("x-ratelimit-reset-tokens", v);
-            }
+        if let Some(tokens) = self.tokens {
+            put([LIMIT_TOKENS, REMAINING_TOKENS, RESET_TOKENS], tokens);
         }
     }
 }
