@@ -59,16 +59,21 @@ impl Fleet {
         dir: &Path,
         catalog: impl Fn(SocketAddr) -> String,
     ) -> Result<Fleet> {
+        let store = format!("file://{}", dir.join("store").display());
+        Self::start_on(bin, dir, &store, catalog).await
+    }
+
+    /// [`Fleet::start`] with the control plane on `store` (`file://…` or `etcd://…`).
+    pub async fn start_on(
+        bin: &Path,
+        dir: &Path,
+        store: &str,
+        catalog: impl Fn(SocketAddr) -> String,
+    ) -> Result<Fleet> {
         let logs = |name: &str| dir.join(format!("{name}.log"));
         let sim = Proc::start(bin, &["sim", "--listen", "127.0.0.1:0"], &[], &logs("sim"))?;
         let token = format!("bench-admin-token-{}", std::process::id());
-        let store = format!("file://{}", dir.join("store").display());
-        let cp = Proc::start(
-            bin,
-            &["control", "--store", &store, "--listen", "127.0.0.1:0"],
-            &[("SWITCHYARD_ADMIN_TOKEN", &token)],
-            &logs("control"),
-        )?;
+        let cp = start_control(bin, store, "127.0.0.1:0", &token, &logs("control"))?;
         let control = format!("http://{}", cp.addr);
         let file = dir.join("catalog.yaml");
         std::fs::write(&file, catalog(sim.addr)).map_err(|e| format!("catalog: {e}"))?;
@@ -121,6 +126,23 @@ impl Fleet {
         }
         Ok(())
     }
+}
+
+/// A control plane on `store`, listening on `listen`. It keeps up to 100 million audit
+/// entries (the default keeps 100,000): a storm benchmark counts every event it stored.
+pub fn start_control(
+    bin: &Path,
+    store: &str,
+    listen: &str,
+    token: &str,
+    log: &Path,
+) -> Result<Proc> {
+    Proc::start(
+        bin,
+        &["control", "--store", store, "--listen", listen, "--audit-max-entries", "100000000"],
+        &[("SWITCHYARD_ADMIN_TOKEN", token)],
+        log,
+    )
 }
 
 /// A node named `name` (its data and log under `dir`), once ready at `version`.

@@ -23,9 +23,7 @@ use switchyard_catalog::{ApiKeyRecord, FailoverDefaults, KeyStatus};
 use switchyard_control_plane::layout::Layout;
 use switchyard_control_plane::store::{self, Txn, TxnOp};
 
-/// The e2e harness's throw-away etcd (std + tokio + tempfile only), for `--store etcd`.
-#[path = "../../control-plane/tests/support/etcd.rs"]
-mod etcd;
+use crate::etcd;
 
 use crate::catalog::{PRIMARY, SECONDARY};
 use crate::client::{connect, get_status};
@@ -353,12 +351,7 @@ async fn one(
 }
 
 fn start_control(bin: &Path, store: &str, token: &str, log: &Path) -> Result<Proc> {
-    Proc::start(
-        bin,
-        &["control", "--store", store, "--listen", "127.0.0.1:0"],
-        &[("SWITCHYARD_ADMIN_TOKEN", token)],
-        log,
-    )
+    crate::fleet::start_control(bin, store, "127.0.0.1:0", token, log)
 }
 
 /// Writes `count` active keys (each with two-model `failoverDefaults`, as keys usually have)

@@ -18,6 +18,7 @@ mod catalog;
 mod chaos;
 mod client;
 mod error;
+mod etcd;
 mod flags;
 mod fleet;
 mod host;
@@ -30,6 +31,7 @@ mod passthrough;
 mod proc;
 mod retry_storm;
 mod stats;
+mod storm;
 mod streams;
 mod translate;
 
@@ -45,6 +47,7 @@ const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 
        switchyard-bench limits [--nodes 3] [--rpm 6000] [--concurrency 12] [--duration-secs 75]
        switchyard-bench limit-cost [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]
        switchyard-bench chaos --baseline PATH [--concurrency 1,8] [--runs 3] [--nodes 3] [--changes 20]
+       switchyard-bench storm [--concurrency 32] [--duration-secs 60] [--outage-secs 120] [--store embedded,etcd]
        switchyard-bench passthrough --listen ADDR --upstream ADDR   (started by the bench)";
 
 /// A concurrency's targets are measured again when the hypervisor took more than this share
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Some("retries") => retry_storm::main(&args[1..]),
         Some("limits") => limits::main(&args[1..]),
         Some("limit-cost") => limit_cost::main(&args[1..]),
+        Some("storm") => storm::main(&args[1..]),
         Some("-h" | "--help") => {
             println!("{USAGE}");
             Ok(())

@@ -23,6 +23,7 @@ use crate::client::{connect, http, metrics_text};
 use crate::error::Result;
 use crate::fleet::Fleet;
 use crate::proc::default_switchyard;
+use crate::stats::sum_metric;
 
 const USAGE: &str = "usage: switchyard-bench retries [--switchyard PATH] [--requests 3000] \
 [--concurrency 8] [--models 16]";
@@ -226,29 +227,4 @@ async fn failing_calls(sim: SocketAddr, models: usize) -> Result<u64> {
     Ok((0..models)
         .map(|i| stats["models"][format!("failing-{i}")]["requests"].as_u64().unwrap_or(0))
         .sum())
-}
-
-/// The sum of a counter over all its label sets, from Prometheus text.
-fn sum_metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::sum_metric;
-
-    #[test]
-    fn sum_metric_adds_every_label_set_of_one_counter_only() {
-        let text = "# TYPE switchyard_upstream_retries counter\n\
-                    switchyard_upstream_retries_total{model=\"a\"} 3\n\
-                    switchyard_upstream_retries_total{model=\"b\"} 4\n\
-                    switchyard_upstream_retries_totalx 100\n";
-        assert_eq!(sum_metric(text, "switchyard_upstream_retries_total"), 7);
-        assert_eq!(sum_metric(text, "switchyard_retry_budget_refusals_total"), 0);
-    }
 }

@@ -35,3 +35,26 @@ pub fn pct(v: &[f64], q: f64) -> Option<f64> {
     let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     Some(v[rank - 1])
 }
+
+/// The sum of a counter over all its label sets, from Prometheus text.
+pub fn sum_metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sum_metric_adds_every_label_set_of_one_counter_only() {
+        let text = "# TYPE switchyard_upstream_retries counter\n\
+                    switchyard_upstream_retries_total{model=\"a\"} 3\n\
+                    switchyard_upstream_retries_total{model=\"b\"} 4\n\
+                    switchyard_upstream_retries_totalx 100\n";
+        assert_eq!(super::sum_metric(text, "switchyard_upstream_retries_total"), 7);
+        assert_eq!(super::sum_metric(text, "switchyard_retry_budget_refusals_total"), 0);
+    }
+}

@@ -1,0 +1,6 @@
+//! The e2e harness's throw-away etcd (std + tokio + tempfile only), for `--store etcd`.
+
+#[path = "../../control-plane/tests/support/etcd.rs"]
+mod harness;
+
+pub use harness::EtcdProcess;

@@ -1,0 +1,343 @@
+//! `switchyard-bench storm`: every request fails over, as fast as `--concurrency`
+//! connections can send them, and every failover event must reach the audit log or be
+//! counted as lost. Per store (the embedded one and a real etcd), two runs:
+//!
+//! - a storm of `--duration-secs` with the control plane up: can one control plane store
+//!   what one node produces?
+//! - the same storm, with the control plane stopped for `--outage-secs` in the middle of it
+//!   (and the run lengthened by as much): the node spools what it cannot hand over, and
+//!   drains it once a control plane (a new process on the same address and store) returns.
+//!
+//! Each run reports failovers served (the node's `switchyard_failovers_total`), events in
+//! the audit log (`switchyard events --json`), events the node counted as lost, the node's
+//! peak RSS and spool size, and how long the backlog took to drain.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::json;
+
+use crate::catalog::{FAILING, SECONDARY, catalog_yaml};
+use crate::client::{connect_many, metrics_text};
+use crate::error::Result;
+use crate::etcd::EtcdProcess;
+use crate::fleet::{Fleet, start_control};
+use crate::host::{mib, status_kib};
+use crate::load::{Kind, Target, phase};
+use crate::proc::default_switchyard;
+use crate::stats::sum_metric;
+
+const USAGE: &str = "usage: switchyard-bench storm [--switchyard PATH] [--concurrency 32] \
+[--duration-secs 60] [--outage-secs 120] [--store embedded,etcd]";
+
+/// How long a backlog may take to reach the audit log before the run gives up on it.
+const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    Embedded,
+    Etcd,
+}
+
+impl Store {
+    fn label(self) -> &'static str {
+        match self {
+            Store::Embedded => "embedded",
+            Store::Etcd => "etcd",
+        }
+    }
+}
+
+struct Options {
+    switchyard: PathBuf,
+    concurrency: usize,
+    duration: Duration,
+    outage: Duration,
+    stores: Vec<Store>,
+}
+
+fn parse(args: &[String]) -> Result<Options> {
+    let mut o = Options {
+        switchyard: default_switchyard()?,
+        concurrency: 32,
+        duration: Duration::from_secs(60),
+        outage: Duration::from_secs(120),
+        stores: vec![Store::Embedded, Store::Etcd],
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
+        let secs = |v: &str, lo: u64, hi: u64| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| (lo..=hi).contains(n))
+                .map(Duration::from_secs)
+                .ok_or_else(|| format!("{flag}: expected {lo}–{hi} seconds, got {v:?}"))
+        };
+        match flag.as_str() {
+            "--switchyard" => o.switchyard = PathBuf::from(value()?),
+            "--concurrency" => {
+                let v = value()?;
+                o.concurrency = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1024).contains(n))
+                    .ok_or_else(|| format!("--concurrency: expected 1–1024, got {v:?}"))?;
+            }
+            "--duration-secs" => o.duration = secs(value()?, 2, 3_600)?,
+            "--outage-secs" => o.outage = secs(value()?, 1, 3_600)?,
+            "--store" => {
+                o.stores = value()?
+                    .split(',')
+                    .map(|s| match s.trim() {
+                        "embedded" => Ok(Store::Embedded),
+                        "etcd" => Ok(Store::Etcd),
+                        other => Err(format!("--store: unknown store {other:?}")),
+                    })
+                    .collect::<Result<_>>()?;
+            }
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    if !o.switchyard.is_file() {
+        return Err(format!("{} not found: build it or pass --switchyard", o.switchyard.display()));
+    }
+    Ok(o)
+}
+
+struct Row {
+    store: Store,
+    outage: Option<Duration>,
+    failovers: u64,
+    stored: u64,
+    lost: u64,
+    non_200: u64,
+    load_secs: f64,
+    peak_rss_mib: f64,
+    peak_held: u64,
+    peak_spool_mib: f64,
+    /// From the end of the storm (or the control plane's return) until nothing was held.
+    drain_secs: f64,
+    /// Events the control plane up at the end stored per second, from its start (the
+    /// storm's, or its return after the outage) until the node held nothing.
+    ingest_per_sec: f64,
+}
+
+pub fn main(args: &[String]) -> Result<()> {
+    let o = parse(args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    let mut rows = Vec::new();
+    for &store in &o.stores {
+        for outage in [None, Some(o.outage)] {
+            let row = rt.block_on(run(&o, store, outage))?;
+            eprintln!(
+                "  {} {}: {} failovers, {} stored, {} lost, drained in {:.1} s",
+                store.label(),
+                outage.map_or("storm".to_owned(), |d| format!("storm + {} s outage", d.as_secs())),
+                row.failovers,
+                row.stored,
+                row.lost,
+                row.drain_secs
+            );
+            rows.push(row);
+        }
+    }
+    print(&o, &rows);
+    Ok(())
+}
+
+async fn run(o: &Options, store: Store, outage: Option<Duration>) -> Result<Row> {
+    let dir = tempfile::Builder::new()
+        .prefix("switchyard-bench-storm-")
+        .tempdir()
+        .map_err(|e| format!("temp dir: {e}"))?;
+    let d = dir.path();
+    let bin = o.switchyard.as_path();
+    // Declared first, so it outlives everything that talks to it.
+    let etcd = match store {
+        Store::Etcd => Some(EtcdProcess::start().await),
+        Store::Embedded => None,
+    };
+    let store_url = match &etcd {
+        Some(e) => format!("etcd://{}", e.endpoint().trim_start_matches("http://")),
+        None => format!("file://{}", d.join("store").display()),
+    };
+    let fleet = Fleet::start_on(bin, d, &store_url, catalog_yaml).await?;
+    fleet.script("failing", json!({"kind": "status", "status": 503})).await?;
+    let Fleet { sim, cp, node, key, control, token, .. } = fleet;
+    let _sim = sim;
+    let control_addr = cp.addr;
+    let mut cp = Some(cp);
+
+    let target = Arc::new(Target {
+        kind: Kind::NodeFailing,
+        addr: node.addr,
+        host: node.addr.to_string(),
+        auth: Some(format!("Bearer {key}")),
+        body: Bytes::from(
+            json!({"model": FAILING, "fallback_models": [SECONDARY],
+                "messages": [{"role": "user", "content": "storm"}]})
+            .to_string(),
+        ),
+        proxy_pid: Some(node.pid()),
+    });
+    let conns = connect_many(node.addr, o.concurrency).await?;
+    let load_for = o.duration + outage.unwrap_or_default();
+    let started = Instant::now();
+    let load = tokio::spawn({
+        let target = Arc::clone(&target);
+        async move { phase(conns, &target, started + load_for, false).await }
+    });
+
+    let (mut peak_rss, mut peak_held, mut peak_spool) = (0u64, 0u64, 0u64);
+    let mut sample = |text: &str| {
+        peak_held = peak_held.max(sum_metric(text, "switchyard_failover_events_held"));
+        peak_spool = peak_spool.max(sum_metric(text, "switchyard_failover_event_spool_bytes"));
+        peak_rss = peak_rss.max(status_kib(node.pid(), "VmRSS").unwrap_or(0));
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let outage_at = started + o.duration / 2;
+    let mut back_at = None;
+    while !load.is_finished() {
+        tick.tick().await;
+        if let Ok(text) = metrics_text(node.addr).await {
+            sample(&text);
+        }
+        if let Some(outage) = outage {
+            // Once: after its return the control plane stays up.
+            if cp.is_some() && back_at.is_none() && Instant::now() >= outage_at {
+                eprintln!("  control plane stopped for {} s", outage.as_secs());
+                cp = None;
+            }
+            if cp.is_none() && back_at.is_none() && Instant::now() >= outage_at + outage {
+                let listen = control_addr.to_string();
+                cp = Some(start_control(
+                    bin,
+                    &store_url,
+                    &listen,
+                    &token,
+                    &d.join("control-2.log"),
+                )?);
+                back_at = Some(Instant::now());
+                eprintln!("  control plane back");
+            }
+        }
+    }
+    let (_, _, non_200) = load.await.map_err(|e| format!("load task: {e}"))??;
+    let load_secs = started.elapsed().as_secs_f64();
+    let ended = Instant::now();
+
+    // The backlog (memory and spool) reaches the audit log.
+    let drain_from = back_at.unwrap_or(ended);
+    let drained_at = loop {
+        let text = metrics_text(node.addr).await?;
+        sample(&text);
+        if sum_metric(&text, "switchyard_failover_events_held") == 0
+            && sum_metric(&text, "switchyard_failover_event_spool_bytes") == 0
+        {
+            break Instant::now();
+        }
+        if ended.elapsed() > DRAIN_LIMIT {
+            return Err(format!("the node still held events {DRAIN_LIMIT:?} after the storm"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let text = metrics_text(node.addr).await?;
+    let failovers = sum_metric(&text, "switchyard_failovers_total");
+    let lost = sum_metric(&text, "switchyard_failover_events_dropped_total");
+    let stored = count_events(bin, &control, &token)?;
+    let drain_secs = drained_at.duration_since(drain_from).as_secs_f64();
+    // What the control plane that is up now stored since it started, over that time: with
+    // an outage, the new process took the whole backlog as well as the live storm.
+    let cp_text = metrics_text(control_addr).await?;
+    let cp_stored = sum_metric(&cp_text, "switchyard_control_failover_events_stored_total");
+    let cp_since = back_at.unwrap_or(started);
+    let ingest_per_sec = cp_stored as f64 / drained_at.duration_since(cp_since).as_secs_f64();
+    drop(cp);
+    drop(etcd);
+    Ok(Row {
+        store,
+        outage,
+        failovers,
+        stored,
+        lost,
+        non_200,
+        load_secs,
+        peak_rss_mib: mib(peak_rss),
+        peak_held,
+        peak_spool_mib: peak_spool as f64 / (1024.0 * 1024.0),
+        drain_secs,
+        ingest_per_sec,
+    })
+}
+
+/// Failover events in the audit log, counted from `switchyard events --json`.
+fn count_events(bin: &Path, control: &str, token: &str) -> Result<u64> {
+    let out = Command::new(bin)
+        .args(["events", "--json", "--limit", &u32::MAX.to_string()])
+        .env("SWITCHYARD_CONTROL", control)
+        .env("SWITCHYARD_ADMIN_TOKEN", token)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run switchyard events: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "switchyard events failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    // Only failover events count: not degraded answers, nor any other entry of the log.
+    Ok(out
+        .stdout
+        .split(|b| *b == b'\n')
+        .filter(|l| {
+            serde_json::from_slice::<serde_json::Value>(l)
+                .is_ok_and(|v| v["attempts"].is_array() && v.get("degraded").is_none())
+        })
+        .count() as u64)
+}
+
+fn print(o: &Options, rows: &[Row]) {
+    println!(
+        "### Failover-event storm ({} connections, every request failing over)\n",
+        o.concurrency
+    );
+    println!(
+        "| store | run | load s | failovers served | events stored | counted lost | stored + lost = served | non-200 | failovers/s | node peak RSS MiB | peak events held | peak spool MiB | drain s | events/s stored by the control plane |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let run = r
+            .outage
+            .map_or("storm".to_owned(), |d| format!("storm, control plane away {} s", d.as_secs()));
+        let verdict = if r.stored + r.lost == r.failovers && r.lost == 0 {
+            "yes, none lost"
+        } else if r.stored + r.lost == r.failovers {
+            "yes"
+        } else {
+            "NO"
+        };
+        println!(
+            "| {} | {run} | {:.0} | {} | {} | {} | {verdict} | {} | {:.0} | {:.1} | {} | {:.1} | {:.1} | {:.0} |",
+            r.store.label(),
+            r.load_secs,
+            r.failovers,
+            r.stored,
+            r.lost,
+            r.non_200,
+            r.failovers as f64 / r.load_secs,
+            r.peak_rss_mib,
+            r.peak_held,
+            r.peak_spool_mib,
+            r.drain_secs,
+            r.ingest_per_sec,
+        );
+    }
+}
