@@ -26,13 +26,12 @@ fn live(span: &Span) -> bool {
 }
 
 /// The SERVER span of one chat request on `route`, continuing the client's `traceparent`.
-/// Its name becomes `chat {model}` once the request's model is known ([`requested`]).
+/// Its name is `chat` until the request's model is known, then `chat {model}` ([`requested`]).
 pub fn server_span(route: &'static str, headers: &HeaderMap, request_id: &str) -> Span {
     let span = tracing::info_span!(
         target: SPAN_TARGET,
         "chat",
         otel.kind = "server",
-        otel.name = Empty,
         otel.status_code = Empty,
         gen_ai.operation.name = "chat",
         http.request.method = "POST",
@@ -51,7 +50,7 @@ pub fn requested(span: &Span, model: &str) {
     if !live(span) {
         return;
     }
-    span.record("otel.name", format!("chat {model}"));
+    switchyard_otel::rename(span, format!("chat {model}"));
     span.set_attribute("gen_ai.request.model", model.to_owned());
 }
 

@@ -57,6 +57,14 @@ pub fn inject(headers: &mut HeaderMap) {
     }
 }
 
+/// Renames an OpenTelemetry span, started or not (`otel.name` recorded on a started span
+/// does not rename it).
+pub fn rename(span: &tracing::Span, name: String) {
+    if enabled() {
+        span.context().span().update_name(name);
+    }
+}
+
 /// Sends one log record named `event_name`, in the trace of the current span.
 pub fn emit_log(event_name: &'static str, body: String, attributes: Vec<(&'static str, AnyValue)>) {
     let Some(logger) = LOGGER.get() else { return };

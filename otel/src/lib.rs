@@ -22,7 +22,7 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 
-pub use context::{SPAN_TARGET, continue_trace, emit_log, enabled, inject};
+pub use context::{SPAN_TARGET, continue_trace, emit_log, enabled, inject, rename};
 pub use dropped::{DroppedLabels, HELP as DROPPED_HELP, NAME as DROPPED_NAME, dropped};
 pub use opentelemetry::logs::AnyValue;
 pub use opentelemetry::{Array, StringValue, Value};
