@@ -170,10 +170,36 @@ async fn an_otlp_endpoint_that_does_not_parse_stops_the_process_naming_the_varia
     }
 }
 
-/// The sample of `series` (name and labels, as written) on the node's `/metrics`.
-async fn node_sample(gw: &Gateway, series: &str) -> Option<f64> {
-    let metrics = http_get(gw.node.addr, "/metrics", None).await?.body;
+/// The sample of `series` (name and labels, as written) on `/metrics` at `addr`.
+async fn sample_at(addr: std::net::SocketAddr, series: &str) -> Option<f64> {
+    let metrics = http_get(addr, "/metrics", None).await?.body;
     metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+async fn node_sample(gw: &Gateway, series: &str) -> Option<f64> {
+    sample_at(gw.node.addr, series).await
+}
+
+/// `promtool check metrics` passes `/metrics` at `addr` (Debian's `prometheus` package;
+/// `.ci/run` installs it).
+async fn promtool_passes(addr: std::net::SocketAddr) {
+    use tokio::io::AsyncWriteExt;
+    let text = http_get(addr, "/metrics", None).await.unwrap().body;
+    let mut child = tokio::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).await.unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]
@@ -202,6 +228,15 @@ async fn with_the_collector_down_requests_are_served_and_the_failed_exports_coun
         })
         .await;
     }
+    // The control plane's admin calls (the harness's catalog and key) were spans too.
+    let series = r#"switchyard_control_otel_dropped_total{signal="spans",reason="export_failed"}"#;
+    eventually(Duration::from_secs(20), "the control plane to count its failed exports", || {
+        let addr = gw.cp.addr;
+        async move { sample_at(addr, series).await.filter(|n| *n > 0.0) }
+    })
+    .await;
+    promtool_passes(gw.node.addr).await;
+    promtool_passes(gw.cp.addr).await;
 }
 
 #[tokio::test]
