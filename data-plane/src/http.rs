@@ -169,7 +169,9 @@ async fn chat(
             Ok(response) => (response, None),
             Err(e) => (e.render(flavor), Some(e.label())),
         };
-        otel::finished(&tracing::Span::current(), response.status().as_u16(), error);
+        if otel::enabled() {
+            otel::finished(&tracing::Span::current(), response.status().as_u16(), error);
+        }
         response.headers_mut().insert(request_id::HEADER, id);
         let metrics = &app.executor.metrics;
         metrics
@@ -199,7 +201,9 @@ async fn handle(
     let key = authenticate(&config, headers)?;
     let span = tracing::Span::current();
     span.record("key", key.id.as_str());
-    span.record("switchyard.key.id", key.id.as_str());
+    if otel::enabled() {
+        span.record("switchyard.key.id", key.id.as_str());
+    }
     // The key's own limits are decided here, from counts the node holds: no network call,
     // and before anything else is done for the request (docs/limits.md).
     let Some(limits) = key.limits.as_ref().filter(|l| !l.is_empty()) else {
@@ -237,7 +241,8 @@ async fn serve(
         .map_err(|_| ApiError::PayloadTooLarge { limit: app.max_body_bytes })?;
     let request = ChatRequest::parse(&bytes)?;
     let chain = chain::resolve(&request, &key, &config)?;
-    let span = tracing::Span::current();
+    // The SERVER span when OpenTelemetry is on; otherwise no span is looked up at all.
+    let span = if otel::enabled() { tracing::Span::current() } else { tracing::Span::none() };
     otel::requested(&span, chain.requested_model());
     let outcome = app.executor.run(&chain, &request, &config, id).await;
 
