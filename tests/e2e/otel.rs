@@ -272,3 +272,30 @@ async fn with_a_collector_that_never_answers_requests_do_not_wait_and_the_full_q
     assert!(dropped >= 16.0, "{dropped} dropped");
     holder.abort();
 }
+
+#[tokio::test]
+async fn spans_and_log_records_still_queued_are_sent_when_the_node_stops() {
+    let collector = Collector::start().await;
+    // Batches would wait an hour: only the stop can send them.
+    let mut env = otel_env(collector.endpoint());
+    env.retain(|(k, _)| !k.ends_with("_SCHEDULE_DELAY"));
+    env.push(("OTEL_BSP_SCHEDULE_DELAY", "3600000".into()));
+    env.push(("OTEL_BLRP_SCHEDULE_DELAY", "3600000".into()));
+    let mut gw = Gateway::start_with(GatewayOptions { env, ..GatewayOptions::default() }).await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r =
+        gw.chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let node_spans =
+        || collector.spans().into_iter().filter(|(s, _)| s == "switchyard-node").count();
+    assert_eq!(node_spans(), 0, "nothing is sent before a batch is due");
+
+    let pid = gw.node.child.id().unwrap();
+    let killed = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    assert!(killed.unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(30), gw.node.child.wait()).await;
+    assert!(status.unwrap().unwrap().success(), "the node stops cleanly");
+    assert_eq!(node_spans(), 3, "the server span and both client spans");
+    let records = collector.logs();
+    assert!(records.iter().any(|(_, l)| l.event_name == "api:model_failover"), "{records:?}");
+}
