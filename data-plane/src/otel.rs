@@ -175,7 +175,7 @@ pub fn injected(span: &Span, fault: &str) {
 
 /// Sends a failover event as a log record, in the trace of the current span (the request's).
 pub fn failover_log(event: &pb::FailoverEvent) {
-    if !enabled() {
+    if !switchyard_otel::logs_enabled() {
         return;
     }
     let first_reason =

@@ -21,15 +21,22 @@ pub const SPAN_TARGET: &str = "switchyard_otel::spans";
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static LOGGER: OnceLock<SdkLogger> = OnceLock::new();
 
-/// Whether this process exports traces: callers create their spans only then, so the
+/// Whether this process exports spans: callers create their spans only then, so the
 /// request path pays nothing for them when it does not.
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-pub(crate) fn install(logger: SdkLogger) {
-    let _ = LOGGER.set(logger);
-    ENABLED.store(true, Ordering::Relaxed);
+/// Whether this process exports log records ([`emit_log`] does nothing otherwise).
+pub fn logs_enabled() -> bool {
+    LOGGER.get().is_some()
+}
+
+pub(crate) fn install(traces: bool, logger: Option<SdkLogger>) {
+    if let Some(logger) = logger {
+        let _ = LOGGER.set(logger);
+    }
+    ENABLED.store(traces, Ordering::Relaxed);
 }
 
 /// Makes `span` (not yet entered) continue the trace of the request's `traceparent` (and

@@ -22,7 +22,7 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 
-pub use context::{SPAN_TARGET, continue_trace, emit_log, enabled, inject, rename};
+pub use context::{SPAN_TARGET, continue_trace, emit_log, enabled, inject, logs_enabled, rename};
 pub use dropped::{DroppedLabels, HELP as DROPPED_HELP, NAME as DROPPED_NAME, dropped};
 pub use opentelemetry::logs::AnyValue;
 pub use opentelemetry::{Array, StringValue, Value};
@@ -34,8 +34,8 @@ const SCOPE: &str = "switchyard";
 
 /// The exporters of a running process; [`Otel::shutdown`] sends what is still queued.
 pub struct Otel {
-    tracer: SdkTracerProvider,
-    logger: SdkLoggerProvider,
+    tracer: Option<SdkTracerProvider>,
+    logger: Option<SdkLoggerProvider>,
 }
 
 /// Reads the standard variables: `None` when OpenTelemetry is off, an error naming the
@@ -56,34 +56,48 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
     }
     let resource = resource.build();
 
-    let mut spans = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .build()
-        .map_err(|e| OtelError::Exporter { signal: "trace", why: e.to_string() })?;
-    spans.set_resource(&resource);
-    let spans = batch::Queue::start("spans", settings.spans, batch::Spans(spans));
-    let tracer = SdkTracerProvider::builder()
-        .with_resource(resource.clone())
-        .with_span_processor(batch::SpanQueue(spans))
-        .build();
+    let tracer = if settings.traces {
+        let mut spans = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()
+            .map_err(|e| OtelError::Exporter { signal: "trace", why: e.to_string() })?;
+        spans.set_resource(&resource);
+        let spans = batch::Queue::start("spans", settings.span_batches, batch::Spans(spans));
+        let provider = SdkTracerProvider::builder()
+            .with_resource(resource.clone())
+            .with_span_processor(batch::SpanQueue(spans))
+            .build();
+        Some(provider)
+    } else {
+        None
+    };
 
-    let mut logs = opentelemetry_otlp::LogExporter::builder()
-        .with_tonic()
-        .build()
-        .map_err(|e| OtelError::Exporter { signal: "logs", why: e.to_string() })?;
-    logs.set_resource(&resource);
-    let logs = batch::Queue::start("logs", settings.logs, batch::Logs(logs));
-    let logger = SdkLoggerProvider::builder()
-        .with_resource(resource)
-        .with_log_processor(batch::LogQueue(logs))
-        .build();
+    let logger = if settings.logs {
+        let mut logs = opentelemetry_otlp::LogExporter::builder()
+            .with_tonic()
+            .build()
+            .map_err(|e| OtelError::Exporter { signal: "logs", why: e.to_string() })?;
+        logs.set_resource(&resource);
+        let logs = batch::Queue::start("logs", settings.log_batches, batch::Logs(logs));
+        Some(
+            SdkLoggerProvider::builder()
+                .with_resource(resource)
+                .with_log_processor(batch::LogQueue(logs))
+                .build(),
+        )
+    } else {
+        None
+    };
 
     use opentelemetry::logs::LoggerProvider as _;
-    context::install(logger.logger(SCOPE));
-    // The counters exist from the start, so a scrape shows 0 rather than nothing.
-    for signal in ["spans", "logs"] {
+    context::install(tracer.is_some(), logger.as_ref().map(|l| l.logger(SCOPE)));
+    // The counters of what is exported exist from the start, so a scrape shows 0 rather
+    // than nothing.
+    for (signal, on) in [("spans", settings.traces), ("logs", settings.logs)] {
         for reason in ["queue_full", "export_failed"] {
-            dropped::counter(signal, reason);
+            if on {
+                dropped::counter(signal, reason);
+            }
         }
     }
     Ok(Otel { tracer, logger })
@@ -92,27 +106,29 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
 impl Otel {
     /// The `tracing` layer that turns spans of [`SPAN_TARGET`] (and only those) into
     /// OpenTelemetry spans.
-    pub fn layer<S>(&self) -> impl Layer<S> + use<S>
+    pub fn layer<S>(&self) -> Option<impl Layer<S> + use<S>>
     where
         S: tracing::Subscriber + for<'span> LookupSpan<'span>,
     {
-        tracing_opentelemetry::layer()
-            .with_tracer(self.tracer.tracer(SCOPE))
+        let tracer = self.tracer.as_ref()?.tracer(SCOPE);
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(tracer)
             .with_location(false)
             .with_threads(false)
             .with_tracked_inactivity(false)
             .with_level(false)
             .with_target(false)
-            .with_filter(Targets::new().with_target(SPAN_TARGET, tracing::Level::TRACE))
+            .with_filter(Targets::new().with_target(SPAN_TARGET, tracing::Level::TRACE));
+        Some(layer)
     }
 
     /// Exports what is still queued, waiting at most a few seconds. Blocks: call it from a
     /// blocking thread (`spawn_blocking`), not from a runtime worker.
     pub fn shutdown(self) {
-        if let Err(e) = self.tracer.shutdown() {
+        if let Some(Err(e)) = self.tracer.map(|t| t.shutdown()) {
             tracing::warn!(error = %e, "OpenTelemetry spans not all exported at exit");
         }
-        if let Err(e) = self.logger.shutdown() {
+        if let Some(Err(e)) = self.logger.map(|l| l.shutdown()) {
             tracing::warn!(error = %e, "OpenTelemetry log records not all exported at exit");
         }
     }

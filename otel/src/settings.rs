@@ -42,10 +42,14 @@ pub struct Batching {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
+    /// Whether spans are exported: `OTEL_EXPORTER_OTLP_ENDPOINT` or its `_TRACES_` form set.
+    pub traces: bool,
+    /// Whether log records are exported: `OTEL_EXPORTER_OTLP_ENDPOINT` or its `_LOGS_` form set.
+    pub logs: bool,
     /// `service.name` when neither `OTEL_SERVICE_NAME` nor `OTEL_RESOURCE_ATTRIBUTES` names one.
     pub default_service_name: Option<&'static str>,
-    pub spans: Batching,
-    pub logs: Batching,
+    pub span_batches: Batching,
+    pub log_batches: Batching,
 }
 
 impl Settings {
@@ -60,14 +64,15 @@ impl Settings {
         if var(SDK_DISABLED).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
             return Ok(None);
         }
-        let mut any = false;
-        for name in [ENDPOINT, TRACES_ENDPOINT, LOGS_ENDPOINT] {
+        let mut set = [false; 3];
+        for (i, name) in [ENDPOINT, TRACES_ENDPOINT, LOGS_ENDPOINT].into_iter().enumerate() {
             if let Some(value) = var(name) {
                 check_endpoint(name, &value)?;
-                any = true;
+                set[i] = true;
             }
         }
-        if !any {
+        let [all, traces, logs] = set;
+        if !(all || traces || logs) {
             return Ok(None);
         }
         for name in PROTOCOLS {
@@ -98,8 +103,10 @@ impl Settings {
             })
         };
         Ok(Some(Settings {
+            traces: all || traces,
+            logs: all || logs,
             default_service_name: (!named).then_some(default_service_name),
-            spans: batching(
+            span_batches: batching(
                 &[
                     "OTEL_BSP_SCHEDULE_DELAY",
                     "OTEL_BSP_MAX_QUEUE_SIZE",
@@ -107,7 +114,7 @@ impl Settings {
                 ],
                 5000,
             )?,
-            logs: batching(
+            log_batches: batching(
                 &[
                     "OTEL_BLRP_SCHEDULE_DELAY",
                     "OTEL_BLRP_MAX_QUEUE_SIZE",
@@ -155,10 +162,11 @@ mod tests {
     #[test]
     fn on_with_any_endpoint_and_the_specifications_batching_defaults() {
         let on = settings(&[(TRACES_ENDPOINT, "http://collector:4317")]).unwrap().unwrap();
+        assert!(on.traces && !on.logs, "only the signal whose endpoint is set");
         assert_eq!(on.default_service_name, Some("switchyard-node"));
-        assert_eq!(on.spans.delay, Duration::from_secs(5));
-        assert_eq!((on.spans.max_queue, on.spans.max_batch), (2048, 512));
-        assert_eq!(on.logs.delay, Duration::from_secs(1));
+        assert_eq!(on.span_batches.delay, Duration::from_secs(5));
+        assert_eq!((on.span_batches.max_queue, on.span_batches.max_batch), (2048, 512));
+        assert_eq!(on.log_batches.delay, Duration::from_secs(1));
         let named = settings(&[
             (ENDPOINT, "https://collector"),
             (RESOURCE_ATTRIBUTES, "a=b, service.name=gw"),
@@ -166,8 +174,9 @@ mod tests {
         ])
         .unwrap()
         .unwrap();
+        assert!(named.traces && named.logs);
         assert_eq!(named.default_service_name, None);
-        assert_eq!((named.spans.max_queue, named.spans.max_batch), (100, 100));
+        assert_eq!((named.span_batches.max_queue, named.span_batches.max_batch), (100, 100));
     }
 
     #[test]
