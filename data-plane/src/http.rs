@@ -245,7 +245,6 @@ async fn serve(
     let span = if otel::enabled() { tracing::Span::current() } else { tracing::Span::none() };
     otel::requested(&span, chain.requested_model());
     let outcome = app.executor.run(&chain, &request, &config, id).await;
-
     // Valid ids are visible ASCII, so this is the id as sent.
     let id_text = id.to_str().unwrap_or_default();
     if let Err(failed) = &outcome
