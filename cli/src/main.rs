@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::error::CliError;
+use crate::serve::ServeError;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -71,8 +72,20 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(&cli.command);
-    match run(cli.command).await {
+    let otel = match init_tracing(&cli.command) {
+        Ok(otel) => otel,
+        Err(e) => return exit(Err(e)),
+    };
+    let result = run(cli.command).await;
+    if let Some(otel) = otel {
+        // Sends the spans and log records still queued; blocking, so off the workers.
+        let _ = tokio::task::spawn_blocking(move || otel.shutdown()).await;
+    }
+    exit(result)
+}
+
+fn exit(result: Result<(), CliError>) -> ExitCode {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // `switchyard catalog | head` closes our stdout early; that is not a failure.
         Err(CliError::Stdout(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
@@ -106,16 +119,44 @@ async fn run(command: Command) -> Result<(), CliError> {
 
 /// Servers log at info; admin commands stay quiet so their stdout and stderr are only
 /// what they mean to say. `RUST_LOG` overrides both.
-fn init_tracing(command: &Command) {
+///
+/// A server whose environment sets an OTLP endpoint also exports traces and log records
+/// (docs/operating.md, "Traces and log records"); one whose OTLP variables are wrong does not
+/// start, so an operator never runs a gateway that silently exports nothing.
+fn init_tracing(command: &Command) -> Result<Option<switchyard_otel::Otel>, CliError> {
+    let service = match command {
+        Command::Node(_) | Command::Dev(_) => Some("switchyard-node"),
+        Command::Control(_) => Some("switchyard-control"),
+        _ => None,
+    };
+    let settings = match service {
+        Some(name) => switchyard_otel::settings_from_env(name).map_err(ServeError::from)?,
+        None => None,
+    };
     let default = match command {
         Command::Dev(_) | Command::Control(_) | Command::Node(_) | Command::Sim(_) => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // try_init: a server that installs its own subscriber keeps it.
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let Some(settings) = settings else {
+        // try_init: a server that installs its own subscriber keeps it.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+        return Ok(None);
+    };
+    let otel = switchyard_otel::init(&settings).map_err(ServeError::from)?;
+    // The spans made for OpenTelemetry are not log lines.
+    let filter = match format!("{}=off", switchyard_otel::SPAN_TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
+    use tracing_subscriber::prelude::*;
+    let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter);
+    let _ = tracing_subscriber::registry().with(log).with(otel.layer()).try_init();
+    Ok(Some(otel))
 }
 
 #[cfg(test)]

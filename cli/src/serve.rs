@@ -25,6 +25,8 @@ pub enum ServeError {
     Node(#[from] NodeError),
     #[error(transparent)]
     Sim(#[from] switchyard_sim::SimError),
+    #[error(transparent)]
+    Otel(#[from] switchyard_otel::OtelError),
 }
 
 #[derive(Debug, Args)]

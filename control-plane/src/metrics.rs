@@ -45,6 +45,13 @@ impl ControlMetrics {
             "Store revision this replica's config cache has reached",
             config_revision.clone(),
         );
+        // What OpenTelemetry export dropped: the process's one family, with no samples
+        // while OpenTelemetry is off (docs/operating.md, "Traces and log records").
+        registry.register(
+            switchyard_otel::DROPPED_NAME,
+            switchyard_otel::DROPPED_HELP,
+            switchyard_otel::dropped().clone(),
+        );
         Self { registry, nodes_connected, events_stored, event_write_failures, config_revision }
     }
 

@@ -237,6 +237,7 @@ pub async fn start_with_store(
         .into_axum_router()
         .route("/metrics", axum::routing::get(scrape_metrics).with_state(scrape));
     let serve = tonic::transport::Server::builder()
+        .trace_fn(admin_span)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .accept_http1(true)
         .add_routes(routes.into())
@@ -252,6 +253,32 @@ pub async fn start_with_store(
         drain_timeout: options.drain_timeout,
         signals,
     })
+}
+
+/// The admin gRPC service's path prefix: its calls are the control plane's SERVER spans.
+const ADMIN_PATH: &str = "/switchyard.admin.v1.Admin/";
+
+/// A SERVER span per admin call when OpenTelemetry is on (docs/operating.md, "Traces and
+/// log records"), continuing the caller's `traceparent`. Node streams live for hours and
+/// are not spans; nothing at all is made when OpenTelemetry is off.
+fn admin_span(request: &http::Request<()>) -> tracing::Span {
+    if !switchyard_otel::enabled() {
+        return tracing::Span::none();
+    }
+    let Some(method) = request.uri().path().strip_prefix(ADMIN_PATH) else {
+        return tracing::Span::none();
+    };
+    let span = tracing::info_span!(
+        target: switchyard_otel::SPAN_TARGET,
+        "rpc",
+        otel.kind = "server",
+        otel.name = format!("switchyard.admin.v1.Admin/{method}"),
+        rpc.system = "grpc",
+        rpc.service = "switchyard.admin.v1.Admin",
+        rpc.method = method,
+    );
+    switchyard_otel::continue_trace(&span, request.headers());
+    span
 }
 
 #[derive(Clone)]

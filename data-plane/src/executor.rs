@@ -22,6 +22,7 @@ use crate::failure::{self, Code, Failure, Verdict};
 use crate::metrics::{
     BreakerLabels, InjectedLabels, Metrics, ProviderModelLabels, RetryLabels, TransitionLabels,
 };
+use crate::otel;
 use crate::providers::{
     CallError, Completion, ProviderRuntime, StreamError, StreamEvent, UpstreamError, UpstreamStream,
 };
@@ -143,6 +144,7 @@ impl Executor {
             tried = true;
             let result = self.attempt(
                 chain,
+                i,
                 entry,
                 timeout,
                 permit,
@@ -195,6 +197,7 @@ impl Executor {
                 let result = self
                     .attempt(
                         chain,
+                        i,
                         entry,
                         timeout,
                         permit,
@@ -245,6 +248,7 @@ impl Executor {
     async fn attempt(
         &self,
         chain: &Chain,
+        index: usize,
         entry: &Entry,
         timeout: Duration,
         permit: Permit,
@@ -272,6 +276,15 @@ impl Executor {
         let mut injector = Injector::new(&entry.faults);
         loop {
             let output = chain.output.as_deref();
+            // With OpenTelemetry on, each call is a CLIENT span of its own, whose context
+            // goes upstream as `traceparent`; otherwise the attempt's debug span.
+            let call_span = if otel::enabled() {
+                let provider = config.catalog.provider(&model.provider);
+                otel::client_span(model, provider, index, retries)
+            } else {
+                span.clone()
+            };
+            let drawn = injector.injected().len();
             let called = self
                 .call(
                     entry,
@@ -284,10 +297,14 @@ impl Executor {
                     output,
                     &mut injector,
                 )
-                .instrument(span.clone())
+                .instrument(call_span.clone())
                 .await;
+            if let Some(fault) = injector.injected().get(drawn) {
+                otel::injected(&call_span, &fault.name);
+            }
             let failure = match called {
                 Ok(Called::Completion(completion)) => {
+                    otel::call_answered(&call_span, Some(&completion));
                     self.report_transition(permit.record(Outcome::Success, Instant::now()));
                     self.finish_attempt(
                         model,
@@ -301,6 +318,7 @@ impl Executor {
                     return AttemptResult::Served(Output::Completion(completion));
                 }
                 Ok(Called::Stream(buffered, upstream)) => {
+                    otel::call_answered(&call_span, None);
                     let stall = Duration::from_millis(model.stall_timeout_ms().into());
                     let stream =
                         CommittedStream { buffered, upstream, permit, deadline, timeout, stall };
@@ -324,15 +342,21 @@ impl Executor {
             let retry_after = failure.retry_after();
             let retry_at = retry_after.map(|wait| Instant::now() + wait);
             let (outcome, result, failed) = match failure::classify(failure) {
-                Verdict::Failover { reason, breaker, code } => (
-                    breaker,
-                    AttemptResult::Failover(reason, code, retry_at),
-                    Some(FailedCall { reason, retryable: code.retryable(), retry_after }),
-                ),
+                Verdict::Failover { reason, breaker, code } => {
+                    otel::call_failed(&call_span, reason.as_str(), true);
+                    (
+                        breaker,
+                        AttemptResult::Failover(reason, code, retry_at),
+                        Some(FailedCall { reason, retryable: code.retryable(), retry_after }),
+                    )
+                }
                 Verdict::Stop { status, error, breaker } => {
+                    otel::call_failed(&call_span, status.as_str(), false);
                     (breaker, AttemptResult::ClientError(status, error), None)
                 }
             };
+            // The call's span ends here, before any backoff: a retry is a call of its own.
+            drop(call_span);
             // A failure the upstream is not to blame for releases the permit unjudged.
             let opened = match outcome {
                 Some(outcome) => {

@@ -28,6 +28,7 @@ use crate::error::{ApiError, Flavor};
 use crate::executor::Output;
 use crate::limits::Decision;
 use crate::metrics::{EndpointLabels, RequestLabels, gen_ai_provider_name};
+use crate::otel;
 use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
@@ -145,25 +146,33 @@ async fn chat(
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
     let id = request_id::of(&headers);
-    // Debug level: free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the
-    // request path pays nothing for spans nobody collects.
-    let span = debug_span!(
-        "request",
-        endpoint = ?flavor,
-        request_id = id.to_str().unwrap_or_default(),
-        key = tracing::field::Empty
-    );
+    let endpoint = match flavor {
+        Flavor::OpenAi => "/v1/chat/completions",
+        Flavor::Classic => "/chat/completions",
+    };
+    // With OpenTelemetry on, the request's span is its SERVER span; otherwise a debug span,
+    // free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the request path
+    // pays nothing for spans nobody collects.
+    let span = if otel::enabled() {
+        otel::server_span(endpoint, &headers, id.to_str().unwrap_or_default())
+    } else {
+        debug_span!(
+            "request",
+            endpoint = ?flavor,
+            request_id = id.to_str().unwrap_or_default(),
+            key = tracing::field::Empty
+        )
+    };
     async move {
         let started = Instant::now();
-        let mut response = match handle(&app, &headers, body, flavor, &id, started).await {
-            Ok(response) => response,
-            Err(e) => e.render(flavor),
+        let (mut response, error) = match handle(&app, &headers, body, flavor, &id, started).await {
+            Ok(response) => (response, None),
+            Err(e) => (e.render(flavor), Some(e.label())),
         };
+        if otel::enabled() {
+            otel::finished(&tracing::Span::current(), response.status().as_u16(), error);
+        }
         response.headers_mut().insert(request_id::HEADER, id);
-        let endpoint = match flavor {
-            Flavor::OpenAi => "/v1/chat/completions",
-            Flavor::Classic => "/chat/completions",
-        };
         let metrics = &app.executor.metrics;
         metrics
             .requests
@@ -190,7 +199,11 @@ async fn handle(
     let config = app.state.current().ok_or(ApiError::NotReady)?;
     // The key is checked before the body is read or validated.
     let key = authenticate(&config, headers)?;
-    tracing::Span::current().record("key", key.id.as_str());
+    let span = tracing::Span::current();
+    span.record("key", key.id.as_str());
+    if otel::enabled() {
+        span.record("switchyard.key.id", key.id.as_str());
+    }
     // The key's own limits are decided here, from counts the node holds: no network call,
     // and before anything else is done for the request (docs/limits.md).
     let Some(limits) = key.limits.as_ref().filter(|l| !l.is_empty()) else {
@@ -228,6 +241,9 @@ async fn serve(
         .map_err(|_| ApiError::PayloadTooLarge { limit: app.max_body_bytes })?;
     let request = ChatRequest::parse(&bytes)?;
     let chain = chain::resolve(&request, &key, &config)?;
+    // The SERVER span when OpenTelemetry is on; otherwise no span is looked up at all.
+    let span = if otel::enabled() { tracing::Span::current() } else { tracing::Span::none() };
+    otel::requested(&span, chain.requested_model());
     let outcome = app.executor.run(&chain, &request, &config, id).await;
     // Valid ids are visible ASCII, so this is the id as sent.
     let id_text = id.to_str().unwrap_or_default();
@@ -249,6 +265,7 @@ async fn serve(
         );
         event.degraded = reason.as_str().to_owned();
         event.request_id = id_text.to_owned();
+        otel::failover_log(&event);
         app.executor.telemetry.push_event(event);
         // Never billed: no model served, so no usage is recorded.
         return Ok(degraded::respond(Answer {
@@ -264,6 +281,11 @@ async fn serve(
         Ok(served) => &served.attempts,
         Err(failed) => &failed.attempts,
     };
+    if otel::enabled()
+        && let Some(fault) = attempts.iter().find_map(|a| a.injected.as_deref())
+    {
+        otel::injected(&span, fault);
+    }
     if chain.is_multi_model() && failover_occurred(attempts) {
         let (served_model, status) = match &outcome {
             Ok(s) => (s.model.name.clone(), 200),
@@ -273,6 +295,7 @@ async fn serve(
         let mut event =
             failover_event(app, request.stream, &key, &chain, attempts, served_model, status);
         event.request_id = id_text.to_owned();
+        otel::failover_log(&event);
         app.executor.telemetry.push_event(event);
     }
     let metrics = &app.executor.metrics;
@@ -289,8 +312,13 @@ async fn serve(
     let gen_ai = metrics.gen_ai(chain.requested_model(), &served.model.name, || {
         gen_ai_provider(&config, &served.model)
     });
+    if otel::enabled() {
+        let provider = gen_ai_provider(&config, &served.model);
+        otel::served(&span, provider, &served.model.name, failover_occurred(&served.attempts));
+    }
     Ok(match served.output {
         Output::Completion(completion) => {
+            otel::answered(&span, &completion);
             record_usage(app, &key.id, &served.model, completion.usage);
             gen_ai.tokens(completion.usage.prompt_tokens, completion.usage.completion_tokens);
             gen_ai.duration.observe(started.elapsed().as_secs_f64());

@@ -9,6 +9,7 @@
 //! `failure` and `chain`); `spool` keeps on disk the failover events `telemetry` cannot hold; `probe`
 //! is the node's prober, beside the request path, using the executor's breakers and the
 //! providers.
+//! `otel` makes the OpenTelemetry spans and log records (below `executor` and `http`).
 //! `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
 #![forbid(unsafe_code)]
 
@@ -25,6 +26,7 @@ pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod node;
+pub mod otel;
 pub mod persist;
 pub mod probe;
 pub mod providers;

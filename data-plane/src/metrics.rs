@@ -450,6 +450,13 @@ impl Metrics {
             "Input and output tokens the serving model reported, per request",
             gen_ai_tokens.clone(),
         );
+        // What OpenTelemetry export dropped: the process's one family, with no samples
+        // while OpenTelemetry is off (docs/operating.md, "Traces and log records").
+        root.sub_registry_with_prefix("switchyard").register(
+            switchyard_otel::DROPPED_NAME,
+            switchyard_otel::DROPPED_HELP,
+            switchyard_otel::dropped().clone(),
+        );
         Self {
             registry: root,
             models: Default::default(),

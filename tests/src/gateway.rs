@@ -56,6 +56,8 @@ pub struct GatewayOptions {
     /// Run the node on a port held for the whole test (else on a port of its own): for a
     /// test that checks nothing answers there once the node is gone.
     pub hold_node_port: bool,
+    /// Environment for both the control plane and the node (e.g. `OTEL_*`).
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl Default for GatewayOptions {
@@ -66,6 +68,7 @@ impl Default for GatewayOptions {
             node_env: Vec::new(),
             node_args: Vec::new(),
             hold_node_port: false,
+            env: Vec::new(),
         }
     }
 }
@@ -148,7 +151,8 @@ impl Gateway {
         let sim =
             Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
         let store = format!("file://{}", dir.path().join("store").display());
-        let cp = start_control(&store, "127.0.0.1:0", dir.path(), "cp").await;
+        let env: Vec<(&str, &str)> = options.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let cp = start_control_with_env(&store, "127.0.0.1:0", dir.path(), "cp", &env).await;
         let catalog = dir.path().join("catalog.yaml");
         std::fs::write(&catalog, catalog_yaml(&sim.url(), &options)).unwrap();
         let applied =
@@ -163,7 +167,9 @@ impl Gateway {
         let mut node_args =
             vec!["node", "--control", &control, "--listen", &listen, "--data-dir", &node_dir];
         node_args.extend_from_slice(&options.node_args);
-        let node = Proc::start(&node_args, &options.node_env, dir.path().join("node.log")).await;
+        let mut node_env: Vec<(&str, &str)> = options.node_env.clone();
+        node_env.extend_from_slice(&env);
+        let node = Proc::start(&node_args, &node_env, dir.path().join("node.log")).await;
         let addr = node.addr;
         eventually(PATIENCE, "the node to apply the catalog and key", || async move {
             node_version(addr).await.filter(|v| *v >= version)

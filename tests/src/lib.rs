@@ -14,6 +14,7 @@ use tokio::process::{Child, Command};
 pub mod etcd;
 pub mod fake_node;
 pub mod gateway;
+pub mod otlp;
 
 /// For a process that must come back on the address it had (a control plane that nodes look
 /// for, a webhook receiver a subscription points at); every other process binds port 0 and
@@ -139,9 +140,22 @@ impl Proc {
 
 /// Starts a control plane on `store` (`etcd://…` or `file://…`), listening on `listen`.
 pub async fn start_control(store: &str, listen: &str, dir: &Path, name: &str) -> Proc {
+    start_control_with_env(store, listen, dir, name, &[]).await
+}
+
+/// Like [`start_control`], with more environment (e.g. `OTEL_*`).
+pub async fn start_control_with_env(
+    store: &str,
+    listen: &str,
+    dir: &Path,
+    name: &str,
+    env: &[(&str, &str)],
+) -> Proc {
+    let mut envs = vec![("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)];
+    envs.extend_from_slice(env);
     Proc::start(
         &["control", "--store", store, "--listen", listen],
-        &[("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)],
+        &envs,
         dir.join(format!("{name}.log")),
     )
     .await

@@ -197,6 +197,8 @@ impl ProviderRuntime {
         if let Some(id) = request_id {
             upstream.headers_mut().insert(request_id::HEADER, id.clone());
         }
+        // The call's CLIENT span, when OpenTelemetry is on: the upstream continues the trace.
+        switchyard_otel::inject(upstream.headers_mut());
         if let Some(fault) = fault
             && let Some(answer) = self.injected_answer(fault, model, stream).await
         {

@@ -283,6 +283,18 @@ mod tests {
     }
 
     #[test]
+    fn a_completion_names_the_upstreams_model_and_its_finish_reasons_for_traces() {
+        let body = Bytes::from_static(
+            b"{\"model\":\"gpt-5-nano-2025\",\"choices\":[{\"finish_reason\":\"stop\"},{\"finish_reason\":\"length\"},{}]}",
+        );
+        let c = OpenAi.completion_bytes(body).unwrap();
+        assert_eq!(c.upstream_model().as_deref(), Some("gpt-5-nano-2025"));
+        assert_eq!(c.finish_reasons(), ["stop", "length"]);
+        let bare = OpenAi.completion_bytes(Bytes::from_static(b"{\"choices\":[]}")).unwrap();
+        assert_eq!((bare.upstream_model(), bare.finish_reasons()), (None, Vec::<String>::new()));
+    }
+
+    #[test]
     fn openai_error_bodies_keep_message_type_and_code() {
         // Shape from OpenAI's API reference ("Error codes") and openai-python's APIError.
         let e = parse_error(

@@ -49,6 +49,27 @@ impl Completion {
         }
     }
 
+    /// The model the upstream says answered (`gen_ai.response.model`), if it said.
+    pub fn upstream_model(&self) -> Option<String> {
+        let raw = match &self.fields {
+            Fields::Map(map) => map.get("model")?.get().as_bytes(),
+            Fields::Verbatim { bytes, model } => bytes.get(model.clone()?)?,
+        };
+        serde_json::from_slice(raw).ok()
+    }
+
+    /// Each choice's `finish_reason` (`gen_ai.response.finish_reasons`).
+    pub fn finish_reasons(&self) -> Vec<String> {
+        #[derive(serde::Deserialize)]
+        struct Choice {
+            finish_reason: Option<String>,
+        }
+        self.choices()
+            .and_then(|raw| serde_json::from_str::<Vec<Choice>>(raw.get()).ok())
+            .map(|choices| choices.into_iter().filter_map(|c| c.finish_reason).collect())
+            .unwrap_or_default()
+    }
+
     /// The completion's JSON with `model` set to the gateway name (a JSON string) and, if
     /// given, one more top-level field.
     pub fn to_json(&self, model: &RawValue, extra: Option<(&str, &RawValue)>) -> Vec<u8> {

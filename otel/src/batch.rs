@@ -1,0 +1,282 @@
+//! Batch export off the request path, through a bounded queue this crate owns.
+//!
+//! The SDK's own batch processors drop what does not fit in their queue and keep the count
+//! to themselves; an operator needs to see it (docs/operating.md, "Traces and log records").
+//! Here a request only ever `try_send`s into a bounded channel: a full queue (the collector
+//! is slow or down and earlier batches wait) drops the record and counts it, and a batch the
+//! collector does not take is counted too. One task per signal exports, so a request never
+//! waits on the collector.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use opentelemetry::Context;
+use opentelemetry::InstrumentationScope;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::logs::{LogBatch, LogExporter, LogProcessor, SdkLogRecord};
+use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
+
+use crate::dropped::counter;
+use crate::settings::Batching;
+
+/// The longest `force_flush` waits for the export task.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where one signal's batches go.
+pub trait Export<T>: Send + 'static {
+    fn export(&mut self, batch: Vec<T>) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// The request side of one signal's queue.
+pub struct Queue<T> {
+    tx: mpsc::Sender<T>,
+    flushes: mpsc::UnboundedSender<std::sync::mpsc::Sender<()>>,
+    queue_full: Counter,
+}
+
+impl<T> fmt::Debug for Queue<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue").field("capacity", &self.tx.max_capacity()).finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> Queue<T> {
+    /// Starts the export task on the current Tokio runtime.
+    pub fn start<E: Export<T>>(signal: &'static str, batching: Batching, exporter: E) -> Self {
+        let (tx, rx) = mpsc::channel(batching.max_queue);
+        let (flushes, flush_rx) = mpsc::unbounded_channel();
+        let out = Exporting {
+            signal,
+            exporter,
+            export_failed: counter(signal, "export_failed"),
+            failing: false,
+        };
+        tokio::spawn(run(batching, out, rx, flush_rx));
+        Self { tx, flushes, queue_full: counter(signal, "queue_full") }
+    }
+
+    /// Never waits: with the queue full the record is dropped and counted.
+    pub fn push(&self, item: T) {
+        if self.tx.try_send(item).is_err() {
+            self.queue_full.inc();
+        }
+    }
+
+    /// Exports what is queued now and waits for it, at most `timeout`. Blocks the calling
+    /// thread (the SDK's flush and shutdown are synchronous), never the export task's.
+    pub fn flush(&self, timeout: Duration) -> OTelSdkResult {
+        let (done, wait) = std::sync::mpsc::channel();
+        self.flushes.send(done).map_err(|_| OTelSdkError::AlreadyShutdown)?;
+        wait.recv_timeout(timeout).map_err(|_| OTelSdkError::Timeout(timeout))
+    }
+}
+
+struct Exporting<E> {
+    signal: &'static str,
+    exporter: E,
+    export_failed: Counter,
+    /// Whether the last batch failed: a collector that is down is logged once, not per batch.
+    failing: bool,
+}
+
+impl<E> Exporting<E> {
+    async fn send<T>(&mut self, batch: &mut Vec<T>)
+    where
+        E: Export<T>,
+    {
+        if batch.is_empty() {
+            return;
+        }
+        let items = std::mem::replace(batch, Vec::with_capacity(batch.capacity()));
+        let n = items.len() as u64;
+        match self.exporter.export(items).await {
+            Ok(()) if self.failing => {
+                self.failing = false;
+                tracing::info!(signal = self.signal, "OpenTelemetry export works again");
+            }
+            Ok(()) => {}
+            Err(why) => {
+                self.export_failed.inc_by(n);
+                if !self.failing {
+                    self.failing = true;
+                    tracing::warn!(
+                        signal = self.signal, error = %why,
+                        "OpenTelemetry export failed; batches are dropped (and counted) until the collector takes them"
+                    );
+                }
+            }
+        }
+    }
+}
+
+async fn run<T, E: Export<T>>(
+    batching: Batching,
+    mut out: Exporting<E>,
+    mut rx: mpsc::Receiver<T>,
+    mut flushes: mpsc::UnboundedReceiver<std::sync::mpsc::Sender<()>>,
+) {
+    let mut batch = Vec::with_capacity(batching.max_batch);
+    let mut tick = tokio::time::interval(batching.delay);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            item = rx.recv() => {
+                let Some(item) = item else {
+                    out.send(&mut batch).await;
+                    return;
+                };
+                batch.push(item);
+                if batch.len() >= batching.max_batch {
+                    out.send(&mut batch).await;
+                }
+            }
+            _ = tick.tick() => out.send(&mut batch).await,
+            Some(done) = flushes.recv() => {
+                while let Ok(item) = rx.try_recv() {
+                    batch.push(item);
+                    if batch.len() >= batching.max_batch {
+                        out.send(&mut batch).await;
+                    }
+                }
+                out.send(&mut batch).await;
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+// === spans ===
+
+pub struct Spans(pub opentelemetry_otlp::SpanExporter);
+
+impl Export<SpanData> for Spans {
+    async fn export(&mut self, batch: Vec<SpanData>) -> Result<(), String> {
+        self.0.export(batch).await.map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Debug)]
+pub struct SpanQueue(pub Queue<SpanData>);
+
+impl SpanProcessor for SpanQueue {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if span.span_context.is_sampled() {
+            self.0.push(span);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.flush(FLUSH_TIMEOUT)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.flush(timeout)
+    }
+}
+
+// === log records ===
+
+pub struct Logs(pub opentelemetry_otlp::LogExporter);
+
+type LogItem = (SdkLogRecord, InstrumentationScope);
+
+impl Export<LogItem> for Logs {
+    async fn export(&mut self, batch: Vec<LogItem>) -> Result<(), String> {
+        let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> =
+            batch.iter().map(|(record, scope)| (record, scope)).collect();
+        self.0.export(LogBatch::new(&refs)).await.map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Debug)]
+pub struct LogQueue(pub Queue<LogItem>);
+
+impl LogProcessor for LogQueue {
+    fn emit(&self, record: &mut SdkLogRecord, scope: &InstrumentationScope) {
+        self.0.push((record.clone(), scope.clone()));
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.flush(FLUSH_TIMEOUT)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.flush(timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Takes batches into `seen` after waiting for `gate`, or refuses them.
+    struct Collector {
+        seen: Arc<Mutex<Vec<Vec<u32>>>>,
+        gate: Arc<tokio::sync::Semaphore>,
+        up: bool,
+    }
+
+    impl Export<u32> for Collector {
+        async fn export(&mut self, batch: Vec<u32>) -> Result<(), String> {
+            let _permit = self.gate.acquire().await.map_err(|e| e.to_string())?;
+            if !self.up {
+                return Err("connection refused".into());
+            }
+            self.seen.lock().unwrap().push(batch);
+            Ok(())
+        }
+    }
+
+    fn batching(max_queue: usize, max_batch: usize) -> Batching {
+        Batching { delay: Duration::from_secs(3600), max_queue, max_batch }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_drops_without_waiting_and_counts_what_it_dropped() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        // The collector holds the first batch until the gate opens: the queue fills behind it.
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let collector = Collector { seen: Arc::clone(&seen), gate: Arc::clone(&gate), up: true };
+        let queue = Queue::start("test_full", batching(4, 2), collector);
+        let before = counter("test_full", "queue_full").get();
+        queue.push(1);
+        queue.push(2);
+        // Wait until the export task has taken the first batch out of the queue.
+        while queue.tx.capacity() < 4 {
+            tokio::task::yield_now().await;
+        }
+        for n in 3..=10 {
+            queue.push(n);
+        }
+        let dropped = counter("test_full", "queue_full").get() - before;
+        assert_eq!(dropped, 4, "8 pushed behind a stuck batch into a queue of 4");
+        gate.add_permits(100);
+        let flushed = tokio::task::spawn_blocking(move || queue.flush(Duration::from_secs(5)));
+        flushed.await.unwrap().unwrap();
+        let exported: usize = seen.lock().unwrap().iter().map(Vec::len).sum();
+        assert_eq!(exported as u64 + dropped, 10, "every record exported or counted");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_the_collector_refuses_is_counted() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(100));
+        let collector = Collector { seen, gate, up: false };
+        let queue = Queue::start("test_refused", batching(16, 16), collector);
+        let before = counter("test_refused", "export_failed").get();
+        for n in 0..3 {
+            queue.push(n);
+        }
+        let flushed = tokio::task::spawn_blocking(move || queue.flush(Duration::from_secs(5)));
+        flushed.await.unwrap().unwrap();
+        assert_eq!(counter("test_refused", "export_failed").get() - before, 3);
+    }
+}

@@ -1,0 +1,116 @@
+//! The request path's side: whether OpenTelemetry is on, a client's W3C `traceparent`
+//! continued, the current span's context put on an outgoing request, a log record sent in
+//! the current trace. Everything here is one relaxed atomic load when OpenTelemetry is off.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::logs::{AnyValue, LogRecord, Logger, Severity};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry_sdk::logs::SdkLogger;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The target of the spans that become OpenTelemetry spans: only these reach the exporter,
+/// and the log output leaves them out.
+pub const SPAN_TARGET: &str = "switchyard_otel::spans";
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static LOGGER: OnceLock<SdkLogger> = OnceLock::new();
+
+/// Whether this process exports spans: callers create their spans only then, so the
+/// request path pays nothing for them when it does not.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Whether this process exports log records ([`emit_log`] does nothing otherwise).
+pub fn logs_enabled() -> bool {
+    LOGGER.get().is_some()
+}
+
+pub(crate) fn install(traces: bool, logger: Option<SdkLogger>) {
+    if let Some(logger) = logger {
+        let _ = LOGGER.set(logger);
+    }
+    ENABLED.store(traces, Ordering::Relaxed);
+}
+
+/// Makes `span` (not yet entered) continue the trace of the request's `traceparent` (and
+/// `tracestate`), when it carries a valid one; otherwise `span` starts a trace.
+pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
+    if !enabled() {
+        return;
+    }
+    let parent = TraceContextPropagator::new().extract(&Headers(headers));
+    if parent.span().span_context().is_valid() {
+        // Fails only for a span that is disabled or already started: then it keeps its own.
+        let _ = span.set_parent(parent);
+    }
+}
+
+/// Puts the current span's context on an outgoing request as `traceparent` (and
+/// `tracestate`), so the upstream's own traces join the caller's.
+pub fn inject(headers: &mut HeaderMap) {
+    if !enabled() {
+        return;
+    }
+    let cx = tracing::Span::current().context();
+    if cx.span().span_context().is_valid() {
+        TraceContextPropagator::new().inject_context(&cx, &mut HeadersMut(headers));
+    }
+}
+
+/// Renames an OpenTelemetry span, started or not (`otel.name` recorded on a started span
+/// does not rename it).
+pub fn rename(span: &tracing::Span, name: String) {
+    if enabled() {
+        span.context().span().update_name(name);
+    }
+}
+
+/// Sends one log record named `event_name`, in the trace of the current span.
+pub fn emit_log(event_name: &'static str, body: String, attributes: Vec<(&'static str, AnyValue)>) {
+    let Some(logger) = LOGGER.get() else { return };
+    let mut record = logger.create_log_record();
+    record.set_event_name(event_name);
+    record.set_timestamp(SystemTime::now());
+    record.set_severity_number(Severity::Info);
+    record.set_severity_text("INFO");
+    record.set_body(AnyValue::from(body));
+    record.add_attributes(attributes);
+    let cx = tracing::Span::current().context();
+    let span = cx.span();
+    let sc = span.span_context();
+    if sc.is_valid() {
+        record.set_trace_context(sc.trace_id(), sc.span_id(), Some(sc.trace_flags()));
+    }
+    logger.emit(record);
+}
+
+struct Headers<'a>(&'a HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+struct HeadersMut<'a>(&'a mut HeaderMap);
+
+impl Injector for HeadersMut<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(key.as_bytes()), HeaderValue::from_str(&value))
+        {
+            self.0.insert(name, value);
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! OpenTelemetry for Switchyard's servers (docs/operating.md, "Traces and log records"):
+//! off unless an OTLP endpoint is set in the standard `OTEL_*` variables; then spans of the
+//! target [`SPAN_TARGET`] become OTLP spans, [`emit_log`] sends log records, both exported
+//! over gRPC by one task per signal, off the request path, with every dropped record
+//! counted ([`dropped`]).
+//!
+//! Both planes use it; neither imports the other. `settings` reads the environment,
+//! `dropped` holds the drop counter, `batch` the export queues, `context` what the request
+//! path calls.
+#![forbid(unsafe_code)]
+
+mod batch;
+mod context;
+mod dropped;
+mod settings;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::logs::{LogExporter as _, SdkLoggerProvider};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as _};
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::registry::LookupSpan;
+
+pub use context::{SPAN_TARGET, continue_trace, emit_log, enabled, inject, logs_enabled, rename};
+pub use dropped::{DroppedLabels, HELP as DROPPED_HELP, NAME as DROPPED_NAME, dropped};
+pub use opentelemetry::logs::AnyValue;
+pub use opentelemetry::{Array, StringValue, Value};
+pub use settings::{Batching, ENDPOINT, OtelError, Settings};
+pub use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The instrumentation scope of every span and log record.
+const SCOPE: &str = "switchyard";
+
+/// The exporters of a running process; [`Otel::shutdown`] sends what is still queued.
+pub struct Otel {
+    tracer: Option<SdkTracerProvider>,
+    logger: Option<SdkLoggerProvider>,
+}
+
+/// Reads the standard variables: `None` when OpenTelemetry is off, an error naming the
+/// variable when one is wrong. `default_service_name` is `service.name` unless the
+/// environment names one.
+pub fn settings_from_env(
+    default_service_name: &'static str,
+) -> Result<Option<Settings>, OtelError> {
+    Settings::from_env(default_service_name, |name| std::env::var(name).ok())
+}
+
+/// Builds the exporters and starts their tasks; call inside the Tokio runtime, before the
+/// server starts.
+pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
+    let mut resource = Resource::builder();
+    if let Some(name) = settings.default_service_name {
+        resource = resource.with_service_name(name);
+    }
+    let resource = resource.build();
+
+    let tracer = if settings.traces {
+        let mut spans = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()
+            .map_err(|e| OtelError::Exporter { signal: "trace", why: e.to_string() })?;
+        spans.set_resource(&resource);
+        let spans = batch::Queue::start("spans", settings.span_batches, batch::Spans(spans));
+        let provider = SdkTracerProvider::builder()
+            .with_resource(resource.clone())
+            .with_span_processor(batch::SpanQueue(spans))
+            .build();
+        Some(provider)
+    } else {
+        None
+    };
+
+    let logger = if settings.logs {
+        let mut logs = opentelemetry_otlp::LogExporter::builder()
+            .with_tonic()
+            .build()
+            .map_err(|e| OtelError::Exporter { signal: "logs", why: e.to_string() })?;
+        logs.set_resource(&resource);
+        let logs = batch::Queue::start("logs", settings.log_batches, batch::Logs(logs));
+        Some(
+            SdkLoggerProvider::builder()
+                .with_resource(resource)
+                .with_log_processor(batch::LogQueue(logs))
+                .build(),
+        )
+    } else {
+        None
+    };
+
+    use opentelemetry::logs::LoggerProvider as _;
+    context::install(tracer.is_some(), logger.as_ref().map(|l| l.logger(SCOPE)));
+    // The counters of what is exported exist from the start, so a scrape shows 0 rather
+    // than nothing.
+    for (signal, on) in [("spans", settings.traces), ("logs", settings.logs)] {
+        for reason in ["queue_full", "export_failed"] {
+            if on {
+                dropped::counter(signal, reason);
+            }
+        }
+    }
+    Ok(Otel { tracer, logger })
+}
+
+impl Otel {
+    /// The `tracing` layer that turns spans of [`SPAN_TARGET`] (and only those) into
+    /// OpenTelemetry spans.
+    pub fn layer<S>(&self) -> Option<impl Layer<S> + use<S>>
+    where
+        S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+    {
+        let tracer = self.tracer.as_ref()?.tracer(SCOPE);
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_level(false)
+            .with_target(false)
+            .with_filter(Targets::new().with_target(SPAN_TARGET, tracing::Level::TRACE));
+        Some(layer)
+    }
+
+    /// Exports what is still queued, waiting at most a few seconds. Blocks: call it from a
+    /// blocking thread (`spawn_blocking`), not from a runtime worker.
+    pub fn shutdown(self) {
+        if let Some(Err(e)) = self.tracer.map(|t| t.shutdown()) {
+            tracing::warn!(error = %e, "OpenTelemetry spans not all exported at exit");
+        }
+        if let Some(Err(e)) = self.logger.map(|l| l.shutdown()) {
+            tracing::warn!(error = %e, "OpenTelemetry log records not all exported at exit");
+        }
+    }
+}

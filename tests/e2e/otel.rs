@@ -1,0 +1,301 @@
+//! OpenTelemetry traces and log records (docs/operating.md, "Traces and log records"), from
+//! real control plane, node and simulator processes to an OTLP collector in the test: one
+//! failover request is one SERVER span and two CLIENT spans in the client's trace, with the
+//! GenAI attributes and the failover reason, the upstream sees each call's own span as its
+//! `traceparent`, and the failover event arrives as a log record in the same trace. A bad
+//! endpoint stops the process; a collector that is down or never answers costs requests
+//! nothing and the drops are counted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use switchyard_e2e::gateway::*;
+use switchyard_e2e::otlp::*;
+use switchyard_e2e::{eventually, http_get, switchyard_bin};
+
+fn msg() -> serde_json::Value {
+    json!([{"role": "user", "content": "hello there"}])
+}
+
+/// Exports every 50 ms instead of the specification's seconds, so a test waits little.
+fn otel_env(endpoint: String) -> Vec<(&'static str, String)> {
+    vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50".into()),
+        ("OTEL_BLRP_SCHEDULE_DELAY", "50".into()),
+    ]
+}
+
+/// A fresh id of `hex_len` hex digits (at most 32), never all zeros: the clock's
+/// nanoseconds and the process id.
+fn fresh_id(hex_len: usize) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let id = format!("{:032x}", nanos.as_nanos() | (u128::from(std::process::id()) << 96) | 1);
+    id[32 - hex_len..].to_owned()
+}
+
+#[tokio::test]
+async fn a_failover_request_is_one_server_and_two_client_spans_in_the_clients_trace_with_a_log_record()
+ {
+    let collector = Collector::start().await;
+    let gw = Gateway::start_with(GatewayOptions {
+        env: otel_env(collector.endpoint()),
+        ..GatewayOptions::default()
+    })
+    .await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+
+    let (trace_id, client_span_id) = (fresh_id(32), fresh_id(16));
+    let traceparent = format!("00-{trace_id}-{client_span_id}-01");
+    let r = gw
+        .chat_with(
+            &[("traceparent", traceparent.as_bytes())],
+            json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["model"], SECONDARY);
+
+    let in_trace = |spans: Vec<(String, OtlpSpan)>| {
+        spans.into_iter().filter(|(_, s)| hex(&s.trace_id) == trace_id).collect::<Vec<_>>()
+    };
+    let spans = eventually(Duration::from_secs(20), "the request's three spans", || {
+        let spans = in_trace(collector.spans());
+        async move { (spans.len() >= 3).then_some(spans) }
+    })
+    .await;
+    let of_kind = |kind: SpanKind| {
+        spans.iter().filter(move |(_, s)| s.kind == kind as i32).map(|(service, s)| (service, s))
+    };
+    let servers: Vec<_> = of_kind(SpanKind::Server).collect();
+    let mut clients: Vec<_> = of_kind(SpanKind::Client).map(|(_, s)| s).collect();
+    assert_eq!((servers.len(), clients.len(), spans.len()), (1, 2, 3), "{spans:#?}");
+    let (service, server) = servers[0];
+    assert_eq!(service, "switchyard-node");
+
+    // The server span continues the client's trace, under the client's span.
+    assert_eq!(hex(&server.parent_span_id), client_span_id);
+    assert_eq!(server.name, format!("chat {PRIMARY}"));
+    let a = &server.attributes;
+    assert_eq!(str_attr(a, "gen_ai.operation.name").as_deref(), Some("chat"));
+    assert_eq!(str_attr(a, "gen_ai.request.model").as_deref(), Some(PRIMARY));
+    assert_eq!(str_attr(a, "gen_ai.response.model").as_deref(), Some(SECONDARY));
+    assert_eq!(str_attr(a, "gen_ai.provider.name").as_deref(), Some("openai"));
+    assert_eq!(int_attr(a, "http.response.status_code"), Some(200));
+    assert_eq!(bool_attr(a, "switchyard.failover.occurred"), Some(true));
+    assert_eq!(str_attr(a, "switchyard.key.id").as_deref(), Some(gw.key_id.as_str()));
+    let (input, output) =
+        (int_attr(a, "gen_ai.usage.input_tokens"), int_attr(a, "gen_ai.usage.output_tokens"));
+    assert!(input.unwrap() > 0 && output.unwrap() > 0, "{a:?}");
+    assert_eq!(strings_attr(a, "gen_ai.response.finish_reasons"), Some(vec!["stop".into()]));
+
+    // Each upstream call is a client span under the server span, in chain order.
+    clients.sort_by_key(|s| int_attr(&s.attributes, "switchyard.attempt.index"));
+    let sim_port = i64::from(gw.sim.addr.port());
+    for (index, (client, upstream)) in clients.iter().zip(["primary", "secondary"]).enumerate() {
+        let a = &client.attributes;
+        assert_eq!(client.parent_span_id, server.span_id, "{upstream}");
+        assert_eq!(client.name, format!("chat {upstream}"));
+        assert_eq!(int_attr(a, "switchyard.attempt.index"), Some(index as i64));
+        assert_eq!(str_attr(a, "gen_ai.operation.name").as_deref(), Some("chat"));
+        assert_eq!(str_attr(a, "gen_ai.request.model").as_deref(), Some(upstream));
+        assert_eq!(str_attr(a, "gen_ai.provider.name").as_deref(), Some("openai"));
+        assert_eq!(str_attr(a, "server.address").as_deref(), Some("127.0.0.1"));
+        assert_eq!(int_attr(a, "server.port"), Some(sim_port));
+        // The upstream got this call's own span as its parent.
+        let sent = gw.last_upstream_request(upstream).await;
+        let expected = format!("00-{trace_id}-{}-01", hex(&client.span_id));
+        assert_eq!(sent["headers"]["traceparent"], json!(expected), "{upstream}");
+    }
+    let (failed, served) = (&clients[0].attributes, &clients[1].attributes);
+    assert_eq!(str_attr(failed, "error.type").as_deref(), Some("server_error"));
+    assert_eq!(str_attr(failed, "switchyard.failover.reason").as_deref(), Some("server_error"));
+    let error = SpanStatusCode::Error as i32;
+    assert_eq!(clients[0].status.as_ref().map(|s| s.code), Some(error));
+    assert_eq!(str_attr(served, "error.type"), None);
+    assert_eq!(str_attr(served, "gen_ai.response.model").as_deref(), Some("secondary"));
+    assert_eq!(int_attr(served, "gen_ai.usage.input_tokens"), input);
+    assert_eq!(strings_attr(served, "gen_ai.response.finish_reasons"), Some(vec!["stop".into()]));
+
+    // The failover event, as a log record in the request's trace.
+    let (service, record) = eventually(Duration::from_secs(20), "the failover log record", || {
+        let found = collector
+            .logs()
+            .into_iter()
+            .find(|(_, l)| l.event_name == "api:model_failover" && hex(&l.trace_id) == trace_id);
+        async move { found }
+    })
+    .await;
+    assert_eq!(service, "switchyard-node");
+    assert_eq!(record.span_id, server.span_id, "emitted inside the server span");
+    let a = &record.attributes;
+    assert_eq!(str_attr(a, "switchyard.failover.reason").as_deref(), Some("server_error"));
+    assert_eq!(str_attr(a, "gen_ai.request.model").as_deref(), Some(PRIMARY));
+    assert_eq!(str_attr(a, "gen_ai.response.model").as_deref(), Some(SECONDARY));
+    assert_eq!(str_attr(a, "switchyard.key.id").as_deref(), Some(gw.key_id.as_str()));
+    assert_eq!(str_attr(a, "switchyard.request_id"), r.header("x-request-id"));
+    assert_eq!(int_attr(a, "http.response.status_code"), Some(200));
+
+    // The control plane's admin calls (the harness applied a catalog and created a key).
+    eventually(Duration::from_secs(20), "the control plane's ApplyCatalog span", || {
+        let found = collector.spans().into_iter().any(|(service, s)| {
+            service == "switchyard-control"
+                && s.kind == SpanKind::Server as i32
+                && s.name == "switchyard.admin.v1.Admin/ApplyCatalog"
+                && str_attr(&s.attributes, "rpc.system").as_deref() == Some("grpc")
+        });
+        async move { found.then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_otlp_endpoint_that_does_not_parse_stops_the_process_naming_the_variable() {
+    for command in [
+        &["node", "--control", "http://127.0.0.1:9", "--listen", "127.0.0.1:0"][..],
+        &["control", "--store", "file:///nonexistent-otel-test", "--listen", "127.0.0.1:0"][..],
+    ] {
+        let out = tokio::process::Command::new(switchyard_bin())
+            .args(command)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317 please")
+            .env("SWITCHYARD_ADMIN_TOKEN", "0123456789abcdef0123")
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command:?} started: {stderr}");
+        assert!(stderr.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{command:?}: {stderr}");
+        assert!(String::from_utf8_lossy(&out.stdout).is_empty(), "nothing listened");
+    }
+}
+
+/// The sample of `series` (name and labels, as written) on `/metrics` at `addr`.
+async fn sample_at(addr: std::net::SocketAddr, series: &str) -> Option<f64> {
+    let metrics = http_get(addr, "/metrics", None).await?.body;
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+async fn node_sample(gw: &Gateway, series: &str) -> Option<f64> {
+    sample_at(gw.node.addr, series).await
+}
+
+/// `promtool check metrics` passes `/metrics` at `addr` (Debian's `prometheus` package;
+/// `.ci/run` installs it).
+async fn promtool_passes(addr: std::net::SocketAddr) {
+    use tokio::io::AsyncWriteExt;
+    let text = http_get(addr, "/metrics", None).await.unwrap().body;
+    let mut child = tokio::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).await.unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn with_the_collector_down_requests_are_served_and_the_failed_exports_counted() {
+    // A port nothing listens on: every export is refused.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let gw = Gateway::start_with(GatewayOptions {
+        env: otel_env(format!("http://{closed}")),
+        ..GatewayOptions::default()
+    })
+    .await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    for _ in 0..3 {
+        let r = gw
+            .chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    for signal in ["spans", "logs"] {
+        let series =
+            format!(r#"switchyard_otel_dropped_total{{signal="{signal}",reason="export_failed"}}"#);
+        eventually(Duration::from_secs(20), &format!("{series} to count"), || {
+            let series = series.clone();
+            let gw = &gw;
+            async move { node_sample(gw, &series).await.filter(|n| *n > 0.0) }
+        })
+        .await;
+    }
+    // The control plane's admin calls (the harness's catalog and key) were spans too.
+    let series = r#"switchyard_control_otel_dropped_total{signal="spans",reason="export_failed"}"#;
+    eventually(Duration::from_secs(20), "the control plane to count its failed exports", || {
+        let addr = gw.cp.addr;
+        async move { sample_at(addr, series).await.filter(|n| *n > 0.0) }
+    })
+    .await;
+    promtool_passes(gw.node.addr).await;
+    promtool_passes(gw.cp.addr).await;
+}
+
+#[tokio::test]
+async fn with_a_collector_that_never_answers_requests_do_not_wait_and_the_full_queue_is_counted() {
+    // Takes connections and never answers: the first export waits for the exporter's timeout
+    // (a minute), and the queue of two fills behind it.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let mut env = otel_env(format!("http://{addr}"));
+    env.push(("OTEL_BSP_MAX_QUEUE_SIZE", "2".into()));
+    env.push(("OTEL_EXPORTER_OTLP_TIMEOUT", "60000".into()));
+    let gw = Gateway::start_with(GatewayOptions { env, ..GatewayOptions::default() }).await;
+    let started = Instant::now();
+    for _ in 0..10 {
+        let r = gw.chat(json!({"model": PRIMARY, "messages": msg()})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    // Ten requests to a simulator that answers at once, far from the export's minute.
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    let series = r#"switchyard_otel_dropped_total{signal="spans",reason="queue_full"}"#;
+    let dropped = eventually(Duration::from_secs(20), "spans dropped on a full queue", || async {
+        node_sample(&gw, series).await.filter(|n| *n > 0.0)
+    })
+    .await;
+    // Twenty spans made (a server and a client span per request); at most two wait in the
+    // queue and two more in the stuck export.
+    assert!(dropped >= 16.0, "{dropped} dropped");
+    holder.abort();
+}
+
+#[tokio::test]
+async fn spans_and_log_records_still_queued_are_sent_when_the_node_stops() {
+    let collector = Collector::start().await;
+    // Batches would wait an hour: only the stop can send them.
+    let mut env = otel_env(collector.endpoint());
+    env.retain(|(k, _)| !k.ends_with("_SCHEDULE_DELAY"));
+    env.push(("OTEL_BSP_SCHEDULE_DELAY", "3600000".into()));
+    env.push(("OTEL_BLRP_SCHEDULE_DELAY", "3600000".into()));
+    let mut gw = Gateway::start_with(GatewayOptions { env, ..GatewayOptions::default() }).await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r =
+        gw.chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let node_spans =
+        || collector.spans().into_iter().filter(|(s, _)| s == "switchyard-node").count();
+    assert_eq!(node_spans(), 0, "nothing is sent before a batch is due");
+
+    let pid = gw.node.child.id().unwrap();
+    let killed = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    assert!(killed.unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(30), gw.node.child.wait()).await;
+    assert!(status.unwrap().unwrap().success(), "the node stops cleanly");
+    assert_eq!(node_spans(), 3, "the server span and both client spans");
+    let records = collector.logs();
+    assert!(records.iter().any(|(_, l)| l.event_name == "api:model_failover"), "{records:?}");
+}
