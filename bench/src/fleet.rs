@@ -108,13 +108,24 @@ impl Fleet {
             .flatten()
             .max()
             .unwrap_or(0);
-        let node = start_node(bin, dir, &control, "node", version).await?;
+        let node = start_node(bin, dir, &control, "node", version, &[]).await?;
         Ok(Fleet { sim, cp, node, key, limited_key, control, token, version })
     }
 
     /// One more node on the same control plane, ready with the fleet's config.
     pub async fn add_node(&self, bin: &Path, dir: &Path, name: &str) -> Result<Proc> {
-        start_node(bin, dir, &self.control, name, self.version).await
+        start_node(bin, dir, &self.control, name, self.version, &[]).await
+    }
+
+    /// [`Fleet::add_node`] with `envs` in the node's environment.
+    pub async fn add_node_with_env(
+        &self,
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        envs: &[(&str, &str)],
+    ) -> Result<Proc> {
+        start_node(bin, dir, &self.control, name, self.version, envs).await
     }
 
     /// Scripts one of the simulator's upstream models.
@@ -152,12 +163,13 @@ async fn start_node(
     control: &str,
     name: &str,
     version: i64,
+    envs: &[(&str, &str)],
 ) -> Result<Proc> {
     let node_dir = dir.join(name).display().to_string();
     let node = Proc::start(
         bin,
         &["node", "--control", control, "--listen", "127.0.0.1:0", "--data-dir", &node_dir],
-        &[],
+        envs,
         &dir.join(format!("{name}.log")),
     )?;
     wait_ready(node.addr, version, Duration::from_millis(50), Duration::from_secs(20)).await?;

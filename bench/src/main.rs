@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod ab;
 mod catalog;
 mod chaos;
 mod client;
@@ -23,7 +24,6 @@ mod flags;
 mod fleet;
 mod host;
 mod keys;
-mod limit_cost;
 mod limits;
 mod load;
 mod overhead;
@@ -45,7 +45,7 @@ const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 
        switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] [--conns 1] [--e2e-secs 4]
        switchyard-bench retries [--requests 3000] [--concurrency 8] [--models 16]
        switchyard-bench limits [--nodes 3] [--rpm 6000] [--concurrency 12] [--duration-secs 75]
-       switchyard-bench limit-cost [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]
+       switchyard-bench limit-cost|otel-cost [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]
        switchyard-bench chaos --baseline PATH [--concurrency 1,8] [--runs 3] [--nodes 3] [--changes 20]
        switchyard-bench storm [--concurrency 32] [--duration-secs 60] [--outage-secs 120] [--store embedded,etcd]
        switchyard-bench passthrough --listen ADDR --upstream ADDR   (started by the bench)";
@@ -70,7 +70,8 @@ fn main() -> ExitCode {
         Some("chaos") => chaos::main(&args[1..]),
         Some("retries") => retry_storm::main(&args[1..]),
         Some("limits") => limits::main(&args[1..]),
-        Some("limit-cost") => limit_cost::main(&args[1..]),
+        Some("limit-cost") => ab::main(ab::Compare::Limits, &args[1..]),
+        Some("otel-cost") => ab::main(ab::Compare::Otel, &args[1..]),
         Some("storm") => storm::main(&args[1..]),
         Some("-h" | "--help") => {
             println!("{USAGE}");

@@ -1,12 +1,15 @@
-//! `switchyard-bench limit-cost`: what a key's limits cost the node per request.
+//! A/B benchmarks of the node: the same load against two configurations that differ in one
+//! thing, measured in `--pairs` alternating pairs (AB, BA, …) so that a slow drift of a
+//! shared host lands on both sides equally; the report gives the median of the per-pair
+//! CPU ratios with their spread.
 //!
-//! The same node serves two keys, one with all four limits set (too high to bind) and one
-//! without, at the same concurrency. The pair is measured `--pairs` times in alternating
-//! order (AB, BA, …), so that a slow drift of a shared host lands on both sides equally, and
-//! the report gives the median of the per-pair CPU ratios with their spread. A second,
-//! in-process figure times the limit path itself (decide, write the rate headers, count the
-//! usage) on the node's own ledger: an upper bound on what the keys can differ by that no
-//! neighbour's noise can blur.
+//! - `switchyard-bench limit-cost`: one node serves two keys, one with all four limits set
+//!   (too high to bind) and one without. A second, in-process figure times the limit path
+//!   itself (decide, write the rate headers, count the usage) on the node's own ledger: an
+//!   upper bound on what the keys can differ by that no neighbour's noise can blur.
+//! - `switchyard-bench otel-cost`: two nodes on one control plane, one exporting traces and
+//!   log records to an OTLP endpoint where nothing listens (the collector is down), one with
+//!   OpenTelemetry off.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,11 +28,11 @@ use crate::fleet::Fleet;
 use crate::host::thread_cpu_ns;
 use crate::load::{Kind, Target};
 use crate::overhead::{Bench, Sample};
-use crate::proc::default_switchyard;
+use crate::proc::{Proc, default_switchyard};
 use crate::stats::{fmt, median, pct};
 
-const USAGE: &str = "usage: switchyard-bench limit-cost [--switchyard PATH] [--concurrency 1,8] \
-[--pairs 8] [--warmup-secs 1] [--duration-secs 3]";
+const USAGE: &str = "usage: switchyard-bench limit-cost|otel-cost [--switchyard PATH] \
+[--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]";
 
 /// Calls of the limit path timed in-process, per repetition.
 const PATH_CALLS: u32 = 200_000;
@@ -76,26 +79,34 @@ fn parse(args: &[String]) -> Result<Options> {
     Ok(o)
 }
 
-pub fn main(args: &[String]) -> Result<()> {
+/// Which comparison to run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    Limits,
+    Otel,
+}
+
+pub fn main(compare: Compare, args: &[String]) -> Result<()> {
     let options = parse(args)?;
     // The load generator's one thread, as in the default run.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
-    runtime.block_on(run(options))
+    runtime.block_on(run(compare, options))
 }
 
-async fn run(o: Options) -> Result<()> {
-    let path_ns = limit_path_ns()?;
+async fn run(compare: Compare, o: Options) -> Result<()> {
+    let path_ns = match compare {
+        Compare::Limits => Some(limit_path_ns()?),
+        Compare::Otel => None,
+    };
 
     let dir = tempfile::Builder::new()
-        .prefix("switchyard-bench-limit-cost-")
+        .prefix("switchyard-bench-ab-")
         .tempdir()
         .map_err(|e| format!("temp dir: {e}"))?;
     let fleet = Fleet::start(&o.switchyard, dir.path(), catalog_yaml).await?;
-    let limited_key =
-        fleet.limited_key.clone().ok_or("this switchyard has no key limits (keys set-limits)")?;
     let body = Bytes::from(
         json!({
             "model": PRIMARY,
@@ -104,8 +115,7 @@ async fn run(o: Options) -> Result<()> {
         })
         .to_string(),
     );
-    let node = &fleet.node;
-    let target = |kind, key: &str| {
+    let target = |kind, node: &Proc, key: &str| {
         Arc::new(Target {
             kind,
             addr: node.addr,
@@ -115,11 +125,47 @@ async fn run(o: Options) -> Result<()> {
             proxy_pid: Some(node.pid()),
         })
     };
-    let plain = target(Kind::NodeHealthy, &fleet.key);
-    let limited = target(Kind::NodeLimited, &limited_key);
+    // A: the configuration without the thing measured; B: with it.
+    let mut other_node = None;
+    let (a, b, labels) = match compare {
+        Compare::Limits => {
+            let limited_key = fleet
+                .limited_key
+                .clone()
+                .ok_or("this switchyard has no key limits (keys set-limits)")?;
+            (
+                target(Kind::NodeHealthy, &fleet.node, &fleet.key),
+                target(Kind::NodeLimited, &fleet.node, &limited_key),
+                ("no limits", "four limits"),
+            )
+        }
+        Compare::Otel => {
+            // A port that was free a moment ago: nothing answers there.
+            let dead = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| format!("a free port: {e}"))?;
+            let endpoint = format!("http://{dead}");
+            let exporting = fleet
+                .add_node_with_env(
+                    &o.switchyard,
+                    dir.path(),
+                    "node-otel",
+                    &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+                )
+                .await?;
+            let node = other_node.insert(exporting);
+            (
+                target(Kind::NodeHealthy, &fleet.node, &fleet.key),
+                target(Kind::NodeHealthy, node, &fleet.key),
+                ("OpenTelemetry off", "exporting to a dead endpoint"),
+            )
+        }
+    };
     let bench = Bench::new(&fleet)?;
     eprintln!(
-        "switchyard-bench limit-cost: {} pair(s) × concurrency {:?}, {} s warm-up + {} s each; logs in {}",
+        "switchyard-bench: A = {}, B = {}; {} pair(s) × concurrency {:?}, {} s warm-up + {} s each; logs in {}",
+        labels.0,
+        labels.1,
         o.pairs,
         o.concurrency,
         o.warmup.as_secs(),
@@ -133,41 +179,41 @@ async fn run(o: Options) -> Result<()> {
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for &conns in &o.concurrency {
         let mut ratios = Vec::with_capacity(o.pairs);
-        let (mut cpu_plain, mut cpu_limited, mut p50_added) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut cpu_a, mut cpu_b, mut p50_added) = (Vec::new(), Vec::new(), Vec::new());
         for pair in 0..o.pairs {
             // AB then BA: whichever side goes second in one pair goes first in the next.
-            let order = if pair % 2 == 0 { [&plain, &limited] } else { [&limited, &plain] };
+            let order = if pair % 2 == 0 { [&a, &b] } else { [&b, &a] };
             let mut got: Vec<Sample> = Vec::with_capacity(2);
             for t in order {
                 got.push(bench.measure(t, conns, o.warmup, o.duration).await?);
             }
-            let (p, l) = if pair % 2 == 0 { (&got[0], &got[1]) } else { (&got[1], &got[0]) };
-            if p.non_200 + l.non_200 > 0 {
+            let (sa, sb) = if pair % 2 == 0 { (&got[0], &got[1]) } else { (&got[1], &got[0]) };
+            if sa.non_200 + sb.non_200 > 0 {
                 return Err(format!(
-                    "c={conns} pair {pair}: {} non-200 answers (plain {}, limited {}): the \
-                     figures would measure an error path",
-                    p.non_200 + l.non_200,
-                    p.non_200,
-                    l.non_200
+                    "c={conns} pair {pair}: {} non-200 answers (A {}, B {}): the figures would \
+                     measure an error path",
+                    sa.non_200 + sb.non_200,
+                    sa.non_200,
+                    sb.non_200
                 ));
             }
-            let (Some(pc), Some(lc)) = (p.proxy_cpu_us, l.proxy_cpu_us) else {
+            let (Some(ca), Some(cb)) = (sa.proxy_cpu_us, sb.proxy_cpu_us) else {
                 return Err("node CPU not measured".into());
             };
             eprintln!(
-                "  c={conns} pair {}: no limits {pc:.1} µs/req, four limits {lc:.1} µs/req (×{:.3})",
+                "  c={conns} pair {}: A {ca:.1} µs/req, B {cb:.1} µs/req (×{:.3})",
                 pair + 1,
-                lc / pc
+                cb / ca
             );
-            ratios.push(lc / pc);
-            cpu_plain.push(pc);
-            cpu_limited.push(lc);
-            p50_added.push(l.p50_us - p.p50_us);
+            ratios.push(cb / ca);
+            cpu_a.push(ca);
+            cpu_b.push(cb);
+            p50_added.push(sb.p50_us - sa.p50_us);
         }
         println!(
             "| {conns} | {} | {} | {} | {}–{} | {}–{} | {} |",
-            fmt(median(&cpu_plain), 1),
-            fmt(median(&cpu_limited), 1),
+            fmt(median(&cpu_a), 1),
+            fmt(median(&cpu_b), 1),
             fmt(median(&ratios), 3),
             fmt(pct(&ratios, 0.25), 3),
             fmt(pct(&ratios, 0.75), 3),
@@ -176,10 +222,13 @@ async fn run(o: Options) -> Result<()> {
             fmt(median(&p50_added), 1),
         );
     }
-    println!(
-        "\nThe limit path in-process (decide, write the rate headers, count the usage; median \
-         of 5 × {PATH_CALLS} calls, the thread's CPU time): {path_ns:.0} ns per request."
-    );
+    if let Some(path_ns) = path_ns {
+        println!(
+            "\nThe limit path in-process (decide, write the rate headers, count the usage; \
+             median of 5 × {PATH_CALLS} calls, the thread's CPU time): {path_ns:.0} ns per request."
+        );
+    }
+    drop(other_node);
     Ok(())
 }
 
