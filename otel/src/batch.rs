@@ -20,11 +20,18 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
+use switchyard_backoff::Backoff;
+
 use crate::dropped::counter;
 use crate::settings::Batching;
 
 /// The longest `force_flush` waits for the export task.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a batch the collector did not take, the next one is tried 1 s later, then 2, 4, …
+/// up to 30 s; batches in between are dropped unencoded. Encoding a batch for a collector
+/// that refuses it costs the node as much CPU as exporting it, and a node whose collector
+/// is down should pay for nothing it cannot deliver.
+const RETRY: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 
 /// Where one signal's batches go.
 pub trait Export<T>: Send + 'static {
@@ -53,7 +60,9 @@ impl<T: Send + 'static> Queue<T> {
             signal,
             exporter,
             export_failed: counter(signal, "export_failed"),
-            failing: false,
+            collector_down: counter(signal, "collector_down"),
+            failures: 0,
+            retry_at: None,
         };
         tokio::spawn(run(batching, out, rx, flush_rx));
         Self { tx, flushes, queue_full: counter(signal, "queue_full") }
@@ -79,8 +88,12 @@ struct Exporting<E> {
     signal: &'static str,
     exporter: E,
     export_failed: Counter,
-    /// Whether the last batch failed: a collector that is down is logged once, not per batch.
-    failing: bool,
+    /// Batches dropped without an export while the collector is given time to come back.
+    collector_down: Counter,
+    /// Batches failed in a row: a collector that is down is logged once, not per batch.
+    failures: u32,
+    /// Until when batches are dropped instead of exported.
+    retry_at: Option<tokio::time::Instant>,
 }
 
 impl<E> Exporting<E> {
@@ -91,23 +104,31 @@ impl<E> Exporting<E> {
         if batch.is_empty() {
             return;
         }
+        if self.retry_at.is_some_and(|at| tokio::time::Instant::now() < at) {
+            self.collector_down.inc_by(batch.len() as u64);
+            batch.clear();
+            return;
+        }
         let items = std::mem::replace(batch, Vec::with_capacity(batch.capacity()));
         let n = items.len() as u64;
         match self.exporter.export(items).await {
-            Ok(()) if self.failing => {
-                self.failing = false;
-                tracing::info!(signal = self.signal, "OpenTelemetry export works again");
+            Ok(()) => {
+                if self.failures > 0 {
+                    tracing::info!(signal = self.signal, "OpenTelemetry export works again");
+                }
+                self.failures = 0;
+                self.retry_at = None;
             }
-            Ok(()) => {}
             Err(why) => {
                 self.export_failed.inc_by(n);
-                if !self.failing {
-                    self.failing = true;
+                if self.failures == 0 {
                     tracing::warn!(
                         signal = self.signal, error = %why,
                         "OpenTelemetry export failed; batches are dropped (and counted) until the collector takes them"
                     );
                 }
+                self.retry_at = Some(tokio::time::Instant::now() + RETRY.ceiling(self.failures));
+                self.failures = self.failures.saturating_add(1);
             }
         }
     }
@@ -278,5 +299,38 @@ mod tests {
         let flushed = tokio::task::spawn_blocking(move || queue.flush(Duration::from_secs(5)));
         flushed.await.unwrap().unwrap();
         assert_eq!(counter("test_refused", "export_failed").get() - before, 3);
+    }
+
+    /// Counts its calls and refuses every batch.
+    struct Refusing(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Export<u32> for Refusing {
+        async fn export(&mut self, _batch: Vec<u32>) -> Result<(), String> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Err("connection refused".into())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_refused_batch_the_next_ones_are_dropped_unsent_until_the_retry() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let queue =
+            Arc::new(Queue::start("test_down", batching(16, 16), Refusing(Arc::clone(&calls))));
+        let flush = |queue: &Arc<Queue<u32>>| {
+            let queue = Arc::clone(queue);
+            tokio::task::spawn_blocking(move || queue.flush(Duration::from_secs(5)))
+        };
+        let down_before = counter("test_down", "collector_down").get();
+        queue.push(1);
+        flush(&queue).await.unwrap().unwrap();
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Within the first retry's second: dropped, counted, and the collector not called.
+        for n in 2..=4 {
+            queue.push(n);
+        }
+        flush(&queue).await.unwrap().unwrap();
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1, "no export while waiting");
+        assert_eq!(counter("test_down", "collector_down").get() - down_before, 3);
+        assert_eq!(counter("test_down", "export_failed").get(), 1);
     }
 }

@@ -9,13 +9,14 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 pub const NAME: &str = "otel_dropped";
-pub const HELP: &str = "Spans and log records not exported: the export queue was full (a slow or absent collector) or the collector did not take a batch";
+pub const HELP: &str = "Spans and log records not exported: the export queue was full (a slow or absent collector), the collector did not take a batch, or it had just refused one and was not tried again yet";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DroppedLabels {
     /// `spans` or `logs`.
     pub signal: &'static str,
-    /// `queue_full` or `export_failed`.
+    /// `queue_full`, `export_failed`, or `collector_down` (dropped unsent while the
+    /// exporter waits before trying a collector that refused the last batch again).
     pub reason: &'static str,
 }
 

@@ -94,7 +94,7 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
     // The counters of what is exported exist from the start, so a scrape shows 0 rather
     // than nothing.
     for (signal, on) in [("spans", settings.traces), ("logs", settings.logs)] {
-        for reason in ["queue_full", "export_failed"] {
+        for reason in ["queue_full", "export_failed", "collector_down"] {
             if on {
                 dropped::counter(signal, reason);
             }
