@@ -174,7 +174,8 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
     );
 
     println!(
-        "| conns | CPU µs/req, no limits | CPU µs/req, four limits | ratio (median of pairs) | ratio p25–p75 | ratio min–max | added p50 µs (median) |"
+        "| conns | A: CPU µs/req, {} | B: CPU µs/req, {} | B/A (median of pairs) | B/A p25–p75 | B/A min–max | B's added p50 µs (median) |",
+        labels.0, labels.1
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for &conns in &o.concurrency {
