@@ -2,6 +2,7 @@
 //! on loopback, driven the way users drive them — the CLI and HTTP.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -103,8 +104,11 @@ impl Proc {
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
+        // What the process prints on stdout is kept too, beside its log (`stdout_text`).
+        let mut stdout_log = std::fs::File::create(stdout_path(&log)).unwrap();
         let addr = tokio::time::timeout(PATIENCE, async {
             while let Some(line) = lines.next_line().await.unwrap() {
+                let _ = writeln!(stdout_log, "{line}");
                 if let Some((_, addr)) = line.split_once("listening on ") {
                     return addr.trim().parse::<SocketAddr>().ok();
                 }
@@ -120,7 +124,11 @@ impl Proc {
             return Err(format!("switchyard {args:?} did not start; its log:\n{log_text}"));
         };
         // Keep draining stdout so the process never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let _ = writeln!(stdout_log, "{line}");
+            }
+        });
         Ok(Proc { child, addr, log })
     }
 
@@ -136,6 +144,16 @@ impl Proc {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Everything the process printed on stdout so far (its log, `log_text`, is stderr).
+    pub fn stdout_text(&self) -> String {
+        std::fs::read_to_string(stdout_path(&self.log)).unwrap_or_default()
+    }
+}
+
+/// Where [`Proc`] keeps a process's stdout: beside its log, `NAME.log` → `NAME.stdout`.
+fn stdout_path(log: &Path) -> PathBuf {
+    log.with_extension("stdout")
 }
 
 /// Starts a control plane on `store` (`etcd://…` or `file://…`), listening on `listen`.

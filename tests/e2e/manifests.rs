@@ -1,0 +1,109 @@
+//! The Kubernetes manifests in deploy/kubernetes against the binary they run: every
+//! `switchyard` container passes arguments the binary accepts, and gives its drain the time
+//! it needs before the kubelet kills the pod. (deploy/validate checks them against the
+//! Kubernetes schemas.)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+
+use switchyard_e2e::switchyard_bin;
+
+/// Every pod template of the manifests: (file, workload name, pod spec).
+fn pod_specs() -> Vec<(String, String, Value)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    let mut specs = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.extension().is_none_or(|e| e != "yaml") || name == "kustomization.yaml" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for document in serde_yaml_ng::Deserializer::from_str(&text) {
+            let resource = Value::deserialize(document).unwrap();
+            let spec = &resource["spec"]["template"]["spec"];
+            if !spec.is_null() {
+                let workload = resource["metadata"]["name"].as_str().unwrap().to_owned();
+                specs.push((name.clone(), workload, spec.clone()));
+            }
+        }
+    }
+    assert!(!specs.is_empty(), "no pod templates in {}", dir.display());
+    specs
+}
+
+/// The `switchyard` containers of a pod spec, with their arguments.
+fn switchyard_containers(spec: &Value) -> Vec<(Value, Vec<String>)> {
+    spec["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter(|c| c["image"].as_str().is_some_and(|i| i.starts_with("switchyard")))
+        .map(|c| {
+            let args = c["args"].as_sequence().unwrap().iter();
+            (c.clone(), args.map(|a| a.as_str().unwrap().to_owned()).collect())
+        })
+        .collect()
+}
+
+/// `--drain-timeout=30s` (or `10s`, `2m`) among the arguments.
+fn drain_timeout(args: &[String]) -> Option<Duration> {
+    let value = args.iter().find_map(|a| a.strip_prefix("--drain-timeout="))?;
+    let (number, unit) = value.split_at(value.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = number.parse().ok()?;
+    match unit {
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n * 60)),
+        _ => panic!("--drain-timeout={value}: write it in s or m here"),
+    }
+}
+
+#[test]
+fn every_switchyard_container_passes_arguments_the_binary_accepts() {
+    let mut checked = 0;
+    for (file, workload, spec) in pod_specs() {
+        for (_, args) in switchyard_containers(&spec) {
+            // Parsing stops at a trailing `--help`, after every argument before it has been
+            // read: an unknown flag or a bad value fails as it would at start.
+            let out = std::process::Command::new(switchyard_bin())
+                .args(&args)
+                .arg("--help")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{file}, {workload}: `switchyard {}` is refused:\n{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "the control plane and the node are both in the manifests");
+}
+
+#[test]
+fn every_switchyard_pod_outlasts_its_drain_before_it_is_killed() {
+    for (file, workload, spec) in pod_specs() {
+        for (container, args) in switchyard_containers(&spec) {
+            let drain = drain_timeout(&args).unwrap_or_else(|| {
+                panic!("{file}, {workload}: say --drain-timeout, so the grace period can match it")
+            });
+            let grace = spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+            let pre_stop =
+                container["lifecycle"]["preStop"]["sleep"]["seconds"].as_u64().unwrap_or(0);
+            // A node hands its failover events over after the drain, for at least 2 s.
+            let needed = pre_stop + drain.as_secs() + 2;
+            assert!(
+                grace > needed,
+                "{file}, {workload}: terminationGracePeriodSeconds {grace} must exceed the preStop \
+                 pause ({pre_stop} s) + --drain-timeout ({} s) + the 2 s hand-off",
+                drain.as_secs()
+            );
+        }
+    }
+}
