@@ -84,7 +84,7 @@ pub async fn write_events(
         if let Some(webhooks) = &webhooks
             && webhooks.iter().any(|w| w.wants(event.event_type(), &event.key_id))
         {
-            group.push(OutboxEntry::failover(&event, now).put(layout)?);
+            group.push(OutboxEntry::from_audit(&event, now).put(layout)?);
         }
         groups.push(group);
     }
@@ -419,6 +419,7 @@ mod tests {
                     status: 200,
                     degraded: String::new(),
                     request_id: String::new(),
+                    lost: None,
                 }
             })
             .collect();

@@ -31,7 +31,8 @@ pub const BREAKER_GRACE: Duration = Duration::from_secs(30);
 /// A node's breaker state changed (`from` is the state it left), or a probe left it as it
 /// was (`from` is `None`): store it under the replica's lease, with a transition's webhook
 /// event (`breaker.opened|half_open|closed`) in the same transaction when some
-/// subscription wants it. A probe is no state change and raises no event.
+/// subscription wants it. A probe is no state change and raises no event; nor does a
+/// transition resent after a lost ack (the record already holds it).
 pub async fn record_breaker(
     store: &dyn Store,
     layout: &Layout,
@@ -43,8 +44,19 @@ pub async fn record_breaker(
     let key = layout.breaker(&record.node_id, &record.provider, &record.upstream_model);
     let value = serde_json::to_vec(record)
         .map_err(|e| StoreError::InvalidRequest(format!("cannot encode breaker: {e}")))?;
+    // A transition the node resends (its ack was lost) finds its record already there: it
+    // is stored again, but its event is not queued a second time.
+    let resent = match from {
+        Some(_) => store.get(&key).await?.is_some_and(|kv| {
+            serde_json::from_slice::<BreakerRecord>(&kv.value).is_ok_and(|stored| {
+                stored.state == record.state && stored.since_unix_ms == record.since_unix_ms
+            })
+        }),
+        None => false,
+    };
     let mut success = vec![TxnOp::Put { key, value, lease: Some(lease) }];
     if let Some(from) = from
+        && !resent
         && let Some(entry) = OutboxEntry::breaker(record, from, now_ms())
         && outbox.wants(&entry)
     {

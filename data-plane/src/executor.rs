@@ -558,6 +558,8 @@ impl Executor {
             last_probe_unix_ms,
             last_probe_outcome,
             last_probe_latency_ms,
+            // Numbered by the telemetry queue.
+            seq: 0,
         });
     }
 
@@ -581,6 +583,8 @@ impl Executor {
             last_probe_unix_ms,
             last_probe_outcome,
             last_probe_latency_ms,
+            // Numbered by the telemetry queue.
+            seq: 0,
         });
     }
 }

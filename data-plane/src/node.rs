@@ -18,6 +18,7 @@ use tracing::{info, warn};
 use crate::breaker::Breakers;
 use crate::executor::Executor;
 use crate::http::App;
+use crate::loss::SpoolState;
 use crate::metrics::Metrics;
 use crate::serve::ServeOptions;
 use crate::spool::Spool;
@@ -47,6 +48,8 @@ pub struct NodeOptions {
     pub drain_timeout: Duration,
     /// Bound of the failover-event spool in `data_dir` (no spool without a data dir).
     pub event_spool_max_bytes: u64,
+    /// Failover events held in memory at most.
+    pub event_buffer_events: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,26 +173,41 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         handoff: handoff_rx,
     };
     let metrics = Arc::new(Metrics::new());
-    let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone());
+    let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone())
+        .with_max_events(options.event_buffer_events);
     if let Some(dir) = &options.data_dir {
         let spool_dir = dir.join("event-spool");
         let (max, lost, bytes) = (
             options.event_spool_max_bytes,
-            metrics.events_dropped.clone(),
+            Arc::clone(&telemetry.losses),
             metrics.event_spool_bytes.clone(),
         );
         let opened = tokio::task::spawn_blocking(move || Spool::open(&spool_dir, max, lost, bytes))
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))
-            .and_then(|opened| opened)
-            .map_err(data_dir_err(dir))?;
-        if opened.records > 0 {
-            info!(
-                events = opened.records,
-                "failover events spooled by an earlier run will be sent"
-            );
+            .and_then(|opened| opened);
+        match opened {
+            Ok(opened) => {
+                if opened.records > 0 {
+                    info!(
+                        events = opened.records,
+                        "failover events spooled by an earlier run will be sent"
+                    );
+                }
+                telemetry = telemetry.with_spool(opened.spool, opened.records);
+            }
+            // Serving matters more than auditing (docs/operating.md, "No event lost
+            // silently"): the node serves, holds what fits in memory, and counts the rest.
+            Err(e) => {
+                telemetry.losses.set_spool(SpoolState::Unwritable);
+                warn!(
+                    dir = %dir.join("event-spool").display(),
+                    error = %e,
+                    "cannot open the event spool: serving without it; failover events beyond \
+                     --event-buffer-events are counted as lost while no control plane takes them"
+                );
+            }
         }
-        telemetry = telemetry.with_spool(opened.spool, opened.records);
     }
     let telemetry = Arc::new(telemetry);
     let sync = tokio::spawn(sync::run(sync_options, state.clone(), Arc::clone(&telemetry)));

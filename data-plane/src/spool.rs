@@ -5,7 +5,8 @@
 //! Files: `<data-dir>/event-spool/<seq>.events`, each a run of records (a little-endian
 //! `u32` length, then one protobuf `FailoverEvent`), appended to and read in `seq` order.
 //! A file is deleted once read to its end. The spool's total size is bounded; an event
-//! that does not fit is counted as lost (the node's `switchyard_failover_events_dropped_total`).
+//! that does not fit, cannot be written or cannot be read back is counted as lost, by
+//! reason ([`crate::loss`]), and reported to the control plane as `events.lost`.
 //!
 //! All file work runs on one thread of the spool's own: the request path only hands an
 //! event to a bounded channel and never waits on the disk.
@@ -17,12 +18,15 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::time::Duration;
 
-use prometheus_client::metrics::counter::Counter;
+use std::sync::Arc;
+
 use prometheus_client::metrics::gauge::Gauge;
 use prost::Message;
 use tokio::sync::oneshot;
 
 use switchyard_proto::node::v1 as pb;
+
+use crate::loss::{Losses, Lost, Reason, SpoolState};
 
 /// The spool's default bound on disk (`--event-spool-max-mib`).
 pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
@@ -67,7 +71,7 @@ enum Command {
 impl Spool {
     /// Opens (creating) the spool in `dir`, counting what an earlier run left there. Blocks
     /// on the disk: call it from a blocking context.
-    pub fn open(dir: &Path, max_bytes: u64, lost: Counter, bytes: Gauge) -> io::Result<Opened> {
+    pub fn open(dir: &Path, max_bytes: u64, lost: Arc<Losses>, bytes: Gauge) -> io::Result<Opened> {
         fs::create_dir_all(dir)?;
         let mut segments = BTreeMap::new();
         let mut records = 0;
@@ -92,9 +96,11 @@ impl Spool {
             writer: None,
             offsets: BTreeMap::new(),
             disposed: 0,
+            state: SpoolState::Ok,
             lost,
             bytes,
         };
+        state.lost.set_spool(SpoolState::Ok);
         let (tx, rx) = sync_channel(CHANNEL_EVENTS);
         std::thread::Builder::new().name("event-spool".into()).spawn(move || state.run(rx))?;
         Ok(Opened { spool: Spool { tx }, records })
@@ -148,7 +154,9 @@ struct State {
     /// Where reading resumes in a file read in part: the offset of its next record.
     offsets: BTreeMap<u64, u64>,
     disposed: u64,
-    lost: Counter,
+    /// As last told to `lost` (for `/readyz`), so that it is told only of changes.
+    state: SpoolState,
+    lost: Arc<Losses>,
     bytes: Gauge,
 }
 
@@ -186,22 +194,36 @@ impl State {
         self.dir.join(format!("{seq:020}.events"))
     }
 
-    fn lose(&mut self, n: u64) {
+    fn lose(&mut self, reason: Reason, n: u64) {
         self.disposed += n;
-        self.lost.inc_by(n);
+        self.lost.lose(Lost::Failover, reason, n);
+    }
+
+    fn set_state(&mut self, state: SpoolState) {
+        if self.state != state {
+            self.state = state;
+            self.lost.set_spool(state);
+        }
     }
 
     fn append(&mut self, event: &pb::FailoverEvent) {
         let record = encode(event);
         let size = record.len() as u64;
         if self.total + size > self.max_bytes {
-            self.lose(1);
+            self.set_state(SpoolState::Full);
+            self.lose(Reason::SpoolFull, 1);
             return;
         }
-        if let Err(e) = self.write(&record) {
-            tracing::error!(error = %e, dir = %self.dir.display(), "could not spool a failover event; it is lost");
-            self.writer = None;
-            self.lose(1);
+        match self.write(&record) {
+            Ok(()) => self.set_state(SpoolState::Ok),
+            Err(e) => {
+                if self.state != SpoolState::Unwritable {
+                    tracing::error!(error = %e, dir = %self.dir.display(), "cannot write the event spool; events that do not fit in memory are counted as lost until it can");
+                }
+                self.writer = None;
+                self.set_state(SpoolState::Unwritable);
+                self.lose(Reason::SpoolUnwritable, 1);
+            }
         }
     }
 
@@ -297,7 +319,7 @@ impl State {
             if len > MAX_RECORD_BYTES || file.read_exact(&mut body).is_err() {
                 // A torn or foreign tail (a crash mid-write): what follows cannot be framed.
                 tracing::warn!(file = %self.path(seq).display(), "the event spool's file ends in an unreadable record; skipping the rest");
-                self.lose(1);
+                self.lose(Reason::Unreadable, 1);
                 break;
             }
             offset += 4 + u64::from(len);
@@ -306,7 +328,7 @@ impl State {
                 Ok(event) => out.push(event),
                 Err(e) => {
                     tracing::warn!(error = %e, "an unreadable failover event in the spool is lost");
-                    self.lose(1);
+                    self.lose(Reason::Unreadable, 1);
                 }
             }
         }
@@ -369,9 +391,9 @@ mod tests {
         events.iter().map(|e| e.id.clone()).collect()
     }
 
-    fn open(dir: &Path, max: u64) -> (Opened, Counter) {
-        let lost = Counter::default();
-        (Spool::open(dir, max, lost.clone(), Gauge::default()).unwrap(), lost)
+    fn open(dir: &Path, max: u64) -> (Opened, Arc<Losses>) {
+        let lost = Arc::new(Losses::new(Default::default(), "b".into()));
+        (Spool::open(dir, max, Arc::clone(&lost), Gauge::default()).unwrap(), lost)
     }
 
     async fn read_all(spool: &Spool) -> (Vec<String>, u64) {
@@ -395,7 +417,7 @@ mod tests {
         }
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, (0..20).map(|i| format!("evt_{i}")).collect::<Vec<_>>());
-        assert_eq!((disposed, lost.get()), (20, 0));
+        assert_eq!((disposed, lost.total()), (20, 0));
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "drained files are deleted");
     }
 
@@ -428,7 +450,10 @@ mod tests {
         }
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_0", "evt_1", "evt_2"]);
-        assert_eq!((lost.get(), disposed), (2, 5), "the lost count as disposed of");
+        assert_eq!((lost.total(), disposed), (2, 5), "the lost count as disposed of");
+        assert_eq!(lost.spool(), SpoolState::Full);
+        let reports = lost.reports_to_send();
+        assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_full", 2));
     }
 
     #[tokio::test]
@@ -441,6 +466,6 @@ mod tests {
         assert_eq!(opened.records, 2);
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_1"]);
-        assert_eq!((lost.get(), disposed), (1, 2));
+        assert_eq!((lost.total(), disposed), (1, 2));
     }
 }

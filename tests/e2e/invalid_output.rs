@@ -4,7 +4,6 @@
 //! provider processes on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-
 use serde_json::{Value, json};
 use switchyard_e2e::gateway::*;
 use switchyard_e2e::http_get;

@@ -76,7 +76,7 @@ pub async fn redeliver(
             .filter_map(audit::decode)
             .find(|e| e.id == id);
         match found {
-            Some(event) => queue.push((OutboxEntry::failover(&event, now_ms()), None)),
+            Some(event) => queue.push((OutboxEntry::from_audit(&event, now_ms()), None)),
             None => not_found.push(id),
         }
     }
