@@ -407,11 +407,31 @@ impl Admin for AdminService {
         let key = self.layout.catalog();
         let value = serde_json::to_vec(&new)
             .map_err(|e| AdminError::Corrupt { what: "catalog".into(), reason: e.to_string() })?;
+        let mut success = vec![TxnOp::Put { key: key.clone(), value, lease: None }];
+        // A new subscription's delivery starts at the catalog before it: every event stored
+        // after this apply is queued for it (writers guard on the catalog's revision), and
+        // this cursor makes the delivery leader take them all, however late its own cache
+        // sees the subscription (docs/webhooks.md, "A new subscription").
+        // (Within one transaction's operations; more new subscriptions at once start, as
+        // before, after the catalog their leader first sees.)
+        let added = new.webhooks.iter().filter(|w| !old.webhooks.iter().any(|o| o.name == w.name));
+        for webhook in added.take(crate::layout::MAX_TXN_OPS - 1) {
+            let state = SubscriptionState { cursor: old_rev, ..Default::default() };
+            let value = serde_json::to_vec(&state).map_err(|e| AdminError::Corrupt {
+                what: "webhook state".into(),
+                reason: e.to_string(),
+            })?;
+            success.push(TxnOp::Put {
+                key: self.layout.webhook_state(&webhook.name),
+                value,
+                lease: None,
+            });
+        }
         let result = self
             .store
             .txn(Txn {
                 compare: vec![Compare::mod_revision(key.clone(), old_rev)],
-                success: vec![TxnOp::Put { key, value, lease: None }],
+                success,
                 failure: vec![],
             })
             .await

@@ -50,10 +50,18 @@ impl Default for AuditRetention {
     }
 }
 
+/// Guarded writes retried after the subscriptions changed under them, at most: each retry
+/// follows an apply of the catalog, so more means a catalog changing faster than events
+/// are stored.
+const MAX_GUARD_RETRIES: usize = 8;
+
 /// Writes every event durably, in transactions of at most [`MAX_TXN_OPS`] operations and
 /// about `MAX_TXN_BYTES`. With `outbox`, an event some webhook subscribes to is queued
 /// for delivery in the same transaction as its audit entry, so that an acked event is
-/// always both recorded and queued. Events without an id are skipped (they could not be
+/// always both recorded and queued; each transaction is guarded on the catalog revision
+/// its subscriptions were read at, and one whose guard fails is decided again on the
+/// store's catalog ([`Interest::refresh`]), so no subscription in the store when the
+/// event is written misses it. Events without an id are skipped (they could not be
 /// deduplicated on redelivery); an event repeated within the batch is written once (etcd
 /// refuses a txn writing a key twice). Returns how many events were written.
 pub async fn write_events(
@@ -63,53 +71,102 @@ pub async fn write_events(
     outbox: Option<&Interest>,
 ) -> Result<usize, StoreError> {
     let mut seen = std::collections::HashSet::new();
-    // The writes of one event: its audit entry, and its outbox entry if wanted.
-    let mut groups: Vec<Vec<TxnOp>> = Vec::with_capacity(events.len());
+    let events: Vec<AuditEvent> = events
+        .into_iter()
+        .filter(|event| {
+            if event.id.is_empty() {
+                warn!(node = %event.node_id, "failover event without an id; not recorded");
+                return false;
+            }
+            seen.insert(layout.audit(event.at_unix_ms, &event.id))
+        })
+        .collect();
+    let written = events.len();
+    let mut pending: Vec<&AuditEvent> = events.iter().collect();
+    for _ in 0..=MAX_GUARD_RETRIES {
+        let (txns, members) = event_txns(layout, &pending, outbox)?;
+        // Sent together: the keys are distinct, so order does not matter, and the embedded
+        // store commits transactions that arrive together with one fsync (etcd pipelines
+        // them).
+        let results =
+            futures_util::future::try_join_all(txns.into_iter().map(|txn| store.txn(txn))).await?;
+        let refused: Vec<&AuditEvent> = results
+            .iter()
+            .zip(members)
+            .filter(|(result, _)| !result.succeeded)
+            .flat_map(|(_, events)| events)
+            .collect();
+        if refused.is_empty() {
+            return Ok(written);
+        }
+        let Some(outbox) = outbox else { break };
+        debug!(
+            events = refused.len(),
+            "the subscriptions changed under an event write; deciding again"
+        );
+        outbox.refresh(store, layout).await?;
+        pending = refused;
+    }
+    Err(StoreError::Unavailable(
+        "the webhook subscriptions kept changing while events were stored".into(),
+    ))
+}
+
+/// The transactions that write `events` (and their outbox entries), each with the events
+/// it holds.
+#[allow(clippy::type_complexity)]
+fn event_txns<'e>(
+    layout: &Layout,
+    events: &[&'e AuditEvent],
+    outbox: Option<&Interest>,
+) -> Result<(Vec<Txn>, Vec<Vec<&'e AuditEvent>>), StoreError> {
     let now = now_ms();
     // Read once per batch: in an outage storm a batch holds thousands of events, and most
     // installs subscribe no webhook, so no outbox entry is built just to be thrown away.
-    let webhooks = outbox.map(Interest::webhooks).filter(|w| !w.is_empty());
-    for event in events {
-        if event.id.is_empty() {
-            warn!(node = %event.node_id, "failover event without an id; not recorded");
-            continue;
+    let (revision, webhooks) = match outbox {
+        Some(outbox) => {
+            let (revision, webhooks) = outbox.current();
+            (Some(revision), Some(webhooks).filter(|w| !w.is_empty()))
         }
+        None => (None, None),
+    };
+    let guard: Vec<Compare> = revision.map(|r| Interest::guard(layout, r)).into_iter().collect();
+    let mut txns = Vec::new();
+    let mut members = Vec::new();
+    let mut txn = Txn { compare: guard.clone(), ..Txn::default() };
+    let mut held = Vec::new();
+    let mut bytes = 0;
+    for &event in events {
         let key = layout.audit(event.at_unix_ms, &event.id);
-        if !seen.insert(key.clone()) {
-            continue;
-        }
-        let value = serde_json::to_vec(&event)
+        let value = serde_json::to_vec(event)
             .map_err(|e| StoreError::InvalidRequest(format!("cannot encode event: {e}")))?;
+        // The writes of one event: its audit entry, and its outbox entry if wanted.
         let mut group = vec![TxnOp::Put { key, value, lease: None }];
         if let Some(webhooks) = &webhooks
             && webhooks.iter().any(|w| w.wants(event.event_type(), &event.key_id))
         {
-            group.push(OutboxEntry::from_audit(&event, now).put(layout)?);
+            group.push(OutboxEntry::from_audit(event, now).put(layout)?);
         }
-        groups.push(group);
-    }
-    let written = groups.len();
-    let mut txns = Vec::new();
-    let mut txn = Txn::default();
-    let mut bytes = 0;
-    for group in groups {
         let size: usize = group.iter().map(op_size).sum();
         if !txn.success.is_empty()
             && (txn.success.len() + group.len() > MAX_TXN_OPS || bytes + size > MAX_TXN_BYTES)
         {
-            txns.push(std::mem::take(&mut txn));
+            txns.push(std::mem::replace(
+                &mut txn,
+                Txn { compare: guard.clone(), ..Txn::default() },
+            ));
+            members.push(std::mem::take(&mut held));
             bytes = 0;
         }
         bytes += size;
         txn.success.extend(group);
+        held.push(event);
     }
     if !txn.success.is_empty() {
         txns.push(txn);
+        members.push(held);
     }
-    // Sent together: the keys are distinct, so order does not matter, and the embedded store
-    // commits transactions that arrive together with one fsync (etcd pipelines them).
-    futures_util::future::try_join_all(txns.into_iter().map(|txn| store.txn(txn))).await?;
-    Ok(written)
+    Ok((txns, members))
 }
 
 /// Writes the event batches of every node stream on this replica as a group ("group
@@ -395,6 +452,64 @@ async fn prune(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn event(id: &str) -> AuditEvent {
+        AuditEvent {
+            id: id.into(),
+            at_unix_ms: now_ms(),
+            node_id: "n".into(),
+            key_id: "k".into(),
+            requested_model: "a".into(),
+            served_model: "b".into(),
+            attempts: vec![],
+            stream: false,
+            status: 200,
+            degraded: String::new(),
+            request_id: String::new(),
+            lost: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_event_is_queued_for_a_subscription_the_replicas_cache_has_not_seen_yet() {
+        use crate::store::embedded::EmbeddedStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir.path()).await.unwrap());
+        let layout = Layout::new("/t");
+        // A cache that never hears of the catalog: the most a replica can lag.
+        let interest = Interest::new(crate::fanout::ConfigCache::new());
+        assert_eq!(
+            write_events(store.as_ref(), &layout, vec![event("ev1")], Some(&interest))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            store.count(&layout.outbox_prefix()).await.unwrap().0,
+            0,
+            "nobody subscribed yet"
+        );
+
+        let catalog = serde_json::json!({"webhooks": [{"name": "hook", "url": "http://127.0.0.1:1/", "events": ["*"], "internal": true}]});
+        store.put(&layout.catalog(), serde_json::to_vec(&catalog).unwrap(), None).await.unwrap();
+        let events = vec![event("ev2"), event("ev3")];
+        assert_eq!(
+            write_events(store.as_ref(), &layout, events, Some(&interest)).await.unwrap(),
+            2
+        );
+        let queued = store.list(&layout.outbox_prefix()).await.unwrap().kvs;
+        let ids: Vec<String> = queued
+            .iter()
+            .map(|kv| serde_json::from_slice::<OutboxEntry>(&kv.value).unwrap().id)
+            .collect();
+        assert_eq!(ids, ["ev2", "ev3"], "both queued for the new subscription");
+        assert_eq!(store.count(&layout.audit_prefix()).await.unwrap().0, 3, "each stored once");
+
+        // Removed: the next event is decided on the store's catalog again.
+        store.put(&layout.catalog(), b"{}".to_vec(), None).await.unwrap();
+        write_events(store.as_ref(), &layout, vec![event("ev4")], Some(&interest)).await.unwrap();
+        assert_eq!(store.count(&layout.outbox_prefix()).await.unwrap().0, 2);
+    }
 
     #[tokio::test]
     async fn prune_reads_page_after_page_until_both_bounds_hold() {

@@ -16,7 +16,7 @@ use switchyard_time::{now_ms, rfc3339_ms};
 
 use crate::fanout::ConfigCache;
 use crate::layout::{self, Layout};
-use crate::store::{Revision, StoreError, TxnOp};
+use crate::store::{Compare, Revision, Store, StoreError, TxnOp};
 
 // === event types ===
 
@@ -457,36 +457,86 @@ impl OutboxEntry {
 
 // === who wants what ===
 
-/// Which events some subscription wants, from this replica's config cache, so that events
-/// nobody subscribed to cost no outbox write. The catalog is parsed once per revision.
+/// Which events some subscription wants, so that events nobody subscribed to cost no
+/// outbox write. Read from this replica's config cache (the catalog parsed once per
+/// revision), which may lag the store by a moment: so every write that decides on it is
+/// guarded ([`Interest::guard`]) by the catalog's revision it was decided at, and a write
+/// whose guard fails (a subscription changed meanwhile) is decided again on the catalog
+/// read from the store ([`Interest::refresh`]). An event stored after a subscription was
+/// added is therefore always queued for it (docs/webhooks.md, "A new subscription").
 pub struct Interest {
     cache: Arc<ConfigCache>,
-    memo: Mutex<(Revision, Arc<Vec<Webhook>>)>,
+    memo: Mutex<Memo>,
+}
+
+struct Memo {
+    /// The config cache's revision of the catalog that `webhooks` was last taken from.
+    cache_revision: Revision,
+    /// The catalog's revision in the store that `webhooks` holds: the cache's, or a newer
+    /// one read by [`Interest::refresh`] while the cache lags.
+    revision: Revision,
+    webhooks: Arc<Vec<Webhook>>,
+}
+
+/// A catalog's subscriptions as stored (`None`: no catalog); an unreadable one has none
+/// (its apply was refused, so only a store edited by hand holds one).
+fn parse_webhooks(bytes: Option<&[u8]>) -> Vec<Webhook> {
+    bytes
+        .and_then(|b| serde_json::from_slice::<Catalog>(b).ok())
+        .map(|c| c.webhooks)
+        .unwrap_or_default()
 }
 
 impl Interest {
     pub fn new(cache: Arc<ConfigCache>) -> Self {
-        Self { cache, memo: Mutex::new((-1, Arc::new(Vec::new()))) }
+        let memo = Memo { cache_revision: -1, revision: -1, webhooks: Arc::new(Vec::new()) };
+        Self { cache, memo: Mutex::new(memo) }
     }
 
-    pub fn webhooks(&self) -> Arc<Vec<Webhook>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Memo> {
+        self.memo.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The subscriptions, and the catalog revision they are of (for [`Interest::guard`]).
+    pub fn current(&self) -> (Revision, Arc<Vec<Webhook>>) {
         let (bytes, revision) = match self.cache.resource(layout::CATALOG) {
             Some((bytes, revision)) => (Some(bytes), revision),
             None => (None, 0),
         };
-        let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
-        if memo.0 != revision {
-            let webhooks = bytes
-                .and_then(|b| serde_json::from_slice::<Catalog>(&b).ok())
-                .map(|c| c.webhooks)
-                .unwrap_or_default();
-            *memo = (revision, Arc::new(webhooks));
+        let mut memo = self.lock();
+        if memo.cache_revision != revision {
+            let webhooks = parse_webhooks(bytes.as_deref());
+            *memo = Memo { cache_revision: revision, revision, webhooks: Arc::new(webhooks) };
         }
-        Arc::clone(&memo.1)
+        (memo.revision, Arc::clone(&memo.webhooks))
+    }
+
+    pub fn webhooks(&self) -> Arc<Vec<Webhook>> {
+        self.current().1
     }
 
     pub fn wants(&self, entry: &OutboxEntry) -> bool {
         self.webhooks().iter().any(|w| entry.is_for(w))
+    }
+
+    /// The compare that holds a write to the subscriptions of catalog `revision`: it fails
+    /// if the catalog changed since.
+    pub fn guard(layout: &Layout, revision: Revision) -> Compare {
+        Compare::mod_revision(layout.catalog(), revision)
+    }
+
+    /// A guarded write failed: takes the subscriptions from the store's catalog until the
+    /// config cache moves on. Returns whether they are of another revision than before (if
+    /// not, the guard was not what failed).
+    pub async fn refresh(&self, store: &dyn Store, layout: &Layout) -> Result<bool, StoreError> {
+        let kv = store.get(&layout.catalog()).await?;
+        let revision = kv.as_ref().map_or(0, |kv| kv.mod_revision);
+        let webhooks = parse_webhooks(kv.as_ref().map(|kv| &kv.value[..]));
+        let mut memo = self.lock();
+        let changed = memo.revision != revision;
+        memo.revision = revision;
+        memo.webhooks = Arc::new(webhooks);
+        Ok(changed)
     }
 }
 

@@ -1121,3 +1121,54 @@ async fn a_breaker_transition_is_acked_once_stored_and_a_resend_is_not_a_second_
         .collect();
     assert_eq!(opened.len(), 1, "the transition is one event, delivered once: {opened:?}");
 }
+
+// === a new subscription ===
+
+async fn add_webhook(control: &str, name: &str, url: &str) {
+    let args = [
+        "webhooks",
+        "add",
+        name,
+        "--url",
+        url,
+        "--events",
+        "api:model_failover",
+        "--secret",
+        "env:WEBHOOK_SECRET",
+        "--internal",
+    ];
+    let out = cli(control, &args).await;
+    assert!(out.success, "webhooks add {name}: {}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_added_just_before_an_event_on_another_replica_gets_it() {
+    let cluster = Cluster::start(&[]).await;
+    let receiver = Receiver::start(cluster.dir.path()).await;
+    let version = cluster
+        .apply(&webhook_catalog(&[(
+            "first",
+            &receiver.url("/first"),
+            "    events: [api:model_failover]\n",
+        )]))
+        .await;
+    let leader = cluster.leader("first").await;
+    // The node is on the replica that neither took the apply nor (if it can be helped)
+    // delivers.
+    let mut node = FakeNode::connect(&cluster.url(1 - leader), "n1").await;
+    node.wait_config(version).await;
+    let mut want = BTreeSet::new();
+    for round in 0..3 {
+        let name = format!("late{round}");
+        add_webhook(&cluster.url(leader), &name, &receiver.url(&format!("/{name}"))).await;
+        // At once, on the other replica: acked means stored, and queued for `name`.
+        let id = format!("ev-{name}");
+        node.send_next(vec![event(&id, "key_1")]).await;
+        // And the catalog changes again before the leader may have looked.
+        add_webhook(&cluster.url(leader), &format!("{name}-next"), &receiver.url("/next")).await;
+        want.insert((format!("/{name}"), id));
+    }
+    for (path, id) in want {
+        wait_for_ids(&receiver.log, &path, &[id].into(), WAIT).await;
+    }
+}

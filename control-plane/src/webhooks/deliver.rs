@@ -396,11 +396,22 @@ async fn sync_workers(
             }
             continue;
         }
-        // A subscription seen for the first time starts with the events stored after the
-        // catalog that holds it.
-        let state = states
-            .remove(&webhook.name)
-            .unwrap_or_else(|| SubscriptionState { cursor: catalog_rev, ..Default::default() });
+        // A subscription seen for the first time starts where the apply that added it put
+        // its state (the revision of the catalog before it: docs/webhooks.md, "A new
+        // subscription"), so events stored while this leader's cache lagged are not
+        // skipped; with no state stored (a catalog written by other means), with the events
+        // stored after the catalog that holds it.
+        let state = match states.remove(&webhook.name) {
+            Some(state) => state,
+            None => match shared.store.get(&shared.layout.webhook_state(&webhook.name)).await? {
+                Some(kv) => {
+                    serde_json::from_slice::<SubscriptionState>(&kv.value).unwrap_or_else(|_| {
+                        SubscriptionState { cursor: catalog_rev, ..Default::default() }
+                    })
+                }
+                None => SubscriptionState { cursor: catalog_rev, ..Default::default() },
+            },
+        };
         let (config, config_rx) = watch::channel(Arc::new(SubConfig::new(webhook.clone())));
         let cursor = Arc::new(AtomicI64::new(state.cursor));
         let worker = Worker::new(
