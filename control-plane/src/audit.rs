@@ -1,12 +1,41 @@
-//! The audit log of failover events (`api:model_failover`), as nodes report them.
+//! The audit log of failover events (`api:model_failover`, `api:degraded_response`) and
+//! of nodes' counts of lost events (`events.lost`), as nodes report them.
 //!
-//! Each event is stored under `audit/<at_unix_ms>-<event id>` (see [`Layout::audit`]): key
-//! order is time order, and a batch the node resends (it holds events until acked) writes
-//! the same keys again instead of adding copies. A rewrite bumps the key's `version`, so
-//! readers of the watch treat only a key's first write (`version == 1`) as a new event.
+//! ## On the store
 //!
-//! Retention (at most [`AuditRetention::max_entries`] entries, none older than
-//! [`AuditRetention::max_age`]) runs on one replica, the leader of an election over the
+//! Events are stored in batches, one store value per batch (one per write transaction of
+//! the group-committing [`EventWriter`], up to about `MAX_TXN_BYTES`, far below etcd's
+//! 1.5 MiB request limit), so that a storm costs the store one put per ~1 MiB of events
+//! rather than one key per event:
+//!
+//! - key `audit/<newest at_unix_ms, 13 digits>-batch_<id>_<count>` ([`Layout::audit_batch`]):
+//!   key order is the order of the batches' newest events, and the key says how many events
+//!   the value holds, so retention counts events from keys alone
+//!   ([`crate::layout::events_in_key`]). `<id>` is 24 hex digits of a SHA-256 over the
+//!   batch's sorted event ids ([`crate::events::batch_id`]).
+//! - value: a JSON array of [`AuditEvent`] objects (unknown fields tolerated).
+//! - the webhook outbox likewise: `webhooks/outbox/<newest>-batch_<id>_<count>` holding a
+//!   JSON array of the batch's [`OutboxEntry`]s that some subscription wants, written in
+//!   the same transaction.
+//!
+//! Values written before batches (`audit/<at_unix_ms>-<event id>`, one JSON object) and
+//! single outbox entries (breaker and node events, redeliveries) are read alike
+//! ([`crate::events::decode_entries`]).
+//!
+//! Deduplication: a node holds events until acked and may resend them. A batch resent
+//! whole gets the same id, so the same key is written again; a rewrite bumps the key's
+//! `version`, and readers of the watch treat only a key's first write (`version == 1`) as
+//! new. A resent event that lands in a batch of other composition (its ack was lost and a
+//! round mixed it with other events) is stored twice; readers deduplicate by event id
+//! (`switchyard events`), and webhook receivers by `webhook-id`, as at-least-once delivery
+//! asks of them anyway.
+//!
+//! Retention (at most [`AuditRetention::max_entries`] events, none older than
+//! [`AuditRetention::max_age`]) deletes whole batches from the front of the log (a batch
+//! whose newest event is past the age, or that the count bound passes entirely), and
+//! rewrites the one batch a bound cuts through without its dropped events. An old event in
+//! a batch further on (a node's spool drained long after) goes when its batch does. It runs
+//! on one replica, the leader of an election over the
 //! replicas' leases: the leader watches the log, so it prunes as soon as the count bound is
 //! passed, and sweeps for age every [`PRUNE_INTERVAL`].
 
@@ -17,8 +46,8 @@ use tracing::{debug, info, warn};
 
 use switchyard_time::now_ms;
 
-use crate::events::{AuditEvent, Interest, OutboxEntry};
-use crate::layout::{Layout, MAX_TXN_OPS};
+use crate::events::{AuditEvent, Interest, OutboxEntry, batch_id, decode_entries, encode_batch};
+use crate::layout::{Layout, events_in_key};
 use crate::metrics::ControlMetrics;
 use crate::store::election::{self, Leadership};
 use crate::store::{
@@ -55,8 +84,8 @@ impl Default for AuditRetention {
 /// are stored.
 const MAX_GUARD_RETRIES: usize = 8;
 
-/// Writes every event durably, in transactions of at most [`MAX_TXN_OPS`] operations and
-/// about `MAX_TXN_BYTES`. With `outbox`, an event some webhook subscribes to is queued
+/// Writes every event durably, in transactions of about `MAX_TXN_BYTES`, each one audit
+/// batch and one outbox batch (see the module doc). With `outbox`, an event some webhook subscribes to is queued
 /// for delivery in the same transaction as its audit entry, so that an acked event is
 /// always both recorded and queued; each transaction is guarded on the catalog revision
 /// its subscriptions were read at, and one whose guard fails is decided again on the
@@ -133,40 +162,68 @@ fn event_txns<'e>(
     let guard: Vec<Compare> = revision.map(|r| Interest::guard(layout, r)).into_iter().collect();
     let mut txns = Vec::new();
     let mut members = Vec::new();
-    let mut txn = Txn { compare: guard.clone(), ..Txn::default() };
-    let mut held = Vec::new();
-    let mut bytes = 0;
+    let mut batch = Batch::default();
     for &event in events {
-        let key = layout.audit(event.at_unix_ms, &event.id);
-        let value = serde_json::to_vec(event)
+        let audit = serde_json::to_vec(event)
             .map_err(|e| StoreError::InvalidRequest(format!("cannot encode event: {e}")))?;
-        // The writes of one event: its audit entry, and its outbox entry if wanted.
-        let mut group = vec![TxnOp::Put { key, value, lease: None }];
-        if let Some(webhooks) = &webhooks
-            && webhooks.iter().any(|w| w.wants(event.event_type(), &event.key_id))
-        {
-            group.push(OutboxEntry::from_audit(event, now).put(layout)?);
+        let wanted = webhooks
+            .as_ref()
+            .is_some_and(|w| w.iter().any(|w| w.wants(event.event_type(), &event.key_id)));
+        let outbox = if wanted {
+            let entry = OutboxEntry::from_audit(event, now);
+            Some(serde_json::to_vec(&entry).map_err(|e| {
+                StoreError::InvalidRequest(format!("cannot encode outbox entry: {e}"))
+            })?)
+        } else {
+            None
+        };
+        let size = audit.len() + outbox.as_ref().map_or(0, Vec::len) + 2;
+        if !batch.events.is_empty() && batch.bytes + size > MAX_TXN_BYTES {
+            let (txn, held) = std::mem::take(&mut batch).into_txn(layout, &guard);
+            txns.push(txn);
+            members.push(held);
         }
-        let size: usize = group.iter().map(op_size).sum();
-        if !txn.success.is_empty()
-            && (txn.success.len() + group.len() > MAX_TXN_OPS || bytes + size > MAX_TXN_BYTES)
-        {
-            txns.push(std::mem::replace(
-                &mut txn,
-                Txn { compare: guard.clone(), ..Txn::default() },
-            ));
-            members.push(std::mem::take(&mut held));
-            bytes = 0;
+        batch.bytes += size;
+        batch.newest = batch.newest.max(event.at_unix_ms);
+        batch.audit.push(audit);
+        if let Some(outbox) = outbox {
+            batch.outbox.push(outbox);
+            batch.outbox_ids.push(event.id.as_str());
         }
-        bytes += size;
-        txn.success.extend(group);
-        held.push(event);
+        batch.events.push(event);
     }
-    if !txn.success.is_empty() {
+    if !batch.events.is_empty() {
+        let (txn, held) = batch.into_txn(layout, &guard);
         txns.push(txn);
         members.push(held);
     }
     Ok((txns, members))
+}
+
+/// The events of one transaction, encoded.
+#[derive(Default)]
+struct Batch<'e> {
+    events: Vec<&'e AuditEvent>,
+    audit: Vec<Vec<u8>>,
+    outbox: Vec<Vec<u8>>,
+    outbox_ids: Vec<&'e str>,
+    newest: i64,
+    bytes: usize,
+}
+
+impl<'e> Batch<'e> {
+    /// One put of the audit batch, and one of the outbox batch if any event is wanted.
+    fn into_txn(self, layout: &Layout, guard: &[Compare]) -> (Txn, Vec<&'e AuditEvent>) {
+        let id = batch_id(self.events.iter().map(|e| e.id.as_str()));
+        let key = layout.audit_batch(self.newest, &id, self.events.len());
+        let mut success = vec![TxnOp::Put { key, value: encode_batch(&self.audit), lease: None }];
+        if !self.outbox.is_empty() {
+            let id = batch_id(self.outbox_ids.into_iter());
+            let key = layout.outbox_batch(self.newest, &id, self.outbox.len());
+            success.push(TxnOp::Put { key, value: encode_batch(&self.outbox), lease: None });
+        }
+        (Txn { compare: guard.to_vec(), success, failure: vec![] }, self.events)
+    }
 }
 
 /// Writes the event batches of every node stream on this replica as a group ("group
@@ -174,7 +231,7 @@ fn event_txns<'e>(
 /// previous round was being written, and rounds at least [`MIN_WRITE_INTERVAL`] apart. In an
 /// outage storm, when every request fails over on every node, the store then sees a bounded
 /// number of transactions per second (about `1 / MIN_WRITE_INTERVAL`, plus one per
-/// [`MAX_TXN_OPS`] operations), however many nodes and batches there are; each batch is
+/// `MAX_TXN_BYTES` of events), however many nodes and batches there are; each batch is
 /// still acked only after the transaction holding it succeeded.
 #[derive(Clone)]
 pub struct EventWriter {
@@ -253,22 +310,14 @@ impl EventWriter {
     }
 }
 
-fn op_size(op: &TxnOp) -> usize {
-    match op {
-        TxnOp::Put { key, value, .. } => key.len() + value.len(),
-        TxnOp::Delete { key } => key.len(),
-        TxnOp::DeletePrefix { prefix } => prefix.len(),
-        TxnOp::DeleteRange { start, end } => start.len() + end.len(),
-    }
-}
-
-/// Decodes a stored event; `None` (with a warning) for one this release cannot read.
-pub fn decode(kv: &KeyValue) -> Option<AuditEvent> {
-    match serde_json::from_slice(&kv.value) {
-        Ok(event) => Some(event),
+/// Decodes a stored value (a batch, or one event as older releases wrote it); none (with
+/// a warning) for one this release cannot read.
+pub fn decode(kv: &KeyValue) -> Vec<AuditEvent> {
+    match decode_entries(&kv.value) {
+        Ok(events) => events,
         Err(e) => {
             warn!(key = %kv.key, error = %e, "unreadable audit entry; skipped");
-            None
+            Vec::new()
         }
     }
 }
@@ -344,8 +393,8 @@ async fn lead(
                 Some(Ok(batch)) => {
                     for e in &batch.events {
                         match e.kind {
-                            EventKind::Put if e.kv.version == 1 => count += 1,
-                            EventKind::Delete => count = count.saturating_sub(1),
+                            EventKind::Put if e.kv.version == 1 => count += events_in_key(&e.kv.key),
+                            EventKind::Delete => count = count.saturating_sub(events_in_key(&e.kv.key)),
                             EventKind::Put => {}
                         }
                     }
@@ -374,6 +423,21 @@ async fn lead(
 /// Keys read per listing while pruning.
 const PRUNE_PAGE: usize = 1000;
 
+/// Events in the log, from its keys (a batch's key says how many it holds).
+async fn count_events(store: &dyn Store, prefix: &str) -> Result<usize, StoreError> {
+    let mut total = 0;
+    let mut start = prefix.to_owned();
+    loop {
+        let page = store.list_keys(prefix, &start, PRUNE_PAGE).await?;
+        let full = page.keys.len() == PRUNE_PAGE;
+        total += page.keys.iter().map(|k| events_in_key(k)).sum::<usize>();
+        match page.keys.last() {
+            Some(last) if full => start = format!("{last}\0"),
+            _ => return Ok(total),
+        }
+    }
+}
+
 /// Deletes entries older than the age bound and the oldest beyond the count bound. Returns
 /// the entries left and the revision of the last delete (or of the listing, when nothing
 /// goes). Only keys are read, a page at a time: in an outage storm this runs every second
@@ -397,7 +461,7 @@ async fn prune(
     let prefix = layout.audit_prefix();
     let total = match known {
         Some(n) => n,
-        None => store.count(&prefix).await?.0,
+        None => count_events(store, &prefix).await?,
     };
     let mut page = store.list_keys(&prefix, &prefix, PRUNE_PAGE).await?;
     let mut revision = page.revision;
@@ -413,14 +477,21 @@ async fn prune(
     };
     let mut doomed = 0_usize;
     let mut start = prefix.clone();
+    // The first key not wholly doomed, when it may hold some doomed events.
+    let mut boundary = None;
     loop {
-        let before = doomed;
+        let mut doomed_keys = 0;
         let mut last = None;
         for key in page.keys {
-            if doomed >= excess && key >= too_old {
+            let n = events_in_key(&key);
+            // A key before `too_old` holds only events past the age (its time is its
+            // newest event's); otherwise a key goes whole only if the count allows.
+            if key >= too_old && doomed + n > excess {
+                boundary = Some(key);
                 break;
             }
-            doomed += 1;
+            doomed += n;
+            doomed_keys += 1;
             last = Some(key);
         }
         let Some(last) = last else { break };
@@ -434,11 +505,18 @@ async fn prune(
         }
         revision = result.revision;
         // Read on only past a full page that was doomed to the last key.
-        if doomed - before < PRUNE_PAGE {
+        if doomed_keys < PRUNE_PAGE {
             break;
         }
         page = store.list_keys(&prefix, &end, PRUNE_PAGE).await?;
         start = end;
+    }
+    if let Some(key) = boundary
+        && let Some((trimmed, rev)) =
+            trim(store, layout, &fence, &key, excess.saturating_sub(doomed), cutoff).await?
+    {
+        doomed += trimmed;
+        revision = rev;
     }
     if doomed == 0 {
         return Ok((total, revision));
@@ -446,6 +524,45 @@ async fn prune(
     let kept = total.saturating_sub(doomed);
     info!(pruned = doomed, kept, "audit log pruned");
     Ok((kept, revision))
+}
+
+/// The batch at `key` holds some events retention drops: its `excess` oldest and those
+/// older than `cutoff`. It is replaced by a batch of the rest (a new key: its count and
+/// id change), fenced like every prune. Returns how many went, and the revision.
+async fn trim(
+    store: &dyn Store,
+    layout: &Layout,
+    fence: &Compare,
+    key: &str,
+    excess: usize,
+    cutoff: i64,
+) -> Result<Option<(usize, Revision)>, StoreError> {
+    let Some(kv) = store.get(key).await? else { return Ok(None) };
+    let mut events = decode(&kv);
+    let before = events.len();
+    events.sort_by(|a, b| (a.at_unix_ms, &a.id).cmp(&(b.at_unix_ms, &b.id)));
+    let events: Vec<AuditEvent> =
+        events.into_iter().skip(excess).filter(|e| e.at_unix_ms >= cutoff).collect();
+    let gone = before - events.len();
+    if gone == 0 {
+        return Ok(None);
+    }
+    let mut success = vec![TxnOp::Delete { key: key.to_owned() }];
+    if !events.is_empty() {
+        let encoded = events
+            .iter()
+            .map(serde_json::to_vec)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StoreError::InvalidRequest(format!("cannot encode event: {e}")))?;
+        let newest = events.iter().map(|e| e.at_unix_ms).max().unwrap_or(cutoff);
+        let id = batch_id(events.iter().map(|e| e.id.as_str()));
+        let key = layout.audit_batch(newest, &id, events.len());
+        success.push(TxnOp::Put { key, value: encode_batch(&encoded), lease: None });
+    }
+    // Unchanged since read: a node's resend rewriting it meanwhile is not undone.
+    let compare = vec![fence.clone(), Compare::mod_revision(key, kv.mod_revision)];
+    let result = store.txn(Txn { compare, success, failure: vec![] }).await?;
+    Ok(result.succeeded.then_some((gone, result.revision)))
 }
 
 #[cfg(test)]
@@ -500,15 +617,66 @@ mod tests {
         let queued = store.list(&layout.outbox_prefix()).await.unwrap().kvs;
         let ids: Vec<String> = queued
             .iter()
-            .map(|kv| serde_json::from_slice::<OutboxEntry>(&kv.value).unwrap().id)
+            .flat_map(|kv| decode_entries::<OutboxEntry>(&kv.value).unwrap())
+            .map(|e| e.id)
             .collect();
         assert_eq!(ids, ["ev2", "ev3"], "both queued for the new subscription");
-        assert_eq!(store.count(&layout.audit_prefix()).await.unwrap().0, 3, "each stored once");
+        assert_eq!(
+            count_events(store.as_ref(), &layout.audit_prefix()).await.unwrap(),
+            3,
+            "each stored once"
+        );
 
         // Removed: the next event is decided on the store's catalog again.
         store.put(&layout.catalog(), b"{}".to_vec(), None).await.unwrap();
         write_events(store.as_ref(), &layout, vec![event("ev4")], Some(&interest)).await.unwrap();
-        assert_eq!(store.count(&layout.outbox_prefix()).await.unwrap().0, 2);
+        assert_eq!(count_events(store.as_ref(), &layout.outbox_prefix()).await.unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn events_are_stored_one_value_per_batch_and_pruned_by_their_count() {
+        use crate::store::embedded::EmbeddedStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir.path()).await.unwrap());
+        let layout = Layout::new("/t");
+        let cache = crate::fanout::ConfigCache::new();
+        let interest = Interest::new(cache);
+        let catalog = serde_json::json!({"webhooks": [{"name": "hook", "url": "http://127.0.0.1:1/", "events": ["api:model_failover"], "internal": true}]});
+        store.put(&layout.catalog(), serde_json::to_vec(&catalog).unwrap(), None).await.unwrap();
+        let mut last = Vec::new();
+        for b in 0..10 {
+            let events: Vec<AuditEvent> =
+                (0..100).map(|i| event(&format!("ev{b}-{i:03}"))).collect();
+            last = events.clone();
+            write_events(store.as_ref(), &layout, events, Some(&interest)).await.unwrap();
+        }
+        let audit = store.list(&layout.audit_prefix()).await.unwrap().kvs;
+        assert_eq!(audit.len(), 10, "one value per batch");
+        assert!(audit.iter().all(|kv| events_in_key(&kv.key) == 100), "{}", audit[0].key);
+        assert_eq!(audit.iter().map(|kv| decode(kv).len()).sum::<usize>(), 1_000);
+        let outbox = store.list(&layout.outbox_prefix()).await.unwrap().kvs;
+        assert_eq!(outbox.len(), 10, "the outbox likewise");
+        let entries: Vec<OutboxEntry> = decode_entries(&outbox[0].value).unwrap();
+        assert_eq!(entries.len(), 100);
+
+        // A node resending a batch whole writes the same key: still 1,000 events.
+        write_events(store.as_ref(), &layout, last, None).await.unwrap();
+        assert_eq!(count_events(store.as_ref(), &layout.audit_prefix()).await.unwrap(), 1_000);
+
+        let lease = store.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let election = layout.audit_retention_election();
+        let leadership =
+            election::campaign(Arc::clone(&store), &election, "me", lease).await.unwrap();
+        let retention = AuditRetention { max_entries: 350, max_age: Duration::from_secs(3_600) };
+        let (kept, _) = prune(store.as_ref(), &layout, &leadership, retention, None).await.unwrap();
+        // Batches go whole, oldest first, and the one the bound cuts through is trimmed.
+        assert_eq!(kept, 350);
+        assert_eq!(count_events(store.as_ref(), &layout.audit_prefix()).await.unwrap(), 350);
+        let left = store.list(&layout.audit_prefix()).await.unwrap().kvs;
+        assert_eq!(left.len(), 4);
+        let mut first: Vec<String> = decode(&left[0]).into_iter().map(|e| e.id).collect();
+        first.sort();
+        assert_eq!((first.len(), first[0].as_str()), (50, "ev6-050"), "the newest 50 of it");
     }
 
     #[tokio::test]
@@ -538,7 +706,19 @@ mod tests {
                 }
             })
             .collect();
-        assert_eq!(write_events(store.as_ref(), &layout, events, None).await.unwrap(), 2_600);
+        // One key per event, as releases before batched storage wrote them (still read and
+        // pruned): enough keys for several pages.
+        for chunk in events.chunks(crate::layout::MAX_TXN_OPS) {
+            let success = chunk
+                .iter()
+                .map(|e| TxnOp::Put {
+                    key: layout.audit(e.at_unix_ms, &e.id),
+                    value: serde_json::to_vec(e).unwrap(),
+                    lease: None,
+                })
+                .collect();
+            store.txn(Txn { compare: vec![], success, failure: vec![] }).await.unwrap();
+        }
         let lease = store.grant_lease(Duration::from_secs(60)).await.unwrap();
         let election = layout.audit_retention_election();
         let leadership =
@@ -562,7 +742,7 @@ mod tests {
         let (kept, _) = prune(store.as_ref(), &layout, &leadership, by_count, None).await.unwrap();
         assert_eq!(kept, 100, "the oldest beyond the count went, over two pages");
         let left = store.list(&layout.audit_prefix()).await.unwrap().kvs;
-        let ids: Vec<String> = left.iter().map(|kv| decode(kv).unwrap().id).collect();
+        let ids: Vec<String> = left.iter().map(|kv| decode(kv)[0].id.clone()).collect();
         let newest: Vec<String> = (2_500..2_600).map(|i| format!("ev{i:05}")).collect();
         assert_eq!(ids, newest, "the newest 100 are kept, in order");
 

@@ -540,6 +540,45 @@ impl Interest {
     }
 }
 
+// === batches ===
+
+/// A stored value holding one entry (a JSON object, as written before batched storage and
+/// still by single writes) or a batch of them (a JSON array).
+pub fn decode_entries<T: serde::de::DeserializeOwned>(value: &[u8]) -> serde_json::Result<Vec<T>> {
+    if value.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        serde_json::from_slice(value)
+    } else {
+        serde_json::from_slice(value).map(|one| vec![one])
+    }
+}
+
+/// A JSON array of already encoded entries.
+pub fn encode_batch(entries: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + entries.iter().map(|e| e.len() + 1).sum::<usize>());
+    out.push(b'[');
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(entry);
+    }
+    out.push(b']');
+    out
+}
+
+/// A batch's id, derived from the ids of its events: a batch stored again whole (a node
+/// resending what was stored but not acked) is written under the same key.
+pub fn batch_id<'a>(event_ids: impl Iterator<Item = &'a str>) -> String {
+    let mut ids: Vec<&str> = event_ids.collect();
+    ids.sort_unstable();
+    let mut hasher = Sha256::new();
+    for id in ids {
+        hasher.update(id.as_bytes());
+        hasher.update(b"\n");
+    }
+    digest_id("", &hasher.finalize()).trim_start_matches('_').to_owned()
+}
+
 /// `<prefix>_<hex of the digest's first 12 bytes>`: an id derived from what identifies an
 /// event, so that the same event written twice is one event to receivers.
 pub fn digest_id(prefix: &str, digest: &[u8]) -> String {

@@ -80,9 +80,15 @@ impl Layout {
         format!("{}audit/", self.prefix)
     }
 
-    /// Zero-padded to 13 digits (good until the year 2286), so keys sort by time.
+    /// One event, as releases before batched storage wrote it (still read). Zero-padded to
+    /// 13 digits (good until the year 2286), so keys sort by time.
     pub fn audit(&self, at_unix_ms: i64, event_id: &str) -> String {
         format!("{}audit/{:013}-{}", self.prefix, at_unix_ms.max(0), escape(event_id))
+    }
+
+    /// A batch of `count` events, the newest at `newest_unix_ms` (`<newest, 13 digits>-batch_<id>_<count>`).
+    pub fn audit_batch(&self, newest_unix_ms: i64, batch_id: &str, count: usize) -> String {
+        format!("{}audit/{}", self.prefix, batch_name(newest_unix_ms, batch_id, count))
     }
 
     pub fn breakers_prefix(&self) -> String {
@@ -146,6 +152,11 @@ impl Layout {
         format!("{}webhooks/outbox/{:013}-{}", self.prefix, at_unix_ms.max(0), escape(event_id))
     }
 
+    /// A batch of `count` outbox entries (`<newest, 13 digits>-batch_<id>_<count>`).
+    pub fn outbox_batch(&self, newest_unix_ms: i64, batch_id: &str, count: usize) -> String {
+        format!("{}webhooks/outbox/{}", self.prefix, batch_name(newest_unix_ms, batch_id, count))
+    }
+
     /// One subscription's delivery state (cursor, failing attempts).
     pub fn webhook_state_prefix(&self) -> String {
         format!("{}webhooks/state/", self.prefix)
@@ -179,6 +190,24 @@ impl Layout {
     }
 }
 
+/// `<newest 13 digits>-batch_<id>_<count>`: keys of batches sort by their newest event's
+/// time, like single events' keys, and say how many events they hold, so that the audit
+/// log's retention counts events from its keys alone. `batch_id` is 24 hex digits.
+fn batch_name(newest_unix_ms: i64, batch_id: &str, count: usize) -> String {
+    format!("{:013}-batch_{batch_id}_{count}", newest_unix_ms.max(0))
+}
+
+/// How many events the audit or outbox value at `key` holds: a batch's count, else 1.
+pub fn events_in_key(key: &str) -> usize {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    let batch = name.split_once('-').and_then(|(_, rest)| rest.strip_prefix("batch_"));
+    batch
+        .and_then(|rest| rest.split_once('_'))
+        .filter(|(id, _)| id.len() == 24 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .and_then(|(_, count)| count.parse().ok())
+        .unwrap_or(1)
+}
+
 /// One key segment from outside (node id, provider, model, event id).
 fn escape(segment: &str) -> String {
     segment.replace('%', "%25").replace('/', "%2F")
@@ -194,6 +223,13 @@ mod tests {
         assert_eq!(l.audit(734, "ev1"), "/s/audit/0000000000734-ev1");
         assert!(l.audit(9_999, "z") < l.audit(10_000, "a"));
         assert!(l.audit(1, "e").starts_with(&l.audit_prefix()));
+        let batch = l.audit_batch(734, "0123456789abcdef01234567", 500);
+        assert_eq!(batch, "/s/audit/0000000000734-batch_0123456789abcdef01234567_500");
+        assert!(batch < l.audit(735, "a") && batch > l.audit(733, "z"));
+        assert_eq!(events_in_key(&batch), 500);
+        assert_eq!(events_in_key(&l.audit(734, "ev1")), 1);
+        assert_eq!(events_in_key(&l.audit(734, "batch_x_7")), 1, "an event id is one event");
+        assert_eq!(events_in_key(&l.outbox_batch(1, "0123456789abcdef01234567", 3)), 3);
     }
 
     #[test]

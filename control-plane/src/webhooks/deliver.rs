@@ -46,7 +46,7 @@ use switchyard_time::now_ms;
 use super::client::{self, Outcome, WebhookClient};
 use super::signing::{batch_id, signing_key};
 use super::state::{DeadLetter, PendingDelivery, SubscriptionState};
-use crate::events::OutboxEntry;
+use crate::events::{OutboxEntry, decode_entries};
 use crate::fanout::ConfigCache;
 use crate::layout::{self, Layout, MAX_TXN_OPS};
 use crate::store::election::{self, Leadership};
@@ -135,7 +135,8 @@ pub async fn run(
 // === the outbox in memory ===
 
 /// An outbox entry's place in delivery order: its create revision, then its key (one
-/// transaction creates many entries at one revision).
+/// transaction creates many entries at one revision). An entry of a batch value is keyed
+/// `<batch key>#<index>`; a single entry by its key.
 type Slot = (Revision, String);
 
 /// The first slot after every entry created at or below `revision`.
@@ -144,6 +145,8 @@ fn after(revision: Revision) -> Slot {
 }
 
 struct Queued {
+    /// The store key of the value holding the entry (deleted once every entry it holds
+    /// is done: they share its create revision, so cursors pass them together).
     key: String,
     entry: OutboxEntry,
 }
@@ -151,34 +154,40 @@ struct Queued {
 #[derive(Default)]
 struct OutboxView {
     by_rev: BTreeMap<Slot, Arc<Queued>>,
-    rev_of: HashMap<String, Revision>,
+    /// Store key → its create revision and its entries' slot keys.
+    rev_of: HashMap<String, (Revision, Vec<String>)>,
     /// Every outbox change at or below this revision is in the view.
     horizon: Revision,
 }
 
 impl OutboxView {
     fn upsert(&mut self, key: &str, create_revision: Revision, value: &[u8]) {
-        let entry = match serde_json::from_slice::<OutboxEntry>(value) {
-            Ok(entry) => entry,
+        let batch = value.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+        let entries = match decode_entries::<OutboxEntry>(value) {
+            Ok(entries) => entries,
             Err(e) => {
                 warn!(key, error = %e, "unreadable outbox entry; skipped");
                 return;
             }
         };
-        if let Some(old) = self.rev_of.insert(key.to_owned(), create_revision)
-            && old != create_revision
-        {
-            self.by_rev.remove(&(old, key.to_owned()));
+        self.remove(key);
+        let mut slots = Vec::with_capacity(entries.len());
+        for (i, entry) in entries.into_iter().enumerate() {
+            let slot = if batch { format!("{key}#{i:05}") } else { key.to_owned() };
+            self.by_rev.insert(
+                (create_revision, slot.clone()),
+                Arc::new(Queued { key: key.to_owned(), entry }),
+            );
+            slots.push(slot);
         }
-        self.by_rev.insert(
-            (create_revision, key.to_owned()),
-            Arc::new(Queued { key: key.to_owned(), entry }),
-        );
+        self.rev_of.insert(key.to_owned(), (create_revision, slots));
     }
 
     fn remove(&mut self, key: &str) {
-        if let Some(rev) = self.rev_of.remove(key) {
-            self.by_rev.remove(&(rev, key.to_owned()));
+        if let Some((rev, slots)) = self.rev_of.remove(key) {
+            for slot in slots {
+                self.by_rev.remove(&(rev, slot));
+            }
         }
     }
 }
@@ -448,11 +457,17 @@ async fn collect_garbage(
             .min()
             .unwrap_or(view.horizon)
             .min(view.horizon);
-        view.by_rev
-            .range(..after(floor))
-            .take(GC_MAX_TXNS * MAX_TXN_OPS)
-            .map(|(_, q)| q.key.clone())
-            .collect()
+        // A batch's entries are adjacent (one revision, one key prefix): one delete each.
+        let mut keys: Vec<String> = Vec::new();
+        for (_, q) in view.by_rev.range(..after(floor)) {
+            if keys.last() != Some(&q.key) {
+                if keys.len() == GC_MAX_TXNS * MAX_TXN_OPS {
+                    break;
+                }
+                keys.push(q.key.clone());
+            }
+        }
+        keys
     };
     for chunk in keys.chunks(MAX_TXN_OPS) {
         let ops = chunk.iter().map(|key| TxnOp::Delete { key: key.clone() }).collect();
@@ -944,5 +959,51 @@ mod tests {
     #[test]
     fn unescape_reverses_the_layout() {
         assert_eq!(unescape("a%2Fb%25c"), "a/b%c");
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn entry(id: &str) -> OutboxEntry {
+        OutboxEntry {
+            id: id.into(),
+            event_type: "api:model_failover".into(),
+            at_unix_ms: 1,
+            enqueued_unix_ms: 1,
+            key_id: String::new(),
+            data: serde_json::Value::Null,
+            only: vec![],
+        }
+    }
+
+    #[test]
+    fn a_batch_value_is_one_slot_per_entry_and_goes_whole() {
+        let mut view = OutboxView::default();
+        let batch = serde_json::to_vec(&[entry("a"), entry("b"), entry("c")]).unwrap();
+        view.upsert("/o/1-batch", 7, &batch);
+        view.upsert("/o/2-single", 8, &serde_json::to_vec(&entry("d")).unwrap());
+        let slots: Vec<(Revision, String, String)> = view
+            .by_rev
+            .iter()
+            .map(|((rev, slot), q)| (*rev, slot.clone(), q.entry.id.clone()))
+            .collect();
+        assert_eq!(
+            slots,
+            [
+                (7, "/o/1-batch#00000".to_owned(), "a".to_owned()),
+                (7, "/o/1-batch#00001".to_owned(), "b".to_owned()),
+                (7, "/o/1-batch#00002".to_owned(), "c".to_owned()),
+                (8, "/o/2-single".to_owned(), "d".to_owned()),
+            ]
+        );
+        assert!(view.by_rev.values().take(3).all(|q| q.key == "/o/1-batch"));
+        // Rewritten in place (a resend): the same slots, not more.
+        view.upsert("/o/1-batch", 7, &batch);
+        assert_eq!(view.by_rev.len(), 4);
+        view.remove("/o/1-batch");
+        assert_eq!(view.by_rev.len(), 1, "the batch's entries go with its key");
     }
 }
