@@ -367,7 +367,7 @@ async fn lead(
                 sync_workers(&shared, &mut workers, &mut states, webhooks, revision).await?;
                 synced = true;
             }
-            _ = gc.tick(), if synced => collect_garbage(&shared, &workers).await?,
+            _ = gc.tick(), if synced => collect_garbage(&shared, &workers, catalog_rev).await?,
         }
     }
 }
@@ -444,11 +444,22 @@ async fn sync_workers(
     Ok(())
 }
 
-/// Deletes outbox entries every subscription is done with.
+/// Deletes outbox entries every subscription is done with. `catalog_rev` is the catalog
+/// revision the workers reflect: while the store holds a newer catalog, a subscription
+/// added there may have no worker yet, and its cursor (stored by the apply that added it)
+/// may be behind every worker's, so nothing is deleted until the workers catch up; each
+/// delete is guarded on the catalog being the one checked.
 async fn collect_garbage(
     shared: &Shared,
     workers: &HashMap<String, WorkerHandle>,
+    catalog_rev: Revision,
 ) -> Result<(), StoreError> {
+    let catalog_key = shared.layout.catalog();
+    let stored = shared.store.get(&catalog_key).await?.map_or(0, |kv| kv.mod_revision);
+    if stored > catalog_rev {
+        return Ok(());
+    }
+    let guard = Compare::mod_revision(catalog_key, stored);
     let keys: Vec<String> = {
         let view = shared.view();
         let floor = workers
@@ -470,9 +481,12 @@ async fn collect_garbage(
         keys
     };
     for chunk in keys.chunks(MAX_TXN_OPS) {
-        let ops = chunk.iter().map(|key| TxnOp::Delete { key: key.clone() }).collect();
-        if !shared.write(ops).await? {
-            return Err(StoreError::LeaseNotFound(0));
+        let success = chunk.iter().map(|key| TxnOp::Delete { key: key.clone() }).collect();
+        let compare = vec![shared.fence.clone(), guard.clone()];
+        // Refused: the catalog changed (the next pass, after the workers caught up, takes
+        // it), or this replica no longer leads (its leadership watch ends the loop).
+        if !shared.store.txn(Txn { compare, success, failure: vec![] }).await?.succeeded {
+            return Ok(());
         }
         let mut view = shared.outbox.write().unwrap_or_else(|e| e.into_inner());
         for key in chunk {
