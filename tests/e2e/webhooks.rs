@@ -1172,3 +1172,53 @@ async fn a_subscription_added_just_before_an_event_on_another_replica_gets_it() 
         wait_for_ids(&receiver.log, &path, &[id].into(), WAIT).await;
     }
 }
+
+// === storms ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_for_one_subscription_does_not_starve_another() {
+    let cluster = Cluster::start(&["--webhook-timeout-ms", "10000"]).await;
+    let receiver = Receiver::start(cluster.dir.path()).await;
+    // The storm's subscriptions: one endpoint that never answers (its backlog only grows,
+    // holding the outbox), one that takes it in batches.
+    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole = format!("http://{}/hook", black_hole.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = black_hole.accept().await {
+            open.push(socket);
+        }
+    });
+    let storm = "    events: [api:model_failover]\n    keys: [key_1]\n";
+    let batched = format!("{storm}    batch_max_events: 100\n");
+    let version = cluster
+        .apply(&webhook_catalog(&[
+            ("held", &hole, storm),
+            ("storm", &receiver.url("/storm"), &batched),
+            (
+                "quiet",
+                &receiver.url("/quiet"),
+                "    events: [api:model_failover]\n    keys: [key_2]\n",
+            ),
+        ]))
+        .await;
+    cluster.leader("quiet").await;
+    let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    node.wait_config(version).await;
+    let mut stormed = BTreeSet::new();
+    for round in 0..8 {
+        let burst = ids(&format!("storm{round}"), 0..500);
+        node.send_next(burst.iter().map(|id| event(id, "key_1")).collect()).await;
+        stormed.extend(burst);
+        // The other subscription's event, stored behind the storm so far, is delivered
+        // promptly all the same.
+        let quiet = format!("quiet-{round}");
+        node.send_next(vec![event(&quiet, "key_2")]).await;
+        wait_for_ids(&receiver.log, "/quiet", &[quiet].into(), Duration::from_secs(5)).await;
+    }
+    wait_for_ids(&receiver.log, "/storm", &stormed, WAIT).await;
+    let held_state = cluster.deliveries("held").await;
+    assert_eq!(held_state["delivered"], 0, "the black hole took nothing: {held_state}");
+    assert_eq!(event_ids(&accepted(&receiver.log, "/quiet")).len(), 8, "only its own events");
+    held.abort();
+}
