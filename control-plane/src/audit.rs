@@ -33,7 +33,9 @@
 //! Retention (at most [`AuditRetention::max_entries`] events, none older than
 //! [`AuditRetention::max_age`]) deletes whole batches from the front of the log (a batch
 //! whose newest event is past the age, or that the count bound passes entirely), and
-//! rewrites the one batch a bound cuts through without its dropped events. An old event in
+//! rewrites the one batch a bound cuts through without its dropped events, under a key
+//! marked `t` after its count ([`Layout::audit_batch_trimmed`]) so that watchers do not
+//! take its events for new ones. An old event in
 //! a batch further on (a node's spool drained long after) goes when its batch does. It runs
 //! on one replica, the leader of an election over the
 //! replicas' leases: the leader watches the log, so it prunes as soon as the count bound is
@@ -47,7 +49,7 @@ use tracing::{debug, info, warn};
 use switchyard_time::now_ms;
 
 use crate::events::{AuditEvent, Interest, OutboxEntry, batch_id, decode_entries, encode_batch};
-use crate::layout::{Layout, events_in_key};
+use crate::layout::{Layout, batch_trimmed, events_in_key};
 use crate::metrics::ControlMetrics;
 use crate::store::election::{self, Leadership};
 use crate::store::{
@@ -322,9 +324,10 @@ pub fn decode(kv: &KeyValue) -> Vec<AuditEvent> {
     }
 }
 
-/// Whether a watched put is an event's first write rather than a redelivery's rewrite.
+/// Whether a watched put holds new events: its key's first write (a rewrite is a node's
+/// resend), and not what retention left of a batch.
 pub fn is_new(kind: EventKind, kv: &KeyValue) -> bool {
-    kind == EventKind::Put && kv.version == 1
+    kind == EventKind::Put && kv.version == 1 && !batch_trimmed(&kv.key)
 }
 
 // === retention ===
@@ -556,7 +559,7 @@ async fn trim(
             .map_err(|e| StoreError::InvalidRequest(format!("cannot encode event: {e}")))?;
         let newest = events.iter().map(|e| e.at_unix_ms).max().unwrap_or(cutoff);
         let id = batch_id(events.iter().map(|e| e.id.as_str()));
-        let key = layout.audit_batch(newest, &id, events.len());
+        let key = layout.audit_batch_trimmed(newest, &id, events.len());
         success.push(TxnOp::Put { key, value: encode_batch(&encoded), lease: None });
     }
     // Unchanged since read: a node's resend rewriting it meanwhile is not undone.
@@ -674,6 +677,8 @@ mod tests {
         assert_eq!(count_events(store.as_ref(), &layout.audit_prefix()).await.unwrap(), 350);
         let left = store.list(&layout.audit_prefix()).await.unwrap().kvs;
         assert_eq!(left.len(), 4);
+        assert!(batch_trimmed(&left[0].key), "{}", left[0].key);
+        assert!(!is_new(EventKind::Put, &left[0]), "its events are not new to a follower");
         let mut first: Vec<String> = decode(&left[0]).into_iter().map(|e| e.id).collect();
         first.sort();
         assert_eq!((first.len(), first[0].as_str()), (50, "ev6-050"), "the newest 50 of it");

@@ -91,6 +91,13 @@ impl Layout {
         format!("{}audit/{}", self.prefix, batch_name(newest_unix_ms, batch_id, count))
     }
 
+    /// What retention leaves of a batch it cut through: named like a batch, with `t` after
+    /// the count, so that readers of the watch know its events are not new
+    /// ([`batch_trimmed`]).
+    pub fn audit_batch_trimmed(&self, newest_unix_ms: i64, batch_id: &str, count: usize) -> String {
+        format!("{}t", self.audit_batch(newest_unix_ms, batch_id, count))
+    }
+
     pub fn breakers_prefix(&self) -> String {
         format!("{}breakers/", self.prefix)
     }
@@ -197,15 +204,29 @@ fn batch_name(newest_unix_ms: i64, batch_id: &str, count: usize) -> String {
     format!("{:013}-batch_{batch_id}_{count}", newest_unix_ms.max(0))
 }
 
+/// A batch key's count part (`<count>` or `<count>t`), `None` for a single event's key.
+fn batch_count(key: &str) -> Option<&str> {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    let batch = name.split_once('-').and_then(|(_, rest)| rest.strip_prefix("batch_"))?;
+    let (id, count) = batch.split_once('_')?;
+    let digits = count.strip_suffix('t').unwrap_or(count);
+    let valid = id.len() == 24
+        && id.bytes().all(|b| b.is_ascii_hexdigit())
+        && !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit());
+    valid.then_some(count)
+}
+
 /// How many events the audit or outbox value at `key` holds: a batch's count, else 1.
 pub fn events_in_key(key: &str) -> usize {
-    let name = key.rsplit('/').next().unwrap_or(key);
-    let batch = name.split_once('-').and_then(|(_, rest)| rest.strip_prefix("batch_"));
-    batch
-        .and_then(|rest| rest.split_once('_'))
-        .filter(|(id, _)| id.len() == 24 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-        .and_then(|(_, count)| count.parse().ok())
+    batch_count(key)
+        .and_then(|count| count.strip_suffix('t').unwrap_or(count).parse().ok())
         .unwrap_or(1)
+}
+
+/// Whether `key` is what retention left of a batch (its events were stored before).
+pub fn batch_trimmed(key: &str) -> bool {
+    batch_count(key).is_some_and(|count| count.ends_with('t'))
 }
 
 /// One key segment from outside (node id, provider, model, event id).
@@ -230,6 +251,9 @@ mod tests {
         assert_eq!(events_in_key(&l.audit(734, "ev1")), 1);
         assert_eq!(events_in_key(&l.audit(734, "batch_x_7")), 1, "an event id is one event");
         assert_eq!(events_in_key(&l.outbox_batch(1, "0123456789abcdef01234567", 3)), 3);
+        let trimmed = l.audit_batch_trimmed(734, "0123456789abcdef01234567", 42);
+        assert_eq!((events_in_key(&trimmed), batch_trimmed(&trimmed)), (42, true));
+        assert!(!batch_trimmed(&batch) && !batch_trimmed(&l.audit(1, "batch_x_7t")));
     }
 
     #[test]
