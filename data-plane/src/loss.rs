@@ -8,7 +8,13 @@
 //! Reports are held like failover events: at most one report per (events, reason) is in
 //! flight; what is lost meanwhile is added to the next. A report keeps its id across
 //! resends, so a control plane that stored one but whose ack was lost writes the same audit
-//! entry again instead of a second one.
+//! entry again instead of a second one. A node that stops before a control plane acked its
+//! reports keeps them in `<data-dir>/events-lost` ([`save`], [`load`]) for its next start.
+
+use std::io;
+use std::path::Path;
+
+use prost::Message;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -211,18 +217,7 @@ impl Losses {
             .copied()
             .collect();
         for key in ready {
-            let Some(p) = inner.pending.remove(&key) else { continue };
-            inner.next_report += 1;
-            let id = format!("lost_{}_{}", self.boot_id, inner.next_report);
-            let report = pb::EventsLost {
-                id: id.clone(),
-                count: p.count,
-                reason: key.1.as_str().to_owned(),
-                events: key.0.as_str().to_owned(),
-                first_unix_ms: p.first_unix_ms,
-                last_unix_ms: p.last_unix_ms,
-            };
-            inner.in_flight.insert(id, Report { report, sent: false });
+            self.report_pending(&mut inner, key);
         }
         inner
             .in_flight
@@ -233,6 +228,22 @@ impl Losses {
                 r.report.clone()
             })
             .collect()
+    }
+
+    /// Moves what is counted for `key` into a new report, to send.
+    fn report_pending(&self, inner: &mut Inner, key: (Lost, Reason)) {
+        let Some(p) = inner.pending.remove(&key) else { return };
+        inner.next_report += 1;
+        let id = format!("lost_{}_{}", self.boot_id, inner.next_report);
+        let report = pb::EventsLost {
+            id: id.clone(),
+            count: p.count,
+            reason: key.1.as_str().to_owned(),
+            events: key.0.as_str().to_owned(),
+            first_unix_ms: p.first_unix_ms,
+            last_unix_ms: p.last_unix_ms,
+        };
+        inner.in_flight.insert(id, Report { report, sent: false });
     }
 
     /// The control plane stored report `id`.
@@ -247,11 +258,78 @@ impl Losses {
         }
     }
 
+    /// Every report not yet acked, what is counted but not yet in a report included (for
+    /// [`save`]).
+    pub fn unacked(&self) -> Vec<pb::EventsLost> {
+        let mut inner = self.lock();
+        let keys: Vec<(Lost, Reason)> = inner.pending.keys().copied().collect();
+        for key in keys {
+            self.report_pending(&mut inner, key);
+        }
+        inner.in_flight.values().map(|r| r.report.clone()).collect()
+    }
+
+    /// Reports an earlier run of the node saved: sent, under their ids, like its own.
+    pub fn restore(&self, reports: Vec<pb::EventsLost>) {
+        let mut inner = self.lock();
+        for report in reports {
+            inner.in_flight.insert(report.id.clone(), Report { report, sent: false });
+        }
+    }
+
     /// Whether some loss is not yet acked by a control plane.
     pub fn unreported(&self) -> bool {
         let inner = self.lock();
         !inner.pending.is_empty() || !inner.in_flight.is_empty()
     }
+}
+
+/// The file in the data dir that keeps unacked reports across a restart.
+const FILE: &str = "events-lost";
+
+/// Writes `reports` (length-delimited protobuf) to `<dir>/events-lost`, replacing it
+/// whole (a temporary file, synced, renamed); with none, removes the file.
+pub fn save(dir: &Path, reports: &[pb::EventsLost]) -> io::Result<()> {
+    let path = dir.join(FILE);
+    if reports.is_empty() {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    }
+    let mut out = Vec::new();
+    for report in reports {
+        report.encode_length_delimited(&mut out).map_err(io::Error::other)?;
+    }
+    let tmp = dir.join(format!("{FILE}.tmp"));
+    let mut file = std::fs::File::create(&tmp)?;
+    io::Write::write_all(&mut file, &out)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, &path)
+}
+
+/// The reports an earlier run saved, removing the file (they are held in memory now, and
+/// saved again if still unacked at the next stop). An unreadable rest is logged and skipped.
+pub fn load(dir: &Path) -> io::Result<Vec<pb::EventsLost>> {
+    let path = dir.join(FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut reports = Vec::new();
+    let mut rest = bytes.as_slice();
+    while !rest.is_empty() {
+        match pb::EventsLost::decode_length_delimited(&mut rest) {
+            Ok(report) => reports.push(report),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "the saved count of lost events ends unreadable; skipping the rest");
+                break;
+            }
+        }
+    }
+    std::fs::remove_file(&path)?;
+    Ok(reports)
 }
 
 #[cfg(test)]
@@ -284,6 +362,29 @@ mod tests {
         losses.ack(&next[0].id);
         assert!(!losses.unreported());
         assert_eq!((losses.total(), losses.counter.get()), (9, 9));
+    }
+
+    #[test]
+    fn unacked_reports_are_saved_for_the_next_start_and_sent_under_their_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let losses = Losses::new(Counter::default(), "b1".into());
+        losses.lose(Lost::Failover, Reason::SpoolUnwritable, 7);
+        let sent = losses.reports_to_send();
+        losses.lose(Lost::Failover, Reason::SpoolUnwritable, 2);
+        let unacked = losses.unacked();
+        assert_eq!(unacked.len(), 2, "the one sent and the one counted since");
+        save(dir.path(), &unacked).unwrap();
+
+        let next = Losses::new(Counter::default(), "b2".into());
+        next.restore(load(dir.path()).unwrap());
+        assert!(!dir.path().join(FILE).exists(), "taken in hand");
+        let mut resent = next.reports_to_send();
+        resent.sort_by_key(|r| r.count);
+        assert_eq!((resent[0].count, resent[1].count), (2, 7));
+        assert_eq!(resent[1].id, sent[0].id, "the same id: one audit entry");
+        assert_eq!(next.total(), 0, "the counter is this run's");
+        save(dir.path(), &[]).unwrap();
+        assert!(load(dir.path()).unwrap().is_empty());
     }
 
     #[test]

@@ -215,6 +215,26 @@ impl Telemetry {
         Ok(n)
     }
 
+    /// The node is stopping, no control plane took its events, and it has no spool to keep
+    /// them in: they are lost, and counted (the count is kept for the next start when the
+    /// node has a data dir). Returns how many.
+    pub fn drop_held(&self) -> usize {
+        self.requeue_in_flight();
+        let n = {
+            let mut q = lock(&self.events);
+            q.held = 0;
+            let n = q.pending.len();
+            q.pending.clear();
+            n
+        };
+        let reason = match self.losses.spool() {
+            SpoolState::Unwritable => Reason::SpoolUnwritable,
+            _ => Reason::MemoryFull,
+        };
+        self.losses.lose(Lost::Failover, reason, n as u64);
+        n
+    }
+
     pub fn has_spool(&self) -> bool {
         self.spool.is_some()
     }

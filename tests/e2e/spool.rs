@@ -197,3 +197,92 @@ async fn an_unwritable_spool_keeps_the_node_serving_counts_each_lost_event_and_t
     assert_eq!((ready.status, ready.json()["event_spool"]["lost"].as_u64()), (200, Some(lost)));
     drop((sim, node, cp));
 }
+
+#[tokio::test]
+async fn a_node_stopped_before_any_control_plane_recorded_its_losses_reports_them_after_its_restart()
+ {
+    const REQUESTS: u64 = 12;
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let store = format!("file://{}", gw.path().join("store").display());
+    let node_dir = gw.path().join("node");
+    let Gateway { dir, sim, cp, node, key, .. } = gw;
+    eventually(Duration::from_secs(10), "the node's config persisted", || async {
+        node_dir.join("config.json").exists().then_some(())
+    })
+    .await;
+    node.kill().await;
+    cp.kill().await;
+    let spool = node_dir.join("event-spool");
+    if spool.exists() {
+        std::fs::remove_dir_all(&spool).unwrap();
+    }
+    std::fs::write(&spool, b"not a directory").unwrap();
+    let cp_port = switchyard_e2e::ReservedPort::new();
+    let cp_url = format!("http://{}", cp_port.addr());
+    let data = node_dir.display().to_string();
+    let args = [
+        "node",
+        "--control",
+        &cp_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data,
+        "--event-buffer-events",
+        "4",
+        "--drain-timeout",
+        "1s",
+    ];
+    let mut node = switchyard_e2e::Proc::start(&args, &[], dir.path().join("node2.log")).await;
+    let addr = node.addr;
+    eventually(Duration::from_secs(10), "the node ready", || switchyard_e2e::node_version(addr))
+        .await;
+    let body = json!({"model": PRIMARY, "fallback_models": [SECONDARY],
+        "messages": [{"role": "user", "content": "hi"}]});
+    for _ in 0..REQUESTS {
+        let r = switchyard_e2e::http_request(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(&key),
+            Some(body.to_string().as_bytes()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
+    // Stopped with no control plane: the 4 held are lost too (no spool), and every count
+    // is kept in the data dir.
+    let pid = node.child.id().unwrap();
+    let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    assert!(status.unwrap().success());
+    let exited = tokio::time::timeout(Duration::from_secs(20), node.child.wait()).await;
+    assert!(exited.expect("the node exits after its hand-off budget").unwrap().success());
+    assert!(node_dir.join("events-lost").exists(), "{}", node.log_text());
+
+    let node = switchyard_e2e::Proc::start(&args, &[], dir.path().join("node3.log")).await;
+    // Read before it listens.
+    assert!(
+        node.log_text().contains("counts of lost events an earlier run kept will be sent"),
+        "{}",
+        node.log_text()
+    );
+    let cp = start_control(&store, &cp_port.addr().to_string(), dir.path(), "cp2").await;
+    let counted = eventually(Duration::from_secs(20), "events.lost stored", || async {
+        let lost: u64 = events(&cp.url())
+            .await
+            .iter()
+            .filter(|e| e["type"] == "events.lost")
+            .map(|e| e["count"].as_u64().unwrap())
+            .sum();
+        (lost >= REQUESTS).then_some(lost)
+    })
+    .await;
+    let stored =
+        events(&cp.url()).await.iter().filter(|e| e["type"] == "api:model_failover").count();
+    // Nothing went silently: stored + counted lost = failovers served.
+    assert_eq!((stored as u64, counted), (0, REQUESTS));
+    drop((sim, node, cp));
+}
