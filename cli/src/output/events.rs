@@ -107,6 +107,43 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
     }
 }
 
+/// An `events.lost` entry as `--json` prints it: without the request fields a failover
+/// event has, so that a reader counting failover events (by their `attempts`) cannot take
+/// it for one.
+#[derive(Debug, Serialize)]
+struct LostLine<'a> {
+    #[serde(rename = "type")]
+    event_type: &'static str,
+    id: &'a str,
+    at_unix_ms: i64,
+    node_id: &'a str,
+    count: u64,
+    reason: &'a str,
+    events: &'a str,
+    first_unix_ms: i64,
+    last_unix_ms: i64,
+}
+
+impl EventView {
+    /// The entry as one line of `--json`.
+    pub fn json(&self) -> serde_json::Result<String> {
+        match self.count {
+            Some(count) => serde_json::to_string(&LostLine {
+                event_type: self.event_type,
+                id: &self.id,
+                at_unix_ms: self.at_unix_ms,
+                node_id: &self.node_id,
+                count,
+                reason: self.reason.as_deref().unwrap_or_default(),
+                events: self.events.as_deref().unwrap_or_default(),
+                first_unix_ms: self.first_unix_ms.unwrap_or(self.at_unix_ms),
+                last_unix_ms: self.last_unix_ms.unwrap_or(self.at_unix_ms),
+            }),
+            None => serde_json::to_string(self),
+        }
+    }
+}
+
 /// `failed(timeout 30011ms)`, `served(734ms)`, `skipped(circuit_open)`; `probe` marks an
 /// attempt made through an open breaker, `injected=NAME` one a drill's fault affected.
 fn attempt(a: &AttemptView) -> String {
@@ -239,11 +276,11 @@ mod tests {
             "2026-12-02 13:52:37 UTC  events.lost  node=node-a  15 failover events lost \
              (spool_unwritable) from 2026-12-02 13:52:36 UTC\n"
         );
-        let json = serde_json::to_value(&e).unwrap();
-        assert_eq!(
-            (json["type"].as_str(), json["count"].as_u64()),
-            (Some("events.lost"), Some(15))
-        );
+        let json: serde_json::Value = serde_json::from_str(&e.json().unwrap()).unwrap();
+        assert_eq!(json["type"], "events.lost");
+        assert_eq!(json["count"], 15);
         assert_eq!(json["reason"], "spool_unwritable");
+        assert_eq!(json["node_id"], "node-a");
+        assert!(json.get("attempts").is_none(), "no request fields: {json}");
     }
 }
