@@ -277,13 +277,17 @@ impl EventWriter {
                 let mut events = Vec::with_capacity(count);
                 let mut counts = Vec::with_capacity(requests.len());
                 let mut replies = Vec::with_capacity(requests.len());
+                // The metric counts failover events; an `events.lost` entry is a count of
+                // events that never arrived.
+                let mut stored = 0;
                 for r in requests {
                     counts.push(r.events.iter().filter(|e| !e.id.is_empty()).count());
+                    stored +=
+                        r.events.iter().filter(|e| !e.id.is_empty() && e.lost.is_none()).count();
                     events.extend(r.events);
                     replies.push(r.done);
                 }
                 let result = write_events(store.as_ref(), &layout, events, Some(&outbox)).await;
-                let stored: usize = counts.iter().sum();
                 match &result {
                     Ok(_) => metrics.events_stored.inc_by(stored as u64),
                     Err(_) => metrics.event_write_failures.inc_by(stored as u64),
