@@ -142,6 +142,10 @@ fn gone() -> io::Error {
 struct Writer {
     seq: u64,
     file: BufWriter<File>,
+    /// The file's size after the last successful flush: what a failed write is cut back to.
+    flushed_bytes: u64,
+    /// Records in the buffer since then, which a failed write loses.
+    unflushed: u64,
 }
 
 struct State {
@@ -216,15 +220,38 @@ impl State {
         }
         match self.write(&record) {
             Ok(()) => self.set_state(SpoolState::Ok),
-            Err(e) => {
-                if self.state != SpoolState::Unwritable {
-                    tracing::error!(error = %e, dir = %self.dir.display(), "cannot write the event spool; events that do not fit in memory are counted as lost until it can");
+            Err(e) => self.fail_writer(&e, 1),
+        }
+    }
+
+    /// A write or flush failed (a full disk, say): the records buffered since the last
+    /// successful flush, and `extra` not yet buffered, are lost and counted; the file is cut
+    /// back to what was flushed, so that no torn record is read back later (and counted a
+    /// second time), and the next event opens a new file.
+    fn fail_writer(&mut self, error: &io::Error, extra: u64) {
+        if self.state != SpoolState::Unwritable {
+            tracing::error!(error = %error, dir = %self.dir.display(), "cannot write the event spool; events that do not fit in memory are counted as lost until it can");
+        }
+        let mut lost = extra;
+        if let Some(writer) = self.writer.take() {
+            lost += writer.unflushed;
+            // Without the buffer: dropping a BufWriter would try to write it once more.
+            let (file, _unwritten) = writer.file.into_parts();
+            let size = self.segments.get(&writer.seq).copied().unwrap_or(0);
+            self.total -= size.saturating_sub(writer.flushed_bytes);
+            if writer.flushed_bytes == 0 {
+                drop(file);
+                self.segments.remove(&writer.seq);
+                let _ = fs::remove_file(self.path(writer.seq));
+            } else {
+                self.segments.insert(writer.seq, writer.flushed_bytes);
+                if let Err(e) = file.set_len(writer.flushed_bytes) {
+                    tracing::warn!(error = %e, "could not cut the event spool's file back");
                 }
-                self.writer = None;
-                self.set_state(SpoolState::Unwritable);
-                self.lose(Reason::SpoolUnwritable, 1);
             }
         }
+        self.set_state(SpoolState::Unwritable);
+        self.lose(Reason::SpoolUnwritable, lost);
     }
 
     fn write(&mut self, record: &[u8]) -> io::Result<()> {
@@ -238,20 +265,25 @@ impl State {
             let seq = self.segments.keys().next_back().map_or(FIRST_SEQ, |last| last + 1);
             let file = OpenOptions::new().create(true).append(true).open(self.path(seq))?;
             self.segments.insert(seq, 0);
-            self.writer = Some(Writer { seq, file: BufWriter::new(file) });
+            let writer = Writer { seq, file: BufWriter::new(file), flushed_bytes: 0, unflushed: 0 };
+            self.writer = Some(writer);
         }
         let Some(writer) = self.writer.as_mut() else { return Ok(()) };
         writer.file.write_all(record)?;
+        writer.unflushed += 1;
         *self.segments.entry(writer.seq).or_default() += size;
         self.total += size;
         Ok(())
     }
 
     fn flush(&mut self) {
-        if let Some(writer) = self.writer.as_mut()
-            && let Err(e) = writer.file.flush()
-        {
-            tracing::error!(error = %e, dir = %self.dir.display(), "could not write the event spool");
+        let Some(writer) = self.writer.as_mut() else { return };
+        match writer.file.flush() {
+            Ok(()) => {
+                writer.flushed_bytes = self.segments.get(&writer.seq).copied().unwrap_or(0);
+                writer.unflushed = 0;
+            }
+            Err(e) => self.fail_writer(&e, 0),
         }
     }
 
@@ -454,6 +486,32 @@ mod tests {
         assert_eq!(lost.spool(), SpoolState::Full);
         let reports = lost.reports_to_send();
         assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_full", 2));
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_counts_every_event_it_took_and_the_spool_recovers_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let (opened, lost) = open(dir.path(), DEFAULT_MAX_BYTES);
+        // The first file the spool opens is a disk that is always full.
+        std::os::unix::fs::symlink("/dev/full", dir.path().join(format!("{FIRST_SEQ:020}.events")))
+            .unwrap();
+        for i in 0..5 {
+            assert!(opened.spool.append(event(i)));
+        }
+        // A read flushes first: the write fails, and all five are counted.
+        let batch = opened.spool.read(10).await.unwrap();
+        assert!(batch.events.is_empty());
+        assert_eq!((lost.total(), batch.disposed), (5, 5));
+        assert_eq!(lost.spool(), SpoolState::Unwritable);
+        let reports = lost.reports_to_send();
+        assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_unwritable", 5));
+        // Room again: the next events go to a new file and come back whole.
+        for i in 5..8 {
+            assert!(opened.spool.append(event(i)));
+        }
+        let (read, _) = read_all(&opened.spool).await;
+        assert_eq!(read, ["evt_5", "evt_6", "evt_7"]);
+        assert_eq!((lost.total(), lost.spool()), (5, SpoolState::Ok));
     }
 
     #[tokio::test]
