@@ -12,6 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let descriptors = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure()
+        // Only the admin listing sets it: boxed, so that the events a node holds by the
+        // thousand do not each carry its room.
+        .boxed(".switchyard.node.v1.FailoverEvent.lost")
         .build_server(true)
         .build_client(true)
         .compile_fds(descriptors)?;

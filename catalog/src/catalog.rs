@@ -24,6 +24,7 @@ pub const WEBHOOK_EVENTS: &[&str] = &[
     "breaker.half_open",
     "breaker.closed",
     "node.disconnected",
+    "events.lost",
     "*",
 ];
 

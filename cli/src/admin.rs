@@ -572,7 +572,7 @@ pub async fn events(args: EventsArgs) -> Result<(), CliError> {
     while let Some(event) = stream.message().await.map_err(|s| admin.status(s))? {
         let view = EventView::from(event);
         let line = if args.opts.json {
-            let mut line = serde_json::to_string(&view)?;
+            let mut line = view.json()?;
             line.push('\n');
             line
         } else {

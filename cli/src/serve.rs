@@ -123,6 +123,11 @@ pub struct NodeArgs {
     /// them, in MiB (at least 1); beyond it events are counted as lost.
     #[arg(long, default_value_t = 256, value_parser = parse_spool_mib)]
     pub event_spool_max_mib: u64,
+    /// Failover events held in memory for the control plane (sent or queued, not yet
+    /// acked), at least 1; beyond it they go to the spool in --data-dir, or are counted as
+    /// lost without one.
+    #[arg(long, default_value_t = switchyard_data_plane::telemetry::MAX_EVENTS, value_parser = parse_event_buffer)]
+    pub event_buffer_events: usize,
 }
 
 #[derive(Debug, Args)]
@@ -206,6 +211,7 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
         body_read_timeout: args.body_read_timeout,
         drain_timeout: args.drain_timeout,
         event_spool_max_bytes: args.event_spool_max_mib * 1024 * 1024,
+        event_buffer_events: args.event_buffer_events,
     })
     .await?;
     println!("switchyard node {} listening on {}", node.node_id, node.local_addr);
@@ -275,6 +281,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         body_read_timeout: switchyard_data_plane::serve::DEFAULT_BODY_READ_TIMEOUT,
         drain_timeout: switchyard_data_plane::serve::DEFAULT_DRAIN_TIMEOUT,
         event_spool_max_bytes: switchyard_data_plane::spool::DEFAULT_MAX_BYTES,
+        event_buffer_events: switchyard_data_plane::telemetry::MAX_EVENTS,
     })
     .await?;
     let url = format!("http://{}", node.local_addr);
@@ -500,6 +507,16 @@ fn parse_max_body_bytes(text: &str) -> Result<usize, String> {
         text.trim().parse().map_err(|e| format!("{text:?} is not a number of bytes: {e}"))?;
     if n == 0 {
         return Err("must be at least 1: 0 would refuse every request with a body".to_owned());
+    }
+    Ok(n)
+}
+
+/// `--event-buffer-events`: at least 1, at most 10 million (a few GiB of memory).
+fn parse_event_buffer(text: &str) -> Result<usize, String> {
+    let n: usize =
+        text.trim().parse().map_err(|e| format!("{text:?} is not a number of events: {e}"))?;
+    if !(1..=10_000_000).contains(&n) {
+        return Err(format!("{n} is out of range: from 1 to 10000000"));
     }
     Ok(n)
 }

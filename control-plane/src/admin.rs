@@ -24,7 +24,7 @@ use switchyard_proto::admin::v1::{self as pb, admin_server::Admin};
 use switchyard_time::now_ms;
 
 use crate::audit;
-use crate::events::{AuditEvent, BreakerRecord, OutboxEntry};
+use crate::events::{AuditEvent, BreakerRecord, OutboxEntry, decode_entries};
 use crate::fanout::ConfigCache;
 use crate::faults::{self, FaultError};
 use crate::layout::Layout;
@@ -36,6 +36,8 @@ use crate::webhooks::{self, DeadLetter, RedeliverError, SubscriptionState};
 
 /// Events `ListEvents` sends first when the request names no limit.
 const DEFAULT_EVENTS_LIMIT: usize = 100;
+/// Event ids an `events --follow` remembers to list a twice-stored event once.
+const FOLLOW_SEEN: usize = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -241,16 +243,23 @@ impl Admin for AdminService {
         let wanted = move |e: &AuditEvent| key_id.is_empty() || e.key_id == key_id;
         let prefix = self.layout.audit_prefix();
         let listing = self.store.list(&prefix).await.map_err(AdminError::from)?;
-        // Keys sort by time, so the newest `limit` are the tail, already oldest-first.
-        let mut first: Vec<_> = listing
-            .kvs
-            .iter()
-            .rev()
-            .filter_map(audit::decode)
-            .filter(|e| wanted(e))
-            .take(limit)
-            .collect();
-        first.reverse();
+        // Keys sort by their newest event's time, so the newest `limit` are in the tail;
+        // within it, events are put in time order. An event stored twice (a node resent it
+        // in another batch after a lost ack) is listed once.
+        let mut seen = std::collections::HashSet::new();
+        let mut first: Vec<AuditEvent> = Vec::new();
+        for kv in listing.kvs.iter().rev() {
+            if first.len() >= limit {
+                break;
+            }
+            for event in audit::decode(kv).into_iter().rev() {
+                if wanted(&event) && seen.insert(event.id.clone()) {
+                    first.push(event);
+                }
+            }
+        }
+        first.sort_by(|a, b| (a.at_unix_ms, &a.id).cmp(&(b.at_unix_ms, &b.id)));
+        let first: Vec<AuditEvent> = first.split_off(first.len().saturating_sub(limit));
         // Watch before answering, so that a follower misses nothing written meanwhile.
         let watch = if request.follow {
             Some(self.store.watch(&prefix, listing.revision + 1).await.map_err(AdminError::from)?)
@@ -271,12 +280,17 @@ impl Admin for AdminService {
                     _ = tx.closed() => return,
                     batch = watch.next() => match batch {
                         Some(Ok(batch)) => {
-                            let new = batch
+                            let new: Vec<AuditEvent> = batch
                                 .events
                                 .iter()
                                 .filter(|e| audit::is_new(e.kind, &e.kv))
-                                .filter_map(|e| audit::decode(&e.kv))
-                                .filter(|e| wanted(e));
+                                .flat_map(|e| audit::decode(&e.kv))
+                                .filter(|e| wanted(e) && seen.insert(e.id.clone()))
+                                .collect();
+                            // Bounded: a duplicate arrives within a node's reconnect.
+                            if seen.len() > FOLLOW_SEEN {
+                                seen.clear();
+                            }
                             for event in new {
                                 if tx.send(Ok(event.to_pb())).await.is_err() {
                                     return;
@@ -407,11 +421,31 @@ impl Admin for AdminService {
         let key = self.layout.catalog();
         let value = serde_json::to_vec(&new)
             .map_err(|e| AdminError::Corrupt { what: "catalog".into(), reason: e.to_string() })?;
+        let mut success = vec![TxnOp::Put { key: key.clone(), value, lease: None }];
+        // A new subscription's delivery starts at the catalog before it: every event stored
+        // after this apply is queued for it (writers guard on the catalog's revision), and
+        // this cursor makes the delivery leader take them all, however late its own cache
+        // sees the subscription (docs/webhooks.md, "A new subscription").
+        // (Within one transaction's operations; more new subscriptions at once start, as
+        // before, after the catalog their leader first sees.)
+        let added = new.webhooks.iter().filter(|w| !old.webhooks.iter().any(|o| o.name == w.name));
+        for webhook in added.take(crate::layout::MAX_TXN_OPS - 1) {
+            let state = SubscriptionState { cursor: old_rev, ..Default::default() };
+            let value = serde_json::to_vec(&state).map_err(|e| AdminError::Corrupt {
+                what: "webhook state".into(),
+                reason: e.to_string(),
+            })?;
+            success.push(TxnOp::Put {
+                key: self.layout.webhook_state(&webhook.name),
+                value,
+                lease: None,
+            });
+        }
         let result = self
             .store
             .txn(Txn {
                 compare: vec![Compare::mod_revision(key.clone(), old_rev)],
-                success: vec![TxnOp::Put { key, value, lease: None }],
+                success,
                 failure: vec![],
             })
             .await
@@ -646,11 +680,9 @@ impl Admin for AdminService {
                 .kvs
                 .iter()
                 .filter(|kv| kv.create_revision > state.cursor)
-                .filter_map(|kv| {
-                    Some((
-                        kv.create_revision,
-                        serde_json::from_slice::<OutboxEntry>(&kv.value).ok()?,
-                    ))
+                .flat_map(|kv| {
+                    let entries = decode_entries::<OutboxEntry>(&kv.value).unwrap_or_default();
+                    entries.into_iter().map(move |e| (kv.create_revision, e))
                 })
                 .filter(|(_, e)| e.is_for(webhook))
                 .collect();

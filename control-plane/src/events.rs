@@ -16,7 +16,7 @@ use switchyard_time::{now_ms, rfc3339_ms};
 
 use crate::fanout::ConfigCache;
 use crate::layout::{self, Layout};
-use crate::store::{Revision, StoreError, TxnOp};
+use crate::store::{Compare, Revision, Store, StoreError, TxnOp};
 
 // === event types ===
 
@@ -30,11 +30,15 @@ pub const BREAKER_HALF_OPEN: &str = "breaker.half_open";
 pub const BREAKER_CLOSED: &str = "breaker.closed";
 /// A node stayed away longer than its grace period.
 pub const NODE_DISCONNECTED: &str = "node.disconnected";
+/// A node discarded events (a bound of its memory or spool, an unwritable spool, an
+/// unreadable record) and counted them: stored in the audit log like a failover event.
+pub const EVENTS_LOST: &str = "events.lost";
 
 // === failover events ===
 
-/// One failover event as the audit log stores it (JSON). Unknown fields are tolerated, so
-/// a log written by a newer release still reads.
+/// One entry of the audit log as stored (JSON): a failover event, or with `lost` a node's
+/// count of events it discarded (`events.lost`, the request fields then empty). Unknown
+/// fields are tolerated, so a log written by a newer release still reads.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AuditEvent {
     pub id: String,
@@ -58,12 +62,59 @@ pub struct AuditEvent {
     /// record, for an event from a node older than the field.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub request_id: String,
+    /// Set on an `events.lost` entry: what the node counted as lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<LostCount>,
+}
+
+/// What an `events.lost` entry counts (the node's `EventsLost` report).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LostCount {
+    pub count: u64,
+    /// `memory_full`, `spool_busy`, `spool_full`, `spool_unwritable`, `unreadable`.
+    pub reason: String,
+    /// `failover` (failover and degraded-answer events) or `breaker` (transitions).
+    pub events: String,
+    pub first_unix_ms: i64,
+    pub last_unix_ms: i64,
 }
 
 impl AuditEvent {
-    /// `api:degraded_response` for a degraded answer, else `api:model_failover`.
+    /// `events.lost` for a count of lost events, `api:degraded_response` for a degraded
+    /// answer, else `api:model_failover`.
     pub fn event_type(&self) -> &'static str {
-        if self.degraded.is_empty() { FAILOVER } else { DEGRADED }
+        if self.lost.is_some() {
+            EVENTS_LOST
+        } else if self.degraded.is_empty() {
+            FAILOVER
+        } else {
+            DEGRADED
+        }
+    }
+
+    /// A node's loss report as an audit entry. Its time is the last loss's (the node's
+    /// clock), which a resend carries unchanged: the entry's key is the same each time.
+    pub fn from_lost(r: pb::EventsLost, node_id: &str) -> Self {
+        Self {
+            id: r.id,
+            at_unix_ms: r.last_unix_ms,
+            node_id: node_id.to_owned(),
+            key_id: String::new(),
+            requested_model: String::new(),
+            served_model: String::new(),
+            attempts: vec![],
+            stream: false,
+            status: 0,
+            degraded: String::new(),
+            request_id: String::new(),
+            lost: Some(LostCount {
+                count: r.count,
+                reason: r.reason,
+                events: r.events,
+                first_unix_ms: r.first_unix_ms,
+                last_unix_ms: r.last_unix_ms,
+            }),
+        }
     }
 }
 
@@ -117,9 +168,12 @@ impl AuditEvent {
             status: e.status,
             degraded: e.degraded,
             request_id: e.request_id,
+            // A node reports losses in messages of their own, never inside an event.
+            lost: None,
         }
     }
 
+    /// The entry as the admin API lists it.
     pub fn to_pb(&self) -> pb::FailoverEvent {
         pb::FailoverEvent {
             id: self.id.clone(),
@@ -145,6 +199,16 @@ impl AuditEvent {
             status: self.status,
             degraded: self.degraded.clone(),
             request_id: self.request_id.clone(),
+            lost: self.lost.as_ref().map(|l| {
+                Box::new(pb::EventsLost {
+                    id: self.id.clone(),
+                    count: l.count,
+                    reason: l.reason.clone(),
+                    events: l.events.clone(),
+                    first_unix_ms: l.first_unix_ms,
+                    last_unix_ms: l.last_unix_ms,
+                })
+            }),
         }
     }
 }
@@ -223,6 +287,36 @@ pub struct OutboxEntry {
 }
 
 impl OutboxEntry {
+    /// The webhook event of an audit entry: a failover (or degraded answer), or an
+    /// `events.lost` count.
+    pub fn from_audit(event: &AuditEvent, now_ms: i64) -> Self {
+        match &event.lost {
+            Some(lost) => Self::lost(event, lost, now_ms),
+            None => Self::failover(event, now_ms),
+        }
+    }
+
+    fn lost(event: &AuditEvent, lost: &LostCount, now_ms: i64) -> Self {
+        Self {
+            id: event.id.clone(),
+            event_type: EVENTS_LOST.to_owned(),
+            at_unix_ms: event.at_unix_ms,
+            enqueued_unix_ms: now_ms,
+            key_id: String::new(),
+            data: json!({
+                "event_id": event.id,
+                "node_id": event.node_id,
+                "count": lost.count,
+                "reason": lost.reason,
+                "events": lost.events,
+                "first_unix_ms": lost.first_unix_ms,
+                "last_unix_ms": lost.last_unix_ms,
+                "at_unix_ms": event.at_unix_ms,
+            }),
+            only: vec![],
+        }
+    }
+
     pub fn failover(event: &AuditEvent, now_ms: i64) -> Self {
         let attempts: Vec<_> = event
             .attempts
@@ -363,37 +457,126 @@ impl OutboxEntry {
 
 // === who wants what ===
 
-/// Which events some subscription wants, from this replica's config cache, so that events
-/// nobody subscribed to cost no outbox write. The catalog is parsed once per revision.
+/// Which events some subscription wants, so that events nobody subscribed to cost no
+/// outbox write. Read from this replica's config cache (the catalog parsed once per
+/// revision), which may lag the store by a moment: so every write that decides on it is
+/// guarded ([`Interest::guard`]) by the catalog's revision it was decided at, and a write
+/// whose guard fails (a subscription changed meanwhile) is decided again on the catalog
+/// read from the store ([`Interest::refresh`]). An event stored after a subscription was
+/// added is therefore always queued for it (docs/webhooks.md, "A new subscription").
 pub struct Interest {
     cache: Arc<ConfigCache>,
-    memo: Mutex<(Revision, Arc<Vec<Webhook>>)>,
+    memo: Mutex<Memo>,
+}
+
+struct Memo {
+    /// The config cache's revision of the catalog that `webhooks` was last taken from.
+    cache_revision: Revision,
+    /// The catalog's revision in the store that `webhooks` holds: the cache's, or a newer
+    /// one read by [`Interest::refresh`] while the cache lags.
+    revision: Revision,
+    webhooks: Arc<Vec<Webhook>>,
+}
+
+/// A catalog's subscriptions as stored (`None`: no catalog); an unreadable one has none
+/// (its apply was refused, so only a store edited by hand holds one).
+fn parse_webhooks(bytes: Option<&[u8]>) -> Vec<Webhook> {
+    bytes
+        .and_then(|b| serde_json::from_slice::<Catalog>(b).ok())
+        .map(|c| c.webhooks)
+        .unwrap_or_default()
 }
 
 impl Interest {
     pub fn new(cache: Arc<ConfigCache>) -> Self {
-        Self { cache, memo: Mutex::new((-1, Arc::new(Vec::new()))) }
+        let memo = Memo { cache_revision: -1, revision: -1, webhooks: Arc::new(Vec::new()) };
+        Self { cache, memo: Mutex::new(memo) }
     }
 
-    pub fn webhooks(&self) -> Arc<Vec<Webhook>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Memo> {
+        self.memo.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The subscriptions, and the catalog revision they are of (for [`Interest::guard`]).
+    pub fn current(&self) -> (Revision, Arc<Vec<Webhook>>) {
         let (bytes, revision) = match self.cache.resource(layout::CATALOG) {
             Some((bytes, revision)) => (Some(bytes), revision),
             None => (None, 0),
         };
-        let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
-        if memo.0 != revision {
-            let webhooks = bytes
-                .and_then(|b| serde_json::from_slice::<Catalog>(&b).ok())
-                .map(|c| c.webhooks)
-                .unwrap_or_default();
-            *memo = (revision, Arc::new(webhooks));
+        let mut memo = self.lock();
+        if memo.cache_revision != revision {
+            let webhooks = parse_webhooks(bytes.as_deref());
+            *memo = Memo { cache_revision: revision, revision, webhooks: Arc::new(webhooks) };
         }
-        Arc::clone(&memo.1)
+        (memo.revision, Arc::clone(&memo.webhooks))
+    }
+
+    pub fn webhooks(&self) -> Arc<Vec<Webhook>> {
+        self.current().1
     }
 
     pub fn wants(&self, entry: &OutboxEntry) -> bool {
         self.webhooks().iter().any(|w| entry.is_for(w))
     }
+
+    /// The compare that holds a write to the subscriptions of catalog `revision`: it fails
+    /// if the catalog changed since.
+    pub fn guard(layout: &Layout, revision: Revision) -> Compare {
+        Compare::mod_revision(layout.catalog(), revision)
+    }
+
+    /// A guarded write failed: takes the subscriptions from the store's catalog until the
+    /// config cache moves on. Returns whether they are of another revision than before (if
+    /// not, the guard was not what failed).
+    pub async fn refresh(&self, store: &dyn Store, layout: &Layout) -> Result<bool, StoreError> {
+        let kv = store.get(&layout.catalog()).await?;
+        let revision = kv.as_ref().map_or(0, |kv| kv.mod_revision);
+        let webhooks = parse_webhooks(kv.as_ref().map(|kv| &kv.value[..]));
+        let mut memo = self.lock();
+        let changed = memo.revision != revision;
+        memo.revision = revision;
+        memo.webhooks = Arc::new(webhooks);
+        Ok(changed)
+    }
+}
+
+// === batches ===
+
+/// A stored value holding one entry (a JSON object, as written before batched storage and
+/// still by single writes) or a batch of them (a JSON array).
+pub fn decode_entries<T: serde::de::DeserializeOwned>(value: &[u8]) -> serde_json::Result<Vec<T>> {
+    if value.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        serde_json::from_slice(value)
+    } else {
+        serde_json::from_slice(value).map(|one| vec![one])
+    }
+}
+
+/// A JSON array of already encoded entries.
+pub fn encode_batch(entries: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + entries.iter().map(|e| e.len() + 1).sum::<usize>());
+    out.push(b'[');
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(entry);
+    }
+    out.push(b']');
+    out
+}
+
+/// A batch's id, derived from the ids of its events: a batch stored again whole (a node
+/// resending what was stored but not acked) is written under the same key.
+pub fn batch_id<'a>(event_ids: impl Iterator<Item = &'a str>) -> String {
+    let mut ids: Vec<&str> = event_ids.collect();
+    ids.sort_unstable();
+    let mut hasher = Sha256::new();
+    for id in ids {
+        hasher.update(id.as_bytes());
+        hasher.update(b"\n");
+    }
+    digest_id("", &hasher.finalize()).trim_start_matches('_').to_owned()
 }
 
 /// `<prefix>_<hex of the digest's first 12 bytes>`: an id derived from what identifies an
@@ -430,6 +613,7 @@ mod tests {
             status: 200,
             degraded: String::new(),
             request_id: "req-1".into(),
+            lost: None,
         };
         let event = AuditEvent::from_pb(pb_event.clone(), "n1");
         assert_eq!(event.request_id, "req-1");
@@ -462,6 +646,7 @@ mod tests {
             status: 200,
             degraded: String::new(),
             request_id: String::new(),
+            lost: None,
         };
         let stored = serde_json::to_value(&event).unwrap();
         assert_eq!(stored["attempts"][0]["injected"], "drill-1");
@@ -515,6 +700,28 @@ mod tests {
     }
 
     #[test]
+    fn a_loss_report_is_an_events_lost_entry_and_webhook_event() {
+        let report = pb::EventsLost {
+            id: "lost_b_1".into(),
+            count: 15,
+            reason: "spool_unwritable".into(),
+            events: "failover".into(),
+            first_unix_ms: 10,
+            last_unix_ms: 20,
+        };
+        let event = AuditEvent::from_lost(report.clone(), "n1");
+        assert_eq!((event.event_type(), event.at_unix_ms), (EVENTS_LOST, 20));
+        let stored: AuditEvent =
+            serde_json::from_slice(&serde_json::to_vec(&event).unwrap()).unwrap();
+        assert_eq!(stored.to_pb().lost, Some(Box::new(report)));
+        let entry = OutboxEntry::from_audit(&stored, 30);
+        assert_eq!(entry.event_type, EVENTS_LOST);
+        assert_eq!(entry.data["count"], 15);
+        assert_eq!(entry.data["node_id"], "n1");
+        assert_eq!(entry.data["reason"], "spool_unwritable");
+    }
+
+    #[test]
     fn payloads_carry_rfc3339_timestamps() {
         let entry = OutboxEntry::node_disconnected("n1", 1_796_219_557_123, 30_000);
         assert_eq!(entry.event_type, NODE_DISCONNECTED);
@@ -531,6 +738,7 @@ mod tests {
             BREAKER_HALF_OPEN,
             BREAKER_CLOSED,
             NODE_DISCONNECTED,
+            EVENTS_LOST,
         ] {
             assert!(switchyard_catalog::catalog::WEBHOOK_EVENTS.contains(&t), "{t}");
         }

@@ -80,9 +80,22 @@ impl Layout {
         format!("{}audit/", self.prefix)
     }
 
-    /// Zero-padded to 13 digits (good until the year 2286), so keys sort by time.
+    /// One event, as releases before batched storage wrote it (still read). Zero-padded to
+    /// 13 digits (good until the year 2286), so keys sort by time.
     pub fn audit(&self, at_unix_ms: i64, event_id: &str) -> String {
         format!("{}audit/{:013}-{}", self.prefix, at_unix_ms.max(0), escape(event_id))
+    }
+
+    /// A batch of `count` events, the newest at `newest_unix_ms` (`<newest, 13 digits>-batch_<id>_<count>`).
+    pub fn audit_batch(&self, newest_unix_ms: i64, batch_id: &str, count: usize) -> String {
+        format!("{}audit/{}", self.prefix, batch_name(newest_unix_ms, batch_id, count))
+    }
+
+    /// What retention leaves of a batch it cut through: named like a batch, with `t` after
+    /// the count, so that readers of the watch know its events are not new
+    /// ([`batch_trimmed`]).
+    pub fn audit_batch_trimmed(&self, newest_unix_ms: i64, batch_id: &str, count: usize) -> String {
+        format!("{}t", self.audit_batch(newest_unix_ms, batch_id, count))
     }
 
     pub fn breakers_prefix(&self) -> String {
@@ -146,6 +159,11 @@ impl Layout {
         format!("{}webhooks/outbox/{:013}-{}", self.prefix, at_unix_ms.max(0), escape(event_id))
     }
 
+    /// A batch of `count` outbox entries (`<newest, 13 digits>-batch_<id>_<count>`).
+    pub fn outbox_batch(&self, newest_unix_ms: i64, batch_id: &str, count: usize) -> String {
+        format!("{}webhooks/outbox/{}", self.prefix, batch_name(newest_unix_ms, batch_id, count))
+    }
+
     /// One subscription's delivery state (cursor, failing attempts).
     pub fn webhook_state_prefix(&self) -> String {
         format!("{}webhooks/state/", self.prefix)
@@ -179,6 +197,38 @@ impl Layout {
     }
 }
 
+/// `<newest 13 digits>-batch_<id>_<count>`: keys of batches sort by their newest event's
+/// time, like single events' keys, and say how many events they hold, so that the audit
+/// log's retention counts events from its keys alone. `batch_id` is 24 hex digits.
+fn batch_name(newest_unix_ms: i64, batch_id: &str, count: usize) -> String {
+    format!("{:013}-batch_{batch_id}_{count}", newest_unix_ms.max(0))
+}
+
+/// A batch key's count part (`<count>` or `<count>t`), `None` for a single event's key.
+fn batch_count(key: &str) -> Option<&str> {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    let batch = name.split_once('-').and_then(|(_, rest)| rest.strip_prefix("batch_"))?;
+    let (id, count) = batch.split_once('_')?;
+    let digits = count.strip_suffix('t').unwrap_or(count);
+    let valid = id.len() == 24
+        && id.bytes().all(|b| b.is_ascii_hexdigit())
+        && !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit());
+    valid.then_some(count)
+}
+
+/// How many events the audit or outbox value at `key` holds: a batch's count, else 1.
+pub fn events_in_key(key: &str) -> usize {
+    batch_count(key)
+        .and_then(|count| count.strip_suffix('t').unwrap_or(count).parse().ok())
+        .unwrap_or(1)
+}
+
+/// Whether `key` is what retention left of a batch (its events were stored before).
+pub fn batch_trimmed(key: &str) -> bool {
+    batch_count(key).is_some_and(|count| count.ends_with('t'))
+}
+
 /// One key segment from outside (node id, provider, model, event id).
 fn escape(segment: &str) -> String {
     segment.replace('%', "%25").replace('/', "%2F")
@@ -194,6 +244,16 @@ mod tests {
         assert_eq!(l.audit(734, "ev1"), "/s/audit/0000000000734-ev1");
         assert!(l.audit(9_999, "z") < l.audit(10_000, "a"));
         assert!(l.audit(1, "e").starts_with(&l.audit_prefix()));
+        let batch = l.audit_batch(734, "0123456789abcdef01234567", 500);
+        assert_eq!(batch, "/s/audit/0000000000734-batch_0123456789abcdef01234567_500");
+        assert!(batch < l.audit(735, "a") && batch > l.audit(733, "z"));
+        assert_eq!(events_in_key(&batch), 500);
+        assert_eq!(events_in_key(&l.audit(734, "ev1")), 1);
+        assert_eq!(events_in_key(&l.audit(734, "batch_x_7")), 1, "an event id is one event");
+        assert_eq!(events_in_key(&l.outbox_batch(1, "0123456789abcdef01234567", 3)), 3);
+        let trimmed = l.audit_batch_trimmed(734, "0123456789abcdef01234567", 42);
+        assert_eq!((events_in_key(&trimmed), batch_trimmed(&trimmed)), (42, true));
+        assert!(!batch_trimmed(&batch) && !batch_trimmed(&l.audit(1, "batch_x_7t")));
     }
 
     #[test]

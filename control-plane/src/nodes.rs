@@ -9,11 +9,12 @@
 //! attached to the replica's lease, so that any replica can list the whole fleet and a
 //! crashed replica's nodes vanish when its lease expires.
 //!
-//! Reports: failover events go to the audit log and are acked only once written (the node
-//! holds them until then); breaker transitions and usage totals are stored as
-//! [`crate::reports`] describes. An events batch that cannot be written ends the stream
-//! with `Unavailable` rather than going unacked on a live stream: acks are cumulative, so a
-//! later batch's ack would cover the lost one, and a reconnecting node resends all it holds.
+//! Reports: failover events and a node's counts of lost events (`events.lost`) go to the
+//! audit log, breaker reports to their records ([`crate::reports`]); each is acked only once
+//! written (the node holds them until then and resends them on its next stream). A report
+//! that cannot be written ends the stream with `Unavailable` rather than going unacked on a
+//! live stream: acks are cumulative, so a later report's ack would cover the lost one, and
+//! a reconnecting node resends all it holds. Usage totals are cumulative and not acked.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -254,12 +255,15 @@ impl NodeShared {
                 record.applied_version = record.applied_version.max(hb.applied_version);
             }
             Some(node_message::Msg::Events(batch)) => self.on_events(node_id, batch, tx).await?,
+            Some(node_message::Msg::Lost(report)) => self.on_lost(node_id, report, tx).await?,
             Some(node_message::Msg::Breaker(transition)) => {
                 let from = transition.from.clone();
-                self.on_breaker(node_id, transition, Some(&from)).await;
+                self.on_breaker(node_id, transition, Some(&from), tx).await?;
             }
             // A probe that left the state as it was: no transition to announce.
-            Some(node_message::Msg::Probed(report)) => self.on_breaker(node_id, report, None).await,
+            Some(node_message::Msg::Probed(report)) => {
+                self.on_breaker(node_id, report, None, tx).await?
+            }
             Some(node_message::Msg::Limits(usage)) => {
                 let state = self.limits.on_report(node_id, usage);
                 let msg = pb::ControlMessage { msg: Some(control_message::Msg::Limits(state)) };
@@ -285,12 +289,18 @@ impl NodeShared {
     }
 
     /// Stores a node's breaker as its report says it is now (`from`: the state a transition
-    /// left; `None` for a probe's report).
-    async fn on_breaker(&self, node_id: &str, report: pb::BreakerTransition, from: Option<&str>) {
+    /// left; `None` for a probe's report), then acks the report's `seq`.
+    async fn on_breaker(
+        &self,
+        node_id: &str,
+        report: pb::BreakerTransition,
+        from: Option<&str>,
+        tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    ) -> Result<(), Status> {
+        let seq = report.seq;
         let breaker = BreakerRecord::from_transition(node_id, report);
-        debug!(node = %node_id, provider = %breaker.provider, model = %breaker.upstream_model, state = %breaker.state, probe = from.is_none(), "breaker report");
-        // A lost write is corrected by the node's next report of this breaker.
-        if let Err(e) = reports::record_breaker(
+        debug!(node = %node_id, provider = %breaker.provider, model = %breaker.upstream_model, state = %breaker.state, probe = from.is_none(), seq, "breaker report");
+        let written = reports::record_breaker(
             self.store.as_ref(),
             &self.layout,
             self.lease,
@@ -298,9 +308,58 @@ impl NodeShared {
             from,
             &self.outbox,
         )
-        .await
-        {
-            warn!(node = %node_id, error = %e, "could not record a breaker report");
+        .await;
+        match written {
+            Ok(_) if seq > 0 => {
+                let ack = pb::BreakersAck { seq };
+                let msg = pb::ControlMessage { msg: Some(control_message::Msg::BreakersAck(ack)) };
+                // A closed stream is noticed by the caller's next receive.
+                let _ = tx.send(Ok(msg)).await;
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            // A node older than acks does not resend: its next report of the breaker
+            // corrects the record (not the event).
+            Err(e) if seq == 0 => {
+                warn!(node = %node_id, error = %e, "could not record a breaker report");
+                Ok(())
+            }
+            Err(e) => {
+                warn!(node = %node_id, seq, error = %e, "could not record a breaker report; closing the stream so the node resends");
+                Err(Status::unavailable(format!(
+                    "breaker report {seq} was not stored ({e}); reconnect and resend"
+                )))
+            }
+        }
+    }
+
+    /// Stores a node's count of lost events as an `events.lost` audit entry (queued for the
+    /// webhooks that want it, in the same transaction), then acks it.
+    async fn on_lost(
+        &self,
+        node_id: &str,
+        report: pb::EventsLost,
+        tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    ) -> Result<(), Status> {
+        if report.id.is_empty() {
+            warn!(node = %node_id, count = report.count, "a lost-events report without an id; not recorded");
+            return Ok(());
+        }
+        let id = report.id.clone();
+        warn!(node = %node_id, count = report.count, reason = %report.reason, events = %report.events, "the node lost events; recording events.lost");
+        match self.events.write(vec![AuditEvent::from_lost(report, node_id)]).await {
+            Ok(_) => {
+                let ack = pb::EventsLostAck { id };
+                let msg = pb::ControlMessage { msg: Some(control_message::Msg::LostAck(ack)) };
+                let _ = tx.send(Ok(msg)).await;
+                Ok(())
+            }
+            Err(e) => {
+                warn!(node = %node_id, id = %id, error = %e, "could not store events.lost; closing the stream so the node resends");
+                Err(Status::unavailable(format!(
+                    "lost-events report {id} was not stored ({e}); reconnect and resend"
+                )))
+            }
         }
     }
 

@@ -31,7 +31,8 @@ pub const BREAKER_GRACE: Duration = Duration::from_secs(30);
 /// A node's breaker state changed (`from` is the state it left), or a probe left it as it
 /// was (`from` is `None`): store it under the replica's lease, with a transition's webhook
 /// event (`breaker.opened|half_open|closed`) in the same transaction when some
-/// subscription wants it. A probe is no state change and raises no event.
+/// subscription wants it. A probe is no state change and raises no event; nor does a
+/// transition resent after a lost ack (the record already holds it).
 pub async fn record_breaker(
     store: &dyn Store,
     layout: &Layout,
@@ -43,15 +44,41 @@ pub async fn record_breaker(
     let key = layout.breaker(&record.node_id, &record.provider, &record.upstream_model);
     let value = serde_json::to_vec(record)
         .map_err(|e| StoreError::InvalidRequest(format!("cannot encode breaker: {e}")))?;
-    let mut success = vec![TxnOp::Put { key, value, lease: Some(lease) }];
-    if let Some(from) = from
-        && let Some(entry) = OutboxEntry::breaker(record, from, now_ms())
-        && outbox.wants(&entry)
-    {
-        success.push(entry.put(layout)?);
+    // A transition the node resends (its ack was lost) finds its record already there: it
+    // is stored again, but its event is not queued a second time.
+    let resent = match from {
+        Some(_) => store.get(&key).await?.is_some_and(|kv| {
+            serde_json::from_slice::<BreakerRecord>(&kv.value).is_ok_and(|stored| {
+                stored.state == record.state && stored.since_unix_ms == record.since_unix_ms
+            })
+        }),
+        None => false,
+    };
+    let entry =
+        from.filter(|_| !resent).and_then(|from| OutboxEntry::breaker(record, from, now_ms()));
+    // Guarded on the subscriptions' catalog revision, like failover events (see
+    // `Interest`); decided again on the store's catalog if it changed meanwhile.
+    for _ in 0..GUARD_ATTEMPTS {
+        let (revision, webhooks) = outbox.current();
+        let mut success =
+            vec![TxnOp::Put { key: key.clone(), value: value.clone(), lease: Some(lease) }];
+        if let Some(entry) = &entry
+            && webhooks.iter().any(|w| entry.is_for(w))
+        {
+            success.push(entry.put(layout)?);
+        }
+        let compare = vec![Interest::guard(layout, revision)];
+        let result = store.txn(Txn { compare, success, failure: vec![] }).await?;
+        if result.succeeded {
+            return Ok(result.revision);
+        }
+        outbox.refresh(store, layout).await?;
     }
-    Ok(store.txn(Txn { compare: vec![], success, failure: vec![] }).await?.revision)
+    Err(StoreError::Unavailable("the webhook subscriptions kept changing".into()))
 }
+
+/// Tries of a write guarded on the subscriptions (each retry follows a catalog change).
+const GUARD_ATTEMPTS: usize = 8;
 
 /// A node connected here: its breaker records (written by the replica it was on before)
 /// move to this replica's lease, so they live as long as this replica serves the node.
@@ -99,23 +126,36 @@ pub async fn forget_breakers_later(
 ) {
     let disconnected = now_ms();
     tokio::time::sleep(grace).await;
-    let mut success = vec![TxnOp::DeletePrefix { prefix: layout.node_breakers_prefix(node_id) }];
     let entry = OutboxEntry::node_disconnected(
         node_id,
         disconnected,
         u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
     );
-    if outbox.wants(&entry) {
-        match entry.put(layout) {
-            Ok(op) => success.push(op),
-            Err(e) => warn!(node = %node_id, error = %e, "cannot encode node.disconnected"),
+    for _ in 0..GUARD_ATTEMPTS {
+        let mut success =
+            vec![TxnOp::DeletePrefix { prefix: layout.node_breakers_prefix(node_id) }];
+        let (revision, webhooks) = outbox.current();
+        if webhooks.iter().any(|w| entry.is_for(w)) {
+            match entry.put(layout) {
+                Ok(op) => success.push(op),
+                Err(e) => warn!(node = %node_id, error = %e, "cannot encode node.disconnected"),
+            }
         }
-    }
-    let txn =
-        Txn { compare: vec![Compare::absent(layout.node(node_id))], success, failure: vec![] };
-    if let Err(e) = store.txn(txn).await {
-        // They still go with this replica's lease if it ever ends.
-        warn!(node = %node_id, error = %e, "could not remove a gone node's breakers");
+        let compare =
+            vec![Compare::absent(layout.node(node_id)), Interest::guard(layout, revision)];
+        let refused = match store.txn(Txn { compare, success, failure: vec![] }).await {
+            Ok(result) => !result.succeeded,
+            Err(e) => {
+                // They still go with this replica's lease if it ever ends.
+                warn!(node = %node_id, error = %e, "could not remove a gone node's breakers");
+                return;
+            }
+        };
+        // Refused because the subscriptions changed: decide again; else the node is back.
+        let changed = refused && outbox.refresh(store, layout).await.unwrap_or(false);
+        if !changed {
+            return;
+        }
     }
 }
 

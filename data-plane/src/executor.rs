@@ -582,6 +582,8 @@ impl Executor {
             last_probe_unix_ms,
             last_probe_outcome,
             last_probe_latency_ms,
+            // Numbered by the telemetry queue.
+            seq: 0,
         });
     }
 
@@ -605,6 +607,8 @@ impl Executor {
             last_probe_unix_ms,
             last_probe_outcome,
             last_probe_latency_ms,
+            // Numbered by the telemetry queue.
+            seq: 0,
         });
     }
 }

@@ -27,6 +27,7 @@ use crate::degraded::{self, Answer, Reason};
 use crate::error::{ApiError, Flavor};
 use crate::executor::Output;
 use crate::limits::Decision;
+use crate::loss::SpoolState;
 use crate::metrics::{EndpointLabels, RequestLabels, gen_ai_provider_name};
 use crate::otel;
 use crate::providers::Completion;
@@ -71,6 +72,14 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     match app.state.current() {
         Some(config) => {
             let mut body = json!({"ready": true, "config_version": config.version});
+            // Still ready when events are being lost: serving matters more than auditing,
+            // and the loss is counted and reported (docs/operating.md, "No event lost
+            // silently").
+            let losses = &app.executor.telemetry.losses;
+            let (spool, lost) = (losses.spool(), losses.total());
+            if spool != SpoolState::None || lost > 0 {
+                body["event_spool"] = json!({"state": spool.as_str(), "lost": lost});
+            }
             if config.limited_keys > 0 {
                 // How fresh this node's view of the fleet's use of limited keys is
                 // (docs/limits.md); null until the first view arrives.
@@ -394,6 +403,8 @@ fn failover_event(
         status,
         degraded: String::new(),
         request_id: String::new(),
+        // Only the admin listing sets it.
+        lost: None,
     }
 }
 

@@ -24,6 +24,7 @@ pub mod executor;
 pub mod failure;
 pub mod http;
 pub mod limits;
+pub mod loss;
 pub mod metrics;
 pub mod node;
 pub mod otel;

@@ -403,7 +403,7 @@ impl Metrics {
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
-            "Failover events lost: memory full and no spool (no --data-dir), the spool full, or unreadable",
+            "Failover events lost (memory full without a spool, the spool busy, full, unwritable or unreadable), each also reported as events.lost",
             events_dropped.clone(),
         );
         let events_held = Gauge::default();

@@ -18,6 +18,7 @@ use tracing::{info, warn};
 use crate::breaker::Breakers;
 use crate::executor::Executor;
 use crate::http::App;
+use crate::loss::{self, SpoolState};
 use crate::metrics::Metrics;
 use crate::serve::ServeOptions;
 use crate::spool::Spool;
@@ -47,6 +48,8 @@ pub struct NodeOptions {
     pub drain_timeout: Duration,
     /// Bound of the failover-event spool in `data_dir` (no spool without a data dir).
     pub event_spool_max_bytes: u64,
+    /// Failover events held in memory at most.
+    pub event_buffer_events: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +69,7 @@ pub enum NodeError {
 pub struct Node {
     pub local_addr: SocketAddr,
     pub node_id: String,
+    data_dir: Option<PathBuf>,
     listener: TcpListener,
     router: axum::Router,
     serve: ServeOptions,
@@ -109,9 +113,10 @@ impl Node {
                      spooled for the next start; the usage since the last report is lost"
                 ),
                 Ok(_) => warn!(
-                    events = self.telemetry.events_held(),
+                    events = self.telemetry.drop_held(),
                     "no control plane answered the hand-off: the failover events held (no \
-                     --data-dir to spool them in) and the usage since the last report are lost"
+                     spool to keep them in) are lost and counted, and the usage since the \
+                     last report is lost"
                 ),
                 Err(e) => warn!(
                     error = %e,
@@ -120,6 +125,36 @@ impl Node {
                      could not be spooled: they are lost"
                 ),
             },
+        }
+        // Counts of lost events no control plane acked: kept for the next start.
+        let unacked = self.telemetry.losses.unacked();
+        match &self.data_dir {
+            Some(dir) => {
+                let (dir, reports) = (dir.clone(), unacked.clone());
+                let saved = tokio::task::spawn_blocking(move || loss::save(&dir, &reports))
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|r| r);
+                match saved {
+                    Ok(()) if !unacked.is_empty() => warn!(
+                        reports = unacked.len(),
+                        "counts of lost events not yet recorded by a control plane are kept \
+                         for the next start"
+                    ),
+                    Ok(()) => {}
+                    Err(e) => warn!(
+                        error = %e,
+                        lost = unacked.iter().map(|r| r.count).sum::<u64>(),
+                        "could not keep the counts of lost events for the next start"
+                    ),
+                }
+            }
+            None if !unacked.is_empty() => warn!(
+                lost = unacked.iter().map(|r| r.count).sum::<u64>(),
+                "no control plane recorded these lost events, and without --data-dir their \
+                 count is only in this log"
+            ),
+            None => {}
         }
         Ok(())
     }
@@ -170,26 +205,55 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         handoff: handoff_rx,
     };
     let metrics = Arc::new(Metrics::new());
-    let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone());
+    let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone())
+        .with_max_events(options.event_buffer_events);
+    if let Some(dir) = options.data_dir.clone() {
+        match tokio::task::spawn_blocking(move || loss::load(&dir)).await {
+            Ok(Ok(reports)) if !reports.is_empty() => {
+                info!(
+                    reports = reports.len(),
+                    "counts of lost events an earlier run kept will be sent"
+                );
+                telemetry.losses.restore(reports);
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %e, "cannot read the kept counts of lost events"),
+            Err(e) => warn!(error = %e, "cannot read the kept counts of lost events"),
+        }
+    }
     if let Some(dir) = &options.data_dir {
         let spool_dir = dir.join("event-spool");
         let (max, lost, bytes) = (
             options.event_spool_max_bytes,
-            metrics.events_dropped.clone(),
+            Arc::clone(&telemetry.losses),
             metrics.event_spool_bytes.clone(),
         );
         let opened = tokio::task::spawn_blocking(move || Spool::open(&spool_dir, max, lost, bytes))
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))
-            .and_then(|opened| opened)
-            .map_err(data_dir_err(dir))?;
-        if opened.records > 0 {
-            info!(
-                events = opened.records,
-                "failover events spooled by an earlier run will be sent"
-            );
+            .and_then(|opened| opened);
+        match opened {
+            Ok(opened) => {
+                if opened.records > 0 {
+                    info!(
+                        events = opened.records,
+                        "failover events spooled by an earlier run will be sent"
+                    );
+                }
+                telemetry = telemetry.with_spool(opened.spool, opened.records);
+            }
+            // Serving matters more than auditing (docs/operating.md, "No event lost
+            // silently"): the node serves, holds what fits in memory, and counts the rest.
+            Err(e) => {
+                telemetry.losses.set_spool(SpoolState::Unwritable);
+                warn!(
+                    dir = %dir.join("event-spool").display(),
+                    error = %e,
+                    "cannot open the event spool: serving without it; failover events beyond \
+                     --event-buffer-events are counted as lost while no control plane takes them"
+                );
+            }
         }
-        telemetry = telemetry.with_spool(opened.spool, opened.records);
     }
     let telemetry = Arc::new(telemetry);
     let sync = tokio::spawn(sync::run(sync_options, state.clone(), Arc::clone(&telemetry)));
@@ -207,6 +271,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     Ok(Node {
         local_addr,
         node_id,
+        data_dir: options.data_dir.clone(),
         listener,
         router: http::router(app),
         serve: ServeOptions {

@@ -5,7 +5,8 @@
 //! Files: `<data-dir>/event-spool/<seq>.events`, each a run of records (a little-endian
 //! `u32` length, then one protobuf `FailoverEvent`), appended to and read in `seq` order.
 //! A file is deleted once read to its end. The spool's total size is bounded; an event
-//! that does not fit is counted as lost (the node's `switchyard_failover_events_dropped_total`).
+//! that does not fit, cannot be written or cannot be read back is counted as lost, by
+//! reason ([`crate::loss`]), and reported to the control plane as `events.lost`.
 //!
 //! All file work runs on one thread of the spool's own: the request path only hands an
 //! event to a bounded channel and never waits on the disk.
@@ -17,12 +18,15 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::time::Duration;
 
-use prometheus_client::metrics::counter::Counter;
+use std::sync::Arc;
+
 use prometheus_client::metrics::gauge::Gauge;
 use prost::Message;
 use tokio::sync::oneshot;
 
 use switchyard_proto::node::v1 as pb;
+
+use crate::loss::{Losses, Lost, Reason, SpoolState};
 
 /// The spool's default bound on disk (`--event-spool-max-mib`).
 pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
@@ -67,7 +71,7 @@ enum Command {
 impl Spool {
     /// Opens (creating) the spool in `dir`, counting what an earlier run left there. Blocks
     /// on the disk: call it from a blocking context.
-    pub fn open(dir: &Path, max_bytes: u64, lost: Counter, bytes: Gauge) -> io::Result<Opened> {
+    pub fn open(dir: &Path, max_bytes: u64, lost: Arc<Losses>, bytes: Gauge) -> io::Result<Opened> {
         fs::create_dir_all(dir)?;
         let mut segments = BTreeMap::new();
         let mut records = 0;
@@ -92,9 +96,11 @@ impl Spool {
             writer: None,
             offsets: BTreeMap::new(),
             disposed: 0,
+            state: SpoolState::Ok,
             lost,
             bytes,
         };
+        state.lost.set_spool(SpoolState::Ok);
         let (tx, rx) = sync_channel(CHANNEL_EVENTS);
         std::thread::Builder::new().name("event-spool".into()).spawn(move || state.run(rx))?;
         Ok(Opened { spool: Spool { tx }, records })
@@ -136,6 +142,10 @@ fn gone() -> io::Error {
 struct Writer {
     seq: u64,
     file: BufWriter<File>,
+    /// The file's size after the last successful flush: what a failed write is cut back to.
+    flushed_bytes: u64,
+    /// Records in the buffer since then, which a failed write loses.
+    unflushed: u64,
 }
 
 struct State {
@@ -148,7 +158,9 @@ struct State {
     /// Where reading resumes in a file read in part: the offset of its next record.
     offsets: BTreeMap<u64, u64>,
     disposed: u64,
-    lost: Counter,
+    /// As last told to `lost` (for `/readyz`), so that it is told only of changes.
+    state: SpoolState,
+    lost: Arc<Losses>,
     bytes: Gauge,
 }
 
@@ -186,23 +198,60 @@ impl State {
         self.dir.join(format!("{seq:020}.events"))
     }
 
-    fn lose(&mut self, n: u64) {
+    fn lose(&mut self, reason: Reason, n: u64) {
         self.disposed += n;
-        self.lost.inc_by(n);
+        self.lost.lose(Lost::Failover, reason, n);
+    }
+
+    fn set_state(&mut self, state: SpoolState) {
+        if self.state != state {
+            self.state = state;
+            self.lost.set_spool(state);
+        }
     }
 
     fn append(&mut self, event: &pb::FailoverEvent) {
         let record = encode(event);
         let size = record.len() as u64;
         if self.total + size > self.max_bytes {
-            self.lose(1);
+            self.set_state(SpoolState::Full);
+            self.lose(Reason::SpoolFull, 1);
             return;
         }
-        if let Err(e) = self.write(&record) {
-            tracing::error!(error = %e, dir = %self.dir.display(), "could not spool a failover event; it is lost");
-            self.writer = None;
-            self.lose(1);
+        match self.write(&record) {
+            Ok(()) => self.set_state(SpoolState::Ok),
+            Err(e) => self.fail_writer(&e, 1),
         }
+    }
+
+    /// A write or flush failed (a full disk, say): the records buffered since the last
+    /// successful flush, and `extra` not yet buffered, are lost and counted; the file is cut
+    /// back to what was flushed, so that no torn record is read back later (and counted a
+    /// second time), and the next event opens a new file.
+    fn fail_writer(&mut self, error: &io::Error, extra: u64) {
+        if self.state != SpoolState::Unwritable {
+            tracing::error!(error = %error, dir = %self.dir.display(), "cannot write the event spool; events that do not fit in memory are counted as lost until it can");
+        }
+        let mut lost = extra;
+        if let Some(writer) = self.writer.take() {
+            lost += writer.unflushed;
+            // Without the buffer: dropping a BufWriter would try to write it once more.
+            let (file, _unwritten) = writer.file.into_parts();
+            let size = self.segments.get(&writer.seq).copied().unwrap_or(0);
+            self.total -= size.saturating_sub(writer.flushed_bytes);
+            if writer.flushed_bytes == 0 {
+                drop(file);
+                self.segments.remove(&writer.seq);
+                let _ = fs::remove_file(self.path(writer.seq));
+            } else {
+                self.segments.insert(writer.seq, writer.flushed_bytes);
+                if let Err(e) = file.set_len(writer.flushed_bytes) {
+                    tracing::warn!(error = %e, "could not cut the event spool's file back");
+                }
+            }
+        }
+        self.set_state(SpoolState::Unwritable);
+        self.lose(Reason::SpoolUnwritable, lost);
     }
 
     fn write(&mut self, record: &[u8]) -> io::Result<()> {
@@ -216,20 +265,25 @@ impl State {
             let seq = self.segments.keys().next_back().map_or(FIRST_SEQ, |last| last + 1);
             let file = OpenOptions::new().create(true).append(true).open(self.path(seq))?;
             self.segments.insert(seq, 0);
-            self.writer = Some(Writer { seq, file: BufWriter::new(file) });
+            let writer = Writer { seq, file: BufWriter::new(file), flushed_bytes: 0, unflushed: 0 };
+            self.writer = Some(writer);
         }
         let Some(writer) = self.writer.as_mut() else { return Ok(()) };
         writer.file.write_all(record)?;
+        writer.unflushed += 1;
         *self.segments.entry(writer.seq).or_default() += size;
         self.total += size;
         Ok(())
     }
 
     fn flush(&mut self) {
-        if let Some(writer) = self.writer.as_mut()
-            && let Err(e) = writer.file.flush()
-        {
-            tracing::error!(error = %e, dir = %self.dir.display(), "could not write the event spool");
+        let Some(writer) = self.writer.as_mut() else { return };
+        match writer.file.flush() {
+            Ok(()) => {
+                writer.flushed_bytes = self.segments.get(&writer.seq).copied().unwrap_or(0);
+                writer.unflushed = 0;
+            }
+            Err(e) => self.fail_writer(&e, 0),
         }
     }
 
@@ -297,7 +351,7 @@ impl State {
             if len > MAX_RECORD_BYTES || file.read_exact(&mut body).is_err() {
                 // A torn or foreign tail (a crash mid-write): what follows cannot be framed.
                 tracing::warn!(file = %self.path(seq).display(), "the event spool's file ends in an unreadable record; skipping the rest");
-                self.lose(1);
+                self.lose(Reason::Unreadable, 1);
                 break;
             }
             offset += 4 + u64::from(len);
@@ -306,7 +360,7 @@ impl State {
                 Ok(event) => out.push(event),
                 Err(e) => {
                     tracing::warn!(error = %e, "an unreadable failover event in the spool is lost");
-                    self.lose(1);
+                    self.lose(Reason::Unreadable, 1);
                 }
             }
         }
@@ -369,9 +423,9 @@ mod tests {
         events.iter().map(|e| e.id.clone()).collect()
     }
 
-    fn open(dir: &Path, max: u64) -> (Opened, Counter) {
-        let lost = Counter::default();
-        (Spool::open(dir, max, lost.clone(), Gauge::default()).unwrap(), lost)
+    fn open(dir: &Path, max: u64) -> (Opened, Arc<Losses>) {
+        let lost = Arc::new(Losses::new(Default::default(), "b".into()));
+        (Spool::open(dir, max, Arc::clone(&lost), Gauge::default()).unwrap(), lost)
     }
 
     async fn read_all(spool: &Spool) -> (Vec<String>, u64) {
@@ -395,7 +449,7 @@ mod tests {
         }
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, (0..20).map(|i| format!("evt_{i}")).collect::<Vec<_>>());
-        assert_eq!((disposed, lost.get()), (20, 0));
+        assert_eq!((disposed, lost.total()), (20, 0));
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "drained files are deleted");
     }
 
@@ -428,7 +482,36 @@ mod tests {
         }
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_0", "evt_1", "evt_2"]);
-        assert_eq!((lost.get(), disposed), (2, 5), "the lost count as disposed of");
+        assert_eq!((lost.total(), disposed), (2, 5), "the lost count as disposed of");
+        assert_eq!(lost.spool(), SpoolState::Full);
+        let reports = lost.reports_to_send();
+        assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_full", 2));
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_counts_every_event_it_took_and_the_spool_recovers_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let (opened, lost) = open(dir.path(), DEFAULT_MAX_BYTES);
+        // The first file the spool opens is a disk that is always full.
+        std::os::unix::fs::symlink("/dev/full", dir.path().join(format!("{FIRST_SEQ:020}.events")))
+            .unwrap();
+        for i in 0..5 {
+            assert!(opened.spool.append(event(i)));
+        }
+        // A read flushes first: the write fails, and all five are counted.
+        let batch = opened.spool.read(10).await.unwrap();
+        assert!(batch.events.is_empty());
+        assert_eq!((lost.total(), batch.disposed), (5, 5));
+        assert_eq!(lost.spool(), SpoolState::Unwritable);
+        let reports = lost.reports_to_send();
+        assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_unwritable", 5));
+        // Room again: the next events go to a new file and come back whole.
+        for i in 5..8 {
+            assert!(opened.spool.append(event(i)));
+        }
+        let (read, _) = read_all(&opened.spool).await;
+        assert_eq!(read, ["evt_5", "evt_6", "evt_7"]);
+        assert_eq!((lost.total(), lost.spool()), (5, SpoolState::Ok));
     }
 
     #[tokio::test]
@@ -441,6 +524,6 @@ mod tests {
         assert_eq!(opened.records, 2);
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_1"]);
-        assert_eq!((lost.get(), disposed), (1, 2));
+        assert_eq!((lost.total(), disposed), (1, 2));
     }
 }

@@ -152,6 +152,14 @@ async fn session(
                         telemetry.ack_events(ack.seq);
                         continue;
                     }
+                    Some(control_message::Msg::BreakersAck(ack)) => {
+                        telemetry.ack_breakers(ack.seq);
+                        continue;
+                    }
+                    Some(control_message::Msg::LostAck(ack)) => {
+                        telemetry.losses.ack(&ack.id);
+                        continue;
+                    }
                     Some(control_message::Msg::Limits(view)) => {
                         telemetry.limits.apply(view, switchyard_time::now_ms(), std::time::Instant::now());
                         forget_unlimited(state, telemetry);
@@ -213,8 +221,8 @@ async fn handoff_requested(handoff: &mut watch::Receiver<bool>) {
 }
 
 /// The node is shutting down: sends everything it holds (breaker transitions, failover
-/// events, usage totals), waits until the control plane has acked every event, then ends
-/// its side of the stream. The control plane handles a stream's messages in order and
+/// events, counts of lost events, usage totals), waits until the control plane has acked
+/// every event, breaker report and loss report, then ends its side of the stream. The control plane handles a stream's messages in order and
 /// closes its side after the last, so once it has, the usage totals are stored too.
 async fn hand_off(
     tx: mpsc::Sender<pb::NodeMessage>,
@@ -224,13 +232,25 @@ async fn hand_off(
     for message in outbound(telemetry, true) {
         tx.send(message).await.map_err(|_| SessionError::Closed)?;
     }
-    while telemetry.events_held() > 0 {
+    while telemetry.events_held() > 0
+        || telemetry.breakers_held() > 0
+        || telemetry.losses.unreported()
+    {
         let message = tokio::time::timeout(IDLE_LIMIT, inbound.message())
             .await
             .map_err(|_| SessionError::Idle)??
             .ok_or(SessionError::Closed)?;
-        if let Some(control_message::Msg::EventsAck(ack)) = message.msg {
-            telemetry.ack_events(ack.seq);
+        match message.msg {
+            Some(control_message::Msg::EventsAck(ack)) => telemetry.ack_events(ack.seq),
+            Some(control_message::Msg::BreakersAck(ack)) => telemetry.ack_breakers(ack.seq),
+            Some(control_message::Msg::LostAck(ack)) => telemetry.losses.ack(&ack.id),
+            _ => {}
+        }
+        // A loss counted during the hand-off (the spool refusing a late event) is sent too.
+        for report in telemetry.losses.reports_to_send() {
+            tx.send(node_msg(node_message::Msg::Lost(report)))
+                .await
+                .map_err(|_| SessionError::Closed)?;
         }
     }
     drop(tx);
@@ -280,13 +300,21 @@ async fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
     }
 }
 
-/// Queued breaker transitions and probe reports, event batches, and with `usage` the usage totals.
+/// Queued breaker transitions and probe reports, event batches, counts of lost events, and
+/// with `usage` the usage totals.
 fn outbound(telemetry: &Telemetry, usage: bool) -> Vec<pb::NodeMessage> {
     let mut out: Vec<pb::NodeMessage> =
         telemetry.take_breaker_reports().into_iter().map(node_msg).collect();
     while let Some(batch) = telemetry.next_event_batch() {
         out.push(node_msg(node_message::Msg::Events(batch)));
     }
+    out.extend(
+        telemetry
+            .losses
+            .reports_to_send()
+            .into_iter()
+            .map(|r| node_msg(node_message::Msg::Lost(r))),
+    );
     if usage && let Some(report) = telemetry.usage_report(switchyard_time::now_ms()) {
         out.push(node_msg(node_message::Msg::Usage(report)));
     }

@@ -1,12 +1,13 @@
-//! What the node reports to the control plane: failover events (at least once: held until
-//! acked), usage totals, breaker transitions. Requests only push into bounded in-memory
+//! What the node reports to the control plane: failover events and breaker reports (at
+//! least once: held until acked, sent again on a new stream), counts of events lost
+//! ([`crate::loss`], likewise), usage totals. Requests only push into bounded in-memory
 //! queues; the config-stream task drains them. Failover events beyond the memory bound go
 //! to the node's spool on disk ([`crate::spool`]) and come back, in order, as the control
 //! plane takes them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
 use prost::Message;
@@ -14,10 +15,12 @@ use prost::Message;
 use switchyard_proto::node::v1::{self as pb, node_message};
 
 use crate::limits::Ledger;
+use crate::loss::{Losses, Lost, Reason, SpoolState};
 use crate::spool::Spool;
 
-/// Events held (queued or sent but not acked); beyond this new events are dropped and counted.
-const MAX_EVENTS: usize = 10_000;
+/// Events held in memory (queued or sent but not acked) by default
+/// (`--event-buffer-events`); beyond this new events go to the spool, or are counted lost.
+pub const MAX_EVENTS: usize = 10_000;
 /// During an outage every request fails over: batches keep that to a few messages (and
 /// store transactions) per second instead of one per request. The control plane stores a
 /// stream's batches one after another, one write round each (`MIN_WRITE_INTERVAL` apart),
@@ -26,6 +29,8 @@ const MAX_EVENTS: usize = 10_000;
 /// work, which on a shared host shows in the node's tail latency (docs/BENCHMARKS.md,
 /// "Figures behind design choices").
 const EVENTS_PER_BATCH: usize = 500;
+/// Breaker reports held (queued or sent but not acked); beyond this the oldest goes, and a
+/// transition among them is counted lost.
 const MAX_TRANSITIONS: usize = 1_000;
 
 /// Events read back from the spool at a time, at most.
@@ -58,16 +63,33 @@ struct Totals {
     cost_usd: f64,
 }
 
+/// Breaker transitions and probe reports, numbered, held until a `BreakersAck` covers them.
+#[derive(Default)]
+struct BreakerQueue {
+    reports: VecDeque<BreakerReport>,
+    next_seq: u64,
+}
+
+struct BreakerReport {
+    seq: u64,
+    report: node_message::Msg,
+    /// Sent on the current stream; a new stream sends it again.
+    sent: bool,
+}
+
 pub struct Telemetry {
     pub node_id: String,
     boot_id: String,
     events: Mutex<EventQueue>,
+    /// Events held in memory at most.
+    max_events: usize,
     spool: Option<Spool>,
-    pub events_dropped: Counter,
+    /// Every event discarded, counted and reported ([`crate::loss`]).
+    pub losses: Arc<Losses>,
     /// Breaker transitions and probe reports, in one queue so that they reach the control
     /// plane in the order they happened: each carries the breaker's whole state, and the
     /// newest one is what `switchyard breakers` shows.
-    transitions: Mutex<VecDeque<node_message::Msg>>,
+    transitions: Mutex<BreakerQueue>,
     /// Key id → served model → totals: nested so that a request finds its entry by
     /// borrowed names and allocates only the first time a pair is seen.
     usage: Mutex<HashMap<String, HashMap<String, Totals>>>,
@@ -81,13 +103,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Telemetry {
+    /// `events_dropped` counts the failover events lost (`switchyard_failover_events_dropped_total`).
     pub fn new(node_id: String, events_dropped: Counter) -> Self {
+        let boot_id = format!("{:016x}", rand::random::<u64>());
         Self {
             node_id,
-            boot_id: format!("{:016x}", rand::random::<u64>()),
+            losses: Arc::new(Losses::new(events_dropped, boot_id.clone())),
+            boot_id,
             events: Mutex::default(),
+            max_events: MAX_EVENTS,
             spool: None,
-            events_dropped,
             transitions: Mutex::default(),
             usage: Mutex::default(),
             usage_dirty: AtomicBool::new(false),
@@ -98,6 +123,12 @@ impl Telemetry {
     /// This node's limit windows, for its control plane.
     pub fn limit_report(&self, now_ms: i64, limited: bool) -> Option<pb::LimitUsage> {
         self.limits.report(&self.boot_id, now_ms, limited)
+    }
+
+    /// Holds at most `max` failover events in memory (at least 1).
+    pub fn with_max_events(mut self, max: usize) -> Self {
+        self.max_events = max.max(1);
+        self
     }
 
     /// Keeps failover events that do not fit in memory in `spool`, counting `records` an
@@ -112,17 +143,29 @@ impl Telemetry {
 
     pub fn push_event(&self, event: pb::FailoverEvent) {
         let mut q = lock(&self.events);
-        if !q.spooling && q.held < MAX_EVENTS {
+        if !q.spooling && q.held < self.max_events {
             q.held += 1;
             q.pending.push_back(event);
             return;
         }
-        let spooled = self.spool.as_ref().is_some_and(|spool| spool.append(event));
-        if spooled {
-            q.spooling = true;
-            q.spooled += 1;
-        } else {
-            self.events_dropped.inc();
+        match &self.spool {
+            Some(spool) if spool.append(event) => {
+                q.spooling = true;
+                q.spooled += 1;
+            }
+            Some(_) => {
+                drop(q);
+                self.losses.lose(Lost::Failover, Reason::SpoolBusy, 1);
+            }
+            None => {
+                drop(q);
+                // A node with a `--data-dir` whose spool could not be opened says why.
+                let reason = match self.losses.spool() {
+                    SpoolState::Unwritable => Reason::SpoolUnwritable,
+                    _ => Reason::MemoryFull,
+                };
+                self.losses.lose(Lost::Failover, reason, 1);
+            }
         }
     }
 
@@ -135,7 +178,7 @@ impl Telemetry {
             if !q.spooling || !q.pending.is_empty() {
                 return;
             }
-            MAX_EVENTS.saturating_sub(q.held).min(REFILL_EVENTS)
+            self.max_events.saturating_sub(q.held).min(REFILL_EVENTS)
         };
         if room == 0 {
             return;
@@ -165,10 +208,31 @@ impl Telemetry {
         if n > 0
             && let Err(e) = spool.prepend(events).await
         {
-            self.events_dropped.inc_by(n as u64);
+            // Counted; the node is stopping, so no control plane hears of it: its log says so.
+            self.losses.lose(Lost::Failover, Reason::SpoolUnwritable, n as u64);
             return Err(e);
         }
         Ok(n)
+    }
+
+    /// The node is stopping, no control plane took its events, and it has no spool to keep
+    /// them in: they are lost, and counted (the count is kept for the next start when the
+    /// node has a data dir). Returns how many.
+    pub fn drop_held(&self) -> usize {
+        self.requeue_in_flight();
+        let n = {
+            let mut q = lock(&self.events);
+            q.held = 0;
+            let n = q.pending.len();
+            q.pending.clear();
+            n
+        };
+        let reason = match self.losses.spool() {
+            SpoolState::Unwritable => Reason::SpoolUnwritable,
+            _ => Reason::MemoryFull,
+        };
+        self.losses.lose(Lost::Failover, reason, n as u64);
+        n
     }
 
     pub fn has_spool(&self) -> bool {
@@ -208,6 +272,10 @@ impl Telemetry {
 
     /// A stream ended: whatever was sent but not acked goes out again, first.
     pub fn requeue_in_flight(&self) {
+        for r in lock(&self.transitions).reports.iter_mut() {
+            r.sent = false;
+        }
+        self.losses.requeue();
         let mut q = lock(&self.events);
         let batches = std::mem::take(&mut q.in_flight);
         for (seq, batch) in batches.into_iter().rev() {
@@ -221,7 +289,7 @@ impl Telemetry {
                 Err(e) => {
                     tracing::error!(seq, error = %e, "could not read back an unacked event batch");
                     q.held -= batch.events;
-                    self.events_dropped.inc_by(batch.events as u64);
+                    self.losses.lose(Lost::Failover, Reason::Unreadable, batch.events as u64);
                 }
             }
         }
@@ -240,17 +308,48 @@ impl Telemetry {
         self.push_breaker_report(node_message::Msg::Probed(report));
     }
 
-    fn push_breaker_report(&self, report: node_message::Msg) {
+    fn push_breaker_report(&self, mut report: node_message::Msg) {
         let mut t = lock(&self.transitions);
-        if t.len() >= MAX_TRANSITIONS {
-            t.pop_front();
+        let dropped = if t.reports.len() >= MAX_TRANSITIONS { t.reports.pop_front() } else { None };
+        t.next_seq += 1;
+        let seq = t.next_seq;
+        if let node_message::Msg::Breaker(b) | node_message::Msg::Probed(b) = &mut report {
+            b.seq = seq;
         }
-        t.push_back(report);
+        t.reports.push_back(BreakerReport { seq, report, sent: false });
+        drop(t);
+        // A probe's report only refreshes what a later report carries too; a transition
+        // is an event.
+        if let Some(BreakerReport { report: node_message::Msg::Breaker(_), .. }) = dropped {
+            self.losses.lose(Lost::Breaker, Reason::MemoryFull, 1);
+        }
     }
 
-    /// Breaker transitions and probe reports, oldest first, as node messages.
+    /// Breaker transitions and probe reports not yet sent on this stream, oldest first, as
+    /// node messages; they stay held until [`Self::ack_breakers`].
     pub fn take_breaker_reports(&self) -> Vec<node_message::Msg> {
-        lock(&self.transitions).drain(..).collect()
+        let mut t = lock(&self.transitions);
+        t.reports
+            .iter_mut()
+            .filter(|r| !r.sent)
+            .map(|r| {
+                r.sent = true;
+                r.report.clone()
+            })
+            .collect()
+    }
+
+    /// The control plane stored every breaker report up to `seq`.
+    pub fn ack_breakers(&self, seq: u64) {
+        let mut t = lock(&self.transitions);
+        while t.reports.front().is_some_and(|r| r.seq <= seq) {
+            t.reports.pop_front();
+        }
+    }
+
+    /// Breaker reports sent or queued, not yet acked.
+    pub fn breakers_held(&self) -> usize {
+        lock(&self.transitions).reports.len()
     }
 
     /// Usage is billed to the model that served.
@@ -339,7 +438,7 @@ mod tests {
         assert_eq!(t.events_held(), 4);
         t.ack_events(again.seq);
         assert_eq!(t.events_held(), 0);
-        assert_eq!(t.events_dropped.get(), 0);
+        assert_eq!(t.losses.total(), 0);
     }
 
     #[test]
@@ -348,22 +447,24 @@ mod tests {
         for i in 0..MAX_EVENTS + 3 {
             t.push_event(event(&i.to_string()));
         }
-        assert_eq!(t.events_dropped.get(), 3);
+        assert_eq!(t.losses.total(), 3);
         assert_eq!(t.events_held(), MAX_EVENTS);
+        let reports = t.losses.reports_to_send();
+        assert_eq!((reports[0].reason.as_str(), reports[0].count), ("memory_full", 3));
     }
 
     #[tokio::test]
     async fn events_beyond_memory_are_spooled_and_leave_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let dropped = Counter::default();
+        let t = Telemetry::new("n".into(), Counter::default());
         let opened = crate::spool::Spool::open(
             dir.path(),
             crate::spool::DEFAULT_MAX_BYTES,
-            dropped.clone(),
+            Arc::clone(&t.losses),
             Default::default(),
         )
         .unwrap();
-        let t = Telemetry::new("n".into(), dropped).with_spool(opened.spool, opened.records);
+        let t = t.with_spool(opened.spool, opened.records);
         let total = MAX_EVENTS + 1_200;
         for i in 0..total {
             t.push_event(event(&i.to_string()));
@@ -385,11 +486,58 @@ mod tests {
         let mut expected: Vec<String> = (0..total).map(|i| i.to_string()).collect();
         expected.push("late".into());
         assert_eq!(sent, expected);
-        assert_eq!(t.events_dropped.get(), 0);
+        assert_eq!(t.losses.total(), 0);
         // Drained: new events are kept in memory again.
         t.refill_from_spool().await;
         t.push_event(event("after"));
         assert_eq!(t.next_event_batch().unwrap().events, [event("after")]);
+    }
+
+    fn transition(to: &str) -> pb::BreakerTransition {
+        pb::BreakerTransition { provider: "p".into(), to: to.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn breaker_reports_stay_held_until_acked_and_go_out_again_after_a_reconnect() {
+        let t = Telemetry::new("n".into(), Counter::default());
+        t.push_transition(transition("open"));
+        t.push_probed(transition("open"));
+        let sent = t.take_breaker_reports();
+        assert_eq!(sent.len(), 2);
+        assert!(t.take_breaker_reports().is_empty(), "sent on this stream already");
+        let seqs: Vec<u64> = sent
+            .iter()
+            .map(|m| match m {
+                node_message::Msg::Breaker(b) | node_message::Msg::Probed(b) => b.seq,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(seqs, [1, 2]);
+        t.ack_breakers(1);
+        t.push_transition(transition("half_open"));
+        // The stream ends: the unacked probe report and the new transition go out, in order.
+        t.requeue_in_flight();
+        let again = t.take_breaker_reports();
+        assert!(matches!(&again[0], node_message::Msg::Probed(b) if b.seq == 2));
+        assert!(
+            matches!(&again[1], node_message::Msg::Breaker(b) if b.seq == 3 && b.to == "half_open")
+        );
+        t.ack_breakers(3);
+        assert_eq!(t.breakers_held(), 0);
+    }
+
+    #[test]
+    fn a_full_breaker_queue_counts_a_transition_it_drops_as_lost() {
+        let t = Telemetry::new("n".into(), Counter::default());
+        t.push_transition(transition("open"));
+        for _ in 0..MAX_TRANSITIONS {
+            t.push_probed(transition("open"));
+        }
+        assert_eq!(t.breakers_held(), MAX_TRANSITIONS);
+        let reports = t.losses.reports_to_send();
+        assert_eq!(reports.len(), 1);
+        assert_eq!((reports[0].events.as_str(), reports[0].count), ("breaker", 1));
+        assert_eq!(t.losses.total(), 1);
     }
 
     #[test]

@@ -959,3 +959,266 @@ fn bench_payloads(log: &Path, raw: bool) -> Vec<Value> {
     }
     out
 }
+
+// === no event lost silently ===
+
+fn lost_report(id: &str, count: u64) -> pb::EventsLost {
+    pb::EventsLost {
+        id: id.into(),
+        count,
+        reason: "spool_full".into(),
+        events: "failover".into(),
+        first_unix_ms: now_ms() - 1_000,
+        last_unix_ms: now_ms(),
+    }
+}
+
+async fn send_lost(node: &mut FakeNode, report: pb::EventsLost) {
+    let id = report.id.clone();
+    node.send(node_message::Msg::Lost(report)).await;
+    node.wait_for("events.lost ack", |m| match m {
+        pb::control_message::Msg::LostAck(ack) if ack.id == id => Some(()),
+        _ => None,
+    })
+    .await;
+}
+
+/// `switchyard events --json`: one object per line.
+async fn audit_log(control: &str) -> Vec<Value> {
+    let out = cli(control, &["events", "--json", "--limit", "1000"]).await;
+    assert!(out.success, "events failed: {}", out.stderr);
+    out.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_count_of_lost_events_is_one_audit_entry_and_a_webhook_even_when_resent() {
+    let cluster = Cluster::start(&[]).await;
+    let receiver = Receiver::start(cluster.dir.path()).await;
+    let version = cluster
+        .apply(&webhook_catalog(&[("lost", &receiver.url("/lost"), "    events: [events.lost]\n")]))
+        .await;
+    cluster.leader("lost").await;
+    let report = lost_report("lost_boot1_1", 15);
+    let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    node.wait_config(version).await;
+    send_lost(&mut node, report.clone()).await;
+    // The ack was lost (say): the node resends the same report on its next stream, to the
+    // other replica.
+    drop(node);
+    let mut node = FakeNode::connect(&cluster.url(1), "n1").await;
+    node.wait_config(version).await;
+    send_lost(&mut node, report.clone()).await;
+
+    let want: BTreeSet<String> = [report.id.clone()].into();
+    wait_for_ids(&receiver.log, "/lost", &want, WAIT).await;
+    let delivered = accepted(&receiver.log, "/lost");
+    let one = &delivered[0];
+    assert_eq!(one["type"], "events.lost");
+    assert_eq!(one["data"]["count"], 15);
+    assert_eq!(one["data"]["node_id"], "n1");
+    assert_eq!(one["data"]["reason"], "spool_full");
+
+    let lost: Vec<Value> = audit_log(&cluster.admin())
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "events.lost")
+        .collect();
+    assert_eq!(lost.len(), 1, "a resent report is one entry: {lost:?}");
+    assert_eq!((lost[0]["count"].as_u64(), lost[0]["node_id"].as_str()), (Some(15), Some("n1")));
+    // Stored once, queued once: nothing more is owed, and one delivery was made.
+    let state = eventually(WAIT, "the backlog to drain", || async {
+        let s = cluster.deliveries("lost").await;
+        (s["backlog"] == 0).then_some(s)
+    })
+    .await;
+    assert_eq!(state["dead"], 0);
+    // Delivery stays at least once (a resend after the entry was delivered and removed
+    // from the outbox queues it again): receivers deduplicate by the event id.
+    assert_eq!(event_ids(&accepted(&receiver.log, "/lost")), want);
+}
+
+/// Keys under `prefix` in etcd (its JSON gateway).
+async fn etcd_count(store: &str, prefix: &str) -> u64 {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().unwrap() += 1;
+    let body = serde_json::json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end), "count_only": true});
+    let addr = store.trim_start_matches("etcd://").parse().unwrap();
+    let r = http_request(addr, "POST", "/v3/kv/range", None, Some(body.to_string().as_bytes()))
+        .await
+        .unwrap();
+    r.json()["count"].as_str().map_or(0, |c| c.parse().unwrap())
+}
+
+fn transition(from: &str, to: &str, at_unix_ms: i64, seq: u64) -> pb::BreakerTransition {
+    pb::BreakerTransition {
+        provider: "openai".into(),
+        upstream_model: "gpt-5-nano".into(),
+        from: from.into(),
+        to: to.into(),
+        cause: "failure_rate".into(),
+        at_unix_ms,
+        failure_rate: 0.8,
+        calls_in_window: 20,
+        cooldown_ms: 30_000,
+        seq,
+        ..Default::default()
+    }
+}
+
+async fn send_acked(node: &mut FakeNode, t: pb::BreakerTransition) {
+    let seq = t.seq;
+    node.send(node_message::Msg::Breaker(t)).await;
+    node.wait_for("breakers ack", |m| match m {
+        pb::control_message::Msg::BreakersAck(ack) if ack.seq >= seq => Some(()),
+        _ => None,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_transition_is_acked_once_stored_and_a_resend_is_not_a_second_event() {
+    let cluster = Cluster::start(&[]).await;
+    let receiver = Receiver::start(cluster.dir.path()).await;
+    let version = cluster
+        .apply(&webhook_catalog(&[("brk", &receiver.url("/brk"), "    events: [\"*\"]\n")]))
+        .await;
+    cluster.leader("brk").await;
+    let opened_at = now_ms();
+    let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    node.wait_config(version).await;
+    // Acked means stored: the record shows it before anything else is sent.
+    send_acked(&mut node, transition("closed", "open", opened_at, 1)).await;
+    let listed = cli(&cluster.admin(), &["breakers", "--json"]).await;
+    assert!(listed.stdout.contains("\"open\""), "{}", listed.stdout);
+    // Delivered, and gone from the outbox: a resend that queued it again would be sent again.
+    eventually(WAIT, "breaker.opened delivered and removed from the outbox", || async {
+        let delivered =
+            accepted(&receiver.log, "/brk").iter().any(|p| p["type"] == "breaker.opened");
+        let left = etcd_count(&cluster.store, "/switchyard/webhooks/outbox/").await;
+        (delivered && left == 0).then_some(())
+    })
+    .await;
+
+    // The ack did not reach the node (say): it resends the transition on a new stream.
+    drop(node);
+    let mut node = FakeNode::connect(&cluster.url(1), "n1").await;
+    node.wait_config(version).await;
+    send_acked(&mut node, transition("closed", "open", opened_at, 1)).await;
+    // A later transition, queued after the resend was handled.
+    send_acked(&mut node, transition("open", "half_open", opened_at + 30_000, 2)).await;
+
+    eventually(WAIT, "the half_open delivery and an empty backlog", || async {
+        let got = accepted(&receiver.log, "/brk");
+        let half = got.iter().any(|p| p["type"] == "breaker.half_open");
+        (half && cluster.deliveries("brk").await["backlog"] == 0).then_some(())
+    })
+    .await;
+    let opened: Vec<Value> = accepted(&receiver.log, "/brk")
+        .into_iter()
+        .filter(|p| p["type"] == "breaker.opened")
+        .collect();
+    assert_eq!(opened.len(), 1, "the transition is one event, delivered once: {opened:?}");
+}
+
+// === a new subscription ===
+
+async fn add_webhook(control: &str, name: &str, url: &str) {
+    let args = [
+        "webhooks",
+        "add",
+        name,
+        "--url",
+        url,
+        "--events",
+        "api:model_failover",
+        "--secret",
+        "env:WEBHOOK_SECRET",
+        "--internal",
+    ];
+    let out = cli(control, &args).await;
+    assert!(out.success, "webhooks add {name}: {}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_added_just_before_an_event_on_another_replica_gets_it() {
+    let cluster = Cluster::start(&[]).await;
+    let receiver = Receiver::start(cluster.dir.path()).await;
+    let version = cluster
+        .apply(&webhook_catalog(&[(
+            "first",
+            &receiver.url("/first"),
+            "    events: [api:model_failover]\n",
+        )]))
+        .await;
+    let leader = cluster.leader("first").await;
+    // The node is on the replica that neither took the apply nor (if it can be helped)
+    // delivers.
+    let mut node = FakeNode::connect(&cluster.url(1 - leader), "n1").await;
+    node.wait_config(version).await;
+    let mut want = BTreeSet::new();
+    for round in 0..3 {
+        let name = format!("late{round}");
+        add_webhook(&cluster.url(leader), &name, &receiver.url(&format!("/{name}"))).await;
+        // At once, on the other replica: acked means stored, and queued for `name`.
+        let id = format!("ev-{name}");
+        node.send_next(vec![event(&id, "key_1")]).await;
+        // And the catalog changes again before the leader may have looked.
+        add_webhook(&cluster.url(leader), &format!("{name}-next"), &receiver.url("/next")).await;
+        want.insert((format!("/{name}"), id));
+    }
+    for (path, id) in want {
+        wait_for_ids(&receiver.log, &path, &[id].into(), WAIT).await;
+    }
+}
+
+// === storms ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_for_one_subscription_does_not_starve_another() {
+    let cluster = Cluster::start(&["--webhook-timeout-ms", "10000"]).await;
+    let receiver = Receiver::start(cluster.dir.path()).await;
+    // The storm's subscriptions: one endpoint that never answers (its backlog only grows,
+    // holding the outbox), one that takes it in batches.
+    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole = format!("http://{}/hook", black_hole.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = black_hole.accept().await {
+            open.push(socket);
+        }
+    });
+    let storm = "    events: [api:model_failover]\n    keys: [key_1]\n";
+    let batched = format!("{storm}    batch_max_events: 100\n");
+    let version = cluster
+        .apply(&webhook_catalog(&[
+            ("held", &hole, storm),
+            ("storm", &receiver.url("/storm"), &batched),
+            (
+                "quiet",
+                &receiver.url("/quiet"),
+                "    events: [api:model_failover]\n    keys: [key_2]\n",
+            ),
+        ]))
+        .await;
+    cluster.leader("quiet").await;
+    let mut node = FakeNode::connect(&cluster.url(0), "n1").await;
+    node.wait_config(version).await;
+    let mut stormed = BTreeSet::new();
+    for round in 0..8 {
+        let burst = ids(&format!("storm{round}"), 0..500);
+        node.send_next(burst.iter().map(|id| event(id, "key_1")).collect()).await;
+        stormed.extend(burst);
+        // The other subscription's event, stored behind the storm so far, is delivered
+        // promptly all the same.
+        let quiet = format!("quiet-{round}");
+        node.send_next(vec![event(&quiet, "key_2")]).await;
+        wait_for_ids(&receiver.log, "/quiet", &[quiet].into(), Duration::from_secs(5)).await;
+    }
+    wait_for_ids(&receiver.log, "/storm", &stormed, WAIT).await;
+    let held_state = cluster.deliveries("held").await;
+    assert_eq!(held_state["delivered"], 0, "the black hole took nothing: {held_state}");
+    assert_eq!(event_ids(&accepted(&receiver.log, "/quiet")).len(), 8, "only its own events");
+    held.abort();
+}

@@ -96,6 +96,24 @@ impl FakeNode {
         assert!(acked.is_ok(), "no ack for events batch {seq}");
     }
 
+    /// Waits for the first reply `pick` takes, skipping the others (pings, config).
+    pub async fn wait_for<T>(
+        &mut self,
+        what: &str,
+        mut pick: impl FnMut(control_message::Msg) -> Option<T>,
+    ) -> T {
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                let reply = self.replies.message().await.unwrap().expect("stream ended");
+                if let Some(found) = reply.msg.and_then(&mut pick) {
+                    return found;
+                }
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("no {what} from the control plane"))
+    }
+
     /// Messages on one stream are handled in order: once an (empty) events batch is acked,
     /// everything sent before it has been stored.
     pub async fn barrier(&mut self, seq: u64) {

@@ -1,4 +1,5 @@
-//! `events`: one line per failover event, requested → served, then each attempt.
+//! `events`: one line per failover event, requested → served, then each attempt; and one
+//! per `events.lost` entry, with the node's count of events it could not keep.
 
 use serde::Serialize;
 
@@ -43,11 +44,42 @@ pub struct EventView {
     /// The request's `x-request-id`; absent for an event from a node older than the field.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub request_id: String,
+    /// `api:model_failover`, `api:degraded_response` or `events.lost`.
+    #[serde(rename = "type")]
+    pub event_type: &'static str,
+    /// An `events.lost` entry's count, reason (`memory_full`, `spool_busy`, `spool_full`,
+    /// `spool_unwritable`, `unreadable`), which events (`failover`, `breaker`) and when the
+    /// first and last were lost; absent for other entries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_unix_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_unix_ms: Option<i64>,
 }
 
 impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
     fn from(e: switchyard_proto::node::v1::FailoverEvent) -> Self {
+        let lost = e.lost;
+        // The audit entry's type, as the control plane names it (its `events` module).
+        let event_type = if lost.is_some() {
+            "events.lost"
+        } else if e.degraded.is_empty() {
+            "api:model_failover"
+        } else {
+            "api:degraded_response"
+        };
         Self {
+            event_type,
+            count: lost.as_ref().map(|l| l.count),
+            reason: lost.as_ref().map(|l| l.reason.clone()),
+            events: lost.as_ref().map(|l| l.events.clone()),
+            first_unix_ms: lost.as_ref().map(|l| l.first_unix_ms),
+            last_unix_ms: lost.as_ref().map(|l| l.last_unix_ms),
             id: e.id,
             at_unix_ms: e.at_unix_ms,
             node_id: e.node_id,
@@ -71,6 +103,43 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
             status: e.status,
             degraded: e.degraded,
             request_id: e.request_id,
+        }
+    }
+}
+
+/// An `events.lost` entry as `--json` prints it: without the request fields a failover
+/// event has, so that a reader counting failover events (by their `attempts`) cannot take
+/// it for one.
+#[derive(Debug, Serialize)]
+struct LostLine<'a> {
+    #[serde(rename = "type")]
+    event_type: &'static str,
+    id: &'a str,
+    at_unix_ms: i64,
+    node_id: &'a str,
+    count: u64,
+    reason: &'a str,
+    events: &'a str,
+    first_unix_ms: i64,
+    last_unix_ms: i64,
+}
+
+impl EventView {
+    /// The entry as one line of `--json`.
+    pub fn json(&self) -> serde_json::Result<String> {
+        match self.count {
+            Some(count) => serde_json::to_string(&LostLine {
+                event_type: self.event_type,
+                id: &self.id,
+                at_unix_ms: self.at_unix_ms,
+                node_id: &self.node_id,
+                count,
+                reason: self.reason.as_deref().unwrap_or_default(),
+                events: self.events.as_deref().unwrap_or_default(),
+                first_unix_ms: self.first_unix_ms.unwrap_or(self.at_unix_ms),
+                last_unix_ms: self.last_unix_ms.unwrap_or(self.at_unix_ms),
+            }),
+            None => serde_json::to_string(self),
         }
     }
 }
@@ -100,6 +169,16 @@ fn attempt(a: &AttemptView) -> String {
 /// One line: when, which key, requested → served, then each attempt, and the request's id
 /// last (`request_id=ID`), where a search for it finds the line.
 pub fn event_line(e: &EventView) -> String {
+    if let Some(count) = e.count {
+        return format!(
+            "{}  events.lost  node={}  {count} {} events lost ({}) from {}\n",
+            utc(e.at_unix_ms),
+            e.node_id,
+            e.events.as_deref().unwrap_or("failover"),
+            e.reason.as_deref().unwrap_or(""),
+            utc(e.first_unix_ms.unwrap_or(e.at_unix_ms)),
+        );
+    }
     let served = if !e.degraded.is_empty() {
         format!("degraded answer ({})", e.degraded)
     } else if e.served_model.is_empty() {
@@ -173,5 +252,35 @@ mod tests {
         assert!(json["attempts"][1].get("injected").is_none(), "{json}");
         assert_eq!(json["attempts"][0]["retries"], 2);
         assert!(json["attempts"][1].get("retries").is_none(), "{json}");
+        assert!(json.get("count").is_none(), "{json}");
+    }
+
+    #[test]
+    fn an_events_lost_entry_reads_as_its_count_and_reason() {
+        let e = EventView::from(switchyard_proto::node::v1::FailoverEvent {
+            id: "lost_b_1".into(),
+            at_unix_ms: 1_796_219_557_000,
+            node_id: "node-a".into(),
+            lost: Some(Box::new(switchyard_proto::node::v1::EventsLost {
+                id: "lost_b_1".into(),
+                count: 15,
+                reason: "spool_unwritable".into(),
+                events: "failover".into(),
+                first_unix_ms: 1_796_219_556_000,
+                last_unix_ms: 1_796_219_557_000,
+            })),
+            ..Default::default()
+        });
+        assert_eq!(
+            event_line(&e),
+            "2026-12-02 13:52:37 UTC  events.lost  node=node-a  15 failover events lost \
+             (spool_unwritable) from 2026-12-02 13:52:36 UTC\n"
+        );
+        let json: serde_json::Value = serde_json::from_str(&e.json().unwrap()).unwrap();
+        assert_eq!(json["type"], "events.lost");
+        assert_eq!(json["count"], 15);
+        assert_eq!(json["reason"], "spool_unwritable");
+        assert_eq!(json["node_id"], "node-a");
+        assert!(json.get("attempts").is_none(), "no request fields: {json}");
     }
 }

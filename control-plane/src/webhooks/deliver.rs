@@ -4,11 +4,13 @@
 //! It keeps the outbox in memory (a listing, then a watch from the listing's revision) in
 //! create-revision order, and runs one worker task per subscription:
 //!
-//! - A worker owns its subscription's [`SubscriptionState`]: it sends the entries past its
-//!   cursor that the subscription wants, up to `concurrency` requests at once (each one
-//!   event, or up to `batch_max_events` as a JSON array), each bounded by the request
-//!   timeout, over the subscription's own connection pool. A slow or dead endpoint only
-//!   ever holds its own worker.
+//! - A worker owns its subscription's [`SubscriptionState`] and its own queue of the
+//!   entries past its cursor that the subscription wants (each new entry of the shared view
+//!   is looked at once), so its work follows its own events, not the outbox's size: a storm
+//!   for one subscription does not starve another. It sends the queued entries, up to
+//!   `concurrency` requests at once (each one event, or up to `batch_max_events` as a JSON
+//!   array), each bounded by the request timeout, over the subscription's own connection
+//!   pool. A slow or dead endpoint only ever holds its own worker.
 //! - The cursor moves over the contiguous prefix of entries that are done (delivered, dead,
 //!   or not for this subscription); entries delivered beyond it are remembered in memory.
 //! - A failed attempt (timeout, connection error, 408, 429, 5xx) puts the whole
@@ -46,7 +48,7 @@ use switchyard_time::now_ms;
 use super::client::{self, Outcome, WebhookClient};
 use super::signing::{batch_id, signing_key};
 use super::state::{DeadLetter, PendingDelivery, SubscriptionState};
-use crate::events::OutboxEntry;
+use crate::events::{OutboxEntry, decode_entries};
 use crate::fanout::ConfigCache;
 use crate::layout::{self, Layout, MAX_TXN_OPS};
 use crate::store::election::{self, Leadership};
@@ -135,7 +137,8 @@ pub async fn run(
 // === the outbox in memory ===
 
 /// An outbox entry's place in delivery order: its create revision, then its key (one
-/// transaction creates many entries at one revision).
+/// transaction creates many entries at one revision). An entry of a batch value is keyed
+/// `<batch key>#<index>`; a single entry by its key.
 type Slot = (Revision, String);
 
 /// The first slot after every entry created at or below `revision`.
@@ -144,41 +147,51 @@ fn after(revision: Revision) -> Slot {
 }
 
 struct Queued {
+    /// The store key of the value holding the entry (deleted once every entry it holds
+    /// is done: they share its create revision, so cursors pass them together).
     key: String,
     entry: OutboxEntry,
 }
 
 #[derive(Default)]
 struct OutboxView {
+    /// Counts reloads: a worker's queue built from an earlier view is built again.
+    epoch: u64,
     by_rev: BTreeMap<Slot, Arc<Queued>>,
-    rev_of: HashMap<String, Revision>,
+    /// Store key → its create revision and its entries' slot keys.
+    rev_of: HashMap<String, (Revision, Vec<String>)>,
     /// Every outbox change at or below this revision is in the view.
     horizon: Revision,
 }
 
 impl OutboxView {
     fn upsert(&mut self, key: &str, create_revision: Revision, value: &[u8]) {
-        let entry = match serde_json::from_slice::<OutboxEntry>(value) {
-            Ok(entry) => entry,
+        let batch = value.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+        let entries = match decode_entries::<OutboxEntry>(value) {
+            Ok(entries) => entries,
             Err(e) => {
                 warn!(key, error = %e, "unreadable outbox entry; skipped");
                 return;
             }
         };
-        if let Some(old) = self.rev_of.insert(key.to_owned(), create_revision)
-            && old != create_revision
-        {
-            self.by_rev.remove(&(old, key.to_owned()));
+        self.remove(key);
+        let mut slots = Vec::with_capacity(entries.len());
+        for (i, entry) in entries.into_iter().enumerate() {
+            let slot = if batch { format!("{key}#{i:05}") } else { key.to_owned() };
+            self.by_rev.insert(
+                (create_revision, slot.clone()),
+                Arc::new(Queued { key: key.to_owned(), entry }),
+            );
+            slots.push(slot);
         }
-        self.by_rev.insert(
-            (create_revision, key.to_owned()),
-            Arc::new(Queued { key: key.to_owned(), entry }),
-        );
+        self.rev_of.insert(key.to_owned(), (create_revision, slots));
     }
 
     fn remove(&mut self, key: &str) {
-        if let Some(rev) = self.rev_of.remove(key) {
-            self.by_rev.remove(&(rev, key.to_owned()));
+        if let Some((rev, slots)) = self.rev_of.remove(key) {
+            for slot in slots {
+                self.by_rev.remove(&(rev, slot));
+            }
         }
     }
 }
@@ -205,7 +218,10 @@ impl Shared {
             view.upsert(&kv.key, kv.create_revision, &kv.value);
         }
         view.horizon = listing.revision;
-        *self.outbox.write().unwrap_or_else(|e| e.into_inner()) = view;
+        let mut current = self.outbox.write().unwrap_or_else(|e| e.into_inner());
+        view.epoch = current.epoch + 1;
+        *current = view;
+        drop(current);
         self.changed.send_replace(listing.revision);
     }
 
@@ -358,7 +374,7 @@ async fn lead(
                 sync_workers(&shared, &mut workers, &mut states, webhooks, revision).await?;
                 synced = true;
             }
-            _ = gc.tick(), if synced => collect_garbage(&shared, &workers).await?,
+            _ = gc.tick(), if synced => collect_garbage(&shared, &workers, catalog_rev).await?,
         }
     }
 }
@@ -396,11 +412,22 @@ async fn sync_workers(
             }
             continue;
         }
-        // A subscription seen for the first time starts with the events stored after the
-        // catalog that holds it.
-        let state = states
-            .remove(&webhook.name)
-            .unwrap_or_else(|| SubscriptionState { cursor: catalog_rev, ..Default::default() });
+        // A subscription seen for the first time starts where the apply that added it put
+        // its state (the revision of the catalog before it: docs/webhooks.md, "A new
+        // subscription"), so events stored while this leader's cache lagged are not
+        // skipped; with no state stored (a catalog written by other means), with the events
+        // stored after the catalog that holds it.
+        let state = match states.remove(&webhook.name) {
+            Some(state) => state,
+            None => match shared.store.get(&shared.layout.webhook_state(&webhook.name)).await? {
+                Some(kv) => {
+                    serde_json::from_slice::<SubscriptionState>(&kv.value).unwrap_or_else(|_| {
+                        SubscriptionState { cursor: catalog_rev, ..Default::default() }
+                    })
+                }
+                None => SubscriptionState { cursor: catalog_rev, ..Default::default() },
+            },
+        };
         let (config, config_rx) = watch::channel(Arc::new(SubConfig::new(webhook.clone())));
         let cursor = Arc::new(AtomicI64::new(state.cursor));
         let worker = Worker::new(
@@ -424,11 +451,22 @@ async fn sync_workers(
     Ok(())
 }
 
-/// Deletes outbox entries every subscription is done with.
+/// Deletes outbox entries every subscription is done with. `catalog_rev` is the catalog
+/// revision the workers reflect: while the store holds a newer catalog, a subscription
+/// added there may have no worker yet, and its cursor (stored by the apply that added it)
+/// may be behind every worker's, so nothing is deleted until the workers catch up; each
+/// delete is guarded on the catalog being the one checked.
 async fn collect_garbage(
     shared: &Shared,
     workers: &HashMap<String, WorkerHandle>,
+    catalog_rev: Revision,
 ) -> Result<(), StoreError> {
+    let catalog_key = shared.layout.catalog();
+    let stored = shared.store.get(&catalog_key).await?.map_or(0, |kv| kv.mod_revision);
+    if stored > catalog_rev {
+        return Ok(());
+    }
+    let guard = Compare::mod_revision(catalog_key, stored);
     let keys: Vec<String> = {
         let view = shared.view();
         let floor = workers
@@ -437,16 +475,25 @@ async fn collect_garbage(
             .min()
             .unwrap_or(view.horizon)
             .min(view.horizon);
-        view.by_rev
-            .range(..after(floor))
-            .take(GC_MAX_TXNS * MAX_TXN_OPS)
-            .map(|(_, q)| q.key.clone())
-            .collect()
+        // A batch's entries are adjacent (one revision, one key prefix): one delete each.
+        let mut keys: Vec<String> = Vec::new();
+        for (_, q) in view.by_rev.range(..after(floor)) {
+            if keys.last() != Some(&q.key) {
+                if keys.len() == GC_MAX_TXNS * MAX_TXN_OPS {
+                    break;
+                }
+                keys.push(q.key.clone());
+            }
+        }
+        keys
     };
     for chunk in keys.chunks(MAX_TXN_OPS) {
-        let ops = chunk.iter().map(|key| TxnOp::Delete { key: key.clone() }).collect();
-        if !shared.write(ops).await? {
-            return Err(StoreError::LeaseNotFound(0));
+        let success = chunk.iter().map(|key| TxnOp::Delete { key: key.clone() }).collect();
+        let compare = vec![shared.fence.clone(), guard.clone()];
+        // Refused: the catalog changed (the next pass, after the workers caught up, takes
+        // it), or this replica no longer leads (its leadership watch ends the loop).
+        if !shared.store.txn(Txn { compare, success, failure: vec![] }).await?.succeeded {
+            return Ok(());
         }
         let mut view = shared.outbox.write().unwrap_or_else(|e| e.into_inner());
         for key in chunk {
@@ -469,6 +516,19 @@ struct Worker {
     config: watch::Receiver<Arc<SubConfig>>,
     cursor_out: Arc<AtomicI64>,
     state: SubscriptionState,
+    /// This subscription's own queue: the outbox entries past its cursor that it wants
+    /// (and any in flight), taken from the shared view as they arrive. The worker's work
+    /// is proportional to its own events, never to the whole outbox: a storm queued for
+    /// another subscription (or one held by another's slow endpoint) costs it only the
+    /// one look at each new entry (docs/webhooks.md, "Delivery").
+    queue: BTreeMap<Slot, Arc<Queued>>,
+    /// The view's entries up to this slot have been sorted into `queue`, under `epoch`
+    /// and the subscription `filter` (a change of either builds the queue again).
+    scanned: Option<Slot>,
+    epoch: u64,
+    filter: Option<Webhook>,
+    /// The view's horizon when `queue` was last brought up to date.
+    horizon: Revision,
     /// Entries past the cursor that are done.
     done: BTreeSet<Slot>,
     /// Entries that failed at least once.
@@ -495,7 +555,12 @@ impl Worker {
             shared,
             config,
             cursor_out,
+            horizon: state.cursor,
             state,
+            queue: BTreeMap::new(),
+            scanned: None,
+            epoch: 0,
+            filter: None,
             done: BTreeSet::new(),
             failed,
             in_flight: HashSet::new(),
@@ -548,28 +613,56 @@ impl Worker {
         }
     }
 
+    /// Brings the subscription's queue up to date with the shared view: looks once at each
+    /// entry that arrived since the last call, keeping those it wants. A reloaded view or a
+    /// changed subscription builds the queue again from the cursor (entries in flight
+    /// stay, whatever the filter now says, until their outcome is known).
+    fn sync_queue(&mut self, webhook: &Webhook) {
+        let view = self.shared.view();
+        if view.epoch != self.epoch || self.filter.as_ref() != Some(webhook) {
+            self.queue.retain(|slot, _| self.in_flight.contains(slot));
+            self.scanned = None;
+            self.epoch = view.epoch;
+            self.filter = Some(webhook.clone());
+        }
+        let from = match &self.scanned {
+            Some(slot) => std::ops::Bound::Excluded(slot.clone()),
+            None => std::ops::Bound::Included(after(self.state.cursor)),
+        };
+        for (slot, queued) in view.by_rev.range((from, std::ops::Bound::Unbounded)) {
+            if webhook.enabled && queued.entry.is_for(webhook) {
+                self.queue.insert(slot.clone(), Arc::clone(queued));
+            }
+            self.scanned = Some(slot.clone());
+        }
+        self.horizon = view.horizon;
+    }
+
     /// Moves the cursor over the done, and the unwanted, entries at its head. The cursor is
     /// a revision: blocked by an entry created at revision B, it stops at B - 1 (every
     /// entry before that one in the order was passed, and revisions without entries are
     /// nothing to wait for).
     fn advance(&mut self, webhook: &Webhook) {
-        let view = self.shared.view();
+        self.sync_queue(webhook);
         let mut cursor = self.state.cursor;
         if !webhook.enabled {
-            cursor = cursor.max(view.horizon);
+            cursor = cursor.max(self.horizon);
             self.failed.clear();
         } else {
-            let blocked = view.by_rev.range(after(cursor)..).find(|(slot, queued)| {
-                !(self.done.contains(*slot)
-                    || (!self.in_flight.contains(*slot) && !queued.entry.is_for(webhook)))
+            // The queue holds what this subscription wants, and what was in flight when its
+            // filter changed: such an entry holds the cursor only while still in flight.
+            let blocked = self.queue.range(after(cursor)..).find(|(slot, queued)| {
+                !self.done.contains(*slot)
+                    && (self.in_flight.contains(*slot) || queued.entry.is_for(webhook))
             });
             cursor = match blocked {
                 Some((slot, _)) => cursor.max(slot.0 - 1),
-                None => cursor.max(view.horizon),
+                None => cursor.max(self.horizon),
             };
         }
         if cursor != self.state.cursor {
             self.state.cursor = cursor;
+            self.queue = self.queue.split_off(&after(cursor));
             self.done = self.done.split_off(&after(cursor));
             self.failed = self.failed.split_off(&after(cursor));
             self.cursor_out.store(cursor, Ordering::Release);
@@ -579,9 +672,7 @@ impl Worker {
 
     /// Owed entries past the cursor that are not in flight, oldest first, up to `max`.
     fn owed(&self, webhook: &Webhook, max: usize) -> Vec<(Slot, Arc<Queued>)> {
-        self.shared
-            .view()
-            .by_rev
+        self.queue
             .range(after(self.state.cursor)..)
             .filter(|(slot, q)| {
                 !self.done.contains(*slot)
@@ -710,24 +801,21 @@ impl Worker {
                 self.note_failure(&revs, status, &error);
                 self.state.last_status = status;
                 self.state.last_error = error;
-                let refused: Vec<_> = {
-                    let view = self.shared.view();
-                    revs.into_iter()
-                        .filter_map(|slot| {
-                            let queued = Arc::clone(view.by_rev.get(&slot)?);
-                            Some((slot, queued))
-                        })
-                        .collect()
-                };
+                let refused: Vec<_> = revs
+                    .into_iter()
+                    .filter_map(|slot| {
+                        let queued = Arc::clone(self.queue.get(&slot)?);
+                        Some((slot, queued))
+                    })
+                    .collect();
                 self.dead_letter(refused).await
             }
         }
     }
 
     fn note_failure(&mut self, revs: &[Slot], status: u16, error: &str) {
-        let view = self.shared.view();
         for slot in revs {
-            let event_id = view.by_rev.get(slot).map(|q| q.entry.id.clone()).unwrap_or_default();
+            let event_id = self.queue.get(slot).map(|q| q.entry.id.clone()).unwrap_or_default();
             let pending = self.failed.entry(slot.clone()).or_insert_with(|| PendingDelivery {
                 event_id,
                 revision: slot.0,
@@ -933,5 +1021,123 @@ mod tests {
     #[test]
     fn unescape_reverses_the_layout() {
         assert_eq!(unescape("a%2Fb%25c"), "a/b%c");
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn entry(id: &str) -> OutboxEntry {
+        OutboxEntry {
+            id: id.into(),
+            event_type: "api:model_failover".into(),
+            at_unix_ms: 1,
+            enqueued_unix_ms: 1,
+            key_id: String::new(),
+            data: serde_json::Value::Null,
+            only: vec![],
+        }
+    }
+
+    #[test]
+    fn a_batch_value_is_one_slot_per_entry_and_goes_whole() {
+        let mut view = OutboxView::default();
+        let batch = serde_json::to_vec(&[entry("a"), entry("b"), entry("c")]).unwrap();
+        view.upsert("/o/1-batch", 7, &batch);
+        view.upsert("/o/2-single", 8, &serde_json::to_vec(&entry("d")).unwrap());
+        let slots: Vec<(Revision, String, String)> = view
+            .by_rev
+            .iter()
+            .map(|((rev, slot), q)| (*rev, slot.clone(), q.entry.id.clone()))
+            .collect();
+        assert_eq!(
+            slots,
+            [
+                (7, "/o/1-batch#00000".to_owned(), "a".to_owned()),
+                (7, "/o/1-batch#00001".to_owned(), "b".to_owned()),
+                (7, "/o/1-batch#00002".to_owned(), "c".to_owned()),
+                (8, "/o/2-single".to_owned(), "d".to_owned()),
+            ]
+        );
+        assert!(view.by_rev.values().take(3).all(|q| q.key == "/o/1-batch"));
+        // Rewritten in place (a resend): the same slots, not more.
+        view.upsert("/o/1-batch", 7, &batch);
+        assert_eq!(view.by_rev.len(), 4);
+        view.remove("/o/1-batch");
+        assert_eq!(view.by_rev.len(), 1, "the batch's entries go with its key");
+    }
+}
+
+#[cfg(test)]
+mod queue_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn entry(id: &str, key_id: &str) -> OutboxEntry {
+        OutboxEntry {
+            id: id.into(),
+            event_type: "api:model_failover".into(),
+            at_unix_ms: 1,
+            enqueued_unix_ms: now_ms(),
+            key_id: key_id.into(),
+            data: serde_json::Value::Null,
+            only: vec![],
+        }
+    }
+
+    fn webhook(key: &str) -> Webhook {
+        serde_json::from_value(serde_json::json!({
+            "name": key, "url": "https://h.example.com", "events": ["*"], "keys": [key]
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_subscription_queues_only_its_own_events_however_large_the_outbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(crate::store::embedded::EmbeddedStore::open(dir.path()).await.unwrap());
+        let (changed, _) = watch::channel(0);
+        let shared = Arc::new(Shared {
+            store,
+            layout: Layout::new("/t/"),
+            options: DeliveryOptions::default(),
+            fence: Compare::absent("/t/none"),
+            outbox: RwLock::new(OutboxView::default()),
+            changed,
+        });
+        let put = |rev: Revision, entries: Vec<OutboxEntry>| {
+            let mut view = shared.outbox.write().unwrap();
+            view.upsert(&format!("/o/{rev}"), rev, &serde_json::to_vec(&entries).unwrap());
+            view.horizon = rev;
+        };
+        let quiet = webhook("key_2");
+        let (_tx, rx) = watch::channel(Arc::new(SubConfig::new(quiet.clone())));
+        let mut worker = Worker::new(
+            "quiet".into(),
+            Arc::clone(&shared),
+            rx,
+            Arc::new(AtomicI64::new(1)),
+            SubscriptionState { cursor: 1, ..Default::default() },
+        );
+        // A storm of another subscription's events, with one of ours in the middle, then
+        // more storm.
+        put(2, (0..5_000).map(|i| entry(&format!("s{i}"), "key_1")).collect());
+        put(3, vec![entry("mine", "key_2")]);
+        worker.in_flight.insert((3, "/o/3#00000".into()));
+        worker.advance(&quiet);
+        put(4, (0..5_000).map(|i| entry(&format!("t{i}"), "key_1")).collect());
+        worker.advance(&quiet);
+        assert_eq!(worker.queue.len(), 1, "only its own event is queued");
+        assert_eq!(worker.state.cursor, 2, "held by its event in flight, past the storm before it");
+        // Delivered: the cursor passes the storm behind it too, without a look at it again.
+        worker.in_flight.clear();
+        worker.done.insert((3, "/o/3#00000".into()));
+        worker.advance(&quiet);
+        assert_eq!(worker.state.cursor, 4);
+        assert!(worker.queue.is_empty());
+        assert!(worker.owed(&quiet, 100).is_empty());
     }
 }

@@ -73,10 +73,10 @@ pub async fn redeliver(
         let found = audit_log
             .iter()
             .flat_map(|l| l.kvs.iter())
-            .filter_map(audit::decode)
+            .flat_map(audit::decode)
             .find(|e| e.id == id);
         match found {
-            Some(event) => queue.push((OutboxEntry::failover(&event, now_ms()), None)),
+            Some(event) => queue.push((OutboxEntry::from_audit(&event, now_ms()), None)),
             None => not_found.push(id),
         }
     }
