@@ -60,15 +60,17 @@ impl Fleet {
         catalog: impl Fn(SocketAddr) -> String,
     ) -> Result<Fleet> {
         let store = format!("file://{}", dir.join("store").display());
-        Self::start_on(bin, dir, &store, catalog).await
+        Self::start_on(bin, dir, &store, catalog, &[]).await
     }
 
-    /// [`Fleet::start`] with the control plane on `store` (`file://…` or `etcd://…`).
+    /// [`Fleet::start`] with the control plane on `store` (`file://…` or `etcd://…`) and
+    /// `node_args` added to the node's command line.
     pub async fn start_on(
         bin: &Path,
         dir: &Path,
         store: &str,
         catalog: impl Fn(SocketAddr) -> String,
+        node_args: &[&str],
     ) -> Result<Fleet> {
         let logs = |name: &str| dir.join(format!("{name}.log"));
         let sim = Proc::start(bin, &["sim", "--listen", "127.0.0.1:0"], &[], &logs("sim"))?;
@@ -108,13 +110,13 @@ impl Fleet {
             .flatten()
             .max()
             .unwrap_or(0);
-        let node = start_node(bin, dir, &control, "node", version, &[]).await?;
+        let node = start_node(bin, dir, &control, "node", version, &[], node_args).await?;
         Ok(Fleet { sim, cp, node, key, limited_key, control, token, version })
     }
 
     /// One more node on the same control plane, ready with the fleet's config.
     pub async fn add_node(&self, bin: &Path, dir: &Path, name: &str) -> Result<Proc> {
-        start_node(bin, dir, &self.control, name, self.version, &[]).await
+        start_node(bin, dir, &self.control, name, self.version, &[], &[]).await
     }
 
     /// [`Fleet::add_node`] with `envs` in the node's environment.
@@ -125,7 +127,7 @@ impl Fleet {
         name: &str,
         envs: &[(&str, &str)],
     ) -> Result<Proc> {
-        start_node(bin, dir, &self.control, name, self.version, envs).await
+        start_node(bin, dir, &self.control, name, self.version, envs, &[]).await
     }
 
     /// Scripts one of the simulator's upstream models.
@@ -164,14 +166,13 @@ async fn start_node(
     name: &str,
     version: i64,
     envs: &[(&str, &str)],
+    extra_args: &[&str],
 ) -> Result<Proc> {
     let node_dir = dir.join(name).display().to_string();
-    let node = Proc::start(
-        bin,
-        &["node", "--control", control, "--listen", "127.0.0.1:0", "--data-dir", &node_dir],
-        envs,
-        &dir.join(format!("{name}.log")),
-    )?;
+    let mut args =
+        vec!["node", "--control", control, "--listen", "127.0.0.1:0", "--data-dir", &node_dir];
+    args.extend_from_slice(extra_args);
+    let node = Proc::start(bin, &args, envs, &dir.join(format!("{name}.log")))?;
     wait_ready(node.addr, version, Duration::from_millis(50), Duration::from_secs(20)).await?;
     Ok(node)
 }

@@ -31,7 +31,7 @@ use crate::proc::default_switchyard;
 use crate::stats::sum_metric;
 
 const USAGE: &str = "usage: switchyard-bench storm [--switchyard PATH] [--concurrency 32] \
-[--duration-secs 60] [--outage-secs 120] [--store embedded,etcd]";
+[--duration-secs 60] [--outage-secs 120] [--store embedded,etcd] [--spool-mib 256]";
 
 /// How long a backlog may take to reach the audit log before the run gives up on it.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
@@ -57,6 +57,8 @@ struct Options {
     duration: Duration,
     outage: Duration,
     stores: Vec<Store>,
+    /// The node's `--event-spool-max-mib`.
+    spool_mib: u64,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -66,6 +68,7 @@ fn parse(args: &[String]) -> Result<Options> {
         duration: Duration::from_secs(60),
         outage: Duration::from_secs(120),
         stores: vec![Store::Embedded, Store::Etcd],
+        spool_mib: 256,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -89,6 +92,14 @@ fn parse(args: &[String]) -> Result<Options> {
             }
             "--duration-secs" => o.duration = secs(value()?, 2, 3_600)?,
             "--outage-secs" => o.outage = secs(value()?, 1, 3_600)?,
+            "--spool-mib" => {
+                let v = value()?;
+                o.spool_mib = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1_048_576).contains(n))
+                    .ok_or_else(|| format!("--spool-mib: expected 1–1048576, got {v:?}"))?;
+            }
             "--store" => {
                 o.stores = value()?
                     .split(',')
@@ -169,7 +180,9 @@ async fn run(o: &Options, store: Store, outage: Option<Duration>) -> Result<Row>
         Some(e) => format!("etcd://{}", e.endpoint().trim_start_matches("http://")),
         None => format!("file://{}", d.join("store").display()),
     };
-    let fleet = Fleet::start_on(bin, d, &store_url, catalog_yaml).await?;
+    let spool = o.spool_mib.to_string();
+    let node_args = ["--event-spool-max-mib", spool.as_str()];
+    let fleet = Fleet::start_on(bin, d, &store_url, catalog_yaml, &node_args).await?;
     fleet.script("failing", json!({"kind": "status", "status": 503})).await?;
     let Fleet { sim, cp, node, key, control, token, .. } = fleet;
     let _sim = sim;
@@ -306,8 +319,8 @@ fn count_events(bin: &Path, control: &str, token: &str) -> Result<u64> {
 
 fn print(o: &Options, rows: &[Row]) {
     println!(
-        "### Failover-event storm ({} connections, every request failing over)\n",
-        o.concurrency
+        "### Failover-event storm ({} connections, every request failing over, node spool bound {} MiB)\n",
+        o.concurrency, o.spool_mib
     );
     println!(
         "| store | run | load s | failovers served | events stored | counted lost | stored + lost = served | non-200 | failovers/s | node peak RSS MiB | peak events held | peak spool MiB | drain s | events/s stored by the control plane |"

@@ -68,6 +68,7 @@ conformance!(
     versions_and_revisions_are_tracked_per_key,
     revision_starts_at_one_and_grows_by_one_per_changing_write,
     list_is_sorted_and_respects_prefix_boundaries,
+    a_listing_larger_than_one_response_comes_back_whole,
     list_keys_pages_through_a_prefix_and_counts_it,
     txn_absent_compare_runs_success_then_failure_branch,
     txn_mod_revision_compare_is_compare_and_swap,
@@ -195,6 +196,22 @@ mod cases {
         assert_eq!(listing.revision, s.current_revision().await.unwrap());
         assert!(s.list("zzz/").await.unwrap().kvs.is_empty());
         assert_eq!(s.list("").await.unwrap().kvs.len(), 7, "the empty prefix lists every key");
+    }
+
+    /// Values of 1 MiB (the audit log's batches are up to that): 20 of them are more than
+    /// the etcd client decodes in one response, so the listing must come in smaller pages.
+    pub async fn a_listing_larger_than_one_response_comes_back_whole(b: Backend) {
+        let s = &b.store;
+        for i in 0..20u8 {
+            s.put(&format!("big/{i:02}"), vec![i; 1024 * 1024], None).await.unwrap();
+        }
+        let listing = s.list("big/").await.unwrap();
+        assert_eq!(listing.kvs.len(), 20);
+        for (i, kv) in listing.kvs.iter().enumerate() {
+            assert_eq!(kv.key, format!("big/{i:02}"));
+            assert_eq!(kv.value.len(), 1024 * 1024);
+            assert!(kv.value.iter().all(|b| usize::from(*b) == i));
+        }
     }
 
     pub async fn list_keys_pages_through_a_prefix_and_counts_it(b: Backend) {

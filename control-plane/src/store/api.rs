@@ -162,6 +162,10 @@ pub enum StoreError {
     LeaseNotFound(LeaseId),
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// etcd answered, but with more than the client takes in one response: a listing asks
+    /// again for fewer keys (etcd pages by count, not by bytes).
+    #[error("store response too large: {0}")]
+    ResponseTooLarge(String),
     #[error("store data is corrupt: {0}")]
     Corrupt(String),
     /// A request etcd would refuse (a txn writing one key twice or with too many operations,

@@ -38,6 +38,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Keys per page when listing, so a prefix with 100,000+ keys never needs one huge message.
 const LIST_PAGE: i64 = 1000;
+/// The largest response the client decodes (tonic's default is 4 MiB). A page of the audit
+/// log holds batches of up to 1 MiB each; a page larger than this is asked for again in
+/// fewer keys ([`EtcdStore::list`]).
+const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 const WATCH_BUFFER: usize = 64;
 
 #[derive(Clone)]
@@ -143,7 +147,13 @@ impl EtcdStore {
     ) -> Result<pb::RangeResponse, StoreError> {
         self.call(what, Retry::Always, |channel| {
             let request = request.clone();
-            async move { KvClient::new(channel).range(request).await.map(tonic::Response::into_inner) }
+            async move {
+                KvClient::new(channel)
+                    .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                    .range(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
         })
         .await
     }
@@ -162,15 +172,23 @@ impl Store for EtcdStore {
         let mut kvs = Vec::new();
         // Later pages are read at the first page's revision, so the listing is one snapshot.
         let mut revision = 0;
+        let mut limit = LIST_PAGE;
         loop {
             let request = pb::RangeRequest {
-                key,
+                key: key.clone(),
                 range_end: range_end.clone(),
-                limit: LIST_PAGE,
+                limit,
                 revision,
                 ..Default::default()
             };
-            let page = self.range("list", request).await?;
+            let page = match self.range("list", request).await {
+                // Large values (batches of events): the same page again, in fewer keys.
+                Err(StoreError::ResponseTooLarge(_)) if limit > 1 => {
+                    limit = (limit / 8).max(1);
+                    continue;
+                }
+                page => page?,
+            };
             if revision == 0 {
                 revision = header_revision(page.header.as_ref());
             }
@@ -511,6 +529,9 @@ fn status_error(what: &str, status: &tonic::Status) -> StoreError {
     }
     if message.contains("lease not found") {
         return StoreError::LeaseNotFound(0);
+    }
+    if status.code() == tonic::Code::OutOfRange && message.contains("message length too large") {
+        return StoreError::ResponseTooLarge(format!("etcd {what}: {message}"));
     }
     if status.code() == tonic::Code::InvalidArgument || message.contains("future revision") {
         return StoreError::InvalidRequest(format!("etcd refused the {what}: {message}"));
