@@ -89,7 +89,7 @@ pub fn answered(cx: Option<&Context>, completion: &Completion) {
         i64::try_from(usage.completion_tokens).unwrap_or(i64::MAX),
     ));
     let reasons: Vec<StringValue> =
-        completion.finish_reasons().into_iter().map(StringValue::from).collect();
+        completion.finish_reasons().iter().cloned().map(StringValue::from).collect();
     if !reasons.is_empty() {
         span.set_attribute(KeyValue::new(
             "gen_ai.response.finish_reasons",
