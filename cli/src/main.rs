@@ -140,15 +140,20 @@ fn init_tracing(command: &Command) -> Result<Option<switchyard_otel::Otel>, CliE
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let Some(settings) = settings else {
-        // try_init: a server that installs its own subscriber keeps it.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
+        fmt_only(filter);
         return Ok(None);
     };
     let otel = switchyard_otel::init(&settings).map_err(ServeError::from)?;
-    // The spans made for OpenTelemetry are not log lines.
+    if let Command::Node(_) = command {
+        // A node makes its spans on the OpenTelemetry API, not as `tracing` spans: the layer
+        // would have nothing to export, and a `tracing` stack with it (per-layer filters, a
+        // registry) costs every debug span and event of the request path more than the
+        // plain one. So the node's log output is set up exactly as without OpenTelemetry.
+        fmt_only(filter);
+        return Ok(Some(otel));
+    }
+    // The control plane's admin calls are `tracing` spans of `SPAN_TARGET`, which the layer
+    // exports (`switchyard dev` runs one beside its node); they are not log lines.
     let filter = match format!("{}=off", switchyard_otel::SPAN_TARGET).parse() {
         Ok(directive) => filter.add_directive(directive),
         Err(_) => filter,
@@ -157,6 +162,13 @@ fn init_tracing(command: &Command) -> Result<Option<switchyard_otel::Otel>, CliE
     let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter);
     let _ = tracing_subscriber::registry().with(log).with(otel.layer()).try_init();
     Ok(Some(otel))
+}
+
+/// The log output alone, to stderr.
+fn fmt_only(filter: tracing_subscriber::EnvFilter) {
+    // try_init: a server that installs its own subscriber keeps it.
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, StatusCode};
+use opentelemetry::context::FutureExt as _;
 use tracing::{Instrument, debug, debug_span};
 
 use switchyard_catalog::{BreakerPolicy, FailoverReason, Model};
@@ -276,16 +277,16 @@ impl Executor {
         let mut injector = Injector::new(&entry.faults);
         loop {
             let output = chain.output.as_deref();
-            // With OpenTelemetry on, each call is a CLIENT span of its own, whose context
-            // goes upstream as `traceparent`; otherwise the attempt's debug span.
-            let call_span = if otel::enabled() {
+            // With OpenTelemetry on, each call is a CLIENT span of its own, current while the
+            // call runs so that its context goes upstream as `traceparent`.
+            let call_cx = if otel::enabled() {
                 let provider = config.catalog.provider(&model.provider);
                 otel::client_span(model, provider, index, retries)
             } else {
-                span.clone()
+                None
             };
             let drawn = injector.injected().len();
-            let called = self
+            let call = self
                 .call(
                     entry,
                     timeout,
@@ -297,14 +298,20 @@ impl Executor {
                     output,
                     &mut injector,
                 )
-                .instrument(call_span.clone())
-                .await;
+                .instrument(span.clone());
+            // Two awaits rather than a wrapper on both paths: without OpenTelemetry the call
+            // is polled as it was before spans were made on the OpenTelemetry API.
+            let called = match &call_cx {
+                Some(cx) => call.with_context(cx.clone()).await,
+                None => call.await,
+            };
+            let call_span = call_cx.as_ref();
             if let Some(fault) = injector.injected().get(drawn) {
-                otel::injected(&call_span, &fault.name);
+                otel::injected(call_span, &fault.name);
             }
             let failure = match called {
                 Ok(Called::Completion(completion)) => {
-                    otel::call_answered(&call_span, Some(&completion));
+                    otel::call_answered(call_span, Some(&completion));
                     self.report_transition(permit.record(Outcome::Success, Instant::now()));
                     self.finish_attempt(
                         model,
@@ -318,7 +325,7 @@ impl Executor {
                     return AttemptResult::Served(Output::Completion(completion));
                 }
                 Ok(Called::Stream(buffered, upstream)) => {
-                    otel::call_answered(&call_span, None);
+                    otel::call_answered(call_span, None);
                     let stall = Duration::from_millis(model.stall_timeout_ms().into());
                     let stream =
                         CommittedStream { buffered, upstream, permit, deadline, timeout, stall };
@@ -343,7 +350,7 @@ impl Executor {
             let retry_at = retry_after.map(|wait| Instant::now() + wait);
             let (outcome, result, failed) = match failure::classify(failure) {
                 Verdict::Failover { reason, breaker, code } => {
-                    otel::call_failed(&call_span, reason.as_str(), true);
+                    otel::call_failed(call_span, reason.as_str(), true);
                     (
                         breaker,
                         AttemptResult::Failover(reason, code, retry_at),
@@ -351,12 +358,12 @@ impl Executor {
                     )
                 }
                 Verdict::Stop { status, error, breaker } => {
-                    otel::call_failed(&call_span, status.as_str(), false);
+                    otel::call_failed(call_span, status.as_str(), false);
                     (breaker, AttemptResult::ClientError(status, error), None)
                 }
             };
             // The call's span ends here, before any backoff: a retry is a call of its own.
-            drop(call_span);
+            drop(call_cx);
             // A failure the upstream is not to blame for releases the permit unjudged.
             let opened = match outcome {
                 Some(outcome) => {

@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use opentelemetry::context::FutureExt as _;
 use serde_json::json;
 use tracing::{Instrument, debug_span};
 
@@ -159,28 +160,25 @@ async fn chat(
         Flavor::OpenAi => "/v1/chat/completions",
         Flavor::Classic => "/chat/completions",
     };
-    // With OpenTelemetry on, the request's span is its SERVER span; otherwise a debug span,
-    // free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the request path
-    // pays nothing for spans nobody collects.
-    let span = if otel::enabled() {
-        otel::server_span(endpoint, &headers, id.to_str().unwrap_or_default())
-    } else {
-        debug_span!(
-            "request",
-            endpoint = ?flavor,
-            request_id = id.to_str().unwrap_or_default(),
-            key = tracing::field::Empty
-        )
-    };
-    async move {
+    // A debug span, free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the
+    // request path pays nothing for spans nobody collects.
+    let span = debug_span!(
+        "request",
+        endpoint = ?flavor,
+        request_id = id.to_str().unwrap_or_default(),
+        key = tracing::field::Empty
+    );
+    // With OpenTelemetry on, also the request's SERVER span, as an OpenTelemetry context
+    // current while the request is served: the upstream calls' CLIENT spans and the failover
+    // log records find it there.
+    let server = otel::server_span(endpoint, &headers, id.to_str().unwrap_or_default());
+    let served = async move {
         let started = Instant::now();
         let (mut response, error) = match handle(&app, &headers, body, flavor, &id, started).await {
             Ok(response) => (response, None),
             Err(e) => (e.render(flavor), Some(e.label())),
         };
-        if otel::enabled() {
-            otel::finished(&tracing::Span::current(), response.status().as_u16(), error);
-        }
+        otel::finished(otel::current().as_ref(), response.status().as_u16(), error);
         response.headers_mut().insert(request_id::HEADER, id);
         let metrics = &app.executor.metrics;
         metrics
@@ -193,8 +191,14 @@ async fn chat(
             .observe(started.elapsed().as_secs_f64());
         response
     }
-    .instrument(span)
-    .await
+    .instrument(span);
+    // Two awaits rather than a wrapper on both paths: without OpenTelemetry the request's
+    // future is polled as it was before spans were made on the OpenTelemetry API. The span
+    // ends when the context is dropped, with the request.
+    match server {
+        Some(cx) => served.with_context(cx).await,
+        None => served.await,
+    }
 }
 
 async fn handle(
@@ -208,11 +212,8 @@ async fn handle(
     let config = app.state.current().ok_or(ApiError::NotReady)?;
     // The key is checked before the body is read or validated.
     let key = authenticate(&config, headers)?;
-    let span = tracing::Span::current();
-    span.record("key", key.id.as_str());
-    if otel::enabled() {
-        span.record("switchyard.key.id", key.id.as_str());
-    }
+    tracing::Span::current().record("key", key.id.as_str());
+    otel::key(otel::current().as_ref(), &key.id);
     // The key's own limits are decided here, from counts the node holds: no network call,
     // and before anything else is done for the request (docs/limits.md).
     let Some(limits) = key.limits.as_ref().filter(|l| !l.is_empty()) else {
@@ -250,9 +251,10 @@ async fn serve(
         .map_err(|_| ApiError::PayloadTooLarge { limit: app.max_body_bytes })?;
     let request = ChatRequest::parse(&bytes)?;
     let chain = chain::resolve(&request, &key, &config)?;
-    // The SERVER span when OpenTelemetry is on; otherwise no span is looked up at all.
-    let span = if otel::enabled() { tracing::Span::current() } else { tracing::Span::none() };
-    otel::requested(&span, chain.requested_model());
+    // The SERVER span when OpenTelemetry is on; otherwise no context is looked up at all.
+    let cx = otel::current();
+    let span = cx.as_ref();
+    otel::requested(span, chain.requested_model());
     let outcome = app.executor.run(&chain, &request, &config, id).await;
     // Valid ids are visible ASCII, so this is the id as sent.
     let id_text = id.to_str().unwrap_or_default();
@@ -290,10 +292,10 @@ async fn serve(
         Ok(served) => &served.attempts,
         Err(failed) => &failed.attempts,
     };
-    if otel::enabled()
+    if span.is_some()
         && let Some(fault) = attempts.iter().find_map(|a| a.injected.as_deref())
     {
-        otel::injected(&span, fault);
+        otel::injected(span, fault);
     }
     if chain.is_multi_model() && failover_occurred(attempts) {
         let (served_model, status) = match &outcome {
@@ -321,13 +323,13 @@ async fn serve(
     let gen_ai = metrics.gen_ai(chain.requested_model(), &served.model.name, || {
         gen_ai_provider(&config, &served.model)
     });
-    if otel::enabled() {
+    if span.is_some() {
         let provider = gen_ai_provider(&config, &served.model);
-        otel::served(&span, provider, &served.model.name, failover_occurred(&served.attempts));
+        otel::served(span, provider, &served.model.name, failover_occurred(&served.attempts));
     }
     Ok(match served.output {
         Output::Completion(completion) => {
-            otel::answered(&span, &completion);
+            otel::answered(span, &completion);
             record_usage(app, &key.id, &served.model, completion.usage);
             gen_ai.tokens(completion.usage.prompt_tokens, completion.usage.completion_tokens);
             gen_ai.duration.observe(started.elapsed().as_secs_f64());

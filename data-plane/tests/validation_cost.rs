@@ -77,10 +77,10 @@ fn validation_cost_per_request() {
         "message": {"role": "assistant", "content": content}}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 600, "total_tokens": 610}})
     .to_string();
-    let completion = Completion {
-        fields: Fields::Verbatim { bytes: body.clone().into(), model: None },
-        usage: Usage::default(),
-    };
+    let completion = Completion::new(
+        Fields::Verbatim { bytes: body.clone().into(), model: None },
+        Usage::default(),
+    );
     let cache = Compiled::default();
     let check = cache.get(Some(&format)).unwrap().unwrap();
     assert!(check.check(completion.choices()).is_ok());

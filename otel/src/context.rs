@@ -1,25 +1,36 @@
-//! The request path's side: whether OpenTelemetry is on, a client's W3C `traceparent`
-//! continued, the current span's context put on an outgoing request, a log record sent in
-//! the current trace. Everything here is one relaxed atomic load when OpenTelemetry is off.
+//! The request path's side: whether OpenTelemetry is on, spans started straight on the
+//! OpenTelemetry API, a client's W3C `traceparent` continued, the current context put on an
+//! outgoing request, a log record sent in the current trace. Everything here is one relaxed
+//! atomic load when OpenTelemetry is off.
+//!
+//! The node's request path uses the OpenTelemetry API directly ([`start`], [`parent_of`],
+//! the current [`Context`]): a `tracing` span per request and per upstream call, turned into
+//! an OpenTelemetry span by `tracing-opentelemetry`, costs far more CPU than the span itself
+//! (the layered subscriber's bookkeeping, field visitors, extensions). The control plane's
+//! admin calls, few and off the data path, keep `tracing` spans ([`continue_trace`],
+//! `Otel::layer`).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::Context;
 use opentelemetry::logs::{AnyValue, LogRecord, Logger, Severity};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::TraceContextExt;
+use opentelemetry::trace::{SpanBuilder, TraceContextExt, Tracer};
 use opentelemetry_sdk::logs::SdkLogger;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracer;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-/// The target of the spans that become OpenTelemetry spans: only these reach the exporter,
-/// and the log output leaves them out.
+/// The target of the `tracing` spans that become OpenTelemetry spans (the control plane's):
+/// only these reach the exporter, and the log output leaves them out.
 pub const SPAN_TARGET: &str = "switchyard_otel::spans";
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static LOGGER: OnceLock<SdkLogger> = OnceLock::new();
+static TRACER: OnceLock<SdkTracer> = OnceLock::new();
 
 /// Whether this process exports spans: callers create their spans only then, so the
 /// request path pays nothing for them when it does not.
@@ -32,11 +43,31 @@ pub fn logs_enabled() -> bool {
     LOGGER.get().is_some()
 }
 
-pub(crate) fn install(traces: bool, logger: Option<SdkLogger>) {
+pub(crate) fn install(tracer: Option<SdkTracer>, logger: Option<SdkLogger>) {
     if let Some(logger) = logger {
         let _ = LOGGER.set(logger);
     }
+    let traces = tracer.is_some();
+    if let Some(tracer) = tracer {
+        // Once per process: a second `init` (tests) keeps the first tracer.
+        let _ = TRACER.set(tracer);
+    }
     ENABLED.store(traces, Ordering::Relaxed);
+}
+
+/// Starts a span from `builder` (its name, kind and attributes) as a child of `parent`'s
+/// span, or of none, and returns `parent` with it as its span: the span ends when the last
+/// clone of that context is dropped. `None` when this process exports no spans.
+pub fn start(builder: SpanBuilder, parent: &Context) -> Option<Context> {
+    let tracer = TRACER.get()?;
+    let span = tracer.build_with_context(builder, parent);
+    Some(parent.with_span(span))
+}
+
+/// The context of a request's `traceparent` (and `tracestate`), to be its span's parent when
+/// it carries a valid one; otherwise an empty context, and the span starts a trace.
+pub fn parent_of(headers: &HeaderMap) -> Context {
+    TraceContextPropagator::new().extract_with_context(&Context::new(), &Headers(headers))
 }
 
 /// Makes `span` (not yet entered) continue the trace of the request's `traceparent` (and
@@ -52,27 +83,21 @@ pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
     }
 }
 
-/// Puts the current span's context on an outgoing request as `traceparent` (and
-/// `tracestate`), so the upstream's own traces join the caller's.
+/// Puts the current OpenTelemetry context's span on an outgoing request as `traceparent`
+/// (and `tracestate`), so the upstream's own traces join the caller's.
 pub fn inject(headers: &mut HeaderMap) {
     if !enabled() {
         return;
     }
-    let cx = tracing::Span::current().context();
-    if cx.span().span_context().is_valid() {
-        TraceContextPropagator::new().inject_context(&cx, &mut HeadersMut(headers));
-    }
+    Context::map_current(|cx| {
+        if cx.span().span_context().is_valid() {
+            TraceContextPropagator::new().inject_context(cx, &mut HeadersMut(headers));
+        }
+    });
 }
 
-/// Renames an OpenTelemetry span, started or not (`otel.name` recorded on a started span
-/// does not rename it).
-pub fn rename(span: &tracing::Span, name: String) {
-    if enabled() {
-        span.context().span().update_name(name);
-    }
-}
-
-/// Sends one log record named `event_name`, in the trace of the current span.
+/// Sends one log record named `event_name`, in the trace of the current OpenTelemetry
+/// context's span.
 pub fn emit_log(event_name: &'static str, body: String, attributes: Vec<(&'static str, AnyValue)>) {
     let Some(logger) = LOGGER.get() else { return };
     let mut record = logger.create_log_record();
@@ -82,12 +107,13 @@ pub fn emit_log(event_name: &'static str, body: String, attributes: Vec<(&'stati
     record.set_severity_text("INFO");
     record.set_body(AnyValue::from(body));
     record.add_attributes(attributes);
-    let cx = tracing::Span::current().context();
-    let span = cx.span();
-    let sc = span.span_context();
-    if sc.is_valid() {
-        record.set_trace_context(sc.trace_id(), sc.span_id(), Some(sc.trace_flags()));
-    }
+    Context::map_current(|cx| {
+        let span = cx.span();
+        let sc = span.span_context();
+        if sc.is_valid() {
+            record.set_trace_context(sc.trace_id(), sc.span_id(), Some(sc.trace_flags()));
+        }
+    });
     logger.emit(record);
 }
 

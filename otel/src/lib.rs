@@ -1,6 +1,7 @@
 //! OpenTelemetry for Switchyard's servers (docs/operating.md, "Traces and log records"):
-//! off unless an OTLP endpoint is set in the standard `OTEL_*` variables; then spans of the
-//! target [`SPAN_TARGET`] become OTLP spans, [`emit_log`] sends log records, both exported
+//! off unless an OTLP endpoint is set in the standard `OTEL_*` variables; then spans started
+//! with [`start`] and `tracing` spans of the target [`SPAN_TARGET`] become OTLP spans,
+//! [`emit_log`] sends log records, both exported
 //! over gRPC by one task per signal, off the request path, with every dropped record
 //! counted ([`dropped`]).
 //!
@@ -22,7 +23,9 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 
-pub use context::{SPAN_TARGET, continue_trace, emit_log, enabled, inject, logs_enabled, rename};
+pub use context::{
+    SPAN_TARGET, continue_trace, emit_log, enabled, inject, logs_enabled, parent_of, start,
+};
 pub use dropped::{DroppedLabels, HELP as DROPPED_HELP, NAME as DROPPED_NAME, dropped};
 pub use opentelemetry::logs::AnyValue;
 pub use opentelemetry::{Array, StringValue, Value};
@@ -90,7 +93,10 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
     };
 
     use opentelemetry::logs::LoggerProvider as _;
-    context::install(tracer.is_some(), logger.as_ref().map(|l| l.logger(SCOPE)));
+    context::install(
+        tracer.as_ref().map(|t| t.tracer(SCOPE)),
+        logger.as_ref().map(|l| l.logger(SCOPE)),
+    );
     // The counters of what is exported exist from the start, so a scrape shows 0 rather
     // than nothing.
     for (signal, on) in [("spans", settings.traces), ("logs", settings.logs)] {
@@ -105,7 +111,8 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
 
 impl Otel {
     /// The `tracing` layer that turns spans of [`SPAN_TARGET`] (and only those) into
-    /// OpenTelemetry spans.
+    /// OpenTelemetry spans: the control plane's admin calls. The node makes its spans with
+    /// [`start`] and needs no layer.
     pub fn layer<S>(&self) -> Option<impl Layer<S> + use<S>>
     where
         S: tracing::Subscriber + for<'span> LookupSpan<'span>,

@@ -660,7 +660,7 @@ fn completion(body: &[u8]) -> Result<Completion, CallError> {
         ),
         ("usage", message.usage.openai()),
     ];
-    Ok(Completion { fields: Fields::Map(raw_fields(fields)?), usage: message.usage.usage() })
+    Ok(Completion::new(Fields::Map(raw_fields(fields)?), message.usage.usage()))
 }
 
 /// A tool's input as OpenAI's arguments string.

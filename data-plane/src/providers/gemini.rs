@@ -887,7 +887,7 @@ fn completion(response: WireResponse) -> Result<Completion, CallError> {
         "usage": usage.json(),
     });
     let fields = raw_fields(body).map_err(CallError::Malformed)?;
-    Ok(Completion { fields: Fields::Map(fields), usage: usage.usage() })
+    Ok(Completion::new(Fields::Map(fields), usage.usage()))
 }
 
 // === Stream ===

@@ -72,7 +72,7 @@ impl Adapter for OpenAi {
                 .unwrap_or_default();
             (model, usage)
         };
-        Ok(Completion { fields: Fields::Verbatim { bytes: body, model }, usage })
+        Ok(Completion::new(Fields::Verbatim { bytes: body, model }, usage))
     }
 
     fn error(&self, status: StatusCode, body: &[u8]) -> UpstreamError {
@@ -291,7 +291,7 @@ mod tests {
         assert_eq!(c.upstream_model().as_deref(), Some("gpt-5-nano-2025"));
         assert_eq!(c.finish_reasons(), ["stop", "length"]);
         let bare = OpenAi.completion_bytes(Bytes::from_static(b"{\"choices\":[]}")).unwrap();
-        assert_eq!((bare.upstream_model(), bare.finish_reasons()), (None, Vec::<String>::new()));
+        assert_eq!((bare.upstream_model(), bare.finish_reasons()), (None, &[][..]));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! streamed chunks, and the usage billed for them.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
@@ -20,6 +21,9 @@ pub struct Usage {
 pub struct Completion {
     pub fields: Fields,
     pub usage: Usage,
+    /// [`Completion::finish_reasons`], read once: the call's span and the request's both
+    /// carry them, and reading them scans the whole body.
+    finish_reasons: OnceLock<Vec<String>>,
 }
 
 /// A completion's top-level fields.
@@ -33,6 +37,11 @@ pub enum Fields {
 }
 
 impl Completion {
+    /// A completion whose finish reasons are read when first asked for.
+    pub fn new(fields: Fields, usage: Usage) -> Self {
+        Self { fields, usage, finish_reasons: OnceLock::new() }
+    }
+
     /// The completion's `choices`, raw: for a check of what the answer says (structured
     /// outputs), without building a tree of the whole body.
     pub fn choices(&self) -> Option<&RawValue> {
@@ -58,16 +67,30 @@ impl Completion {
         serde_json::from_slice(raw).ok()
     }
 
-    /// Each choice's `finish_reason` (`gen_ai.response.finish_reasons`).
-    pub fn finish_reasons(&self) -> Vec<String> {
+    /// Each choice's `finish_reason` (`gen_ai.response.finish_reasons`), read on first use.
+    pub fn finish_reasons(&self) -> &[String] {
         #[derive(serde::Deserialize)]
         struct Choice {
             finish_reason: Option<String>,
         }
-        self.choices()
-            .and_then(|raw| serde_json::from_str::<Vec<Choice>>(raw.get()).ok())
-            .map(|choices| choices.into_iter().filter_map(|c| c.finish_reason).collect())
-            .unwrap_or_default()
+        #[derive(serde::Deserialize)]
+        struct Top {
+            choices: Option<Vec<Choice>>,
+        }
+        self.finish_reasons.get_or_init(|| {
+            // One pass over the body: the choices' other fields are skipped, not kept.
+            let choices = match &self.fields {
+                Fields::Map(map) => map
+                    .get("choices")
+                    .and_then(|raw| serde_json::from_str::<Vec<Choice>>(raw.get()).ok()),
+                Fields::Verbatim { bytes, .. } => {
+                    serde_json::from_slice::<Top>(bytes).ok().and_then(|top| top.choices)
+                }
+            };
+            choices.map_or_else(Vec::new, |choices| {
+                choices.into_iter().filter_map(|c| c.finish_reason).collect()
+            })
+        })
     }
 
     /// The completion's JSON with `model` set to the gateway name (a JSON string) and, if
