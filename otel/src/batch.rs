@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::Context;
@@ -17,7 +18,7 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::logs::{LogBatch, LogExporter, LogProcessor, SdkLogRecord};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use prometheus_client::metrics::counter::Counter;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::time::MissedTickBehavior;
 
 use switchyard_backoff::Backoff;
@@ -41,6 +42,12 @@ pub trait Export<T>: Send + 'static {
 /// The request side of one signal's queue.
 pub struct Queue<T> {
     tx: mpsc::Sender<T>,
+    /// Wakes the export task once a whole batch waits. A push never wakes it otherwise:
+    /// waking a task per span (two per request) cost a node more CPU than the spans, most
+    /// of it in the kernel unparking an idle worker thread; the task drains the queue on
+    /// its schedule instead.
+    batch_ready: Arc<Notify>,
+    max_batch: usize,
     flushes: mpsc::UnboundedSender<std::sync::mpsc::Sender<()>>,
     queue_full: Counter,
 }
@@ -64,14 +71,20 @@ impl<T: Send + 'static> Queue<T> {
             failures: 0,
             retry_at: None,
         };
-        tokio::spawn(run(batching, out, rx, flush_rx));
-        Self { tx, flushes, queue_full: counter(signal, "queue_full") }
+        let batch_ready = Arc::new(Notify::new());
+        let max_batch = batching.max_batch;
+        tokio::spawn(run(batching, out, rx, Arc::clone(&batch_ready), flush_rx));
+        Self { tx, batch_ready, max_batch, flushes, queue_full: counter(signal, "queue_full") }
     }
 
     /// Never waits: with the queue full the record is dropped and counted.
     pub fn push(&self, item: T) {
         if self.tx.try_send(item).is_err() {
             self.queue_full.inc();
+            return;
+        }
+        if self.tx.max_capacity() - self.tx.capacity() >= self.max_batch {
+            self.batch_ready.notify_one();
         }
     }
 
@@ -138,34 +151,48 @@ async fn run<T, E: Export<T>>(
     batching: Batching,
     mut out: Exporting<E>,
     mut rx: mpsc::Receiver<T>,
+    batch_ready: Arc<Notify>,
     mut flushes: mpsc::UnboundedReceiver<std::sync::mpsc::Sender<()>>,
 ) {
     let mut batch = Vec::with_capacity(batching.max_batch);
     let mut tick = tokio::time::interval(batching.delay);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            item = rx.recv() => {
-                let Some(item) = item else {
-                    out.send(&mut batch).await;
-                    return;
-                };
+        // Woken by the schedule, a whole batch waiting, or a flush; never per record.
+        let done = tokio::select! {
+            _ = tick.tick() => None,
+            () = batch_ready.notified() => None,
+            Some(done) = flushes.recv() => Some(done),
+        };
+        let open = drain(&mut rx, &mut batch, batching.max_batch, &mut out).await;
+        out.send(&mut batch).await;
+        if let Some(done) = done {
+            let _ = done.send(());
+        }
+        if !open {
+            return;
+        }
+    }
+}
+
+/// Exports everything queued, in batches of at most `max_batch` (the last one is left in
+/// `batch`); `false` once every sender is gone.
+async fn drain<T, E: Export<T>>(
+    rx: &mut mpsc::Receiver<T>,
+    batch: &mut Vec<T>,
+    max_batch: usize,
+    out: &mut Exporting<E>,
+) -> bool {
+    loop {
+        match rx.try_recv() {
+            Ok(item) => {
                 batch.push(item);
-                if batch.len() >= batching.max_batch {
-                    out.send(&mut batch).await;
+                if batch.len() >= max_batch {
+                    out.send(batch).await;
                 }
             }
-            _ = tick.tick() => out.send(&mut batch).await,
-            Some(done) = flushes.recv() => {
-                while let Ok(item) = rx.try_recv() {
-                    batch.push(item);
-                    if batch.len() >= batching.max_batch {
-                        out.send(&mut batch).await;
-                    }
-                }
-                out.send(&mut batch).await;
-                let _ = done.send(());
-            }
+            Err(mpsc::error::TryRecvError::Empty) => return true,
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
         }
     }
 }
