@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 use switchyard_e2e::gateway::*;
-use switchyard_e2e::http_get;
+use switchyard_e2e::{http_get, promtool};
 
 /// A breaker that opens after four calls in its window at a 50 % failure rate, and a retry
 /// policy that retries every reason it may twice: were invalid output counted against the
@@ -50,25 +50,6 @@ async fn gateway() -> Gateway {
 
 async fn metrics(gw: &Gateway) -> String {
     http_get(gw.node.addr, "/metrics", None).await.unwrap().body
-}
-
-/// `promtool check metrics` on `text`: whether it passed, and what it said.
-async fn promtool(text: &str) -> (bool, String) {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool not found: install Debian's `prometheus` package (`.ci/run` does)");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(text.as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
-    let said =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), said)
 }
 
 /// The value of the sample written exactly as `series`, 0 when absent.

@@ -5,34 +5,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::json;
 use switchyard_e2e::gateway::*;
-use switchyard_e2e::{eventually, http_get};
+use switchyard_e2e::{eventually, http_get, promtool};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// `promtool check metrics` on `text`: its exit status and what it printed.
-async fn promtool(text: &str) -> (bool, String) {
-    let mut child = tokio::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect(
-            "promtool not found: install Debian's `prometheus` package (`.ci/run` does), \
-             which ships it",
-        );
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(text.as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
-    let said =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), said)
-}
 
 /// A GET of `/metrics` with an `Accept` header: (content type, body).
 async fn scrape_accepting(addr: SocketAddr, accept: &str) -> (String, String) {

@@ -183,23 +183,9 @@ async fn node_sample(gw: &Gateway, series: &str) -> Option<f64> {
 /// `promtool check metrics` passes `/metrics` at `addr` (Debian's `prometheus` package;
 /// `.ci/run` installs it).
 async fn promtool_passes(addr: std::net::SocketAddr) {
-    use tokio::io::AsyncWriteExt;
     let text = http_get(addr, "/metrics", None).await.unwrap().body;
-    let mut child = tokio::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian's prometheus package)");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).await.unwrap();
-    let out = child.wait_with_output().await.unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, said) = switchyard_e2e::promtool(&text).await;
+    assert!(ok, "promtool: {said}\n{text}");
 }
 
 #[tokio::test]

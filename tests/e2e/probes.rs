@@ -4,12 +4,9 @@
 //! failing probe and closes on a succeeding one; `switchyard breakers` shows the last probe.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Stdio;
-
 use serde_json::{Value, json};
 use switchyard_e2e::gateway::*;
-use switchyard_e2e::{PATIENCE, cli, eventually, http_get};
-use tokio::io::AsyncWriteExt;
+use switchyard_e2e::{PATIENCE, cli, eventually, http_get, promtool};
 
 /// Every model probed each second.
 const IDLE: &str = "probe:
@@ -56,23 +53,6 @@ async fn probes(gw: &Gateway, provider: &str, upstream_model: &str, outcome: &st
         .lines()
         .find_map(|l| l.strip_prefix(&series)?.parse::<f64>().ok())
         .map_or(0, |v| v as u64)
-}
-
-async fn promtool(text: &str) -> (bool, String) {
-    let mut child = tokio::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool not found: install Debian's `prometheus` package (`.ci/run` does)");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(text.as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
-    let said =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), said)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

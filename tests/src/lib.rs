@@ -367,3 +367,24 @@ pub async fn sdk_script(script: &str, args: &[&str]) -> String {
     );
     stdout
 }
+
+/// `promtool check metrics` on `text`: its exit status and what it printed.
+pub async fn promtool(text: &str) -> (bool, String) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect(
+            "promtool not found: install Debian's `prometheus` package (`.ci/run` does), \
+             which ships it",
+        );
+    let mut stdin = child.stdin.take().expect("promtool's stdin");
+    stdin.write_all(text.as_bytes()).await.expect("promtool takes the metrics text");
+    drop(stdin);
+    let out = child.wait_with_output().await.expect("promtool ran");
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), said)
+}
