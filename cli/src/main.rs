@@ -159,7 +159,10 @@ fn init_tracing(command: &Command) -> Result<Option<switchyard_otel::Otel>, CliE
         Err(_) => filter,
     };
     use tracing_subscriber::prelude::*;
-    let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter);
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour())
+        .with_filter(filter);
     let _ = tracing_subscriber::registry().with(log).with(otel.layer()).try_init();
     Ok(Some(otel))
 }
@@ -167,8 +170,18 @@ fn init_tracing(command: &Command) -> Result<Option<switchyard_otel::Otel>, CliE
 /// The log output alone, to stderr.
 fn fmt_only(filter: tracing_subscriber::EnvFilter) {
     // try_init: a server that installs its own subscriber keeps it.
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour())
+        .try_init();
+}
+
+/// Colour codes only on a terminal: a log file, `journalctl` or `kubectl logs` would show
+/// them as escape sequences.
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
 }
 
 #[cfg(test)]

@@ -737,3 +737,17 @@ async fn a_node_stopped_with_ctrl_c_finishes_the_request_in_flight_then_exits() 
         "no new connection is accepted after the stop"
     );
 }
+
+#[tokio::test]
+async fn server_logs_written_to_a_file_carry_no_colour_codes() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r =
+        gw.chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Each server's stderr is a file here, as under systemd or Kubernetes.
+    for (name, log) in [("node", gw.node.log_text()), ("control plane", gw.cp.log_text())] {
+        assert!(!log.trim().is_empty(), "the {name} logged nothing");
+        assert!(!log.contains('\u{1b}'), "escape codes in the {name}'s log:\n{log}");
+    }
+}
