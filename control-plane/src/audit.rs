@@ -702,16 +702,7 @@ mod tests {
                 AuditEvent {
                     id: format!("ev{i:05}"),
                     at_unix_ms: now - age_ms - 10_000 + i,
-                    node_id: "n".into(),
-                    key_id: "k".into(),
-                    requested_model: "a".into(),
-                    served_model: "b".into(),
-                    attempts: vec![],
-                    stream: false,
-                    status: 200,
-                    degraded: String::new(),
-                    request_id: String::new(),
-                    lost: None,
+                    ..event("")
                 }
             })
             .collect();

@@ -153,25 +153,10 @@ async fn an_in_band_overloaded_error_before_content_fails_over_as_server_error()
 
 /// Runs one of the SDK scripts beside this file against the node; its stdout lines.
 async fn sdk(gw: &Gateway, script: &str, models: &[&str]) -> Vec<String> {
-    let script =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e").join(script);
-    let out = tokio::process::Command::new(switchyard_e2e::python())
-        .arg(&script)
-        .arg(format!("{}/v1", gw.node.url()))
-        .arg(&gw.key)
-        .args(models)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "SDK check failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout.lines().map(str::to_owned).collect()
+    let url = format!("{}/v1", gw.node.url());
+    let mut args = vec![url.as_str(), gw.key.as_str()];
+    args.extend_from_slice(models);
+    switchyard_e2e::sdk_script(script, &args).await.lines().map(str::to_owned).collect()
 }
 
 #[tokio::test]

@@ -957,7 +957,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn entry(id: &str) -> OutboxEntry {
+    pub(super) fn entry(id: &str) -> OutboxEntry {
         OutboxEntry {
             id: id.into(),
             event_type: "api:model_failover".into(),
@@ -1027,19 +1027,8 @@ mod tests {
 #[cfg(test)]
 mod batch_tests {
     #![allow(clippy::unwrap_used)]
+    use super::tests::entry;
     use super::*;
-
-    fn entry(id: &str) -> OutboxEntry {
-        OutboxEntry {
-            id: id.into(),
-            event_type: "api:model_failover".into(),
-            at_unix_ms: 1,
-            enqueued_unix_ms: 1,
-            key_id: String::new(),
-            data: serde_json::Value::Null,
-            only: vec![],
-        }
-    }
 
     #[test]
     fn a_batch_value_is_one_slot_per_entry_and_goes_whole() {
