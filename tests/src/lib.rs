@@ -16,6 +16,8 @@ pub mod etcd;
 pub mod fake_node;
 pub mod gateway;
 pub mod otlp;
+#[path = "../../control-plane/tests/support/pki.rs"]
+pub mod pki;
 
 /// For a process that must come back on the address it had (a control plane that nodes look
 /// for, a webhook receiver a subscription points at); every other process binds port 0 and
