@@ -241,33 +241,50 @@ impl Admin for AdminService {
         };
         let key_id = request.key_id;
         let wanted = move |e: &AuditEvent| key_id.is_empty() || e.key_id == key_id;
-        let prefix = self.layout.audit_prefix();
-        let listing = self.store.list(&prefix).await.map_err(AdminError::from)?;
-        // Keys sort by their newest event's time, so the newest `limit` are in the tail;
-        // within it, events are put in time order. An event stored twice (a node resent it
-        // in another batch after a lost ack) is listed once.
-        let mut seen = std::collections::HashSet::new();
-        let mut first: Vec<AuditEvent> = Vec::new();
-        for kv in listing.kvs.iter().rev() {
-            if first.len() >= limit {
-                break;
-            }
-            for event in audit::decode(kv).into_iter().rev() {
-                if wanted(&event) && seen.insert(event.id.clone()) {
-                    first.push(event);
+        let (store, prefix) = (Arc::clone(&self.store), self.layout.audit_prefix());
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        // The listing is read in the task, after the answer's headers have gone: a client
+        // asking for millions of events (a count after a storm) waits for the first one
+        // without its request timing out, and an error reaches it as the stream's end.
+        tokio::spawn(async move {
+            let fail = |e: StoreError| Err(Status::from(AdminError::from(e)));
+            let listing = match store.list(&prefix).await {
+                Ok(listing) => listing,
+                Err(e) => {
+                    let _ = tx.send(fail(e)).await;
+                    return;
+                }
+            };
+            // Keys sort by their newest event's time, so the newest `limit` are in the tail;
+            // within it, events are put in time order. An event stored twice (a node resent it
+            // in another batch after a lost ack) is listed once.
+            let mut seen = std::collections::HashSet::new();
+            let mut first: Vec<AuditEvent> = Vec::new();
+            for kv in listing.kvs.iter().rev() {
+                if first.len() >= limit {
+                    break;
+                }
+                for event in audit::decode(kv).into_iter().rev() {
+                    if wanted(&event) && seen.insert(event.id.clone()) {
+                        first.push(event);
+                    }
                 }
             }
-        }
-        first.sort_by(|a, b| (a.at_unix_ms, &a.id).cmp(&(b.at_unix_ms, &b.id)));
-        let first: Vec<AuditEvent> = first.split_off(first.len().saturating_sub(limit));
-        // Watch before answering, so that a follower misses nothing written meanwhile.
-        let watch = if request.follow {
-            Some(self.store.watch(&prefix, listing.revision + 1).await.map_err(AdminError::from)?)
-        } else {
-            None
-        };
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
+            first.sort_by(|a, b| (a.at_unix_ms, &a.id).cmp(&(b.at_unix_ms, &b.id)));
+            let first: Vec<AuditEvent> = first.split_off(first.len().saturating_sub(limit));
+            // Watch before sending, so that a follower misses nothing written meanwhile.
+            let watch = if request.follow {
+                match store.watch(&prefix, listing.revision + 1).await {
+                    Ok(watch) => Some(watch),
+                    Err(e) => {
+                        let _ = tx.send(fail(e)).await;
+                        return;
+                    }
+                }
+            } else {
+                None
+            };
+            drop(listing);
             for event in first {
                 if tx.send(Ok(event.to_pb())).await.is_err() {
                     return;

@@ -4,14 +4,17 @@
 //!
 //! Files: `<data-dir>/event-spool/<seq>.events`, each a run of records (a little-endian
 //! `u32` length, then one protobuf `FailoverEvent`), appended to and read in `seq` order.
-//! A file is deleted once read to its end. The spool's total size is bounded; an event
+//! A file the writer has moved on from is sealed: compressed (LZ4) into `<seq>.sealed`,
+//! which replaces it. Events of a storm differ in little but their ids and times, so a
+//! sealed file holds several times the events in the same bytes, and the bound lasts as
+//! many times longer. A file is deleted once read to its end. The spool's total size is bounded; an event
 //! that does not fit, cannot be written or cannot be read back is counted as lost, by
 //! reason ([`crate::loss`]), and reported to the control plane as `events.lost`.
 //!
 //! All file work runs on one thread of the spool's own: the request path only hands an
 //! event to a bounded channel and never waits on the disk.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -40,6 +43,11 @@ const FIRST_SEQ: u64 = 1 << 40;
 /// A record larger than this is not an event this node wrote: the rest of its file is
 /// skipped.
 const MAX_RECORD_BYTES: u32 = 16 * 1024 * 1024;
+/// A sealed file starts with this, then the number of records it holds (`u32`, little
+/// endian), then the LZ4 block of the records as the `.events` file had them.
+const SEALED_MAGIC: &[u8; 4] = b"SYS1";
+/// What a sealed file may decompress to at most: a segment and its last record.
+const MAX_SEALED_RAW: usize = (SEGMENT_BYTES + 4 + MAX_RECORD_BYTES as u64) as usize;
 
 pub struct Spool {
     tx: SyncSender<Command>,
@@ -72,26 +80,59 @@ impl Spool {
     /// Opens (creating) the spool in `dir`, counting what an earlier run left there. Blocks
     /// on the disk: call it from a blocking context.
     pub fn open(dir: &Path, max_bytes: u64, lost: Arc<Losses>, bytes: Gauge) -> io::Result<Opened> {
+        Self::open_with_segments(dir, max_bytes, SEGMENT_BYTES, lost, bytes)
+    }
+
+    fn open_with_segments(
+        dir: &Path,
+        max_bytes: u64,
+        segment_bytes: u64,
+        lost: Arc<Losses>,
+        bytes: Gauge,
+    ) -> io::Result<Opened> {
         fs::create_dir_all(dir)?;
         let mut segments = BTreeMap::new();
         let mut records = 0;
+        let mut sealed = BTreeSet::new();
+        let mut raw = Vec::new();
         for entry in fs::read_dir(dir)? {
             let entry = entry?;
             let name = entry.file_name();
-            let Some(seq) = name.to_str().and_then(|n| n.strip_suffix(".events")) else {
+            let Some((seq, kind)) = name.to_str().and_then(|n| n.split_once('.')) else {
                 continue;
             };
             let Ok(seq) = seq.parse::<u64>() else { continue };
-            let size = entry.metadata()?.len();
-            records += count_records(&entry.path())?;
-            segments.insert(seq, size);
+            match kind {
+                "events" => raw.push((seq, entry.path())),
+                "sealed" => {
+                    records += sealed_records(&entry.path())?;
+                    segments.insert(seq, entry.metadata()?.len());
+                    sealed.insert(seq);
+                }
+                // A sealing that a crash cut short; its `.events` file is still there.
+                "sealing" => fs::remove_file(entry.path())?,
+                _ => {}
+            }
+        }
+        for (seq, path) in raw {
+            if sealed.contains(&seq) {
+                // A crash after sealing and before the original went: the sealed file is whole
+                // (it was renamed into place complete).
+                fs::remove_file(&path)?;
+                continue;
+            }
+            records += count_records(&path)?;
+            segments.insert(seq, fs::metadata(&path)?.len());
         }
         let total = segments.values().sum();
         bytes.set(i64::try_from(total).unwrap_or(i64::MAX));
         let state = State {
             dir: dir.to_owned(),
             max_bytes,
+            segment_bytes,
             segments,
+            sealed,
+            cache: None,
             total,
             writer: None,
             offsets: BTreeMap::new(),
@@ -151,8 +192,15 @@ struct Writer {
 struct State {
     dir: PathBuf,
     max_bytes: u64,
-    /// Every file of the spool by sequence number, with its size.
+    /// A file takes records up to this size, then is sealed ([`SEGMENT_BYTES`]).
+    segment_bytes: u64,
+    /// Every file of the spool by sequence number, with its size on disk.
     segments: BTreeMap<u64, u64>,
+    /// The files of `segments` that are sealed (compressed).
+    sealed: BTreeSet<u64>,
+    /// The sealed file being read, decompressed, so that reading it in batches decompresses
+    /// it once.
+    cache: Option<(u64, Vec<u8>)>,
     total: u64,
     writer: Option<Writer>,
     /// Where reading resumes in a file read in part: the offset of its next record.
@@ -196,6 +244,40 @@ impl State {
 
     fn path(&self, seq: u64) -> PathBuf {
         self.dir.join(format!("{seq:020}.events"))
+    }
+
+    fn sealed_path(&self, seq: u64) -> PathBuf {
+        self.dir.join(format!("{seq:020}.sealed"))
+    }
+
+    /// Compresses file `seq`, which the writer has left, into its sealed form. On any error
+    /// the file stays as it was: nothing is lost, the spool only holds less.
+    fn seal(&mut self, seq: u64) {
+        match self.try_seal(seq) {
+            Ok(size) => {
+                let before = self.segments.insert(seq, size).unwrap_or(0);
+                self.total = self.total - before + size;
+                self.sealed.insert(seq);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, file = %self.path(seq).display(), "could not compress a full event-spool file; it stays as written");
+            }
+        }
+    }
+
+    fn try_seal(&self, seq: u64) -> io::Result<u64> {
+        let raw = fs::read(self.path(seq))?;
+        let records = count_in(&raw);
+        let mut out = Vec::with_capacity(raw.len() / 3);
+        out.extend_from_slice(SEALED_MAGIC);
+        out.extend_from_slice(&records.to_le_bytes());
+        out.extend_from_slice(&lz4_flex::block::compress_prepend_size(&raw));
+        // Written aside and renamed into place, so a sealed file is always whole.
+        let sealing = self.dir.join(format!("{seq:020}.sealing"));
+        fs::write(&sealing, &out)?;
+        fs::rename(&sealing, self.sealed_path(seq))?;
+        fs::remove_file(self.path(seq))?;
+        Ok(out.len() as u64)
     }
 
     fn lose(&mut self, reason: Reason, n: u64) {
@@ -259,9 +341,12 @@ impl State {
         let full = self
             .writer
             .as_ref()
-            .is_none_or(|w| self.segments.get(&w.seq).copied().unwrap_or(0) + size > SEGMENT_BYTES);
+            .is_none_or(|w| self.segments.get(&w.seq).copied().unwrap_or(0) + size > self.segment_bytes);
         if full {
             self.flush();
+            if let Some(previous) = self.writer.take() {
+                self.seal(previous.seq);
+            }
             let seq = self.segments.keys().next_back().map_or(FIRST_SEQ, |last| last + 1);
             let file = OpenOptions::new().create(true).append(true).open(self.path(seq))?;
             self.segments.insert(seq, 0);
@@ -328,14 +413,62 @@ impl State {
     fn read_segment(
         &mut self,
         seq: u64,
-        mut offset: u64,
+        offset: u64,
         max: usize,
         out: &mut Vec<pb::FailoverEvent>,
     ) -> io::Result<Option<u64>> {
+        if self.sealed.contains(&seq) {
+            return self.read_sealed(seq, offset, max, out);
+        }
         let size = self.segments.get(&seq).copied().unwrap_or(0);
         let mut file = File::open(self.path(seq))?;
         file.seek(SeekFrom::Start(offset))?;
         let mut file = io::BufReader::new(file);
+        self.read_records(seq, &mut file, offset, size, max, out)
+    }
+
+    /// [`Self::read_segment`] for a sealed file: decompressed once, then read in batches from
+    /// memory.
+    fn read_sealed(
+        &mut self,
+        seq: u64,
+        offset: u64,
+        max: usize,
+        out: &mut Vec<pb::FailoverEvent>,
+    ) -> io::Result<Option<u64>> {
+        let raw = match self.cache.take() {
+            Some((cached, raw)) if cached == seq => raw,
+            _ => match unseal(&fs::read(self.sealed_path(seq))?) {
+                Ok(raw) => raw,
+                Err((records, why)) => {
+                    tracing::warn!(file = %self.sealed_path(seq).display(), %why, records, "an unreadable sealed event-spool file: its events are lost");
+                    self.lose(Reason::Unreadable, u64::from(records));
+                    self.remove(seq)?;
+                    return Ok(None);
+                }
+            },
+        };
+        let size = raw.len() as u64;
+        let mut reader = io::Cursor::new(raw.as_slice());
+        reader.set_position(offset);
+        let next = self.read_records(seq, &mut reader, offset, size, max, out)?;
+        if next.is_some() {
+            self.cache = Some((seq, raw));
+        }
+        Ok(next)
+    }
+
+    /// Reads records from `file` (at `offset` of `size` bytes) into `out`, up to `max`; the
+    /// rest of [`Self::read_segment`].
+    fn read_records(
+        &mut self,
+        seq: u64,
+        file: &mut impl Read,
+        mut offset: u64,
+        size: u64,
+        max: usize,
+        out: &mut Vec<pb::FailoverEvent>,
+    ) -> io::Result<Option<u64>> {
         let mut read = 0;
         while offset < size {
             if read == max {
@@ -375,7 +508,8 @@ impl State {
         if let Some(size) = self.segments.remove(&seq) {
             self.total -= size;
         }
-        match fs::remove_file(self.path(seq)) {
+        let path = if self.sealed.remove(&seq) { self.sealed_path(seq) } else { self.path(seq) };
+        match fs::remove_file(path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
@@ -388,6 +522,48 @@ fn encode(event: &pb::FailoverEvent) -> Vec<u8> {
     out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
     event.encode(&mut out).unwrap_or_default();
     out
+}
+
+/// Records in an unsealed file's bytes, counted by their length prefixes (a torn tail
+/// counts as one).
+fn count_in(raw: &[u8]) -> u32 {
+    let (mut offset, mut records) = (0usize, 0u32);
+    while offset < raw.len() {
+        records += 1;
+        let Some(len) = raw.get(offset..offset + 4) else { break };
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]);
+        offset = offset.saturating_add(4).saturating_add(len as usize);
+    }
+    records
+}
+
+/// The records a sealed file says it holds.
+fn sealed_records(path: &Path) -> io::Result<u64> {
+    let mut header = [0u8; 8];
+    match File::open(path)?.read_exact(&mut header) {
+        Ok(()) if &header[..4] == SEALED_MAGIC => {
+            Ok(u64::from(u32::from_le_bytes([header[4], header[5], header[6], header[7]])))
+        }
+        // Not one of ours or cut short: reading it will count it as one lost record.
+        _ => Ok(1),
+    }
+}
+
+/// A sealed file's bytes back to the records it was made of; on failure, how many records
+/// it said it held (at least one) and why.
+fn unseal(sealed: &[u8]) -> Result<Vec<u8>, (u32, String)> {
+    let Some((header, block)) = sealed.split_at_checked(8) else {
+        return Err((1, "shorter than its header".into()));
+    };
+    if &header[..4] != SEALED_MAGIC {
+        return Err((1, "not a sealed event-spool file".into()));
+    }
+    let records = u32::from_le_bytes([header[4], header[5], header[6], header[7]]).max(1);
+    let raw_len = block.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    if raw_len.is_none_or(|len| len > MAX_SEALED_RAW) {
+        return Err((records, "its stated size is not a spool file's".into()));
+    }
+    lz4_flex::block::decompress_size_prepended(block).map_err(|e| (records, e.to_string()))
 }
 
 /// Records in a file, counted by their length prefixes (a torn tail counts as one).
@@ -512,6 +688,157 @@ mod tests {
         let (read, _) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_5", "evt_6", "evt_7"]);
         assert_eq!((lost.total(), lost.spool()), (5, SpoolState::Ok));
+    }
+
+    /// A storm's events: alike but for their ids, times and request ids.
+    fn storm_event(i: usize) -> pb::FailoverEvent {
+        pb::FailoverEvent {
+            id: format!("evt_{i:020}"),
+            at_unix_ms: 1_780_000_000_000 + i as i64,
+            node_id: "node-7f3a".into(),
+            key_id: "key_xzuv9qwod9esz7ae".into(),
+            requested_model: "gpt-4o".into(),
+            served_model: "claude-sonnet".into(),
+            attempts: vec![
+                pb::Attempt {
+                    model: "gpt-4o".into(),
+                    status: "skipped".into(),
+                    reason: "circuit_open".into(),
+                    ..Default::default()
+                },
+                pb::Attempt {
+                    model: "claude-sonnet".into(),
+                    status: "served".into(),
+                    latency_ms: 40 + (i % 7) as u64,
+                    ..Default::default()
+                },
+            ],
+            status: 200,
+            request_id: format!("req_{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            ..Default::default()
+        }
+    }
+
+    fn files(dir: &Path, suffix: &str) -> usize {
+        fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(suffix))
+            .count()
+    }
+
+    fn open_small_segments(dir: &Path, max: u64) -> (Opened, Arc<Losses>) {
+        let lost = Arc::new(Losses::new(Default::default(), "b".into()));
+        let opened =
+            Spool::open_with_segments(dir, max, 64 * 1024, Arc::clone(&lost), Gauge::default()).unwrap();
+        (opened, lost)
+    }
+
+    #[tokio::test]
+    async fn full_files_are_sealed_smaller_and_read_back_whole_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (opened, lost) = open_small_segments(dir.path(), DEFAULT_MAX_BYTES);
+        let n = 5_000;
+        let raw: usize = (0..n).map(|i| encode(&storm_event(i)).len()).sum();
+        for i in 0..n {
+            // The channel is bounded: a full one is the caller's loss, which this test must not
+            // have, so it waits for room as a slower producer would.
+            while !opened.spool.append(storm_event(i)) {
+                tokio::task::yield_now().await;
+            }
+        }
+        let _ = opened.spool.read(0).await;
+        let on_disk: u64 = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        assert!(files(dir.path(), ".sealed") >= 10, "every full file is sealed");
+        assert_eq!(files(dir.path(), ".events"), 1, "only the file being written stays as written");
+        assert!(
+            on_disk * 3 < raw as u64,
+            "sealed, the spool holds {raw} bytes of events in {on_disk}: expected at least a third less"
+        );
+        let (read, disposed) = read_all(&opened.spool).await;
+        assert_eq!(read, (0..n).map(|i| storm_event(i).id).collect::<Vec<_>>());
+        assert_eq!((disposed, lost.total()), (n as u64, 0));
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "drained files are deleted");
+    }
+
+    #[tokio::test]
+    async fn the_bound_counts_sealed_files_at_their_size_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = encode(&storm_event(0)).len() as u64;
+        // Room for 1,000 events as written; sealed, 3,000 fit.
+        let (opened, lost) = open_small_segments(dir.path(), one * 1_000);
+        for i in 0..3_000 {
+            while !opened.spool.append(storm_event(i)) {
+                tokio::task::yield_now().await;
+            }
+        }
+        let (read, disposed) = read_all(&opened.spool).await;
+        assert_eq!(lost.total(), 0, "3,000 events fit in a bound of 1,000 unsealed");
+        assert_eq!((read.len(), disposed), (3_000, 3_000));
+    }
+
+    #[tokio::test]
+    async fn a_restart_reads_sealed_files_and_a_crash_mid_seal_loses_and_doubles_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (opened, _) = open_small_segments(dir.path(), DEFAULT_MAX_BYTES);
+            for i in 0..1_500 {
+                while !opened.spool.append(storm_event(i)) {
+                    tokio::task::yield_now().await;
+                }
+            }
+            let _ = opened.spool.read(0).await;
+        }
+        // A crash after a sealed file was renamed into place, before its original went: the
+        // original comes back beside it. And one in the middle of writing another: a partial
+        // `.sealing` file.
+        let sealed = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "sealed"))
+            .unwrap();
+        let seq: u64 = sealed.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+        let raw = unseal(&fs::read(&sealed).unwrap()).unwrap();
+        fs::write(dir.path().join(format!("{seq:020}.events")), &raw).unwrap();
+        fs::write(dir.path().join(format!("{:020}.sealing", seq + 1_000)), b"SYS1\x05").unwrap();
+
+        let (opened, lost) = open_small_segments(dir.path(), DEFAULT_MAX_BYTES);
+        assert_eq!(opened.records, 1_500);
+        let (read, disposed) = read_all(&opened.spool).await;
+        assert_eq!(read, (0..1_500).map(|i| storm_event(i).id).collect::<Vec<_>>());
+        assert_eq!((disposed, lost.total()), (1_500, 0));
+    }
+
+    #[tokio::test]
+    async fn a_damaged_sealed_file_counts_every_event_it_held_as_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (opened, _) = open_small_segments(dir.path(), DEFAULT_MAX_BYTES);
+            for i in 0..1_500 {
+                while !opened.spool.append(storm_event(i)) {
+                    tokio::task::yield_now().await;
+                }
+            }
+            let _ = opened.spool.read(0).await;
+        }
+        let first = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sealed"))
+            .min()
+            .unwrap();
+        let mut bytes = fs::read(&first).unwrap();
+        let held = u64::from(u32::from_le_bytes(bytes[4..8].try_into().unwrap()));
+        // Past the header, the compressed block is cut in half.
+        bytes.truncate(8 + (bytes.len() - 8) / 2);
+        fs::write(&first, bytes).unwrap();
+
+        let (opened, lost) = open_small_segments(dir.path(), DEFAULT_MAX_BYTES);
+        let (read, disposed) = read_all(&opened.spool).await;
+        assert!(held > 0);
+        assert_eq!(lost.total(), held, "the damaged file's events, counted");
+        assert_eq!(read.len() as u64 + held, 1_500, "every other event read back");
+        assert_eq!(disposed, 1_500);
+        assert_eq!(lost.reports_to_send()[0].reason.as_str(), "unreadable");
     }
 
     #[tokio::test]
