@@ -9,11 +9,11 @@
 //!   drains it once a control plane (a new process on the same address and store) returns.
 //!
 //! Each run reports failovers served (the node's `switchyard_failovers_total`), events in
-//! the audit log (`switchyard events --json`), events the node counted as lost, the node's
-//! peak RSS and spool size, and how long the backlog took to drain.
+//! the audit log (read from the store once the control plane is stopped), events the node
+//! counted as lost, the node's peak RSS and spool size, and how long the backlog took to
+//! drain.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,9 @@ use crate::host::{mib, status_kib};
 use crate::load::{Kind, Target, phase};
 use crate::proc::default_switchyard;
 use crate::stats::sum_metric;
+
+use switchyard_control_plane::audit;
+use switchyard_control_plane::layout::Layout;
 
 const USAGE: &str = "usage: switchyard-bench storm [--switchyard PATH] [--concurrency 32] \
 [--duration-secs 60] [--outage-secs 120] [--store embedded,etcd] [--spool-mib 256]";
@@ -184,7 +187,7 @@ async fn run(o: &Options, store: Store, outage: Option<Duration>) -> Result<Row>
     let node_args = ["--event-spool-max-mib", spool.as_str()];
     let fleet = Fleet::start_on(bin, d, &store_url, catalog_yaml, &node_args).await?;
     fleet.script("failing", json!({"kind": "status", "status": 503})).await?;
-    let Fleet { sim, cp, node, key, control, token, .. } = fleet;
+    let Fleet { sim, cp, node, key, token, .. } = fleet;
     let _sim = sim;
     let control_addr = cp.addr;
     let mut cp = Some(cp);
@@ -265,7 +268,6 @@ async fn run(o: &Options, store: Store, outage: Option<Duration>) -> Result<Row>
     let text = metrics_text(node.addr).await?;
     let failovers = sum_metric(&text, "switchyard_failovers_total");
     let lost = sum_metric(&text, "switchyard_failover_events_dropped_total");
-    let stored = count_events(bin, &control, &token)?;
     let drain_secs = drained_at.duration_since(drain_from).as_secs_f64();
     // What the control plane that is up now stored since it started, over that time: with
     // an outage, the new process took the whole backlog as well as the live storm.
@@ -273,7 +275,9 @@ async fn run(o: &Options, store: Store, outage: Option<Duration>) -> Result<Row>
     let cp_stored = sum_metric(&cp_text, "switchyard_control_failover_events_stored_total");
     let cp_since = back_at.unwrap_or(started);
     let ingest_per_sec = cp_stored as f64 / drained_at.duration_since(cp_since).as_secs_f64();
+    // Stopped first: the embedded store is one process's at a time.
     drop(cp);
+    let stored = count_events(&store_url).await?;
     drop(etcd);
     Ok(Row {
         store,
@@ -291,30 +295,37 @@ async fn run(o: &Options, store: Store, outage: Option<Duration>) -> Result<Row>
     })
 }
 
-/// Failover events in the audit log, counted from `switchyard events --json`.
-fn count_events(bin: &Path, control: &str, token: &str) -> Result<u64> {
-    let out = Command::new(bin)
-        .args(["events", "--json", "--limit", &u32::MAX.to_string()])
-        .env("SWITCHYARD_CONTROL", control)
-        .env("SWITCHYARD_ADMIN_TOKEN", token)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run switchyard events: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "switchyard events failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+/// Failover events in the audit log, read from the store the control plane wrote it to:
+/// each event once by its id (a node resends a batch whose ack it lost), failover events
+/// only (not degraded answers, nor `events.lost` entries). Read a stored value at a time,
+/// so that millions of events are counted without holding them all.
+async fn count_events(store_url: &str) -> Result<u64> {
+    let store = switchyard_control_plane::store::open(store_url)
+        .await
+        .map_err(|e| format!("open {store_url}: {e}"))?;
+    let prefix = Layout::new("/switchyard/").audit_prefix();
+    let mut ids = std::collections::HashSet::new();
+    let mut from = prefix.clone();
+    loop {
+        let page = store
+            .list_keys(&prefix, &from, 1_000)
+            .await
+            .map_err(|e| format!("listing the audit log: {e}"))?;
+        for key in &page.keys {
+            let Some(kv) = store.get(key).await.map_err(|e| format!("reading {key}: {e}"))? else {
+                continue;
+            };
+            for event in audit::decode(&kv) {
+                if event.degraded.is_empty() && event.lost.is_none() {
+                    ids.insert(event.id);
+                }
+            }
+        }
+        match page.keys.last() {
+            Some(last) if page.keys.len() == 1_000 => from = format!("{last}\0"),
+            _ => return Ok(ids.len() as u64),
+        }
     }
-    // Only failover events count: not degraded answers, nor any other entry of the log.
-    Ok(out
-        .stdout
-        .split(|b| *b == b'\n')
-        .filter(|l| {
-            serde_json::from_slice::<serde_json::Value>(l)
-                .is_ok_and(|v| v["attempts"].is_array() && v.get("degraded").is_none())
-        })
-        .count() as u64)
 }
 
 fn print(o: &Options, rows: &[Row]) {

@@ -191,6 +191,32 @@ impl AdminService {
     }
 }
 
+/// The newest `limit` events of the audit log `listing` that `wanted` keeps, in time order,
+/// and the ids listed (an event stored twice, because a node resent it in another batch
+/// after a lost ack, is listed once).
+fn newest_events<F: Fn(&AuditEvent) -> bool>(
+    listing: crate::store::Listing,
+    limit: usize,
+    wanted: F,
+) -> (Vec<AuditEvent>, std::collections::HashSet<String>, F) {
+    // Keys sort by their newest event's time, so the newest `limit` are in the tail.
+    let mut seen = std::collections::HashSet::new();
+    let mut first: Vec<AuditEvent> = Vec::new();
+    for kv in listing.kvs.iter().rev() {
+        if first.len() >= limit {
+            break;
+        }
+        for event in audit::decode(kv).into_iter().rev() {
+            if wanted(&event) && seen.insert(event.id.clone()) {
+                first.push(event);
+            }
+        }
+    }
+    first.sort_by(|a, b| (a.at_unix_ms, &a.id).cmp(&(b.at_unix_ms, &b.id)));
+    let first = first.split_off(first.len().saturating_sub(limit));
+    (first, seen, wanted)
+}
+
 #[tonic::async_trait]
 impl Admin for AdminService {
     type ListEventsStream = std::pin::Pin<
@@ -255,26 +281,17 @@ impl Admin for AdminService {
                     return;
                 }
             };
-            // Keys sort by their newest event's time, so the newest `limit` are in the tail;
-            // within it, events are put in time order. An event stored twice (a node resent it
-            // in another batch after a lost ack) is listed once.
-            let mut seen = std::collections::HashSet::new();
-            let mut first: Vec<AuditEvent> = Vec::new();
-            for kv in listing.kvs.iter().rev() {
-                if first.len() >= limit {
-                    break;
-                }
-                for event in audit::decode(kv).into_iter().rev() {
-                    if wanted(&event) && seen.insert(event.id.clone()) {
-                        first.push(event);
-                    }
-                }
-            }
-            first.sort_by(|a, b| (a.at_unix_ms, &a.id).cmp(&(b.at_unix_ms, &b.id)));
-            let first: Vec<AuditEvent> = first.split_off(first.len().saturating_sub(limit));
+            let revision = listing.revision;
+            // Decoding and sorting millions of events (a count after a storm) takes seconds
+            // of CPU: off the runtime's workers, which keep serving nodes and other calls.
+            let newest = tokio::task::spawn_blocking(move || newest_events(listing, limit, wanted));
+            let Ok((first, mut seen, wanted)) = newest.await else {
+                let _ = tx.send(Err(Status::internal("listing the audit log failed"))).await;
+                return;
+            };
             // Watch before sending, so that a follower misses nothing written meanwhile.
             let watch = if request.follow {
-                match store.watch(&prefix, listing.revision + 1).await {
+                match store.watch(&prefix, revision + 1).await {
                     Ok(watch) => Some(watch),
                     Err(e) => {
                         let _ = tx.send(fail(e)).await;
@@ -284,7 +301,6 @@ impl Admin for AdminService {
             } else {
                 None
             };
-            drop(listing);
             for event in first {
                 if tx.send(Ok(event.to_pb())).await.is_err() {
                     return;
