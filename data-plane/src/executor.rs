@@ -279,12 +279,8 @@ impl Executor {
             let output = chain.output.as_deref();
             // With OpenTelemetry on, each call is a CLIENT span of its own, current while the
             // call runs so that its context goes upstream as `traceparent`.
-            let call_cx = if otel::enabled() {
-                let provider = config.catalog.provider(&model.provider);
-                otel::client_span(model, provider, index, retries)
-            } else {
-                None
-            };
+            let call_cx =
+                otel::client_span(model, || config.catalog.provider(&model.provider), index, retries);
             let drawn = injector.injected().len();
             let call = self
                 .call(

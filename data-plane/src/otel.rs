@@ -28,7 +28,8 @@ pub const FAILOVER_EVENT: &str = "api:model_failover";
 pub use switchyard_otel::enabled;
 
 /// The span of the current OpenTelemetry context (the request's SERVER span on the request
-/// path) when OpenTelemetry is on; `None`, looked up at no cost, otherwise.
+/// path) when OpenTelemetry is on; `None`, looked up at no cost, otherwise (and while the
+/// collector is down, when no spans are made).
 pub fn current() -> Option<Context> {
     enabled().then(Context::current)
 }
@@ -37,7 +38,7 @@ pub fn current() -> Option<Context> {
 /// Its name is `chat` until the request's model is known, then `chat {model}` ([`requested`]).
 /// `None` when OpenTelemetry is off.
 pub fn server_span(route: &'static str, headers: &HeaderMap, request_id: &str) -> Option<Context> {
-    if !enabled() {
+    if !switchyard_otel::span_wanted() {
         return None;
     }
     let builder = SpanBuilder::from_name("chat").with_kind(SpanKind::Server).with_attributes([
@@ -114,17 +115,18 @@ pub fn finished(cx: Option<&Context>, status: u16, error_type: Option<&str>) {
 }
 
 /// The CLIENT span of one upstream call: the `retry`th call of attempt `index` (the chain
-/// entry), to `model` at `provider`, a child of the current context's span (the request's).
-/// `None` when OpenTelemetry is off.
-pub fn client_span(
+/// entry), to `model` at `provider` (looked up only when the span is made), a child of the
+/// current context's span (the request's). `None` when OpenTelemetry is off or paused.
+pub fn client_span<'a>(
     model: &Model,
-    provider: Option<&Provider>,
+    provider: impl FnOnce() -> Option<&'a Provider>,
     index: usize,
     retry: u32,
 ) -> Option<Context> {
-    if !enabled() {
+    if !switchyard_otel::span_wanted() {
         return None;
     }
+    let provider = provider();
     let mut attributes = Vec::with_capacity(9);
     attributes.extend([
         KeyValue::new("gen_ai.operation.name", "chat"),

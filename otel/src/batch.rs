@@ -23,6 +23,7 @@ use tokio::time::MissedTickBehavior;
 
 use switchyard_backoff::Backoff;
 
+use crate::context::Pause;
 use crate::dropped::counter;
 use crate::settings::Batching;
 
@@ -50,6 +51,7 @@ pub struct Queue<T> {
     max_batch: usize,
     flushes: mpsc::UnboundedSender<std::sync::mpsc::Sender<()>>,
     queue_full: Counter,
+    pause: &'static Pause,
 }
 
 impl<T> fmt::Debug for Queue<T> {
@@ -60,7 +62,14 @@ impl<T> fmt::Debug for Queue<T> {
 
 impl<T: Send + 'static> Queue<T> {
     /// Starts the export task on the current Tokio runtime.
-    pub fn start<E: Export<T>>(signal: &'static str, batching: Batching, exporter: E) -> Self {
+    /// `pause` is set while the task waits out a refused batch, for the request path to make
+    /// no records meanwhile.
+    pub fn start<E: Export<T>>(
+        signal: &'static str,
+        batching: Batching,
+        exporter: E,
+        pause: &'static Pause,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(batching.max_queue);
         let (flushes, flush_rx) = mpsc::unbounded_channel();
         let out = Exporting {
@@ -70,15 +79,28 @@ impl<T: Send + 'static> Queue<T> {
             collector_down: counter(signal, "collector_down"),
             failures: 0,
             retry_at: None,
+            pause,
         };
         let batch_ready = Arc::new(Notify::new());
         let max_batch = batching.max_batch;
         tokio::spawn(run(batching, out, rx, Arc::clone(&batch_ready), flush_rx));
-        Self { tx, batch_ready, max_batch, flushes, queue_full: counter(signal, "queue_full") }
+        Self {
+            tx,
+            batch_ready,
+            max_batch,
+            flushes,
+            queue_full: counter(signal, "queue_full"),
+            pause,
+        }
     }
 
-    /// Never waits: with the queue full the record is dropped and counted.
+    /// Never waits: with the queue full, or the collector down, the record is dropped and
+    /// counted.
     pub fn push(&self, item: T) {
+        if self.pause.is_paused() {
+            self.pause.count();
+            return;
+        }
         if self.tx.try_send(item).is_err() {
             self.queue_full.inc();
             return;
@@ -107,6 +129,8 @@ struct Exporting<E> {
     failures: u32,
     /// Until when batches are dropped instead of exported.
     retry_at: Option<tokio::time::Instant>,
+    /// Set with `retry_at`, cleared once it has passed.
+    pause: &'static Pause,
 }
 
 impl<E> Exporting<E> {
@@ -131,6 +155,7 @@ impl<E> Exporting<E> {
                 }
                 self.failures = 0;
                 self.retry_at = None;
+                self.pause.set(false);
             }
             Err(why) => {
                 self.export_failed.inc_by(n);
@@ -142,6 +167,7 @@ impl<E> Exporting<E> {
                 }
                 self.retry_at = Some(tokio::time::Instant::now() + RETRY.ceiling(self.failures));
                 self.failures = self.failures.saturating_add(1);
+                self.pause.set(true);
             }
         }
     }
@@ -164,6 +190,10 @@ async fn run<T, E: Export<T>>(
             () = batch_ready.notified() => None,
             Some(done) = flushes.recv() => Some(done),
         };
+        // The retry is due: records are made again, and the next batch tries the collector.
+        if out.retry_at.is_some_and(|at| tokio::time::Instant::now() >= at) {
+            out.pause.set(false);
+        }
         let open = drain(&mut rx, &mut batch, batching.max_batch, &mut out).await;
         out.send(&mut batch).await;
         if let Some(done) = done {
@@ -283,6 +313,10 @@ mod tests {
         }
     }
 
+    fn pause(signal: &'static str) -> &'static Pause {
+        Box::leak(Box::new(Pause::new(signal)))
+    }
+
     fn batching(max_queue: usize, max_batch: usize) -> Batching {
         Batching { delay: Duration::from_secs(3600), max_queue, max_batch }
     }
@@ -293,7 +327,7 @@ mod tests {
         // The collector holds the first batch until the gate opens: the queue fills behind it.
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let collector = Collector { seen: Arc::clone(&seen), gate: Arc::clone(&gate), up: true };
-        let queue = Queue::start("test_full", batching(4, 2), collector);
+        let queue = Queue::start("test_full", batching(4, 2), collector, pause("test_full"));
         let before = counter("test_full", "queue_full").get();
         queue.push(1);
         queue.push(2);
@@ -318,7 +352,7 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(tokio::sync::Semaphore::new(100));
         let collector = Collector { seen, gate, up: false };
-        let queue = Queue::start("test_refused", batching(16, 16), collector);
+        let queue = Queue::start("test_refused", batching(16, 16), collector, pause("test_refused"));
         let before = counter("test_refused", "export_failed").get();
         for n in 0..3 {
             queue.push(n);
@@ -342,7 +376,7 @@ mod tests {
     async fn after_a_refused_batch_the_next_ones_are_dropped_unsent_until_the_retry() {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let queue =
-            Arc::new(Queue::start("test_down", batching(16, 16), Refusing(Arc::clone(&calls))));
+            Arc::new(Queue::start("test_down", batching(16, 16), Refusing(Arc::clone(&calls)), pause("test_down")));
         let flush = |queue: &Arc<Queue<u32>>| {
             let queue = Arc::clone(queue);
             tokio::task::spawn_blocking(move || queue.flush(Duration::from_secs(5)))
@@ -359,5 +393,35 @@ mod tests {
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1, "no export while waiting");
         assert_eq!(counter("test_down", "collector_down").get() - down_before, 3);
         assert_eq!(counter("test_down", "export_failed").get(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_batch_pauses_the_signal_until_the_retry_is_due() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let pause = pause("test_pause");
+        let queue =
+            Arc::new(Queue::start("test_pause", batching(16, 16), Refusing(Arc::clone(&calls)), pause));
+        let flush = |queue: &Arc<Queue<u32>>| {
+            let queue = Arc::clone(queue);
+            tokio::task::spawn_blocking(move || queue.flush(Duration::from_secs(5)))
+        };
+        assert!(!pause.is_paused());
+        queue.push(1);
+        let refused_at = tokio::time::Instant::now();
+        flush(&queue).await.unwrap().unwrap();
+        assert!(pause.is_paused(), "the request path makes no records while the collector is down");
+        // What is made anyway (a span already started) is counted, not queued.
+        let down_before = counter("test_pause", "collector_down").get();
+        queue.push(2);
+        assert_eq!(counter("test_pause", "collector_down").get() - down_before, 1);
+        // The first retry is 1 s after the refusal: then records are made again, and the
+        // next batch tries the collector.
+        tokio::time::sleep_until(refused_at + Duration::from_millis(1_050)).await;
+        flush(&queue).await.unwrap().unwrap();
+        assert!(!pause.is_paused(), "the retry is due");
+        queue.push(3);
+        flush(&queue).await.unwrap().unwrap();
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2, "tried again");
+        assert!(pause.is_paused(), "refused again");
     }
 }

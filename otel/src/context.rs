@@ -22,7 +22,10 @@ use opentelemetry::trace::{SpanBuilder, TraceContextExt, Tracer};
 use opentelemetry_sdk::logs::SdkLogger;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracer;
+use prometheus_client::metrics::counter::Counter;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::dropped::counter;
 
 /// The target of the `tracing` spans that become OpenTelemetry spans (the control plane's):
 /// only these reach the exporter, and the log output leaves them out.
@@ -32,10 +35,56 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static LOGGER: OnceLock<SdkLogger> = OnceLock::new();
 static TRACER: OnceLock<SdkTracer> = OnceLock::new();
 
-/// Whether this process exports spans: callers create their spans only then, so the
-/// request path pays nothing for them when it does not.
+/// Spans' and log records' exporters, while they wait out a collector that refused their
+/// last batch ([`crate::batch`]): everything made meanwhile would be dropped unexported, so
+/// the request path makes none and counts each one it did not make as dropped
+/// (`collector_down`). A node whose collector is down pays for nothing it cannot deliver.
+pub(crate) static SPANS: Pause = Pause::new("spans");
+pub(crate) static LOGS: Pause = Pause::new("logs");
+
+pub(crate) struct Pause {
+    paused: AtomicBool,
+    signal: &'static str,
+    dropped: OnceLock<Counter>,
+}
+
+impl Pause {
+    pub(crate) const fn new(signal: &'static str) -> Self {
+        Self { paused: AtomicBool::new(false), signal, dropped: OnceLock::new() }
+    }
+
+    pub(crate) fn set(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    /// One record of this signal not made (or dropped) while paused.
+    pub(crate) fn count(&self) {
+        self.dropped.get_or_init(|| counter(self.signal, "collector_down")).inc();
+    }
+}
+
+/// Whether this process makes spans now: callers create their spans only then, so the
+/// request path pays nothing for them when it does not. `false` while the exporter waits
+/// for the collector to come back ([`span_wanted`] counts those).
 pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
+    ENABLED.load(Ordering::Relaxed) && !SPANS.is_paused()
+}
+
+/// Whether to make a span now, as [`enabled`]; a span not made because the collector is
+/// down is counted as dropped. Call it once per span the caller would make.
+pub fn span_wanted() -> bool {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return false;
+    }
+    if SPANS.is_paused() {
+        SPANS.count();
+        return false;
+    }
+    true
 }
 
 /// Whether this process exports log records ([`emit_log`] does nothing otherwise).
@@ -100,6 +149,10 @@ pub fn inject(headers: &mut HeaderMap) {
 /// context's span.
 pub fn emit_log(event_name: &'static str, body: String, attributes: Vec<(&'static str, AnyValue)>) {
     let Some(logger) = LOGGER.get() else { return };
+    if LOGS.is_paused() {
+        LOGS.count();
+        return;
+    }
     let mut record = logger.create_log_record();
     record.set_event_name(event_name);
     record.set_timestamp(SystemTime::now());

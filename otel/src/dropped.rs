@@ -15,8 +15,9 @@ pub const HELP: &str = "Spans and log records not exported: the export queue was
 pub struct DroppedLabels {
     /// `spans` or `logs`.
     pub signal: &'static str,
-    /// `queue_full`, `export_failed`, or `collector_down` (dropped unsent while the
-    /// exporter waits before trying a collector that refused the last batch again).
+    /// `queue_full`, `export_failed`, or `collector_down` (not made, or dropped unsent,
+    /// while the exporter waits before trying a collector that refused the last batch
+    /// again).
     pub reason: &'static str,
 }
 

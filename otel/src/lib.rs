@@ -24,7 +24,8 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 
 pub use context::{
-    SPAN_TARGET, continue_trace, emit_log, enabled, inject, logs_enabled, parent_of, start,
+    SPAN_TARGET, continue_trace, emit_log, enabled, inject, logs_enabled, parent_of, span_wanted,
+    start,
 };
 pub use dropped::{DroppedLabels, HELP as DROPPED_HELP, NAME as DROPPED_NAME, dropped};
 pub use opentelemetry::logs::AnyValue;
@@ -65,7 +66,7 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
             .build()
             .map_err(|e| OtelError::Exporter { signal: "trace", why: e.to_string() })?;
         spans.set_resource(&resource);
-        let spans = batch::Queue::start("spans", settings.span_batches, batch::Spans(spans));
+        let spans = batch::Queue::start("spans", settings.span_batches, batch::Spans(spans), &context::SPANS);
         let provider = SdkTracerProvider::builder()
             .with_resource(resource.clone())
             .with_span_processor(batch::SpanQueue(spans))
@@ -81,7 +82,7 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
             .build()
             .map_err(|e| OtelError::Exporter { signal: "logs", why: e.to_string() })?;
         logs.set_resource(&resource);
-        let logs = batch::Queue::start("logs", settings.log_batches, batch::Logs(logs));
+        let logs = batch::Queue::start("logs", settings.log_batches, batch::Logs(logs), &context::LOGS);
         Some(
             SdkLoggerProvider::builder()
                 .with_resource(resource)

@@ -214,6 +214,20 @@ async fn with_the_collector_down_requests_are_served_and_the_failed_exports_coun
         })
         .await;
     }
+    // Refused, the exporter waits (1 s, doubling; the pause ends at the export task's next
+    // wake after that) before it tries again, and meanwhile the node makes no spans and
+    // counts each one it did not make. Requests sent right after the refusal was seen fall
+    // in that wait.
+    for _ in 0..10 {
+        let r = gw.chat(json!({"model": SECONDARY, "messages": msg()})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let down = r#"switchyard_otel_dropped_total{signal="spans",reason="collector_down"}"#;
+    eventually(Duration::from_secs(20), "spans not made while the collector is down, counted", || {
+        let gw = &gw;
+        async move { node_sample(gw, down).await.filter(|n| *n > 0.0) }
+    })
+    .await;
     // The control plane's admin calls (the harness's catalog and key) were spans too.
     let series = r#"switchyard_control_otel_dropped_total{signal="spans",reason="export_failed"}"#;
     eventually(Duration::from_secs(20), "the control plane to count its failed exports", || {
