@@ -1,17 +1,21 @@
-//! One suite, both backends: every case in `cases` runs against the embedded store and
-//! against a real etcd started for the test (see `support/etcd.rs`). Cases that only make
-//! sense for one backend (restart, directory lock, retention) are at the end.
+//! One suite, both backends: every case in `cases` runs against the embedded store, against
+//! a real etcd started for the test (see `support/etcd.rs`), and against an etcd with TLS
+//! (client certificates required) and authentication on, reached as a non-root user. Cases
+//! that only make sense for one backend (restart, directory lock, retention, TLS and auth
+//! errors, token expiry) are at the end.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "support/etcd.rs"]
 mod etcd_process;
+#[path = "support/pki.rs"]
+mod pki;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use switchyard_control_plane::store::embedded::{EmbeddedStore, Options};
-use switchyard_control_plane::store::etcd::EtcdStore;
+use switchyard_control_plane::store::etcd::{EtcdCredentials, EtcdOptions, EtcdStore, EtcdTls};
 use switchyard_control_plane::store::{
     Compare, CompareOp, CompareTarget, EventKind, Store, StoreError, Txn, TxnOp, WatchBatch,
     WatchEvent, WatchStream, election,
@@ -26,6 +30,65 @@ pub struct Backend {
 enum Guard {
     Dir(#[allow(dead_code)] tempfile::TempDir),
     Etcd(#[allow(dead_code)] Box<etcd_process::EtcdProcess>),
+    Secure(#[allow(dead_code)] Box<SecureEtcd>),
+}
+
+/// A one-member etcd with TLS on its client and peer URLs, client certificates required,
+/// and authentication on; `user` may read and write `prefix`.
+pub struct SecureEtcd {
+    cluster: etcd_process::EtcdCluster,
+    ca: pki::Ca,
+    client: pki::Leaf,
+    setup: etcd_process::AuthSetup,
+}
+
+impl SecureEtcd {
+    async fn start(prefix: &str, auth_token_ttl: Option<Duration>) -> Self {
+        let ca = pki::Ca::new("etcd test CA");
+        let server = ca.leaf("etcd-member", &["localhost", "127.0.0.1"]);
+        // Its common name is no etcd user: a call is authorised by its token, not by the
+        // certificate (etcd takes the CN as the user when a call has no token).
+        let client = ca.leaf("switchyard-client", &["localhost"]);
+        let tls = etcd_process::TlsFiles {
+            ca: ca.cert_path().to_owned(),
+            cert: server.cert.clone(),
+            key: server.key.clone(),
+        };
+        let options = etcd_process::ClusterOptions {
+            members: 1,
+            tls: Some(tls),
+            auth_token_ttl,
+            heartbeat_ms: 10,
+            election_ms: 100,
+        };
+        let mut cluster = etcd_process::EtcdCluster::start(options).await;
+        let setup = etcd_process::AuthSetup {
+            root_password: "root-secret-password".into(),
+            user: "switchyard".into(),
+            password: "switchyard-secret-password".into(),
+            prefix: prefix.into(),
+        };
+        cluster.enable_auth(&setup).await;
+        Self { cluster, ca, client, setup }
+    }
+
+    fn options(&self, key_scope: &str) -> EtcdOptions {
+        EtcdOptions {
+            tls: Some(EtcdTls {
+                ca: self.ca.cert_path().to_owned(),
+                identity: Some((self.client.cert.clone(), self.client.key.clone())),
+            }),
+            credentials: Some(EtcdCredentials {
+                user: self.setup.user.clone(),
+                password: self.setup.password.clone(),
+            }),
+            key_scope: key_scope.into(),
+        }
+    }
+
+    async fn connect(&self, key_scope: &str) -> Result<EtcdStore, StoreError> {
+        EtcdStore::connect_with(&self.cluster.endpoints(), self.options(key_scope)).await
+    }
 }
 
 impl Backend {
@@ -39,6 +102,14 @@ impl Backend {
         let etcd = etcd_process::EtcdProcess::start().await;
         let store = EtcdStore::connect(&[etcd.endpoint().to_owned()]).await.unwrap();
         Self { store: Arc::new(store), _guard: Guard::Etcd(Box::new(etcd)) }
+    }
+
+    /// The cases write keys anywhere, so the user's role covers every key here; the
+    /// prefix-limited user is exercised in `etcd_only` and the end-to-end cluster test.
+    async fn etcd_tls_auth() -> Self {
+        let etcd = SecureEtcd::start("", None).await;
+        let store = etcd.connect("").await.unwrap();
+        Self { store: Arc::new(store), _guard: Guard::Secure(Box::new(etcd)) }
     }
 }
 
@@ -57,6 +128,14 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::cases::$name(super::Backend::etcd().await).await;
+                }
+            )*
+        }
+        mod etcd_tls_auth {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::cases::$name(super::Backend::etcd_tls_auth().await).await;
                 }
             )*
         }
