@@ -776,6 +776,175 @@ mod etcd_only {
     }
 }
 
+// === etcd with TLS and authentication only ===
+
+mod etcd_tls_auth_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_user_limited_to_the_prefix_serves_every_operation_under_it() {
+        let etcd = SecureEtcd::start("/switchyard/", None).await;
+        let store = etcd.connect("/switchyard/").await.unwrap();
+        let mut watch = store.watch("/switchyard/", 0).await.unwrap();
+        let lease = store.grant_lease(SHORT_TTL).await.unwrap();
+        store.put("/switchyard/a", b"1".to_vec(), Some(lease)).await.unwrap();
+        store.keep_alive(lease).await.unwrap();
+        assert_eq!(next_events(&mut watch, 1).await[0].kv.key, "/switchyard/a");
+        assert_eq!(store.list("/switchyard/").await.unwrap().kvs.len(), 1);
+        store.revoke_lease(lease).await.unwrap();
+        assert!(store.get("/switchyard/a").await.unwrap().is_none());
+        // Outside the prefix etcd refuses, and the error says who was refused and why.
+        match store.put("/other/x", b"1".to_vec(), None).await {
+            Err(StoreError::PermissionDenied(message)) => {
+                assert!(message.contains("\"switchyard\""), "{message}");
+                assert!(message.contains("permission denied"), "{message}");
+            }
+            other => panic!("expected PermissionDenied, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_expired_token_is_replaced_and_the_call_succeeds() {
+        let etcd = SecureEtcd::start("", Some(Duration::from_secs(1))).await;
+        let store = etcd.connect("").await.unwrap();
+        store.put("k", b"1".to_vec(), None).await.unwrap();
+        assert_eq!(store.authentications(), 1);
+        // The token must go unused past etcd's --auth-token-ttl (1 s, checked every second):
+        // any call would renew it, so this waits rather than polls.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        store.put("k", b"2".to_vec(), None).await.unwrap();
+        assert_eq!(store.authentications(), 2, "the expired token was replaced once");
+        assert_eq!(&store.get("k").await.unwrap().unwrap().value[..], b"2");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wrong_password_fails_naming_the_user_and_never_the_password() {
+        let etcd = SecureEtcd::start("", None).await;
+        let mut options = etcd.options("");
+        let wrong = "not-the-password-9f3a";
+        options.credentials = Some(EtcdCredentials { user: "switchyard".into(), password: wrong.into() });
+        match EtcdStore::connect_with(&etcd.cluster.endpoints(), options.clone()).await {
+            Err(e @ StoreError::AuthFailed { .. }) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("etcd authentication failed for user \"switchyard\""),
+                    "{message}"
+                );
+                assert!(!message.contains(wrong), "{message}");
+                assert!(!format!("{e:?}").contains(wrong));
+            }
+            Err(other) => panic!("expected AuthFailed, got {other}"),
+            Ok(_) => panic!("connected with a wrong password"),
+        }
+        assert!(!format!("{options:?}").contains(wrong), "Debug of the options shows the password");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_credentials_etcd_refuses_and_says_so() {
+        let etcd = SecureEtcd::start("", None).await;
+        let mut options = etcd.options("");
+        options.credentials = None;
+        // etcd takes the client certificate's common name as the user, which has no role.
+        match EtcdStore::connect_with(&etcd.cluster.endpoints(), options).await {
+            Err(StoreError::PermissionDenied(message)) => {
+                assert!(message.contains("SWITCHYARD_ETCD_USER"), "{message}");
+            }
+            Err(other) => panic!("expected PermissionDenied, got {other}"),
+            Ok(_) => panic!("read from an etcd with auth on without credentials"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_member_certificate_from_another_ca_fails_naming_the_endpoint() {
+        let etcd = SecureEtcd::start("", None).await;
+        let other = pki::Ca::new("another CA");
+        let mut options = etcd.options("");
+        if let Some(tls) = options.tls.as_mut() {
+            tls.ca = other.cert_path().to_owned();
+        }
+        let endpoint = etcd.cluster.endpoints()[0].clone();
+        match EtcdStore::connect_with(std::slice::from_ref(&endpoint), options).await {
+            Err(StoreError::Unavailable(message)) => {
+                assert!(message.contains(&endpoint), "{message}");
+                assert!(message.contains("certificate"), "{message}");
+            }
+            Err(other) => panic!("expected Unavailable, got {other}"),
+            Ok(_) => panic!("trusted a member certificate from another CA"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_without_a_certificate_is_refused_by_client_cert_auth() {
+        let etcd = SecureEtcd::start("", None).await;
+        let mut options = etcd.options("");
+        if let Some(tls) = options.tls.as_mut() {
+            tls.identity = None;
+        }
+        let endpoint = etcd.cluster.endpoints()[0].clone();
+        match EtcdStore::connect_with(std::slice::from_ref(&endpoint), options).await {
+            Err(e) => assert!(e.to_string().contains(&endpoint), "{e}"),
+            Ok(_) => panic!("etcd with --client-cert-auth served a client without a certificate"),
+        }
+    }
+
+    #[tokio::test]
+    async fn unusable_tls_files_are_refused_naming_the_flag_and_the_file() {
+        let ca = pki::Ca::new("test CA");
+        let leaf = ca.leaf("client", &["localhost"]);
+        let garbage = ca.dir().join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate").unwrap();
+        let missing = ca.dir().join("missing.pem");
+        let endpoints = ["https://127.0.0.1:1".to_owned()];
+        let cases = [
+            ("--etcd-ca", garbage.clone(), None),
+            ("--etcd-ca", missing.clone(), None),
+            ("--etcd-cert", ca.cert_path().to_owned(), Some((garbage.clone(), leaf.key.clone()))),
+            ("--etcd-key", ca.cert_path().to_owned(), Some((leaf.cert.clone(), missing.clone()))),
+            // A certificate where the key should be: no private key in it.
+            ("--etcd-key", ca.cert_path().to_owned(), Some((leaf.cert.clone(), leaf.cert.clone()))),
+        ];
+        for (flag, ca_path, identity) in cases {
+            let bad = match (&identity, flag) {
+                (Some((cert, _)), "--etcd-cert") => cert.clone(),
+                (Some((_, key)), "--etcd-key") => key.clone(),
+                _ => ca_path.clone(),
+            };
+            let options = EtcdOptions {
+                tls: Some(EtcdTls { ca: ca_path, identity }),
+                ..EtcdOptions::default()
+            };
+            match EtcdStore::connect_with(&endpoints, options).await {
+                Err(e @ StoreError::TlsFile { .. }) => {
+                    let message = e.to_string();
+                    assert!(message.starts_with(flag), "{message}");
+                    assert!(message.contains(&bad.display().to_string()), "{message}");
+                }
+                Err(other) => panic!("{flag} {}: expected TlsFile, got {other}", bad.display()),
+                Ok(_) => panic!("{flag} {}: accepted", bad.display()),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn https_without_a_ca_and_plaintext_with_one_are_refused() {
+        let https = ["https://127.0.0.1:1".to_owned()];
+        match EtcdStore::connect_with(&https, EtcdOptions::default()).await {
+            Err(e @ StoreError::InvalidUrl { .. }) => assert!(e.to_string().contains("--etcd-ca"), "{e}"),
+            other => panic!("expected InvalidUrl, got {:?}", other.err()),
+        }
+        let ca = pki::Ca::new("test CA");
+        let options = EtcdOptions {
+            tls: Some(EtcdTls { ca: ca.cert_path().to_owned(), identity: None }),
+            ..EtcdOptions::default()
+        };
+        let http = ["http://127.0.0.1:1".to_owned()];
+        match EtcdStore::connect_with(&http, options).await {
+            Err(e @ StoreError::InvalidUrl { .. }) => assert!(e.to_string().contains("https://"), "{e}"),
+            other => panic!("expected InvalidUrl, got {:?}", other.err()),
+        }
+    }
+}
+
 // === Embedded store only ===
 
 mod embedded_only {

@@ -402,16 +402,19 @@ impl EtcdStore {
     /// etcd's answer as a [`StoreError`], naming the user when etcd refused it access.
     fn status_error(&self, what: &str, status: &tonic::Status) -> StoreError {
         if status.code() == tonic::Code::PermissionDenied {
-            let user = self
-                .session
-                .credentials
-                .as_ref()
-                .map_or_else(|| "(none)".to_owned(), |c| format!("{:?}", c.user));
-            return StoreError::PermissionDenied(format!(
-                "etcd refused the {what} to user {user}: {} (its role needs readwrite on the \
-                 control plane's key prefix)",
-                status.message()
-            ));
+            let message = status.message();
+            return StoreError::PermissionDenied(match &self.session.credentials {
+                Some(credentials) => format!(
+                    "etcd refused the {what} to user {:?}: {message} (its role needs readwrite \
+                     on the control plane's key prefix)",
+                    credentials.user
+                ),
+                None => format!(
+                    "etcd refused the {what}: {message} (etcd has authentication on and no \
+                     SWITCHYARD_ETCD_USER is set; it took the client certificate's name as \
+                     the user, if any)"
+                ),
+            });
         }
         status_error(what, status)
     }
