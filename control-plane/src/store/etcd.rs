@@ -151,14 +151,19 @@ struct Meta {
 
 impl Meta {
     fn request<T>(&self, message: T) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        let metadata = request.metadata_mut();
-        if let Some(token) = &self.token {
-            metadata.insert("token", token.clone());
-        }
+        let mut request = self.request_without_leader(message);
         // etcd's require-leader flag: a member without a leader refuses the call at once
         // ("etcdserver: no leader") and ends watch streams, rather than leaving them idle.
-        metadata.insert("hasleader", MetadataValue::from_static("true"));
+        request.metadata_mut().insert("hasleader", MetadataValue::from_static("true"));
+        request
+    }
+
+    /// For the status probe, which must be answered by members without a leader too.
+    fn request_without_leader<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.token {
+            request.metadata_mut().insert("token", token.clone());
+        }
         request
     }
 }
@@ -307,12 +312,20 @@ impl EtcdStore {
                             failures.push(format!("{url}: {}", status.message()));
                             advance(endpoints, index, count);
                             if started.elapsed() >= LEADER_WAIT {
-                                return Err(self.leaderless_error(what).await);
+                                return Err(self.leaderless_error(what, &failures).await);
                             }
                             if (index + 1) % count == 0 {
                                 tokio::time::sleep(LEADER_RETRY).await;
                             }
                             continue;
+                        }
+                        // The member lost its leader with the call under way (a read waiting for
+                        // the leader's confirmation); whether quorum is gone is worth saying.
+                        Ok(Err(status)) if is_leader_timeout(&status) && count > 1 => {
+                            return Err(match self.quorum_error(what).await {
+                                Some(error) => error,
+                                None => self.status_error(what, &status),
+                            });
                         }
                         Ok(Err(status)) if !is_transport_failure(&status) => {
                             return Err(self.status_error(what, &status));
@@ -342,9 +355,16 @@ impl EtcdStore {
                 });
             }
             if leaderless && started.elapsed() >= LEADER_WAIT {
-                return Err(self.leaderless_error(what).await);
+                return Err(self.leaderless_error(what, &failures).await);
             }
             if !leaderless && unreachable >= count {
+                // A member that lost its peers only a moment ago may still believe in its
+                // leader and let the call time out rather than say "no leader": ask.
+                if count > 1 {
+                    if let Some(error) = self.quorum_error(what).await {
+                        return Err(error);
+                    }
+                }
                 return Err(StoreError::Unavailable(format!(
                     "no etcd endpoint answered: {}",
                     failures.join("; ")
@@ -353,15 +373,27 @@ impl EtcdStore {
         }
     }
 
-    /// The error for a call that found no leader for [`LEADER_WAIT`]: asks every member
-    /// whether it is up and follows a leader, and says what that means.
-    async fn leaderless_error(&self, what: &str) -> StoreError {
+    /// The error for a call that found no leader for [`LEADER_WAIT`].
+    async fn leaderless_error(&self, what: &str, failures: &[String]) -> StoreError {
+        match self.quorum_error(what).await {
+            Some(error) => error,
+            None => StoreError::Unavailable(format!(
+                "etcd {what} failed: the members it reached had no leader for {LEADER_WAIT:?} \
+                 ({})",
+                failures.join("; ")
+            )),
+        }
+    }
+
+    /// Asks every member whether it is up and follows a leader; when a majority is
+    /// unreachable or none has a leader, the error that says so.
+    async fn quorum_error(&self, what: &str) -> Option<StoreError> {
         let meta = self.session.current();
         let probes = self.endpoints.channels.iter().map(|(url, channel)| {
             let meta = meta.clone();
             async move {
                 let mut client = MaintenanceClient::new(channel.clone());
-                let status = client.status(meta.request(pb::StatusRequest {}));
+                let status = client.status(meta.request_without_leader(pb::StatusRequest {}));
                 match tokio::time::timeout(PROBE_TIMEOUT, status).await {
                     Ok(Ok(response)) => (url, Some(response.into_inner().leader != 0)),
                     _ => (url, None),
@@ -382,20 +414,17 @@ impl EtcdStore {
             .collect::<Vec<_>>()
             .join("; ");
         if reachable * 2 <= members {
-            StoreError::NoQuorum(format!(
+            Some(StoreError::NoQuorum(format!(
                 "etcd has no quorum ({reachable} of {members} members reachable): the {what} \
                  cannot be served until a majority is back ({detail})"
-            ))
+            )))
         } else if led == 0 {
-            StoreError::NoQuorum(format!(
-                "etcd has no leader ({reachable} of {members} members reachable, none has \
-                 elected a leader within {LEADER_WAIT:?}): the {what} cannot be served ({detail})"
-            ))
+            Some(StoreError::NoQuorum(format!(
+                "etcd has no leader ({reachable} of {members} members reachable, none has a \
+                 leader): the {what} cannot be served until one is elected ({detail})"
+            )))
         } else {
-            StoreError::Unavailable(format!(
-                "etcd {what} failed: the members answered had no leader for {LEADER_WAIT:?} \
-                 ({detail})"
-            ))
+            None
         }
     }
 
@@ -904,6 +933,13 @@ fn is_token_refused(status: &tonic::Status) -> bool {
 fn is_leaderless(status: &tonic::Status) -> bool {
     let message = status.message();
     message.contains("etcdserver: no leader") || message.contains("raft proposal dropped")
+}
+
+/// etcd gave up on a call waiting for its leader (`ErrTimeout` and its variants, or the
+/// leader changed under a read).
+fn is_leader_timeout(status: &tonic::Status) -> bool {
+    let message = status.message();
+    message.contains("etcdserver: request timed out") || message.contains("etcdserver: leader changed")
 }
 
 fn advance(endpoints: &Endpoints, index: usize, count: usize) {
