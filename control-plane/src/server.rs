@@ -154,7 +154,8 @@ async fn withdraw(store: &dyn Store, elections: &[String], lease: LeaseId) {
 /// Opens the store, binds the listener and returns before serving, so callers learn the
 /// bound address (port 0 picks a free one).
 pub async fn start(options: ControlOptions) -> Result<Control, ControlError> {
-    let etcd = store::etcd::EtcdOptions { key_scope: options.prefix.clone(), ..options.etcd.clone() };
+    let etcd =
+        store::etcd::EtcdOptions { key_scope: options.prefix.clone(), ..options.etcd.clone() };
     let store = store::open(&options.store_url, etcd).await?;
     start_with_store(options, store).await
 }

@@ -822,7 +822,8 @@ mod etcd_tls_auth_only {
         let etcd = SecureEtcd::start("", None).await;
         let mut options = etcd.options("");
         let wrong = "not-the-password-9f3a";
-        options.credentials = Some(EtcdCredentials { user: "switchyard".into(), password: wrong.into() });
+        options.credentials =
+            Some(EtcdCredentials { user: "switchyard".into(), password: wrong.into() });
         match EtcdStore::connect_with(&etcd.cluster.endpoints(), options.clone()).await {
             Err(e @ StoreError::AuthFailed { .. }) => {
                 let message = e.to_string();
@@ -929,7 +930,9 @@ mod etcd_tls_auth_only {
     async fn https_without_a_ca_and_plaintext_with_one_are_refused() {
         let https = ["https://127.0.0.1:1".to_owned()];
         match EtcdStore::connect_with(&https, EtcdOptions::default()).await {
-            Err(e @ StoreError::InvalidUrl { .. }) => assert!(e.to_string().contains("--etcd-ca"), "{e}"),
+            Err(e @ StoreError::InvalidUrl { .. }) => {
+                assert!(e.to_string().contains("--etcd-ca"), "{e}")
+            }
             other => panic!("expected InvalidUrl, got {:?}", other.err()),
         }
         let ca = pki::Ca::new("test CA");
@@ -939,7 +942,9 @@ mod etcd_tls_auth_only {
         };
         let http = ["http://127.0.0.1:1".to_owned()];
         match EtcdStore::connect_with(&http, options).await {
-            Err(e @ StoreError::InvalidUrl { .. }) => assert!(e.to_string().contains("https://"), "{e}"),
+            Err(e @ StoreError::InvalidUrl { .. }) => {
+                assert!(e.to_string().contains("https://"), "{e}")
+            }
             other => panic!("expected InvalidUrl, got {:?}", other.err()),
         }
     }

@@ -58,7 +58,8 @@ mod etcd_debug {
 
         #[test]
         fn debug_output_hides_etcd_passwords_and_tokens() {
-            let request = AuthenticateRequest { name: "switchyard".into(), password: "hunter2".into() };
+            let request =
+                AuthenticateRequest { name: "switchyard".into(), password: "hunter2".into() };
             let shown = format!("{request:?}");
             assert!(shown.contains("switchyard") && !shown.contains("hunter2"), "{shown}");
             let response = AuthenticateResponse { header: None, token: "tok.en.42".into() };

@@ -82,18 +82,16 @@ async fn stored_events(control: &str, key_id: &str) -> Option<(u64, u64)> {
 /// `keys create` through `control`: the new config version, or the CLI's error.
 async fn create_key(control: &str, name: &str) -> Result<i64, String> {
     let out = cli(control, &["keys", "create", "--name", name, "--json"]).await;
-    if out.success {
-        Ok(out.json()["version"].as_i64().unwrap())
-    } else {
-        Err(out.stderr)
-    }
+    if out.success { Ok(out.json()["version"].as_i64().unwrap()) } else { Err(out.stderr) }
 }
 
 async fn wait_for_version(nodes: &[SocketAddr], version: i64, what: &str) {
     for &addr in nodes {
-        eventually(PATIENCE, what, || async move {
-            node_version(addr).await.filter(|v| *v >= version)
-        })
+        eventually(
+            PATIENCE,
+            what,
+            || async move { node_version(addr).await.filter(|v| *v >= version) },
+        )
         .await;
     }
 }
@@ -161,8 +159,7 @@ impl Traffic {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_with_nothing_lost()
-{
+async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_with_nothing_lost() {
     let ca = Ca::new("etcd cluster test CA");
     let member = ca.leaf("etcd-member", &["localhost", "127.0.0.1"]);
     let tls = TlsFiles { ca: ca.cert_path().to_owned(), cert: member.cert, key: member.key };
@@ -178,7 +175,8 @@ async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_w
         .await;
 
     let dir = tempfile::tempdir().unwrap();
-    let sim = Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
+    let sim =
+        Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
     let cp1 = start_control(&cluster, &ca, dir.path(), "cp1").await;
     let cp2 = start_control(&cluster, &ca, dir.path(), "cp2").await;
     let catalog = dir.path().join("catalog.yaml");
@@ -205,9 +203,10 @@ async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_w
     wait_for_version(&addrs, version, "both nodes to apply the catalog and key").await;
 
     let script = json!({"model": "primary", "behaviour": {"kind": "status", "status": 503}});
-    let r = http_request(sim.addr, "POST", "/_sim/script", None, Some(script.to_string().as_bytes()))
-        .await
-        .unwrap();
+    let r =
+        http_request(sim.addr, "POST", "/_sim/script", None, Some(script.to_string().as_bytes()))
+            .await
+            .unwrap();
     assert!(r.status < 300, "{}", r.body);
     let traffic = Traffic::start(addrs.clone(), key);
     let (cp1_url, cp2_url) = (cp1.url(), cp2.url());
@@ -302,10 +301,11 @@ async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_w
     let (served, failed) = traffic.stop().await;
     assert_eq!(failed, 0, "every request was served");
     let drained = Instant::now();
-    let (stored, lost) = eventually(PATIENCE, "every failover event stored or counted lost", || async {
-        stored_events(&cp1_url, key_id).await.filter(|(stored, lost)| stored + lost >= served)
-    })
-    .await;
+    let (stored, lost) =
+        eventually(PATIENCE, "every failover event stored or counted lost", || async {
+            stored_events(&cp1_url, key_id).await.filter(|(stored, lost)| stored + lost >= served)
+        })
+        .await;
     println!(
         "served {served} failovers; stored {stored} events, {lost} counted lost; drained \
          {:?} after the traffic stopped",

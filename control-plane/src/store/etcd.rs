@@ -294,9 +294,11 @@ impl EtcdStore {
                 // Authenticating could not reach this member: nothing was sent.
                 None => (None, false),
                 Some(meta) => {
-                    let outcome =
-                        tokio::time::timeout(REQUEST_TIMEOUT, attempt(channel.clone(), meta.clone()))
-                            .await;
+                    let outcome = tokio::time::timeout(
+                        REQUEST_TIMEOUT,
+                        attempt(channel.clone(), meta.clone()),
+                    )
+                    .await;
                     match outcome {
                         Ok(Ok(response)) => return Ok(response),
                         // Refused before it was applied: safe to send again with a new token.
@@ -314,7 +316,7 @@ impl EtcdStore {
                             if started.elapsed() >= LEADER_WAIT {
                                 return Err(self.leaderless_error(what, &failures).await);
                             }
-                            if (index + 1) % count == 0 {
+                            if (index + 1).is_multiple_of(count) {
                                 tokio::time::sleep(LEADER_RETRY).await;
                             }
                             continue;
@@ -360,10 +362,10 @@ impl EtcdStore {
             if !leaderless && unreachable >= count {
                 // A member that lost its peers only a moment ago may still believe in its
                 // leader and let the call time out rather than say "no leader": ask.
-                if count > 1 {
-                    if let Some(error) = self.quorum_error(what).await {
-                        return Err(error);
-                    }
+                if count > 1
+                    && let Some(error) = self.quorum_error(what).await
+                {
+                    return Err(error);
                 }
                 return Err(StoreError::Unavailable(format!(
                     "no etcd endpoint answered: {}",
@@ -523,9 +525,11 @@ impl Session {
             name: credentials.user.clone(),
             password: credentials.password.clone(),
         };
-        let answer =
-            tokio::time::timeout(REQUEST_TIMEOUT, AuthClient::new(channel.clone()).authenticate(request))
-                .await;
+        let answer = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            AuthClient::new(channel.clone()).authenticate(request),
+        )
+        .await;
         let user = &credentials.user;
         let value = match answer {
             Err(_) => {
@@ -559,7 +563,11 @@ impl Session {
                 }));
             }
             Ok(Err(status)) if is_transport_failure(&status) => {
-                return Err(AuthFailure::Transport(transport_error("authentication", url, &status)));
+                return Err(AuthFailure::Transport(transport_error(
+                    "authentication",
+                    url,
+                    &status,
+                )));
             }
             Ok(Err(status)) => {
                 return Err(AuthFailure::Refused(StoreError::AuthFailed {
@@ -819,7 +827,10 @@ impl Store for EtcdStore {
         // Compaction is idempotent, so it can always be sent again.
         let result = self
             .call("compact", Retry::Always, |channel, meta| async move {
-                KvClient::new(channel).compact(meta.request(request)).await.map(tonic::Response::into_inner)
+                KvClient::new(channel)
+                    .compact(meta.request(request))
+                    .await
+                    .map(tonic::Response::into_inner)
             })
             .await;
         match result {
@@ -939,7 +950,8 @@ fn is_leaderless(status: &tonic::Status) -> bool {
 /// leader changed under a read).
 fn is_leader_timeout(status: &tonic::Status) -> bool {
     let message = status.message();
-    message.contains("etcdserver: request timed out") || message.contains("etcdserver: leader changed")
+    message.contains("etcdserver: request timed out")
+        || message.contains("etcdserver: leader changed")
 }
 
 fn advance(endpoints: &Endpoints, index: usize, count: usize) {

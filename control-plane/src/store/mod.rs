@@ -145,7 +145,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let relative = relative_to_cwd(tmp.path()).join("store");
         assert!(relative.is_relative());
-        let store = open(&format!("file://{}", relative.display()), etcd::EtcdOptions::default()).await.unwrap();
+        let store = open(&format!("file://{}", relative.display()), etcd::EtcdOptions::default())
+            .await
+            .unwrap();
         store.put("k", b"v".to_vec(), None).await.unwrap();
         assert!(tmp.path().join("store").join("LOCK").is_file());
         let log = std::fs::read_to_string(tmp.path().join("store").join("wal.jsonl")).unwrap();

@@ -274,8 +274,7 @@ impl EtcdCluster {
                     args.push(format!("--auth-token-ttl={}", ttl.as_secs().max(1)));
                 }
                 if let Some(tls) = &options.tls {
-                    let (ca, cert, key) =
-                        (tls.ca.display(), tls.cert.display(), tls.key.display());
+                    let (ca, cert, key) = (tls.ca.display(), tls.cert.display(), tls.key.display());
                     args.extend([
                         format!("--trusted-ca-file={ca}"),
                         format!("--cert-file={cert}"),
@@ -305,6 +304,10 @@ impl EtcdCluster {
         self.members.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
     /// Every member's client URL (`https://127.0.0.1:PORT` with TLS).
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| m.client_url.clone()).collect()
@@ -312,7 +315,8 @@ impl EtcdCluster {
 
     /// `etcd://127.0.0.1:P1,127.0.0.1:P2,…`, the control plane's `--store`.
     pub fn store_url(&self) -> String {
-        let hosts: Vec<String> = self.members.iter().map(|m| m.ports[0].addr().to_string()).collect();
+        let hosts: Vec<String> =
+            self.members.iter().map(|m| m.ports[0].addr().to_string()).collect();
         format!("etcd://{}", hosts.join(","))
     }
 
@@ -349,11 +353,11 @@ impl EtcdCluster {
         let addr = self.members[member].ports[2].addr();
         loop {
             let m = &mut self.members[member];
-            if let Some(child) = m.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
-                    panic!("etcd member {} exited with {status}; its log:\n{}", m.name, tail(&log));
-                }
+            if let Some(child) = m.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+                panic!("etcd member {} exited with {status}; its log:\n{}", m.name, tail(&log));
             }
             if healthy(addr).await {
                 return;
@@ -393,7 +397,11 @@ impl EtcdCluster {
 
     /// A gRPC channel to member `i`, presenting `identity` (certificate, key) when the
     /// cluster has TLS.
-    pub async fn channel(&self, member: usize, identity: Option<(&Path, &Path)>) -> tonic::transport::Channel {
+    pub async fn channel(
+        &self,
+        member: usize,
+        identity: Option<(&Path, &Path)>,
+    ) -> tonic::transport::Channel {
         use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
         let url = self.members[member].client_url.clone();
         let mut endpoint = Endpoint::from_shared(url.clone())
@@ -409,7 +417,9 @@ impl EtcdCluster {
             );
             endpoint = endpoint
                 .tls_config(
-                    ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).identity(identity),
+                    ClientTlsConfig::new()
+                        .ca_certificate(Certificate::from_pem(ca))
+                        .identity(identity),
                 )
                 .expect("TLS config");
         }
@@ -423,13 +433,19 @@ impl EtcdCluster {
         use switchyard_proto::etcd as pb;
         use switchyard_proto::etcd::auth_client::AuthClient;
         let mut auth = AuthClient::new(self.channel(0, None).await);
-        auth.user_add(pb::AuthUserAddRequest { name: "root".into(), password: setup.root_password.clone() })
-            .await
-            .expect("add user root");
+        auth.user_add(pb::AuthUserAddRequest {
+            name: "root".into(),
+            password: setup.root_password.clone(),
+        })
+        .await
+        .expect("add user root");
         auth.role_add(pb::AuthRoleAddRequest { name: "root".into() }).await.expect("add role root");
-        auth.user_grant_role(pb::AuthUserGrantRoleRequest { user: "root".into(), role: "root".into() })
-            .await
-            .expect("grant root");
+        auth.user_grant_role(pb::AuthUserGrantRoleRequest {
+            user: "root".into(),
+            role: "root".into(),
+        })
+        .await
+        .expect("grant root");
         let role = format!("{}-role", setup.user);
         auth.role_add(pb::AuthRoleAddRequest { name: role.clone() }).await.expect("add role");
         // The empty prefix is every key: etcd's "\0" to "\0".
@@ -444,9 +460,12 @@ impl EtcdCluster {
         })
         .await
         .expect("grant the prefix");
-        auth.user_add(pb::AuthUserAddRequest { name: setup.user.clone(), password: setup.password.clone() })
-            .await
-            .expect("add the user");
+        auth.user_add(pb::AuthUserAddRequest {
+            name: setup.user.clone(),
+            password: setup.password.clone(),
+        })
+        .await
+        .expect("add the user");
         auth.user_grant_role(pb::AuthUserGrantRoleRequest { user: setup.user.clone(), role })
             .await
             .expect("grant the role");
@@ -461,8 +480,8 @@ impl EtcdCluster {
         use switchyard_proto::etcd::maintenance_client::MaintenanceClient;
         let mut ids = vec![None; self.members.len()];
         let mut leader = None;
-        for i in 0..self.members.len() {
-            if self.members[i].child.is_none() {
+        for (i, member) in self.members.iter().enumerate() {
+            if member.child.is_none() {
                 continue;
             }
             let mut client = MaintenanceClient::new(self.channel(i, None).await);
