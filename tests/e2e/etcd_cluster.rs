@@ -320,3 +320,99 @@ async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_w
     }
     drop((sim, nodes, cp1, cp2));
 }
+
+/// `switchyard control` with the given etcd flags and environment, expected to refuse to
+/// start: its exit code and stderr.
+async fn refused_start(store: &str, flags: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut command = tokio::process::Command::new(switchyard_e2e::switchyard_bin());
+    command
+        .args(["control", "--store", store, "--listen", "127.0.0.1:0"])
+        .args(flags)
+        .env("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env_remove("SWITCHYARD_ETCD_USER")
+        .env_remove("SWITCHYARD_ETCD_PASSWORD")
+        .envs(env.iter().copied())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(PATIENCE, command.output())
+        .await
+        .expect("the control plane gives up rather than wait")
+        .unwrap();
+    assert!(!out.status.success(), "started: {}", String::from_utf8_lossy(&out.stdout));
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_refuses_to_start_on_bad_etcd_tls_files_or_credentials_and_says_why() {
+    let ca = Ca::new("etcd test CA");
+    let member = ca.leaf("etcd-member", &["localhost", "127.0.0.1"]);
+    let client = ca.leaf("cp-client", &["localhost"]);
+    let tls = TlsFiles { ca: ca.cert_path().to_owned(), cert: member.cert, key: member.key };
+    let mut cluster = EtcdCluster::start(ClusterOptions {
+        members: 1,
+        tls: Some(tls),
+        heartbeat_ms: 10,
+        election_ms: 100,
+        ..ClusterOptions::default()
+    })
+    .await;
+    cluster
+        .enable_auth(&AuthSetup {
+            root_password: ROOT_PASSWORD.into(),
+            user: ETCD_USER.into(),
+            password: ETCD_PASSWORD.into(),
+            prefix: "/switchyard/".into(),
+        })
+        .await;
+    let store = cluster.store_url();
+    let path = |p: &std::path::Path| p.display().to_string();
+    let (ca_path, cert, key) = (path(ca.cert_path()), path(&client.cert), path(&client.key));
+    let good_flags = ["--etcd-ca", &ca_path, "--etcd-cert", &cert, "--etcd-key", &key];
+    let wrong = "wrong-etcd-password-31b7";
+
+    // A wrong password: refused by etcd, reported with the user's name only.
+    let (code, stderr) = refused_start(
+        &store,
+        &good_flags,
+        &[("SWITCHYARD_ETCD_USER", ETCD_USER), ("SWITCHYARD_ETCD_PASSWORD", wrong)],
+    )
+    .await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("etcd authentication failed for user \"switchyard\""), "{stderr}");
+    assert!(!stderr.contains(wrong), "{stderr}");
+
+    // A user without a password.
+    let (_, stderr) =
+        refused_start(&store, &good_flags, &[("SWITCHYARD_ETCD_USER", ETCD_USER)]).await;
+    assert!(stderr.contains("SWITCHYARD_ETCD_PASSWORD is not"), "{stderr}");
+
+    // A CA file that is no certificate; a key file that does not exist.
+    let garbage = ca.dir().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+    let garbage = path(&garbage);
+    let creds = [("SWITCHYARD_ETCD_USER", ETCD_USER), ("SWITCHYARD_ETCD_PASSWORD", ETCD_PASSWORD)];
+    let flags = ["--etcd-ca", &garbage, "--etcd-cert", &cert, "--etcd-key", &key];
+    let (code, stderr) = refused_start(&store, &flags, &creds).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("--etcd-ca {garbage}")), "{stderr}");
+    let missing = path(&ca.dir().join("missing-key.pem"));
+    let flags = ["--etcd-ca", &ca_path, "--etcd-cert", &cert, "--etcd-key", &missing];
+    let (_, stderr) = refused_start(&store, &flags, &creds).await;
+    assert!(stderr.contains(&format!("--etcd-key {missing}")), "{stderr}");
+
+    // A CA that did not sign the member's certificate: the error names the endpoint.
+    let other = Ca::new("another CA");
+    let other_ca = path(other.cert_path());
+    let flags = ["--etcd-ca", &other_ca, "--etcd-cert", &cert, "--etcd-key", &key];
+    let (_, stderr) = refused_start(&store, &flags, &creds).await;
+    let endpoint = &cluster.endpoints()[0];
+    assert!(stderr.contains(endpoint.as_str()) && stderr.contains("certificate"), "{stderr}");
+    for stderr in [&stderr] {
+        assert!(!stderr.contains(ETCD_PASSWORD), "{stderr}");
+    }
+
+    // With every part right, it starts and serves admin calls as the limited user.
+    let dir = tempfile::tempdir().unwrap();
+    let cp = start_control(&cluster, &ca, dir.path(), "cp").await;
+    let created = cli(&cp.url(), &["keys", "create", "--name", "k", "--json"]).await.json();
+    assert!(created["version"].as_i64().unwrap() > 0);
+}

@@ -286,7 +286,10 @@ impl EtcdStore {
                 Ok(meta) => Some(meta),
                 Err(AuthFailure::Refused(e)) => return Err(e),
                 Err(AuthFailure::Transport(e)) => {
-                    failures.push(e.to_string());
+                    failures.push(match e {
+                        StoreError::Unavailable(message) => message,
+                        other => other.to_string(),
+                    });
                     None
                 }
             };
@@ -966,11 +969,13 @@ fn advance(endpoints: &Endpoints, index: usize, count: usize) {
 
 /// A failure to reach `url`, naming it (TLS failures included: "invalid peer certificate").
 fn transport_error(what: &str, url: &str, status: &tonic::Status) -> StoreError {
-    StoreError::Unavailable(format!(
-        "etcd {what} at {url} failed ({:?}): {}",
-        status.code(),
-        describe(status)
-    ))
+    let cause = describe(status);
+    if cause.contains("invalid peer certificate") || cause.to_ascii_lowercase().contains("tls") {
+        return StoreError::Unavailable(format!(
+            "etcd {what} at {url} failed: TLS handshake with {url} failed: {cause}"
+        ));
+    }
+    StoreError::Unavailable(format!("etcd {what} at {url} failed ({:?}): {cause}", status.code()))
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {
