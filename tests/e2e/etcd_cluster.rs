@@ -241,6 +241,9 @@ async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_w
     wait_for_version(&addrs, version, "a key created after the leader's death to reach both nodes")
         .await;
     let config_reached = killed.elapsed();
+    // Below etcd's own request timeout (5 s + 2 election timeouts = 6 s), which an event
+    // write forwarded to the dead leader would otherwise wait out, holding up its stream.
+    assert!(config_reached < Duration::from_secs(5), "the change took {config_reached:?}");
     eventually(PATIENCE, "failover events stored after the leader's death", || async {
         stored_events(&cp2_url, key_id).await.filter(|(stored, _)| *stored >= stored_before + 20)
     })

@@ -67,6 +67,9 @@ const WATCH_BUFFER: usize = 64;
 pub const LEADER_WAIT: Duration = Duration::from_secs(3);
 /// Pause between rounds over the endpoints while no member has a leader.
 const LEADER_RETRY: Duration = Duration::from_millis(100);
+/// How long a call may take before the cluster is checked for quorum (and again as often
+/// while the call lasts): etcd answers in milliseconds when it has a leader.
+const SLOW_CALL: Duration = Duration::from_secs(1);
 /// Bound on each member's answer to the status probe behind a "no quorum" error.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -114,6 +117,8 @@ pub struct EtcdStore {
     session: Arc<Session>,
     /// The key the revision probe reads (see [`EtcdOptions::key_scope`]).
     probe_key: Vec<u8>,
+    /// The highest raft term etcd's answers carried (0: none yet).
+    raft_term: Arc<AtomicU64>,
 }
 
 struct Endpoints {
@@ -165,6 +170,50 @@ impl Meta {
             request.metadata_mut().insert("token", token.clone());
         }
         request
+    }
+}
+
+/// What the status probe found wrong with the cluster.
+enum Trouble {
+    /// A majority of the members is unreachable.
+    NoQuorum(StoreError),
+    /// Enough members are up but none has a leader (an election, or a partition).
+    NoLeader(StoreError),
+    /// A new leader was elected while the call waited.
+    LeaderChanged(StoreError),
+}
+
+/// The responses whose header tells the raft term.
+trait Headed {
+    fn header(&self) -> Option<&pb::ResponseHeader>;
+}
+
+macro_rules! headed {
+    ($($response:ty),* $(,)?) => {
+        $(impl Headed for $response {
+            fn header(&self) -> Option<&pb::ResponseHeader> {
+                self.header.as_ref()
+            }
+        })*
+    };
+}
+
+headed!(
+    pb::RangeResponse,
+    pb::PutResponse,
+    pb::DeleteRangeResponse,
+    pb::TxnResponse,
+    pb::CompactionResponse,
+    pb::LeaseGrantResponse,
+    pb::LeaseRevokeResponse,
+    pb::LeaseKeepAliveResponse,
+);
+
+/// A watch as set up by [`EtcdStore::watch`]: its request sender, the inbound stream and
+/// etcd's confirmation.
+impl<R, S> Headed for (R, S, pb::WatchResponse) {
+    fn header(&self) -> Option<&pb::ResponseHeader> {
+        self.2.header.as_ref()
     }
 }
 
@@ -256,6 +305,7 @@ impl EtcdStore {
             endpoints: Arc::new(Endpoints { channels, current: AtomicUsize::new(0) }),
             session: Arc::new(session),
             probe_key,
+            raft_term: Arc::new(AtomicU64::new(0)),
         };
         store.current_revision().await?;
         Ok(store)
@@ -269,12 +319,16 @@ impl EtcdStore {
     /// Runs `attempt` on the current endpoint, moving on to the next ones as `retry` allows.
     async fn call<T, F, Fut>(&self, what: &str, retry: Retry, attempt: F) -> Result<T, StoreError>
     where
+        T: Headed,
         F: Fn(Channel, Meta) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let endpoints = &self.endpoints;
         let count = endpoints.channels.len();
         let started = Instant::now();
+        // The raft term of the last answer: a later one in the status probe means the
+        // leader changed after this call was sent (see `quorum_watchdog`).
+        let term = self.raft_term.load(Ordering::Relaxed);
         let mut failures = Vec::new();
         let mut unreachable = 0;
         let mut leaderless = false;
@@ -297,22 +351,54 @@ impl EtcdStore {
                 // Authenticating could not reach this member: nothing was sent.
                 None => (None, false),
                 Some(meta) => {
-                    let outcome = tokio::time::timeout(
-                        REQUEST_TIMEOUT,
-                        attempt(channel.clone(), meta.clone()),
-                    )
-                    .await;
+                    let outcome = tokio::select! {
+                        outcome = tokio::time::timeout(
+                            REQUEST_TIMEOUT,
+                            attempt(channel.clone(), meta.clone()),
+                        ) => outcome,
+                        trouble = self.quorum_watchdog(what, term), if count > 1 => match trouble {
+                            // A read held for a leader that died: send it again (to another
+                            // member) until one is elected.
+                            Trouble::NoLeader(error) | Trouble::LeaderChanged(error)
+                                if retry == Retry::Always =>
+                            {
+                                leaderless = true;
+                                failures.push(format!("{url}: no leader"));
+                                advance(endpoints, index, count);
+                                if started.elapsed() >= LEADER_WAIT {
+                                    return Err(error);
+                                }
+                                continue;
+                            }
+                            // A write held that long is lost with the leader or cannot be
+                            // committed: its caller learns now, rather than after etcd's
+                            // request timeout, and may retry once a leader is elected.
+                            Trouble::NoLeader(error)
+                            | Trouble::NoQuorum(error)
+                            | Trouble::LeaderChanged(error) => {
+                                return Err(error);
+                            }
+                        },
+                    };
                     match outcome {
-                        Ok(Ok(response)) => return Ok(response),
+                        Ok(Ok(response)) => {
+                            if let Some(header) = response.header() {
+                                self.raft_term.fetch_max(header.raft_term, Ordering::Relaxed);
+                            }
+                            return Ok(response);
+                        }
                         // Refused before it was applied: safe to send again with a new token.
                         Ok(Err(status)) if is_token_refused(&status) && !reauthenticated => {
                             reauthenticated = true;
                             self.session.expire(meta.generation);
                             continue;
                         }
-                        // Refused before it was proposed: safe to send again, once there is
-                        // a leader.
-                        Ok(Err(status)) if is_leaderless(&status) => {
+                        // Refused before it was proposed, or a read that lost its leader
+                        // midway: safe to send again, once there is a leader.
+                        Ok(Err(status))
+                            if is_leaderless(&status)
+                                || (retry == Retry::Always && is_leader_timeout(&status)) =>
+                        {
                             leaderless = true;
                             failures.push(format!("{url}: {}", status.message()));
                             advance(endpoints, index, count);
@@ -378,6 +464,32 @@ impl EtcdStore {
         }
     }
 
+    /// Resolves, with the error to return, once a call that is taking long (a read the
+    /// member holds for a leader that just died, say) turns out to face a cluster without
+    /// quorum or leader; never resolves while the cluster is fine, so slow but healthy calls
+    /// (a large listing) go on.
+    ///
+    /// It also resolves when the cluster has moved to a later raft term than `term` (that of
+    /// the last answer before the call): the leader changed while the call waited, and a
+    /// proposal a follower forwarded to a dead leader is never answered before etcd's own
+    /// request timeout (5 s plus two election timeouts) — while the caller, a node's event
+    /// batch say, holds up other work.
+    async fn quorum_watchdog(&self, what: &str, term: u64) -> Trouble {
+        loop {
+            tokio::time::sleep(SLOW_CALL).await;
+            let (trouble, latest) = self.cluster_trouble(what).await;
+            if let Some(trouble) = trouble {
+                return trouble;
+            }
+            if term != 0 && latest > term {
+                return Trouble::LeaderChanged(StoreError::Unavailable(format!(
+                    "etcd's leader changed while the {what} waited (raft term {term} → \
+                     {latest}); it may not have been applied, send it again"
+                )));
+            }
+        }
+    }
+
     /// The error for a call that found no leader for [`LEADER_WAIT`].
     async fn leaderless_error(&self, what: &str, failures: &[String]) -> StoreError {
         match self.quorum_error(what).await {
@@ -393,6 +505,16 @@ impl EtcdStore {
     /// Asks every member whether it is up and follows a leader; when a majority is
     /// unreachable or none has a leader, the error that says so.
     async fn quorum_error(&self, what: &str) -> Option<StoreError> {
+        self.cluster_trouble(what).await.0.map(|trouble| match trouble {
+            Trouble::NoQuorum(error) | Trouble::NoLeader(error) | Trouble::LeaderChanged(error) => {
+                error
+            }
+        })
+    }
+
+    /// What is wrong with the cluster, if anything, and the latest raft term a member
+    /// reported.
+    async fn cluster_trouble(&self, what: &str) -> (Option<Trouble>, u64) {
         let meta = self.session.current();
         let probes = self.endpoints.channels.iter().map(|(url, channel)| {
             let meta = meta.clone();
@@ -400,37 +522,42 @@ impl EtcdStore {
                 let mut client = MaintenanceClient::new(channel.clone());
                 let status = client.status(meta.request_without_leader(pb::StatusRequest {}));
                 match tokio::time::timeout(PROBE_TIMEOUT, status).await {
-                    Ok(Ok(response)) => (url, Some(response.into_inner().leader != 0)),
-                    _ => (url, None),
+                    Ok(Ok(response)) => {
+                        let status = response.into_inner();
+                        (url, Some(status.leader != 0), status.raft_term)
+                    }
+                    _ => (url, None, 0),
                 }
             }
         });
         let answers = futures_util::future::join_all(probes).await;
         let members = answers.len();
-        let reachable = answers.iter().filter(|(_, up)| up.is_some()).count();
-        let led = answers.iter().filter(|(_, up)| *up == Some(true)).count();
+        let latest = answers.iter().map(|(_, _, term)| *term).max().unwrap_or(0);
+        let reachable = answers.iter().filter(|(_, up, _)| up.is_some()).count();
+        let led = answers.iter().filter(|(_, up, _)| *up == Some(true)).count();
         let detail = answers
             .iter()
-            .map(|(url, up)| match up {
+            .map(|(url, up, _)| match up {
                 None => format!("{url} unreachable"),
                 Some(false) => format!("{url} up, no leader"),
                 Some(true) => format!("{url} up, has a leader"),
             })
             .collect::<Vec<_>>()
             .join("; ");
-        if reachable * 2 <= members {
-            Some(StoreError::NoQuorum(format!(
+        let trouble = if reachable * 2 <= members {
+            Some(Trouble::NoQuorum(StoreError::NoQuorum(format!(
                 "etcd has no quorum ({reachable} of {members} members reachable): the {what} \
                  cannot be served until a majority is back ({detail})"
-            )))
+            ))))
         } else if led == 0 {
-            Some(StoreError::NoQuorum(format!(
+            Some(Trouble::NoLeader(StoreError::NoQuorum(format!(
                 "etcd has no leader ({reachable} of {members} members reachable, none has a \
                  leader): the {what} cannot be served until one is elected ({detail})"
-            )))
+            ))))
         } else {
             None
-        }
+        };
+        (trouble, latest)
     }
 
     /// etcd's answer as a [`StoreError`], naming the user when etcd refused it access.
