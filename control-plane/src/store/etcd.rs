@@ -1313,7 +1313,36 @@ fn to_pb_op(op: TxnOp) -> pb::RequestOp {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_range;
+    use super::*;
+
+    #[test]
+    fn etcd_answers_are_classified_by_what_may_be_sent_again() {
+        let invalid = tonic::Status::unauthenticated("etcdserver: invalid auth token");
+        let old = tonic::Status::invalid_argument("etcdserver: revision of auth store is old");
+        assert!(is_token_refused(&invalid) && is_token_refused(&old));
+        let no_leader = tonic::Status::unavailable("etcdserver: no leader");
+        assert!(is_leaderless(&no_leader) && !is_transport_failure(&no_leader));
+        let timed_out = tonic::Status::unavailable("etcdserver: request timed out");
+        assert!(is_leader_timeout(&timed_out) && !is_leaderless(&timed_out));
+        let refused = tonic::Status::unavailable("tcp connect error");
+        assert!(is_transport_failure(&refused) && is_connect_failure(&refused));
+    }
+
+    #[test]
+    fn transport_errors_name_the_endpoint() {
+        let status = tonic::Status::unavailable("invalid peer certificate: UnknownIssuer");
+        let error = transport_error("range", "https://10.0.0.5:2379", &status).to_string();
+        assert!(error.contains("https://10.0.0.5:2379"), "{error}");
+        assert!(error.contains("TLS handshake"), "{error}");
+    }
+
+    #[test]
+    fn credentials_debug_shows_the_user_only() {
+        let credentials = EtcdCredentials { user: "switchyard".into(), password: "hunter2".into() };
+        let options = EtcdOptions { credentials: Some(credentials), ..EtcdOptions::default() };
+        let shown = format!("{options:?}");
+        assert!(shown.contains("switchyard") && !shown.contains("hunter2"), "{shown}");
+    }
 
     #[test]
     fn prefix_range_increments_the_last_byte() {
