@@ -328,7 +328,7 @@ impl EtcdStore {
         let started = Instant::now();
         // The raft term of the last answer: a later one in the status probe means the
         // leader changed after this call was sent (see `quorum_watchdog`).
-        let term = self.raft_term.load(Ordering::Relaxed);
+        let mut term = self.raft_term.load(Ordering::Relaxed);
         let mut failures = Vec::new();
         let mut unreachable = 0;
         let mut leaderless = false;
@@ -368,6 +368,8 @@ impl EtcdStore {
                                 if started.elapsed() >= LEADER_WAIT {
                                     return Err(error);
                                 }
+                                // The next attempt is sent under the term the probe saw.
+                                term = self.raft_term.load(Ordering::Relaxed);
                                 continue;
                             }
                             // A write held that long is lost with the leader or cannot be
@@ -533,6 +535,7 @@ impl EtcdStore {
         let answers = futures_util::future::join_all(probes).await;
         let members = answers.len();
         let latest = answers.iter().map(|(_, _, term)| *term).max().unwrap_or(0);
+        self.raft_term.fetch_max(latest, Ordering::Relaxed);
         let reachable = answers.iter().filter(|(_, up, _)| up.is_some()).count();
         let led = answers.iter().filter(|(_, up, _)| *up == Some(true)).count();
         let detail = answers
