@@ -409,9 +409,8 @@ async fn the_control_plane_refuses_to_start_on_bad_etcd_tls_files_or_credentials
     let (_, stderr) = refused_start(&store, &flags, &creds).await;
     let endpoint = &cluster.endpoints()[0];
     assert!(stderr.contains(endpoint.as_str()) && stderr.contains("certificate"), "{stderr}");
-    for stderr in [&stderr] {
-        assert!(!stderr.contains(ETCD_PASSWORD), "{stderr}");
-    }
+    // Every refusal above ran with the real password set but one: none shows it.
+    assert!(!stderr.contains(ETCD_PASSWORD), "{stderr}");
 
     // With every part right, it starts and serves admin calls as the limited user.
     let dir = tempfile::tempdir().unwrap();
