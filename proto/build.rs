@@ -15,6 +15,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Only the admin listing sets it: boxed, so that the events a node holds by the
         // thousand do not each carry its room.
         .boxed(".switchyard.node.v1.FailoverEvent.lost")
+        // They carry an etcd password or token: their Debug (proto/src/lib.rs) hides it.
+        .skip_debug([
+            ".etcdserverpb.AuthenticateRequest",
+            ".etcdserverpb.AuthenticateResponse",
+            ".etcdserverpb.AuthUserAddRequest",
+        ])
         .build_server(true)
         .build_client(true)
         .compile_fds(descriptors)?;

@@ -1,4 +1,4 @@
-//! The e2e harness's throw-away etcd (std + tokio + tempfile only), for `--store etcd`.
+//! The e2e harness's throw-away etcd, for `--store etcd`.
 
 #[path = "../../control-plane/tests/support/etcd.rs"]
 mod harness;

@@ -357,7 +357,8 @@ fn start_control(bin: &Path, store: &str, token: &str, log: &Path) -> Result<Pro
 /// Writes `count` active keys (each with two-model `failoverDefaults`, as keys usually have)
 /// and lists `config/`. `victims` of them get known secrets, for the change measurements.
 async fn seed(url: &str, count: usize, victims: usize) -> Result<Seeded> {
-    let store = store::open(url).await.map_err(|e| format!("open {url}: {e}"))?;
+    let store =
+        store::open(url, Default::default()).await.map_err(|e| format!("open {url}: {e}"))?;
     let layout = Layout::new("/switchyard/");
     let started = Instant::now();
     let now = switchyard_time::now_ms();

@@ -10,10 +10,15 @@ use switchyard_sim::{Behaviour, Reply, StatusReply};
 use switchyard_control_plane::audit::AuditRetention;
 use switchyard_control_plane::reports::BREAKER_GRACE;
 use switchyard_control_plane::server::{self, ControlError, ControlOptions};
+use switchyard_control_plane::store::etcd::{EtcdCredentials, EtcdOptions, EtcdTls};
 use switchyard_control_plane::webhooks::DeliveryOptions;
 use switchyard_data_plane::node::{self, NodeError, NodeOptions};
 
 use crate::token::{self, ADMIN_TOKEN_ENV, JOIN_TOKEN_ENV};
+
+/// The etcd user the control plane authenticates as (with [`ETCD_PASSWORD_ENV`]).
+const ETCD_USER_ENV: &str = "SWITCHYARD_ETCD_USER";
+const ETCD_PASSWORD_ENV: &str = "SWITCHYARD_ETCD_PASSWORD";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -34,6 +39,16 @@ pub struct ControlArgs {
     /// Where keys, catalog and node presence live: etcd://host:2379[,host:2379] or file://DIR.
     #[arg(long, env = "SWITCHYARD_STORE")]
     pub store: String,
+    /// CA certificate (PEM) that signed the etcd members' certificates: etcd endpoints are
+    /// reached over https:// and verified against it.
+    #[arg(long, env = "SWITCHYARD_ETCD_CA", value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's --client-cert-auth (with --etcd-key).
+    #[arg(long, env = "SWITCHYARD_ETCD_CERT", value_name = "FILE", requires_all = ["etcd_key", "etcd_ca"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert.
+    #[arg(long, env = "SWITCHYARD_ETCD_KEY", value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
     /// Address of the gRPC listener (admin API and node streams).
     #[arg(long, default_value = "127.0.0.1:7400", env = "SWITCHYARD_LISTEN")]
     pub listen: SocketAddr,
@@ -165,8 +180,14 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
             )
         })?;
     let join_token = secret_from("SWITCHYARD_JOIN_TOKEN", args.join_token_file.as_deref())?;
+    let etcd = EtcdOptions {
+        tls: args.etcd_ca.map(|ca| EtcdTls { ca, identity: args.etcd_cert.zip(args.etcd_key) }),
+        credentials: etcd_credentials()?,
+        key_scope: String::new(),
+    };
     let control = server::start(ControlOptions {
         store_url: args.store,
+        etcd,
         listen: args.listen,
         prefix: args.prefix,
         admin_token,
@@ -249,6 +270,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
 
     let control = server::start(ControlOptions {
         store_url: format!("file://{}", dir.join("store").display()),
+        etcd: EtcdOptions::default(),
         listen: args.control_listen,
         prefix: "/switchyard/".into(),
         admin_token: admin_token.clone(),
@@ -452,6 +474,22 @@ fn rand_u128() -> u128 {
 
 /// A token from `file` when one is given, else from the environment variable `var`; a token
 /// shorter than [`token::MIN_TOKEN_CHARS`] is refused, naming where it was read.
+/// The etcd user name and password, from the environment only (a flag would show the
+/// password in the process list).
+fn etcd_credentials() -> Result<Option<EtcdCredentials>, ServeError> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    match (var(ETCD_USER_ENV), var(ETCD_PASSWORD_ENV)) {
+        (None, None) => Ok(None),
+        (Some(user), Some(password)) => Ok(Some(EtcdCredentials { user, password })),
+        (Some(_), None) => Err(ServeError::Config(format!(
+            "{ETCD_USER_ENV} is set but {ETCD_PASSWORD_ENV} is not: etcd authentication needs both"
+        ))),
+        (None, Some(_)) => Err(ServeError::Config(format!(
+            "{ETCD_PASSWORD_ENV} is set but {ETCD_USER_ENV} is not: etcd authentication needs both"
+        ))),
+    }
+}
+
 fn secret_from(var: &str, file: Option<&Path>) -> Result<Option<String>, ServeError> {
     let too_short = |e: token::TokenError| ServeError::Config(e.to_string());
     if let Some(path) = file {

@@ -54,6 +54,8 @@ const STORE_CALL_LIMIT: Duration = Duration::from_secs(2);
 
 pub struct ControlOptions {
     pub store_url: String,
+    /// TLS and credentials for an `etcd://` store (its key scope is set to `prefix`).
+    pub etcd: store::etcd::EtcdOptions,
     pub listen: SocketAddr,
     pub prefix: String,
     pub admin_token: String,
@@ -152,7 +154,9 @@ async fn withdraw(store: &dyn Store, elections: &[String], lease: LeaseId) {
 /// Opens the store, binds the listener and returns before serving, so callers learn the
 /// bound address (port 0 picks a free one).
 pub async fn start(options: ControlOptions) -> Result<Control, ControlError> {
-    let store = store::open(&options.store_url).await?;
+    let etcd =
+        store::etcd::EtcdOptions { key_scope: options.prefix.clone(), ..options.etcd.clone() };
+    let store = store::open(&options.store_url, etcd).await?;
     start_with_store(options, store).await
 }
 

@@ -1,17 +1,21 @@
-//! One suite, both backends: every case in `cases` runs against the embedded store and
-//! against a real etcd started for the test (see `support/etcd.rs`). Cases that only make
-//! sense for one backend (restart, directory lock, retention) are at the end.
+//! One suite, both backends: every case in `cases` runs against the embedded store, against
+//! a real etcd started for the test (see `support/etcd.rs`), and against an etcd with TLS
+//! (client certificates required) and authentication on, reached as a non-root user. Cases
+//! that only make sense for one backend (restart, directory lock, retention, TLS and auth
+//! errors, token expiry) are at the end.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "support/etcd.rs"]
 mod etcd_process;
+#[path = "support/pki.rs"]
+mod pki;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use switchyard_control_plane::store::embedded::{EmbeddedStore, Options};
-use switchyard_control_plane::store::etcd::EtcdStore;
+use switchyard_control_plane::store::etcd::{EtcdCredentials, EtcdOptions, EtcdStore, EtcdTls};
 use switchyard_control_plane::store::{
     Compare, CompareOp, CompareTarget, EventKind, Store, StoreError, Txn, TxnOp, WatchBatch,
     WatchEvent, WatchStream, election,
@@ -26,6 +30,65 @@ pub struct Backend {
 enum Guard {
     Dir(#[allow(dead_code)] tempfile::TempDir),
     Etcd(#[allow(dead_code)] Box<etcd_process::EtcdProcess>),
+    Secure(#[allow(dead_code)] Box<SecureEtcd>),
+}
+
+/// A one-member etcd with TLS on its client and peer URLs, client certificates required,
+/// and authentication on; `user` may read and write `prefix`.
+pub struct SecureEtcd {
+    cluster: etcd_process::EtcdCluster,
+    ca: pki::Ca,
+    client: pki::Leaf,
+    setup: etcd_process::AuthSetup,
+}
+
+impl SecureEtcd {
+    async fn start(prefix: &str, auth_token_ttl: Option<Duration>) -> Self {
+        let ca = pki::Ca::new("etcd test CA");
+        let server = ca.leaf("etcd-member", &["localhost", "127.0.0.1"]);
+        // Its common name is no etcd user: a call is authorised by its token, not by the
+        // certificate (etcd takes the CN as the user when a call has no token).
+        let client = ca.leaf("switchyard-client", &["localhost"]);
+        let tls = etcd_process::TlsFiles {
+            ca: ca.cert_path().to_owned(),
+            cert: server.cert.clone(),
+            key: server.key.clone(),
+        };
+        let options = etcd_process::ClusterOptions {
+            members: 1,
+            tls: Some(tls),
+            auth_token_ttl,
+            heartbeat_ms: 10,
+            election_ms: 100,
+        };
+        let mut cluster = etcd_process::EtcdCluster::start(options).await;
+        let setup = etcd_process::AuthSetup {
+            root_password: "root-secret-password".into(),
+            user: "switchyard".into(),
+            password: "switchyard-secret-password".into(),
+            prefix: prefix.into(),
+        };
+        cluster.enable_auth(&setup).await;
+        Self { cluster, ca, client, setup }
+    }
+
+    fn options(&self, key_scope: &str) -> EtcdOptions {
+        EtcdOptions {
+            tls: Some(EtcdTls {
+                ca: self.ca.cert_path().to_owned(),
+                identity: Some((self.client.cert.clone(), self.client.key.clone())),
+            }),
+            credentials: Some(EtcdCredentials {
+                user: self.setup.user.clone(),
+                password: self.setup.password.clone(),
+            }),
+            key_scope: key_scope.into(),
+        }
+    }
+
+    async fn connect(&self, key_scope: &str) -> Result<EtcdStore, StoreError> {
+        EtcdStore::connect_with(&self.cluster.endpoints(), self.options(key_scope)).await
+    }
 }
 
 impl Backend {
@@ -39,6 +102,14 @@ impl Backend {
         let etcd = etcd_process::EtcdProcess::start().await;
         let store = EtcdStore::connect(&[etcd.endpoint().to_owned()]).await.unwrap();
         Self { store: Arc::new(store), _guard: Guard::Etcd(Box::new(etcd)) }
+    }
+
+    /// The cases write keys anywhere, so the user's role covers every key here; the
+    /// prefix-limited user is exercised in `etcd_only` and the end-to-end cluster test.
+    async fn etcd_tls_auth() -> Self {
+        let etcd = SecureEtcd::start("", None).await;
+        let store = etcd.connect("").await.unwrap();
+        Self { store: Arc::new(store), _guard: Guard::Secure(Box::new(etcd)) }
     }
 }
 
@@ -57,6 +128,14 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::cases::$name(super::Backend::etcd().await).await;
+                }
+            )*
+        }
+        mod etcd_tls_auth {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::cases::$name(super::Backend::etcd_tls_auth().await).await;
                 }
             )*
         }
@@ -694,6 +773,180 @@ mod etcd_only {
             store.put(&format!("k{i}"), b"v".to_vec(), None).await.unwrap();
         }
         assert_eq!(store.list("k").await.unwrap().kvs.len(), 5);
+    }
+}
+
+// === etcd with TLS and authentication only ===
+
+mod etcd_tls_auth_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_user_limited_to_the_prefix_serves_every_operation_under_it() {
+        let etcd = SecureEtcd::start("/switchyard/", None).await;
+        let store = etcd.connect("/switchyard/").await.unwrap();
+        let mut watch = store.watch("/switchyard/", 0).await.unwrap();
+        let lease = store.grant_lease(SHORT_TTL).await.unwrap();
+        store.put("/switchyard/a", b"1".to_vec(), Some(lease)).await.unwrap();
+        store.keep_alive(lease).await.unwrap();
+        assert_eq!(next_events(&mut watch, 1).await[0].kv.key, "/switchyard/a");
+        assert_eq!(store.list("/switchyard/").await.unwrap().kvs.len(), 1);
+        store.revoke_lease(lease).await.unwrap();
+        assert!(store.get("/switchyard/a").await.unwrap().is_none());
+        // Outside the prefix etcd refuses, and the error says who was refused and why.
+        match store.put("/other/x", b"1".to_vec(), None).await {
+            Err(StoreError::PermissionDenied(message)) => {
+                assert!(message.contains("\"switchyard\""), "{message}");
+                assert!(message.contains("permission denied"), "{message}");
+            }
+            other => panic!("expected PermissionDenied, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_expired_token_is_replaced_and_the_call_succeeds() {
+        let etcd = SecureEtcd::start("", Some(Duration::from_secs(1))).await;
+        let store = etcd.connect("").await.unwrap();
+        store.put("k", b"1".to_vec(), None).await.unwrap();
+        assert_eq!(store.authentications(), 1);
+        // The token must go unused past etcd's --auth-token-ttl (1 s, checked every second):
+        // any call would renew it, so this waits rather than polls.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        store.put("k", b"2".to_vec(), None).await.unwrap();
+        assert_eq!(store.authentications(), 2, "the expired token was replaced once");
+        assert_eq!(&store.get("k").await.unwrap().unwrap().value[..], b"2");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wrong_password_fails_naming_the_user_and_never_the_password() {
+        let etcd = SecureEtcd::start("", None).await;
+        let mut options = etcd.options("");
+        let wrong = "not-the-password-9f3a";
+        options.credentials =
+            Some(EtcdCredentials { user: "switchyard".into(), password: wrong.into() });
+        match EtcdStore::connect_with(&etcd.cluster.endpoints(), options.clone()).await {
+            Err(e @ StoreError::AuthFailed { .. }) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("etcd authentication failed for user \"switchyard\""),
+                    "{message}"
+                );
+                assert!(!message.contains(wrong), "{message}");
+                assert!(!format!("{e:?}").contains(wrong));
+            }
+            Err(other) => panic!("expected AuthFailed, got {other}"),
+            Ok(_) => panic!("connected with a wrong password"),
+        }
+        assert!(!format!("{options:?}").contains(wrong), "Debug of the options shows the password");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_credentials_etcd_refuses_and_says_so() {
+        let etcd = SecureEtcd::start("", None).await;
+        let mut options = etcd.options("");
+        options.credentials = None;
+        // etcd takes the client certificate's common name as the user, which has no role.
+        match EtcdStore::connect_with(&etcd.cluster.endpoints(), options).await {
+            Err(StoreError::PermissionDenied(message)) => {
+                assert!(message.contains("SWITCHYARD_ETCD_USER"), "{message}");
+            }
+            Err(other) => panic!("expected PermissionDenied, got {other}"),
+            Ok(_) => panic!("read from an etcd with auth on without credentials"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_member_certificate_from_another_ca_fails_naming_the_endpoint() {
+        let etcd = SecureEtcd::start("", None).await;
+        let other = pki::Ca::new("another CA");
+        let mut options = etcd.options("");
+        if let Some(tls) = options.tls.as_mut() {
+            tls.ca = other.cert_path().to_owned();
+        }
+        let endpoint = etcd.cluster.endpoints()[0].clone();
+        match EtcdStore::connect_with(std::slice::from_ref(&endpoint), options).await {
+            Err(StoreError::Unavailable(message)) => {
+                assert!(message.contains(&endpoint), "{message}");
+                assert!(message.contains("certificate"), "{message}");
+            }
+            Err(other) => panic!("expected Unavailable, got {other}"),
+            Ok(_) => panic!("trusted a member certificate from another CA"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_without_a_certificate_is_refused_by_client_cert_auth() {
+        let etcd = SecureEtcd::start("", None).await;
+        let mut options = etcd.options("");
+        if let Some(tls) = options.tls.as_mut() {
+            tls.identity = None;
+        }
+        let endpoint = etcd.cluster.endpoints()[0].clone();
+        match EtcdStore::connect_with(std::slice::from_ref(&endpoint), options).await {
+            Err(e) => assert!(e.to_string().contains(&endpoint), "{e}"),
+            Ok(_) => panic!("etcd with --client-cert-auth served a client without a certificate"),
+        }
+    }
+
+    #[tokio::test]
+    async fn unusable_tls_files_are_refused_naming_the_flag_and_the_file() {
+        let ca = pki::Ca::new("test CA");
+        let leaf = ca.leaf("client", &["localhost"]);
+        let garbage = ca.dir().join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate").unwrap();
+        let missing = ca.dir().join("missing.pem");
+        let endpoints = ["https://127.0.0.1:1".to_owned()];
+        let cases = [
+            ("--etcd-ca", garbage.clone(), None),
+            ("--etcd-ca", missing.clone(), None),
+            ("--etcd-cert", ca.cert_path().to_owned(), Some((garbage.clone(), leaf.key.clone()))),
+            ("--etcd-key", ca.cert_path().to_owned(), Some((leaf.cert.clone(), missing.clone()))),
+            // A certificate where the key should be: no private key in it.
+            ("--etcd-key", ca.cert_path().to_owned(), Some((leaf.cert.clone(), leaf.cert.clone()))),
+        ];
+        for (flag, ca_path, identity) in cases {
+            let bad = match (&identity, flag) {
+                (Some((cert, _)), "--etcd-cert") => cert.clone(),
+                (Some((_, key)), "--etcd-key") => key.clone(),
+                _ => ca_path.clone(),
+            };
+            let options = EtcdOptions {
+                tls: Some(EtcdTls { ca: ca_path, identity }),
+                ..EtcdOptions::default()
+            };
+            match EtcdStore::connect_with(&endpoints, options).await {
+                Err(e @ StoreError::TlsFile { .. }) => {
+                    let message = e.to_string();
+                    assert!(message.starts_with(flag), "{message}");
+                    assert!(message.contains(&bad.display().to_string()), "{message}");
+                }
+                Err(other) => panic!("{flag} {}: expected TlsFile, got {other}", bad.display()),
+                Ok(_) => panic!("{flag} {}: accepted", bad.display()),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn https_without_a_ca_and_plaintext_with_one_are_refused() {
+        let https = ["https://127.0.0.1:1".to_owned()];
+        match EtcdStore::connect_with(&https, EtcdOptions::default()).await {
+            Err(e @ StoreError::InvalidUrl { .. }) => {
+                assert!(e.to_string().contains("--etcd-ca"), "{e}")
+            }
+            other => panic!("expected InvalidUrl, got {:?}", other.err()),
+        }
+        let ca = pki::Ca::new("test CA");
+        let options = EtcdOptions {
+            tls: Some(EtcdTls { ca: ca.cert_path().to_owned(), identity: None }),
+            ..EtcdOptions::default()
+        };
+        let http = ["http://127.0.0.1:1".to_owned()];
+        match EtcdStore::connect_with(&http, options).await {
+            Err(e @ StoreError::InvalidUrl { .. }) => {
+                assert!(e.to_string().contains("https://"), "{e}")
+            }
+            other => panic!("expected InvalidUrl, got {:?}", other.err()),
+        }
     }
 }
 

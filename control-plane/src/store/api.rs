@@ -172,6 +172,19 @@ pub enum StoreError {
     /// compaction to a future revision); the embedded store refuses the same ones.
     #[error("invalid store request: {0}")]
     InvalidRequest(String),
+    /// A majority of etcd's members is unreachable or no leader could be elected: writes
+    /// (and linearizable reads) fail until it is back. The message counts the members.
+    #[error("store unavailable: {0}")]
+    NoQuorum(String),
+    /// etcd refused the credentials (`SWITCHYARD_ETCD_USER`); never holds the password.
+    #[error("etcd authentication failed for user {user:?}: {reason}")]
+    AuthFailed { user: String, reason: String },
+    /// The etcd user's role does not cover a key the store needs.
+    #[error("store access denied: {0}")]
+    PermissionDenied(String),
+    /// A TLS file given for etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-key`) is unusable.
+    #[error("{flag} {}: {reason}", path.display())]
+    TlsFile { flag: &'static str, path: std::path::PathBuf, reason: String },
     #[error("invalid store address {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
     /// I/O on the embedded store's directory failed; names the (absolute) directory, which

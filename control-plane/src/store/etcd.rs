@@ -12,20 +12,38 @@
 //!
 //! Known differences from the embedded store: etcd rounds lease TTLs up to whole seconds
 //! and to its minimum; it keeps history until someone calls [`Store::compact`].
+//!
+//! Security ([`EtcdOptions`]): `https://` endpoints are verified against the given CA, with
+//! an optional client certificate for etcd's `--client-cert-auth`. With credentials, the
+//! store authenticates through etcd's `Auth.Authenticate` and sends the token with every
+//! call; a token etcd no longer accepts (simple tokens expire after `--auth-token-ttl` of
+//! disuse, and die with the member that issued them) is replaced once per call, on whichever
+//! endpoint the call is at. Every call also says `hasleader`, so a member that has lost its
+//! leader answers at once instead of letting the call wait out etcd's own timeout; such
+//! calls were not applied, so they are sent again (here or to another member) until
+//! [`LEADER_WAIT`] has passed, which covers an election, and then fail with an error that
+//! says how many members are reachable and whether quorum is lost.
 
+use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use switchyard_proto::etcd as pb;
+use switchyard_proto::etcd::auth_client::AuthClient;
 use switchyard_proto::etcd::kv_client::KvClient;
 use switchyard_proto::etcd::lease_client::LeaseClient;
+use switchyard_proto::etcd::maintenance_client::MaintenanceClient;
 use switchyard_proto::etcd::watch_client::WatchClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::api::{
     Compare, CompareOp, CompareTarget, EventKind, KeyListing, KeyValue, LeaseId, Listing, Revision,
@@ -43,16 +61,168 @@ const LIST_PAGE: i64 = 1000;
 /// fewer keys ([`EtcdStore::list`]).
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 const WATCH_BUFFER: usize = 64;
+/// How long a call keeps trying while the members it reaches have no leader. etcd's
+/// default election timeout is 1 s and an election after a leader's death takes about two
+/// of them; beyond this, quorum is probably lost and the caller gets an error saying so.
+pub const LEADER_WAIT: Duration = Duration::from_secs(3);
+/// Pause between rounds over the endpoints while no member has a leader.
+const LEADER_RETRY: Duration = Duration::from_millis(100);
+/// How long a call may take before the cluster is checked for quorum (and again as often
+/// while the call lasts): etcd answers in milliseconds when it has a leader.
+const SLOW_CALL: Duration = Duration::from_secs(1);
+/// Bound on each member's answer to the status probe behind a "no quorum" error.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How to reach etcd besides its addresses. The default is plaintext without
+/// authentication, for every key.
+#[derive(Clone, Debug, Default)]
+pub struct EtcdOptions {
+    /// Required for `https://` endpoints.
+    pub tls: Option<EtcdTls>,
+    /// etcd authentication (`SWITCHYARD_ETCD_USER` / `SWITCHYARD_ETCD_PASSWORD`).
+    pub credentials: Option<EtcdCredentials>,
+    /// The keys this client reads and writes (the control plane's prefix; empty: all). The
+    /// revision probe reads inside it, so an etcd user limited to the prefix suffices.
+    pub key_scope: String,
+}
+
+/// The PEM files of `--etcd-ca`, `--etcd-cert` and `--etcd-key`.
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    /// The CA that signed the members' server certificates.
+    pub ca: PathBuf,
+    /// `(certificate, key)` presented to members that require client certificates.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// An etcd user name and password; Debug shows the name only.
+#[derive(Clone)]
+pub struct EtcdCredentials {
+    pub user: String,
+    pub password: String,
+}
+
+impl fmt::Debug for EtcdCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdCredentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
 
 #[derive(Clone)]
 pub struct EtcdStore {
     endpoints: Arc<Endpoints>,
+    session: Arc<Session>,
+    /// The key the revision probe reads (see [`EtcdOptions::key_scope`]).
+    probe_key: Vec<u8>,
+    /// The highest raft term etcd's answers carried (0: none yet).
+    raft_term: Arc<AtomicU64>,
 }
 
 struct Endpoints {
     /// `(url, lazily connected channel)`, in the order given.
     channels: Vec<(String, Channel)>,
     current: AtomicUsize,
+}
+
+/// The authentication state shared by every call and endpoint. etcd replicates simple and
+/// JWT tokens through raft, so one token serves every member.
+struct Session {
+    credentials: Option<EtcdCredentials>,
+    token: Mutex<Token>,
+    /// Held while authenticating, so that concurrent calls that find the token rejected
+    /// authenticate once between them.
+    refresh: tokio::sync::Mutex<()>,
+    authentications: AtomicU64,
+}
+
+#[derive(Clone, Default)]
+struct Token {
+    /// Bumped on every authentication, so a call replaces only the token it was refused with.
+    generation: u64,
+    /// `None` before the first authentication, and when etcd has authentication disabled.
+    value: Option<MetadataValue<Ascii>>,
+    authenticated: bool,
+}
+
+/// The metadata of one call: the token it carries (by generation) and `hasleader`.
+#[derive(Clone)]
+struct Meta {
+    generation: u64,
+    token: Option<MetadataValue<Ascii>>,
+}
+
+impl Meta {
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = self.request_without_leader(message);
+        // etcd's require-leader flag: a member without a leader refuses the call at once
+        // ("etcdserver: no leader") and ends watch streams, rather than leaving them idle.
+        request.metadata_mut().insert("hasleader", MetadataValue::from_static("true"));
+        request
+    }
+
+    /// For the status probe, which must be answered by members without a leader too.
+    fn request_without_leader<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.token {
+            request.metadata_mut().insert("token", token.clone());
+        }
+        request
+    }
+}
+
+/// What the status probe found wrong with the cluster.
+enum Trouble {
+    /// A majority of the members is unreachable.
+    NoQuorum(StoreError),
+    /// Enough members are up but none has a leader (an election, or a partition).
+    NoLeader(StoreError),
+    /// A new leader was elected while the call waited.
+    LeaderChanged(StoreError),
+}
+
+/// The responses whose header tells the raft term.
+trait Headed {
+    fn header(&self) -> Option<&pb::ResponseHeader>;
+}
+
+macro_rules! headed {
+    ($($response:ty),* $(,)?) => {
+        $(impl Headed for $response {
+            fn header(&self) -> Option<&pb::ResponseHeader> {
+                self.header.as_ref()
+            }
+        })*
+    };
+}
+
+headed!(
+    pb::RangeResponse,
+    pb::PutResponse,
+    pb::DeleteRangeResponse,
+    pb::TxnResponse,
+    pb::CompactionResponse,
+    pb::LeaseGrantResponse,
+    pb::LeaseRevokeResponse,
+    pb::LeaseKeepAliveResponse,
+);
+
+/// A watch as set up by [`EtcdStore::watch`]: its request sender, the inbound stream and
+/// etcd's confirmation.
+impl<R, S> Headed for (R, S, pb::WatchResponse) {
+    fn header(&self) -> Option<&pb::ResponseHeader> {
+        self.2.header.as_ref()
+    }
+}
+
+/// Why getting a token failed.
+enum AuthFailure {
+    /// This endpoint could not be reached: try the next one.
+    Transport(StoreError),
+    /// etcd answered: the same answer would come from every member.
+    Refused(StoreError),
 }
 
 /// Whether a request may be sent again after an ambiguous failure.
@@ -68,76 +238,349 @@ enum Retry {
 impl EtcdStore {
     /// Connects to `endpoints` (`http://host:port`) and checks that one of them answers.
     pub async fn connect(endpoints: &[String]) -> Result<Self, StoreError> {
+        Self::connect_with(endpoints, EtcdOptions::default()).await
+    }
+
+    /// Connects to `endpoints` (`http://` or, with `options.tls`, `https://host:port`),
+    /// authenticates when `options` has credentials, and checks that a member answers.
+    pub async fn connect_with(
+        endpoints: &[String],
+        options: EtcdOptions,
+    ) -> Result<Self, StoreError> {
         if endpoints.is_empty() {
             return Err(StoreError::InvalidUrl {
                 url: String::new(),
                 reason: "no etcd endpoint".into(),
             });
         }
+        let tls = options.tls.as_ref().map(load_tls).transpose()?;
         let mut channels = Vec::with_capacity(endpoints.len());
         for url in endpoints {
-            let channel = Endpoint::from_shared(url.clone())
+            let mut endpoint = Endpoint::from_shared(url.clone())
                 .map_err(|e| StoreError::InvalidUrl { url: url.clone(), reason: e.to_string() })?
                 .connect_timeout(CONNECT_TIMEOUT)
                 .tcp_nodelay(true)
                 // Notices a dead member (e.g. a partitioned host) on long-lived watch streams.
                 .http2_keep_alive_interval(Duration::from_secs(10))
                 .keep_alive_timeout(Duration::from_secs(5))
-                .keep_alive_while_idle(true)
-                .connect_lazy();
-            channels.push((url.clone(), channel));
+                .keep_alive_while_idle(true);
+            match (url.starts_with("https://"), &tls) {
+                (true, Some(config)) => {
+                    endpoint = endpoint.tls_config(config.clone()).map_err(|e| {
+                        StoreError::InvalidUrl {
+                            url: url.clone(),
+                            reason: format!("TLS setup failed: {}", error_chain(&e)),
+                        }
+                    })?;
+                }
+                (true, None) => {
+                    return Err(StoreError::InvalidUrl {
+                        url: url.clone(),
+                        reason: "an https:// etcd endpoint needs --etcd-ca (the CA that signed \
+                                 the members' certificates)"
+                            .into(),
+                    });
+                }
+                (false, Some(_)) => {
+                    return Err(StoreError::InvalidUrl {
+                        url: url.clone(),
+                        reason: "--etcd-ca is given but this endpoint is plaintext: use \
+                                 https:// (or no scheme) for every endpoint"
+                            .into(),
+                    });
+                }
+                (false, None) => {}
+            }
+            channels.push((url.clone(), endpoint.connect_lazy()));
         }
-        let store =
-            Self { endpoints: Arc::new(Endpoints { channels, current: AtomicUsize::new(0) }) };
+        let probe_key =
+            if options.key_scope.is_empty() { vec![0] } else { options.key_scope.into_bytes() };
+        let session = Session {
+            credentials: options.credentials,
+            token: Mutex::new(Token::default()),
+            refresh: tokio::sync::Mutex::new(()),
+            authentications: AtomicU64::new(0),
+        };
+        let store = Self {
+            endpoints: Arc::new(Endpoints { channels, current: AtomicUsize::new(0) }),
+            session: Arc::new(session),
+            probe_key,
+            raft_term: Arc::new(AtomicU64::new(0)),
+        };
         store.current_revision().await?;
         Ok(store)
+    }
+
+    /// How many times this store has authenticated to etcd (the first time included).
+    pub fn authentications(&self) -> u64 {
+        self.session.authentications.load(Ordering::Relaxed)
     }
 
     /// Runs `attempt` on the current endpoint, moving on to the next ones as `retry` allows.
     async fn call<T, F, Fut>(&self, what: &str, retry: Retry, attempt: F) -> Result<T, StoreError>
     where
-        F: Fn(Channel) -> Fut,
+        T: Headed,
+        F: Fn(Channel, Meta) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let endpoints = &self.endpoints;
         let count = endpoints.channels.len();
+        let started = Instant::now();
+        // The raft term of the last answer: a later one in the status probe means the
+        // leader changed after this call was sent (see `quorum_watchdog`).
+        let mut term = self.raft_term.load(Ordering::Relaxed);
         let mut failures = Vec::new();
-        for _ in 0..count {
+        let mut unreachable = 0;
+        let mut leaderless = false;
+        let mut reauthenticated = false;
+        loop {
             let index = endpoints.current.load(Ordering::Relaxed) % count;
             let (url, channel) = &endpoints.channels[index];
-            let (error, sent) =
-                match tokio::time::timeout(REQUEST_TIMEOUT, attempt(channel.clone())).await {
-                    Ok(Ok(response)) => return Ok(response),
-                    Ok(Err(status)) if !is_transport_failure(&status) => {
-                        return Err(status_error(what, &status));
+            let meta = match self.session.meta(url, channel).await {
+                Ok(meta) => Some(meta),
+                Err(AuthFailure::Refused(e)) => return Err(e),
+                Err(AuthFailure::Transport(e)) => {
+                    failures.push(match e {
+                        StoreError::Unavailable(message) => message,
+                        other => other.to_string(),
+                    });
+                    None
+                }
+            };
+            let (error, sent) = match meta {
+                // Authenticating could not reach this member: nothing was sent.
+                None => (None, false),
+                Some(meta) => {
+                    let outcome = tokio::select! {
+                        outcome = tokio::time::timeout(
+                            REQUEST_TIMEOUT,
+                            attempt(channel.clone(), meta.clone()),
+                        ) => outcome,
+                        trouble = self.quorum_watchdog(what, term), if count > 1 => match trouble {
+                            // A read held for a leader that died: send it again (to another
+                            // member) until one is elected.
+                            Trouble::NoLeader(error) | Trouble::LeaderChanged(error)
+                                if retry == Retry::Always =>
+                            {
+                                leaderless = true;
+                                failures.push(format!("{url}: no leader"));
+                                advance(endpoints, index, count);
+                                if started.elapsed() >= LEADER_WAIT {
+                                    return Err(error);
+                                }
+                                // The next attempt is sent under the term the probe saw.
+                                term = self.raft_term.load(Ordering::Relaxed);
+                                continue;
+                            }
+                            // A write held that long is lost with the leader or cannot be
+                            // committed: its caller learns now, rather than after etcd's
+                            // request timeout, and may retry once a leader is elected.
+                            Trouble::NoLeader(error)
+                            | Trouble::NoQuorum(error)
+                            | Trouble::LeaderChanged(error) => {
+                                return Err(error);
+                            }
+                        },
+                    };
+                    match outcome {
+                        Ok(Ok(response)) => {
+                            if let Some(header) = response.header() {
+                                self.raft_term.fetch_max(header.raft_term, Ordering::Relaxed);
+                            }
+                            return Ok(response);
+                        }
+                        // Refused before it was applied: safe to send again with a new token.
+                        Ok(Err(status)) if is_token_refused(&status) && !reauthenticated => {
+                            reauthenticated = true;
+                            self.session.expire(meta.generation);
+                            continue;
+                        }
+                        // Refused before it was proposed, or a read that lost its leader
+                        // midway: safe to send again, once there is a leader.
+                        Ok(Err(status))
+                            if is_leaderless(&status)
+                                || (retry == Retry::Always && is_leader_timeout(&status)) =>
+                        {
+                            leaderless = true;
+                            failures.push(format!("{url}: {}", status.message()));
+                            advance(endpoints, index, count);
+                            if started.elapsed() >= LEADER_WAIT {
+                                return Err(self.leaderless_error(what, &failures).await);
+                            }
+                            if (index + 1).is_multiple_of(count) {
+                                tokio::time::sleep(LEADER_RETRY).await;
+                            }
+                            continue;
+                        }
+                        // The member lost its leader with the call under way (a read waiting for
+                        // the leader's confirmation); whether quorum is gone is worth saying.
+                        Ok(Err(status)) if is_leader_timeout(&status) && count > 1 => {
+                            return Err(match self.quorum_error(what).await {
+                                Some(error) => error,
+                                None => self.status_error(what, &status),
+                            });
+                        }
+                        Ok(Err(status)) if !is_transport_failure(&status) => {
+                            return Err(self.status_error(what, &status));
+                        }
+                        Ok(Err(status)) => {
+                            let sent = !is_connect_failure(&status);
+                            (Some(transport_error(what, url, &status)), sent)
+                        }
+                        Err(_) => (
+                            Some(StoreError::Unavailable(format!(
+                                "etcd {what} at {url} timed out after {REQUEST_TIMEOUT:?}"
+                            ))),
+                            true,
+                        ),
                     }
-                    Ok(Err(status)) => {
-                        let sent = !is_connect_failure(&status);
-                        (status_error(what, &status), sent)
-                    }
-                    Err(_) => (
-                        StoreError::Unavailable(format!(
-                            "etcd {what} timed out after {REQUEST_TIMEOUT:?}"
-                        )),
-                        true,
-                    ),
-                };
-            // Another caller may have moved on already; don't skip a healthy endpoint.
-            let _ = endpoints.current.compare_exchange(
-                index,
-                (index + 1) % count,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-            failures.push(match &error {
-                StoreError::Unavailable(message) => format!("{url}: {message}"),
-                other => format!("{url}: {other}"),
-            });
-            if sent && retry == Retry::IfNotSent {
-                return Err(error);
+                }
+            };
+            advance(endpoints, index, count);
+            unreachable += 1;
+            if let Some(error) = error {
+                if sent && retry == Retry::IfNotSent {
+                    return Err(error);
+                }
+                failures.push(match &error {
+                    StoreError::Unavailable(message) => message.clone(),
+                    other => other.to_string(),
+                });
+            }
+            if leaderless && started.elapsed() >= LEADER_WAIT {
+                return Err(self.leaderless_error(what, &failures).await);
+            }
+            if !leaderless && unreachable >= count {
+                // A member that lost its peers only a moment ago may still believe in its
+                // leader and let the call time out rather than say "no leader": ask.
+                if count > 1
+                    && let Some(error) = self.quorum_error(what).await
+                {
+                    return Err(error);
+                }
+                return Err(StoreError::Unavailable(format!(
+                    "no etcd endpoint answered: {}",
+                    failures.join("; ")
+                )));
             }
         }
-        Err(StoreError::Unavailable(format!("no etcd endpoint answered: {}", failures.join("; "))))
+    }
+
+    /// Resolves, with the error to return, once a call that is taking long (a read the
+    /// member holds for a leader that just died, say) turns out to face a cluster without
+    /// quorum or leader; never resolves while the cluster is fine, so slow but healthy calls
+    /// (a large listing) go on.
+    ///
+    /// It also resolves when the cluster has moved to a later raft term than `term` (that of
+    /// the last answer before the call): the leader changed while the call waited, and a
+    /// proposal a follower forwarded to a dead leader is never answered before etcd's own
+    /// request timeout (5 s plus two election timeouts) — while the caller, a node's event
+    /// batch say, holds up other work.
+    async fn quorum_watchdog(&self, what: &str, term: u64) -> Trouble {
+        loop {
+            tokio::time::sleep(SLOW_CALL).await;
+            let (trouble, latest) = self.cluster_trouble(what).await;
+            if let Some(trouble) = trouble {
+                return trouble;
+            }
+            if term != 0 && latest > term {
+                return Trouble::LeaderChanged(StoreError::Unavailable(format!(
+                    "etcd's leader changed while the {what} waited (raft term {term} → \
+                     {latest}); it may not have been applied, send it again"
+                )));
+            }
+        }
+    }
+
+    /// The error for a call that found no leader for [`LEADER_WAIT`].
+    async fn leaderless_error(&self, what: &str, failures: &[String]) -> StoreError {
+        match self.quorum_error(what).await {
+            Some(error) => error,
+            None => StoreError::Unavailable(format!(
+                "etcd {what} failed: the members it reached had no leader for {LEADER_WAIT:?} \
+                 ({})",
+                failures.join("; ")
+            )),
+        }
+    }
+
+    /// Asks every member whether it is up and follows a leader; when a majority is
+    /// unreachable or none has a leader, the error that says so.
+    async fn quorum_error(&self, what: &str) -> Option<StoreError> {
+        self.cluster_trouble(what).await.0.map(|trouble| match trouble {
+            Trouble::NoQuorum(error) | Trouble::NoLeader(error) | Trouble::LeaderChanged(error) => {
+                error
+            }
+        })
+    }
+
+    /// What is wrong with the cluster, if anything, and the latest raft term a member
+    /// reported.
+    async fn cluster_trouble(&self, what: &str) -> (Option<Trouble>, u64) {
+        let meta = self.session.current();
+        let probes = self.endpoints.channels.iter().map(|(url, channel)| {
+            let meta = meta.clone();
+            async move {
+                let mut client = MaintenanceClient::new(channel.clone());
+                let status = client.status(meta.request_without_leader(pb::StatusRequest {}));
+                match tokio::time::timeout(PROBE_TIMEOUT, status).await {
+                    Ok(Ok(response)) => {
+                        let status = response.into_inner();
+                        (url, Some(status.leader != 0), status.raft_term)
+                    }
+                    _ => (url, None, 0),
+                }
+            }
+        });
+        let answers = futures_util::future::join_all(probes).await;
+        let members = answers.len();
+        let latest = answers.iter().map(|(_, _, term)| *term).max().unwrap_or(0);
+        self.raft_term.fetch_max(latest, Ordering::Relaxed);
+        let reachable = answers.iter().filter(|(_, up, _)| up.is_some()).count();
+        let led = answers.iter().filter(|(_, up, _)| *up == Some(true)).count();
+        let detail = answers
+            .iter()
+            .map(|(url, up, _)| match up {
+                None => format!("{url} unreachable"),
+                Some(false) => format!("{url} up, no leader"),
+                Some(true) => format!("{url} up, has a leader"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let trouble = if reachable * 2 <= members {
+            Some(Trouble::NoQuorum(StoreError::NoQuorum(format!(
+                "etcd has no quorum ({reachable} of {members} members reachable): the {what} \
+                 cannot be served until a majority is back ({detail})"
+            ))))
+        } else if led == 0 {
+            Some(Trouble::NoLeader(StoreError::NoQuorum(format!(
+                "etcd has no leader ({reachable} of {members} members reachable, none has a \
+                 leader): the {what} cannot be served until one is elected ({detail})"
+            ))))
+        } else {
+            None
+        };
+        (trouble, latest)
+    }
+
+    /// etcd's answer as a [`StoreError`], naming the user when etcd refused it access.
+    fn status_error(&self, what: &str, status: &tonic::Status) -> StoreError {
+        if status.code() == tonic::Code::PermissionDenied {
+            let message = status.message();
+            return StoreError::PermissionDenied(match &self.session.credentials {
+                Some(credentials) => format!(
+                    "etcd refused the {what} to user {:?}: {message} (its role needs readwrite \
+                     on the control plane's key prefix)",
+                    credentials.user
+                ),
+                None => format!(
+                    "etcd refused the {what}: {message} (etcd has authentication on and no \
+                     SWITCHYARD_ETCD_USER is set; it took the client certificate's name as \
+                     the user, if any)"
+                ),
+            });
+        }
+        status_error(what, status)
     }
 
     async fn range(
@@ -145,8 +588,8 @@ impl EtcdStore {
         what: &str,
         request: pb::RangeRequest,
     ) -> Result<pb::RangeResponse, StoreError> {
-        self.call(what, Retry::Always, |channel| {
-            let request = request.clone();
+        self.call(what, Retry::Always, |channel, meta| {
+            let request = meta.request(request.clone());
             async move {
                 KvClient::new(channel)
                     .max_decoding_message_size(MAX_RESPONSE_BYTES)
@@ -156,6 +599,123 @@ impl EtcdStore {
             }
         })
         .await
+    }
+}
+
+// === impl Session ===
+
+impl Session {
+    /// The metadata for a call on `channel`: authenticates there first when the store has
+    /// credentials and no token yet.
+    async fn meta(&self, url: &str, channel: &Channel) -> Result<Meta, AuthFailure> {
+        let token = self.token();
+        if self.credentials.is_none() || token.authenticated {
+            return Ok(Meta { generation: token.generation, token: token.value });
+        }
+        self.authenticate(url, channel, token.generation).await
+    }
+
+    /// The metadata with the current token, without authenticating.
+    fn current(&self) -> Meta {
+        let token = self.token();
+        Meta { generation: token.generation, token: token.value }
+    }
+
+    fn token(&self) -> Token {
+        match self.token.lock() {
+            Ok(token) => token.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Drops the token of `generation` (etcd refused it), unless another call replaced it.
+    fn expire(&self, generation: u64) {
+        let mut token = match self.token.lock() {
+            Ok(token) => token,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if token.generation == generation {
+            token.authenticated = false;
+        }
+    }
+
+    /// Gets a token through `channel`, unless another call did since `generation`.
+    async fn authenticate(
+        &self,
+        url: &str,
+        channel: &Channel,
+        generation: u64,
+    ) -> Result<Meta, AuthFailure> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(self.current());
+        };
+        let _refreshing = self.refresh.lock().await;
+        let token = self.token();
+        if token.authenticated && token.generation != generation {
+            return Ok(Meta { generation: token.generation, token: token.value });
+        }
+        let request = pb::AuthenticateRequest {
+            name: credentials.user.clone(),
+            password: credentials.password.clone(),
+        };
+        let answer = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            AuthClient::new(channel.clone()).authenticate(request),
+        )
+        .await;
+        let user = &credentials.user;
+        let value = match answer {
+            Err(_) => {
+                return Err(AuthFailure::Transport(StoreError::Unavailable(format!(
+                    "etcd authentication at {url} timed out after {REQUEST_TIMEOUT:?}"
+                ))));
+            }
+            Ok(Ok(response)) => {
+                let token = response.into_inner().token;
+                let value = MetadataValue::try_from(token.as_str()).map_err(|_| {
+                    AuthFailure::Refused(StoreError::AuthFailed {
+                        user: user.clone(),
+                        reason: "etcd sent a token that is not ASCII".into(),
+                    })
+                })?;
+                Some(value)
+            }
+            Ok(Err(status)) if status.message().contains("authentication is not enabled") => {
+                // As etcd's own client does: credentials for a cluster without authentication
+                // are not an error (auth may be enabled later; calls then ask again).
+                tracing::warn!(
+                    user = %user,
+                    "etcd has authentication disabled: calls are sent without a token"
+                );
+                None
+            }
+            Ok(Err(status)) if status.message().contains("authentication failed") => {
+                return Err(AuthFailure::Refused(StoreError::AuthFailed {
+                    user: user.clone(),
+                    reason: "wrong user name or password".into(),
+                }));
+            }
+            Ok(Err(status)) if is_transport_failure(&status) => {
+                return Err(AuthFailure::Transport(transport_error(
+                    "authentication",
+                    url,
+                    &status,
+                )));
+            }
+            Ok(Err(status)) => {
+                return Err(AuthFailure::Refused(StoreError::AuthFailed {
+                    user: user.clone(),
+                    reason: format!("etcd answered {:?}: {}", status.code(), status.message()),
+                }));
+            }
+        };
+        self.authentications.fetch_add(1, Ordering::Relaxed);
+        let mut token = match self.token.lock() {
+            Ok(token) => token,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *token = Token { generation: token.generation + 1, value, authenticated: true };
+        Ok(Meta { generation: token.generation, token: token.value.clone() })
     }
 }
 
@@ -253,8 +813,8 @@ impl Store for EtcdStore {
         let lease = lease.unwrap_or(0);
         let request = pb::PutRequest { key: key.as_bytes().to_vec(), value, lease, prev_kv: false };
         let response = self
-            .call("put", Retry::IfNotSent, |channel| {
-                let request = request.clone();
+            .call("put", Retry::IfNotSent, |channel, meta| {
+                let request = meta.request(request.clone());
                 async move { KvClient::new(channel).put(request).await.map(tonic::Response::into_inner) }
             })
             .await
@@ -265,8 +825,8 @@ impl Store for EtcdStore {
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         let request = pb::DeleteRangeRequest { key: key.as_bytes().to_vec(), ..Default::default() };
         let response = self
-            .call("delete", Retry::IfNotSent, |channel| {
-                let request = request.clone();
+            .call("delete", Retry::IfNotSent, |channel, meta| {
+                let request = meta.request(request.clone());
                 async move {
                     KvClient::new(channel)
                         .delete_range(request)
@@ -295,8 +855,8 @@ impl Store for EtcdStore {
             failure: txn.failure.into_iter().map(to_pb_op).collect(),
         };
         let response = self
-            .call("txn", Retry::IfNotSent, |channel| {
-                let request = request.clone();
+            .call("txn", Retry::IfNotSent, |channel, meta| {
+                let request = meta.request(request.clone());
                 async move { KvClient::new(channel).txn(request).await.map(tonic::Response::into_inner) }
             })
             .await
@@ -322,7 +882,7 @@ impl Store for EtcdStore {
         // Returning only once etcd confirmed the watch guarantees that a write made after
         // `watch()` returns is seen, as with the embedded store.
         let (requests, mut inbound, first) = self
-            .call("watch", Retry::Always, |channel| {
+            .call("watch", Retry::Always, |channel, meta| {
                 let create = create.clone();
                 async move {
                     let (requests, request_rx) = mpsc::channel(1);
@@ -331,7 +891,7 @@ impl Store for EtcdStore {
                         .await
                         .map_err(|_| tonic::Status::internal("watch request dropped"))?;
                     let mut inbound = WatchClient::new(channel)
-                        .watch(ReceiverStream::new(request_rx))
+                        .watch(meta.request(ReceiverStream::new(request_rx)))
                         .await?
                         .into_inner();
                     match inbound.message().await? {
@@ -399,8 +959,11 @@ impl Store for EtcdStore {
         let request = pb::CompactionRequest { revision, physical: false };
         // Compaction is idempotent, so it can always be sent again.
         let result = self
-            .call("compact", Retry::Always, |channel| async move {
-                KvClient::new(channel).compact(request).await.map(tonic::Response::into_inner)
+            .call("compact", Retry::Always, |channel, meta| async move {
+                KvClient::new(channel)
+                    .compact(meta.request(request))
+                    .await
+                    .map(tonic::Response::into_inner)
             })
             .await;
         match result {
@@ -411,8 +974,13 @@ impl Store for EtcdStore {
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {
-        let request =
-            pb::RangeRequest { key: vec![0], limit: 1, count_only: true, ..Default::default() };
+        // One key inside the client's scope: a user limited to the prefix may read it.
+        let request = pb::RangeRequest {
+            key: self.probe_key.clone(),
+            limit: 1,
+            count_only: true,
+            ..Default::default()
+        };
         let response = self.range("range", request).await?;
         Ok(header_revision(response.header.as_ref()))
     }
@@ -425,9 +993,9 @@ impl Store for EtcdStore {
         let request = pb::LeaseGrantRequest { ttl: seconds.max(1), id: 0 };
         // A grant sent twice leaves one unused lease behind, which expires on its own.
         let response = self
-            .call("lease grant", Retry::Always, |channel| async move {
+            .call("lease grant", Retry::Always, |channel, meta| async move {
                 LeaseClient::new(channel)
-                    .lease_grant(request)
+                    .lease_grant(meta.request(request))
                     .await
                     .map(tonic::Response::into_inner)
             })
@@ -445,14 +1013,14 @@ impl Store for EtcdStore {
         // One short stream per renewal: callers renew every few seconds at most, and this
         // keeps no background state to clean up.
         let response = self
-            .call("lease keep-alive", Retry::Always, |channel| async move {
+            .call("lease keep-alive", Retry::Always, |channel, meta| async move {
                 let (requests, request_rx) = mpsc::channel(1);
                 requests
                     .send(pb::LeaseKeepAliveRequest { id })
                     .await
                     .map_err(|_| tonic::Status::internal("keep-alive request dropped"))?;
                 let mut inbound = LeaseClient::new(channel)
-                    .lease_keep_alive(ReceiverStream::new(request_rx))
+                    .lease_keep_alive(meta.request(ReceiverStream::new(request_rx)))
                     .await?
                     .into_inner();
                 let response = inbound.message().await?;
@@ -470,9 +1038,9 @@ impl Store for EtcdStore {
 
     async fn revoke_lease(&self, id: LeaseId) -> Result<(), StoreError> {
         // Revoking twice is harmless: the second attempt reports the lease as not found.
-        self.call("lease revoke", Retry::Always, |channel| async move {
+        self.call("lease revoke", Retry::Always, |channel, meta| async move {
             LeaseClient::new(channel)
-                .lease_revoke(pb::LeaseRevokeRequest { id })
+                .lease_revoke(meta.request(pb::LeaseRevokeRequest { id }))
                 .await
                 .map(tonic::Response::into_inner)
         })
@@ -493,6 +1061,104 @@ fn is_transport_failure(status: &tonic::Status) -> bool {
         tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
     ) && !message.starts_with("etcdserver:")
         && !message.starts_with("mvcc:")
+}
+
+/// etcd refused the call's token (expired, unknown to a restarted member, issued before the
+/// auth store changed) or got none while authentication is on; the call was not applied.
+fn is_token_refused(status: &tonic::Status) -> bool {
+    let message = status.message();
+    message.contains("etcdserver: invalid auth token")
+        || message.contains("etcdserver: revision of auth store is old")
+        || message.contains("etcdserver: user name is empty")
+}
+
+/// The member has no leader: it refused the call before proposing or reading anything
+/// (`hasleader`), or raft dropped the proposal for want of a leader.
+fn is_leaderless(status: &tonic::Status) -> bool {
+    let message = status.message();
+    message.contains("etcdserver: no leader") || message.contains("raft proposal dropped")
+}
+
+/// etcd gave up on a call waiting for its leader (`ErrTimeout` and its variants, or the
+/// leader changed under a read).
+fn is_leader_timeout(status: &tonic::Status) -> bool {
+    let message = status.message();
+    message.contains("etcdserver: request timed out")
+        || message.contains("etcdserver: leader changed")
+}
+
+fn advance(endpoints: &Endpoints, index: usize, count: usize) {
+    // Another caller may have moved on already; don't skip a healthy endpoint.
+    let _ = endpoints.current.compare_exchange(
+        index,
+        (index + 1) % count,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+}
+
+/// A failure to reach `url`, naming it (TLS failures included: "invalid peer certificate").
+fn transport_error(what: &str, url: &str, status: &tonic::Status) -> StoreError {
+    let cause = describe(status);
+    if cause.contains("invalid peer certificate") || cause.to_ascii_lowercase().contains("tls") {
+        return StoreError::Unavailable(format!(
+            "etcd {what} at {url} failed: TLS handshake with {url} failed: {cause}"
+        ));
+    }
+    StoreError::Unavailable(format!("etcd {what} at {url} failed ({:?}): {cause}", status.code()))
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut chain = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !chain.contains(&text) {
+            chain.push_str(": ");
+            chain.push_str(&text);
+        }
+        source = cause.source();
+    }
+    chain
+}
+
+/// Reads and checks the TLS files, so that a wrong one stops the start naming its flag.
+fn load_tls(tls: &EtcdTls) -> Result<ClientTlsConfig, StoreError> {
+    let ca = read_pem("--etcd-ca", &tls.ca)?;
+    let certificates = CertificateDer::pem_slice_iter(&ca).collect::<Result<Vec<_>, _>>();
+    match certificates {
+        Ok(certificates) if !certificates.is_empty() => {}
+        Ok(_) => return Err(tls_file_error("--etcd-ca", &tls.ca, "no PEM certificate in it")),
+        Err(e) => return Err(tls_file_error("--etcd-ca", &tls.ca, &format!("not PEM: {e}"))),
+    }
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+    if let Some((cert_path, key_path)) = &tls.identity {
+        let cert = read_pem("--etcd-cert", cert_path)?;
+        match CertificateDer::pem_slice_iter(&cert).collect::<Result<Vec<_>, _>>() {
+            Ok(certificates) if !certificates.is_empty() => {}
+            Ok(_) => {
+                return Err(tls_file_error("--etcd-cert", cert_path, "no PEM certificate in it"));
+            }
+            Err(e) => {
+                return Err(tls_file_error("--etcd-cert", cert_path, &format!("not PEM: {e}")));
+            }
+        }
+        let key = read_pem("--etcd-key", key_path)?;
+        // The error's text never includes the key's bytes.
+        if PrivateKeyDer::from_pem_slice(&key).is_err() {
+            return Err(tls_file_error("--etcd-key", key_path, "no PEM private key in it"));
+        }
+        config = config.identity(Identity::from_pem(cert, key));
+    }
+    Ok(config)
+}
+
+fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, StoreError> {
+    std::fs::read(path).map_err(|e| tls_file_error(flag, path, &e.to_string()))
+}
+
+fn tls_file_error(flag: &'static str, path: &Path, reason: &str) -> StoreError {
+    StoreError::TlsFile { flag, path: path.to_path_buf(), reason: reason.to_owned() }
 }
 
 /// The status's message followed by its causes (a transport error's message alone is just
@@ -517,6 +1183,9 @@ fn is_connect_failure(status: &tonic::Status) -> bool {
     chain.contains("connect error")
         || chain.contains("connection refused")
         || chain.contains("error trying to connect")
+        // A failed TLS handshake sends no request either.
+        || chain.contains("invalid peer certificate")
+        || chain.contains("handshake")
 }
 
 /// etcd reports its domain errors as gRPC statuses with fixed messages (rpctypes in etcd's
@@ -647,7 +1316,36 @@ fn to_pb_op(op: TxnOp) -> pb::RequestOp {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_range;
+    use super::*;
+
+    #[test]
+    fn etcd_answers_are_classified_by_what_may_be_sent_again() {
+        let invalid = tonic::Status::unauthenticated("etcdserver: invalid auth token");
+        let old = tonic::Status::invalid_argument("etcdserver: revision of auth store is old");
+        assert!(is_token_refused(&invalid) && is_token_refused(&old));
+        let no_leader = tonic::Status::unavailable("etcdserver: no leader");
+        assert!(is_leaderless(&no_leader) && !is_transport_failure(&no_leader));
+        let timed_out = tonic::Status::unavailable("etcdserver: request timed out");
+        assert!(is_leader_timeout(&timed_out) && !is_leaderless(&timed_out));
+        let refused = tonic::Status::unavailable("tcp connect error");
+        assert!(is_transport_failure(&refused) && is_connect_failure(&refused));
+    }
+
+    #[test]
+    fn transport_errors_name_the_endpoint() {
+        let status = tonic::Status::unavailable("invalid peer certificate: UnknownIssuer");
+        let error = transport_error("range", "https://10.0.0.5:2379", &status).to_string();
+        assert!(error.contains("https://10.0.0.5:2379"), "{error}");
+        assert!(error.contains("TLS handshake"), "{error}");
+    }
+
+    #[test]
+    fn credentials_debug_shows_the_user_only() {
+        let credentials = EtcdCredentials { user: "switchyard".into(), password: "hunter2".into() };
+        let options = EtcdOptions { credentials: Some(credentials), ..EtcdOptions::default() };
+        let shown = format!("{options:?}");
+        assert!(shown.contains("switchyard") && !shown.contains("hunter2"), "{shown}");
+    }
 
     #[test]
     fn prefix_range_increments_the_last_byte() {

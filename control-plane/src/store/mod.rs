@@ -26,19 +26,38 @@ pub use api::{
     Store, StoreError, Txn, TxnOp, TxnResult, WatchBatch, WatchEvent, WatchStream,
 };
 
-/// Opens the store named by `url`: `etcd://host:port[,host:port…]` or `file://DIR`.
-pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+/// Opens the store named by `url`: `etcd://host:port[,host:port…]` or `file://DIR`. An etcd
+/// endpoint without a scheme is `https://` when `etcd.tls` is set, else `http://`; one may
+/// also be written with its scheme (`etcd://https://host:2379,https://host2:2379`).
+pub async fn open(url: &str, etcd: etcd::EtcdOptions) -> Result<Arc<dyn Store>, StoreError> {
     if let Some(endpoints) = url.strip_prefix("etcd://") {
-        let endpoints: Vec<String> =
-            endpoints.split(',').filter(|e| !e.is_empty()).map(|e| format!("http://{e}")).collect();
+        let scheme = if etcd.tls.is_some() { "https" } else { "http" };
+        let endpoints: Vec<String> = endpoints
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                if e.starts_with("http://") || e.starts_with("https://") {
+                    e.to_owned()
+                } else {
+                    format!("{scheme}://{e}")
+                }
+            })
+            .collect();
         if endpoints.is_empty() {
             return Err(StoreError::InvalidUrl {
                 url: url.into(),
                 reason: "no etcd endpoint".into(),
             });
         }
-        Ok(Arc::new(etcd::EtcdStore::connect(&endpoints).await?))
+        Ok(Arc::new(etcd::EtcdStore::connect_with(&endpoints, etcd).await?))
     } else if let Some(dir) = url.strip_prefix("file://") {
+        if etcd.tls.is_some() || etcd.credentials.is_some() {
+            return Err(StoreError::InvalidUrl {
+                url: url.into(),
+                reason: "etcd TLS or credentials are set but the store is not etcd://".into(),
+            });
+        }
         let dir = store_dir(url, dir)?;
         Ok(Arc::new(embedded::EmbeddedStore::open(&dir).await?))
     } else {
@@ -110,7 +129,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_file_url_without_a_directory_is_refused_clearly() {
-        match open("file://").await {
+        match open("file://", etcd::EtcdOptions::default()).await {
             Err(e @ StoreError::InvalidUrl { .. }) => {
                 let message = e.to_string();
                 assert!(message.contains("\"file://\""), "{message}");
@@ -126,7 +145,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let relative = relative_to_cwd(tmp.path()).join("store");
         assert!(relative.is_relative());
-        let store = open(&format!("file://{}", relative.display())).await.unwrap();
+        let store = open(&format!("file://{}", relative.display()), etcd::EtcdOptions::default())
+            .await
+            .unwrap();
         store.put("k", b"v".to_vec(), None).await.unwrap();
         assert!(tmp.path().join("store").join("LOCK").is_file());
         let log = std::fs::read_to_string(tmp.path().join("store").join("wal.jsonl")).unwrap();
@@ -140,7 +161,7 @@ mod tests {
         std::fs::write(tmp.path().join("blocker"), b"").unwrap();
         let relative = relative_to_cwd(tmp.path()).join("blocker").join("store");
         let absolute = std::env::current_dir().unwrap().join(&relative);
-        match open(&format!("file://{}", relative.display())).await {
+        match open(&format!("file://{}", relative.display()), etcd::EtcdOptions::default()).await {
             Err(e @ StoreError::Directory { .. }) => {
                 let message = e.to_string();
                 assert!(message.contains(&absolute.display().to_string()), "{message}");
