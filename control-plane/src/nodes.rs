@@ -159,33 +159,31 @@ impl NodeShared {
             warn!(node = %node_id, error = %e, "could not adopt the node's breaker records");
         }
 
-        let (start, mut updates) = self.cache.subscribe(hello.last_applied_version);
+        let (start, updates) = self.cache.subscribe(hello.last_applied_version);
         let mut sent_version = hello.last_applied_version;
         if !send_start(&tx, start, &mut sent_version).await {
             return self.forget(&node_id, presence_rev).await;
         }
+        // Configuration goes out from a task of its own: a store write the node's reports
+        // wait for (a storm's events, an etcd election) must not hold back a key revoked
+        // meanwhile.
+        let config = tokio::spawn(Arc::clone(&self).send_config(
+            node_id.clone(),
+            updates,
+            sent_version,
+            tx.clone(),
+        ));
+        let _stop_config = AbortOnDrop(config.abort_handle());
+        tokio::pin!(config);
 
         let lifetime = MAX_LIFETIME.mul_f64(0.8 + 0.4 * rand::random::<f64>());
         let end_of_life = tokio::time::sleep(lifetime);
         tokio::pin!(end_of_life);
-        let mut ping = tokio::time::interval(PING_INTERVAL);
         let mut idle_deadline = tokio::time::Instant::now() + IDLE_LIMIT;
         loop {
             tokio::select! {
-                update = updates.recv() => match update {
-                    Ok(update) => {
-                        if update.version > sent_version && !send_update(&tx, &update, &mut sent_version).await {
-                            break;
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        warn!(node = %node_id, missed = n, "node stream lagged; resyncing");
-                        if !send_start(&tx, self.cache.resync(sent_version), &mut sent_version).await {
-                            break;
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
+                // The node stopped reading, or the configuration feed closed.
+                _ = &mut config => break,
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {
                         idle_deadline = tokio::time::Instant::now() + IDLE_LIMIT;
@@ -208,13 +206,6 @@ impl NodeShared {
                         break;
                     }
                 },
-                _ = ping.tick() => {
-                    let ping = pb::Ping { config_version: self.cache.revision() };
-                    let msg = pb::ControlMessage { msg: Some(control_message::Msg::Ping(ping)) };
-                    if tx.send(Ok(msg)).await.is_err() {
-                        break;
-                    }
-                }
                 _ = tokio::time::sleep_until(idle_deadline) => {
                     warn!(node = %node_id, "node went quiet; closing its stream");
                     break;
@@ -228,6 +219,43 @@ impl NodeShared {
         }
         self.forget(&node_id, presence_rev).await;
         info!(node = %node_id, "node disconnected");
+    }
+
+    /// Sends the node every configuration change after `sent_version`, and a ping every
+    /// [`PING_INTERVAL`], until the node stops reading or the feed closes.
+    async fn send_config(
+        self: Arc<Self>,
+        node_id: String,
+        mut updates: broadcast::Receiver<Arc<ConfigUpdate>>,
+        mut sent_version: Revision,
+        tx: mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    ) {
+        let mut ping = tokio::time::interval(PING_INTERVAL);
+        loop {
+            tokio::select! {
+                update = updates.recv() => match update {
+                    Ok(update) => {
+                        if update.version > sent_version && !send_update(&tx, &update, &mut sent_version).await {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        warn!(node = %node_id, missed = n, "node stream lagged; resyncing");
+                        if !send_start(&tx, self.cache.resync(sent_version), &mut sent_version).await {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = ping.tick() => {
+                    let ping = pb::Ping { config_version: self.cache.revision() };
+                    let msg = pb::ControlMessage { msg: Some(control_message::Msg::Ping(ping)) };
+                    if tx.send(Ok(msg)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// Returns whether the node's applied version changed; an error ends the stream.
@@ -433,6 +461,15 @@ impl NodeShared {
         if let Err(e) = self.store.txn(txn).await {
             warn!(node = %node_id, error = %e, "could not remove node presence");
         }
+    }
+}
+
+/// Stops a task when its owner goes.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
