@@ -300,7 +300,7 @@ async fn run(o: &Options, store: Store, outage: Option<Duration>) -> Result<Row>
 /// only (not degraded answers, nor `events.lost` entries). Read a stored value at a time,
 /// so that millions of events are counted without holding them all.
 async fn count_events(store_url: &str) -> Result<u64> {
-    let store = switchyard_control_plane::store::open(store_url)
+    let store = switchyard_control_plane::store::open(store_url, Default::default())
         .await
         .map_err(|e| format!("open {store_url}: {e}"))?;
     let prefix = Layout::new("/switchyard/").audit_prefix();
