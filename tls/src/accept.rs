@@ -1,0 +1,142 @@
+//! The server side of handshakes: each accepted connection's handshake runs in its own task
+//! (a client that never finishes one must not hold up the next), bounded in time, and
+//! refused handshakes are logged with the peer's address and the reason — at most
+//! [`LOGGED_PER_MINUTE`] a minute, so a scanner cannot flood the log.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::ServerConfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{debug, warn};
+
+use crate::words;
+
+pub const LOGGED_PER_MINUTE: u32 = 10;
+const WINDOW: Duration = Duration::from_secs(60);
+/// Pause after an accept error that is not about one connection (out of file descriptors).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
+
+/// Handshakes for one listener.
+#[derive(Clone)]
+pub struct Acceptor {
+    tls: TlsAcceptor,
+    timeout: Duration,
+    /// The CA clients' certificates are checked against (`--client-ca FILE`), for the log.
+    trust: Option<Arc<str>>,
+    refusals: Arc<Refusals>,
+}
+
+impl Acceptor {
+    pub fn new(config: Arc<ServerConfig>, timeout: Duration, trust: Option<String>) -> Self {
+        Self {
+            tls: TlsAcceptor::from(config),
+            timeout,
+            trust: trust.map(Into::into),
+            refusals: Arc::new(Refusals::default()),
+        }
+    }
+
+    /// The TLS stream once the handshake is done; `None` (logged) if it failed.
+    pub async fn handshake(&self, tcp: TcpStream, peer: SocketAddr) -> Option<TlsStream<TcpStream>> {
+        let reason = match tokio::time::timeout(self.timeout, self.tls.accept(tcp)).await {
+            Ok(Ok(tls)) => return Some(tls),
+            Ok(Err(e)) => match words::rustls_error(&e) {
+                Some(tls) => words::describe(tls, self.trust.as_deref()),
+                // The client went away mid-handshake: nothing it needs to be told.
+                None => {
+                    debug!(peer = %peer, error = %e, "TLS handshake ended early");
+                    return None;
+                }
+            },
+            Err(_) => format!("no TLS handshake within {:?}", self.timeout),
+        };
+        self.refusals.log(peer, &reason);
+        None
+    }
+}
+
+/// Accepted connections of `listener`, handshaken, for a server that takes a stream of
+/// connections (tonic's `serve_with_incoming`). The listener closes when the stream is
+/// dropped.
+pub fn incoming(
+    listener: TcpListener,
+    acceptor: Acceptor,
+) -> ReceiverStream<io::Result<(TlsStream<TcpStream>, SocketAddr)>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = tx.closed() => return,
+            };
+            let (tcp, peer) = match accepted {
+                Ok(pair) => pair,
+                Err(e) if is_per_connection(&e) => continue,
+                Err(e) => {
+                    warn!(error = %e, "accepting a connection failed; pausing");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                if let Some(tls) = acceptor.handshake(tcp, peer).await {
+                    let _ = tx.send(Ok((tls, peer))).await;
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Errors that concern only the connection being accepted; the next accept may succeed.
+pub fn is_per_connection(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// The log of refused handshakes, bounded per minute.
+#[derive(Default)]
+struct Refusals(Mutex<Window>);
+
+struct Window {
+    started: Instant,
+    logged: u32,
+    unlogged: u64,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self { started: Instant::now(), logged: 0, unlogged: 0 }
+    }
+}
+
+impl Refusals {
+    fn log(&self, peer: SocketAddr, reason: &str) {
+        let mut window = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if window.started.elapsed() >= WINDOW {
+            if window.unlogged > 0 {
+                warn!(count = window.unlogged, "more TLS handshakes were refused and not logged in the last minute");
+            }
+            *window = Window::default();
+        }
+        if window.logged < LOGGED_PER_MINUTE {
+            window.logged += 1;
+            warn!(peer = %peer, reason, "refused a TLS handshake");
+        } else {
+            window.unlogged += 1;
+        }
+    }
+}
