@@ -5,10 +5,13 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
@@ -43,12 +46,16 @@ impl Acceptor {
         }
     }
 
-    /// The TLS stream once the handshake is done; `None` (logged) if it failed.
-    pub async fn handshake(&self, tcp: TcpStream, peer: SocketAddr) -> Option<TlsStream<TcpStream>> {
-        let reason = match tokio::time::timeout(self.timeout, self.tls.accept(tcp)).await {
-            Ok(Ok(tls)) => return Some(tls),
-            Ok(Err(e)) => match words::rustls_error(&e) {
-                Some(tls) => words::describe(tls, self.trust.as_deref()),
+    /// The connection once the handshake is done; `None` (logged) if it failed.
+    pub async fn handshake(&self, tcp: TcpStream, peer: SocketAddr) -> Option<Accepted> {
+        let accept = self.tls.accept(tcp).into_fallible();
+        let reason = match tokio::time::timeout(self.timeout, accept).await {
+            Ok(Ok(stream)) => return Some(Accepted { stream, peer }),
+            Ok(Err((e, tcp))) => match words::rustls_error(&e) {
+                Some(tls) => {
+                    tokio::spawn(linger(tcp));
+                    words::describe(tls, self.trust.as_deref())
+                }
                 // The client went away mid-handshake: nothing it needs to be told.
                 None => {
                     debug!(peer = %peer, error = %e, "TLS handshake ended early");
@@ -62,13 +69,95 @@ impl Acceptor {
     }
 }
 
+/// How long a refused connection is kept half-open for the client to read the alert.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Closes a refused connection so that the client reads why. The alert has been written;
+/// closing at once with the client's next bytes unread would make the kernel answer them
+/// with a reset, which can discard the alert before the client reads it (with TLS 1.3 a
+/// client sends its first request before it learns its certificate was refused). So: send
+/// our end's FIN, read and drop what the client still sends until it closes, for at most
+/// [`LINGER`].
+async fn linger(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tcp.shutdown().await;
+    let mut sink = [0u8; 1024];
+    let _ = tokio::time::timeout(LINGER, async {
+        while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+
+/// A connection whose handshake is done, as a gRPC server takes it.
+pub struct Accepted {
+    stream: TlsStream<TcpStream>,
+    peer: SocketAddr,
+}
+
+impl Accepted {
+    /// Whether the client chose HTTP/2 (ALPN `h2`).
+    pub fn is_h2(&self) -> bool {
+        self.stream.get_ref().1.alpn_protocol() == Some(crate::config::H2)
+    }
+}
+
+impl tonic::transport::server::Connected for Accepted {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    /// The peer's address, which the join-token check reads (loopback may join without one).
+    fn connect_info(&self) -> Self::ConnectInfo {
+        tonic::transport::server::TcpConnectInfo {
+            local_addr: self.stream.get_ref().0.local_addr().ok(),
+            remote_addr: Some(self.peer),
+        }
+    }
+}
+
+impl AsyncRead for Accepted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Accepted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
 /// Accepted connections of `listener`, handshaken, for a server that takes a stream of
 /// connections (tonic's `serve_with_incoming`). The listener closes when the stream is
 /// dropped.
-pub fn incoming(
-    listener: TcpListener,
-    acceptor: Acceptor,
-) -> ReceiverStream<io::Result<(TlsStream<TcpStream>, SocketAddr)>> {
+pub fn incoming(listener: TcpListener, acceptor: Acceptor) -> ReceiverStream<io::Result<Accepted>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -89,7 +178,7 @@ pub fn incoming(
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 if let Some(tls) = acceptor.handshake(tcp, peer).await {
-                    let _ = tx.send(Ok((tls, peer))).await;
+                    let _ = tx.send(Ok(tls)).await;
                 }
             });
         }

@@ -20,8 +20,57 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-use crate::files::TlsError;
+use crate::config;
+use crate::files::{Source, TlsError};
 use crate::words;
+
+/// A client's TLS settings for dialling control planes over HTTP/2 (gRPC).
+#[derive(Clone)]
+pub struct ClientTls {
+    config: Arc<ClientConfig>,
+    trust: Option<String>,
+    refusal: Refusal,
+}
+
+/// The last TLS failure seen on a connection after its handshake. With TLS 1.3 a server
+/// refuses a client's certificate after the client has finished its side of the handshake:
+/// the client learns it on its first read, and hyper reports that only as "connection
+/// closed". This keeps the words for whoever reports the failed call.
+#[derive(Clone, Default)]
+struct Refusal(Arc<std::sync::Mutex<Option<String>>>);
+
+impl Refusal {
+    fn set(&self, text: String) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(text);
+    }
+
+    fn take(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+}
+
+impl ClientTls {
+    /// `ca`: the CA a control plane's certificate must be signed by (`--control-ca`; the
+    /// public web's CAs without one); `identity`: the client's certificate for mutual TLS.
+    pub fn new(ca: Option<Source>, identity: Option<(Source, Source)>) -> Result<Self, TlsError> {
+        let trust = ca.as_ref().map(ToString::to_string);
+        let config = config::client_config(ca, identity, &[config::H2])?;
+        Ok(Self { config, trust, refusal: Refusal::default() })
+    }
+
+    /// A connector for one `https://` URL, checking the certificate for its host.
+    pub fn connector(&self, url: &str) -> Result<Connector, TlsError> {
+        let mut connector = Connector::new(Arc::clone(&self.config), url, self.trust.clone())?;
+        connector.refusal = self.refusal.clone();
+        Ok(connector)
+    }
+
+    /// Why the peer ended a connection at the TLS level since the last call, in words
+    /// (`TLS handshake with URL failed: the peer requires a client certificate …`).
+    pub fn take_refusal(&self) -> Option<String> {
+        self.refusal.take()
+    }
+}
 
 /// Dials one `https://` URL.
 #[derive(Clone)]
@@ -31,6 +80,7 @@ pub struct Connector {
     /// The CA the server's certificate was checked against, for the error text.
     trust: Option<Arc<str>>,
     server_name: ServerName<'static>,
+    refusal: Refusal,
 }
 
 impl Connector {
@@ -49,6 +99,7 @@ impl Connector {
             peer: url.into(),
             trust: trust.map(Into::into),
             server_name,
+            refusal: Refusal::default(),
         })
     }
 }
@@ -79,7 +130,12 @@ impl tower_service::Service<http::Uri> for Connector {
             let tls = this.tls.connect(this.server_name.clone(), tcp).await.map_err(|e| {
                 TlsError::Handshake { peer: peer.clone(), reason: reason(&e, this.trust.as_deref()) }
             })?;
-            Ok(TokioIo::new(Worded { inner: tls, peer: this.peer, trust: this.trust }))
+            Ok(TokioIo::new(Worded {
+                inner: tls,
+                peer: this.peer,
+                trust: this.trust,
+                refusal: this.refusal,
+            }))
         })
     }
 }
@@ -96,6 +152,7 @@ pub struct Worded {
     inner: TlsStream<TcpStream>,
     peer: Arc<str>,
     trust: Option<Arc<str>>,
+    refusal: Refusal,
 }
 
 impl Worded {
@@ -104,7 +161,30 @@ impl Worded {
             return e;
         }
         let reason = reason(&e, self.trust.as_deref());
-        io::Error::new(e.kind(), TlsError::Handshake { peer: self.peer.to_string(), reason })
+        let worded = TlsError::Handshake { peer: self.peer.to_string(), reason };
+        self.refusal.set(worded.to_string());
+        io::Error::new(e.kind(), worded)
+    }
+}
+
+impl Worded {
+    /// A write that failed because the server closed the connection may have an alert
+    /// waiting to be read that says why (a refused client certificate): read it. The
+    /// connection is lost either way, so whatever else is read does not matter.
+    fn why_write_failed(&mut self, e: io::Error, cx: &mut Context<'_>) -> io::Error {
+        let closed = matches!(
+            e.kind(),
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+        );
+        if !closed || words::rustls_error(&e).is_some() {
+            return self.word(e);
+        }
+        let mut scratch = [0u8; 256];
+        let mut buf = ReadBuf::new(&mut scratch);
+        match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
+            Poll::Ready(Err(read)) if words::rustls_error(&read).is_some() => self.word(read),
+            _ => e,
+        }
     }
 }
 
@@ -128,7 +208,7 @@ impl AsyncWrite for Worded {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(Err(e)) => Poll::Ready(Err(self.word(e))),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(self.why_write_failed(e, cx))),
             other => other,
         }
     }

@@ -39,13 +39,26 @@ fn certificate(c: &CertificateError, trust: Option<&str>) -> String {
         },
         CertificateError::NotValidForNameContext { expected, presented } => format!(
             "name mismatch: certificate is for {}, not {}",
-            if presented.is_empty() { "no name".to_owned() } else { presented.join(", ") },
+            if presented.is_empty() {
+                "no name".to_owned()
+            } else {
+                presented.iter().map(|n| bare_name(n)).collect::<Vec<_>>().join(", ")
+            },
             expected.to_str()
         ),
         CertificateError::NotValidForName => "name mismatch: certificate is for another host".to_owned(),
         CertificateError::Revoked => "certificate revoked".to_owned(),
         CertificateError::BadSignature => "certificate signature does not verify".to_owned(),
         other => format!("invalid certificate: {other:?}"),
+    }
+}
+
+/// rustls presents a certificate's names as `DnsName("x")` or `IpAddress(1.2.3.4)`; an
+/// operator wants `x`.
+fn bare_name(presented: &str) -> &str {
+    match presented.split_once('(') {
+        Some((_, rest)) => rest.trim_end_matches(')').trim_matches('"'),
+        None => presented,
     }
 }
 
@@ -76,6 +89,24 @@ fn time(t: UnixTime) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(t.as_secs())).to_string()
 }
 
+/// An error and its causes on one line, each said once (tonic's transport error says only
+/// "transport error", and hyper's connect error repeats itself one level down).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut last = text.clone();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if line != last && !text.ends_with(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        last = line;
+        source = cause.source();
+    }
+    text
+}
+
 /// The rustls error inside an I/O error, if that is what it is.
 pub fn rustls_error(e: &std::io::Error) -> Option<&Error> {
     e.get_ref().and_then(|inner| inner.downcast_ref::<Error>())
@@ -91,7 +122,7 @@ mod tests {
     fn the_common_refusals_read_as_words() {
         let mismatch = Error::InvalidCertificate(CertificateError::NotValidForNameContext {
             expected: ServerName::try_from("cp.example.com").unwrap().to_owned(),
-            presented: vec!["localhost".into(), "127.0.0.1".into()],
+            presented: vec!["DnsName(\"localhost\")".into(), "127.0.0.1".into()],
         });
         assert_eq!(
             describe(&mismatch, None),
