@@ -59,10 +59,22 @@ pub struct AdminOpts {
     #[arg(long, global = true, env = "SWITCHYARD_CONTROL_CA", value_name = "FILE")]
     pub control_ca: Option<PathBuf>,
     /// PEM client certificate for a control plane that requires one (mutual TLS).
-    #[arg(long, global = true, env = "SWITCHYARD_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
-    #[arg(long, global = true, env = "SWITCHYARD_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
     pub tls_key: Option<PathBuf>,
 }
 
@@ -498,7 +510,6 @@ pub fn control_urls(text: &str) -> Vec<String> {
         .map(|u| if u.contains("://") { u.to_owned() } else { format!("http://{u}") })
         .collect()
 }
-
 
 pub fn print(text: &str) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();

@@ -247,7 +247,9 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
     };
     let any_https = controls.iter().any(|url| switchyard_data_plane::sync::is_https(url));
     if args.control_ca.is_some() && !any_https {
-        tracing::warn!("--control-ca is set but no --control URL is https://: the config stream is plaintext");
+        tracing::warn!(
+            "--control-ca is set but no --control URL is https://: the config stream is plaintext"
+        );
     }
     let control_tls = if any_https {
         let ca = args.control_ca.map(|path| Source::new("--control-ca", path));

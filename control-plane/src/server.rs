@@ -252,7 +252,8 @@ pub async fn start_with_store(
         ),
         // Handshakes run beside the accept loop; the server sees finished TLS connections.
         Some(acceptor) => Box::pin(
-            server.serve_with_incoming_shutdown(accept::incoming(listener, acceptor), stopped(stop)),
+            server
+                .serve_with_incoming_shutdown(accept::incoming(listener, acceptor), stopped(stop)),
         ),
     };
     Ok(Control {

@@ -43,8 +43,8 @@ use hyper::server::conn::{http1, http2};
 use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use switchyard_tls::accept::{Acceptor, Accepted, is_per_connection};
 use hyper_util::service::TowerToHyperService;
+use switchyard_tls::accept::{Accepted, Acceptor, is_per_connection};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
@@ -150,7 +150,8 @@ async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
 /// A client connection, in plaintext or over TLS.
 enum Conn {
     Plain(TcpStream),
-    Tls(Accepted),
+    /// Boxed: a TLS session's buffers are kilobytes, a plain connection's a few words.
+    Tls(Box<Accepted>),
 }
 
 impl Conn {
@@ -159,7 +160,9 @@ impl Conn {
     async fn open(tcp: TcpStream, peer: SocketAddr, tls: Option<Acceptor>) -> Option<Self> {
         match tls {
             None => Some(Self::Plain(tcp)),
-            Some(acceptor) => acceptor.handshake(tcp, peer).await.map(Self::Tls),
+            Some(acceptor) => {
+                acceptor.handshake(tcp, peer).await.map(|tls| Self::Tls(Box::new(tls)))
+            }
         }
     }
 
@@ -187,11 +190,13 @@ impl Conn {
                 watched(conn, watcher).await
             }
             Self::Tls(tls) => {
-                let conn = http1_builder(options, keep_alive).serve_connection(TokioIo::new(tls), service);
+                let conn =
+                    http1_builder(options, keep_alive).serve_connection(TokioIo::new(tls), service);
                 watched(conn, watcher).await
             }
             Self::Plain(tcp) => {
-                let conn = http1_builder(options, keep_alive).serve_connection(TokioIo::new(tcp), service);
+                let conn =
+                    http1_builder(options, keep_alive).serve_connection(TokioIo::new(tcp), service);
                 watched(conn, watcher).await
             }
         }

@@ -11,12 +11,12 @@ use tonic::transport::Endpoint;
 use tracing::{debug, info, warn};
 
 use switchyard_backoff::Backoff;
-use switchyard_tls::connect::ClientTls;
-use switchyard_tls::files::TlsError;
-use switchyard_tls::words;
 use switchyard_proto::node::v1::{
     self as pb, control_message, node_control_client::NodeControlClient, node_message,
 };
+use switchyard_tls::connect::ClientTls;
+use switchyard_tls::files::TlsError;
+use switchyard_tls::words;
 
 use crate::config::{Change, NodeConfig};
 use crate::state::NodeState;
@@ -83,7 +83,9 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
             Ok(()) => return,
             // A refusal the TLS layer saw under the call says more than the call's error.
             Err(e) => match options.tls.as_ref().and_then(ClientTls::take_refusal) {
-                Some(tls) => warn!(control = %endpoint, error = %e, tls = %tls, "config stream ended"),
+                Some(tls) => {
+                    warn!(control = %endpoint, error = %e, tls = %tls, "config stream ended")
+                }
                 None => warn!(control = %endpoint, error = %e, "config stream ended"),
             },
         }

@@ -91,7 +91,8 @@ async fn a_node_takes_its_config_from_a_tls_control_plane_and_serves_a_chat() {
     assert!(gw.control.starts_with("https://"), "{}", gw.control);
     let r = gw.chat(body(PRIMARY)).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let opened = log_line(&gw.node, "the node's config stream to open", &["config stream open"]).await;
+    let opened =
+        log_line(&gw.node, "the node's config stream to open", &["config stream open"]).await;
     assert!(opened.contains(&gw.control), "the stream is to the https URL: {opened}");
     let nodes = gw.admin(&["nodes", "--json"]).await.json();
     assert_eq!(nodes["nodes"].as_array().map(Vec::len), Some(1), "{nodes}");
@@ -132,16 +133,32 @@ async fn mutual_tls_refuses_nodes_without_a_certificate_of_the_client_ca() {
     // A node without a client certificate: refused at the handshake, and it says why.
     let bare_dir = gw.path().join("bare");
     let bare = Proc::start(
-        &["node", "--control", &gw.control, "--control-ca", &ca_file, "--listen", "127.0.0.1:0",
-          "--data-dir", &path(&bare_dir)],
+        &[
+            "node",
+            "--control",
+            &gw.control,
+            "--control-ca",
+            &ca_file,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &path(&bare_dir),
+        ],
         &[],
         gw.path().join("bare.log"),
     )
     .await;
-    let said = log_line(&bare, "the node without a certificate to say why", &["config stream ended"]).await;
+    let said =
+        log_line(&bare, "the node without a certificate to say why", &["config stream ended"])
+            .await;
     assert!(said.contains(&gw.control), "names the control plane: {said}");
     assert!(said.contains("requires a client certificate"), "{said}");
-    let logged = log_line(&gw.cp, "the control plane to log the refusal", &["refused a TLS handshake", "no client certificate"]).await;
+    let logged = log_line(
+        &gw.cp,
+        "the control plane to log the refusal",
+        &["refused a TLS handshake", "no client certificate"],
+    )
+    .await;
     assert!(logged.contains("peer=127.0.0.1:"), "names the peer's address: {logged}");
     assert_eq!(node_version(bare.addr).await, None, "the refused node has no config");
 
@@ -149,16 +166,38 @@ async fn mutual_tls_refuses_nodes_without_a_certificate_of_the_client_ca() {
     let other = Ca::new("another CA");
     let stranger_cert = other.leaf("stranger", HOSTS);
     let stranger = Proc::start(
-        &["node", "--control", &gw.control, "--control-ca", &ca_file, "--listen", "127.0.0.1:0",
-          "--data-dir", &path(&gw.path().join("stranger")),
-          "--tls-cert", &path(&stranger_cert.cert), "--tls-key", &path(&stranger_cert.key)],
+        &[
+            "node",
+            "--control",
+            &gw.control,
+            "--control-ca",
+            &ca_file,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &path(&gw.path().join("stranger")),
+            "--tls-cert",
+            &path(&stranger_cert.cert),
+            "--tls-key",
+            &path(&stranger_cert.key),
+        ],
         &[],
         gw.path().join("stranger.log"),
     )
     .await;
-    let said = log_line(&stranger, "the node with a stranger's certificate to say why", &["config stream ended"]).await;
+    let said = log_line(
+        &stranger,
+        "the node with a stranger's certificate to say why",
+        &["config stream ended"],
+    )
+    .await;
     assert!(said.contains("refused our certificate"), "{said}");
-    log_line(&gw.cp, "the control plane to log the unknown issuer", &["refused a TLS handshake", "unknown issuer", "--client-ca"]).await;
+    log_line(
+        &gw.cp,
+        "the control plane to log the unknown issuer",
+        &["refused a TLS handshake", "unknown issuer", "--client-ca"],
+    )
+    .await;
     assert_eq!(
         gw.admin(&["nodes", "--json"]).await.json()["nodes"].as_array().map(Vec::len),
         Some(1),
@@ -181,12 +220,20 @@ async fn the_nodes_https_listener_serves_http1_and_http2() {
     // ALPN: the node offers both; a client asking for either gets it.
     let (_, h1) = connect(gw.node.addr, "localhost", &node_ca, &[b"http/1.1"]).await.unwrap();
     assert_eq!(h1.as_deref(), Some(&b"http/1.1"[..]));
-    let (_, h2) = connect(gw.node.addr, "localhost", &node_ca, &[b"h2", b"http/1.1"]).await.unwrap();
+    let (_, h2) =
+        connect(gw.node.addr, "localhost", &node_ca, &[b"h2", b"http/1.1"]).await.unwrap();
     assert_eq!(h2.as_deref(), Some(&b"h2"[..]));
 
-    let r = https_request(gw.node.addr, &node_ca, "POST", "/v1/chat/completions", Some(&gw.key), Some(payload.as_bytes()))
-        .await
-        .expect("the node answers over HTTPS");
+    let r = https_request(
+        gw.node.addr,
+        &node_ca,
+        "POST",
+        "/v1/chat/completions",
+        Some(&gw.key),
+        Some(payload.as_bytes()),
+    )
+    .await
+    .expect("the node answers over HTTPS");
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.headers.starts_with("HTTP/1.1 200"), "{}", r.headers);
 
@@ -194,14 +241,33 @@ async fn the_nodes_https_listener_serves_http1_and_http2() {
     let url = format!("https://localhost:{}/v1/chat/completions", gw.node.addr.port());
     for (flag, version) in [("--http1.1", "1.1"), ("--http2", "2")] {
         let out = tokio::process::Command::new("curl")
-            .args(["-sS", flag, "--cacert", &path(&node_ca), "-o", "/dev/null", "-w", "%{http_version} %{http_code}"])
-            .args(["-H", &format!("Authorization: Bearer {}", gw.key), "-H", "Content-Type: application/json"])
+            .args([
+                "-sS",
+                flag,
+                "--cacert",
+                &path(&node_ca),
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_version} %{http_code}",
+            ])
+            .args([
+                "-H",
+                &format!("Authorization: Bearer {}", gw.key),
+                "-H",
+                "Content-Type: application/json",
+            ])
             .args(["--data", &payload, &url])
             .output()
             .await
             .expect("curl (with HTTP/2) is needed for this test");
         let said = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(said, format!("{version} 200"), "{flag}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            said,
+            format!("{version} 200"),
+            "{flag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -237,20 +303,34 @@ async fn tls_failures_name_the_peer_or_the_file_and_say_why() {
 
     // Expired: the CLI says which control plane and that its certificate expired; the node
     // says the same in its log; the control plane logs the refused handshake.
-    let (expired_cp, url) = tls_control(dir.path(), "expired", &ca.expired_leaf("control", HOSTS), &[]).await;
+    let (expired_cp, url) =
+        tls_control(dir.path(), "expired", &ca.expired_leaf("control", HOSTS), &[]).await;
     let out = nodes_call(&url, &["--control-ca", &ca_file]).await;
     assert!(!out.success);
-    assert!(out.stderr.contains(&url) && out.stderr.contains("certificate expired"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&url) && out.stderr.contains("certificate expired"),
+        "{}",
+        out.stderr
+    );
     let node = Proc::start(
         &["node", "--control", &url, "--control-ca", &ca_file, "--listen", "127.0.0.1:0"],
         &[],
         dir.path().join("node-expired.log"),
     )
     .await;
-    let said = log_line(&node, "the node to say the certificate expired", &["config stream ended"]).await;
+    let said =
+        log_line(&node, "the node to say the certificate expired", &["config stream ended"]).await;
     assert!(said.contains(&url) && said.contains("certificate expired"), "{said}");
-    let logged = log_line(&expired_cp, "the control plane to log the refused handshake", &["refused a TLS handshake"]).await;
-    assert!(logged.contains("peer=127.0.0.1:") && logged.contains("refused our certificate"), "{logged}");
+    let logged = log_line(
+        &expired_cp,
+        "the control plane to log the refused handshake",
+        &["refused a TLS handshake"],
+    )
+    .await;
+    assert!(
+        logged.contains("peer=127.0.0.1:") && logged.contains("refused our certificate"),
+        "{logged}"
+    );
 
     // Another CA.
     let (_cp, url) = tls_control(dir.path(), "good", &ca.leaf("control", HOSTS), &[]).await;
@@ -259,15 +339,22 @@ async fn tls_failures_name_the_peer_or_the_file_and_say_why() {
     let out = nodes_call(&url, &["--control-ca", &other_file]).await;
     assert!(!out.success);
     assert!(out.stderr.contains(&url) && out.stderr.contains("unknown issuer"), "{}", out.stderr);
-    assert!(out.stderr.contains(&format!("--control-ca {other_file}")), "names the CA file: {}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("--control-ca {other_file}")),
+        "names the CA file: {}",
+        out.stderr
+    );
 
     // Another host name.
-    let (_cp, url) = tls_control(dir.path(), "elsewhere", &ca.leaf("elsewhere", &["cp.example.com"]), &[]).await;
+    let (_cp, url) =
+        tls_control(dir.path(), "elsewhere", &ca.leaf("elsewhere", &["cp.example.com"]), &[]).await;
     let out = nodes_call(&url, &["--control-ca", &ca_file]).await;
     assert!(!out.success);
     assert!(
         out.stderr.contains(&url)
-            && out.stderr.contains("name mismatch: certificate is for cp.example.com, not localhost"),
+            && out
+                .stderr
+                .contains("name mismatch: certificate is for cp.example.com, not localhost"),
         "{}",
         out.stderr
     );
@@ -277,15 +364,48 @@ async fn tls_failures_name_the_peer_or_the_file_and_say_why() {
     let missing = path(&dir.path().join("missing-key.pem"));
     let store = format!("file://{}", dir.path().join("store").display());
     let cert = path(&leaf.cert);
-    let out = refused_start(&["control", "--store", &store, "--listen", "127.0.0.1:0", "--tls-cert", &cert, "--tls-key", &missing]).await;
+    let out = refused_start(&[
+        "control",
+        "--store",
+        &store,
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &missing,
+    ])
+    .await;
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains(&format!("--tls-key {missing}: cannot read")), "{}", out.stderr);
-    let out = refused_start(&["node", "--control", "https://localhost:1", "--listen", "127.0.0.1:0", "--tls-cert", &cert, "--tls-key", &missing]).await;
+    let out = refused_start(&[
+        "node",
+        "--control",
+        "https://localhost:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &missing,
+    ])
+    .await;
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains(&format!("--tls-key {missing}: cannot read")), "{}", out.stderr);
     // A key where the certificate belongs.
     let key = path(&leaf.key);
-    let out = refused_start(&["control", "--store", &store, "--listen", "127.0.0.1:0", "--tls-cert", &key, "--tls-key", &key]).await;
+    let out = refused_start(&[
+        "control",
+        "--store",
+        &store,
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        &key,
+        "--tls-key",
+        &key,
+    ])
+    .await;
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains(&format!("--tls-cert {key}: no certificate")), "{}", out.stderr);
     assert!(!out.stderr.contains("PRIVATE KEY-----"), "no key material in errors: {}", out.stderr);

@@ -205,13 +205,18 @@ impl Gateway {
             Some(_) => format!("https://localhost:{}", cp.addr.port()),
             None => cp.url(),
         };
-        let admin_envs: Vec<(&str, &str)> = admin_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let admin_envs: Vec<(&str, &str)> =
+            admin_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let catalog = dir.path().join("catalog.yaml");
         std::fs::write(&catalog, catalog_yaml(&sim.url(), &options)).unwrap();
         let applied =
-            cli_with_env(&control, &["apply", "-f", &path(&catalog), "--json"], &admin_envs).await.json();
+            cli_with_env(&control, &["apply", "-f", &path(&catalog), "--json"], &admin_envs)
+                .await
+                .json();
         let created =
-            cli_with_env(&control, &["keys", "create", "--name", "e2e", "--json"], &admin_envs).await.json();
+            cli_with_env(&control, &["keys", "create", "--name", "e2e", "--json"], &admin_envs)
+                .await
+                .json();
         let version =
             created["version"].as_i64().unwrap().max(applied["version"].as_i64().unwrap());
         let node_dir = dir.path().join("node").display().to_string();
@@ -253,7 +258,8 @@ impl Gateway {
 
     /// Runs an admin command against the gateway's control plane (over TLS if it has it).
     pub async fn admin(&self, args: &[&str]) -> CliOutput {
-        let envs: Vec<(&str, &str)> = self.admin_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let envs: Vec<(&str, &str)> =
+            self.admin_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         cli_with_env(&self.control, args, &envs).await
     }
 

@@ -88,7 +88,6 @@ async fn linger(mut tcp: TcpStream) {
     .await;
 }
 
-
 /// A connection whose handshake is done, as a gRPC server takes it.
 pub struct Accepted {
     stream: TlsStream<TcpStream>,
@@ -217,7 +216,10 @@ impl Refusals {
         let mut window = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if window.started.elapsed() >= WINDOW {
             if window.unlogged > 0 {
-                warn!(count = window.unlogged, "more TLS handshakes were refused and not logged in the last minute");
+                warn!(
+                    count = window.unlogged,
+                    "more TLS handshakes were refused and not logged in the last minute"
+                );
             }
             *window = Window::default();
         }

@@ -49,7 +49,11 @@ pub fn pair_flags(
 pub struct Identity(Reloading<CertifiedKey>);
 
 impl Identity {
-    pub fn open(cert: Source, key: Source, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
+    pub fn open(
+        cert: Source,
+        key: Source,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Self, TlsError> {
         let load = move |files: &[Source]| match files {
             [cert, key] => files::certified_key(cert, key, &provider),
             _ => Err(TlsError::Settings("a certificate needs exactly one key".into())),

@@ -86,7 +86,11 @@ pub struct Connector {
 impl Connector {
     /// `url` is what the operator wrote (its host is the name the certificate must be for);
     /// `trust` names the CA flag and file (`--control-ca /etc/ca.pem`), if one was given.
-    pub fn new(config: Arc<ClientConfig>, url: &str, trust: Option<String>) -> Result<Self, TlsError> {
+    pub fn new(
+        config: Arc<ClientConfig>,
+        url: &str,
+        trust: Option<String>,
+    ) -> Result<Self, TlsError> {
         let uri: http::Uri = url
             .parse()
             .map_err(|_| TlsError::ServerName { url: url.to_owned(), host: String::new() })?;
@@ -128,7 +132,10 @@ impl tower_service::Service<http::Uri> for Connector {
             // The config stream's small messages (acks, heartbeats) must not wait on Nagle.
             let _ = tcp.set_nodelay(true);
             let tls = this.tls.connect(this.server_name.clone(), tcp).await.map_err(|e| {
-                TlsError::Handshake { peer: peer.clone(), reason: reason(&e, this.trust.as_deref()) }
+                TlsError::Handshake {
+                    peer: peer.clone(),
+                    reason: reason(&e, this.trust.as_deref()),
+                }
             })?;
             Ok(TokioIo::new(Worded {
                 inner: tls,
@@ -174,7 +181,9 @@ impl Worded {
     fn why_write_failed(&mut self, e: io::Error, cx: &mut Context<'_>) -> io::Error {
         let closed = matches!(
             e.kind(),
-            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+            io::ErrorKind::BrokenPipe
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
         );
         if !closed || words::rustls_error(&e).is_some() {
             return self.word(e);

@@ -41,7 +41,9 @@ pub enum TlsError {
     Read { file: Source, source: std::io::Error },
     #[error("{0}: no certificate in it (expected a PEM block `BEGIN CERTIFICATE`)")]
     NoCertificate(Source),
-    #[error("{0}: no private key in it (expected a PEM block `BEGIN PRIVATE KEY`, `BEGIN RSA PRIVATE KEY` or `BEGIN EC PRIVATE KEY`)")]
+    #[error(
+        "{0}: no private key in it (expected a PEM block `BEGIN PRIVATE KEY`, `BEGIN RSA PRIVATE KEY` or `BEGIN EC PRIVATE KEY`)"
+    )]
     NoKey(Source),
     #[error("{file}: not valid PEM: {reason}")]
     BadPem { file: Source, reason: String },
@@ -137,7 +139,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = Source::new("--tls-key", dir.path().join("nope.pem"));
         let e = private_key(&missing).unwrap_err().to_string();
-        assert!(e.starts_with("--tls-key ") && e.contains("nope.pem") && e.contains("cannot read"), "{e}");
+        assert!(
+            e.starts_with("--tls-key ") && e.contains("nope.pem") && e.contains("cannot read"),
+            "{e}"
+        );
 
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "not pem at all\n").unwrap();
@@ -156,7 +161,10 @@ mod tests {
                 .unwrap()
                 .self_signed(&key)
                 .unwrap();
-            let (c, k) = (dir.path().join(format!("{name}.pem")), dir.path().join(format!("{name}-key.pem")));
+            let (c, k) = (
+                dir.path().join(format!("{name}.pem")),
+                dir.path().join(format!("{name}-key.pem")),
+            );
             std::fs::write(&c, cert.pem()).unwrap();
             std::fs::write(&k, key.serialize_pem()).unwrap();
             (Source::new("--tls-cert", c), Source::new("--tls-key", k))

@@ -122,7 +122,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, "one").unwrap();
-        let r = Reloading::open("test", vec![Source::new("--f", &path)], Box::new(text_file)).unwrap();
+        let r =
+            Reloading::open("test", vec![Source::new("--f", &path)], Box::new(text_file)).unwrap();
         assert_eq!(*r.get(), "one");
         std::fs::write(&path, "two!").unwrap();
         // Not looked at again within the interval.

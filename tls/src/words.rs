@@ -46,7 +46,9 @@ fn certificate(c: &CertificateError, trust: Option<&str>) -> String {
             },
             expected.to_str()
         ),
-        CertificateError::NotValidForName => "name mismatch: certificate is for another host".to_owned(),
+        CertificateError::NotValidForName => {
+            "name mismatch: certificate is for another host".to_owned()
+        }
         CertificateError::Revoked => "certificate revoked".to_owned(),
         CertificateError::BadSignature => "certificate signature does not verify".to_owned(),
         other => format!("invalid certificate: {other:?}"),
@@ -134,6 +136,9 @@ mod tests {
             time: UnixTime::since_unix_epoch(Duration::from_secs(86_400)),
             not_after: UnixTime::since_unix_epoch(Duration::from_secs(3_600)),
         });
-        assert_eq!(describe(&expired, None), "certificate expired (valid until 1970-01-01T01:00:00Z)");
+        assert_eq!(
+            describe(&expired, None),
+            "certificate expired (valid until 1970-01-01T01:00:00Z)"
+        );
     }
 }
