@@ -28,8 +28,6 @@ mod limits;
 mod load;
 mod overhead;
 mod passthrough;
-/// Test certificates for `tls-cost`, the same generator as the end-to-end tests'.
-#[path = "../../control-plane/tests/support/pki.rs"]
 mod pki;
 mod proc;
 mod retry_storm;
