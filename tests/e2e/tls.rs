@@ -308,7 +308,7 @@ async fn tls_failures_name_the_peer_or_the_file_and_say_why() {
     let out = nodes_call(&url, &["--control-ca", &ca_file]).await;
     assert!(!out.success);
     assert!(
-        out.stderr.contains(&url) && out.stderr.contains("certificate expired"),
+        out.stderr.contains(&url) && out.stderr.contains("certificate expired (valid until "),
         "{}",
         out.stderr
     );

@@ -231,3 +231,19 @@ impl Refusals {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_logged_at_most_ten_a_minute_and_the_rest_counted() {
+        let refusals = Refusals::default();
+        let peer = SocketAddr::from(([127, 0, 0, 1], 1234));
+        for _ in 0..15 {
+            refusals.log(peer, "no client certificate presented");
+        }
+        let window = refusals.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert_eq!((window.logged, window.unlogged), (LOGGED_PER_MINUTE, 5));
+    }
+}
