@@ -414,3 +414,32 @@ async fn tls_failures_name_the_peer_or_the_file_and_say_why() {
     assert!(!out.success);
     assert!(out.stderr.contains(&format!("--control-ca {missing}: cannot read")), "{}", out.stderr);
 }
+
+#[tokio::test]
+async fn a_drill_runs_through_an_https_node_with_its_admin_calls_under_mutual_tls() {
+    let ca = Ca::new("switchyard test CA");
+    // Mutual TLS: the node's certificate is also its HTTPS listener's.
+    let gw = tls_gateway(&ca, true, true).await;
+    let node = format!("https://localhost:{}", gw.node.addr.port());
+    let node_ca = path(gw.node_ca.as_deref().unwrap());
+    let out = gw
+        .admin(&[
+            "drill",
+            "primary-down",
+            "--node",
+            &node,
+            "--node-ca",
+            &node_ca,
+            "--key",
+            &gw.key,
+            "--model",
+            PRIMARY,
+            "--fallback-models",
+            SECONDARY,
+            "--json",
+        ])
+        .await;
+    let report = out.json();
+    assert_eq!(report["passed"], true, "{report:#}");
+    assert_eq!(report["faults_cleared"], true, "{report:#}");
+}
