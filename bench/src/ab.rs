@@ -10,6 +10,11 @@
 //! - `switchyard-bench otel-cost`: two nodes on one control plane, one exporting traces and
 //!   log records to an OTLP endpoint where nothing listens (the collector is down), one with
 //!   OpenTelemetry off.
+//! - `switchyard-bench tls-cost`: TLS on the node's two network sides, each against the
+//!   plaintext node in the same run: clients over HTTPS (keep-alive HTTP/1.1, so a
+//!   connection's handshake is paid in the warm-up and the figure is the record layer's
+//!   cost per request), and the node's config stream to a control plane over TLS (its own
+//!   simulator and control plane: one embedded store serves one control plane).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,17 +26,21 @@ use switchyard_catalog::keys::Limits;
 use switchyard_data_plane::limits::{Decision, Ledger};
 use switchyard_time::now_ms;
 
+use std::path::Path;
+
 use crate::catalog::{PRIMARY, SECONDARY, catalog_yaml};
+use crate::client::{Tls, connect_tls, get_status};
 use crate::error::Result;
 use crate::flags::bounded;
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, FleetTls};
 use crate::host::thread_cpu_ns;
 use crate::load::{Kind, Target};
 use crate::overhead::{Bench, Sample};
+use crate::pki::Ca;
 use crate::proc::{Proc, default_switchyard};
 use crate::stats::{fmt, median, pct};
 
-const USAGE: &str = "usage: switchyard-bench limit-cost|otel-cost [--switchyard PATH] \
+const USAGE: &str = "usage: switchyard-bench limit-cost|otel-cost|tls-cost [--switchyard PATH] \
 [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]";
 
 /// Calls of the limit path timed in-process, per repetition.
@@ -84,6 +93,7 @@ fn parse(args: &[String]) -> Result<Options> {
 pub enum Compare {
     Limits,
     Otel,
+    Tls,
 }
 
 pub fn main(compare: Compare, args: &[String]) -> Result<()> {
@@ -99,7 +109,7 @@ pub fn main(compare: Compare, args: &[String]) -> Result<()> {
 async fn run(compare: Compare, o: Options) -> Result<()> {
     let path_ns = match compare {
         Compare::Limits => Some(limit_path_ns()?),
-        Compare::Otel => None,
+        Compare::Otel | Compare::Tls => None,
     };
 
     let dir = tempfile::Builder::new()
@@ -123,10 +133,13 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
             auth: Some(format!("Bearer {key}")),
             body: body.clone(),
             proxy_pid: Some(node.pid()),
+            tls: None,
         })
     };
-    // A: the configuration without the thing measured; B: with it.
+    // A: the configuration without the thing measured; B: with it (tls-cost has two Bs).
     let mut other_node = None;
+    let mut kept = Kept::default();
+    let mut extra: Vec<(&str, Arc<Target>)> = Vec::new();
     let (a, b, labels) = match compare {
         Compare::Limits => {
             let limited_key = fleet
@@ -160,6 +173,23 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
                 ("OpenTelemetry off", "exporting to a dead endpoint"),
             )
         }
+        Compare::Tls => {
+            tls_nodes(&o.switchyard, dir.path(), &fleet, &mut kept).await?;
+            let (Some(https), Some(tls_fleet)) = (&kept.https_node, &kept.fleet) else {
+                return Err("the TLS nodes did not start".into());
+            };
+            let mut https_target = target(Kind::NodeHealthy, https, &fleet.key);
+            if let Some(t) = Arc::get_mut(&mut https_target) {
+                t.tls = kept.client.clone();
+            }
+            let stream = target(Kind::NodeHealthy, &tls_fleet.node, &tls_fleet.key);
+            extra.push(("config stream over TLS", stream));
+            (
+                target(Kind::NodeHealthy, &fleet.node, &fleet.key),
+                https_target,
+                ("plaintext", "clients over HTTPS"),
+            )
+        }
     };
     let bench = Bench::new(&fleet)?;
     eprintln!(
@@ -173,55 +203,61 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
         dir.path().display()
     );
 
-    println!(
-        "| conns | A: CPU µs/req, {} | B: CPU µs/req, {} | B/A (median of pairs) | B/A p25–p75 | B/A min–max | B's added p50 µs (median) |",
-        labels.0, labels.1
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for &conns in &o.concurrency {
-        let mut ratios = Vec::with_capacity(o.pairs);
-        let (mut cpu_a, mut cpu_b, mut p50_added) = (Vec::new(), Vec::new(), Vec::new());
-        for pair in 0..o.pairs {
-            // AB then BA: whichever side goes second in one pair goes first in the next.
-            let order = if pair % 2 == 0 { [&a, &b] } else { [&b, &a] };
-            let mut got: Vec<Sample> = Vec::with_capacity(2);
-            for t in order {
-                got.push(bench.measure(t, conns, o.warmup, o.duration).await?);
-            }
-            let (sa, sb) = if pair % 2 == 0 { (&got[0], &got[1]) } else { (&got[1], &got[0]) };
-            if sa.non_200 + sb.non_200 > 0 {
-                return Err(format!(
-                    "c={conns} pair {pair}: {} non-200 answers (A {}, B {}): the figures would \
-                     measure an error path",
-                    sa.non_200 + sb.non_200,
-                    sa.non_200,
-                    sb.non_200
-                ));
-            }
-            let (Some(ca), Some(cb)) = (sa.proxy_cpu_us, sb.proxy_cpu_us) else {
-                return Err("node CPU not measured".into());
-            };
-            eprintln!(
-                "  c={conns} pair {}: A {ca:.1} µs/req, B {cb:.1} µs/req (×{:.3})",
-                pair + 1,
-                cb / ca
-            );
-            ratios.push(cb / ca);
-            cpu_a.push(ca);
-            cpu_b.push(cb);
-            p50_added.push(sb.p50_us - sa.p50_us);
+    let variants: Vec<(&str, Arc<Target>)> = std::iter::once((labels.1, b)).chain(extra).collect();
+    for (b_label, b) in &variants {
+        if variants.len() > 1 {
+            println!("\nB = {b_label}:\n");
         }
         println!(
-            "| {conns} | {} | {} | {} | {}–{} | {}–{} | {} |",
-            fmt(median(&cpu_a), 1),
-            fmt(median(&cpu_b), 1),
-            fmt(median(&ratios), 3),
-            fmt(pct(&ratios, 0.25), 3),
-            fmt(pct(&ratios, 0.75), 3),
-            fmt(pct(&ratios, 0.0), 3),
-            fmt(pct(&ratios, 1.0), 3),
-            fmt(median(&p50_added), 1),
+            "| conns | A: CPU µs/req, {} | B: CPU µs/req, {} | B/A (median of pairs) | B/A p25–p75 | B/A min–max | B's added p50 µs (median) |",
+            labels.0, b_label
         );
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
+        for &conns in &o.concurrency {
+            let mut ratios = Vec::with_capacity(o.pairs);
+            let (mut cpu_a, mut cpu_b, mut p50_added) = (Vec::new(), Vec::new(), Vec::new());
+            for pair in 0..o.pairs {
+                // AB then BA: whichever side goes second in one pair goes first in the next.
+                let order = if pair % 2 == 0 { [&a, b] } else { [b, &a] };
+                let mut got: Vec<Sample> = Vec::with_capacity(2);
+                for t in order {
+                    got.push(bench.measure(t, conns, o.warmup, o.duration).await?);
+                }
+                let (sa, sb) = if pair % 2 == 0 { (&got[0], &got[1]) } else { (&got[1], &got[0]) };
+                if sa.non_200 + sb.non_200 > 0 {
+                    return Err(format!(
+                        "c={conns} pair {pair}: {} non-200 answers (A {}, B {}): the figures would \
+                         measure an error path",
+                        sa.non_200 + sb.non_200,
+                        sa.non_200,
+                        sb.non_200
+                    ));
+                }
+                let (Some(ca), Some(cb)) = (sa.proxy_cpu_us, sb.proxy_cpu_us) else {
+                    return Err("node CPU not measured".into());
+                };
+                eprintln!(
+                    "  c={conns} pair {}: A {ca:.1} µs/req, B {cb:.1} µs/req (×{:.3})",
+                    pair + 1,
+                    cb / ca
+                );
+                ratios.push(cb / ca);
+                cpu_a.push(ca);
+                cpu_b.push(cb);
+                p50_added.push(sb.p50_us - sa.p50_us);
+            }
+            println!(
+                "| {conns} | {} | {} | {} | {}–{} | {}–{} | {} |",
+                fmt(median(&cpu_a), 1),
+                fmt(median(&cpu_b), 1),
+                fmt(median(&ratios), 3),
+                fmt(pct(&ratios, 0.25), 3),
+                fmt(pct(&ratios, 0.75), 3),
+                fmt(pct(&ratios, 0.0), 3),
+                fmt(pct(&ratios, 1.0), 3),
+                fmt(median(&p50_added), 1),
+            );
+        }
     }
     if let Some(path_ns) = path_ns {
         println!(
@@ -230,7 +266,78 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
         );
     }
     drop(other_node);
+    drop(kept);
     Ok(())
+}
+
+/// What `tls-cost` starts beside the plaintext fleet, kept alive for the whole run.
+#[derive(Default)]
+struct Kept {
+    /// The certificates' files.
+    ca: Option<Ca>,
+    /// The load generator's TLS to the HTTPS node.
+    client: Option<Tls>,
+    /// The node serving HTTPS, on the plaintext control plane.
+    https_node: Option<Proc>,
+    /// A simulator, a control plane serving TLS and a node whose config stream is TLS.
+    fleet: Option<Fleet>,
+}
+
+/// Starts the two TLS nodes of `tls-cost`: one serving HTTPS on `fleet`'s control plane,
+/// and one of a second fleet whose control plane serves TLS (its node's config stream is
+/// TLS, its listener plaintext), into `kept`.
+async fn tls_nodes(bin: &Path, dir: &Path, fleet: &Fleet, kept: &mut Kept) -> Result<()> {
+    let ca = kept.ca.insert(Ca::new("switchyard-bench CA"));
+    let node_leaf = ca.leaf("node", &["localhost", "127.0.0.1"]);
+    let control_leaf = ca.leaf("control", &["localhost", "127.0.0.1"]);
+    let tls = Tls::new(ca.cert_path(), "localhost")?;
+    let (cert, key) = (node_leaf.cert.display().to_string(), node_leaf.key.display().to_string());
+    let data = dir.join("node-https").display().to_string();
+    let node = Proc::start(
+        bin,
+        &[
+            "node",
+            "--control",
+            &fleet.control,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+        &[],
+        &dir.join("node-https.log"),
+    )?;
+    wait_ready_tls(node.addr, &tls).await?;
+    kept.client = Some(tls);
+    let tls_dir = dir.join("tls-fleet");
+    std::fs::create_dir_all(&tls_dir).map_err(|e| format!("{}: {e}", tls_dir.display()))?;
+    let store = format!("file://{}", tls_dir.join("store").display());
+    let files = FleetTls { ca: ca.cert_path(), cert: &control_leaf.cert, key: &control_leaf.key };
+    let tls_fleet =
+        Fleet::start_with(bin, &tls_dir, &store, catalog_yaml, &[], Some(&files)).await?;
+    kept.https_node = Some(node);
+    kept.fleet = Some(tls_fleet);
+    Ok(())
+}
+
+/// Polls the HTTPS node's `/readyz` until 200 (its first config applied), for 20 s at most.
+async fn wait_ready_tls(addr: std::net::SocketAddr, tls: &Tls) -> Result<()> {
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(mut sender) = connect_tls(addr, tls).await
+            && let Ok(200) = get_status(&mut sender, "localhost", "/readyz", None).await
+        {
+            return Ok(());
+        }
+        if Instant::now() > by {
+            return Err(format!("{addr}: the HTTPS node's /readyz not 200 within 20 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Nanoseconds per request of the node's limit path on its own ledger: `admit`, the

@@ -201,6 +201,7 @@ async fn cost(options: &Options, baseline: &Path) -> Result<()> {
             auth: key.map(|k| format!("Bearer {k}")),
             body: Bytes::from(body.to_owned()),
             proxy_pid: Some(pid),
+            tls: None,
         })
     };
     let pass_t = target(pass.addr, None, &direct, pass.pid());

@@ -2,12 +2,15 @@
 //! checks and statistics.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, header};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use tokio::net::TcpStream;
 
@@ -21,6 +24,53 @@ pub async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
         .await
         .map_err(|e| format!("handshake {addr}: {e}"))?;
     // The connection task ends when its sender is dropped.
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// TLS to a node's HTTPS listener (`tls-cost`): a client config trusting the bench's CA,
+/// offering HTTP/1.1 only, and the name the certificate is for.
+#[derive(Clone)]
+pub struct Tls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub name: ServerName<'static>,
+}
+
+impl Tls {
+    /// Trusts the CA certificate(s) in `ca` (PEM) for `name`.
+    pub fn new(ca: &std::path::Path, name: &str) -> Result<Self> {
+        let mut roots = rustls::RootCertStore::empty();
+        let certs =
+            CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| format!("{}: {e}", ca.display()))?;
+            roots.add(cert).map_err(|e| format!("{}: {e}", ca.display()))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name = ServerName::try_from(name.to_owned()).map_err(|e| format!("{name}: {e}"))?;
+        Ok(Self { config: Arc::new(config), name })
+    }
+}
+
+/// [`connect`] over TLS: the handshake is paid here, before any measured request.
+pub async fn connect_tls(addr: SocketAddr, tls: &Tls) -> Result<SendRequest<Full<Bytes>>> {
+    let stream = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| format!("nodelay: {e}"))?;
+    let stream = tokio_rustls::TlsConnector::from(Arc::clone(&tls.config))
+        .connect(tls.name.clone(), stream)
+        .await
+        .map_err(|e| format!("TLS handshake with {addr}: {e}"))?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake {addr}: {e}"))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::http;
 use crate::error::Result;
-use crate::proc::{Proc, cli};
+use crate::proc::{Proc, cli_with};
 
 /// Polls `/readyz` until it is 200 with `config_version >= min_version`, every `every`,
 /// for at most `timeout`. Returns the version the node reported.
@@ -72,11 +72,46 @@ impl Fleet {
         catalog: impl Fn(SocketAddr) -> String,
         node_args: &[&str],
     ) -> Result<Fleet> {
+        Self::start_with(bin, dir, store, catalog, node_args, None).await
+    }
+
+    /// [`Fleet::start_on`], with TLS on the control plane's listener when `tls` is given:
+    /// the node and the CLI reach it at `https://localhost:PORT`, trusting `tls.ca`.
+    pub async fn start_with(
+        bin: &Path,
+        dir: &Path,
+        store: &str,
+        catalog: impl Fn(SocketAddr) -> String,
+        node_args: &[&str],
+        tls: Option<&FleetTls<'_>>,
+    ) -> Result<Fleet> {
         let logs = |name: &str| dir.join(format!("{name}.log"));
         let sim = Proc::start(bin, &["sim", "--listen", "127.0.0.1:0"], &[], &logs("sim"))?;
         let token = format!("bench-admin-token-{}", std::process::id());
-        let cp = start_control(bin, store, "127.0.0.1:0", &token, &logs("control"))?;
-        let control = format!("http://{}", cp.addr);
+        let path = |p: &Path| p.display().to_string();
+        let (cp_flags, ca) = match tls {
+            Some(t) => (
+                vec!["--tls-cert".to_owned(), path(t.cert), "--tls-key".to_owned(), path(t.key)],
+                Some(path(t.ca)),
+            ),
+            None => (Vec::new(), None),
+        };
+        let cp_flags: Vec<&str> = cp_flags.iter().map(String::as_str).collect();
+        let cp =
+            start_control_with(bin, store, "127.0.0.1:0", &token, &logs("control"), &cp_flags)?;
+        let control = match tls {
+            Some(_) => format!("https://localhost:{}", cp.addr.port()),
+            None => format!("http://{}", cp.addr),
+        };
+        let cli_env: Vec<(&str, &str)> =
+            ca.as_deref().map(|ca| ("SWITCHYARD_CONTROL_CA", ca)).into_iter().collect();
+        let cli = |bin: &Path, control: &str, token: &str, args: &[&str]| {
+            cli_with(bin, control, token, &cli_env, args)
+        };
+        let mut node_args = node_args.to_vec();
+        if let Some(ca) = &ca {
+            node_args.extend(["--control-ca", ca.as_str()]);
+        }
         let file = dir.join("catalog.yaml");
         std::fs::write(&file, catalog(sim.addr)).map_err(|e| format!("catalog: {e}"))?;
         let applied = cli(bin, &control, &token, &["apply", "-f", &file.display().to_string()])?;
@@ -110,7 +145,7 @@ impl Fleet {
             .flatten()
             .max()
             .unwrap_or(0);
-        let node = start_node(bin, dir, &control, "node", version, &[], node_args).await?;
+        let node = start_node(bin, dir, &control, "node", version, &[], &node_args).await?;
         Ok(Fleet { sim, cp, node, key, limited_key, control, token, version })
     }
 
@@ -141,6 +176,13 @@ impl Fleet {
     }
 }
 
+/// TLS on a fleet's control plane: its certificate and key, and the CA that signed them.
+pub struct FleetTls<'a> {
+    pub ca: &'a Path,
+    pub cert: &'a Path,
+    pub key: &'a Path,
+}
+
 /// A control plane on `store`, listening on `listen`. It keeps up to 100 million audit
 /// entries (the default keeps 100,000): a storm benchmark counts every event it stored.
 pub fn start_control(
@@ -150,12 +192,22 @@ pub fn start_control(
     token: &str,
     log: &Path,
 ) -> Result<Proc> {
-    Proc::start(
-        bin,
-        &["control", "--store", store, "--listen", listen, "--audit-max-entries", "100000000"],
-        &[("SWITCHYARD_ADMIN_TOKEN", token)],
-        log,
-    )
+    start_control_with(bin, store, listen, token, log, &[])
+}
+
+/// [`start_control`] with more flags (`--tls-cert`, `--tls-key`).
+pub fn start_control_with(
+    bin: &Path,
+    store: &str,
+    listen: &str,
+    token: &str,
+    log: &Path,
+    flags: &[&str],
+) -> Result<Proc> {
+    let mut args =
+        vec!["control", "--store", store, "--listen", listen, "--audit-max-entries", "100000000"];
+    args.extend_from_slice(flags);
+    Proc::start(bin, &args, &[("SWITCHYARD_ADMIN_TOKEN", token)], log)
 }
 
 /// A node named `name` (its data and log under `dir`), once ready at `version`.

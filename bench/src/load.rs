@@ -47,6 +47,8 @@ pub struct Target {
     pub body: Bytes,
     /// The process whose CPU and RSS are the proxy's (none for the simulator itself).
     pub proxy_pid: Option<u32>,
+    /// HTTPS (`tls-cost`); plain HTTP without.
+    pub tls: Option<crate::client::Tls>,
 }
 
 impl Target {

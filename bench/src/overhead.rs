@@ -95,7 +95,10 @@ impl Bench {
     ) -> Result<Sample> {
         let mut senders = Vec::with_capacity(conns);
         for _ in 0..conns {
-            senders.push(connect(target.addr).await?);
+            senders.push(match &target.tls {
+                Some(tls) => crate::client::connect_tls(target.addr, tls).await?,
+                None => connect(target.addr).await?,
+            });
         }
         // Warm-up: connections, pools and caches settle; for the failing primary, its
         // breaker opens here. Nothing of it is counted.
@@ -236,6 +239,7 @@ async fn bench(options: Options) -> Result<()> {
                 auth,
                 body: Bytes::from(body),
                 proxy_pid,
+                tls: None,
             })
         })
         .collect();

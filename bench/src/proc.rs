@@ -93,11 +93,23 @@ impl Drop for Proc {
 
 /// Runs an admin command of the CLI and parses its `--json` output.
 pub fn cli(bin: &Path, control: &str, token: &str, args: &[&str]) -> Result<Value> {
+    cli_with(bin, control, token, &[], args)
+}
+
+/// [`cli`] with more environment (e.g. `SWITCHYARD_CONTROL_CA`).
+pub fn cli_with(
+    bin: &Path,
+    control: &str,
+    token: &str,
+    envs: &[(&str, &str)],
+    args: &[&str],
+) -> Result<Value> {
     let out = Command::new(bin)
         .args(args)
         .arg("--json")
         .env("SWITCHYARD_CONTROL", control)
         .env("SWITCHYARD_ADMIN_TOKEN", token)
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("cannot run switchyard {args:?}: {e}"))?;

@@ -203,6 +203,7 @@ async fn run(o: &Options, store: Store, outage: Option<Duration>) -> Result<Row>
             .to_string(),
         ),
         proxy_pid: Some(node.pid()),
+        tls: None,
     });
     let conns = connect_many(node.addr, o.concurrency).await?;
     let load_for = o.duration + outage.unwrap_or_default();

@@ -397,6 +397,7 @@ async fn e2e(o: &Options, dir: &Path) -> Result<()> {
                 auth: Some(format!("Bearer {}", fleet.key)),
                 body: Bytes::from(typical_request(m, false).to_string()),
                 proxy_pid: Some(fleet.node.pid()),
+                tls: None,
             })
         })
         .collect();

@@ -15,6 +15,12 @@ use switchyard_proto::admin::v1::admin_client::AdminClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
+use switchyard_data_plane::sync::is_https;
+use switchyard_tls::config as tls_config;
+use switchyard_tls::connect::ClientTls;
+use switchyard_tls::files::Source;
+use switchyard_tls::words;
+
 use crate::catalog_file;
 use crate::error::CliError;
 use crate::output;
@@ -48,6 +54,28 @@ pub struct AdminOpts {
     /// Print JSON for scripts instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+    /// PEM CA certificate(s) that an `https://` control plane's certificate must be signed
+    /// by (default: the public web's CAs).
+    #[arg(long, global = true, env = "SWITCHYARD_CONTROL_CA", value_name = "FILE")]
+    pub control_ca: Option<PathBuf>,
+    /// PEM client certificate for a control plane that requires one (mutual TLS).
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -384,6 +412,7 @@ pub struct Admin {
     pub client: AdminClient<Channel>,
     auth: MetadataValue<Ascii>,
     url: String,
+    tls: Option<ClientTls>,
 }
 
 impl Admin {
@@ -396,17 +425,37 @@ impl Admin {
         let auth = MetadataValue::try_from(format!("Bearer {token}"))
             .map_err(|_| CliError::TokenInvalid)?;
         let urls = control_urls(&opts.control);
+        // Read once, before any connection: a bad file is named whichever URL answers.
+        let tls = if urls.iter().any(|url| is_https(url)) {
+            let ca = opts.control_ca.clone().map(|path| Source::new("--control-ca", path));
+            let identity = tls_config::pair_flags(opts.tls_cert.clone(), opts.tls_key.clone())
+                .map_err(|e| CliError::Tls(e.to_string()))?;
+            Some(ClientTls::new(ca, identity).map_err(|e| CliError::Tls(e.to_string()))?)
+        } else {
+            None
+        };
         let mut failures = Vec::new();
         for url in &urls {
             let endpoint = Endpoint::from_shared(url.clone())
                 .map_err(|e| CliError::BadControlUrl { url: url.clone(), reason: e.to_string() })?
                 .connect_timeout(Duration::from_secs(5))
                 .timeout(Duration::from_secs(30));
-            match endpoint.connect().await {
+            let connected = match &tls {
+                Some(tls) if is_https(url) => match tls.connector(url) {
+                    Ok(connector) => endpoint.connect_with_connector(connector).await,
+                    Err(e) => {
+                        failures.push(e.to_string());
+                        continue;
+                    }
+                },
+                _ => endpoint.connect().await,
+            };
+            match connected {
                 Ok(channel) => {
-                    return Ok(Self { client: AdminClient::new(channel), auth, url: url.clone() });
+                    let client = AdminClient::new(channel);
+                    return Ok(Self { client, auth, url: url.clone(), tls });
                 }
-                Err(e) => failures.push(format!("{url}: {}", error_chain(&e))),
+                Err(e) => failures.push(format!("{url}: {}", words::chain(&e))),
             }
         }
         Err(CliError::Unreachable { urls: urls.join(", "), failures })
@@ -419,7 +468,16 @@ impl Admin {
     }
 
     pub fn status(&self, status: tonic::Status) -> CliError {
-        CliError::from_status(status, &self.url)
+        let mut error = CliError::from_status(status, &self.url);
+        // With TLS 1.3 a refused client certificate shows only under the call.
+        if let (Some(refusal), CliError::Status { message, hint, .. }) =
+            (self.tls.as_ref().and_then(ClientTls::take_refusal), &mut error)
+        {
+            message.push_str(": ");
+            message.push_str(&refusal);
+            *hint = None;
+        }
+        error
     }
 }
 
@@ -451,24 +509,6 @@ pub fn control_urls(text: &str) -> Vec<String> {
         .filter(|u| !u.is_empty())
         .map(|u| if u.contains("://") { u.to_owned() } else { format!("http://{u}") })
         .collect()
-}
-
-/// tonic's transport error says only "transport error"; the cause is further down.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    let mut last = text.clone();
-    while let Some(cause) = source {
-        // hyper's connect error repeats itself one level down.
-        let line = cause.to_string();
-        if line != last {
-            text.push_str(": ");
-            text.push_str(&line);
-        }
-        last = line;
-        source = cause.source();
-    }
-    text
 }
 
 pub fn print(text: &str) -> Result<(), CliError> {

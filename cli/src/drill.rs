@@ -43,6 +43,10 @@ pub struct DrillArgs {
     /// The node to send the drill's requests through (its HTTP URL).
     #[arg(long, value_name = "URL")]
     pub node: String,
+    /// For an `https://` node: PEM CA certificate(s) its certificate must be signed by
+    /// (default: the public web's CAs).
+    #[arg(long, value_name = "FILE")]
+    pub node_ca: Option<std::path::PathBuf>,
     /// The API key the requests use; the fault touches only this key's calls.
     #[arg(long, value_name = "KEY", env = "SWITCHYARD_DRILL_KEY", hide_env_values = true)]
     pub key: Secret,
@@ -91,7 +95,8 @@ pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
     // Listening for Ctrl-C from the start: one pressed while the drill injects still clears.
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
-    let node = Node::new(&args.node, &args.key.0).map_err(|e| CliError::Usage(e.to_string()))?;
+    let node = Node::new(&args.node, &args.key.0, args.node_ca.as_deref())
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let mut admin = Admin::connect(&args.opts).await?;
     let plan = tokio::select! {
         plan = plan(&args, &mut admin, &node) => plan?,

@@ -29,6 +29,9 @@ pub enum CliError {
     TokenInvalid,
     #[error("invalid control-plane URL {url:?}: {reason}")]
     BadControlUrl { url: String, reason: String },
+    /// A TLS file or setting of the CLI's own (it names the flag and file).
+    #[error("{0}")]
+    Tls(String),
     #[error("no control plane answers at {urls}")]
     Unreachable { urls: String, failures: Vec<String> },
     /// A status from the control plane; `message` is the server's own words.
@@ -53,11 +56,23 @@ impl CliError {
         if message.is_empty() {
             message = code.description().to_owned();
         }
+        // A connection that failed under the call (a TLS refusal after the handshake, with
+        // TLS 1.3) says why only in the status's causes.
+        if let Some(cause) = std::error::Error::source(&status) {
+            let cause = switchyard_tls::words::chain(cause);
+            if cause.starts_with(&message) {
+                message = cause;
+            } else if !message.contains(&cause) {
+                message = format!("{message}: {cause}");
+            }
+        }
+        let tls_refusal = message.contains("TLS handshake");
         let hint = match code {
             Code::Unauthenticated | Code::PermissionDenied => Some(format!(
                 "the control plane refused the admin token: set {ADMIN_TOKEN_ENV} (or \
                  --admin-token-file) to the token it was started with"
             )),
+            Code::Unavailable if tls_refusal => None,
             Code::Unavailable => Some(format!(
                 "the control plane at {url} is unavailable; is it running and is its store up?"
             )),
@@ -93,11 +108,19 @@ impl CliError {
             Self::Unreachable { failures, .. } => {
                 let mut lines = vec![format!("error: {self}")];
                 lines.extend(failures.iter().map(|f| format!("  {f}")));
-                lines.push(
-                    "hint: start one (`switchyard control` or `switchyard dev`) or point \
-                     --control / SWITCHYARD_CONTROL at it"
-                        .to_owned(),
-                );
+                if failures.iter().all(|f| f.contains("TLS handshake")) {
+                    lines.push(
+                        "hint: it answers, but TLS failed: see docs/operating.md, \"TLS\" \
+                         (--control-ca, the certificate's host names, its dates)"
+                            .to_owned(),
+                    );
+                } else {
+                    lines.push(
+                        "hint: start one (`switchyard control` or `switchyard dev`) or point \
+                         --control / SWITCHYARD_CONTROL at it"
+                            .to_owned(),
+                    );
+                }
                 lines
             }
             Self::Status { hint, .. } => {

@@ -14,6 +14,11 @@ use switchyard_control_plane::store::etcd::{EtcdCredentials, EtcdOptions, EtcdTl
 use switchyard_control_plane::webhooks::DeliveryOptions;
 use switchyard_data_plane::node::{self, NodeError, NodeOptions};
 
+use switchyard_tls::accept::Acceptor;
+use switchyard_tls::config::{self as tls_config, H2, HTTP11};
+use switchyard_tls::connect::ClientTls;
+use switchyard_tls::files::{Source, TlsError};
+
 use crate::token::{self, ADMIN_TOKEN_ENV, JOIN_TOKEN_ENV};
 
 /// The etcd user the control plane authenticates as (with [`ETCD_PASSWORD_ENV`]).
@@ -32,7 +37,12 @@ pub enum ServeError {
     Sim(#[from] switchyard_sim::SimError),
     #[error(transparent)]
     Otel(#[from] switchyard_otel::OtelError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
+
+/// How long a client may take over the TLS handshake on the control plane's listener.
+const CONTROL_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Args)]
 pub struct ControlArgs {
@@ -91,6 +101,17 @@ pub struct ControlArgs {
     /// are closed: 10s, 1m.
     #[arg(long, default_value = "10s", value_parser = parse_server_timeout)]
     pub drain_timeout: Duration,
+    /// PEM certificate (chain) of the gRPC listener: with --tls-key it serves TLS only.
+    /// Re-read when the file changes.
+    #[arg(long, env = "SWITCHYARD_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert. Re-read when the file changes.
+    #[arg(long, env = "SWITCHYARD_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): nodes and admin clients must present a certificate signed by
+    /// one (mutual TLS; the join and admin tokens still apply). Needs --tls-cert.
+    #[arg(long, env = "SWITCHYARD_CLIENT_CA", value_name = "FILE", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -143,6 +164,18 @@ pub struct NodeArgs {
     /// lost without one.
     #[arg(long, default_value_t = switchyard_data_plane::telemetry::MAX_EVENTS, value_parser = parse_event_buffer)]
     pub event_buffer_events: usize,
+    /// PEM CA certificate(s) that `https://` control planes' certificates must be signed by
+    /// (default: the public web's CAs). Re-read when the file changes.
+    #[arg(long, env = "SWITCHYARD_CONTROL_CA", value_name = "FILE")]
+    pub control_ca: Option<PathBuf>,
+    /// PEM certificate (chain): the HTTP listener serves HTTPS (HTTP/1.1 and HTTP/2), and it
+    /// is the node's client certificate for control planes that require one. Re-read when
+    /// the file changes.
+    #[arg(long, env = "SWITCHYARD_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert. Re-read when the file changes.
+    #[arg(long, env = "SWITCHYARD_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -180,6 +213,7 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
             )
         })?;
     let join_token = secret_from("SWITCHYARD_JOIN_TOKEN", args.join_token_file.as_deref())?;
+    let tls = control_acceptor(&args)?;
     let etcd = EtcdOptions {
         tls: args.etcd_ca.map(|ca| EtcdTls { ca, identity: args.etcd_cert.zip(args.etcd_key) }),
         credentials: etcd_credentials()?,
@@ -204,6 +238,7 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
         },
         disconnect_grace: args.node_grace,
         drain_timeout: args.drain_timeout,
+        tls,
     })
     .await?;
     // The one line on stdout: scripts and tests read the bound address from it.
@@ -221,6 +256,28 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
         .filter(|c| !c.is_empty())
         .map(String::from)
         .collect();
+    // Every file is read once here: a missing or unusable one stops the start, named.
+    let identity = tls_config::pair_flags(args.tls_cert.clone(), args.tls_key.clone())?;
+    let listen_tls = match &identity {
+        Some(pair) => Some(Acceptor::new(
+            tls_config::server_config(pair.clone(), None, &[H2, HTTP11])?,
+            args.header_read_timeout,
+            None,
+        )),
+        None => None,
+    };
+    let any_https = controls.iter().any(|url| switchyard_data_plane::sync::is_https(url));
+    if args.control_ca.is_some() && !any_https {
+        tracing::warn!(
+            "--control-ca is set but no --control URL is https://: the config stream is plaintext"
+        );
+    }
+    let control_tls = if any_https {
+        let ca = args.control_ca.map(|path| Source::new("--control-ca", path));
+        Some(ClientTls::new(ca, identity)?)
+    } else {
+        None
+    };
     let node = node::start(NodeOptions {
         controls,
         listen: args.listen,
@@ -233,11 +290,26 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
         drain_timeout: args.drain_timeout,
         event_spool_max_bytes: args.event_spool_max_mib * 1024 * 1024,
         event_buffer_events: args.event_buffer_events,
+        control_tls,
+        listen_tls,
     })
     .await?;
     println!("switchyard node {} listening on {}", node.node_id, node.local_addr);
     node.run().await?;
     Ok(())
+}
+
+/// The control plane's TLS from its flags, every file read once (a missing or unusable one
+/// stops the start, named). ALPN offers HTTP/2 (gRPC) and HTTP/1.1 (`/metrics`).
+fn control_acceptor(args: &ControlArgs) -> Result<Option<Acceptor>, ServeError> {
+    let Some(identity) = tls_config::pair_flags(args.tls_cert.clone(), args.tls_key.clone())?
+    else {
+        return Ok(None);
+    };
+    let client_ca = args.client_ca.clone().map(|path| Source::new("--client-ca", path));
+    let trust = client_ca.as_ref().map(ToString::to_string);
+    let config = tls_config::server_config(identity, client_ca, &[H2, HTTP11])?;
+    Ok(Some(Acceptor::new(config, CONTROL_HANDSHAKE_TIMEOUT, trust)))
 }
 
 pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
@@ -279,6 +351,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         webhooks: DeliveryOptions::default(),
         disconnect_grace: BREAKER_GRACE,
         drain_timeout: server::DEFAULT_DRAIN_TIMEOUT,
+        tls: None,
     })
     .await?;
     let control_url = format!("http://{}", control.local_addr);
@@ -304,6 +377,8 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         drain_timeout: switchyard_data_plane::serve::DEFAULT_DRAIN_TIMEOUT,
         event_spool_max_bytes: switchyard_data_plane::spool::DEFAULT_MAX_BYTES,
         event_buffer_events: switchyard_data_plane::telemetry::MAX_EVENTS,
+        control_tls: None,
+        listen_tls: None,
     })
     .await?;
     let url = format!("http://{}", node.local_addr);

@@ -31,6 +31,8 @@ use switchyard_proto::admin::v1::admin_server::AdminServer;
 use switchyard_proto::node::v1::node_control_server::NodeControlServer;
 use switchyard_proto::node::v1::{self as pb, node_control_server::NodeControl};
 
+use switchyard_tls::accept::{self, Acceptor};
+
 use crate::admin::AdminService;
 use crate::audit::{self, AuditRetention};
 use crate::auth::{AdminAuth, Token, TokenCheck};
@@ -69,6 +71,9 @@ pub struct ControlOptions {
     pub disconnect_grace: Duration,
     /// How long a shutdown waits for calls in flight once node streams are closed.
     pub drain_timeout: Duration,
+    /// TLS on the gRPC listener (`--tls-cert`, `--tls-key`, `--client-ca`); plaintext
+    /// without.
+    pub tls: Option<Acceptor>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -234,21 +239,30 @@ pub async fn start_with_store(
 
     let (stopping, stop) = watch::channel(false);
     let nodes = ClosingNodeStreams { inner: nodes, stop: stop.clone() };
-    info!(addr = %local_addr, "control plane listening");
+    info!(addr = %local_addr, tls = options.tls.is_some(), "control plane listening");
     // `/metrics` shares the gRPC port, over HTTP/1.1 too, so a scraper needs no other port.
     let routes = tonic::service::Routes::new(admin)
         .add_service(NodeControlServer::new(nodes))
         .into_axum_router()
         .route("/metrics", axum::routing::get(scrape_metrics).with_state(scrape));
-    let serve = tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .trace_fn(admin_span)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .accept_http1(true)
-        .add_routes(routes.into())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop));
+        .add_routes(routes.into());
+    let serve: ServeFuture = match options.tls {
+        None => Box::pin(
+            server.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop)),
+        ),
+        // Handshakes run beside the accept loop; the server sees finished TLS connections.
+        Some(acceptor) => Box::pin(
+            server
+                .serve_with_incoming_shutdown(accept::incoming(listener, acceptor), stopped(stop)),
+        ),
+    };
     Ok(Control {
         local_addr,
-        serve: Box::pin(serve),
+        serve,
         stopping,
         store,
         layout,

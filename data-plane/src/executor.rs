@@ -279,8 +279,12 @@ impl Executor {
             let output = chain.output.as_deref();
             // With OpenTelemetry on, each call is a CLIENT span of its own, current while the
             // call runs so that its context goes upstream as `traceparent`.
-            let call_cx =
-                otel::client_span(model, || config.catalog.provider(&model.provider), index, retries);
+            let call_cx = otel::client_span(
+                model,
+                || config.catalog.provider(&model.provider),
+                index,
+                retries,
+            );
             let drawn = injector.injected().len();
             let call = self
                 .call(

@@ -15,6 +15,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use switchyard_tls::accept::Acceptor;
+use switchyard_tls::connect::ClientTls;
+
 use crate::breaker::Breakers;
 use crate::executor::Executor;
 use crate::http::App;
@@ -50,6 +53,11 @@ pub struct NodeOptions {
     pub event_spool_max_bytes: u64,
     /// Failover events held in memory at most.
     pub event_buffer_events: usize,
+    /// TLS for `https://` control-plane URLs (`--control-ca`; `--tls-cert`/`--tls-key` as
+    /// the client certificate for mutual TLS).
+    pub control_tls: Option<ClientTls>,
+    /// TLS on the HTTP listener (`--tls-cert`, `--tls-key`): HTTPS, HTTP/1.1 and HTTP/2.
+    pub listen_tls: Option<Acceptor>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +79,7 @@ pub struct Node {
     pub node_id: String,
     data_dir: Option<PathBuf>,
     listener: TcpListener,
+    tls: Option<Acceptor>,
     router: axum::Router,
     serve: ServeOptions,
     state: Arc<NodeState>,
@@ -98,7 +107,7 @@ impl Node {
             shutdown.await;
             state.start_draining();
         };
-        let drained = serve::serve(self.listener, self.router, self.serve, shutdown)
+        let drained = serve::serve(self.listener, self.tls, self.router, self.serve, shutdown)
             .await
             .map_err(NodeError::Serve)?;
         self.prober.abort();
@@ -202,6 +211,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         node_id: node_id.clone(),
         listen_address: local_addr.to_string(),
         join_token: options.join_token,
+        tls: options.control_tls,
         handoff: handoff_rx,
     };
     let metrics = Arc::new(Metrics::new());
@@ -267,12 +277,13 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         max_body_bytes: options.max_body_bytes,
     });
     let prober = tokio::spawn(probe::run(Arc::clone(&app)));
-    info!(addr = %local_addr, node = %node_id, "node listening");
+    info!(addr = %local_addr, node = %node_id, tls = options.listen_tls.is_some(), "node listening");
     Ok(Node {
         local_addr,
         node_id,
         data_dir: options.data_dir.clone(),
         listener,
+        tls: options.listen_tls,
         router: http::router(app),
         serve: ServeOptions {
             header_read_timeout: options.header_read_timeout,

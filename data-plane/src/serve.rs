@@ -1,9 +1,13 @@
-//! The node's HTTP/1 server: accept loop, per-connection read limits, graceful drain.
+//! The node's HTTP server: accept loop, per-connection read limits, graceful drain. HTTP/1.1
+//! in plaintext; with TLS (`--tls-cert`, `--tls-key`) HTTP/1.1 or HTTP/2, as the client's
+//! ALPN chooses.
 //!
 //! Built from hyper's HTTP/1 connection and hyper-util's [`GracefulShutdown`] rather than
 //! `axum::serve`, which offers neither a header-read timeout nor a hook per connection.
 //!
 //! A connection's life:
+//! - with TLS, its handshake must be done within `header_read_timeout`; it runs in the
+//!   connection's task, so a slow one holds up no other client;
 //! - its request head must arrive within `header_read_timeout` (hyper's own timer), which
 //!   also bounds how long an idle keep-alive connection stays open;
 //! - each request body must arrive within `body_read_timeout` of its head, or the request
@@ -22,6 +26,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,11 +39,12 @@ use axum::http::{Request, header};
 use axum::response::Response;
 use bytes::Bytes;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper::service::{Service, service_fn};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
+use switchyard_tls::accept::{Accepted, Acceptor, is_per_connection};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
@@ -80,10 +86,12 @@ pub struct Drained {
     pub cut_off: usize,
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then drains: stops taking new
-/// requests, lets every request in flight finish (up to `drain_timeout`) and returns.
+/// Serves `router` on `listener` (over TLS with `tls`) until `shutdown` completes, then
+/// drains: stops taking new requests, lets every request in flight finish (up to
+/// `drain_timeout`) and returns.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Acceptor>,
     router: Router,
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
@@ -95,7 +103,7 @@ pub async fn serve(
     let mut shutdown = pin!(shutdown);
     loop {
         tokio::select! {
-            tcp = accept(&listener) => serve_connection(tcp, &router, options, &graceful, drain_rx.clone()),
+            tcp = accept(&listener) => serve_connection(tcp, tls.as_ref(), &router, options, &graceful, drain_rx.clone()),
             () = &mut shutdown => break,
         }
     }
@@ -113,21 +121,22 @@ pub async fn serve(
                 warn!(cut_off, "drain timeout: closing connections still serving a request");
                 return Ok(Drained { started, cut_off });
             }
-            tcp = accept(&listener) => serve_while_draining(tcp, &router, options),
+            tcp = accept(&listener) => serve_while_draining(tcp, tls.as_ref(), &router, options),
         }
     }
 }
 
-/// The next client connection; errors that concern only one connection are skipped.
-async fn accept(listener: &TcpListener) -> TcpStream {
+/// The next client connection and its address; errors that concern only one connection
+/// are skipped.
+async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
-            Ok((tcp, _)) => {
+            Ok((tcp, peer)) => {
                 // Without TCP_NODELAY a stream's small SSE writes can be held back by
                 // Nagle's algorithm until the client ACKs the previous one, and clients
                 // delay their ACKs.
                 let _ = tcp.set_nodelay(true);
-                return tcp;
+                return (tcp, peer);
             }
             Err(e) if is_per_connection(&e) => {}
             Err(e) => {
@@ -138,26 +147,87 @@ async fn accept(listener: &TcpListener) -> TcpStream {
     }
 }
 
-/// Errors that concern only the connection being accepted; the next accept may succeed.
-fn is_per_connection(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-    )
+/// A client connection, in plaintext or over TLS.
+enum Conn {
+    Plain(TcpStream),
+    /// Boxed: a TLS session's buffers are kilobytes, a plain connection's a few words.
+    Tls(Box<Accepted>),
 }
 
-fn http1_builder(options: ServeOptions) -> http1::Builder {
+impl Conn {
+    /// The connection once its handshake (if any) is done; `None` if that failed (the
+    /// acceptor logs why).
+    async fn open(tcp: TcpStream, peer: SocketAddr, tls: Option<Acceptor>) -> Option<Self> {
+        match tls {
+            None => Some(Self::Plain(tcp)),
+            Some(acceptor) => {
+                acceptor.handshake(tcp, peer).await.map(|tls| Self::Tls(Box::new(tls)))
+            }
+        }
+    }
+
+    /// Serves the connection: HTTP/2 if the TLS client chose it, else HTTP/1.1.
+    /// `keep_alive: false` closes an HTTP/1.1 connection after one request.
+    async fn serve<S>(
+        self,
+        options: ServeOptions,
+        service: S,
+        watcher: Option<Watcher>,
+        keep_alive: bool,
+    ) -> Result<(), hyper::Error>
+    where
+        S: hyper::service::Service<Request<Incoming>, Response = Response, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        match self {
+            Self::Tls(tls) if tls.is_h2() => {
+                let conn = http2::Builder::new(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .serve_connection(TokioIo::new(tls), service);
+                watched(conn, watcher).await
+            }
+            Self::Tls(tls) => {
+                let conn =
+                    http1_builder(options, keep_alive).serve_connection(TokioIo::new(tls), service);
+                watched(conn, watcher).await
+            }
+            Self::Plain(tcp) => {
+                let conn =
+                    http1_builder(options, keep_alive).serve_connection(TokioIo::new(tcp), service);
+                watched(conn, watcher).await
+            }
+        }
+    }
+}
+
+/// `conn` under the drain's watch, if it is to be waited for.
+async fn watched<C>(conn: C, watcher: Option<Watcher>) -> Result<(), hyper::Error>
+where
+    C: hyper_util::server::graceful::GracefulConnection<Error = hyper::Error>,
+{
+    match watcher {
+        Some(watcher) => watcher.watch(conn).await,
+        None => conn.await,
+    }
+}
+
+fn http1_builder(options: ServeOptions, keep_alive: bool) -> http1::Builder {
     let mut builder = http1::Builder::new();
     // A client that opens connections and trickles their heads (or sends nothing) would
     // otherwise hold a task and a socket each for as long as it likes.
-    builder.timer(TokioTimer::new()).header_read_timeout(options.header_read_timeout);
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout)
+        .keep_alive(keep_alive);
     builder
 }
 
 fn serve_connection(
-    tcp: TcpStream,
+    (tcp, peer): (TcpStream, SocketAddr),
+    tls: Option<&Acceptor>,
     router: &Router,
     options: ServeOptions,
     graceful: &GracefulShutdown,
@@ -174,11 +244,16 @@ fn serve_connection(
             respond(service.clone(), request, options.body_read_timeout)
         })
     };
-    let conn = graceful.watch(http1_builder(options).serve_connection(TokioIo::new(tcp), service));
+    let watcher = graceful.watcher();
+    let tls = tls.cloned();
     tokio::spawn(async move {
+        let conn = async move {
+            let conn = Conn::open(tcp, peer, tls).await?;
+            Some(conn.serve(options, service, Some(watcher), true).await)
+        };
         tokio::select! {
             result = conn => {
-                if let Err(e) = result {
+                if let Some(Err(e)) = result {
                     debug!(error = %e, "client connection ended with an error");
                 }
             }
@@ -202,7 +277,12 @@ async fn closable(draining: &mut watch::Receiver<bool>, started: &AtomicBool) {
 }
 
 /// A connection accepted while draining: one request, answered at once.
-fn serve_while_draining(tcp: TcpStream, router: &Router, options: ServeOptions) {
+fn serve_while_draining(
+    (tcp, peer): (TcpStream, SocketAddr),
+    tls: Option<&Acceptor>,
+    router: &Router,
+    options: ServeOptions,
+) {
     let service = TowerToHyperService::new(router.clone());
     let service = service_fn(move |request: Request<Incoming>| {
         let service = service.clone();
@@ -217,10 +297,10 @@ fn serve_while_draining(tcp: TcpStream, router: &Router, options: ServeOptions) 
             Ok::<_, Infallible>(response)
         }
     });
-    let conn =
-        http1_builder(options).keep_alive(false).serve_connection(TokioIo::new(tcp), service);
+    let tls = tls.cloned();
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        let Some(conn) = Conn::open(tcp, peer, tls).await else { return };
+        if let Err(e) = conn.serve(options, service, None, false).await {
             debug!(error = %e, "client connection ended with an error");
         }
     });
@@ -344,7 +424,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, router, options(), async {
+        let server = tokio::spawn(serve(listener, None, router, options(), async {
             let _ = stopped.await;
         }));
         (addr, stop, server)

@@ -338,10 +338,9 @@ impl State {
 
     fn write(&mut self, record: &[u8]) -> io::Result<()> {
         let size = record.len() as u64;
-        let full = self
-            .writer
-            .as_ref()
-            .is_none_or(|w| self.segments.get(&w.seq).copied().unwrap_or(0) + size > self.segment_bytes);
+        let full = self.writer.as_ref().is_none_or(|w| {
+            self.segments.get(&w.seq).copied().unwrap_or(0) + size > self.segment_bytes
+        });
         if full {
             self.flush();
             if let Some(previous) = self.writer.take() {
@@ -729,7 +728,8 @@ mod tests {
     fn open_small_segments(dir: &Path, max: u64) -> (Opened, Arc<Losses>) {
         let lost = Arc::new(Losses::new(Default::default(), "b".into()));
         let opened =
-            Spool::open_with_segments(dir, max, 64 * 1024, Arc::clone(&lost), Gauge::default()).unwrap();
+            Spool::open_with_segments(dir, max, 64 * 1024, Arc::clone(&lost), Gauge::default())
+                .unwrap();
         (opened, lost)
     }
 
@@ -747,7 +747,8 @@ mod tests {
             }
         }
         let _ = opened.spool.read(0).await;
-        let on_disk: u64 = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        let on_disk: u64 =
+            fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
         assert!(files(dir.path(), ".sealed") >= 10, "every full file is sealed");
         assert_eq!(files(dir.path(), ".events"), 1, "only the file being written stays as written");
         assert!(

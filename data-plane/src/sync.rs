@@ -14,6 +14,9 @@ use switchyard_backoff::Backoff;
 use switchyard_proto::node::v1::{
     self as pb, control_message, node_control_client::NodeControlClient, node_message,
 };
+use switchyard_tls::connect::ClientTls;
+use switchyard_tls::files::TlsError;
+use switchyard_tls::words;
 
 use crate::config::{Change, NodeConfig};
 use crate::state::NodeState;
@@ -43,6 +46,9 @@ pub struct SyncOptions {
     pub node_id: String,
     pub listen_address: String,
     pub join_token: Option<String>,
+    /// TLS for `https://` control-plane URLs (`--control-ca`, and `--tls-cert`/`--tls-key`
+    /// as the client certificate for mutual TLS).
+    pub tls: Option<ClientTls>,
     /// Turns `true` when the node shuts down: the task hands over what it holds (see
     /// [`hand_off`]) and returns.
     pub handoff: watch::Receiver<bool>,
@@ -52,9 +58,11 @@ pub struct SyncOptions {
 enum SessionError {
     #[error("invalid control-plane URL: {0}")]
     Url(String),
-    #[error("cannot connect: {0}")]
+    #[error("cannot connect: {}", words::chain(.0))]
     Connect(#[from] tonic::transport::Error),
-    #[error("stream failed: {0}")]
+    #[error("{0}")]
+    Tls(#[from] TlsError),
+    #[error("stream failed: {}", words::chain(.0))]
     Status(#[from] tonic::Status),
     #[error("control plane went quiet")]
     Idle,
@@ -73,7 +81,13 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
         match result {
             // Only a completed hand-off ends a session without an error.
             Ok(()) => return,
-            Err(e) => warn!(control = %endpoint, error = %e, "config stream ended"),
+            // A refusal the TLS layer saw under the call says more than the call's error.
+            Err(e) => match options.tls.as_ref().and_then(ClientTls::take_refusal) {
+                Some(tls) => {
+                    warn!(control = %endpoint, error = %e, tls = %tls, "config stream ended")
+                }
+                None => warn!(control = %endpoint, error = %e, "config stream ended"),
+            },
         }
         // A stream that lived a while was healthy: start the backoff over.
         if started.elapsed() > Duration::from_secs(10) {
@@ -84,18 +98,28 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
     }
 }
 
+/// Whether a control-plane URL asks for TLS.
+pub fn is_https(url: &str) -> bool {
+    url.get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+}
+
 async fn session(
     url: &str,
     options: &SyncOptions,
     state: &NodeState,
     telemetry: &Telemetry,
 ) -> Result<(), SessionError> {
-    let channel = Endpoint::from_shared(url.to_owned())
+    let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|e| SessionError::Url(e.to_string()))?
         .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
+        .tcp_nodelay(true);
+    let channel = match (is_https(url), &options.tls) {
+        (false, _) => endpoint.connect().await?,
+        (true, Some(tls)) => endpoint.connect_with_connector(tls.connector(url)?).await?,
+        (true, None) => {
+            return Err(SessionError::Url(format!("{url}: https:// without TLS settings")));
+        }
+    };
     let mut client = NodeControlClient::new(channel);
     let (tx, rx) = mpsc::channel::<pb::NodeMessage>(16);
     let hello = pb::Hello {

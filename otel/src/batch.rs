@@ -352,7 +352,8 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(tokio::sync::Semaphore::new(100));
         let collector = Collector { seen, gate, up: false };
-        let queue = Queue::start("test_refused", batching(16, 16), collector, pause("test_refused"));
+        let queue =
+            Queue::start("test_refused", batching(16, 16), collector, pause("test_refused"));
         let before = counter("test_refused", "export_failed").get();
         for n in 0..3 {
             queue.push(n);
@@ -375,8 +376,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn after_a_refused_batch_the_next_ones_are_dropped_unsent_until_the_retry() {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let queue =
-            Arc::new(Queue::start("test_down", batching(16, 16), Refusing(Arc::clone(&calls)), pause("test_down")));
+        let queue = Arc::new(Queue::start(
+            "test_down",
+            batching(16, 16),
+            Refusing(Arc::clone(&calls)),
+            pause("test_down"),
+        ));
         let flush = |queue: &Arc<Queue<u32>>| {
             let queue = Arc::clone(queue);
             tokio::task::spawn_blocking(move || queue.flush(Duration::from_secs(5)))
@@ -399,8 +404,12 @@ mod tests {
     async fn a_refused_batch_pauses_the_signal_until_the_retry_is_due() {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let pause = pause("test_pause");
-        let queue =
-            Arc::new(Queue::start("test_pause", batching(16, 16), Refusing(Arc::clone(&calls)), pause));
+        let queue = Arc::new(Queue::start(
+            "test_pause",
+            batching(16, 16),
+            Refusing(Arc::clone(&calls)),
+            pause,
+        ));
         let flush = |queue: &Arc<Queue<u32>>| {
             let queue = Arc::clone(queue);
             tokio::task::spawn_blocking(move || queue.flush(Duration::from_secs(5)))

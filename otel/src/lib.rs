@@ -66,7 +66,12 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
             .build()
             .map_err(|e| OtelError::Exporter { signal: "trace", why: e.to_string() })?;
         spans.set_resource(&resource);
-        let spans = batch::Queue::start("spans", settings.span_batches, batch::Spans(spans), &context::SPANS);
+        let spans = batch::Queue::start(
+            "spans",
+            settings.span_batches,
+            batch::Spans(spans),
+            &context::SPANS,
+        );
         let provider = SdkTracerProvider::builder()
             .with_resource(resource.clone())
             .with_span_processor(batch::SpanQueue(spans))
@@ -82,7 +87,8 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
             .build()
             .map_err(|e| OtelError::Exporter { signal: "logs", why: e.to_string() })?;
         logs.set_resource(&resource);
-        let logs = batch::Queue::start("logs", settings.log_batches, batch::Logs(logs), &context::LOGS);
+        let logs =
+            batch::Queue::start("logs", settings.log_batches, batch::Logs(logs), &context::LOGS);
         Some(
             SdkLoggerProvider::builder()
                 .with_resource(resource)

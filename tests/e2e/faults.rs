@@ -34,9 +34,12 @@ async fn gateway_on_etcd(etcd: &EtcdProcess) -> Gateway {
         key_id: created["id"].as_str().unwrap().to_owned(),
         dir,
         sim,
+        control: cp.url(),
         cp,
         node,
         node_port: None,
+        admin_env: vec![("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN.to_owned())],
+        node_ca: None,
     };
     gw.wait_for(version).await;
     gw

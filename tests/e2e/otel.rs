@@ -223,10 +223,14 @@ async fn with_the_collector_down_requests_are_served_and_the_failed_exports_coun
         assert_eq!(r.status, 200, "{}", r.body);
     }
     let down = r#"switchyard_otel_dropped_total{signal="spans",reason="collector_down"}"#;
-    eventually(Duration::from_secs(20), "spans not made while the collector is down, counted", || {
-        let gw = &gw;
-        async move { node_sample(gw, down).await.filter(|n| *n > 0.0) }
-    })
+    eventually(
+        Duration::from_secs(20),
+        "spans not made while the collector is down, counted",
+        || {
+            let gw = &gw;
+            async move { node_sample(gw, down).await.filter(|n| *n > 0.0) }
+        },
+    )
     .await;
     // The control plane's admin calls (the harness's catalog and key) were spans too.
     let series = r#"switchyard_control_otel_dropped_total{signal="spans",reason="export_failed"}"#;

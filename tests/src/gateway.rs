@@ -2,7 +2,7 @@
 //! and a simulated provider, all real processes on loopback, with a catalog whose models
 //! are served by the simulator and a key to call them with.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
@@ -42,6 +42,28 @@ pub struct Gateway {
     pub key_id: String,
     /// The node's port, when the test asked for one held for it.
     pub node_port: Option<ReservedPort>,
+    /// The control plane's URL as the node and the CLI use it (`https://localhost:…` with
+    /// TLS).
+    pub control: String,
+    /// What every admin call runs with: the admin token, and with TLS the CA and client
+    /// certificate.
+    pub admin_env: Vec<(&'static str, String)>,
+    /// With TLS on the node's listener: the CA its certificate is signed by.
+    pub node_ca: Option<PathBuf>,
+}
+
+/// TLS on a gateway's control plane (docs/operating.md, "TLS"), and what the node and the
+/// admin calls reach it with.
+pub struct GatewayTls {
+    /// The CA that signed `server`: the node's `--control-ca`, the CLI's `SWITCHYARD_CONTROL_CA`.
+    pub ca: PathBuf,
+    /// The control plane's certificate (for `localhost`).
+    pub server: crate::pki::Leaf,
+    /// Mutual TLS: the control plane's `--client-ca`.
+    pub client_ca: Option<PathBuf>,
+    /// The node's `--tls-cert`/`--tls-key` (its HTTPS listener's certificate and its client
+    /// certificate), also the admin calls' client certificate; and the CA that signed it.
+    pub node: Option<(crate::pki::Leaf, PathBuf)>,
 }
 
 pub struct GatewayOptions {
@@ -58,6 +80,8 @@ pub struct GatewayOptions {
     pub hold_node_port: bool,
     /// Environment for both the control plane and the node (e.g. `OTEL_*`).
     pub env: Vec<(&'static str, String)>,
+    /// TLS between the parts (none: plaintext).
+    pub tls: Option<GatewayTls>,
 }
 
 impl Default for GatewayOptions {
@@ -69,6 +93,7 @@ impl Default for GatewayOptions {
             node_args: Vec::new(),
             hold_node_port: false,
             env: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -152,27 +177,69 @@ impl Gateway {
             Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
         let store = format!("file://{}", dir.path().join("store").display());
         let env: Vec<(&str, &str)> = options.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let cp = start_control_with_env(&store, "127.0.0.1:0", dir.path(), "cp", &env).await;
+        let path = |p: &Path| p.display().to_string();
+        let mut cp_flags = Vec::new();
+        let mut admin_env = vec![("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN.to_owned())];
+        let mut node_tls = Vec::new();
+        let mut node_ca = None;
+        if let Some(tls) = &options.tls {
+            cp_flags.extend(["--tls-cert".into(), path(&tls.server.cert)]);
+            cp_flags.extend(["--tls-key".into(), path(&tls.server.key)]);
+            if let Some(ca) = &tls.client_ca {
+                cp_flags.extend(["--client-ca".into(), path(ca)]);
+            }
+            admin_env.push(("SWITCHYARD_CONTROL_CA", path(&tls.ca)));
+            node_tls.extend(["--control-ca".into(), path(&tls.ca)]);
+            if let Some((leaf, ca)) = &tls.node {
+                admin_env.push(("SWITCHYARD_TLS_CERT", path(&leaf.cert)));
+                admin_env.push(("SWITCHYARD_TLS_KEY", path(&leaf.key)));
+                node_tls.extend(["--tls-cert".into(), path(&leaf.cert)]);
+                node_tls.extend(["--tls-key".into(), path(&leaf.key)]);
+                node_ca = Some(ca.clone());
+            }
+        }
+        let cp_flags: Vec<&str> = cp_flags.iter().map(String::as_str).collect();
+        let cp = start_control_with(&store, "127.0.0.1:0", dir.path(), "cp", &env, &cp_flags).await;
+        // The certificates are for `localhost`.
+        let control = match options.tls {
+            Some(_) => format!("https://localhost:{}", cp.addr.port()),
+            None => cp.url(),
+        };
+        let admin_envs: Vec<(&str, &str)> =
+            admin_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let catalog = dir.path().join("catalog.yaml");
         std::fs::write(&catalog, catalog_yaml(&sim.url(), &options)).unwrap();
         let applied =
-            cli(&cp.url(), &["apply", "-f", &catalog.display().to_string(), "--json"]).await.json();
-        let created = cli(&cp.url(), &["keys", "create", "--name", "e2e", "--json"]).await.json();
+            cli_with_env(&control, &["apply", "-f", &path(&catalog), "--json"], &admin_envs)
+                .await
+                .json();
+        let created =
+            cli_with_env(&control, &["keys", "create", "--name", "e2e", "--json"], &admin_envs)
+                .await
+                .json();
         let version =
             created["version"].as_i64().unwrap().max(applied["version"].as_i64().unwrap());
         let node_dir = dir.path().join("node").display().to_string();
-        let control = cp.url();
         let node_port = options.hold_node_port.then(ReservedPort::new);
         let listen = node_port.as_ref().map_or("127.0.0.1:0".to_owned(), |p| p.addr().to_string());
         let mut node_args =
             vec!["node", "--control", &control, "--listen", &listen, "--data-dir", &node_dir];
+        node_args.extend(node_tls.iter().map(String::as_str));
         node_args.extend_from_slice(&options.node_args);
         let mut node_env: Vec<(&str, &str)> = options.node_env.clone();
         node_env.extend_from_slice(&env);
         let node = Proc::start(&node_args, &node_env, dir.path().join("node.log")).await;
         let addr = node.addr;
-        eventually(PATIENCE, "the node to apply the catalog and key", || async move {
-            node_version(addr).await.filter(|v| *v >= version)
+        let https_ca = node_ca.clone();
+        eventually(PATIENCE, "the node to apply the catalog and key", || {
+            let https_ca = https_ca.clone();
+            async move {
+                let version_now = match &https_ca {
+                    Some(ca) => crate::tls::https_node_version(addr, ca).await,
+                    None => node_version(addr).await,
+                };
+                version_now.filter(|v| *v >= version)
+            }
         })
         .await;
         Gateway {
@@ -183,7 +250,17 @@ impl Gateway {
             cp,
             node,
             node_port,
+            control,
+            admin_env,
+            node_ca,
         }
+    }
+
+    /// Runs an admin command against the gateway's control plane (over TLS if it has it).
+    pub async fn admin(&self, args: &[&str]) -> CliOutput {
+        let envs: Vec<(&str, &str)> =
+            self.admin_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        cli_with_env(&self.control, args, &envs).await
     }
 
     /// Scripts what the simulator does for an upstream model (`primary`, `secondary`, …).
@@ -247,7 +324,7 @@ impl Gateway {
     pub async fn create_key(&self, extra: &[&str]) -> String {
         let mut args = vec!["keys", "create", "--name", "extra", "--json"];
         args.extend_from_slice(extra);
-        let created = cli(&self.cp.url(), &args).await.json();
+        let created = self.admin(&args).await.json();
         self.wait_for(created["version"].as_i64().unwrap()).await;
         created["key"].as_str().unwrap().to_owned()
     }
@@ -256,7 +333,7 @@ impl Gateway {
     pub async fn set_defaults(&self, args: &[&str]) {
         let mut all = vec!["keys", "set-defaults", &self.key_id, "--json"];
         all.extend_from_slice(args);
-        let out = cli(&self.cp.url(), &all).await.json();
+        let out = self.admin(&all).await.json();
         self.wait_for(out["version"].as_i64().unwrap()).await;
     }
 

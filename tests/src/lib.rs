@@ -18,6 +18,7 @@ pub mod gateway;
 pub mod otlp;
 #[path = "../../control-plane/tests/support/pki.rs"]
 pub mod pki;
+pub mod tls;
 
 /// For a process that must come back on the address it had (a control plane that nodes look
 /// for, a webhook receiver a subscription points at); every other process binds port 0 and
@@ -171,14 +172,23 @@ pub async fn start_control_with_env(
     name: &str,
     env: &[(&str, &str)],
 ) -> Proc {
+    start_control_with(store, listen, dir, name, env, &[]).await
+}
+
+/// Like [`start_control_with_env`], with more flags (e.g. `--tls-cert`).
+pub async fn start_control_with(
+    store: &str,
+    listen: &str,
+    dir: &Path,
+    name: &str,
+    env: &[(&str, &str)],
+    flags: &[&str],
+) -> Proc {
     let mut envs = vec![("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)];
     envs.extend_from_slice(env);
-    Proc::start(
-        &["control", "--store", store, "--listen", listen],
-        &envs,
-        dir.join(format!("{name}.log")),
-    )
-    .await
+    let mut args = vec!["control", "--store", store, "--listen", listen];
+    args.extend_from_slice(flags);
+    Proc::start(&args, &envs, dir.join(format!("{name}.log"))).await
 }
 
 /// Starts a node following the given control planes (comma-separated URLs).
@@ -268,7 +278,20 @@ pub async fn http_request_with(
     headers: &[(&str, &[u8])],
     body: Option<&[u8]>,
 ) -> Option<HttpResponse> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    http_exchange(stream, addr, method, path, bearer, headers, body).await
+}
+
+/// One HTTP/1.1 request and its response on `stream` (plain TCP, or TLS from [`tls`]).
+pub async fn http_exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut stream: S,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    headers: &[(&str, &[u8])],
+    body: Option<&[u8]>,
+) -> Option<HttpResponse> {
     let auth = bearer.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
     let length = body
         .map(|b| format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()))

@@ -47,7 +47,8 @@ pub struct Ask {
 }
 
 impl Node {
-    pub fn new(url: &str, key: &str) -> Result<Self, NodeError> {
+    /// `ca`: the CA an `https://` node's certificate must be signed by (`--node-ca`).
+    pub fn new(url: &str, key: &str, ca: Option<&std::path::Path>) -> Result<Self, NodeError> {
         let uri: Uri = url
             .parse()
             .map_err(|e: http::uri::InvalidUri| NodeError::Url(url.into(), e.to_string()))?;
@@ -58,11 +59,16 @@ impl Node {
         if uri.host().is_none() {
             return Err(NodeError::Url(url.into(), "no host".into()));
         }
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .build();
+        let builder = match ca {
+            Some(ca) => {
+                let ca = switchyard_tls::files::Source::new("--node-ca", ca);
+                let config = switchyard_tls::config::client_config(Some(ca), None, &[])
+                    .map_err(|e| NodeError::Url(url.into(), e.to_string()))?;
+                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config((*config).clone())
+            }
+            None => hyper_rustls::HttpsConnectorBuilder::new().with_webpki_roots(),
+        };
+        let https = builder.https_or_http().enable_http1().build();
         let client = Client::builder(TokioExecutor::new()).build(https);
         Ok(Self { client, base: url.trim_end_matches('/').to_owned(), key: key.to_owned() })
     }
@@ -341,8 +347,8 @@ mod tests {
 
     #[test]
     fn node_urls_need_a_scheme_and_a_host() {
-        assert!(Node::new("127.0.0.1:8080", "k").is_err());
-        assert!(Node::new("ftp://h", "k").is_err());
-        assert!(Node::new("http://127.0.0.1:8080/", "k").is_ok());
+        assert!(Node::new("127.0.0.1:8080", "k", None).is_err());
+        assert!(Node::new("ftp://h", "k", None).is_err());
+        assert!(Node::new("http://127.0.0.1:8080/", "k", None).is_ok());
     }
 }
