@@ -182,9 +182,10 @@ pub enum StoreError {
     /// The etcd user's role does not cover a key the store needs.
     #[error("store access denied: {0}")]
     PermissionDenied(String),
-    /// A TLS file given for etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-key`) is unusable.
-    #[error("{flag} {}: {reason}", path.display())]
-    TlsFile { flag: &'static str, path: std::path::PathBuf, reason: String },
+    /// A TLS file given for etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-key`) is unusable;
+    /// the message starts with the flag and the file.
+    #[error("{0}")]
+    TlsFile(String),
     #[error("invalid store address {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
     /// I/O on the embedded store's directory failed; names the (absolute) directory, which

@@ -26,14 +26,14 @@
 
 use std::fmt;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use switchyard_tls::connect::ClientTls;
+use switchyard_tls::files::Source;
 use switchyard_proto::etcd as pb;
 use switchyard_proto::etcd::auth_client::AuthClient;
 use switchyard_proto::etcd::kv_client::KvClient;
@@ -43,7 +43,7 @@ use switchyard_proto::etcd::watch_client::WatchClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
 
 use super::api::{
     Compare, CompareOp, CompareTarget, EventKind, KeyListing, KeyValue, LeaseId, Listing, Revision,
@@ -256,7 +256,7 @@ impl EtcdStore {
         let tls = options.tls.as_ref().map(load_tls).transpose()?;
         let mut channels = Vec::with_capacity(endpoints.len());
         for url in endpoints {
-            let mut endpoint = Endpoint::from_shared(url.clone())
+            let endpoint = Endpoint::from_shared(url.clone())
                 .map_err(|e| StoreError::InvalidUrl { url: url.clone(), reason: e.to_string() })?
                 .connect_timeout(CONNECT_TIMEOUT)
                 .tcp_nodelay(true)
@@ -265,13 +265,13 @@ impl EtcdStore {
                 .keep_alive_timeout(Duration::from_secs(5))
                 .keep_alive_while_idle(true);
             match (url.starts_with("https://"), &tls) {
-                (true, Some(config)) => {
-                    endpoint = endpoint.tls_config(config.clone()).map_err(|e| {
-                        StoreError::InvalidUrl {
-                            url: url.clone(),
-                            reason: format!("TLS setup failed: {}", error_chain(&e)),
-                        }
+                (true, Some(tls)) => {
+                    let connector = tls.connector(url).map_err(|e| StoreError::InvalidUrl {
+                        url: url.clone(),
+                        reason: e.to_string(),
                     })?;
+                    channels.push((url.clone(), endpoint.connect_with_connector_lazy(connector)));
+                    continue;
                 }
                 (true, None) => {
                     return Err(StoreError::InvalidUrl {
@@ -1100,6 +1100,9 @@ fn advance(endpoints: &Endpoints, index: usize, count: usize) {
 /// A failure to reach `url`, naming it (TLS failures included: "invalid peer certificate").
 fn transport_error(what: &str, url: &str, status: &tonic::Status) -> StoreError {
     let cause = describe(status);
+    if cause.contains("TLS handshake with") {
+        return StoreError::Unavailable(format!("etcd {what} at {url} failed: {cause}"));
+    }
     if cause.contains("invalid peer certificate") || cause.to_ascii_lowercase().contains("tls") {
         return StoreError::Unavailable(format!(
             "etcd {what} at {url} failed: TLS handshake with {url} failed: {cause}"
@@ -1108,57 +1111,16 @@ fn transport_error(what: &str, url: &str, status: &tonic::Status) -> StoreError 
     StoreError::Unavailable(format!("etcd {what} at {url} failed ({:?}): {cause}", status.code()))
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut chain = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !chain.contains(&text) {
-            chain.push_str(": ");
-            chain.push_str(&text);
-        }
-        source = cause.source();
-    }
-    chain
-}
-
-/// Reads and checks the TLS files, so that a wrong one stops the start naming its flag.
-fn load_tls(tls: &EtcdTls) -> Result<ClientTlsConfig, StoreError> {
-    let ca = read_pem("--etcd-ca", &tls.ca)?;
-    let certificates = CertificateDer::pem_slice_iter(&ca).collect::<Result<Vec<_>, _>>();
-    match certificates {
-        Ok(certificates) if !certificates.is_empty() => {}
-        Ok(_) => return Err(tls_file_error("--etcd-ca", &tls.ca, "no PEM certificate in it")),
-        Err(e) => return Err(tls_file_error("--etcd-ca", &tls.ca, &format!("not PEM: {e}"))),
-    }
-    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
-    if let Some((cert_path, key_path)) = &tls.identity {
-        let cert = read_pem("--etcd-cert", cert_path)?;
-        match CertificateDer::pem_slice_iter(&cert).collect::<Result<Vec<_>, _>>() {
-            Ok(certificates) if !certificates.is_empty() => {}
-            Ok(_) => {
-                return Err(tls_file_error("--etcd-cert", cert_path, "no PEM certificate in it"));
-            }
-            Err(e) => {
-                return Err(tls_file_error("--etcd-cert", cert_path, &format!("not PEM: {e}")));
-            }
-        }
-        let key = read_pem("--etcd-key", key_path)?;
-        // The error's text never includes the key's bytes.
-        if PrivateKeyDer::from_pem_slice(&key).is_err() {
-            return Err(tls_file_error("--etcd-key", key_path, "no PEM private key in it"));
-        }
-        config = config.identity(Identity::from_pem(cert, key));
-    }
-    Ok(config)
-}
-
-fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, StoreError> {
-    std::fs::read(path).map_err(|e| tls_file_error(flag, path, &e.to_string()))
-}
-
-fn tls_file_error(flag: &'static str, path: &Path, reason: &str) -> StoreError {
-    StoreError::TlsFile { flag, path: path.to_path_buf(), reason: reason.to_owned() }
+/// Reads and checks the TLS files, so that a wrong one stops the start naming its flag and
+/// file. The connections it makes re-read them when they change (a rotated client
+/// certificate or CA needs no restart).
+fn load_tls(tls: &EtcdTls) -> Result<ClientTls, StoreError> {
+    let identity = tls
+        .identity
+        .as_ref()
+        .map(|(cert, key)| (Source::new("--etcd-cert", cert), Source::new("--etcd-key", key)));
+    ClientTls::new(Some(Source::new("--etcd-ca", &tls.ca)), identity)
+        .map_err(|e| StoreError::TlsFile(e.to_string()))
 }
 
 /// The status's message followed by its causes (a transport error's message alone is just

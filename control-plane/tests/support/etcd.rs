@@ -402,28 +402,26 @@ impl EtcdCluster {
         member: usize,
         identity: Option<(&Path, &Path)>,
     ) -> tonic::transport::Channel {
-        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+        use switchyard_tls::connect::ClientTls;
+        use switchyard_tls::files::Source;
+        use tonic::transport::Endpoint;
         let url = self.members[member].client_url.clone();
-        let mut endpoint = Endpoint::from_shared(url.clone())
+        let endpoint = Endpoint::from_shared(url.clone())
             .expect("member URL")
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(5));
-        if let Some(tls) = &self.tls {
-            let ca = std::fs::read(&tls.ca).expect("CA file");
-            let (cert, key) = identity.unwrap_or((&tls.cert, &tls.key));
-            let identity = Identity::from_pem(
-                std::fs::read(cert).expect("certificate file"),
-                std::fs::read(key).expect("key file"),
-            );
-            endpoint = endpoint
-                .tls_config(
-                    ClientTlsConfig::new()
-                        .ca_certificate(Certificate::from_pem(ca))
-                        .identity(identity),
+        match &self.tls {
+            Some(tls) => {
+                let (cert, key) = identity.unwrap_or((&tls.cert, &tls.key));
+                let client = ClientTls::new(
+                    Some(Source::new("--etcd-ca", &tls.ca)),
+                    Some((Source::new("--etcd-cert", cert), Source::new("--etcd-key", key))),
                 )
-                .expect("TLS config");
+                .expect("TLS files");
+                endpoint.connect_with_connector_lazy(client.connector(&url).expect("member URL"))
+            }
+            None => endpoint.connect_lazy(),
         }
-        endpoint.connect_lazy()
     }
 
     /// Turns authentication on through etcd's Auth RPCs (as `etcdctl user add`, `role add`,
