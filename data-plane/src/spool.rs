@@ -733,6 +733,19 @@ mod tests {
         (opened, lost)
     }
 
+    /// Spools `n` storm events in small files (so that most are sealed) and closes the
+    /// spool, as a node that stops does.
+    async fn spool_and_close(dir: &Path, n: usize) {
+        let (opened, _) = open_small_segments(dir, DEFAULT_MAX_BYTES);
+        for i in 0..n {
+            while !opened.spool.append(storm_event(i)) {
+                tokio::task::yield_now().await;
+            }
+        }
+        // A read forces the appended events to the file before this spool goes away.
+        let _ = opened.spool.read(0).await;
+    }
+
     #[tokio::test]
     async fn full_files_are_sealed_smaller_and_read_back_whole_in_order() {
         let dir = tempfile::tempdir().unwrap();
@@ -780,15 +793,7 @@ mod tests {
     #[tokio::test]
     async fn a_restart_reads_sealed_files_and_a_crash_mid_seal_loses_and_doubles_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        {
-            let (opened, _) = open_small_segments(dir.path(), DEFAULT_MAX_BYTES);
-            for i in 0..1_500 {
-                while !opened.spool.append(storm_event(i)) {
-                    tokio::task::yield_now().await;
-                }
-            }
-            let _ = opened.spool.read(0).await;
-        }
+        spool_and_close(dir.path(), 1_500).await;
         // A crash after a sealed file was renamed into place, before its original went: the
         // original comes back beside it. And one in the middle of writing another: a partial
         // `.sealing` file.
@@ -812,15 +817,7 @@ mod tests {
     #[tokio::test]
     async fn a_damaged_sealed_file_counts_every_event_it_held_as_lost() {
         let dir = tempfile::tempdir().unwrap();
-        {
-            let (opened, _) = open_small_segments(dir.path(), DEFAULT_MAX_BYTES);
-            for i in 0..1_500 {
-                while !opened.spool.append(storm_event(i)) {
-                    tokio::task::yield_now().await;
-                }
-            }
-            let _ = opened.spool.read(0).await;
-        }
+        spool_and_close(dir.path(), 1_500).await;
         let first = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().path())
