@@ -32,14 +32,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use switchyard_tls::connect::ClientTls;
-use switchyard_tls::files::Source;
 use switchyard_proto::etcd as pb;
 use switchyard_proto::etcd::auth_client::AuthClient;
 use switchyard_proto::etcd::kv_client::KvClient;
 use switchyard_proto::etcd::lease_client::LeaseClient;
 use switchyard_proto::etcd::maintenance_client::MaintenanceClient;
 use switchyard_proto::etcd::watch_client::WatchClient;
+use switchyard_tls::connect::ClientTls;
+use switchyard_tls::files::Source;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{Ascii, MetadataValue};
