@@ -286,6 +286,10 @@ fn admin_span(request: &http::Request<()>) -> tracing::Span {
     let Some(method) = request.uri().path().strip_prefix(ADMIN_PATH) else {
         return tracing::Span::none();
     };
+    // While the collector is down no span is made, and each one not made is counted.
+    if !switchyard_otel::span_wanted() {
+        return tracing::Span::none();
+    }
     let span = tracing::info_span!(
         target: switchyard_otel::SPAN_TARGET,
         "rpc",

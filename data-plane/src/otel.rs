@@ -28,8 +28,8 @@ pub const FAILOVER_EVENT: &str = "api:model_failover";
 pub use switchyard_otel::enabled;
 
 /// The span of the current OpenTelemetry context (the request's SERVER span on the request
-/// path) when OpenTelemetry is on; `None`, looked up at no cost, otherwise (and while the
-/// collector is down, when no spans are made).
+/// path) when OpenTelemetry is on; `None`, looked up at no cost, otherwise. While the
+/// collector is down the request has no span of its own, and the context's is empty.
 pub fn current() -> Option<Context> {
     enabled().then(Context::current)
 }

@@ -272,11 +272,23 @@ impl State {
         out.extend_from_slice(SEALED_MAGIC);
         out.extend_from_slice(&records.to_le_bytes());
         out.extend_from_slice(&lz4_flex::block::compress_prepend_size(&raw));
-        // Written aside and renamed into place, so a sealed file is always whole.
+        // Written aside, on disk before it is renamed into place: a sealed file is always
+        // whole, also after a power cut.
         let sealing = self.dir.join(format!("{seq:020}.sealing"));
-        fs::write(&sealing, &out)?;
-        fs::rename(&sealing, self.sealed_path(seq))?;
-        fs::remove_file(self.path(seq))?;
+        let written = File::create(&sealing).and_then(|mut file| {
+            file.write_all(&out)?;
+            file.sync_all()
+        });
+        if let Err(e) = written.and_then(|()| fs::rename(&sealing, self.sealed_path(seq))) {
+            let _ = fs::remove_file(&sealing);
+            return Err(e);
+        }
+        // The original must go, or a later start would read its events a second time: if it
+        // cannot, the sealed copy goes instead and the file stays as written.
+        if let Err(e) = fs::remove_file(self.path(seq)) {
+            let _ = fs::remove_file(self.sealed_path(seq));
+            return Err(e);
+        }
         Ok(out.len() as u64)
     }
 

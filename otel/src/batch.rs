@@ -158,16 +158,17 @@ impl<E> Exporting<E> {
                 self.pause.set(false);
             }
             Err(why) => {
-                self.export_failed.inc_by(n);
                 if self.failures == 0 {
                     tracing::warn!(
                         signal = self.signal, error = %why,
                         "OpenTelemetry export failed; batches are dropped (and counted) until the collector takes them"
                     );
                 }
+                // Paused before the drop is counted: whoever sees the count sees the pause.
                 self.retry_at = Some(tokio::time::Instant::now() + RETRY.ceiling(self.failures));
                 self.failures = self.failures.saturating_add(1);
                 self.pause.set(true);
+                self.export_failed.inc_by(n);
             }
         }
     }
@@ -423,11 +424,17 @@ mod tests {
         let down_before = counter("test_pause", "collector_down").get();
         queue.push(2);
         assert_eq!(counter("test_pause", "collector_down").get() - down_before, 1);
-        // The first retry is 1 s after the refusal: then records are made again, and the
-        // next batch tries the collector.
-        tokio::time::sleep_until(refused_at + Duration::from_millis(1_050)).await;
-        flush(&queue).await.unwrap().unwrap();
-        assert!(!pause.is_paused(), "the retry is due");
+        // The first retry is 1 s after the refusal: then records are made again (at the
+        // export task's next wake: a flush here), and the next batch tries the collector.
+        loop {
+            flush(&queue).await.unwrap().unwrap();
+            if !pause.is_paused() {
+                break;
+            }
+            assert!(refused_at.elapsed() < Duration::from_secs(5), "still paused after 5 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(refused_at.elapsed() >= Duration::from_secs(1), "paused until the retry is due");
         queue.push(3);
         flush(&queue).await.unwrap().unwrap();
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2, "tried again");

@@ -54,11 +54,11 @@ impl Pause {
     }
 
     pub(crate) fn set(&self, paused: bool) {
-        self.paused.store(paused, Ordering::Relaxed);
+        self.paused.store(paused, Ordering::Release);
     }
 
     pub(crate) fn is_paused(&self) -> bool {
-        self.paused.load(Ordering::Relaxed)
+        self.paused.load(Ordering::Acquire)
     }
 
     /// One record of this signal not made (or dropped) while paused.
@@ -67,15 +67,16 @@ impl Pause {
     }
 }
 
-/// Whether this process makes spans now: callers create their spans only then, so the
-/// request path pays nothing for them when it does not. `false` while the exporter waits
-/// for the collector to come back ([`span_wanted`] counts those).
+/// Whether this process exports spans: callers look for a current span, or make one (with
+/// [`span_wanted`]), only then, so the request path pays nothing for them when it does not.
 pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed) && !SPANS.is_paused()
+    ENABLED.load(Ordering::Relaxed)
 }
 
-/// Whether to make a span now, as [`enabled`]; a span not made because the collector is
-/// down is counted as dropped. Call it once per span the caller would make.
+/// Whether to make a span now: [`enabled`], and the exporter not waiting for the collector
+/// to come back. A span not made because the collector is down is counted as dropped; a
+/// span made before the pause keeps taking attributes. Call it once per span the caller
+/// would make.
 pub fn span_wanted() -> bool {
     if !ENABLED.load(Ordering::Relaxed) {
         return false;

@@ -190,13 +190,14 @@ async fn promtool_passes(addr: std::net::SocketAddr) {
 
 #[tokio::test]
 async fn with_the_collector_down_requests_are_served_and_the_failed_exports_counted() {
-    // A port nothing listens on: every export is refused.
+    // A port nothing listens on: every export is refused. Spans go out in batches of two
+    // as soon as two wait, and otherwise only once a minute: after the first refusal the
+    // span exporter stays paused for the rest of the test.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let gw = Gateway::start_with(GatewayOptions {
-        env: otel_env(format!("http://{closed}")),
-        ..GatewayOptions::default()
-    })
-    .await;
+    let mut env = otel_env(format!("http://{closed}"));
+    env.push(("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2".into()));
+    env.push(("OTEL_BSP_SCHEDULE_DELAY", "60000".into()));
+    let gw = Gateway::start_with(GatewayOptions { env, ..GatewayOptions::default() }).await;
     gw.script("primary", json!({"kind": "status", "status": 503})).await;
     for _ in 0..3 {
         let r = gw
@@ -214,24 +215,17 @@ async fn with_the_collector_down_requests_are_served_and_the_failed_exports_coun
         })
         .await;
     }
-    // Refused, the exporter waits (1 s, doubling; the pause ends at the export task's next
-    // wake after that) before it tries again, and meanwhile the node makes no spans and
-    // counts each one it did not make. Requests sent right after the refusal was seen fall
-    // in that wait.
+    // Refused, the exporter waits before it tries again (1 s, doubling, and here until its
+    // next wake a minute on), and meanwhile the node makes no spans: each request's server
+    // and client span is counted as not made, when the request is served.
+    let down = r#"switchyard_otel_dropped_total{signal="spans",reason="collector_down"}"#;
+    let before = node_sample(&gw, down).await.unwrap_or(0.0);
     for _ in 0..10 {
         let r = gw.chat(json!({"model": SECONDARY, "messages": msg()})).await;
         assert_eq!(r.status, 200, "{}", r.body);
     }
-    let down = r#"switchyard_otel_dropped_total{signal="spans",reason="collector_down"}"#;
-    eventually(
-        Duration::from_secs(20),
-        "spans not made while the collector is down, counted",
-        || {
-            let gw = &gw;
-            async move { node_sample(gw, down).await.filter(|n| *n > 0.0) }
-        },
-    )
-    .await;
+    let not_made = node_sample(&gw, down).await.unwrap_or(0.0) - before;
+    assert_eq!(not_made, 20.0, "ten requests' server and client spans, counted as not made");
     // The control plane's admin calls (the harness's catalog and key) were spans too.
     let series = r#"switchyard_control_otel_dropped_total{signal="spans",reason="export_failed"}"#;
     eventually(Duration::from_secs(20), "the control plane to count its failed exports", || {
