@@ -450,6 +450,11 @@ impl EtcdStore {
             if leaderless && started.elapsed() >= LEADER_WAIT {
                 return Err(self.leaderless_error(what, &failures).await);
             }
+            if leaderless {
+                // Waiting for an election, with members that refuse at once: a pause per
+                // member tried, not a busy loop.
+                tokio::time::sleep(LEADER_RETRY).await;
+            }
             if !leaderless && unreachable >= count {
                 // A member that lost its peers only a moment ago may still believe in its
                 // leader and let the call time out rather than say "no leader": ask.
@@ -695,7 +700,13 @@ impl Session {
                     reason: "wrong user name or password".into(),
                 }));
             }
-            Ok(Err(status)) if is_transport_failure(&status) => {
+            // Authenticate goes through raft: in an election it fails like any write, and
+            // the credentials are not what is wrong.
+            Ok(Err(status))
+                if is_transport_failure(&status)
+                    || is_leaderless(&status)
+                    || is_leader_timeout(&status) =>
+            {
                 return Err(AuthFailure::Transport(transport_error(
                     "authentication",
                     url,
