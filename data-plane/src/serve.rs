@@ -53,6 +53,9 @@ use tracing::{debug, error, info, warn};
 use crate::error::{ApiError, Flavor};
 use crate::request_id;
 
+/// How often an idle HTTP/2 client is pinged, and how long its answer may take.
+const H2_PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Pause after an accept error that is not about one connection (out of file descriptors,
 /// say), so the loop does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
@@ -184,8 +187,12 @@ impl Conn {
     {
         match self {
             Self::Tls(tls) if tls.is_h2() => {
+                // Pings find a peer that went away without closing (HTTP/1.1's header-read
+                // timeout has no HTTP/2 counterpart); a drain ends the connection with GOAWAY.
                 let conn = http2::Builder::new(TokioExecutor::new())
                     .timer(TokioTimer::new())
+                    .keep_alive_interval(Some(H2_PING_INTERVAL))
+                    .keep_alive_timeout(H2_PING_INTERVAL)
                     .serve_connection(TokioIo::new(tls), service);
                 watched(conn, watcher).await
             }
