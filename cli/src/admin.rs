@@ -15,7 +15,7 @@ use switchyard_proto::admin::v1::admin_client::AdminClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::catalog_file;
+use switchyard_catalog::file as catalog_file;
 use crate::error::CliError;
 use crate::output;
 use crate::output::apply::{ApplyView, apply_result};

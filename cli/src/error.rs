@@ -3,7 +3,7 @@
 
 use tonic::Code;
 
-use crate::catalog_file::CatalogFileError;
+use switchyard_catalog::file::CatalogFileError;
 use crate::drill::error::DrillError;
 use crate::serve::ServeError;
 use crate::token::{ADMIN_TOKEN_ENV, TokenError};

@@ -1,4 +1,6 @@
-//! Reading and writing the catalog file of `switchyard apply -f` (docs/catalog.md).
+//! Reading and writing the catalog file of `switchyard apply -f` (docs/catalog.md). It lives
+//! in this crate, not the CLI, so the fuzz target and its replay test call the loader
+//! `apply` calls (docs/fuzzing.md).
 //!
 //! Every error names the file, the YAML path and the field, because the person reading it
 //! has to find the line in a file of many similar entries (`models[7]` looks like the rest).
@@ -6,7 +8,8 @@
 use std::fmt;
 use std::path::Path;
 
-use switchyard_catalog::{Catalog, ValidationErrors};
+use crate::catalog::Catalog;
+use crate::error::ValidationErrors;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogFileError {
