@@ -15,7 +15,6 @@ use switchyard_proto::admin::v1::admin_client::AdminClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
-use switchyard_catalog::file as catalog_file;
 use crate::error::CliError;
 use crate::output;
 use crate::output::apply::{ApplyView, apply_result};
@@ -28,6 +27,7 @@ use crate::output::nodes::{NodesView, nodes_table};
 use crate::output::usage::{LimitView, UsageView, limits_table, usage_table};
 use crate::output::webhooks::{DeliveriesView, deliveries, webhooks_table};
 use crate::token::{self, ADMIN_TOKEN_ENV};
+use switchyard_catalog::file as catalog_file;
 
 /// Options every admin command takes. `global` lets them follow a nested subcommand
 /// (`switchyard keys create --json`) as well as precede it (`switchyard keys --json create`).

@@ -66,7 +66,11 @@ fn completion(adapter: &dyn Adapter, body: &[u8]) {
     for extra in [None, Some(("switchyard", &*extra))] {
         let out = completion.to_json(&model, extra);
         let object = json_object(&out, "the rendered completion");
-        assert_eq!(object.get("model"), Some(&Value::from(GATEWAY_MODEL)), "model is the gateway's");
+        assert_eq!(
+            object.get("model"),
+            Some(&Value::from(GATEWAY_MODEL)),
+            "model is the gateway's"
+        );
         assert!(object.contains_key("choices"), "choices kept");
         if extra.is_some() {
             assert!(object.contains_key("switchyard"), "the extra field is added");

@@ -106,17 +106,22 @@ fn inet_aton(name: &str) -> Option<Ipv4Addr> {
     Some(Ipv4Addr::from((value | last) as u32))
 }
 
+/// One part: digits only (`from_str_radix` would also take a sign, which `inet_aton` does
+/// not).
 fn number(part: &str) -> Option<u64> {
-    if part.is_empty() {
+    let (digits, radix) =
+        if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+            if hex.is_empty() {
+                return Some(0);
+            }
+            (hex, 16)
+        } else if part.len() > 1 && part.starts_with('0') {
+            (&part[1..], 8)
+        } else {
+            (part, 10)
+        };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
         return None;
     }
-    if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
-        return if hex.is_empty() { Some(0) } else { u64::from_str_radix(hex, 16).ok() };
-    }
-    if part.len() > 1
-        && let Some(octal) = part.strip_prefix('0')
-    {
-        return u64::from_str_radix(octal, 8).ok();
-    }
-    part.parse().ok()
+    u64::from_str_radix(digits, radix).ok()
 }

@@ -43,9 +43,8 @@ async fn ten_thousand_mutated_bodies_get_4xx_or_2xx_and_the_node_survives() {
     let mut rng = StdRng::seed_from_u64(seed);
     let cases: Vec<Case> = (0..REQUESTS).map(|i| case(&mut rng, i)).collect();
 
-    let client: HttpClient = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(CONCURRENCY)
-        .build_http();
+    let client: HttpClient =
+        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(CONCURRENCY).build_http();
     let url = format!("http://{}/v1/chat/completions", gw.node.addr);
     let key = Arc::new(format!("Bearer {}", gw.key));
     let cases = Arc::new(cases);
@@ -73,7 +72,8 @@ async fn ten_thousand_mutated_bodies_get_4xx_or_2xx_and_the_node_survives() {
         for (i, status, body) in worker.await.unwrap() {
             *statuses.entry(status).or_default() += 1;
             let case = &cases[i];
-            let shown = String::from_utf8_lossy(&case.body[..case.body.len().min(300)]).into_owned();
+            let shown =
+                String::from_utf8_lossy(&case.body[..case.body.len().min(300)]).into_owned();
             assert!(
                 (200..300).contains(&status) || (400..600).contains(&status),
                 "seed {seed}, request {i} ({}): status {status}: {body}\nbody: {shown}",
@@ -90,7 +90,9 @@ async fn ten_thousand_mutated_bodies_get_4xx_or_2xx_and_the_node_survives() {
         }
     }
     let took = started.elapsed();
-    println!("{REQUESTS} requests in {took:?}: statuses {statuses:?}, {relayed} relayed provider failures");
+    println!(
+        "{REQUESTS} requests in {took:?}: statuses {statuses:?}, {relayed} relayed provider failures"
+    );
 
     // Alive and serving: a valid request for each provider kind is answered.
     let exited = gw.node.child.try_wait().unwrap();
@@ -177,7 +179,10 @@ fn valid(rng: &mut StdRng) -> Value {
             "role": "assistant", "content": null,
             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
         }));
-        body["messages"].as_array_mut().unwrap().push(json!({"role": "tool", "tool_call_id": "c1", "content": "ok"}));
+        body["messages"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role": "tool", "tool_call_id": "c1", "content": "ok"}));
     }
     body
 }
@@ -259,8 +264,17 @@ fn mutate_tree(rng: &mut StdRng, value: &mut Value) -> String {
             format!("removed {path}.{key}")
         }
         (1, Value::Object(map)) => {
-            let key = ["model", "messages", "stream", "redundancy", "models", "n", "role", "content", "zz"]
-                [rng.random_range(0..9)];
+            let key = [
+                "model",
+                "messages",
+                "stream",
+                "redundancy",
+                "models",
+                "n",
+                "role",
+                "content",
+                "zz",
+            ][rng.random_range(0..9)];
             map.insert(key.into(), odd_value(rng));
             format!("set {path}.{key}")
         }
@@ -329,7 +343,10 @@ fn mutate_bytes(rng: &mut StdRng, body: &mut Vec<u8>) -> String {
             let at = body.iter().position(u8::is_ascii_digit);
             match at {
                 Some(at) => {
-                    let end = body[at..].iter().position(|b| !b.is_ascii_digit() && *b != b'.').map_or(body.len(), |e| at + e);
+                    let end = body[at..]
+                        .iter()
+                        .position(|b| !b.is_ascii_digit() && *b != b'.')
+                        .map_or(body.len(), |e| at + e);
                     body.splice(at..end, number.iter().copied());
                 }
                 None => {
@@ -343,7 +360,8 @@ fn mutate_bytes(rng: &mut StdRng, body: &mut Vec<u8>) -> String {
             "huge number".into()
         }
         6 => {
-            let tail: &[u8] = [&b"\\ud800"[..], b"\\u0000", b"\x00", b"\\", b"\"\"\""][rng.random_range(0..5)];
+            let tail: &[u8] =
+                [&b"\\ud800"[..], b"\\u0000", b"\x00", b"\\", b"\"\"\""][rng.random_range(0..5)];
             let at = body.iter().rposition(|b| *b == b'"').unwrap_or(0);
             body.splice(at..at, tail.iter().copied());
             "escapes".into()
@@ -354,7 +372,9 @@ fn mutate_bytes(rng: &mut StdRng, body: &mut Vec<u8>) -> String {
             "random bytes".into()
         }
         8 => {
-            body.extend_from_slice([&b" trailing"[..], b"{}", b"\n\n\n", b"]"][rng.random_range(0..4)]);
+            body.extend_from_slice(
+                [&b" trailing"[..], b"{}", b"\n\n\n", b"]"][rng.random_range(0..4)],
+            );
             "trailing bytes".into()
         }
         _ => {
