@@ -67,23 +67,13 @@ impl Ca {
     /// given DNS names and IP addresses; files `<name>.pem` and `<name>-key.pem`.
     pub fn leaf(&self, name: &str, hosts: &[&str]) -> Leaf {
         let now = SystemTime::now();
-        self.leaf_valid(
-            name,
-            hosts,
-            now - Duration::from_secs(3600),
-            now + Duration::from_secs(86_400),
-        )
+        self.leaf_valid(name, hosts, now - Duration::from_secs(3600), now + Duration::from_secs(86_400))
     }
 
     /// A certificate that expired an hour ago.
     pub fn expired_leaf(&self, name: &str, hosts: &[&str]) -> Leaf {
         let now = SystemTime::now();
-        self.leaf_valid(
-            name,
-            hosts,
-            now - Duration::from_secs(2 * 86_400),
-            now - Duration::from_secs(3600),
-        )
+        self.leaf_valid(name, hosts, now - Duration::from_secs(2 * 86_400), now - Duration::from_secs(3600))
     }
 
     pub fn leaf_valid(
@@ -102,8 +92,7 @@ impl Ca {
                 Err(_) => SanType::DnsName((*host).try_into().expect("DNS name")),
             })
             .collect();
-        params.key_usages =
-            vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages =
             vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.not_before = not_before.into();
