@@ -15,10 +15,13 @@ pub mod request;
 pub mod sse;
 pub mod webhook_url;
 
+/// A target's check: returns on a pass, panics on a broken invariant.
+pub type Check = fn(&[u8]);
+
 /// The targets, by the name of their directory under `fuzz/corpus/` and of their binary
 /// under `fuzz/fuzz_targets/`, with the check each one runs.
 /// Azure OpenAI speaks OpenAI's format: the `openai` target runs both adapters on each input.
-pub const TARGETS: [(&str, fn(&[u8])); 7] = [
+pub const TARGETS: [(&str, Check); 7] = [
     ("request", request::check),
     ("sse", sse::check),
     ("openai", provider::openai),
