@@ -4,8 +4,8 @@
 //! Input layout: the first byte picks what the rest is fed to (even: a completion body and
 //! an error body; odd: a streamed body). Invariants: no panic; an accepted completion
 //! renders as a JSON object whose `model` is the gateway's name and which keeps `choices`;
-//! every streamed chunk renders as a JSON object; nothing follows an end marker or an
-//! in-band error except what the adapter closes the stream with.
+//! every streamed chunk renders as a JSON object. Decoding stops at an end marker or an
+//! in-band error, where the stream reader stops.
 
 use std::collections::BTreeMap;
 
