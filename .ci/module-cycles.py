@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-CRATES = ["time", "backoff", "shutdown", "catalog", "control-plane", "data-plane", "cli", "sim", "tests", "bench", "proto", "tls"]
+CRATES = ["time", "backoff", "shutdown", "catalog", "control-plane", "data-plane", "cli", "sim", "tests", "bench", "proto", "tls", "fuzz-checks"]
 
 
 def strip_comments_and_strings(src):

@@ -11,6 +11,7 @@ pub mod catalog;
 pub mod credential;
 pub mod error;
 pub mod fault;
+pub mod file;
 pub mod keys;
 
 pub use catalog::{

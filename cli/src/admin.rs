@@ -21,7 +21,6 @@ use switchyard_tls::connect::ClientTls;
 use switchyard_tls::files::Source;
 use switchyard_tls::words;
 
-use crate::catalog_file;
 use crate::error::CliError;
 use crate::output;
 use crate::output::apply::{ApplyView, apply_result};
@@ -34,6 +33,7 @@ use crate::output::nodes::{NodesView, nodes_table};
 use crate::output::usage::{LimitView, UsageView, limits_table, usage_table};
 use crate::output::webhooks::{DeliveriesView, deliveries, webhooks_table};
 use crate::token::{self, ADMIN_TOKEN_ENV};
+use switchyard_catalog::file as catalog_file;
 
 /// Options every admin command takes. `global` lets them follow a nested subcommand
 /// (`switchyard keys create --json`) as well as precede it (`switchyard keys --json create`).

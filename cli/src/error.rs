@@ -3,10 +3,10 @@
 
 use tonic::Code;
 
-use crate::catalog_file::CatalogFileError;
 use crate::drill::error::DrillError;
 use crate::serve::ServeError;
 use crate::token::{ADMIN_TOKEN_ENV, TokenError};
+use switchyard_catalog::file::CatalogFileError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {

@@ -4,7 +4,6 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod admin;
-mod catalog_file;
 mod chaos;
 mod drill;
 mod error;

@@ -28,10 +28,11 @@ pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
     });
     let telemetry = &app.executor.telemetry;
     telemetry.record_usage(key_id, &model.name, usage.prompt_tokens, usage.completion_tokens, cost);
-    // A key's limits count what the model that served used (docs/limits.md).
+    // A key's limits count what the model that served used (docs/limits.md). The counts
+    // are the upstream's: a sum that would overflow saturates rather than panic or wrap.
     telemetry.limits.record(
         key_id,
-        usage.prompt_tokens + usage.completion_tokens,
+        usage.prompt_tokens.saturating_add(usage.completion_tokens),
         (cost * 1e6).round() as u64,
         switchyard_time::now_ms(),
     );

@@ -238,10 +238,10 @@ impl KeyLedger {
                 return;
             }
             w.requests += s.requests;
-            w.tokens += s.tokens;
+            w.tokens = w.tokens.saturating_add(s.tokens);
             if own {
                 w.own_requests += s.requests;
-                w.own_tokens += s.tokens;
+                w.own_tokens = w.own_tokens.saturating_add(s.tokens);
             }
             if s.requests > 0 {
                 w.oldest_request = Some(w.oldest_request.map_or(s.second, |o| o.min(s.second)));
@@ -337,7 +337,7 @@ impl Ledger {
             return blocked(Limit::UsdPerDay, until_midnight);
         }
         if let Some(budget) = limits.tokens_per_day
-            && over(k.day_tokens + others_tokens, k.day_tokens, budget)
+            && over(k.day_tokens.saturating_add(others_tokens), k.day_tokens, budget)
         {
             return blocked(Limit::TokensPerDay, until_midnight);
         }
@@ -382,8 +382,10 @@ impl Ledger {
         let now_s = now_ms.div_euclid(1000);
         let mut k = lock(&ledger);
         k.roll_day(now_s.div_euclid(SECONDS_PER_DAY));
-        k.own_slot(now_s).tokens += tokens;
-        k.day_tokens += tokens;
+        // Token counts come from upstream answers: they saturate, never wrap or panic.
+        let slot = k.own_slot(now_s);
+        slot.tokens = slot.tokens.saturating_add(tokens);
+        k.day_tokens = k.day_tokens.saturating_add(tokens);
         k.day_micro_usd += micro_usd;
     }
 

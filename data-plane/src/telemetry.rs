@@ -364,8 +364,9 @@ impl Telemetry {
             None => models.entry(model.to_owned()).or_default(),
         };
         totals.requests += 1;
-        totals.prompt_tokens += prompt;
-        totals.completion_tokens += completion;
+        // Upstream-reported counts: saturating, so no count a provider sends panics or wraps.
+        totals.prompt_tokens = totals.prompt_tokens.saturating_add(prompt);
+        totals.completion_tokens = totals.completion_tokens.saturating_add(completion);
         totals.cost_usd += cost;
         self.usage_dirty.store(true, Ordering::Relaxed);
     }

@@ -176,8 +176,9 @@ fn parse_retry_after(text: &str) -> Option<Duration> {
 /// The URI a delivery goes to: the subscription's URL as the `url` crate parses it, with any
 /// user name and password removed (hyper would not send them, and they must not reach a
 /// log line). Unless `internal`, a host that is not public is refused here: the connector
-/// skips the resolver for IP literals, so the resolver's check never sees them.
-fn target(url: &str, internal: bool) -> Result<http::Uri, String> {
+/// skips the resolver for IP literals, so the resolver's check never sees them. Public for
+/// the fuzz target of the webhook URL check (docs/fuzzing.md).
+pub fn target(url: &str, internal: bool) -> Result<http::Uri, String> {
     let mut parsed = address::check_webhook_url(url, internal)
         .map_err(|e| format!("{}: {e}", address::redact_userinfo(url)))?;
     // Both succeed on an http(s) URL with a host, which `check_webhook_url` ensured.

@@ -574,12 +574,16 @@ impl WireUsage {
             later.cache_read_input_tokens.or(self.cache_read_input_tokens);
     }
 
-    /// Cache writes and reads are input too: billed as prompt tokens.
+    /// Cache writes and reads are input too: billed as prompt tokens. Sums saturate: the
+    /// counts are the upstream's, and no count it sends may wrap or panic the node (found by
+    /// the `anthropic` fuzz target, docs/fuzzing.md).
     fn usage(&self) -> Usage {
         Usage {
-            prompt_tokens: self.input_tokens.unwrap_or(0)
-                + self.cache_creation_input_tokens.unwrap_or(0)
-                + self.cache_read_input_tokens.unwrap_or(0),
+            prompt_tokens: self
+                .input_tokens
+                .unwrap_or(0)
+                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
+                .saturating_add(self.cache_read_input_tokens.unwrap_or(0)),
             completion_tokens: self.output_tokens.unwrap_or(0),
         }
     }
@@ -589,7 +593,7 @@ impl WireUsage {
         json!({
             "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
             "prompt_tokens_details": {"cached_tokens": self.cache_read_input_tokens.unwrap_or(0)},
         })
     }
@@ -960,6 +964,39 @@ mod tests {
     use super::*;
     use crate::failure::{Failure, Verdict, classify};
     use switchyard_catalog::FailoverReason;
+
+    /// Token counts near `u64::MAX` (as a fuzzer or a broken upstream sends them) saturate
+    /// instead of panicking in debug builds and wrapping in release ones.
+    #[test]
+    fn huge_usage_counts_saturate() {
+        let max = u64::MAX;
+        let body = json!({
+            "id": "msg", "type": "message", "role": "assistant", "model": "claude",
+            "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": max, "output_tokens": max,
+                      "cache_creation_input_tokens": max, "cache_read_input_tokens": 1},
+        });
+        let completion = Anthropic.completion(body.to_string().as_bytes()).unwrap();
+        assert_eq!(completion.usage, Usage { prompt_tokens: max, completion_tokens: max });
+        let out = completion.to_json(&RawValue::from_string("\"m\"".into()).unwrap(), None);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["usage"]["total_tokens"], json!(max));
+
+        let mut decoder = MessageDecoder::new("claude");
+        let start = json!({"type": "message_start", "message": {"id": "m", "usage":
+            {"input_tokens": max, "cache_read_input_tokens": max, "output_tokens": max}}});
+        let frame = |data: &Value| Frame { event: None, data: data.to_string() };
+        decoder.decode(&frame(&start)).unwrap();
+        let delta = json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+            "usage": {"output_tokens": max}});
+        decoder.decode(&frame(&delta)).unwrap();
+        let events = decoder.decode(&frame(&json!({"type": "message_stop"}))).unwrap();
+        let usage = events.iter().find_map(|e| match e {
+            StreamEvent::Chunk { usage: Some(u), .. } => Some(*u),
+            _ => None,
+        });
+        assert_eq!(usage, Some(Usage { prompt_tokens: max, completion_tokens: max }));
+    }
 
     fn provider(api_version: Option<&str>) -> Provider {
         serde_json::from_value(json!({

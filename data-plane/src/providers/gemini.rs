@@ -738,11 +738,15 @@ struct UsageMetadata {
 }
 
 impl UsageMetadata {
-    /// Thinking tokens are billed as output, as OpenAI counts reasoning tokens.
+    /// Thinking tokens are billed as output, as OpenAI counts reasoning tokens. Sums
+    /// saturate: no count the upstream sends may wrap or panic the node (found by the
+    /// `gemini` fuzz target, docs/fuzzing.md).
     fn usage(&self) -> Usage {
         Usage {
             prompt_tokens: self.prompt_token_count,
-            completion_tokens: self.candidates_token_count + self.thoughts_token_count,
+            completion_tokens: self
+                .candidates_token_count
+                .saturating_add(self.thoughts_token_count),
         }
     }
 
@@ -751,7 +755,9 @@ impl UsageMetadata {
         json!({
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
-            "total_tokens": self.total_token_count.unwrap_or(usage.prompt_tokens + usage.completion_tokens),
+            "total_tokens": self
+                .total_token_count
+                .unwrap_or(usage.prompt_tokens.saturating_add(usage.completion_tokens)),
             "prompt_tokens_details": {"cached_tokens": self.cached_content_token_count},
             "completion_tokens_details": {"reasoning_tokens": self.thoughts_token_count},
         })
@@ -1087,6 +1093,24 @@ fn kind(google: Option<&str>, status: StatusCode) -> &'static str {
 mod tests {
     use super::*;
     use crate::failure::{Failure, Verdict, classify};
+
+    /// Token counts near `u64::MAX` saturate instead of panicking (debug) or wrapping
+    /// (release).
+    #[test]
+    fn huge_usage_counts_saturate() {
+        let max = u64::MAX;
+        let body = json!({
+            "candidates": [{"content": {"parts": [{"text": "hi"}], "role": "model"},
+                            "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": max, "candidatesTokenCount": max,
+                              "thoughtsTokenCount": max},
+        });
+        let completion = Gemini.completion(body.to_string().as_bytes()).unwrap();
+        assert_eq!(completion.usage, Usage { prompt_tokens: max, completion_tokens: max });
+        let out = completion.to_json(&RawValue::from_string("\"m\"".into()).unwrap(), None);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["usage"]["total_tokens"], json!(max));
+    }
 
     fn provider() -> Provider {
         serde_json::from_value(json!({

@@ -10,12 +10,23 @@ pub struct Frame {
     pub data: String,
 }
 
-/// Lines longer than this without an event boundary mean the upstream is not speaking SSE.
+/// An event larger than this without its blank line means the upstream is not speaking SSE.
 const MAX_PENDING: usize = 4 * 1024 * 1024;
 
+/// Reads the stream line by line, as the event-stream format defines it: a line ends at
+/// CRLF, LF or a lone CR, and a blank line ends an event. The event being read is kept
+/// between reads, so the same bytes give the same events however the reads split them.
 #[derive(Debug, Default)]
 pub struct Parser {
+    /// Bytes after the last complete line.
     buf: BytesMut,
+    /// The last line ended at a CR that may be the first half of a CRLF split between reads:
+    /// an LF at the start of the next read belongs to it, it is not a blank line.
+    after_cr: bool,
+    /// The unfinished event's `event:` name.
+    event: Option<String>,
+    /// The unfinished event's `data:` lines, joined by `\n`.
+    data: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -29,7 +40,7 @@ pub enum SseError {
 impl Parser {
     pub fn push(&mut self, bytes: &[u8]) -> Result<(), SseError> {
         self.buf.extend_from_slice(bytes);
-        if self.buf.len() > MAX_PENDING {
+        if self.buf.len() + self.data.as_ref().map_or(0, String::len) > MAX_PENDING {
             return Err(SseError::TooLarge);
         }
         Ok(())
@@ -39,53 +50,51 @@ impl Parser {
     /// keep-alives) are skipped.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, SseError> {
         loop {
-            let Some((end, sep)) = boundary(&self.buf) else { return Ok(None) };
-            let raw = self.buf.split_to(end);
-            self.buf.advance(sep);
-            let text = std::str::from_utf8(&raw).map_err(|_| SseError::NotUtf8)?;
-            let mut event = None;
-            let mut data: Option<String> = None;
-            for line in text.lines() {
-                let (field, value) = match line.split_once(':') {
-                    Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-                    None => (line, ""),
-                };
-                match field {
-                    "event" => event = Some(value.to_owned()),
-                    "data" => match &mut data {
-                        Some(d) => {
-                            d.push('\n');
-                            d.push_str(value);
-                        }
-                        None => data = Some(value.to_owned()),
-                    },
-                    _ => {}
+            if self.after_cr && !self.buf.is_empty() {
+                self.after_cr = false;
+                if self.buf[0] == b'\n' {
+                    self.buf.advance(1);
                 }
             }
-            if let Some(data) = data {
-                return Ok(Some(Frame { event, data }));
+            let Some(end) = self.buf.iter().position(|b| matches!(b, b'\n' | b'\r')) else {
+                return Ok(None);
+            };
+            let line = self.buf.split_to(end);
+            self.after_cr = self.buf[0] == b'\r';
+            self.buf.advance(1);
+            if line.is_empty() {
+                let event = self.event.take();
+                if let Some(data) = self.data.take() {
+                    return Ok(Some(Frame { event, data }));
+                }
+                continue;
+            }
+            let line = std::str::from_utf8(&line).map_err(|_| SseError::NotUtf8)?;
+            let (field, value) = match line.split_once(':') {
+                Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+                None => (line, ""),
+            };
+            match field {
+                "event" => self.event = Some(value.to_owned()),
+                "data" => match &mut self.data {
+                    Some(d) => {
+                        d.push('\n');
+                        d.push_str(value);
+                    }
+                    None => self.data = Some(value.to_owned()),
+                },
+                _ => {}
             }
         }
     }
 
-    /// Bytes received after the last complete event.
+    /// Bytes received after the last complete event: an unfinished line, or the lines of an
+    /// event whose blank line has not come.
     pub fn has_partial(&self) -> bool {
-        self.buf.iter().any(|b| !b.is_ascii_whitespace())
+        self.data.is_some()
+            || self.event.is_some()
+            || self.buf.iter().any(|b| !b.is_ascii_whitespace())
     }
-}
-
-/// Position and length of the first blank-line separator (`\n\n`, `\r\n\r\n`, `\r\r`).
-fn boundary(buf: &[u8]) -> Option<(usize, usize)> {
-    let mut i = 0;
-    while i < buf.len() {
-        match buf[i] {
-            b'\n' if buf.get(i + 1) == Some(&b'\n') => return Some((i, 2)),
-            b'\r' if buf[i..].starts_with(b"\r\n\r\n") => return Some((i, 4)),
-            b'\r' if buf.get(i + 1) == Some(&b'\r') => return Some((i, 2)),
-            _ => i += 1,
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -101,6 +110,41 @@ mod tests {
         assert_eq!(p.next_frame().unwrap().unwrap().data, "{\"a\":1}");
         assert_eq!(p.next_frame().unwrap().unwrap().data, "[DONE]");
         assert_eq!(p.next_frame().unwrap(), None);
+    }
+
+    /// Found by the `sse` fuzz target (docs/fuzzing.md): a lone CR ends a line, and a blank
+    /// line after LF-ended lines may be CRLF; the parser took only `\n\n`, `\r\n\r\n` and
+    /// `\r\r` as event ends, and only LF or CRLF as line ends inside an event.
+    #[test]
+    fn every_line_ending_the_format_allows_ends_lines_and_events() {
+        let mut p = Parser::default();
+        p.push(b"data: a\n\r\nevent: e\rdata: b\r\n\ndata: c\r\r").unwrap();
+        assert_eq!(p.next_frame().unwrap(), Some(Frame { event: None, data: "a".into() }));
+        assert_eq!(
+            p.next_frame().unwrap(),
+            Some(Frame { event: Some("e".into()), data: "b".into() })
+        );
+        assert_eq!(p.next_frame().unwrap(), Some(Frame { event: None, data: "c".into() }));
+        assert_eq!(p.next_frame().unwrap(), None);
+        assert!(!p.has_partial());
+    }
+
+    /// A CRLF split between two reads is one line end, not a line end and a blank line.
+    #[test]
+    fn a_crlf_split_between_reads_is_one_line_end() {
+        let mut p = Parser::default();
+        p.push(b"data: a\r").unwrap();
+        assert_eq!(p.next_frame().unwrap(), None);
+        p.push(b"\ndata: b\r\n\r\n").unwrap();
+        assert_eq!(p.next_frame().unwrap(), Some(Frame { event: None, data: "a\nb".into() }));
+    }
+
+    #[test]
+    fn an_event_without_its_blank_line_is_partial() {
+        let mut p = Parser::default();
+        p.push(b"event: e\ndata: x\n").unwrap();
+        assert_eq!(p.next_frame().unwrap(), None);
+        assert!(p.has_partial());
     }
 
     #[test]
