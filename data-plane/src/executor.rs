@@ -46,7 +46,9 @@ pub struct Served {
 
 pub enum Output {
     Completion(Completion),
-    Stream(CommittedStream),
+    /// Boxed: a stream's parser state is several times a completion's size, and results
+    /// move through a few frames before they are answered.
+    Stream(Box<CommittedStream>),
 }
 
 /// A stream whose first content arrived in time: its model is locked (docs/http-api.md,
@@ -338,7 +340,7 @@ impl Executor {
                         &injector,
                         attempts,
                     );
-                    return AttemptResult::Served(Output::Stream(stream));
+                    return AttemptResult::Served(Output::Stream(Box::new(stream)));
                 }
                 Err(failure) => failure,
             };

@@ -341,7 +341,7 @@ async fn serve(
             gen_ai.time_to_first_token.observe(started.elapsed().as_secs_f64());
             crate::stream::respond(
                 app,
-                stream,
+                *stream,
                 crate::stream::Context {
                     key_id: key.id.clone(),
                     request_id: id.clone(),
