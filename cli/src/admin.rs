@@ -15,9 +15,8 @@ use switchyard_proto::admin::v1::admin_client::AdminClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
-use switchyard_data_plane::sync::is_https;
 use switchyard_tls::config as tls_config;
-use switchyard_tls::connect::ClientTls;
+use switchyard_tls::connect::{ClientTls, is_https};
 use switchyard_tls::files::Source;
 use switchyard_tls::words;
 

@@ -266,7 +266,7 @@ pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
         )),
         None => None,
     };
-    let any_https = controls.iter().any(|url| switchyard_data_plane::sync::is_https(url));
+    let any_https = controls.iter().any(|url| switchyard_tls::connect::is_https(url));
     if args.control_ca.is_some() && !any_https {
         tracing::warn!(
             "--control-ca is set but no --control URL is https://: the config stream is plaintext"

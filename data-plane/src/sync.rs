@@ -14,7 +14,7 @@ use switchyard_backoff::Backoff;
 use switchyard_proto::node::v1::{
     self as pb, control_message, node_control_client::NodeControlClient, node_message,
 };
-use switchyard_tls::connect::ClientTls;
+use switchyard_tls::connect::{ClientTls, is_https};
 use switchyard_tls::files::TlsError;
 use switchyard_tls::words;
 
@@ -96,11 +96,6 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
         tokio::time::sleep(RECONNECT.delay(failures)).await;
         failures = failures.saturating_add(1);
     }
-}
-
-/// Whether a control-plane URL asks for TLS.
-pub fn is_https(url: &str) -> bool {
-    url.get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
 }
 
 async fn session(

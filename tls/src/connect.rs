@@ -24,6 +24,12 @@ use crate::config;
 use crate::files::{Source, TlsError};
 use crate::words;
 
+/// Whether a URL (a control plane's, an etcd member's) asks for TLS: its scheme is
+/// `https`, in any case.
+pub fn is_https(url: &str) -> bool {
+    url.get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+}
+
 /// A client's TLS settings for dialling control planes over HTTP/2 (gRPC).
 #[derive(Clone)]
 pub struct ClientTls {

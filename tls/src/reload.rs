@@ -3,11 +3,14 @@
 //!
 //! Handshakes ask for the value; at most once per [`CHECK_INTERVAL`] the asking handshake
 //! looks at the files' metadata (a `stat` each, no read), and only when one changed are they
-//! read and the value rebuilt. A rebuild that fails (a key copied before its certificate, a
+//! read and the value rebuilt. Only that one handshake does file work: the others take the
+//! current value at once, never waiting on its look. A rebuild that fails (a key copied before its certificate, a
 //! half-written file) keeps the last good value and logs why, naming the file; the files are
 //! tried again when they change next.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{info, warn};
@@ -43,11 +46,11 @@ pub struct Reloading<T> {
     what: &'static str,
     files: Vec<Source>,
     load: Loader<T>,
-    state: Mutex<State<T>>,
+    current: ArcSwap<T>,
+    check: Mutex<Check>,
 }
 
-struct State<T> {
-    current: Arc<T>,
+struct Check {
     /// The files as they were when last read (read after taking this, so a write during
     /// the read shows as a change next time).
     seen: Vec<Option<Fingerprint>>,
@@ -64,42 +67,52 @@ impl<T> Reloading<T> {
     /// Reads the files once; an error here is a start-up error.
     pub fn open(what: &'static str, files: Vec<Source>, load: Loader<T>) -> Result<Self, TlsError> {
         let seen = files.iter().map(fingerprint).collect();
-        let current = Arc::new(load(&files)?);
-        let state = Mutex::new(State { current, seen, checked: Instant::now() });
-        Ok(Self { what, files, load, state })
+        let current = ArcSwap::from_pointee(load(&files)?);
+        let check = Mutex::new(Check { seen, checked: Instant::now() });
+        Ok(Self { what, files, load, current, check })
     }
 
-    /// The current value, rebuilt first if the files changed since the last look.
+    /// The current value, rebuilt first if the files changed since the last look (unless
+    /// another caller is looking right now: then the value as it is).
     pub fn get(&self) -> Arc<T> {
-        let mut state = self.lock();
-        if state.checked.elapsed() >= CHECK_INTERVAL {
-            state.checked = Instant::now();
+        if let Some(mut check) = self.try_check()
+            && check.checked.elapsed() >= CHECK_INTERVAL
+        {
+            check.checked = Instant::now();
             let now: Vec<_> = self.files.iter().map(fingerprint).collect();
-            if now != state.seen {
-                state.seen = now;
-                match (self.load)(&self.files) {
-                    Ok(value) => {
-                        state.current = Arc::new(value);
-                        info!(what = self.what, files = %self.names(), "reloaded");
-                    }
-                    Err(e) => warn!(
-                        what = self.what,
-                        error = %e,
-                        "the files changed but cannot be used; keeping the previous ones"
-                    ),
-                }
+            if now != check.seen {
+                check.seen = now;
+                self.reload();
             }
         }
-        Arc::clone(&state.current)
+        self.current.load_full()
+    }
+
+    fn reload(&self) {
+        match (self.load)(&self.files) {
+            Ok(value) => {
+                self.current.store(Arc::new(value));
+                info!(what = self.what, files = %self.names(), "reloaded");
+            }
+            Err(e) => warn!(
+                what = self.what,
+                error = %e,
+                "the files changed but cannot be used; keeping the previous ones"
+            ),
+        }
     }
 
     fn names(&self) -> String {
         self.files.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<T>> {
-        // A panic while holding the lock leaves a whole value behind: use it.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn try_check(&self) -> Option<MutexGuard<'_, Check>> {
+        match self.check.try_lock() {
+            Ok(check) => Some(check),
+            // A panic while holding the lock leaves a whole record behind: use it.
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 }
 
@@ -128,14 +141,31 @@ mod tests {
         std::fs::write(&path, "two!").unwrap();
         // Not looked at again within the interval.
         assert_eq!(*r.get(), "one");
-        r.lock().checked -= CHECK_INTERVAL;
+        r.check.lock().unwrap().checked -= CHECK_INTERVAL;
         assert_eq!(*r.get(), "two!");
         std::fs::write(&path, "").unwrap();
-        r.lock().checked -= CHECK_INTERVAL;
+        r.check.lock().unwrap().checked -= CHECK_INTERVAL;
         assert_eq!(*r.get(), "two!", "an unusable file keeps the last good value");
         std::fs::write(&path, "three").unwrap();
-        r.lock().checked -= CHECK_INTERVAL;
+        r.check.lock().unwrap().checked -= CHECK_INTERVAL;
         assert_eq!(*r.get(), "three");
+    }
+
+    #[test]
+    fn a_caller_never_waits_while_another_looks_at_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, "one").unwrap();
+        let r =
+            Reloading::open("test", vec![Source::new("--f", &path)], Box::new(text_file)).unwrap();
+        std::fs::write(&path, "two!").unwrap();
+        let mut looking = r.check.lock().unwrap();
+        looking.checked -= CHECK_INTERVAL;
+        // Another handshake is looking (it holds the check): this one takes the value as it
+        // is instead of waiting, and the change is seen once the look is over.
+        assert_eq!(*r.get(), "one");
+        drop(looking);
+        assert_eq!(*r.get(), "two!");
     }
 
     #[test]

@@ -38,7 +38,7 @@ use switchyard_proto::etcd::kv_client::KvClient;
 use switchyard_proto::etcd::lease_client::LeaseClient;
 use switchyard_proto::etcd::maintenance_client::MaintenanceClient;
 use switchyard_proto::etcd::watch_client::WatchClient;
-use switchyard_tls::connect::ClientTls;
+use switchyard_tls::connect::{ClientTls, is_https};
 use switchyard_tls::files::Source;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -264,7 +264,7 @@ impl EtcdStore {
                 .http2_keep_alive_interval(Duration::from_secs(10))
                 .keep_alive_timeout(Duration::from_secs(5))
                 .keep_alive_while_idle(true);
-            match (url.starts_with("https://"), &tls) {
+            match (is_https(url), &tls) {
                 (true, Some(tls)) => {
                     let connector = tls.connector(url).map_err(|e| StoreError::InvalidUrl {
                         url: url.clone(),

@@ -37,7 +37,8 @@ pub async fn open(url: &str, etcd: etcd::EtcdOptions) -> Result<Arc<dyn Store>, 
             .map(str::trim)
             .filter(|e| !e.is_empty())
             .map(|e| {
-                if e.starts_with("http://") || e.starts_with("https://") {
+                let plain = e.get(..7).is_some_and(|s| s.eq_ignore_ascii_case("http://"));
+                if plain || switchyard_tls::connect::is_https(e) {
                     e.to_owned()
                 } else {
                     format!("{scheme}://{e}")
