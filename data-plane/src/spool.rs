@@ -745,6 +745,17 @@ mod tests {
         (opened, lost)
     }
 
+    /// The sealed files in `dir`, oldest first.
+    fn sealed_files(dir: &Path) -> Vec<PathBuf> {
+        let mut sealed: Vec<PathBuf> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sealed"))
+            .collect();
+        sealed.sort();
+        sealed
+    }
+
     /// Spools `n` storm events in small files (so that most are sealed) and closes the
     /// spool, as a node that stops does.
     async fn spool_and_close(dir: &Path, n: usize) {
@@ -809,11 +820,7 @@ mod tests {
         // A crash after a sealed file was renamed into place, before its original went: the
         // original comes back beside it. And one in the middle of writing another: a partial
         // `.sealing` file.
-        let sealed = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.extension().is_some_and(|x| x == "sealed"))
-            .unwrap();
+        let sealed = sealed_files(dir.path())[0].clone();
         let seq: u64 = sealed.file_stem().unwrap().to_str().unwrap().parse().unwrap();
         let raw = unseal(&fs::read(&sealed).unwrap()).unwrap();
         fs::write(dir.path().join(format!("{seq:020}.events")), &raw).unwrap();
@@ -830,12 +837,7 @@ mod tests {
     async fn a_damaged_sealed_file_counts_every_event_it_held_as_lost() {
         let dir = tempfile::tempdir().unwrap();
         spool_and_close(dir.path(), 1_500).await;
-        let first = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "sealed"))
-            .min()
-            .unwrap();
+        let first = sealed_files(dir.path())[0].clone();
         let mut bytes = fs::read(&first).unwrap();
         let held = u64::from(u32::from_le_bytes(bytes[4..8].try_into().unwrap()));
         // Past the header, the compressed block is cut in half.

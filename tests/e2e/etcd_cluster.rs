@@ -158,6 +158,16 @@ impl Traffic {
     }
 }
 
+/// Auth on, with the control plane's user limited to its prefix.
+fn auth_setup() -> AuthSetup {
+    AuthSetup {
+        root_password: ROOT_PASSWORD.into(),
+        user: ETCD_USER.into(),
+        password: ETCD_PASSWORD.into(),
+        prefix: "/switchyard/".into(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_with_nothing_lost() {
     let ca = Ca::new("etcd cluster test CA");
@@ -165,14 +175,7 @@ async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_w
     let tls = TlsFiles { ca: ca.cert_path().to_owned(), cert: member.cert, key: member.key };
     let mut cluster =
         EtcdCluster::start(ClusterOptions { tls: Some(tls), ..ClusterOptions::default() }).await;
-    cluster
-        .enable_auth(&AuthSetup {
-            root_password: ROOT_PASSWORD.into(),
-            user: ETCD_USER.into(),
-            password: ETCD_PASSWORD.into(),
-            prefix: "/switchyard/".into(),
-        })
-        .await;
+    cluster.enable_auth(&auth_setup()).await;
 
     let dir = tempfile::tempdir().unwrap();
     let sim =
@@ -360,14 +363,7 @@ async fn the_control_plane_refuses_to_start_on_bad_etcd_tls_files_or_credentials
         ..ClusterOptions::default()
     })
     .await;
-    cluster
-        .enable_auth(&AuthSetup {
-            root_password: ROOT_PASSWORD.into(),
-            user: ETCD_USER.into(),
-            password: ETCD_PASSWORD.into(),
-            prefix: "/switchyard/".into(),
-        })
-        .await;
+    cluster.enable_auth(&auth_setup()).await;
     let store = cluster.store_url();
     let path = |p: &std::path::Path| p.display().to_string();
     let (ca_path, cert, key) = (path(ca.cert_path()), path(&client.cert), path(&client.key));
