@@ -32,7 +32,7 @@ use crate::flags::bounded;
 use crate::fleet::wait_ready;
 use crate::host::{clock_ticks, cpu_ticks, mib, status_kib};
 use crate::proc::{Proc, cli, default_switchyard};
-use crate::stats::{fmt, median};
+use crate::stats::{fmt, median, pct};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Backend {
@@ -58,7 +58,7 @@ struct Options {
 }
 
 const USAGE: &str = "usage: switchyard-bench keys [--count 100000] (comma-separated, e.g. 0,100000) \
-[--store embedded,etcd] [--runs 3] [--changes 5] [--switchyard PATH]";
+[--store embedded,etcd] [--runs 3] [--changes 20] [--switchyard PATH]";
 
 fn parse(args: &[String]) -> Result<Options> {
     let mut o = Options {
@@ -66,7 +66,7 @@ fn parse(args: &[String]) -> Result<Options> {
         counts: vec![100_000],
         backends: vec![Backend::Embedded, Backend::Etcd],
         runs: 3,
-        changes: 5,
+        changes: 20,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -129,6 +129,9 @@ struct Sample {
     node_cpu_ms_per_change: f64,
     cp_cpu_ms_per_change: f64,
     lkg_bytes: u64,
+    /// What the node's last-known-good files grew by per change (`config.log` lines, and
+    /// a whole `config.base` if one was rewritten meanwhile).
+    lkg_written_per_change: f64,
     /// From the last change answering 401 to its version in the node's config.json.
     persist_lag_ms: f64,
     restart_ready_ms: f64,
@@ -156,17 +159,17 @@ async fn run(o: Options) -> Result<()> {
     }
     println!("### Keys: snapshot, ready, memory, one change (medians of {} runs)\n", o.runs);
     println!(
-        "| store | keys | resources | snapshot bytes | messages | seed s | control start ms | control RSS MiB | node ready ms | node VmRSS MiB | node VmHWM MiB | LKG on disk MiB | change → 401 ms p50 | max | CLI ms | last change → persisted ms | node CPU ms/change | control CPU ms/change | restart (LKG, no control) ready ms | restart VmRSS MiB |"
+        "| store | keys | resources | snapshot bytes | messages | seed s | control start ms | control RSS MiB | node ready ms | node VmRSS MiB | node VmHWM MiB | LKG on disk MiB | change → 401 ms p50 | p99 | max | CLI ms | last change → persisted ms | LKG bytes written/change | node CPU ms/change | control CPU ms/change | restart (LKG, no control) ready ms | restart VmRSS MiB |"
     );
     println!(
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for (backend, count, s, samples) in &rows {
         let m = |g: fn(&Sample) -> f64| median(&samples.iter().map(g).collect::<Vec<_>>());
         let changes: Vec<f64> = samples.iter().flat_map(|x| x.change_ms.clone()).collect();
         let clis: Vec<f64> = samples.iter().flat_map(|x| x.cli_ms.clone()).collect();
         println!(
-            "| {} | {count} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {count} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             backend.label(),
             s.resources,
             s.bytes,
@@ -179,9 +182,11 @@ async fn run(o: Options) -> Result<()> {
             fmt(m(|x| x.node_hwm_mib), 1),
             fmt(m(|x| x.lkg_bytes as f64 / 1048576.0), 1),
             fmt(median(&changes), 1),
+            fmt(pct(&changes, 0.99), 1),
             fmt(changes.iter().copied().reduce(f64::max), 1),
             fmt(median(&clis), 1),
             fmt(m(|x| x.persist_lag_ms), 0),
+            fmt(m(|x| x.lkg_written_per_change), 0),
             fmt(m(|x| x.node_cpu_ms_per_change), 1),
             fmt(m(|x| x.cp_cpu_ms_per_change), 1),
             fmt(m(|x| x.restart_ready_ms), 0),
@@ -291,6 +296,16 @@ async fn one(
         s.cp_rss_mib = mib(status_kib(cp.pid(), "VmRSS")?);
 
         let victims = &seeded.victims[run * o.changes..(run + 1) * o.changes];
+        // The snapshot's base must be on disk before the changes, so that what they write
+        // is measured apart from it.
+        let by = Instant::now() + Duration::from_secs(120);
+        while persisted_version(&node_dir).is_none_or(|v| v < version) {
+            if Instant::now() > by {
+                return Err(format!("snapshot version {version} not persisted within 120 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let lkg_before = lkg_files(&node_dir);
         let (node_before, cp_before) = (cpu_ticks(node.pid())?, cpu_ticks(cp.pid())?);
         let mut last_version = version;
         let mut last_rejected = Instant::now();
@@ -315,6 +330,15 @@ async fn one(
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         s.persist_lag_ms = last_rejected.elapsed().as_secs_f64() * 1e3;
+        let lkg_after = lkg_files(&node_dir);
+        let base_written = if lkg_after.base_modified != lkg_before.base_modified {
+            lkg_after.base_bytes
+        } else {
+            0
+        };
+        s.lkg_written_per_change = (lkg_after.log_bytes.saturating_sub(lkg_before.log_bytes)
+            + base_written) as f64
+            / o.changes as f64;
         let per_change =
             |b: u64, a: u64| (a.saturating_sub(b)) as f64 / ticks * 1e3 / o.changes as f64;
         s.node_cpu_ms_per_change = per_change(node_before, cpu_ticks(node.pid())?);
@@ -468,15 +492,44 @@ async fn revoke(
     Ok((ms(rejected), ms(exited), version))
 }
 
-/// The version of the node's persisted last-known-good (`{"version":N,...}` leads the file).
+/// The version of the node's persisted last-known-good (docs/operating.md): the last whole
+/// line of `config.log`, else the first line of `config.base` — both begin
+/// `{"version":N`.
 fn persisted_version(dir: &Path) -> Option<i64> {
-    use std::io::Read;
-    let mut head = [0u8; 64];
-    let mut file = std::fs::File::open(dir.join("config.json")).ok()?;
-    let n = file.read(&mut head).ok()?;
-    let head = std::str::from_utf8(&head[..n]).ok()?;
-    let rest = head.strip_prefix("{\"version\":")?;
-    rest[..rest.find(|c: char| !c.is_ascii_digit())?].parse().ok()
+    use std::io::{BufRead, Read, Seek, SeekFrom};
+    let leading = |line: &str| -> Option<i64> {
+        let rest = line.strip_prefix("{\"version\":")?;
+        rest[..rest.find(|c: char| !c.is_ascii_digit())?].parse().ok()
+    };
+    let mut first = String::new();
+    let base = std::fs::File::open(dir.join("config.base")).ok()?;
+    std::io::BufReader::new(base).read_line(&mut first).ok()?;
+    let base_version = leading(&first)?;
+    // Log lines are short: the tail holds the last whole one.
+    let log_version = std::fs::File::open(dir.join("config.log")).ok().and_then(|mut log| {
+        let len = log.metadata().ok()?.len();
+        log.seek(SeekFrom::Start(len.saturating_sub(64 * 1024))).ok()?;
+        let mut tail = String::new();
+        log.read_to_string(&mut tail).ok()?;
+        let whole = &tail[..tail.rfind('\n')?];
+        leading(whole.rsplit('\n').next()?)
+    });
+    Some(log_version.map_or(base_version, |v| v.max(base_version)))
+}
+
+struct LkgFiles {
+    base_bytes: u64,
+    base_modified: Option<std::time::SystemTime>,
+    log_bytes: u64,
+}
+
+fn lkg_files(dir: &Path) -> LkgFiles {
+    let base = std::fs::metadata(dir.join("config.base")).ok();
+    LkgFiles {
+        base_bytes: base.as_ref().map_or(0, |m| m.len()),
+        base_modified: base.and_then(|m| m.modified().ok()),
+        log_bytes: std::fs::metadata(dir.join("config.log")).map_or(0, |m| m.len()),
+    }
 }
 
 fn dir_bytes(dir: &Path) -> u64 {

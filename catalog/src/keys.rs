@@ -308,11 +308,34 @@ impl ApiKeyRecord {
     }
 }
 
+/// SHA-256 of a key secret as bytes: what a node looks keys up by.
+pub fn secret_digest(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// The bytes of a stored `secret_sha256` (64 hex digits, either case); `None` if it is not one.
+pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let nibble = |c: u8| char::from(c).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let mut out = [0u8; 32];
+    for (byte, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
+        *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
 /// Hex SHA-256 of a key secret, the form in which keys are stored and looked up.
 pub fn hash_secret(secret: &str) -> String {
-    let digest = Sha256::digest(secret.as_bytes());
+    digest_hex(&secret_digest(secret))
+}
+
+/// Lower-case hex of a digest, as `secret_sha256` stores it.
+pub fn digest_hex(digest: &[u8; 32]) -> String {
     let mut hex = String::with_capacity(64);
-    for byte in digest {
+    for &byte in digest {
         hex.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
         hex.push(char::from(b"0123456789abcdef"[usize::from(byte & 0xf)]));
     }
@@ -456,5 +479,18 @@ mod tests {
             hash_secret("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn a_digest_parses_back_from_its_hex_in_either_case_and_nothing_else_does() {
+        let digest = secret_digest("abc");
+        assert_eq!(parse_digest(&hash_secret("abc")), Some(digest));
+        assert_eq!(parse_digest(&hash_secret("abc").to_uppercase()), Some(digest));
+        assert_eq!(digest_hex(&digest), hash_secret("abc"));
+        let hex = hash_secret("abc");
+        for bad in ["", "h", &hex[..62], &format!("{hex}00"), &format!("{}g", &hex[..63])] {
+            assert_eq!(parse_digest(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_digest(&format!("+{}", &hex[1..])), None, "a sign is not a digit");
     }
 }

@@ -7,11 +7,12 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use switchyard_catalog::keys::MAX_CHAIN_MODELS;
-use switchyard_catalog::{ApiKeyRecord, Degraded, FailoverReason, Fault, Model};
+use switchyard_catalog::{Degraded, FailoverReason, Fault, Model};
 
 use crate::chaos;
 use crate::config::NodeConfig;
 use crate::error::ApiError;
+use crate::keys::Key;
 use crate::providers::CallError;
 use crate::request::{ChatRequest, EntrySpec};
 use crate::structured::OutputCheck;
@@ -66,7 +67,7 @@ impl Chain {
 
 pub fn resolve(
     request: &ChatRequest<'_>,
-    key: &ApiKeyRecord,
+    key: &Key,
     config: &NodeConfig,
 ) -> Result<Chain, ApiError> {
     let (specs, count_param) = match (&request.models, &request.model, &request.fallback_models) {
@@ -105,7 +106,7 @@ pub fn resolve(
         ));
     }
 
-    let defaults = key.failover_defaults.as_ref();
+    let defaults = key.settings.failover_defaults.as_ref();
     let chain_timeout = request.redundancy.timeout_ms.or(defaults.and_then(|d| d.timeout_ms));
     let chain_first_token = request
         .redundancy
@@ -188,8 +189,9 @@ fn spec(model: &str, param: &str) -> EntrySpec {
 }
 
 /// `model` alone: the key's default chain from `model`'s position on, else a single attempt.
-fn from_defaults(model: &str, key: &ApiKeyRecord) -> Vec<EntrySpec> {
-    let defaults = key.failover_defaults.as_ref().map(|d| d.models.as_slice()).unwrap_or(&[]);
+fn from_defaults(model: &str, key: &Key) -> Vec<EntrySpec> {
+    let defaults =
+        key.settings.failover_defaults.as_ref().map(|d| d.models.as_slice()).unwrap_or(&[]);
     match defaults.iter().position(|m| m == model) {
         Some(pos) => defaults[pos..].iter().map(|m| spec(m, "model")).collect(),
         None => vec![spec(model, "model")],
@@ -199,26 +201,27 @@ fn from_defaults(model: &str, key: &ApiKeyRecord) -> Vec<EntrySpec> {
 /// The key's allow-list and allowed regions, checked for every model of the chain (each
 /// attempt is a full, independent call under the same policy).
 fn check_policy(
-    key: &ApiKeyRecord,
+    key: &Key,
     config: &NodeConfig,
     model: &Model,
     param: &str,
 ) -> Result<(), ApiError> {
-    if !key.allowed_models.is_empty() && !key.allowed_models.contains(&model.name) {
+    let settings = &key.settings;
+    if !settings.allowed_models.is_empty() && !settings.allowed_models.contains(&model.name) {
         return Err(ApiError::ModelNotAllowed {
             message: format!("This API key may not use the model `{}`.", model.name),
             param: param.to_owned(),
         });
     }
-    if !key.allowed_regions.is_empty() {
+    if !settings.allowed_regions.is_empty() {
         let region = config.catalog.provider(&model.provider).and_then(|p| p.region.as_deref());
-        if !region.is_some_and(|r| key.allowed_regions.iter().any(|a| a == r)) {
+        if !region.is_some_and(|r| settings.allowed_regions.iter().any(|a| a == r)) {
             return Err(ApiError::ModelNotAllowed {
                 message: format!(
                     "The model `{}` is served from region {}, outside this API key's allowed regions ({}).",
                     model.name,
                     region.unwrap_or("(none)"),
-                    key.allowed_regions.join(", ")
+                    settings.allowed_regions.join(", ")
                 ),
                 param: param.to_owned(),
             });

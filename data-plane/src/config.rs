@@ -6,16 +6,17 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use switchyard_catalog::{ApiKeyRecord, Catalog, Fault, Model};
+use switchyard_catalog::{Catalog, Fault, Model};
 
+use crate::keys::{Key, KeyParser};
 use crate::providers::ProviderRuntime;
 use crate::retry;
 use crate::shards::ShardedMap;
 use crate::structured;
 
 /// Resource names, as the control plane sends them.
-const CATALOG: &str = "catalog";
-const KEYS: &str = "keys/";
+pub const CATALOG: &str = "catalog";
+pub const KEYS: &str = "keys/";
 const FAULTS: &str = "faults/";
 
 #[derive(Debug, thiserror::Error)]
@@ -31,9 +32,9 @@ pub struct NodeConfig {
     pub version: i64,
     pub catalog: Arc<Catalog>,
     /// By key id.
-    pub keys: ShardedMap<Arc<ApiKeyRecord>>,
-    /// By hex SHA-256 of the secret: the lookup each request makes.
-    pub keys_by_hash: ShardedMap<Arc<ApiKeyRecord>>,
+    pub keys: ShardedMap<Box<str>, Arc<Key>>,
+    /// By SHA-256 of the secret: the lookup each request makes.
+    pub keys_by_hash: ShardedMap<[u8; 32], Arc<Key>>,
     /// The catalog's models by gateway name.
     pub models: HashMap<String, Arc<Model>>,
     /// Providers with their connection pools and resolved credentials, by name.
@@ -53,11 +54,6 @@ pub struct NodeConfig {
     pub limited_keys: usize,
 }
 
-/// An active key with at least one limit: the node counts it for the fleet.
-pub fn limited(key: &ApiKeyRecord) -> bool {
-    key.is_active() && key.limits.is_some_and(|l| !l.is_empty())
-}
-
 /// A change to apply: a full snapshot replaces everything, an update patches.
 pub enum Change {
     Snapshot { version: i64, resources: Vec<(String, Vec<u8>)> },
@@ -74,22 +70,21 @@ impl Change {
 
 enum Parsed {
     Catalog(Catalog),
-    Key(ApiKeyRecord),
+    Key(Key),
     Fault(Fault),
     /// A resource kind this node does not know (a newer control plane); ignored.
     Unknown,
 }
 
-fn parse(name: &str, value: &[u8]) -> Result<Parsed, ConfigError> {
+fn parse(keys: &mut KeyParser, name: &str, value: &[u8]) -> Result<Parsed, ConfigError> {
     let invalid = |reason: String| ConfigError::Invalid { name: name.to_owned(), reason };
     if name == CATALOG {
         let catalog: Catalog = serde_json::from_slice(value).map_err(|e| invalid(e.to_string()))?;
         catalog.validate().map_err(|e| invalid(e.to_string()))?;
         Ok(Parsed::Catalog(catalog))
     } else if let Some(id) = name.strip_prefix(KEYS) {
-        let key: ApiKeyRecord =
-            serde_json::from_slice(value).map_err(|e| invalid(e.to_string()))?;
-        if key.id != id {
+        let key = keys.parse(value).map_err(invalid)?;
+        if &*key.id != id {
             return Err(invalid(format!("holds key id {:?}", key.id)));
         }
         Ok(Parsed::Key(key))
@@ -109,27 +104,31 @@ impl NodeConfig {
     /// Builds the config that results from `change`, or says why it cannot be applied (the
     /// current config then stays in force: all or nothing).
     pub fn apply(&self, change: Change) -> Result<NodeConfig, ConfigError> {
-        let snapshot = matches!(change, Change::Snapshot { .. });
-        let (version, mut next, upserts, deletes) = match change {
+        match change {
             Change::Snapshot { version, resources } => {
-                // Warm provider pools survive a resync; set_catalog drops the stale ones.
-                let fresh = NodeConfig {
-                    providers: self.providers.clone(),
-                    retry_budget: Arc::clone(&self.retry_budget),
-                    schemas: Arc::clone(&self.schemas),
-                    ..Default::default()
-                };
-                (version, fresh, resources, Vec::new())
+                let mut snapshot = self.begin_snapshot(version);
+                snapshot.add(resources)?;
+                Ok(snapshot.finish())
             }
             Change::Update { version, upserts, deletes } => {
-                (version, self.clone(), upserts, deletes)
+                self.update(version, &upserts, &deletes)
             }
-        };
+        }
+    }
+
+    fn update(
+        &self,
+        version: i64,
+        upserts: &[(String, Vec<u8>)],
+        deletes: &[String],
+    ) -> Result<NodeConfig, ConfigError> {
         // Parse everything before changing anything.
+        let mut keys = KeyParser::default();
         let parsed = upserts
             .iter()
-            .map(|(name, value)| parse(name, value))
+            .map(|(name, value)| parse(&mut keys, name, value))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut next = self.clone();
         // Faults are few and change rarely: the list is rebuilt whole when one changes.
         let touches_faults = deletes.iter().any(|n| n.starts_with(FAULTS))
             || parsed.iter().any(|p| matches!(p, Parsed::Fault(_)));
@@ -138,44 +137,79 @@ impl NodeConfig {
         } else {
             BTreeMap::new()
         };
-        for name in &deletes {
+        for name in deletes {
             if name == CATALOG {
                 next.set_catalog(Catalog::default());
-            } else if let Some(id) = name.strip_prefix(KEYS)
-                && let Some(old) = next.keys.remove(id)
-            {
-                next.limited_keys -= usize::from(limited(&old));
-                next.keys_by_hash.remove(&old.secret_sha256);
+            } else if let Some(id) = name.strip_prefix(KEYS) {
+                next.remove_key(id);
             } else if let Some(fault) = name.strip_prefix(FAULTS) {
                 faults.remove(fault);
             }
         }
         for item in parsed {
-            match item {
-                Parsed::Catalog(catalog) => next.set_catalog(catalog),
-                Parsed::Key(key) => {
-                    let key = Arc::new(key);
-                    next.limited_keys += usize::from(limited(&key));
-                    if let Some(old) = next.keys.insert(key.id.clone(), Arc::clone(&key)) {
-                        next.limited_keys -= usize::from(limited(&old));
-                        next.keys_by_hash.remove(&old.secret_sha256);
-                    }
-                    next.keys_by_hash.insert(key.secret_sha256.clone(), key);
-                }
-                Parsed::Fault(fault) => {
-                    faults.insert(fault.name.clone(), Arc::new(fault));
-                }
-                Parsed::Unknown => {}
-            }
+            next.put(item, &mut faults, None);
         }
         if touches_faults {
             next.faults = faults.into_values().collect();
         }
-        if snapshot && !upserts.iter().any(|(name, _)| name == CATALOG) {
-            next.set_catalog(Catalog::default());
-        }
         next.version = version;
         Ok(next)
+    }
+
+    /// Starts a snapshot at `version`, built from chunks as they arrive: no chunk is kept
+    /// once added, and keys unchanged since this config are shared with it, so a resync
+    /// holds one copy of the fleet's keys, not two.
+    pub fn begin_snapshot(&self, version: i64) -> SnapshotBuilder {
+        // Warm provider pools survive a resync; set_catalog drops the stale ones.
+        let next = NodeConfig {
+            version,
+            providers: self.providers.clone(),
+            retry_budget: Arc::clone(&self.retry_budget),
+            schemas: Arc::clone(&self.schemas),
+            ..Default::default()
+        };
+        SnapshotBuilder {
+            next,
+            previous: self.keys.clone(),
+            faults: BTreeMap::new(),
+            keys: KeyParser::default(),
+            catalog: false,
+        }
+    }
+
+    fn remove_key(&mut self, id: &str) {
+        if let Some(old) = self.keys.remove(id) {
+            self.limited_keys -= usize::from(old.limited());
+            self.keys_by_hash.remove(&old.digest);
+        }
+    }
+
+    /// Installs one parsed resource. `previous`: keys of an older config to share when equal.
+    fn put(
+        &mut self,
+        item: Parsed,
+        faults: &mut BTreeMap<String, Arc<Fault>>,
+        previous: Option<&ShardedMap<Box<str>, Arc<Key>>>,
+    ) {
+        match item {
+            Parsed::Catalog(catalog) => self.set_catalog(catalog),
+            Parsed::Key(key) => {
+                let key = match previous.and_then(|p| p.get(&*key.id)) {
+                    Some(old) if **old == key => Arc::clone(old),
+                    _ => Arc::new(key),
+                };
+                self.limited_keys += usize::from(key.limited());
+                if let Some(old) = self.keys.insert(key.id.clone(), Arc::clone(&key)) {
+                    self.limited_keys -= usize::from(old.limited());
+                    self.keys_by_hash.remove(&old.digest);
+                }
+                self.keys_by_hash.insert(key.digest, key);
+            }
+            Parsed::Fault(fault) => {
+                faults.insert(fault.name.clone(), Arc::new(fault));
+            }
+            Parsed::Unknown => {}
+        }
     }
 
     /// Installs a catalog, keeping the connection pool of every provider whose definition
@@ -198,30 +232,56 @@ impl NodeConfig {
         self.catalog = Arc::new(catalog);
     }
 
-    /// The config as resources, the form in which it is persisted and re-applied.
-    /// Writes the config as [`Persisted`]'s JSON, each record serialised straight into
-    /// `out`: no intermediate tree, which with a fleet's worth of keys was most of the
-    /// node's memory (docs/BENCHMARKS.md, "Figures behind design choices").
-    /// Injected faults are left out: a node restarted while its control plane is away serves
-    /// without a drill, whose end (its lease) it could not learn.
-    pub fn write_persisted(&self, out: &mut impl std::io::Write) -> Result<(), serde_json::Error> {
-        let io = serde_json::Error::io;
-        write!(out, "{{\"version\":{},\"resources\":{{", self.version).map_err(io)?;
-        serde_json::to_writer(&mut *out, CATALOG)?;
-        out.write_all(b":").map_err(io)?;
-        serde_json::to_writer(&mut *out, &*self.catalog)?;
-        for (id, key) in self.keys.iter() {
-            out.write_all(b",").map_err(io)?;
-            serde_json::to_writer(&mut *out, &format!("{KEYS}{id}"))?;
-            out.write_all(b":").map_err(io)?;
-            serde_json::to_writer(&mut *out, &**key)?;
+    /// A resource as the node's last-known-good keeps it (`None`: not in this config, or
+    /// not kept — injected faults are left out: a node restarted while its control plane is
+    /// away serves without a drill, whose end it could not learn).
+    pub fn stored(&self, name: &str) -> Result<Option<Vec<u8>>, serde_json::Error> {
+        if name == CATALOG {
+            return serde_json::to_vec(&*self.catalog).map(Some);
         }
-        out.write_all(b"}}").map_err(io)
+        match name.strip_prefix(KEYS).and_then(|id| self.keys.get(id)) {
+            Some(key) => key.to_json().map(Some),
+            None => Ok(None),
+        }
     }
 }
 
-/// The last-known-good config as kept in the node's data dir: its resources as the control
-/// plane sent them, re-applied through [`NodeConfig::apply`] on start.
+/// A snapshot being applied as its chunks arrive (see [`NodeConfig::begin_snapshot`]).
+pub struct SnapshotBuilder {
+    next: NodeConfig,
+    previous: ShardedMap<Box<str>, Arc<Key>>,
+    faults: BTreeMap<String, Arc<Fault>>,
+    keys: KeyParser,
+    catalog: bool,
+}
+
+impl SnapshotBuilder {
+    pub fn version(&self) -> i64 {
+        self.next.version
+    }
+
+    /// Adds a chunk of resources. An error rejects the whole snapshot: the builder is then
+    /// dropped and the config in force stays.
+    pub fn add(&mut self, resources: Vec<(String, Vec<u8>)>) -> Result<(), ConfigError> {
+        for (name, value) in resources {
+            let item = parse(&mut self.keys, &name, &value)?;
+            self.catalog |= matches!(item, Parsed::Catalog(_));
+            self.next.put(item, &mut self.faults, Some(&self.previous));
+        }
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> NodeConfig {
+        if !self.catalog {
+            self.next.set_catalog(Catalog::default());
+        }
+        self.next.faults = self.faults.into_values().collect();
+        self.next
+    }
+}
+
+/// The last-known-good file of nodes before the incremental one (`config.json`: the whole
+/// config as one JSON object), read once on upgrade.
 #[derive(Debug, Deserialize)]
 pub struct Persisted {
     pub version: i64,
@@ -243,10 +303,13 @@ impl Persisted {
 mod tests {
     use super::*;
 
-    fn key_json(id: &str, hash: &str) -> Vec<u8> {
+    use switchyard_catalog::keys::{hash_secret, secret_digest};
+
+    /// A key record as the control plane stores it, for the secret `secret`.
+    fn key_json(id: &str, secret: &str) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({
             "id": id, "name": "n", "created_unix_ms": 1, "status": "active",
-            "secret_sha256": hash, "secret_hint": "abcd"
+            "secret_sha256": hash_secret(secret), "secret_hint": "abcd"
         }))
         .unwrap()
     }
@@ -271,9 +334,9 @@ mod tests {
             })
             .unwrap();
         assert_eq!(next.version, 6);
-        assert!(next.keys_by_hash.contains_key("h9"));
+        assert!(next.keys_by_hash.contains_key(&secret_digest("h9")));
         assert!(
-            !next.keys_by_hash.contains_key("h1"),
+            !next.keys_by_hash.contains_key(&secret_digest("h1")),
             "a rotated key's old hash must stop working"
         );
         assert!(!next.keys.contains_key("k2"));
@@ -373,38 +436,36 @@ mod tests {
     }
 
     #[test]
-    fn faults_are_not_persisted() {
-        let cfg = NodeConfig::default()
+    fn a_resync_shares_the_keys_that_did_not_change() {
+        let base = NodeConfig::default()
             .apply(Change::Snapshot {
-                version: 7,
-                resources: vec![("faults/a".into(), fault_json("a", 503))],
+                version: 3,
+                resources: vec![
+                    ("keys/k1".into(), key_json("k1", "s1")),
+                    ("keys/k2".into(), key_json("k2", "s2")),
+                ],
             })
             .unwrap();
-        let mut bytes = Vec::new();
-        cfg.write_persisted(&mut bytes).unwrap();
-        let again = NodeConfig::default()
-            .apply(serde_json::from_slice::<Persisted>(&bytes).unwrap().into_change())
-            .unwrap();
-        assert!(again.faults.is_empty());
+        let mut snapshot = base.begin_snapshot(9);
+        snapshot.add(vec![("keys/k1".into(), key_json("k1", "s1"))]).unwrap();
+        snapshot.add(vec![("keys/k2".into(), key_json("k2", "rotated"))]).unwrap();
+        let next = snapshot.finish();
+        assert_eq!(next.version, 9);
+        assert!(Arc::ptr_eq(&base.keys.get("k1").unwrap(), &next.keys.get("k1").unwrap()));
+        assert!(!next.keys_by_hash.contains_key(&secret_digest("s2")));
+        assert!(next.keys_by_hash.contains_key(&secret_digest("rotated")));
+        assert!(
+            base.keys_by_hash.contains_key(&secret_digest("s2")),
+            "the old config is untouched"
+        );
     }
 
     #[test]
-    fn persisted_config_round_trips() {
-        let cfg = NodeConfig::default()
-            .apply(Change::Snapshot {
-                version: 7,
-                resources: vec![("keys/k1".into(), key_json("k1", "h1"))],
-            })
-            .unwrap();
-        let again = NodeConfig::default()
-            .apply({
-                let mut bytes = Vec::new();
-                cfg.write_persisted(&mut bytes).unwrap();
-                serde_json::from_slice::<Persisted>(&bytes).unwrap().into_change()
-            })
-            .unwrap();
-        assert_eq!(again.version, 7);
-        assert!(again.keys_by_hash.contains_key("h1"));
+    fn a_bad_chunk_rejects_the_snapshot_naming_the_resource() {
+        let mut snapshot = NodeConfig::default().begin_snapshot(2);
+        snapshot.add(vec![("keys/k1".into(), key_json("k1", "s1"))]).unwrap();
+        let err = snapshot.add(vec![("keys/k2".into(), key_json("k3", "s3"))]).unwrap_err();
+        assert!(err.to_string().contains("keys/k2") && err.to_string().contains("k3"), "{err}");
     }
 
     #[test]

@@ -831,12 +831,13 @@ mod tests {
         }
     }
 
-    fn key() -> switchyard_catalog::ApiKeyRecord {
-        serde_json::from_value(json!({
-            "id": "k1", "name": "n", "created_unix_ms": 1, "status": "active",
-            "secret_sha256": "h", "secret_hint": "abcd"
-        }))
-        .unwrap()
+    fn key() -> crate::keys::Key {
+        crate::keys::Key {
+            id: "k1".into(),
+            digest: [0; 32],
+            status: switchyard_catalog::KeyStatus::Active,
+            settings: Default::default(),
+        }
     }
 
     #[tokio::test]

@@ -16,8 +16,8 @@ use opentelemetry::context::FutureExt as _;
 use serde_json::json;
 use tracing::{Instrument, debug_span};
 
-use switchyard_catalog::keys::hash_secret;
-use switchyard_catalog::{ApiKeyRecord, Model};
+use switchyard_catalog::Model;
+use switchyard_catalog::keys::secret_digest;
 use switchyard_proto::node::v1 as pb;
 
 pub use crate::app::App;
@@ -27,6 +27,7 @@ use crate::config::NodeConfig;
 use crate::degraded::{self, Answer, Reason};
 use crate::error::{ApiError, Flavor};
 use crate::executor::Output;
+use crate::keys::Key;
 use crate::limits::Decision;
 use crate::loss::SpoolState;
 use crate::metrics::{EndpointLabels, RequestLabels, gen_ai_provider_name};
@@ -98,16 +99,13 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 }
 
 /// The active key presenting `Authorization: Bearer <key>`.
-pub fn authenticate(
-    config: &NodeConfig,
-    headers: &HeaderMap,
-) -> Result<Arc<ApiKeyRecord>, ApiError> {
+pub fn authenticate(config: &NodeConfig, headers: &HeaderMap) -> Result<Arc<Key>, ApiError> {
     let Some(secret) =
         headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token)
     else {
         return Err(ApiError::Unauthorized("Missing API key: send `Authorization: Bearer <key>`."));
     };
-    match config.keys_by_hash.get(&hash_secret(secret.trim())) {
+    match config.keys_by_hash.get(&secret_digest(secret.trim())) {
         Some(key) if key.is_active() => Ok(Arc::clone(key)),
         Some(_) => Err(ApiError::Unauthorized("This API key has been revoked.")),
         None => Err(ApiError::Unauthorized("Incorrect API key provided.")),
@@ -133,14 +131,16 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         .catalog
         .models
         .iter()
-        .filter(|m| key.allowed_models.is_empty() || key.allowed_models.contains(&m.name))
         .filter(|m| {
-            key.allowed_regions.is_empty()
+            key.settings.allowed_models.is_empty() || key.settings.allowed_models.contains(&m.name)
+        })
+        .filter(|m| {
+            key.settings.allowed_regions.is_empty()
                 || config
                     .catalog
                     .provider(&m.provider)
                     .and_then(|p| p.region.as_ref())
-                    .is_some_and(|r| key.allowed_regions.contains(r))
+                    .is_some_and(|r| key.settings.allowed_regions.contains(r))
         })
         .map(|m| json!({"id": m.name, "object": "model", "created": 0, "owned_by": m.provider}))
         .collect();
@@ -212,11 +212,11 @@ async fn handle(
     let config = app.state.current().ok_or(ApiError::NotReady)?;
     // The key is checked before the body is read or validated.
     let key = authenticate(&config, headers)?;
-    tracing::Span::current().record("key", key.id.as_str());
+    tracing::Span::current().record("key", &*key.id);
     otel::key(otel::current().as_ref(), &key.id);
     // The key's own limits are decided here, from counts the node holds: no network call,
     // and before anything else is done for the request (docs/limits.md).
-    let Some(limits) = key.limits.as_ref().filter(|l| !l.is_empty()) else {
+    let Some(limits) = key.settings.limits.as_ref().filter(|l| !l.is_empty()) else {
         return serve(app, &config, &key, body, flavor, id, started).await;
     };
     let telemetry = &app.executor.telemetry;
@@ -239,7 +239,7 @@ async fn handle(
 async fn serve(
     app: &Arc<App>,
     config: &Arc<NodeConfig>,
-    key: &Arc<ApiKeyRecord>,
+    key: &Arc<Key>,
     body: Body,
     flavor: Flavor,
     id: &HeaderValue,
@@ -343,7 +343,7 @@ async fn serve(
                 app,
                 *stream,
                 crate::stream::Context {
-                    key_id: key.id.clone(),
+                    key_id: key.id.to_string(),
                     request_id: id.clone(),
                     model: served.model,
                     report: report(&chain, &served.attempts),
@@ -376,7 +376,7 @@ fn report(chain: &Chain, attempts: &[AttemptReport]) -> FailoverReport {
 fn failover_event(
     app: &App,
     stream: bool,
-    key: &ApiKeyRecord,
+    key: &Key,
     chain: &Chain,
     attempts: &[AttemptReport],
     served_model: String,
@@ -386,7 +386,7 @@ fn failover_event(
         id: format!("evt_{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
         at_unix_ms: switchyard_time::now_ms(),
         node_id: app.executor.telemetry.node_id.clone(),
-        key_id: key.id.clone(),
+        key_id: key.id.to_string(),
         requested_model: chain.requested_model().to_owned(),
         served_model,
         attempts: attempts
@@ -486,11 +486,12 @@ mod tests {
             },
             max_body_bytes: 1,
         };
-        let key: ApiKeyRecord = serde_json::from_value(json!({
-            "id": "k1", "name": "n", "created_unix_ms": 1, "status": "active",
-            "secret_sha256": "h", "secret_hint": "abcd"
-        }))
-        .unwrap();
+        let key = Key {
+            id: "k1".into(),
+            digest: [0; 32],
+            status: switchyard_catalog::KeyStatus::Active,
+            settings: Default::default(),
+        };
         let chain = Chain {
             entries: Vec::new(),
             on: Vec::new(),

@@ -23,6 +23,7 @@ pub mod error;
 pub mod executor;
 pub mod failure;
 pub mod http;
+pub mod keys;
 pub mod limits;
 pub mod loss;
 pub mod metrics;

@@ -179,10 +179,15 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         move |source| NodeError::DataDir { dir, source }
     };
     let mut initial = None;
+    let mut persisted = None;
     let mut node_id = options.node_id.clone();
     if let Some(dir) = &options.data_dir {
         tokio::fs::create_dir_all(dir).await.map_err(data_dir_err(dir))?;
-        initial = persist::load(dir).await;
+        if let Some(loaded) = persist::load(dir).await {
+            let (config, files) = loaded.into_parts();
+            initial = Some(config);
+            persisted = Some(files);
+        }
         if node_id.is_none() {
             node_id = Some(persistent_node_id(dir).await.map_err(data_dir_err(dir))?);
         }
@@ -196,7 +201,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     }
     let state = NodeState::new(initial);
     if let Some(dir) = options.data_dir.clone() {
-        tokio::spawn(persist::run(dir, state.subscribe()));
+        tokio::spawn(persist::run(dir, Arc::clone(&state), persisted));
     }
 
     let listener = TcpListener::bind(options.listen)

@@ -3,6 +3,7 @@
 //! in proportion to the fleet's keys (docs/BENCHMARKS.md, "100,000 API keys"); with
 //! `SHARDS` shards a change copies about 1/SHARDS of it.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -10,38 +11,48 @@ use std::sync::Arc;
 const SHARDS: usize = 256;
 
 #[derive(Clone, Debug)]
-pub struct ShardedMap<V> {
-    shards: Vec<Arc<HashMap<String, V>>>,
+pub struct ShardedMap<K, V> {
+    shards: Vec<Arc<HashMap<K, V>>>,
 }
 
-impl<V> Default for ShardedMap<V> {
+impl<K, V> Default for ShardedMap<K, V> {
     fn default() -> Self {
         Self { shards: (0..SHARDS).map(|_| Arc::new(HashMap::new())).collect() }
     }
 }
 
-fn shard_of(key: &str) -> usize {
-    // Any fixed hash works: shards only need to spread keys evenly within one process.
+fn shard_of<Q: Hash + ?Sized>(key: &Q) -> usize {
+    // Any fixed hash works: shards only need to spread keys evenly within one process. A key
+    // and its borrowed form hash alike (`Borrow`'s contract), so both find the same shard.
     let mut h = std::collections::hash_map::DefaultHasher::new();
     key.hash(&mut h);
     (h.finish() as usize) % SHARDS
 }
 
-impl<V: Clone> ShardedMap<V> {
-    pub fn get(&self, key: &str) -> Option<&V> {
+impl<K: Hash + Eq + Clone, V: Clone> ShardedMap<K, V> {
+    pub fn get<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
         self.shards[shard_of(key)].get(key)
     }
 
-    pub fn contains_key(&self, key: &str) -> bool {
+    pub fn contains_key<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
         self.get(key).is_some()
     }
 
     /// Copies the key's shard first if another snapshot still shares it.
-    pub fn insert(&mut self, key: String, value: V) -> Option<V> {
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         Arc::make_mut(&mut self.shards[shard_of(&key)]).insert(key, value)
     }
 
-    pub fn remove(&mut self, key: &str) -> Option<V> {
+    pub fn remove<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
         let shard = &mut self.shards[shard_of(key)];
         if !shard.contains_key(key) {
             return None;
@@ -57,7 +68,7 @@ impl<V: Clone> ShardedMap<V> {
         self.len() == 0
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.shards.iter().flat_map(|s| s.iter())
     }
 }
@@ -68,7 +79,7 @@ mod tests {
 
     #[test]
     fn a_clone_shares_shards_until_one_is_written() {
-        let mut a = ShardedMap::default();
+        let mut a: ShardedMap<String, i32> = ShardedMap::default();
         for i in 0..1000 {
             a.insert(format!("k{i}"), i);
         }

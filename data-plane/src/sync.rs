@@ -18,8 +18,8 @@ use switchyard_tls::connect::{ClientTls, is_https};
 use switchyard_tls::files::TlsError;
 use switchyard_tls::words;
 
-use crate::config::{Change, NodeConfig};
-use crate::state::NodeState;
+use crate::config::{Change, NodeConfig, SnapshotBuilder};
+use crate::state::{Changed, NodeState};
 use crate::telemetry::Telemetry;
 
 const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -39,7 +39,29 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// 2 s, so a node is back within seconds of a control plane returning.
 const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
-type Resources = Vec<(String, Vec<u8>)>;
+/// A snapshot being received. Each chunk is applied as it arrives (see
+/// [`NodeConfig::begin_snapshot`]), so a node never holds a snapshot's bytes whole.
+enum Receiving {
+    Building(Box<SnapshotBuilder>),
+    /// Not newer than the config in force: its chunks are dropped.
+    Stale {
+        version: i64,
+    },
+    /// A chunk was refused: the rest are dropped, and the whole snapshot NACKed at its last.
+    Refused {
+        version: i64,
+        error: String,
+    },
+}
+
+impl Receiving {
+    fn version(&self) -> i64 {
+        match self {
+            Self::Building(b) => b.version(),
+            Self::Stale { version } | Self::Refused { version, .. } => *version,
+        }
+    }
+}
 
 pub struct SyncOptions {
     pub controls: Vec<String>,
@@ -142,8 +164,7 @@ async fn session(
     // immediate: anything queued while no stream was open goes out now).
     let mut flush = tokio::time::interval(FLUSH_INTERVAL);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Snapshot chunks received so far: (version, resources).
-    let mut pending_snapshot: Option<(i64, Resources)> = None;
+    let mut receiving: Option<Receiving> = None;
     let mut handoff = options.handoff.clone();
     loop {
         tokio::select! {
@@ -153,14 +174,19 @@ async fn session(
                 let message = message.map_err(|_| SessionError::Idle)??.ok_or(SessionError::Closed)?;
                 let change = match message.msg {
                     Some(control_message::Msg::Snapshot(chunk)) => {
-                        let (version, resources) = pending_snapshot.get_or_insert_with(|| (chunk.version, Vec::new()));
-                        *version = chunk.version;
-                        resources.extend(chunk.resources.into_iter().map(|r| (r.name, r.value)));
+                        // Chunks of one snapshot share its version; another version starts anew.
+                        let current = receiving.take().filter(|r| r.version() == chunk.version);
+                        let resources = chunk.resources.into_iter().map(|r| (r.name, r.value)).collect();
+                        let next = add_chunk(current.unwrap_or_else(|| begin(state, chunk.version)), resources).await;
                         if !chunk.last {
+                            receiving = Some(next);
                             continue;
                         }
-                        let (version, resources) = pending_snapshot.take().unwrap_or_default();
-                        Change::Snapshot { version, resources }
+                        let reply = finish(state, next).await;
+                        if tx.send(reply).await.is_err() {
+                            return Err(SessionError::Closed);
+                        }
+                        continue;
                     }
                     Some(control_message::Msg::Update(update)) => Change::Update {
                         version: update.version,
@@ -231,7 +257,7 @@ async fn session(
 /// node stops reporting them and, once no key has limits, stops reporting at all.
 fn forget_unlimited(state: &NodeState, telemetry: &Telemetry) {
     let Some(config) = state.current() else { return };
-    telemetry.limits.retain(|id| config.keys.get(id).is_some_and(|k| crate::config::limited(k)));
+    telemetry.limits.retain(|id| config.keys.get(id).is_some_and(|k| k.limited()));
 }
 
 /// Resolves once the node asks for the hand-off, or is gone without asking.
@@ -292,6 +318,12 @@ async fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
         debug!(version, have, "ignoring config that is not newer");
         return node_msg(node_message::Msg::Ack(pb::Ack { version: have }));
     }
+    let changed = match &change {
+        Change::Snapshot { .. } => Changed::All,
+        Change::Update { upserts, deletes, .. } => Changed::Resources(
+            upserts.iter().map(|(name, _)| name.clone()).chain(deletes.iter().cloned()).collect(),
+        ),
+    };
     // Applying parses every changed resource and may read credential files: off the
     // async threads.
     let applied = tokio::task::spawn_blocking(move || match current.as_deref() {
@@ -308,7 +340,7 @@ async fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
     };
     match applied {
         Ok(next) => {
-            state.publish(next);
+            state.publish(next, changed);
             debug!(version, "config applied");
             node_msg(node_message::Msg::Ack(pb::Ack { version }))
         }
@@ -317,6 +349,60 @@ async fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
             node_msg(node_message::Msg::Nack(pb::Nack { version, error: e.to_string() }))
         }
     }
+}
+
+/// The start of a snapshot at `version`: built on the config in force (whose provider pools
+/// and unchanged keys it keeps), or dropped if not newer than it.
+fn begin(state: &NodeState, version: i64) -> Receiving {
+    match state.current() {
+        Some(current) if version <= current.version => {
+            debug!(version, have = current.version, "ignoring a snapshot that is not newer");
+            Receiving::Stale { version }
+        }
+        Some(current) => Receiving::Building(Box::new(current.begin_snapshot(version))),
+        None => Receiving::Building(Box::new(NodeConfig::default().begin_snapshot(version))),
+    }
+}
+
+/// Applies one chunk; parsing a chunk of keys takes a few milliseconds: off the async threads.
+async fn add_chunk(receiving: Receiving, resources: Vec<(String, Vec<u8>)>) -> Receiving {
+    let Receiving::Building(mut snapshot) = receiving else { return receiving };
+    let version = snapshot.version();
+    let added = tokio::task::spawn_blocking(move || {
+        let result = snapshot.add(resources);
+        result.map(|()| snapshot)
+    })
+    .await;
+    match added {
+        Ok(Ok(snapshot)) => Receiving::Building(snapshot),
+        Ok(Err(e)) => Receiving::Refused { version, error: e.to_string() },
+        Err(e) => Receiving::Refused { version, error: format!("config apply task failed: {e}") },
+    }
+}
+
+/// The snapshot's last chunk is in: publishes it, or says why not.
+async fn finish(state: &NodeState, receiving: Receiving) -> pb::NodeMessage {
+    let have = state.version();
+    let (version, error) = match receiving {
+        Receiving::Stale { .. } => {
+            return node_msg(node_message::Msg::Ack(pb::Ack { version: have }));
+        }
+        Receiving::Refused { version, error } => (version, error),
+        Receiving::Building(snapshot) => {
+            let version = snapshot.version();
+            // Installing the catalog may read credential files.
+            match tokio::task::spawn_blocking(move || snapshot.finish()).await {
+                Ok(next) => {
+                    state.publish(next, Changed::All);
+                    debug!(version, "snapshot applied");
+                    return node_msg(node_message::Msg::Ack(pb::Ack { version }));
+                }
+                Err(e) => (version, format!("config apply task failed: {e}")),
+            }
+        }
+    };
+    warn!(version, error = %error, "rejected config; keeping version {have}");
+    node_msg(node_message::Msg::Nack(pb::Nack { version, error }))
 }
 
 /// Queued breaker transitions and probe reports, event batches, counts of lost events, and

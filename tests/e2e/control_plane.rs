@@ -38,10 +38,35 @@ fn write_catalog(dir: &Path) -> String {
     path.display().to_string()
 }
 
-/// The config a node persisted as last-known-good, once it has reached `version`.
+/// The config a node persisted as last-known-good, read as docs/operating.md describes
+/// the files (`config.base`, then the changes in `config.log`), as
+/// `{"version": N, "resources": {name: value}}`. `None` while a file is mid-write.
 fn persisted(data_dir: &Path) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(data_dir.join("config.json")).ok()?;
-    serde_json::from_str(&text).ok()
+    use serde_json::Value;
+    let base = std::fs::read_to_string(data_dir.join("config.base")).ok()?;
+    let mut lines = base.lines();
+    let mut version = serde_json::from_str::<Value>(lines.next()?).ok()?["version"].as_i64()?;
+    let mut resources = serde_json::Map::new();
+    for line in lines {
+        let (name, value): (String, Value) = serde_json::from_str(line).ok()?;
+        resources.insert(name, value);
+    }
+    let log = std::fs::read_to_string(data_dir.join("config.log")).unwrap_or_default();
+    for line in log.lines() {
+        let change: Value = serde_json::from_str(line).ok()?;
+        let v = change["version"].as_i64()?;
+        if v <= version {
+            continue;
+        }
+        for pair in change["upserts"].as_array()? {
+            resources.insert(pair[0].as_str()?.to_owned(), pair[1].clone());
+        }
+        for name in change["deletes"].as_array()? {
+            resources.remove(name.as_str()?);
+        }
+        version = v;
+    }
+    Some(serde_json::json!({"version": version, "resources": resources}))
 }
 
 async fn wait_persisted(

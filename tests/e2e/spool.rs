@@ -104,7 +104,7 @@ async fn an_unwritable_spool_keeps_the_node_serving_counts_each_lost_event_and_t
     let Gateway { dir, sim, cp, node, key_id, key, .. } = gw;
     // The node restarts on its last-known-good config: wait until it is on disk.
     eventually(Duration::from_secs(10), "the node's config persisted", || async {
-        node_dir.join("config.json").exists().then_some(())
+        node_dir.join("config.base").exists().then_some(())
     })
     .await;
     node.kill().await;
@@ -208,7 +208,7 @@ async fn a_node_stopped_before_any_control_plane_recorded_its_losses_reports_the
     let node_dir = gw.path().join("node");
     let Gateway { dir, sim, cp, node, key, .. } = gw;
     eventually(Duration::from_secs(10), "the node's config persisted", || async {
-        node_dir.join("config.json").exists().then_some(())
+        node_dir.join("config.base").exists().then_some(())
     })
     .await;
     node.kill().await;
