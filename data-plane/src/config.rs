@@ -451,7 +451,7 @@ mod tests {
         snapshot.add(vec![("keys/k2".into(), key_json("k2", "rotated"))]).unwrap();
         let next = snapshot.finish();
         assert_eq!(next.version, 9);
-        assert!(Arc::ptr_eq(&base.keys.get("k1").unwrap(), &next.keys.get("k1").unwrap()));
+        assert!(Arc::ptr_eq(base.keys.get("k1").unwrap(), next.keys.get("k1").unwrap()));
         assert!(!next.keys_by_hash.contains_key(&secret_digest("s2")));
         assert!(next.keys_by_hash.contains_key(&secret_digest("rotated")));
         assert!(
