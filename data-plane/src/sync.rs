@@ -18,7 +18,7 @@ use switchyard_tls::connect::{ClientTls, is_https};
 use switchyard_tls::files::TlsError;
 use switchyard_tls::words;
 
-use crate::config::{Change, NodeConfig, SnapshotBuilder};
+use crate::config::{Change, ConfigError, NodeConfig, SnapshotBuilder};
 use crate::state::{Changed, NodeState};
 use crate::telemetry::Telemetry;
 
@@ -39,26 +39,27 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// 2 s, so a node is back within seconds of a control plane returning.
 const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
-/// A snapshot being received. Each chunk is applied as it arrives (see
-/// [`NodeConfig::begin_snapshot`]), so a node never holds a snapshot's bytes whole.
+/// Chunks of a snapshot queued for the task applying them (each ~500 resources).
+const SNAPSHOT_QUEUE: usize = 4;
+
+/// A snapshot being received. Its chunks go to a blocking task that applies each one (see
+/// [`NodeConfig::begin_snapshot`]) while the next is read off the network, so a node never
+/// holds a snapshot's bytes whole and parsing overlaps receiving.
 enum Receiving {
-    Building(Box<SnapshotBuilder>),
+    Building {
+        version: i64,
+        chunks: mpsc::Sender<Vec<(String, Vec<u8>)>>,
+        /// Ends once `chunks` is dropped, or at the first chunk refused.
+        applied: tokio::task::JoinHandle<Result<SnapshotBuilder, ConfigError>>,
+    },
     /// Not newer than the config in force: its chunks are dropped.
-    Stale {
-        version: i64,
-    },
-    /// A chunk was refused: the rest are dropped, and the whole snapshot NACKed at its last.
-    Refused {
-        version: i64,
-        error: String,
-    },
+    Stale { version: i64 },
 }
 
 impl Receiving {
     fn version(&self) -> i64 {
         match self {
-            Self::Building(b) => b.version(),
-            Self::Stale { version } | Self::Refused { version, .. } => *version,
+            Self::Building { version, .. } | Self::Stale { version } => *version,
         }
     }
 }
@@ -176,8 +177,8 @@ async fn session(
                     Some(control_message::Msg::Snapshot(chunk)) => {
                         // Chunks of one snapshot share its version; another version starts anew.
                         let current = receiving.take().filter(|r| r.version() == chunk.version);
-                        let resources = chunk.resources.into_iter().map(|r| (r.name, r.value)).collect();
-                        let next = add_chunk(current.unwrap_or_else(|| begin(state, chunk.version)), resources).await;
+                        let next = current.unwrap_or_else(|| begin(state, chunk.version));
+                        add_chunk(&next, chunk.resources.into_iter().map(|r| (r.name, r.value)).collect()).await;
                         if !chunk.last {
                             receiving = Some(next);
                             continue;
@@ -354,52 +355,55 @@ async fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
 /// The start of a snapshot at `version`: built on the config in force (whose provider pools
 /// and unchanged keys it keeps), or dropped if not newer than it.
 fn begin(state: &NodeState, version: i64) -> Receiving {
-    match state.current() {
-        Some(current) if version <= current.version => {
-            debug!(version, have = current.version, "ignoring a snapshot that is not newer");
-            Receiving::Stale { version }
-        }
-        Some(current) => Receiving::Building(Box::new(current.begin_snapshot(version))),
-        None => Receiving::Building(Box::new(NodeConfig::default().begin_snapshot(version))),
+    let current = state.current();
+    if let Some(current) = current.as_ref().filter(|c| version <= c.version) {
+        debug!(version, have = current.version, "ignoring a snapshot that is not newer");
+        return Receiving::Stale { version };
     }
+    let mut snapshot = match current {
+        Some(current) => current.begin_snapshot(version),
+        None => NodeConfig::default().begin_snapshot(version),
+    };
+    let (chunks, mut queue) = mpsc::channel::<Vec<(String, Vec<u8>)>>(SNAPSHOT_QUEUE);
+    // Parsing a chunk of keys takes milliseconds: on a blocking thread, not the runtime's.
+    let applied = tokio::task::spawn_blocking(move || {
+        while let Some(chunk) = queue.blocking_recv() {
+            snapshot.add(chunk)?;
+        }
+        Ok(snapshot)
+    });
+    Receiving::Building { version, chunks, applied }
 }
 
-/// Applies one chunk; parsing a chunk of keys takes a few milliseconds: off the async threads.
-async fn add_chunk(receiving: Receiving, resources: Vec<(String, Vec<u8>)>) -> Receiving {
-    let Receiving::Building(mut snapshot) = receiving else { return receiving };
-    let version = snapshot.version();
-    let added = tokio::task::spawn_blocking(move || {
-        let result = snapshot.add(resources);
-        result.map(|()| snapshot)
-    })
-    .await;
-    match added {
-        Ok(Ok(snapshot)) => Receiving::Building(snapshot),
-        Ok(Err(e)) => Receiving::Refused { version, error: e.to_string() },
-        Err(e) => Receiving::Refused { version, error: format!("config apply task failed: {e}") },
+async fn add_chunk(receiving: &Receiving, resources: Vec<(String, Vec<u8>)>) {
+    if let Receiving::Building { chunks, .. } = receiving {
+        // Closed only once a chunk was refused: the rest are dropped, the error kept.
+        let _ = chunks.send(resources).await;
     }
 }
 
 /// The snapshot's last chunk is in: publishes it, or says why not.
 async fn finish(state: &NodeState, receiving: Receiving) -> pb::NodeMessage {
     let have = state.version();
-    let (version, error) = match receiving {
+    let (version, chunks, applied) = match receiving {
         Receiving::Stale { .. } => {
             return node_msg(node_message::Msg::Ack(pb::Ack { version: have }));
         }
-        Receiving::Refused { version, error } => (version, error),
-        Receiving::Building(snapshot) => {
-            let version = snapshot.version();
-            // Installing the catalog may read credential files.
-            match tokio::task::spawn_blocking(move || snapshot.finish()).await {
-                Ok(next) => {
-                    state.publish(next, Changed::All);
-                    debug!(version, "snapshot applied");
-                    return node_msg(node_message::Msg::Ack(pb::Ack { version }));
-                }
-                Err(e) => (version, format!("config apply task failed: {e}")),
+        Receiving::Building { version, chunks, applied } => (version, chunks, applied),
+    };
+    drop(chunks);
+    let error = match applied.await {
+        // Installing the catalog may read credential files.
+        Ok(Ok(snapshot)) => match tokio::task::spawn_blocking(move || snapshot.finish()).await {
+            Ok(next) => {
+                state.publish(next, Changed::All);
+                debug!(version, "snapshot applied");
+                return node_msg(node_message::Msg::Ack(pb::Ack { version }));
             }
-        }
+            Err(e) => format!("config apply task failed: {e}"),
+        },
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => format!("config apply task failed: {e}"),
     };
     warn!(version, error = %error, "rejected config; keeping version {have}");
     node_msg(node_message::Msg::Nack(pb::Nack { version, error }))
