@@ -120,6 +120,9 @@ struct Sample {
     cp_start_ms: f64,
     cp_rss_mib: f64,
     node_ready_ms: f64,
+    /// CPU the node and the control plane spent from the node's start to its ready.
+    node_ready_cpu_ms: f64,
+    cp_snapshot_cpu_ms: f64,
     node_rss_mib: f64,
     node_hwm_mib: f64,
     /// CLI start → the revoked key answered 401 at the node, per change.
@@ -159,17 +162,17 @@ async fn run(o: Options) -> Result<()> {
     }
     println!("### Keys: snapshot, ready, memory, one change (medians of {} runs)\n", o.runs);
     println!(
-        "| store | keys | resources | snapshot bytes | messages | seed s | control start ms | control RSS MiB | node ready ms | node VmRSS MiB | node VmHWM MiB | LKG on disk MiB | change → 401 ms p50 | p99 | max | CLI ms | last change → persisted ms | LKG bytes written/change | node CPU ms/change | control CPU ms/change | restart (LKG, no control) ready ms | restart VmRSS MiB |"
+        "| store | keys | resources | snapshot bytes | messages | seed s | control start ms | control RSS MiB | node ready ms | node CPU to ready ms | control CPU for the snapshot ms | node VmRSS MiB | node VmHWM MiB | LKG on disk MiB | change → 401 ms p50 | p99 | max | CLI ms | last change → persisted ms | LKG bytes written/change | node CPU ms/change | control CPU ms/change | restart (LKG, no control) ready ms | restart VmRSS MiB |"
     );
     println!(
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for (backend, count, s, samples) in &rows {
         let m = |g: fn(&Sample) -> f64| median(&samples.iter().map(g).collect::<Vec<_>>());
         let changes: Vec<f64> = samples.iter().flat_map(|x| x.change_ms.clone()).collect();
         let clis: Vec<f64> = samples.iter().flat_map(|x| x.cli_ms.clone()).collect();
         println!(
-            "| {} | {count} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {count} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             backend.label(),
             s.resources,
             s.bytes,
@@ -178,6 +181,8 @@ async fn run(o: Options) -> Result<()> {
             fmt(m(|x| x.cp_start_ms), 0),
             fmt(m(|x| x.cp_rss_mib), 1),
             fmt(m(|x| x.node_ready_ms), 0),
+            fmt(m(|x| x.node_ready_cpu_ms), 0),
+            fmt(m(|x| x.cp_snapshot_cpu_ms), 0),
             fmt(m(|x| x.node_rss_mib), 1),
             fmt(m(|x| x.node_hwm_mib), 1),
             fmt(m(|x| x.lkg_bytes as f64 / 1048576.0), 1),
@@ -280,6 +285,7 @@ async fn one(
         ];
 
         let started = Instant::now();
+        let cp_idle = cpu_ticks(cp.pid())?;
         let node = Proc::start(bin, &node_args, &[], &d.join(format!("node-{run}.log")))?;
         let version = wait_ready(
             node.addr,
@@ -289,6 +295,9 @@ async fn one(
         )
         .await?;
         s.node_ready_ms = started.elapsed().as_secs_f64() * 1e3;
+        let ms = |t: u64| t as f64 / ticks * 1e3;
+        s.node_ready_cpu_ms = ms(cpu_ticks(node.pid())?);
+        s.cp_snapshot_cpu_ms = ms(cpu_ticks(cp.pid())?.saturating_sub(cp_idle));
         // Memory once the snapshot is applied and persisted, after a moment to settle.
         tokio::time::sleep(Duration::from_millis(500)).await;
         s.node_rss_mib = mib(status_kib(node.pid(), "VmRSS")?);

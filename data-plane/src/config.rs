@@ -170,7 +170,8 @@ impl NodeConfig {
         };
         SnapshotBuilder {
             next,
-            previous: self.keys.clone(),
+            // A first snapshot has nothing to share: no lookup per key.
+            previous: (!self.keys.is_empty()).then(|| self.keys.clone()),
             faults: BTreeMap::new(),
             keys: KeyParser::default(),
             catalog: false,
@@ -249,7 +250,7 @@ impl NodeConfig {
 /// A snapshot being applied as its chunks arrive (see [`NodeConfig::begin_snapshot`]).
 pub struct SnapshotBuilder {
     next: NodeConfig,
-    previous: ShardedMap<Box<str>, Arc<Key>>,
+    previous: Option<ShardedMap<Box<str>, Arc<Key>>>,
     faults: BTreeMap<String, Arc<Fault>>,
     keys: KeyParser,
     catalog: bool,
@@ -266,7 +267,7 @@ impl SnapshotBuilder {
         for (name, value) in resources {
             let item = parse(&mut self.keys, &name, &value)?;
             self.catalog |= matches!(item, Parsed::Catalog(_));
-            self.next.put(item, &mut self.faults, Some(&self.previous));
+            self.next.put(item, &mut self.faults, self.previous.as_ref());
         }
         Ok(())
     }

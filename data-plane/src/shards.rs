@@ -5,28 +5,33 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
+
+use foldhash::fast::{FixedState, RandomState};
 
 const SHARDS: usize = 256;
 
 #[derive(Clone, Debug)]
 pub struct ShardedMap<K, V> {
-    shards: Vec<Arc<HashMap<K, V>>>,
+    // foldhash, not SipHash: a million keys are hashed twice each when a snapshot is
+    // applied, and every request hashes its key's digest. What is hashed comes from the
+    // control plane, or is a SHA-256 digest, which a client cannot steer into collisions.
+    shards: Vec<Arc<HashMap<K, V, RandomState>>>,
 }
 
 impl<K, V> Default for ShardedMap<K, V> {
     fn default() -> Self {
-        Self { shards: (0..SHARDS).map(|_| Arc::new(HashMap::new())).collect() }
+        Self { shards: (0..SHARDS).map(|_| Arc::new(HashMap::default())).collect() }
     }
 }
 
 fn shard_of<Q: Hash + ?Sized>(key: &Q) -> usize {
     // Any fixed hash works: shards only need to spread keys evenly within one process. A key
     // and its borrowed form hash alike (`Borrow`'s contract), so both find the same shard.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    (h.finish() as usize) % SHARDS
+    // Its seed is not the maps' (those are random): within a shard, where every key has the
+    // same shard bits, the map's own hash still spreads them.
+    (FixedState::with_seed(0x5157_c4ad).hash_one(key) as usize) % SHARDS
 }
 
 impl<K: Hash + Eq + Clone, V: Clone> ShardedMap<K, V> {
