@@ -30,6 +30,7 @@ use crate::faults::{self, FaultError};
 use crate::layout::Layout;
 use crate::limits;
 use crate::nodes::NodeRecord;
+use crate::paging::{self, PagingError};
 use crate::reports::{self, UsageRecord};
 use crate::store::{Compare, Revision, Store, StoreError, Txn, TxnOp};
 use crate::webhooks::{self, DeadLetter, RedeliverError, SubscriptionState};
@@ -84,6 +85,19 @@ impl From<FaultError> for AdminError {
     }
 }
 
+impl From<PagingError> for AdminError {
+    fn from(e: PagingError) -> Self {
+        match e {
+            PagingError::BadToken(_) => invalid("page_token", e.to_string()),
+            PagingError::TooLarge { .. } => Self::FailedPrecondition(e.to_string()),
+            PagingError::Store(e) => Self::Store(e),
+        }
+    }
+}
+
+/// Whether this process is filling in the secret index already ([`AdminService::backfill_secret_index`]).
+static BACKFILLING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn invalid(path: &str, message: impl Into<String>) -> AdminError {
     AdminError::Invalid(ValidationErrors(vec![FieldError::new(path, message)]))
 }
@@ -116,20 +130,34 @@ impl AdminService {
         Ok((decode(&kv.value, "API key")?, kv.mod_revision))
     }
 
-    /// Stores `record` if the key is still at `expected` (0: does not exist yet).
+    /// Stores `record` if the key is still at `expected` (0: does not exist yet), with its
+    /// secret-index entry in the same transaction; `previous_sha256` is the secret hash it
+    /// had (a rotation's old one, whose entry goes).
     async fn save_key(
         &self,
         record: &ApiKeyRecord,
         expected: Revision,
+        previous_sha256: Option<&str>,
     ) -> Result<Revision, AdminError> {
         let key = self.layout.key(&record.id);
         let value = serde_json::to_vec(record)
             .map_err(|e| AdminError::Corrupt { what: "API key".into(), reason: e.to_string() })?;
+        let mut success = vec![
+            TxnOp::Put { key: key.clone(), value, lease: None },
+            TxnOp::Put {
+                key: self.layout.key_secret(&record.secret_sha256),
+                value: record.id.clone().into_bytes(),
+                lease: None,
+            },
+        ];
+        if let Some(old) = previous_sha256.filter(|old| *old != record.secret_sha256) {
+            success.push(TxnOp::Delete { key: self.layout.key_secret(old) });
+        }
         let result = self
             .store
             .txn(Txn {
                 compare: vec![Compare::mod_revision(key.clone(), expected)],
-                success: vec![TxnOp::Put { key, value, lease: None }],
+                success,
                 failure: vec![],
             })
             .await?;
@@ -540,7 +568,7 @@ impl Admin for AdminService {
             allowed_regions: request.allowed_regions,
             limits: None,
         };
-        let version = self.save_key(&record, 0).await?;
+        let version = self.save_key(&record, 0, None).await?;
         info!(key = %record.id, "API key created");
         Ok(Response::new(pb::KeySecretResponse {
             key: Some(key_to_pb(&record)),
@@ -554,17 +582,41 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
-        let wanted = request.into_inner().secret_sha256.to_ascii_lowercase();
-        let listing =
-            self.store.list(&self.layout.keys_prefix()).await.map_err(AdminError::from)?;
-        let mut keys = Vec::new();
-        for kv in &listing.kvs {
-            let record: ApiKeyRecord = decode(&kv.value, "API key")?;
-            if wanted.is_empty() || record.secret_sha256 == wanted {
-                keys.push(key_to_pb(&record));
-            }
+        let request = request.into_inner();
+        if !request.secret_sha256.is_empty() {
+            let wanted = request.secret_sha256.to_ascii_lowercase();
+            let found = self.key_by_secret(&wanted).await?;
+            let keys = found.iter().map(key_to_pb).collect();
+            return Ok(Response::new(pb::ListKeysResponse { keys, next_page_token: String::new() }));
         }
-        Ok(Response::new(pb::ListKeysResponse { keys }))
+        let status = match request.status.as_str() {
+            "" => None,
+            "active" => Some(KeyStatus::Active),
+            "revoked" => Some(KeyStatus::Revoked),
+            other => {
+                let message = format!("{other:?} is not a key status; expected active or revoked");
+                return Err(invalid("status", message).into());
+            }
+        };
+        let mode = paging::mode(paging::Listing::Keys, request.limit, &request.page_token)
+            .map_err(AdminError::from)?;
+        let name_prefix = request.name_prefix;
+        let page = paging::scan(
+            self.store.as_ref(),
+            paging::Listing::Keys,
+            &self.layout.keys_prefix(),
+            &request.id_prefix,
+            &mode,
+            |kv| {
+                let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+                let wanted = status.is_none_or(|s| record.status == s)
+                    && record.name.starts_with(name_prefix.as_str());
+                Ok::<_, AdminError>(wanted.then(|| key_to_pb(&record)))
+            },
+            prost::Message::encoded_len,
+        )
+        .await?;
+        Ok(Response::new(pb::ListKeysResponse { keys: page.items, next_page_token: page.next_token }))
     }
 
     async fn get_key(
@@ -593,7 +645,7 @@ impl Admin for AdminService {
         }
         record.status = KeyStatus::Revoked;
         record.updated_unix_ms = now_ms();
-        let version = self.save_key(&record, rev).await?;
+        let version = self.save_key(&record, rev, None).await?;
         info!(key = %record.id, "API key revoked");
         Ok(Response::new(pb::KeyResponse {
             key: Some(key_to_pb(&record)),
@@ -615,10 +667,10 @@ impl Admin for AdminService {
             .into());
         }
         let secret = new_secret();
-        record.secret_sha256 = hash_secret(&secret);
+        let previous = std::mem::replace(&mut record.secret_sha256, hash_secret(&secret));
         record.secret_hint = hint(&secret);
         record.updated_unix_ms = now_ms();
-        let version = self.save_key(&record, rev).await?;
+        let version = self.save_key(&record, rev, Some(&previous)).await?;
         info!(key = %record.id, "API key rotated");
         Ok(Response::new(pb::KeySecretResponse {
             key: Some(key_to_pb(&record)),
@@ -638,7 +690,7 @@ impl Admin for AdminService {
             self.check_key_settings(request.failover_defaults, &[], &[]).await?;
         record.failover_defaults = defaults;
         record.updated_unix_ms = now_ms();
-        let version = self.save_key(&record, rev).await?;
+        let version = self.save_key(&record, rev, None).await?;
         info!(key = %record.id, "API key defaults set");
         Ok(Response::new(pb::KeyResponse { key: Some(key_to_pb(&record)), warnings, version }))
     }
@@ -660,7 +712,7 @@ impl Admin for AdminService {
         let (mut record, rev) = self.load_key(&request.id).await?;
         record.limits = limits.filter(|l| !l.is_empty());
         record.updated_unix_ms = now_ms();
-        let version = self.save_key(&record, rev).await?;
+        let version = self.save_key(&record, rev, None).await?;
         info!(key = %record.id, "API key limits set");
         Ok(Response::new(pb::KeyResponse {
             key: Some(key_to_pb(&record)),
@@ -862,33 +914,123 @@ impl Admin for AdminService {
 
     async fn list_nodes(
         &self,
-        _request: Request<pb::ListNodesRequest>,
+        request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        let listing =
-            self.store.list(&self.layout.nodes_prefix()).await.map_err(AdminError::from)?;
+        let request = request.into_inner();
+        let mode = paging::mode(paging::Listing::Nodes, request.limit, &request.page_token)
+            .map_err(AdminError::from)?;
         let config_version = self.cache.latest_change();
-        let nodes = listing
-            .kvs
-            .iter()
-            .filter_map(|kv| serde_json::from_slice::<NodeRecord>(&kv.value).ok())
-            .map(|n| pb::Node {
-                lag: (config_version - n.applied_version).max(0),
-                node_id: n.node_id,
-                listen_address: n.listen_address,
-                applied_version: n.applied_version,
-                last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
-                control_plane: n.control_plane,
-                software_version: n.software_version,
-                connected_unix_ms: n.connected_unix_ms,
-                rejected_version: n.rejected.as_ref().map_or(0, |r| r.version),
-                rejected_error: n.rejected.map(|r| r.error).unwrap_or_default(),
-            })
-            .collect();
-        Ok(Response::new(pb::ListNodesResponse { nodes, config_version }))
+        let stale_for = i64::try_from(request.stale_for_ms).unwrap_or(i64::MAX);
+        let now = now_ms();
+        let page = paging::scan(
+            self.store.as_ref(),
+            paging::Listing::Nodes,
+            &self.layout.nodes_prefix(),
+            "",
+            &mode,
+            |kv| {
+                // An unreadable record (a node of another version mid-upgrade) is left out,
+                // as before paging.
+                let Ok(n) = serde_json::from_slice::<NodeRecord>(&kv.value) else {
+                    return Ok::<_, AdminError>(None);
+                };
+                let wanted = (request.control_plane.is_empty()
+                    || n.control_plane == request.control_plane)
+                    && (stale_for == 0 || now.saturating_sub(n.last_heartbeat_unix_ms) >= stale_for)
+                    && (!request.rejected_only || n.rejected.is_some());
+                Ok(wanted.then(|| pb::Node {
+                    lag: (config_version - n.applied_version).max(0),
+                    node_id: n.node_id,
+                    listen_address: n.listen_address,
+                    applied_version: n.applied_version,
+                    last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
+                    control_plane: n.control_plane,
+                    software_version: n.software_version,
+                    connected_unix_ms: n.connected_unix_ms,
+                    rejected_version: n.rejected.as_ref().map_or(0, |r| r.version),
+                    rejected_error: n.rejected.map(|r| r.error).unwrap_or_default(),
+                }))
+            },
+            prost::Message::encoded_len,
+        )
+        .await?;
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: page.items,
+            config_version,
+            next_page_token: page.next_token,
+        }))
     }
 }
 
 impl AdminService {
+    /// The key whose secret hashes to `sha256` (lower-case hex), from the secret index.
+    /// Keys stored before the index existed have no entry: until one lookup has filled the
+    /// index in (and marked it complete), a miss reads the keys a slice at a time.
+    async fn key_by_secret(&self, sha256: &str) -> Result<Option<ApiKeyRecord>, AdminError> {
+        // Not a SHA-256: no key has it (and it must not reach into other store keys).
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(None);
+        }
+        if let Some(entry) = self.store.get(&self.layout.key_secret(sha256)).await? {
+            let id = String::from_utf8_lossy(&entry.value);
+            if let Some(kv) = self.store.get(&self.layout.key(&id)).await? {
+                let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+                // An entry left by a race with a rotation names a key whose secret moved on.
+                if record.secret_sha256 == sha256 {
+                    return Ok(Some(record));
+                }
+            }
+        }
+        if self.store.get(&self.layout.key_secrets_complete()).await?.is_some() {
+            return Ok(None);
+        }
+        self.spawn_backfill();
+        let mut mode = paging::Mode::Paged { limit: 1, after: None };
+        loop {
+            let page = paging::scan(
+                self.store.as_ref(),
+                paging::Listing::Keys,
+                &self.layout.keys_prefix(),
+                "",
+                &mode,
+                |kv| {
+                    let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+                    Ok::<_, AdminError>((record.secret_sha256 == sha256).then_some(record))
+                },
+                |_| 0,
+            )
+            .await?;
+            if let Some(found) = page.items.into_iter().next() {
+                return Ok(Some(found));
+            }
+            if page.next_token.is_empty() {
+                return Ok(None);
+            }
+            let after = paging::decode_token(paging::Listing::Keys, &page.next_token)?;
+            mode = paging::Mode::Paged { limit: 1, after: Some(after) };
+        }
+    }
+
+    /// Writes the secret-index entry of every stored key, then the mark that the index is
+    /// complete; in the background, once per process at a time. Entries are written
+    /// unconditionally: an entry maps a hash to the key that had it, so writing it twice,
+    /// or after a rotation moved the key on, is harmless (lookups check the key's hash).
+    fn spawn_backfill(&self) {
+        use std::sync::atomic::Ordering;
+        if BACKFILLING.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (store, layout) = (Arc::clone(&self.store), self.layout.clone());
+        tokio::spawn(async move {
+            let result = backfill_secret_index(store.as_ref(), &layout).await;
+            BACKFILLING.store(false, Ordering::Release);
+            match result {
+                Ok(keys) => info!(keys, "secret index of API keys complete"),
+                Err(e) => tracing::warn!(error = %e, "filling in the secret index of API keys failed; the next lookup that misses tries again"),
+            }
+        });
+    }
+
     /// Every limited key's use of each of its limits, fleet-wide, from what the replicas
     /// published a moment ago.
     async fn limit_status(&self, key_id: &str) -> Result<Vec<pb::LimitStatus>, AdminError> {
@@ -929,6 +1071,30 @@ impl AdminService {
         }
         Ok(out)
     }
+}
+
+async fn backfill_secret_index(store: &dyn Store, layout: &Layout) -> Result<usize, AdminError> {
+    let prefix = layout.keys_prefix();
+    let mut from = prefix.clone();
+    let mut count = 0;
+    loop {
+        let slice = store.list_page(&prefix, &from, crate::layout::MAX_TXN_OPS).await?;
+        let Some(last) = slice.kvs.last() else { break };
+        from = format!("{}\0", last.key);
+        let mut success = Vec::with_capacity(slice.kvs.len());
+        for kv in &slice.kvs {
+            let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+            success.push(TxnOp::Put {
+                key: layout.key_secret(&record.secret_sha256),
+                value: record.id.into_bytes(),
+                lease: None,
+            });
+        }
+        count += success.len();
+        store.txn(Txn { success, ..Txn::default() }).await?;
+    }
+    store.put(&layout.key_secrets_complete(), b"1".to_vec(), None).await?;
+    Ok(count)
 }
 
 fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, AdminError> {

@@ -58,6 +58,23 @@ impl Layout {
         format!("{}config/{KEYS}{id}", self.prefix)
     }
 
+    /// The index from a key's secret hash to its id (`key_secrets/<sha256 hex>` → id),
+    /// written in the transaction that writes the key: `ListKeys{secret_sha256}` reads one
+    /// entry instead of every key. Outside `config/`, so nodes never receive it.
+    pub fn key_secrets_prefix(&self) -> String {
+        format!("{}key_secrets/", self.prefix)
+    }
+
+    pub fn key_secret(&self, sha256_hex: &str) -> String {
+        format!("{}key_secrets/{sha256_hex}", self.prefix)
+    }
+
+    /// Present once every stored key has its index entry (written by the first lookup that
+    /// missed and read every key): from then on a miss is an answer, not a reason to scan.
+    pub fn key_secrets_complete(&self) -> String {
+        format!("{}key_secrets_complete", self.prefix)
+    }
+
     pub fn faults_prefix(&self) -> String {
         format!("{}config/{FAULTS}", self.prefix)
     }

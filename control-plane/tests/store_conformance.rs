@@ -149,6 +149,7 @@ conformance!(
     list_is_sorted_and_respects_prefix_boundaries,
     a_listing_larger_than_one_response_comes_back_whole,
     list_keys_pages_through_a_prefix_and_counts_it,
+    list_page_pages_through_a_prefix_with_values,
     txn_absent_compare_runs_success_then_failure_branch,
     txn_mod_revision_compare_is_compare_and_swap,
     txn_value_compare_and_missing_key_never_matches_a_value,
@@ -313,6 +314,24 @@ mod cases {
         assert_eq!(s.count("a/").await.unwrap(), (4, s.current_revision().await.unwrap()));
         assert_eq!(s.count("").await.unwrap().0, 7, "the empty prefix counts every key");
         assert_eq!(s.count("zzz/").await.unwrap().0, 0);
+    }
+
+    pub async fn list_page_pages_through_a_prefix_with_values(b: Backend) {
+        let s = &b.store;
+        for key in ["a/2", "a0", "a/1", "a", "b/1", "a/1/x", "a/"] {
+            s.put(key, key.as_bytes().to_vec(), None).await.unwrap();
+        }
+        let first = s.list_page("a/", "a/", 2).await.unwrap();
+        let keys: Vec<&str> = first.kvs.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(keys, ["a/", "a/1"]);
+        assert!(first.kvs.iter().all(|kv| kv.value == kv.key.as_bytes()), "values come along");
+        assert_eq!(first.revision, s.current_revision().await.unwrap());
+        let rest = s.list_page("a/", "a/1\0", 10).await.unwrap();
+        let keys: Vec<&str> = rest.kvs.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(keys, ["a/1/x", "a/2"], "the next page starts at `from`");
+        assert!(s.list_page("a/", "a/", 0).await.unwrap().kvs.is_empty(), "limit 0: no keys");
+        assert_eq!(s.list_page("a/", "", 10).await.unwrap().kvs.len(), 4, "never before the prefix");
+        assert!(s.list_page("zzz/", "zzz/", 10).await.unwrap().kvs.is_empty());
     }
 
     pub async fn txn_absent_compare_runs_success_then_failure_branch(b: Backend) {
