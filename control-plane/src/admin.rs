@@ -1238,6 +1238,118 @@ mod tests {
         assert_eq!(stored.webhooks[0].url, url);
     }
 
+    async fn create(admin: &AdminService, name: &str) -> pb::KeySecretResponse {
+        let request = pb::CreateKeyRequest { name: name.into(), ..Default::default() };
+        admin.create_key(Request::new(request)).await.unwrap().into_inner()
+    }
+
+    async fn by_secret(admin: &AdminService, secret: &str) -> Vec<String> {
+        let request = pb::ListKeysRequest { secret_sha256: hash_secret(secret), ..Default::default() };
+        let reply = admin.list_keys(Request::new(request)).await.unwrap().into_inner();
+        reply.keys.into_iter().map(|k| k.id).collect()
+    }
+
+    #[tokio::test]
+    async fn a_key_is_found_by_its_secret_through_the_index_and_a_rotation_moves_the_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        let created = create(&admin, "app").await;
+        let id = created.key.unwrap().id;
+        let index = admin.layout.key_secret(&hash_secret(&created.secret));
+        let entry = admin.store.get(&index).await.unwrap().unwrap();
+        assert_eq!(entry.value.as_ref(), id.as_bytes(), "written with the key");
+        assert_eq!(by_secret(&admin, &created.secret).await, [id.clone()]);
+
+        let rotated =
+            admin.rotate_key(Request::new(pb::KeyIdRequest { id: id.clone() })).await.unwrap();
+        let new_secret = rotated.into_inner().secret;
+        assert!(admin.store.get(&index).await.unwrap().is_none(), "the old entry goes");
+        // The index is complete (every key was written with its entry), so a miss is final.
+        admin.store.put(&admin.layout.key_secrets_complete(), b"1".to_vec(), None).await.unwrap();
+        assert!(by_secret(&admin, &created.secret).await.is_empty());
+        assert_eq!(by_secret(&admin, &new_secret).await, [id]);
+        assert!(by_secret(&admin, "not-a-secret").await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_key_stored_before_the_index_is_found_and_the_index_filled_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        let created = create(&admin, "new").await;
+        // A key as releases before the index stored it: no entry.
+        let old = ApiKeyRecord {
+            id: "key_old".into(),
+            name: "old".into(),
+            created_unix_ms: 1,
+            updated_unix_ms: 1,
+            status: KeyStatus::Active,
+            secret_sha256: hash_secret("sy-old-secret"),
+            secret_hint: "cret".into(),
+            failover_defaults: None,
+            allowed_models: vec![],
+            allowed_regions: vec![],
+            limits: None,
+        };
+        let value = serde_json::to_vec(&old).unwrap();
+        admin.store.put(&admin.layout.key("key_old"), value, None).await.unwrap();
+
+        assert_eq!(by_secret(&admin, "sy-old-secret").await, ["key_old"]);
+        let complete = admin.layout.key_secrets_complete();
+        let store = Arc::clone(&admin.store);
+        for _ in 0..500 {
+            if store.get(&complete).await.unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(store.get(&complete).await.unwrap().is_some(), "the backfill finished");
+        let entry = store.get(&admin.layout.key_secret(&old.secret_sha256)).await.unwrap();
+        assert_eq!(entry.unwrap().value.as_ref(), b"key_old");
+        assert_eq!(by_secret(&admin, "sy-old-secret").await, ["key_old"]);
+        assert_eq!(by_secret(&admin, &created.secret).await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn list_keys_filters_by_status_name_and_id_prefix_and_refuses_a_bad_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        let mut ids = Vec::new();
+        for name in ["team-a", "team-b", "other"] {
+            ids.push(create(&admin, name).await.key.unwrap().id);
+        }
+        admin.revoke_key(Request::new(pb::KeyIdRequest { id: ids[1].clone() })).await.unwrap();
+        let list = |request: pb::ListKeysRequest| {
+            let admin = &admin;
+            async move {
+                let reply = admin.list_keys(Request::new(request)).await.unwrap().into_inner();
+                let mut names: Vec<String> = reply.keys.into_iter().map(|k| k.name).collect();
+                names.sort();
+                (names, reply.next_page_token)
+            }
+        };
+        let all = list(pb::ListKeysRequest::default()).await;
+        assert_eq!(all, (vec!["other".into(), "team-a".into(), "team-b".into()], String::new()));
+        let active = pb::ListKeysRequest { status: "active".into(), ..Default::default() };
+        assert_eq!(list(active).await.0, ["other", "team-a"]);
+        let revoked_team = pb::ListKeysRequest {
+            status: "revoked".into(),
+            name_prefix: "team".into(),
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(list(revoked_team).await.0, ["team-b"]);
+        let by_id = pb::ListKeysRequest { id_prefix: ids[2].clone(), ..Default::default() };
+        assert_eq!(list(by_id).await.0, ["other"]);
+        let bad = pb::ListKeysRequest { status: "expired".into(), ..Default::default() };
+        let status = admin.list_keys(Request::new(bad)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().starts_with("status: "), "{}", status.message());
+        let bad = pb::ListKeysRequest { page_token: "nonsense".into(), ..Default::default() };
+        let status = admin.list_keys(Request::new(bad)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().starts_with("page_token: "), "{}", status.message());
+    }
+
     #[tokio::test]
     async fn apply_refuses_private_webhook_targets_in_every_form() {
         let dir = tempfile::tempdir().unwrap();
