@@ -33,10 +33,14 @@ pub struct NodesView {
 
 impl From<pb::ListNodesResponse> for NodesView {
     fn from(r: pb::ListNodesResponse) -> Self {
-        let nodes = r
-            .nodes
-            .into_iter()
-            .map(|n| NodeView {
+        let nodes = r.nodes.into_iter().map(NodeView::from).collect();
+        Self { config_version: r.config_version, nodes }
+    }
+}
+
+impl From<pb::Node> for NodeView {
+    fn from(n: pb::Node) -> Self {
+        NodeView {
                 node_id: n.node_id,
                 listen_address: n.listen_address,
                 applied_version: n.applied_version,
@@ -49,9 +53,7 @@ impl From<pb::ListNodesResponse> for NodesView {
                     version: n.rejected_version,
                     error: n.rejected_error,
                 }),
-            })
-            .collect();
-        Self { config_version: r.config_version, nodes }
+            }
     }
 }
 
@@ -59,8 +61,14 @@ pub fn nodes_table(v: &NodesView, now_ms: i64) -> String {
     if v.nodes.is_empty() {
         return format!("no nodes (config version {})\n", v.config_version);
     }
+    nodes_rows(&v.nodes, now_ms, true)
+}
+
+/// One page of the node table (with its header for the first page), and the page's
+/// rejections below it.
+pub fn nodes_rows(nodes: &[NodeView], now_ms: i64, header: bool) -> String {
     let mut t = Table::new(["NODE", "LISTEN", "VERSION", "LAG", "LAST HEARTBEAT", "CONTROL PLANE"]);
-    for n in &v.nodes {
+    for n in nodes {
         t.row(vec![
             n.node_id.clone(),
             n.listen_address.clone(),
@@ -70,9 +78,14 @@ pub fn nodes_table(v: &NodesView, now_ms: i64) -> String {
             n.control_plane.clone(),
         ]);
     }
-    let mut out = t.render();
+    let text = t.render();
+    let mut out = if header {
+        text
+    } else {
+        text.split_once('\n').map_or(text.clone(), |(_, rows)| rows.to_owned())
+    };
     // Rejections below the table: an error message would stretch every row's columns.
-    for n in &v.nodes {
+    for n in nodes {
         if let Some(r) = &n.rejected {
             out.push_str(&format!("{} rejected version {}: {}\n", n.node_id, r.version, r.error));
         }
@@ -97,6 +110,7 @@ mod tests {
                 ..Default::default()
             }],
             config_version: 42,
+            next_page_token: String::new(),
         });
         let text = nodes_table(&v, 10_000);
         let lines: Vec<&str> = text.lines().collect();
