@@ -592,7 +592,12 @@ struct Pages {
 
 impl Pages {
     fn new(limit: Option<u64>, token: Option<String>) -> Self {
-        Self { remaining: limit, token: token.unwrap_or_default(), started: false, stopped_at: None }
+        Self {
+            remaining: limit,
+            token: token.unwrap_or_default(),
+            started: false,
+            stopped_at: None,
+        }
     }
 
     /// The next request's `limit` and `page_token`, or `None` when the listing is over. A
@@ -740,7 +745,9 @@ pub async fn nodes(args: NodesArgs) -> Result<(), CliError> {
             limit,
             page_token,
             control_plane: args.control_plane.clone().unwrap_or_default(),
-            stale_for_ms: args.stale.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            stale_for_ms: args
+                .stale
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             rejected_only: args.rejected,
         });
         let reply = admin.client.list_nodes(request).await.map_err(|s| admin.status(s))?;

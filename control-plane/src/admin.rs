@@ -587,7 +587,10 @@ impl Admin for AdminService {
             let wanted = request.secret_sha256.to_ascii_lowercase();
             let found = self.key_by_secret(&wanted).await?;
             let keys = found.iter().map(key_to_pb).collect();
-            return Ok(Response::new(pb::ListKeysResponse { keys, next_page_token: String::new() }));
+            return Ok(Response::new(pb::ListKeysResponse {
+                keys,
+                next_page_token: String::new(),
+            }));
         }
         let status = match request.status.as_str() {
             "" => None,
@@ -616,7 +619,10 @@ impl Admin for AdminService {
             prost::Message::encoded_len,
         )
         .await?;
-        Ok(Response::new(pb::ListKeysResponse { keys: page.items, next_page_token: page.next_token }))
+        Ok(Response::new(pb::ListKeysResponse {
+            keys: page.items,
+            next_page_token: page.next_token,
+        }))
     }
 
     async fn get_key(
@@ -936,7 +942,8 @@ impl Admin for AdminService {
                 };
                 let wanted = (request.control_plane.is_empty()
                     || n.control_plane == request.control_plane)
-                    && (stale_for == 0 || now.saturating_sub(n.last_heartbeat_unix_ms) >= stale_for)
+                    && (stale_for == 0
+                        || now.saturating_sub(n.last_heartbeat_unix_ms) >= stale_for)
                     && (!request.rejected_only || n.rejected.is_some());
                 Ok(wanted.then(|| pb::Node {
                     lag: (config_version - n.applied_version).max(0),
@@ -1026,7 +1033,9 @@ impl AdminService {
             BACKFILLING.store(false, Ordering::Release);
             match result {
                 Ok(keys) => info!(keys, "secret index of API keys complete"),
-                Err(e) => tracing::warn!(error = %e, "filling in the secret index of API keys failed; the next lookup that misses tries again"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "filling in the secret index of API keys failed; the next lookup that misses tries again")
+                }
             }
         });
     }
@@ -1244,7 +1253,8 @@ mod tests {
     }
 
     async fn by_secret(admin: &AdminService, secret: &str) -> Vec<String> {
-        let request = pb::ListKeysRequest { secret_sha256: hash_secret(secret), ..Default::default() };
+        let request =
+            pb::ListKeysRequest { secret_sha256: hash_secret(secret), ..Default::default() };
         let reply = admin.list_keys(Request::new(request)).await.unwrap().into_inner();
         reply.keys.into_iter().map(|k| k.id).collect()
     }

@@ -227,7 +227,10 @@ mod tests {
             let value = vec![b'x'; value_len];
             success.push(crate::store::TxnOp::Put { key: format!("p/{i:05}"), value, lease: None });
             if success.len() == 128 || i + 1 == n {
-                let txn = crate::store::Txn { success: std::mem::take(&mut success), ..Default::default() };
+                let txn = crate::store::Txn {
+                    success: std::mem::take(&mut success),
+                    ..Default::default()
+                };
                 store.txn(txn).await.unwrap();
             }
         }
@@ -303,7 +306,13 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_eq!(first.items, ["p/00777", "p/01777", "p/02777", "p/03777", "p/04777", "p/05777", "p/06777", "p/07777", "p/08777", "p/09777"]);
+        assert_eq!(
+            first.items,
+            [
+                "p/00777", "p/01777", "p/02777", "p/03777", "p/04777", "p/05777", "p/06777",
+                "p/07777", "p/08777", "p/09777"
+            ]
+        );
         let (keys, _) = all_pages(&store, 1_000, "", wanted).await;
         let expected: Vec<String> = (0..25).map(|i| format!("p/{i:02}777")).collect();
         assert_eq!(keys, expected, "a page reads at most {SCAN_MAX} records, and pages go on");

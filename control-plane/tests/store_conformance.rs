@@ -330,7 +330,11 @@ mod cases {
         let keys: Vec<&str> = rest.kvs.iter().map(|kv| kv.key.as_str()).collect();
         assert_eq!(keys, ["a/1/x", "a/2"], "the next page starts at `from`");
         assert!(s.list_page("a/", "a/", 0).await.unwrap().kvs.is_empty(), "limit 0: no keys");
-        assert_eq!(s.list_page("a/", "", 10).await.unwrap().kvs.len(), 4, "never before the prefix");
+        assert_eq!(
+            s.list_page("a/", "", 10).await.unwrap().kvs.len(),
+            4,
+            "never before the prefix"
+        );
         assert!(s.list_page("zzz/", "zzz/", 10).await.unwrap().kvs.is_empty());
     }
 

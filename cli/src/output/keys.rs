@@ -149,7 +149,11 @@ pub fn keys_rows(keys: &[KeyView], now_ms: i64, header: bool) -> String {
         ]);
     }
     let text = t.render();
-    if header { text } else { text.split_once('\n').map_or(text.clone(), |(_, rows)| rows.to_owned()) }
+    if header {
+        text
+    } else {
+        text.split_once('\n').map_or(text.clone(), |(_, rows)| rows.to_owned())
+    }
 }
 
 pub fn key_details(k: &KeyView, now_ms: i64) -> String {

@@ -41,19 +41,17 @@ impl From<pb::ListNodesResponse> for NodesView {
 impl From<pb::Node> for NodeView {
     fn from(n: pb::Node) -> Self {
         NodeView {
-                node_id: n.node_id,
-                listen_address: n.listen_address,
-                applied_version: n.applied_version,
-                lag: n.lag,
-                last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
-                control_plane: n.control_plane,
-                software_version: n.software_version,
-                connected_unix_ms: n.connected_unix_ms,
-                rejected: (n.rejected_version > 0).then_some(RejectedView {
-                    version: n.rejected_version,
-                    error: n.rejected_error,
-                }),
-            }
+            node_id: n.node_id,
+            listen_address: n.listen_address,
+            applied_version: n.applied_version,
+            lag: n.lag,
+            last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
+            control_plane: n.control_plane,
+            software_version: n.software_version,
+            connected_unix_ms: n.connected_unix_ms,
+            rejected: (n.rejected_version > 0)
+                .then_some(RejectedView { version: n.rejected_version, error: n.rejected_error }),
+        }
     }
 }
 
