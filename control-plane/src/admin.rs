@@ -1268,7 +1268,7 @@ mod tests {
         let index = admin.layout.key_secret(&hash_secret(&created.secret));
         let entry = admin.store.get(&index).await.unwrap().unwrap();
         assert_eq!(entry.value.as_ref(), id.as_bytes(), "written with the key");
-        assert_eq!(by_secret(&admin, &created.secret).await, [id.clone()]);
+        assert_eq!(by_secret(&admin, &created.secret).await, std::slice::from_ref(&id));
 
         let rotated =
             admin.rotate_key(Request::new(pb::KeyIdRequest { id: id.clone() })).await.unwrap();

@@ -29,10 +29,10 @@ fn secret(i: usize) -> String {
 fn key_record(i: usize) -> ApiKeyRecord {
     ApiKeyRecord {
         id: key_id(i),
-        name: format!("team-{}-{i}", if i % 2 == 0 { "a" } else { "b" }),
+        name: format!("team-{}-{i}", if i.is_multiple_of(2) { "a" } else { "b" }),
         created_unix_ms: 1_700_000_000_000,
         updated_unix_ms: 1_700_000_000_000,
-        status: if i % 5 == 0 { KeyStatus::Revoked } else { KeyStatus::Active },
+        status: if i.is_multiple_of(5) { KeyStatus::Revoked } else { KeyStatus::Active },
         secret_sha256: hash_secret(&secret(i)),
         secret_hint: secret(i)[secret(i).len() - 4..].to_owned(),
         failover_defaults: None,
@@ -49,11 +49,13 @@ fn node_record(i: usize, now: i64) -> NodeRecord {
         node_id: format!("node-{i:05}"),
         listen_address: format!("10.0.{}.{}:8080", i / 256, i % 256),
         applied_version: 1,
-        last_heartbeat_unix_ms: if i % 7 == 0 { now - 3_600_000 } else { now },
+        last_heartbeat_unix_ms: if i.is_multiple_of(7) { now - 3_600_000 } else { now },
         connected_unix_ms: now - 60_000,
-        control_plane: if i % 3 == 0 { "cp-b" } else { "cp-a" }.to_owned(),
+        control_plane: if i.is_multiple_of(3) { "cp-b" } else { "cp-a" }.to_owned(),
         software_version: "0.1.0".into(),
-        rejected: (i % 100 == 0).then(|| Rejected { version: 2, error: "bad config".into() }),
+        rejected: i
+            .is_multiple_of(100)
+            .then(|| Rejected { version: 2, error: "bad config".into() }),
     }
 }
 
