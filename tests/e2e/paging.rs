@@ -62,18 +62,22 @@ fn node_record(i: usize, now: i64) -> NodeRecord {
 /// Writes the keys (as releases before the secret index did: no index entries) and node
 /// presence records straight into the store, 128 to a transaction, then closes it.
 async fn seed(dir: &Path) -> String {
+    seed_counts(dir, KEYS, NODES).await
+}
+
+async fn seed_counts(dir: &Path, keys: usize, nodes: usize) -> String {
     let store_dir = dir.join("store");
     let store = EmbeddedStore::open(&store_dir).await.unwrap();
     let layout = Layout::new("/switchyard/");
     let now = switchyard_time::now_ms();
-    let mut puts: Vec<TxnOp> = (0..KEYS)
+    let mut puts: Vec<TxnOp> = (0..keys)
         .map(|i| TxnOp::Put {
             key: layout.key(&key_id(i)),
             value: serde_json::to_vec(&key_record(i)).unwrap(),
             lease: None,
         })
         .collect();
-    puts.extend((0..NODES).map(|i| TxnOp::Put {
+    puts.extend((0..nodes).map(|i| TxnOp::Put {
         key: layout.node(&format!("node-{i:05}")),
         value: serde_json::to_vec(&node_record(i, now)).unwrap(),
         lease: None,
@@ -276,4 +280,39 @@ async fn nodes_pages_through_every_node_and_filters() {
 
     let none = cli(&url, &["nodes", "--control-plane", "cp-z"]).await;
     assert!(none.stdout.starts_with("no nodes (config version"), "{}", none.stdout);
+}
+
+/// A measurement, not a check of behaviour (so not run by default): the time and peak RSS
+/// of `keys list --json > /dev/null` over `SWITCHYARD_MEASURE_KEYS` keys (default 100,000)
+/// seeded straight into the store. `cargo nextest run -p switchyard-cli --test paging
+/// --run-ignored only --no-capture`; the binary is whatever profile built it.
+#[tokio::test]
+#[ignore = "a measurement: run it on purpose"]
+async fn measure_keys_list_json_over_many_keys() {
+    let count: usize = std::env::var("SWITCHYARD_MEASURE_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let store = seed_counts(dir.path(), count, 0).await;
+    eprintln!("seeded {count} keys in {:.1} s", started.elapsed().as_secs_f64());
+    let cp = start_control(&store, "127.0.0.1:0", dir.path(), "cp").await;
+    let out = tokio::process::Command::new("/usr/bin/time")
+        .arg("-f")
+        .arg("elapsed_s=%e max_rss_kib=%M")
+        .arg(switchyard_bin())
+        .args(["keys", "list", "--json"])
+        .env("SWITCHYARD_CONTROL", cp.url())
+        .env("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)
+        .stdout(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    eprintln!("keys list --json > /dev/null over {count} keys: {}", stderr.trim());
+    // The same listing, counted, so the measurement is of a complete answer.
+    let listed = cli(&cp.url(), &["keys", "list", "--json"]).await.json();
+    assert_eq!(listed.as_array().unwrap().len(), count);
 }
