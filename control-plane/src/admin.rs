@@ -219,30 +219,117 @@ impl AdminService {
     }
 }
 
-/// The newest `limit` events of the audit log `listing` that `wanted` keeps, in time order,
-/// and the ids listed (an event stored twice, because a node resent it in another batch
-/// after a lost ack, is listed once).
-fn newest_events<F: Fn(&AuditEvent) -> bool>(
-    listing: crate::store::Listing,
+/// Audit-log entries read from the store at once. A batch is up to 1 MiB, but the embedded
+/// store shares its values rather than copying them, and etcd answers a page too large for
+/// one response with fewer entries.
+const EVENTS_SLICE: usize = 64;
+
+/// An event ordered by time, then id: the order `events` lists them in.
+struct ByTime(AuditEvent);
+
+impl PartialEq for ByTime {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for ByTime {}
+
+impl PartialOrd for ByTime {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByTime {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0.at_unix_ms, &self.0.id).cmp(&(other.0.at_unix_ms, &other.0.id))
+    }
+}
+
+/// The newest `limit` events that `wanted` keeps, gathered while the audit log is read a
+/// slice at a time: memory holds `limit` events and one slice, not the log. An event
+/// stored twice (a node resent it in another batch after a lost ack) is kept once. With
+/// `follow`, the ids of the newest events read (up to [`FOLLOW_SEEN`]) are remembered too,
+/// so the watch that follows skips events the listing already covered.
+struct Newest<F> {
     limit: usize,
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<ByTime>>,
+    in_heap: std::collections::HashSet<String>,
+    seen: Option<std::collections::HashSet<String>>,
     wanted: F,
-) -> (Vec<AuditEvent>, std::collections::HashSet<String>, F) {
-    // Keys sort by their newest event's time, so the newest `limit` are in the tail.
-    let mut seen = std::collections::HashSet::new();
-    let mut first: Vec<AuditEvent> = Vec::new();
-    for kv in listing.kvs.iter().rev() {
-        if first.len() >= limit {
-            break;
+}
+
+impl<F: Fn(&AuditEvent) -> bool> Newest<F> {
+    fn new(limit: usize, follow: bool, wanted: F) -> Self {
+        Self {
+            limit,
+            heap: std::collections::BinaryHeap::with_capacity(limit.min(100_000) + 1),
+            in_heap: std::collections::HashSet::new(),
+            seen: follow.then(std::collections::HashSet::new),
+            wanted,
         }
-        for event in audit::decode(kv).into_iter().rev() {
-            if wanted(&event) && seen.insert(event.id.clone()) {
-                first.push(event);
+    }
+
+    fn add(&mut self, kvs: &[crate::store::KeyValue]) {
+        for kv in kvs {
+            for event in audit::decode(kv) {
+                if !(self.wanted)(&event) {
+                    continue;
+                }
+                if let Some(seen) = self.seen.as_mut() {
+                    // Bounded: the log is read oldest first, so what stays is the newest.
+                    if seen.len() >= FOLLOW_SEEN {
+                        seen.clear();
+                    }
+                    seen.insert(event.id.clone());
+                }
+                if self.limit == 0 || self.in_heap.contains(&event.id) {
+                    continue;
+                }
+                self.in_heap.insert(event.id.clone());
+                self.heap.push(std::cmp::Reverse(ByTime(event)));
+                if self.heap.len() > self.limit
+                    && let Some(std::cmp::Reverse(ByTime(oldest))) = self.heap.pop()
+                {
+                    self.in_heap.remove(&oldest.id);
+                }
             }
         }
     }
-    first.sort_by(|a, b| (a.at_unix_ms, &a.id).cmp(&(b.at_unix_ms, &b.id)));
-    let first = first.split_off(first.len().saturating_sub(limit));
-    (first, seen, wanted)
+
+    /// The events in time order, the ids to skip when following, and the filter.
+    fn finish(self) -> (Vec<AuditEvent>, std::collections::HashSet<String>, F) {
+        let events: Vec<AuditEvent> =
+            self.heap.into_sorted_vec().into_iter().rev().map(|r| r.0.0).collect();
+        let mut seen = self.seen.unwrap_or_default();
+        seen.extend(events.iter().map(|e| e.id.clone()));
+        (events, seen, self.wanted)
+    }
+}
+
+/// Reads the audit log a slice at a time into [`Newest`]; returns it and the store revision
+/// a follower's watch starts after (taken before the first slice, so that nothing written
+/// while the log is read is missed: what both the read and the watch see is sent once).
+async fn read_newest<F: Fn(&AuditEvent) -> bool + Send + 'static>(
+    store: &dyn Store,
+    prefix: &str,
+    mut newest: Newest<F>,
+) -> Result<(Newest<F>, Revision), Status> {
+    let revision = store.current_revision().await.map_err(AdminError::from)?;
+    let mut from = prefix.to_owned();
+    loop {
+        let slice = store.list_page(prefix, &from, EVENTS_SLICE).await.map_err(AdminError::from)?;
+        let Some(last) = slice.kvs.last() else { return Ok((newest, revision)) };
+        from = format!("{}\0", last.key);
+        // Decoding a storm's batches takes CPU: off the runtime's workers, which keep
+        // serving nodes and other calls.
+        let added = tokio::task::spawn_blocking(move || {
+            newest.add(&slice.kvs);
+            newest
+        });
+        newest = added.await.map_err(|_| Status::internal("listing the audit log failed"))?;
+    }
 }
 
 #[tonic::async_trait]
@@ -302,21 +389,15 @@ impl Admin for AdminService {
         // without its request timing out, and an error reaches it as the stream's end.
         tokio::spawn(async move {
             let fail = |e: StoreError| Err(Status::from(AdminError::from(e)));
-            let listing = match store.list(&prefix).await {
-                Ok(listing) => listing,
-                Err(e) => {
-                    let _ = tx.send(fail(e)).await;
+            let newest = Newest::new(limit, request.follow, wanted);
+            let (newest, revision) = match read_newest(store.as_ref(), &prefix, newest).await {
+                Ok(read) => read,
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
                     return;
                 }
             };
-            let revision = listing.revision;
-            // Decoding and sorting millions of events (a count after a storm) takes seconds
-            // of CPU: off the runtime's workers, which keep serving nodes and other calls.
-            let newest = tokio::task::spawn_blocking(move || newest_events(listing, limit, wanted));
-            let Ok((first, mut seen, wanted)) = newest.await else {
-                let _ = tx.send(Err(Status::internal("listing the audit log failed"))).await;
-                return;
-            };
+            let (first, mut seen, wanted) = newest.finish();
             // Watch before sending, so that a follower misses nothing written meanwhile.
             let watch = if request.follow {
                 match store.watch(&prefix, revision + 1).await {
@@ -1358,6 +1439,70 @@ mod tests {
         let status = admin.list_keys(Request::new(bad)).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().starts_with("page_token: "), "{}", status.message());
+    }
+
+    fn event(id: &str, at: i64, key: &str) -> AuditEvent {
+        AuditEvent {
+            id: id.into(),
+            at_unix_ms: at,
+            node_id: "n".into(),
+            key_id: key.into(),
+            requested_model: "m".into(),
+            served_model: String::new(),
+            attempts: vec![],
+            stream: false,
+            status: 0,
+            degraded: String::new(),
+            request_id: String::new(),
+            lost: None,
+        }
+    }
+
+    /// 300 batches of 10 events (more than a slice), times interleaved across batches, one
+    /// batch stored twice under another key, events of two keys.
+    async fn audit_log(store: &dyn Store, layout: &Layout) {
+        for b in 0..300i64 {
+            let events: Vec<Vec<u8>> = (0..10)
+                .map(|i| {
+                    let at = b * 10 + i;
+                    let key = if at % 3 == 0 { "key_a" } else { "key_b" };
+                    serde_json::to_vec(&event(&format!("e{at:05}"), at, key)).unwrap()
+                })
+                .collect();
+            let value = crate::events::encode_batch(&events);
+            let newest = b * 10 + 9;
+            store
+                .put(&layout.audit_batch(newest, &format!("b{b}"), 10), value.clone(), None)
+                .await
+                .unwrap();
+            if b == 299 {
+                store.put(&layout.audit_batch(newest + 1, "again", 10), value, None).await.unwrap();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_newest_events_are_read_a_slice_at_a_time_once_each_in_time_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        audit_log(admin.store.as_ref(), &admin.layout).await;
+        let prefix = admin.layout.audit_prefix();
+
+        let newest = Newest::new(25, false, |_: &AuditEvent| true);
+        let (newest, _) = read_newest(admin.store.as_ref(), &prefix, newest).await.unwrap();
+        let (events, seen, _) = newest.finish();
+        let ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+        let expected: Vec<String> = (2_975..3_000).map(|at| format!("e{at:05}")).collect();
+        assert_eq!(ids, expected, "the newest 25, oldest first, the twice-stored batch once");
+        assert_eq!(seen.len(), 25, "without follow only what was sent is remembered");
+
+        let only_a = |e: &AuditEvent| e.key_id == "key_a";
+        let (newest, _) =
+            read_newest(admin.store.as_ref(), &prefix, Newest::new(4, true, only_a)).await.unwrap();
+        let (events, seen, _) = newest.finish();
+        let ats: Vec<i64> = events.iter().map(|e| e.at_unix_ms).collect();
+        assert_eq!(ats, [2_988, 2_991, 2_994, 2_997]);
+        assert_eq!(seen.len(), 1_000, "following: every listed id of key_a, to skip in the watch");
     }
 
     #[tokio::test]
