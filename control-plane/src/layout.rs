@@ -10,6 +10,8 @@
 //! - `webhooks/outbox/…`, `webhooks/state/<subscription>`, `webhooks/dead/<subscription>/…`:
 //!   webhook events waiting for delivery, each subscription's delivery state, dead letters
 //!   (see [`crate::webhooks`]);
+//! - `key_secrets/<sha256 hex>` → key id: the index `ListKeys{secret_sha256}` reads, written
+//!   with each key (and `key_secrets_complete` once keys from before it are indexed too);
 //! - `elections/<name>/`: leader elections for work one replica does (audit retention,
 //!   webhook delivery).
 //!
