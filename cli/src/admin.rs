@@ -28,7 +28,9 @@ use crate::output::events::{EventView, event_line};
 use crate::output::keys::{
     KeySecretView, KeyView, KeyWithWarnings, key_details, key_secret, keys_rows, keys_table,
 };
-use crate::output::nodes::{NodeView, NodesView, nodes_rows, nodes_table};
+use crate::output::nodes::{
+    NodeView, NodesView, nodes_json_head, nodes_json_tail, nodes_rows, nodes_table,
+};
 use crate::output::usage::{LimitView, UsageView, limits_table, usage_table};
 use crate::output::webhooks::{DeliveriesView, deliveries, webhooks_table};
 use crate::token::{self, ADMIN_TOKEN_ENV};
@@ -761,7 +763,7 @@ pub async fn nodes(args: NodesArgs) -> Result<(), CliError> {
         if json {
             if !opened {
                 opened = true;
-                text.push_str(&format!("{{\n  \"config_version\": {version},\n  \"nodes\": "));
+                text.push_str(&nodes_json_head(version));
             }
             for view in &views {
                 text.push_str(&array.item(view)?);
@@ -774,7 +776,7 @@ pub async fn nodes(args: NodesArgs) -> Result<(), CliError> {
     }
     let version = config_version.unwrap_or_default();
     if json {
-        print(&format!("{}\n}}\n", array.end()))?;
+        print(&nodes_json_tail(&array))?;
     } else if shown == 0 {
         print(&nodes_table(&NodesView { config_version: version, nodes: vec![] }, now))?;
     }
@@ -1101,5 +1103,62 @@ impl Admin {
             Ok(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod paging_tests {
+    use super::*;
+
+    #[test]
+    fn pages_ask_for_what_the_limit_leaves_and_stop_with_a_token_to_continue() {
+        let mut pages = Pages::new(Some(2_500), None);
+        assert_eq!(pages.next_request(), Some((1_000, String::new())));
+        let mut page: Vec<u32> = vec![0; 1_000];
+        pages.took(&mut page, "t1".into()).unwrap();
+        assert_eq!(pages.next_request(), Some((1_000, "t1".into())));
+        pages.took(&mut page, "t2".into()).unwrap();
+        assert_eq!(pages.next_request(), Some((500, "t2".into())), "only what --limit leaves");
+        let mut last: Vec<u32> = vec![0; 500];
+        pages.took(&mut last, "t3".into()).unwrap();
+        assert_eq!(pages.next_request(), None);
+        assert_eq!(pages.stopped_at.as_deref(), Some("t3"));
+    }
+
+    #[test]
+    fn pages_end_with_the_listing_and_trim_an_unpaged_answer_to_the_limit() {
+        let mut pages = Pages::new(None, Some("start".into()));
+        assert_eq!(pages.next_request(), Some((1_000, "start".into())));
+        let mut empty: Vec<u32> = vec![];
+        pages.took(&mut empty, "more".into()).unwrap();
+        assert!(pages.next_request().is_some(), "an empty page with a token is not the end");
+        pages.took(&mut empty, String::new()).unwrap();
+        assert_eq!(pages.next_request(), None);
+        assert_eq!(pages.stopped_at, None);
+
+        // A control plane from before paging sends everything, without a token.
+        let mut pages = Pages::new(Some(3), None);
+        pages.next_request();
+        let mut all: Vec<u32> = (0..10).collect();
+        pages.took(&mut all, String::new()).unwrap();
+        assert_eq!(all, [0, 1, 2]);
+        assert_eq!((pages.next_request(), pages.stopped_at), (None, None));
+    }
+
+    #[test]
+    fn a_token_sent_twice_is_an_error_not_an_endless_listing() {
+        let mut pages = Pages::new(None, None);
+        pages.next_request();
+        pages.took(&mut Vec::<u32>::new(), "same".into()).unwrap();
+        pages.next_request();
+        assert!(pages.took(&mut Vec::<u32>::new(), "same".into()).is_err());
+    }
+
+    #[test]
+    fn a_malformed_page_token_is_refused_before_a_round_trip() {
+        assert!(page_token("k1.6b65795f61").is_ok());
+        for bad in ["", "  ", "k1.6b 65", "k1/x", "--json"] {
+            assert!(page_token(bad).is_err(), "{bad:?}");
+        }
     }
 }

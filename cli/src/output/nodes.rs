@@ -55,6 +55,16 @@ impl From<pb::Node> for NodeView {
     }
 }
 
+/// What `nodes --json` prints before its nodes, which follow as a [`super::JsonArray`] at
+/// indent 2; [`nodes_json_tail`] closes it. Together: exactly `json(&NodesView)`.
+pub fn nodes_json_head(config_version: i64) -> String {
+    format!("{{\n  \"config_version\": {config_version},\n  \"nodes\": ")
+}
+
+pub fn nodes_json_tail(nodes: &super::JsonArray) -> String {
+    format!("{}\n}}\n", nodes.end())
+}
+
 pub fn nodes_table(v: &NodesView, now_ms: i64) -> String {
     if v.nodes.is_empty() {
         return format!("no nodes (config version {})\n", v.config_version);
@@ -94,6 +104,30 @@ pub fn nodes_rows(nodes: &[NodeView], now_ms: i64, header: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nodes_json_printed_node_by_node_is_the_whole_view_printed_at_once() {
+        for n in [0usize, 1, 3] {
+            let node = |i: usize| pb::Node {
+                node_id: format!("n{i}"),
+                rejected_version: if i == 1 { 7 } else { 0 },
+                rejected_error: "bad".into(),
+                ..Default::default()
+            };
+            let whole = NodesView::from(pb::ListNodesResponse {
+                nodes: (0..n).map(node).collect(),
+                config_version: 42,
+                next_page_token: String::new(),
+            });
+            let mut array = crate::output::JsonArray::new(2);
+            let mut text = nodes_json_head(42);
+            for i in 0..n {
+                text.push_str(&array.item(&NodeView::from(node(i))).unwrap());
+            }
+            text.push_str(&nodes_json_tail(&array));
+            assert_eq!(text, crate::output::json(&whole).unwrap(), "{n} nodes");
+        }
+    }
 
     #[test]
     fn nodes_table_shows_heartbeat_age() {
