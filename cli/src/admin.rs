@@ -26,9 +26,11 @@ use crate::output::apply::{ApplyView, apply_result};
 use crate::output::breakers::{BreakerView, breakers_table};
 use crate::output::events::{EventView, event_line};
 use crate::output::keys::{
-    KeySecretView, KeyView, KeyWithWarnings, key_details, key_secret, keys_table,
+    KeySecretView, KeyView, KeyWithWarnings, key_details, key_secret, keys_rows, keys_table,
 };
-use crate::output::nodes::{NodesView, nodes_table};
+use crate::output::nodes::{
+    NodeView, NodesView, nodes_json_head, nodes_json_tail, nodes_rows, nodes_table,
+};
 use crate::output::usage::{LimitView, UsageView, limits_table, usage_table};
 use crate::output::webhooks::{DeliveriesView, deliveries, webhooks_table};
 use crate::token::{self, ADMIN_TOKEN_ENV};
@@ -97,8 +99,66 @@ pub struct CatalogArgs {
 
 #[derive(Debug, Args)]
 pub struct NodesArgs {
+    /// Show at most N nodes (at least 1); without it, every node, a page at a time.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
+    /// Only nodes connected to this control plane (as the CONTROL PLANE column shows it).
+    #[arg(long, value_name = "ADDRESS", value_parser = non_empty)]
+    pub control_plane: Option<String>,
+    /// Only nodes whose last heartbeat is at least this old (30s, 5m, ...).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub stale: Option<Duration>,
+    /// Only nodes that rejected a config version they have not since replaced.
+    #[arg(long)]
+    pub rejected: bool,
+    /// Continue a listing stopped by --limit where it stopped (the token it printed).
+    #[arg(long, value_name = "TOKEN", value_parser = page_token)]
+    pub page_token: Option<String>,
     #[command(flatten)]
     pub opts: AdminOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct ListKeysArgs {
+    /// Show at most N keys (at least 1); without it, every key, a page at a time.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
+    /// Only active or only revoked keys.
+    #[arg(long, value_name = "STATUS", value_parser = ["active", "revoked"])]
+    pub status: Option<String>,
+    /// Only keys whose name starts with this (case-sensitive).
+    #[arg(long, value_name = "TEXT", value_parser = non_empty)]
+    pub name_prefix: Option<String>,
+    /// Only keys whose id starts with this.
+    #[arg(long, value_name = "TEXT", value_parser = non_empty)]
+    pub id_prefix: Option<String>,
+    /// Continue a listing stopped by --limit where it stopped (the token it printed).
+    #[arg(long, value_name = "TOKEN", value_parser = page_token)]
+    pub page_token: Option<String>,
+}
+
+/// Keys or nodes asked for in one page: the control plane's own cap.
+const PAGE: u64 = 1_000;
+
+fn non_empty(text: &str) -> Result<String, String> {
+    if text.is_empty() { Err("must not be empty".to_owned()) } else { Ok(text.to_owned()) }
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    switchyard_time::parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// A token as listings print it: letters, digits and dots. Anything else is a mistake
+/// (a truncated paste, the flag's value forgotten) caught before a round trip.
+fn page_token(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if text.len() > 8_192 || !text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.') {
+        return Err("not a token a listing printed (letters, digits and dots)".to_owned());
+    }
+    Ok(text.to_owned())
 }
 
 #[derive(Debug, Args)]
@@ -236,8 +296,9 @@ pub struct KeysArgs {
 pub enum KeysCommand {
     /// Create an API key; its secret is printed once.
     Create(CreateKeyArgs),
-    /// List every key (secrets are never shown, only their last four characters).
-    List,
+    /// List every key, in id order, a page at a time (secrets are never shown, only their
+    /// last four characters).
+    List(ListKeysArgs),
     /// Show one key.
     Show {
         /// The key's id, as `keys list` shows it.
@@ -521,6 +582,107 @@ fn warn(warnings: &[String]) {
     }
 }
 
+/// Where a paged listing stands: how many more items `--limit` allows, the token of the
+/// next page, and whether the listing is over.
+struct Pages {
+    remaining: Option<u64>,
+    token: String,
+    started: bool,
+    /// The token to continue with when `--limit` stopped the listing before its end.
+    stopped_at: Option<String>,
+}
+
+impl Pages {
+    fn new(limit: Option<u64>, token: Option<String>) -> Self {
+        Self {
+            remaining: limit,
+            token: token.unwrap_or_default(),
+            started: false,
+            stopped_at: None,
+        }
+    }
+
+    /// The next request's `limit` and `page_token`, or `None` when the listing is over. A
+    /// page asks for no more than `--limit` leaves, so a token printed at the stop continues
+    /// right after the last item shown.
+    fn next_request(&mut self) -> Option<(u32, String)> {
+        if self.started && (self.token.is_empty() || self.remaining == Some(0)) {
+            return None;
+        }
+        self.started = true;
+        let size = self.remaining.map_or(PAGE, |r| r.min(PAGE));
+        Some((u32::try_from(size).unwrap_or(u32::MAX), self.token.clone()))
+    }
+
+    /// Records a page's answer; trims what a control plane from before paging (which sends
+    /// everything, and no token) returned past `--limit`.
+    fn took<T>(&mut self, items: &mut Vec<T>, next_token: String) -> Result<(), CliError> {
+        if let Some(remaining) = self.remaining.as_mut() {
+            items.truncate(usize::try_from(*remaining).unwrap_or(usize::MAX));
+            *remaining -= items.len() as u64;
+        }
+        if !next_token.is_empty() && next_token == self.token {
+            return Err(CliError::BadResponse(
+                "the control plane sent the same page token twice; the listing would not end"
+                    .into(),
+            ));
+        }
+        self.token = next_token;
+        if self.remaining == Some(0) && !self.token.is_empty() {
+            self.stopped_at = Some(self.token.clone());
+        }
+        Ok(())
+    }
+
+    /// On stderr, so that `--json` output stays one document.
+    fn say_where_to_continue(&self, what: &str) {
+        if let Some(token) = &self.stopped_at {
+            eprintln!("more {what} may follow: continue with --page-token {token}");
+        }
+    }
+}
+
+/// Every key (or those the filters keep), printed a page at a time as pages arrive: a
+/// million keys print without the CLI holding more than a page.
+async fn list_keys(admin: &mut Admin, args: ListKeysArgs, json: bool) -> Result<(), CliError> {
+    let now = switchyard_time::now_ms();
+    let mut pages = Pages::new(args.limit, args.page_token);
+    let mut array = output::JsonArray::new(0);
+    let mut shown = 0usize;
+    while let Some((limit, page_token)) = pages.next_request() {
+        let request = admin.request(pb::ListKeysRequest {
+            secret_sha256: String::new(),
+            limit,
+            page_token,
+            status: args.status.clone().unwrap_or_default(),
+            name_prefix: args.name_prefix.clone().unwrap_or_default(),
+            id_prefix: args.id_prefix.clone().unwrap_or_default(),
+        });
+        let reply = admin.client.list_keys(request).await.map_err(|s| admin.status(s))?;
+        let reply = reply.into_inner();
+        let mut keys = reply.keys;
+        pages.took(&mut keys, reply.next_page_token)?;
+        let views: Vec<KeyView> = keys.into_iter().map(KeyView::from).collect();
+        let mut text = String::new();
+        if json {
+            for view in &views {
+                text.push_str(&array.item(view)?);
+            }
+        } else if !views.is_empty() {
+            text = keys_rows(&views, now, shown == 0);
+        }
+        shown += views.len();
+        print(&text)?;
+    }
+    if json {
+        print(&format!("{}\n", array.end()))?;
+    } else if shown == 0 {
+        print(&keys_table(&[], now))?;
+    }
+    pages.say_where_to_continue("keys");
+    Ok(())
+}
+
 fn key_of(key: Option<pb::ApiKey>) -> Result<KeyView, CliError> {
     key.map(KeyView::from).ok_or_else(|| CliError::BadResponse("the reply holds no key".into()))
 }
@@ -571,16 +733,55 @@ pub async fn catalog(args: CatalogArgs) -> Result<(), CliError> {
     }
 }
 
+/// Every node (or those the filters keep), printed a page at a time as pages arrive.
 pub async fn nodes(args: NodesArgs) -> Result<(), CliError> {
     let mut admin = Admin::connect(&args.opts).await?;
-    let request = admin.request(pb::ListNodesRequest {});
-    let reply = admin.client.list_nodes(request).await.map_err(|s| admin.status(s))?;
-    let view = NodesView::from(reply.into_inner());
-    if args.opts.json {
-        print(&output::json(&view)?)
-    } else {
-        print(&nodes_table(&view, switchyard_time::now_ms()))
+    let json = args.opts.json;
+    let now = switchyard_time::now_ms();
+    let mut pages = Pages::new(args.limit, args.page_token);
+    let mut array = output::JsonArray::new(2);
+    let mut config_version = None;
+    let (mut shown, mut opened) = (0usize, false);
+    while let Some((limit, page_token)) = pages.next_request() {
+        let request = admin.request(pb::ListNodesRequest {
+            limit,
+            page_token,
+            control_plane: args.control_plane.clone().unwrap_or_default(),
+            stale_for_ms: args
+                .stale
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            rejected_only: args.rejected,
+        });
+        let reply = admin.client.list_nodes(request).await.map_err(|s| admin.status(s))?;
+        let reply = reply.into_inner();
+        let mut nodes = reply.nodes;
+        pages.took(&mut nodes, reply.next_page_token)?;
+        // The config version of the first page: the one the lags are counted against.
+        let version = *config_version.get_or_insert(reply.config_version);
+        let views: Vec<NodeView> = nodes.into_iter().map(NodeView::from).collect();
+        let mut text = String::new();
+        if json {
+            if !opened {
+                opened = true;
+                text.push_str(&nodes_json_head(version));
+            }
+            for view in &views {
+                text.push_str(&array.item(view)?);
+            }
+        } else if !views.is_empty() {
+            text = nodes_rows(&views, now, shown == 0);
+        }
+        shown += views.len();
+        print(&text)?;
     }
+    let version = config_version.unwrap_or_default();
+    if json {
+        print(&nodes_json_tail(&array))?;
+    } else if shown == 0 {
+        print(&nodes_table(&NodesView { config_version: version, nodes: vec![] }, now))?;
+    }
+    pages.say_where_to_continue("nodes");
+    Ok(())
 }
 
 pub async fn breakers(args: BreakersArgs) -> Result<(), CliError> {
@@ -672,16 +873,7 @@ pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
             let reply = admin.client.create_key(request).await.map_err(|s| admin.status(s))?;
             print_secret("Created", reply.into_inner(), json)
         }
-        KeysCommand::List => {
-            let request = admin.request(pb::ListKeysRequest::default());
-            let reply = admin.client.list_keys(request).await.map_err(|s| admin.status(s))?;
-            let keys: Vec<KeyView> = reply.into_inner().keys.into_iter().map(Into::into).collect();
-            if json {
-                print(&output::json(&keys)?)
-            } else {
-                print(&keys_table(&keys, switchyard_time::now_ms()))
-            }
-        }
+        KeysCommand::List(list) => list_keys(&mut admin, list, json).await,
         KeysCommand::Show { id } => {
             let request = admin.request(pb::KeyIdRequest { id });
             let reply = admin.client.get_key(request).await.map_err(|s| admin.status(s))?;
@@ -911,5 +1103,62 @@ impl Admin {
             Ok(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod paging_tests {
+    use super::*;
+
+    #[test]
+    fn pages_ask_for_what_the_limit_leaves_and_stop_with_a_token_to_continue() {
+        let mut pages = Pages::new(Some(2_500), None);
+        assert_eq!(pages.next_request(), Some((1_000, String::new())));
+        let mut page: Vec<u32> = vec![0; 1_000];
+        pages.took(&mut page, "t1".into()).unwrap();
+        assert_eq!(pages.next_request(), Some((1_000, "t1".into())));
+        pages.took(&mut page, "t2".into()).unwrap();
+        assert_eq!(pages.next_request(), Some((500, "t2".into())), "only what --limit leaves");
+        let mut last: Vec<u32> = vec![0; 500];
+        pages.took(&mut last, "t3".into()).unwrap();
+        assert_eq!(pages.next_request(), None);
+        assert_eq!(pages.stopped_at.as_deref(), Some("t3"));
+    }
+
+    #[test]
+    fn pages_end_with_the_listing_and_trim_an_unpaged_answer_to_the_limit() {
+        let mut pages = Pages::new(None, Some("start".into()));
+        assert_eq!(pages.next_request(), Some((1_000, "start".into())));
+        let mut empty: Vec<u32> = vec![];
+        pages.took(&mut empty, "more".into()).unwrap();
+        assert!(pages.next_request().is_some(), "an empty page with a token is not the end");
+        pages.took(&mut empty, String::new()).unwrap();
+        assert_eq!(pages.next_request(), None);
+        assert_eq!(pages.stopped_at, None);
+
+        // A control plane from before paging sends everything, without a token.
+        let mut pages = Pages::new(Some(3), None);
+        pages.next_request();
+        let mut all: Vec<u32> = (0..10).collect();
+        pages.took(&mut all, String::new()).unwrap();
+        assert_eq!(all, [0, 1, 2]);
+        assert_eq!((pages.next_request(), pages.stopped_at), (None, None));
+    }
+
+    #[test]
+    fn a_token_sent_twice_is_an_error_not_an_endless_listing() {
+        let mut pages = Pages::new(None, None);
+        pages.next_request();
+        pages.took(&mut Vec::<u32>::new(), "same".into()).unwrap();
+        pages.next_request();
+        assert!(pages.took(&mut Vec::<u32>::new(), "same".into()).is_err());
+    }
+
+    #[test]
+    fn a_malformed_page_token_is_refused_before_a_round_trip() {
+        assert!(page_token("k1.6b65795f61").is_ok());
+        for bad in ["", "  ", "k1.6b 65", "k1/x", "--json"] {
+            assert!(page_token(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -211,7 +211,10 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
             .into());
         }
     }
-    let request = admin.request(pb::ListKeysRequest { secret_sha256: hash_secret(&args.key.0) });
+    let request = admin.request(pb::ListKeysRequest {
+        secret_sha256: hash_secret(&args.key.0),
+        ..Default::default()
+    });
     let keys =
         admin.client.list_keys(request).await.map_err(|s| admin.status(s))?.into_inner().keys;
     let key = keys.into_iter().find(|k| k.status == "active").ok_or(DrillError::UnknownKey)?;

@@ -491,7 +491,17 @@ async fn seed_demo(
         .await
         .map_err(|e| e.message().to_owned())?;
     let keys = client
-        .list_keys(authed(&auth, admin::ListKeysRequest::default()))
+        .list_keys(authed(
+            &auth,
+            // Only the demo keys, in one page: a store shared with many other keys costs
+            // `dev` nothing (the demo keys are few; extras are revoked below).
+            admin::ListKeysRequest {
+                name_prefix: DEMO_KEY_NAME.into(),
+                status: "active".into(),
+                limit: 1_000,
+                ..Default::default()
+            },
+        ))
         .await
         .map_err(|e| e.message().to_owned())?
         .into_inner()

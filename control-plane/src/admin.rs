@@ -30,6 +30,7 @@ use crate::faults::{self, FaultError};
 use crate::layout::Layout;
 use crate::limits;
 use crate::nodes::NodeRecord;
+use crate::paging::{self, PagingError};
 use crate::reports::{self, UsageRecord};
 use crate::store::{Compare, Revision, Store, StoreError, Txn, TxnOp};
 use crate::webhooks::{self, DeadLetter, RedeliverError, SubscriptionState};
@@ -84,6 +85,19 @@ impl From<FaultError> for AdminError {
     }
 }
 
+impl From<PagingError> for AdminError {
+    fn from(e: PagingError) -> Self {
+        match e {
+            PagingError::BadToken(_) => invalid("page_token", e.to_string()),
+            PagingError::TooLarge { .. } => Self::FailedPrecondition(e.to_string()),
+            PagingError::Store(e) => Self::Store(e),
+        }
+    }
+}
+
+/// Whether this process is filling in the secret index already ([`AdminService::backfill_secret_index`]).
+static BACKFILLING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn invalid(path: &str, message: impl Into<String>) -> AdminError {
     AdminError::Invalid(ValidationErrors(vec![FieldError::new(path, message)]))
 }
@@ -116,20 +130,34 @@ impl AdminService {
         Ok((decode(&kv.value, "API key")?, kv.mod_revision))
     }
 
-    /// Stores `record` if the key is still at `expected` (0: does not exist yet).
+    /// Stores `record` if the key is still at `expected` (0: does not exist yet), with its
+    /// secret-index entry in the same transaction; `previous_sha256` is the secret hash it
+    /// had (a rotation's old one, whose entry goes).
     async fn save_key(
         &self,
         record: &ApiKeyRecord,
         expected: Revision,
+        previous_sha256: Option<&str>,
     ) -> Result<Revision, AdminError> {
         let key = self.layout.key(&record.id);
         let value = serde_json::to_vec(record)
             .map_err(|e| AdminError::Corrupt { what: "API key".into(), reason: e.to_string() })?;
+        let mut success = vec![
+            TxnOp::Put { key: key.clone(), value, lease: None },
+            TxnOp::Put {
+                key: self.layout.key_secret(&record.secret_sha256),
+                value: record.id.clone().into_bytes(),
+                lease: None,
+            },
+        ];
+        if let Some(old) = previous_sha256.filter(|old| *old != record.secret_sha256) {
+            success.push(TxnOp::Delete { key: self.layout.key_secret(old) });
+        }
         let result = self
             .store
             .txn(Txn {
                 compare: vec![Compare::mod_revision(key.clone(), expected)],
-                success: vec![TxnOp::Put { key, value, lease: None }],
+                success,
                 failure: vec![],
             })
             .await?;
@@ -191,30 +219,117 @@ impl AdminService {
     }
 }
 
-/// The newest `limit` events of the audit log `listing` that `wanted` keeps, in time order,
-/// and the ids listed (an event stored twice, because a node resent it in another batch
-/// after a lost ack, is listed once).
-fn newest_events<F: Fn(&AuditEvent) -> bool>(
-    listing: crate::store::Listing,
+/// Audit-log entries read from the store at once. A batch is up to 1 MiB, but the embedded
+/// store shares its values rather than copying them, and etcd answers a page too large for
+/// one response with fewer entries.
+const EVENTS_SLICE: usize = 64;
+
+/// An event ordered by time, then id: the order `events` lists them in.
+struct ByTime(AuditEvent);
+
+impl PartialEq for ByTime {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for ByTime {}
+
+impl PartialOrd for ByTime {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByTime {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0.at_unix_ms, &self.0.id).cmp(&(other.0.at_unix_ms, &other.0.id))
+    }
+}
+
+/// The newest `limit` events that `wanted` keeps, gathered while the audit log is read a
+/// slice at a time: memory holds `limit` events and one slice, not the log. An event
+/// stored twice (a node resent it in another batch after a lost ack) is kept once. With
+/// `follow`, the ids of the newest events read (up to [`FOLLOW_SEEN`]) are remembered too,
+/// so the watch that follows skips events the listing already covered.
+struct Newest<F> {
     limit: usize,
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<ByTime>>,
+    in_heap: std::collections::HashSet<String>,
+    seen: Option<std::collections::HashSet<String>>,
     wanted: F,
-) -> (Vec<AuditEvent>, std::collections::HashSet<String>, F) {
-    // Keys sort by their newest event's time, so the newest `limit` are in the tail.
-    let mut seen = std::collections::HashSet::new();
-    let mut first: Vec<AuditEvent> = Vec::new();
-    for kv in listing.kvs.iter().rev() {
-        if first.len() >= limit {
-            break;
+}
+
+impl<F: Fn(&AuditEvent) -> bool> Newest<F> {
+    fn new(limit: usize, follow: bool, wanted: F) -> Self {
+        Self {
+            limit,
+            heap: std::collections::BinaryHeap::with_capacity(limit.min(100_000) + 1),
+            in_heap: std::collections::HashSet::new(),
+            seen: follow.then(std::collections::HashSet::new),
+            wanted,
         }
-        for event in audit::decode(kv).into_iter().rev() {
-            if wanted(&event) && seen.insert(event.id.clone()) {
-                first.push(event);
+    }
+
+    fn add(&mut self, kvs: &[crate::store::KeyValue]) {
+        for kv in kvs {
+            for event in audit::decode(kv) {
+                if !(self.wanted)(&event) {
+                    continue;
+                }
+                if let Some(seen) = self.seen.as_mut() {
+                    // Bounded: the log is read oldest first, so what stays is the newest.
+                    if seen.len() >= FOLLOW_SEEN {
+                        seen.clear();
+                    }
+                    seen.insert(event.id.clone());
+                }
+                if self.limit == 0 || self.in_heap.contains(&event.id) {
+                    continue;
+                }
+                self.in_heap.insert(event.id.clone());
+                self.heap.push(std::cmp::Reverse(ByTime(event)));
+                if self.heap.len() > self.limit
+                    && let Some(std::cmp::Reverse(ByTime(oldest))) = self.heap.pop()
+                {
+                    self.in_heap.remove(&oldest.id);
+                }
             }
         }
     }
-    first.sort_by(|a, b| (a.at_unix_ms, &a.id).cmp(&(b.at_unix_ms, &b.id)));
-    let first = first.split_off(first.len().saturating_sub(limit));
-    (first, seen, wanted)
+
+    /// The events in time order, the ids to skip when following, and the filter.
+    fn finish(self) -> (Vec<AuditEvent>, std::collections::HashSet<String>, F) {
+        let events: Vec<AuditEvent> =
+            self.heap.into_sorted_vec().into_iter().rev().map(|r| r.0.0).collect();
+        let mut seen = self.seen.unwrap_or_default();
+        seen.extend(events.iter().map(|e| e.id.clone()));
+        (events, seen, self.wanted)
+    }
+}
+
+/// Reads the audit log a slice at a time into [`Newest`]; returns it and the store revision
+/// a follower's watch starts after (taken before the first slice, so that nothing written
+/// while the log is read is missed: what both the read and the watch see is sent once).
+async fn read_newest<F: Fn(&AuditEvent) -> bool + Send + 'static>(
+    store: &dyn Store,
+    prefix: &str,
+    mut newest: Newest<F>,
+) -> Result<(Newest<F>, Revision), Status> {
+    let revision = store.current_revision().await.map_err(AdminError::from)?;
+    let mut from = prefix.to_owned();
+    loop {
+        let slice = store.list_page(prefix, &from, EVENTS_SLICE).await.map_err(AdminError::from)?;
+        let Some(last) = slice.kvs.last() else { return Ok((newest, revision)) };
+        from = format!("{}\0", last.key);
+        // Decoding a storm's batches takes CPU: off the runtime's workers, which keep
+        // serving nodes and other calls.
+        let added = tokio::task::spawn_blocking(move || {
+            newest.add(&slice.kvs);
+            newest
+        });
+        newest = added.await.map_err(|_| Status::internal("listing the audit log failed"))?;
+    }
 }
 
 #[tonic::async_trait]
@@ -274,21 +389,15 @@ impl Admin for AdminService {
         // without its request timing out, and an error reaches it as the stream's end.
         tokio::spawn(async move {
             let fail = |e: StoreError| Err(Status::from(AdminError::from(e)));
-            let listing = match store.list(&prefix).await {
-                Ok(listing) => listing,
-                Err(e) => {
-                    let _ = tx.send(fail(e)).await;
+            let newest = Newest::new(limit, request.follow, wanted);
+            let (newest, revision) = match read_newest(store.as_ref(), &prefix, newest).await {
+                Ok(read) => read,
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
                     return;
                 }
             };
-            let revision = listing.revision;
-            // Decoding and sorting millions of events (a count after a storm) takes seconds
-            // of CPU: off the runtime's workers, which keep serving nodes and other calls.
-            let newest = tokio::task::spawn_blocking(move || newest_events(listing, limit, wanted));
-            let Ok((first, mut seen, wanted)) = newest.await else {
-                let _ = tx.send(Err(Status::internal("listing the audit log failed"))).await;
-                return;
-            };
+            let (first, mut seen, wanted) = newest.finish();
             // Watch before sending, so that a follower misses nothing written meanwhile.
             let watch = if request.follow {
                 match store.watch(&prefix, revision + 1).await {
@@ -540,7 +649,7 @@ impl Admin for AdminService {
             allowed_regions: request.allowed_regions,
             limits: None,
         };
-        let version = self.save_key(&record, 0).await?;
+        let version = self.save_key(&record, 0, None).await?;
         info!(key = %record.id, "API key created");
         Ok(Response::new(pb::KeySecretResponse {
             key: Some(key_to_pb(&record)),
@@ -554,17 +663,47 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
-        let wanted = request.into_inner().secret_sha256.to_ascii_lowercase();
-        let listing =
-            self.store.list(&self.layout.keys_prefix()).await.map_err(AdminError::from)?;
-        let mut keys = Vec::new();
-        for kv in &listing.kvs {
-            let record: ApiKeyRecord = decode(&kv.value, "API key")?;
-            if wanted.is_empty() || record.secret_sha256 == wanted {
-                keys.push(key_to_pb(&record));
-            }
+        let request = request.into_inner();
+        if !request.secret_sha256.is_empty() {
+            let wanted = request.secret_sha256.to_ascii_lowercase();
+            let found = self.key_by_secret(&wanted).await?;
+            let keys = found.iter().map(key_to_pb).collect();
+            return Ok(Response::new(pb::ListKeysResponse {
+                keys,
+                next_page_token: String::new(),
+            }));
         }
-        Ok(Response::new(pb::ListKeysResponse { keys }))
+        let status = match request.status.as_str() {
+            "" => None,
+            "active" => Some(KeyStatus::Active),
+            "revoked" => Some(KeyStatus::Revoked),
+            other => {
+                let message = format!("{other:?} is not a key status; expected active or revoked");
+                return Err(invalid("status", message).into());
+            }
+        };
+        let mode = paging::mode(paging::Listing::Keys, request.limit, &request.page_token)
+            .map_err(AdminError::from)?;
+        let name_prefix = request.name_prefix;
+        let page = paging::scan(
+            self.store.as_ref(),
+            paging::Listing::Keys,
+            &self.layout.keys_prefix(),
+            &request.id_prefix,
+            &mode,
+            |kv| {
+                let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+                let wanted = status.is_none_or(|s| record.status == s)
+                    && record.name.starts_with(name_prefix.as_str());
+                Ok::<_, AdminError>(wanted.then(|| key_to_pb(&record)))
+            },
+            prost::Message::encoded_len,
+        )
+        .await?;
+        Ok(Response::new(pb::ListKeysResponse {
+            keys: page.items,
+            next_page_token: page.next_token,
+        }))
     }
 
     async fn get_key(
@@ -593,7 +732,7 @@ impl Admin for AdminService {
         }
         record.status = KeyStatus::Revoked;
         record.updated_unix_ms = now_ms();
-        let version = self.save_key(&record, rev).await?;
+        let version = self.save_key(&record, rev, None).await?;
         info!(key = %record.id, "API key revoked");
         Ok(Response::new(pb::KeyResponse {
             key: Some(key_to_pb(&record)),
@@ -615,10 +754,10 @@ impl Admin for AdminService {
             .into());
         }
         let secret = new_secret();
-        record.secret_sha256 = hash_secret(&secret);
+        let previous = std::mem::replace(&mut record.secret_sha256, hash_secret(&secret));
         record.secret_hint = hint(&secret);
         record.updated_unix_ms = now_ms();
-        let version = self.save_key(&record, rev).await?;
+        let version = self.save_key(&record, rev, Some(&previous)).await?;
         info!(key = %record.id, "API key rotated");
         Ok(Response::new(pb::KeySecretResponse {
             key: Some(key_to_pb(&record)),
@@ -638,7 +777,7 @@ impl Admin for AdminService {
             self.check_key_settings(request.failover_defaults, &[], &[]).await?;
         record.failover_defaults = defaults;
         record.updated_unix_ms = now_ms();
-        let version = self.save_key(&record, rev).await?;
+        let version = self.save_key(&record, rev, None).await?;
         info!(key = %record.id, "API key defaults set");
         Ok(Response::new(pb::KeyResponse { key: Some(key_to_pb(&record)), warnings, version }))
     }
@@ -660,7 +799,7 @@ impl Admin for AdminService {
         let (mut record, rev) = self.load_key(&request.id).await?;
         record.limits = limits.filter(|l| !l.is_empty());
         record.updated_unix_ms = now_ms();
-        let version = self.save_key(&record, rev).await?;
+        let version = self.save_key(&record, rev, None).await?;
         info!(key = %record.id, "API key limits set");
         Ok(Response::new(pb::KeyResponse {
             key: Some(key_to_pb(&record)),
@@ -862,33 +1001,126 @@ impl Admin for AdminService {
 
     async fn list_nodes(
         &self,
-        _request: Request<pb::ListNodesRequest>,
+        request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        let listing =
-            self.store.list(&self.layout.nodes_prefix()).await.map_err(AdminError::from)?;
+        let request = request.into_inner();
+        let mode = paging::mode(paging::Listing::Nodes, request.limit, &request.page_token)
+            .map_err(AdminError::from)?;
         let config_version = self.cache.latest_change();
-        let nodes = listing
-            .kvs
-            .iter()
-            .filter_map(|kv| serde_json::from_slice::<NodeRecord>(&kv.value).ok())
-            .map(|n| pb::Node {
-                lag: (config_version - n.applied_version).max(0),
-                node_id: n.node_id,
-                listen_address: n.listen_address,
-                applied_version: n.applied_version,
-                last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
-                control_plane: n.control_plane,
-                software_version: n.software_version,
-                connected_unix_ms: n.connected_unix_ms,
-                rejected_version: n.rejected.as_ref().map_or(0, |r| r.version),
-                rejected_error: n.rejected.map(|r| r.error).unwrap_or_default(),
-            })
-            .collect();
-        Ok(Response::new(pb::ListNodesResponse { nodes, config_version }))
+        let stale_for = i64::try_from(request.stale_for_ms).unwrap_or(i64::MAX);
+        let now = now_ms();
+        let page = paging::scan(
+            self.store.as_ref(),
+            paging::Listing::Nodes,
+            &self.layout.nodes_prefix(),
+            "",
+            &mode,
+            |kv| {
+                // An unreadable record (a node of another version mid-upgrade) is left out,
+                // as before paging.
+                let Ok(n) = serde_json::from_slice::<NodeRecord>(&kv.value) else {
+                    return Ok::<_, AdminError>(None);
+                };
+                let wanted = (request.control_plane.is_empty()
+                    || n.control_plane == request.control_plane)
+                    && (stale_for == 0
+                        || now.saturating_sub(n.last_heartbeat_unix_ms) >= stale_for)
+                    && (!request.rejected_only || n.rejected.is_some());
+                Ok(wanted.then(|| pb::Node {
+                    lag: (config_version - n.applied_version).max(0),
+                    node_id: n.node_id,
+                    listen_address: n.listen_address,
+                    applied_version: n.applied_version,
+                    last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
+                    control_plane: n.control_plane,
+                    software_version: n.software_version,
+                    connected_unix_ms: n.connected_unix_ms,
+                    rejected_version: n.rejected.as_ref().map_or(0, |r| r.version),
+                    rejected_error: n.rejected.map(|r| r.error).unwrap_or_default(),
+                }))
+            },
+            prost::Message::encoded_len,
+        )
+        .await?;
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: page.items,
+            config_version,
+            next_page_token: page.next_token,
+        }))
     }
 }
 
 impl AdminService {
+    /// The key whose secret hashes to `sha256` (lower-case hex), from the secret index.
+    /// Keys stored before the index existed have no entry: until one lookup has filled the
+    /// index in (and marked it complete), a miss reads the keys a slice at a time.
+    async fn key_by_secret(&self, sha256: &str) -> Result<Option<ApiKeyRecord>, AdminError> {
+        // Not a SHA-256: no key has it (and it must not reach into other store keys).
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(None);
+        }
+        if let Some(entry) = self.store.get(&self.layout.key_secret(sha256)).await? {
+            let id = String::from_utf8_lossy(&entry.value);
+            if let Some(kv) = self.store.get(&self.layout.key(&id)).await? {
+                let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+                // An entry left by a race with a rotation names a key whose secret moved on.
+                if record.secret_sha256 == sha256 {
+                    return Ok(Some(record));
+                }
+            }
+        }
+        if self.store.get(&self.layout.key_secrets_complete()).await?.is_some() {
+            return Ok(None);
+        }
+        self.spawn_backfill();
+        let mut mode = paging::Mode::Paged { limit: 1, after: None };
+        loop {
+            let page = paging::scan(
+                self.store.as_ref(),
+                paging::Listing::Keys,
+                &self.layout.keys_prefix(),
+                "",
+                &mode,
+                |kv| {
+                    let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+                    Ok::<_, AdminError>((record.secret_sha256 == sha256).then_some(record))
+                },
+                |_| 0,
+            )
+            .await?;
+            if let Some(found) = page.items.into_iter().next() {
+                return Ok(Some(found));
+            }
+            if page.next_token.is_empty() {
+                return Ok(None);
+            }
+            let after = paging::decode_token(paging::Listing::Keys, &page.next_token)?;
+            mode = paging::Mode::Paged { limit: 1, after: Some(after) };
+        }
+    }
+
+    /// Writes the secret-index entry of every stored key, then the mark that the index is
+    /// complete; in the background, once per process at a time. Entries are written
+    /// unconditionally: an entry maps a hash to the key that had it, so writing it twice,
+    /// or after a rotation moved the key on, is harmless (lookups check the key's hash).
+    fn spawn_backfill(&self) {
+        use std::sync::atomic::Ordering;
+        if BACKFILLING.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (store, layout) = (Arc::clone(&self.store), self.layout.clone());
+        tokio::spawn(async move {
+            let result = backfill_secret_index(store.as_ref(), &layout).await;
+            BACKFILLING.store(false, Ordering::Release);
+            match result {
+                Ok(keys) => info!(keys, "secret index of API keys complete"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "filling in the secret index of API keys failed; the next lookup that misses tries again")
+                }
+            }
+        });
+    }
+
     /// Every limited key's use of each of its limits, fleet-wide, from what the replicas
     /// published a moment ago.
     async fn limit_status(&self, key_id: &str) -> Result<Vec<pb::LimitStatus>, AdminError> {
@@ -929,6 +1161,30 @@ impl AdminService {
         }
         Ok(out)
     }
+}
+
+async fn backfill_secret_index(store: &dyn Store, layout: &Layout) -> Result<usize, AdminError> {
+    let prefix = layout.keys_prefix();
+    let mut from = prefix.clone();
+    let mut count = 0;
+    loop {
+        let slice = store.list_page(&prefix, &from, crate::layout::MAX_TXN_OPS).await?;
+        let Some(last) = slice.kvs.last() else { break };
+        from = format!("{}\0", last.key);
+        let mut success = Vec::with_capacity(slice.kvs.len());
+        for kv in &slice.kvs {
+            let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+            success.push(TxnOp::Put {
+                key: layout.key_secret(&record.secret_sha256),
+                value: record.id.into_bytes(),
+                lease: None,
+            });
+        }
+        count += success.len();
+        store.txn(Txn { success, ..Txn::default() }).await?;
+    }
+    store.put(&layout.key_secrets_complete(), b"1".to_vec(), None).await?;
+    Ok(count)
 }
 
 fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, AdminError> {
@@ -1070,6 +1326,183 @@ mod tests {
         assert!(again.changes.is_empty(), "{:?}", again.changes);
         let (stored, _) = admin.load_catalog().await.unwrap();
         assert_eq!(stored.webhooks[0].url, url);
+    }
+
+    async fn create(admin: &AdminService, name: &str) -> pb::KeySecretResponse {
+        let request = pb::CreateKeyRequest { name: name.into(), ..Default::default() };
+        admin.create_key(Request::new(request)).await.unwrap().into_inner()
+    }
+
+    async fn by_secret(admin: &AdminService, secret: &str) -> Vec<String> {
+        let request =
+            pb::ListKeysRequest { secret_sha256: hash_secret(secret), ..Default::default() };
+        let reply = admin.list_keys(Request::new(request)).await.unwrap().into_inner();
+        reply.keys.into_iter().map(|k| k.id).collect()
+    }
+
+    #[tokio::test]
+    async fn a_key_is_found_by_its_secret_through_the_index_and_a_rotation_moves_the_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        let created = create(&admin, "app").await;
+        let id = created.key.unwrap().id;
+        let index = admin.layout.key_secret(&hash_secret(&created.secret));
+        let entry = admin.store.get(&index).await.unwrap().unwrap();
+        assert_eq!(entry.value.as_ref(), id.as_bytes(), "written with the key");
+        assert_eq!(by_secret(&admin, &created.secret).await, std::slice::from_ref(&id));
+
+        let rotated =
+            admin.rotate_key(Request::new(pb::KeyIdRequest { id: id.clone() })).await.unwrap();
+        let new_secret = rotated.into_inner().secret;
+        assert!(admin.store.get(&index).await.unwrap().is_none(), "the old entry goes");
+        // The index is complete (every key was written with its entry), so a miss is final.
+        admin.store.put(&admin.layout.key_secrets_complete(), b"1".to_vec(), None).await.unwrap();
+        assert!(by_secret(&admin, &created.secret).await.is_empty());
+        assert_eq!(by_secret(&admin, &new_secret).await, [id]);
+        assert!(by_secret(&admin, "not-a-secret").await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_key_stored_before_the_index_is_found_and_the_index_filled_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        let created = create(&admin, "new").await;
+        // A key as releases before the index stored it: no entry.
+        let old = ApiKeyRecord {
+            id: "key_old".into(),
+            name: "old".into(),
+            created_unix_ms: 1,
+            updated_unix_ms: 1,
+            status: KeyStatus::Active,
+            secret_sha256: hash_secret("sy-old-secret"),
+            secret_hint: "cret".into(),
+            failover_defaults: None,
+            allowed_models: vec![],
+            allowed_regions: vec![],
+            limits: None,
+        };
+        let value = serde_json::to_vec(&old).unwrap();
+        admin.store.put(&admin.layout.key("key_old"), value, None).await.unwrap();
+
+        assert_eq!(by_secret(&admin, "sy-old-secret").await, ["key_old"]);
+        let complete = admin.layout.key_secrets_complete();
+        let store = Arc::clone(&admin.store);
+        for _ in 0..500 {
+            if store.get(&complete).await.unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(store.get(&complete).await.unwrap().is_some(), "the backfill finished");
+        let entry = store.get(&admin.layout.key_secret(&old.secret_sha256)).await.unwrap();
+        assert_eq!(entry.unwrap().value.as_ref(), b"key_old");
+        assert_eq!(by_secret(&admin, "sy-old-secret").await, ["key_old"]);
+        assert_eq!(by_secret(&admin, &created.secret).await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn list_keys_filters_by_status_name_and_id_prefix_and_refuses_a_bad_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        let mut ids = Vec::new();
+        for name in ["team-a", "team-b", "other"] {
+            ids.push(create(&admin, name).await.key.unwrap().id);
+        }
+        admin.revoke_key(Request::new(pb::KeyIdRequest { id: ids[1].clone() })).await.unwrap();
+        let list = |request: pb::ListKeysRequest| {
+            let admin = &admin;
+            async move {
+                let reply = admin.list_keys(Request::new(request)).await.unwrap().into_inner();
+                let mut names: Vec<String> = reply.keys.into_iter().map(|k| k.name).collect();
+                names.sort();
+                (names, reply.next_page_token)
+            }
+        };
+        let all = list(pb::ListKeysRequest::default()).await;
+        assert_eq!(all, (vec!["other".into(), "team-a".into(), "team-b".into()], String::new()));
+        let active = pb::ListKeysRequest { status: "active".into(), ..Default::default() };
+        assert_eq!(list(active).await.0, ["other", "team-a"]);
+        let revoked_team = pb::ListKeysRequest {
+            status: "revoked".into(),
+            name_prefix: "team".into(),
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(list(revoked_team).await.0, ["team-b"]);
+        let by_id = pb::ListKeysRequest { id_prefix: ids[2].clone(), ..Default::default() };
+        assert_eq!(list(by_id).await.0, ["other"]);
+        let bad = pb::ListKeysRequest { status: "expired".into(), ..Default::default() };
+        let status = admin.list_keys(Request::new(bad)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().starts_with("status: "), "{}", status.message());
+        let bad = pb::ListKeysRequest { page_token: "nonsense".into(), ..Default::default() };
+        let status = admin.list_keys(Request::new(bad)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().starts_with("page_token: "), "{}", status.message());
+    }
+
+    fn event(id: &str, at: i64, key: &str) -> AuditEvent {
+        AuditEvent {
+            id: id.into(),
+            at_unix_ms: at,
+            node_id: "n".into(),
+            key_id: key.into(),
+            requested_model: "m".into(),
+            served_model: String::new(),
+            attempts: vec![],
+            stream: false,
+            status: 0,
+            degraded: String::new(),
+            request_id: String::new(),
+            lost: None,
+        }
+    }
+
+    /// 300 batches of 10 events (more than a slice), times interleaved across batches, one
+    /// batch stored twice under another key, events of two keys.
+    async fn audit_log(store: &dyn Store, layout: &Layout) {
+        for b in 0..300i64 {
+            let events: Vec<Vec<u8>> = (0..10)
+                .map(|i| {
+                    let at = b * 10 + i;
+                    let key = if at % 3 == 0 { "key_a" } else { "key_b" };
+                    serde_json::to_vec(&event(&format!("e{at:05}"), at, key)).unwrap()
+                })
+                .collect();
+            let value = crate::events::encode_batch(&events);
+            let newest = b * 10 + 9;
+            store
+                .put(&layout.audit_batch(newest, &format!("b{b}"), 10), value.clone(), None)
+                .await
+                .unwrap();
+            if b == 299 {
+                store.put(&layout.audit_batch(newest + 1, "again", 10), value, None).await.unwrap();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_newest_events_are_read_a_slice_at_a_time_once_each_in_time_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        audit_log(admin.store.as_ref(), &admin.layout).await;
+        let prefix = admin.layout.audit_prefix();
+
+        let newest = Newest::new(25, false, |_: &AuditEvent| true);
+        let (newest, _) = read_newest(admin.store.as_ref(), &prefix, newest).await.unwrap();
+        let (events, seen, _) = newest.finish();
+        let ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+        let expected: Vec<String> = (2_975..3_000).map(|at| format!("e{at:05}")).collect();
+        assert_eq!(ids, expected, "the newest 25, oldest first, the twice-stored batch once");
+        assert_eq!(seen.len(), 25, "without follow only what was sent is remembered");
+
+        let only_a = |e: &AuditEvent| e.key_id == "key_a";
+        let (newest, _) =
+            read_newest(admin.store.as_ref(), &prefix, Newest::new(4, true, only_a)).await.unwrap();
+        let (events, seen, _) = newest.finish();
+        let ats: Vec<i64> = events.iter().map(|e| e.at_unix_ms).collect();
+        assert_eq!(ats, [2_988, 2_991, 2_994, 2_997]);
+        assert_eq!(seen.len(), 1_000, "following: every listed id of key_a, to skip in the watch");
     }
 
     #[tokio::test]

@@ -10,6 +10,8 @@
 //! - `webhooks/outbox/…`, `webhooks/state/<subscription>`, `webhooks/dead/<subscription>/…`:
 //!   webhook events waiting for delivery, each subscription's delivery state, dead letters
 //!   (see [`crate::webhooks`]);
+//! - `key_secrets/<sha256 hex>` → key id: the index `ListKeys{secret_sha256}` reads, written
+//!   with each key (and `key_secrets_complete` once keys from before it are indexed too);
 //! - `elections/<name>/`: leader elections for work one replica does (audit retention,
 //!   webhook delivery).
 //!
@@ -56,6 +58,23 @@ impl Layout {
 
     pub fn key(&self, id: &str) -> String {
         format!("{}config/{KEYS}{id}", self.prefix)
+    }
+
+    /// The index from a key's secret hash to its id (`key_secrets/<sha256 hex>` → id),
+    /// written in the transaction that writes the key: `ListKeys{secret_sha256}` reads one
+    /// entry instead of every key. Outside `config/`, so nodes never receive it.
+    pub fn key_secrets_prefix(&self) -> String {
+        format!("{}key_secrets/", self.prefix)
+    }
+
+    pub fn key_secret(&self, sha256_hex: &str) -> String {
+        format!("{}key_secrets/{sha256_hex}", self.prefix)
+    }
+
+    /// Present once every stored key has its index entry (written by the first lookup that
+    /// missed and read every key): from then on a miss is an answer, not a reason to scan.
+    pub fn key_secrets_complete(&self) -> String {
+        format!("{}key_secrets_complete", self.prefix)
     }
 
     pub fn faults_prefix(&self) -> String {

@@ -12,6 +12,7 @@ pub mod layout;
 pub mod limits;
 pub mod metrics;
 pub mod nodes;
+pub mod paging;
 pub mod peer;
 pub mod reports;
 pub mod server;

@@ -149,6 +149,8 @@ conformance!(
     list_is_sorted_and_respects_prefix_boundaries,
     a_listing_larger_than_one_response_comes_back_whole,
     list_keys_pages_through_a_prefix_and_counts_it,
+    list_page_pages_through_a_prefix_with_values,
+    list_page_of_values_larger_than_one_response_comes_in_smaller_pages,
     txn_absent_compare_runs_success_then_failure_branch,
     txn_mod_revision_compare_is_compare_and_swap,
     txn_value_compare_and_missing_key_never_matches_a_value,
@@ -313,6 +315,49 @@ mod cases {
         assert_eq!(s.count("a/").await.unwrap(), (4, s.current_revision().await.unwrap()));
         assert_eq!(s.count("").await.unwrap().0, 7, "the empty prefix counts every key");
         assert_eq!(s.count("zzz/").await.unwrap().0, 0);
+    }
+
+    pub async fn list_page_pages_through_a_prefix_with_values(b: Backend) {
+        let s = &b.store;
+        for key in ["a/2", "a0", "a/1", "a", "b/1", "a/1/x", "a/"] {
+            s.put(key, key.as_bytes().to_vec(), None).await.unwrap();
+        }
+        let first = s.list_page("a/", "a/", 2).await.unwrap();
+        let keys: Vec<&str> = first.kvs.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(keys, ["a/", "a/1"]);
+        assert!(first.kvs.iter().all(|kv| kv.value == kv.key.as_bytes()), "values come along");
+        assert_eq!(first.revision, s.current_revision().await.unwrap());
+        let rest = s.list_page("a/", "a/1\0", 10).await.unwrap();
+        let keys: Vec<&str> = rest.kvs.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(keys, ["a/1/x", "a/2"], "the next page starts at `from`");
+        assert!(s.list_page("a/", "a/", 0).await.unwrap().kvs.is_empty(), "limit 0: no keys");
+        assert_eq!(
+            s.list_page("a/", "", 10).await.unwrap().kvs.len(),
+            4,
+            "never before the prefix"
+        );
+        assert!(s.list_page("zzz/", "zzz/", 10).await.unwrap().kvs.is_empty());
+    }
+
+    /// 20 values of 1 MiB asked for in one page: more than etcd's client decodes at once,
+    /// so a page may hold fewer, but paging on from the last key gets every one once.
+    pub async fn list_page_of_values_larger_than_one_response_comes_in_smaller_pages(b: Backend) {
+        let s = &b.store;
+        for i in 0..20u8 {
+            s.put(&format!("big/{i:02}"), vec![i; 1024 * 1024], None).await.unwrap();
+        }
+        let (mut keys, mut from) = (Vec::new(), "big/".to_owned());
+        loop {
+            let page = s.list_page("big/", &from, 20).await.unwrap();
+            let Some(last) = page.kvs.last() else { break };
+            from = format!("{}\0", last.key);
+            for kv in &page.kvs {
+                assert_eq!(kv.value.len(), 1024 * 1024);
+                keys.push(kv.key.clone());
+            }
+        }
+        let expected: Vec<String> = (0..20).map(|i| format!("big/{i:02}")).collect();
+        assert_eq!(keys, expected);
     }
 
     pub async fn txn_absent_compare_runs_success_then_failure_branch(b: Backend) {

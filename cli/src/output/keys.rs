@@ -129,6 +129,12 @@ pub fn keys_table(keys: &[KeyView], now_ms: i64) -> String {
     if keys.is_empty() {
         return "no keys\n".to_owned();
     }
+    keys_rows(keys, now_ms, true)
+}
+
+/// One page of the key table: with its header for the first page (columns are as wide as
+/// this page's widest cell; later pages align among themselves).
+pub fn keys_rows(keys: &[KeyView], now_ms: i64, header: bool) -> String {
     let mut t =
         Table::new(["ID", "NAME", "STATUS", "SECRET", "DEFAULT CHAIN", "LIMITS", "CREATED"]);
     for k in keys {
@@ -142,7 +148,12 @@ pub fn keys_table(keys: &[KeyView], now_ms: i64) -> String {
             ago(k.created_unix_ms, now_ms),
         ]);
     }
-    t.render()
+    let text = t.render();
+    if header {
+        text
+    } else {
+        text.split_once('\n').map_or(text.clone(), |(_, rows)| rows.to_owned())
+    }
 }
 
 pub fn key_details(k: &KeyView, now_ms: i64) -> String {

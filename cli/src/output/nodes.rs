@@ -33,34 +33,50 @@ pub struct NodesView {
 
 impl From<pb::ListNodesResponse> for NodesView {
     fn from(r: pb::ListNodesResponse) -> Self {
-        let nodes = r
-            .nodes
-            .into_iter()
-            .map(|n| NodeView {
-                node_id: n.node_id,
-                listen_address: n.listen_address,
-                applied_version: n.applied_version,
-                lag: n.lag,
-                last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
-                control_plane: n.control_plane,
-                software_version: n.software_version,
-                connected_unix_ms: n.connected_unix_ms,
-                rejected: (n.rejected_version > 0).then_some(RejectedView {
-                    version: n.rejected_version,
-                    error: n.rejected_error,
-                }),
-            })
-            .collect();
+        let nodes = r.nodes.into_iter().map(NodeView::from).collect();
         Self { config_version: r.config_version, nodes }
     }
+}
+
+impl From<pb::Node> for NodeView {
+    fn from(n: pb::Node) -> Self {
+        NodeView {
+            node_id: n.node_id,
+            listen_address: n.listen_address,
+            applied_version: n.applied_version,
+            lag: n.lag,
+            last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
+            control_plane: n.control_plane,
+            software_version: n.software_version,
+            connected_unix_ms: n.connected_unix_ms,
+            rejected: (n.rejected_version > 0)
+                .then_some(RejectedView { version: n.rejected_version, error: n.rejected_error }),
+        }
+    }
+}
+
+/// What `nodes --json` prints before its nodes, which follow as a [`super::JsonArray`] at
+/// indent 2; [`nodes_json_tail`] closes it. Together: exactly `json(&NodesView)`.
+pub fn nodes_json_head(config_version: i64) -> String {
+    format!("{{\n  \"config_version\": {config_version},\n  \"nodes\": ")
+}
+
+pub fn nodes_json_tail(nodes: &super::JsonArray) -> String {
+    format!("{}\n}}\n", nodes.end())
 }
 
 pub fn nodes_table(v: &NodesView, now_ms: i64) -> String {
     if v.nodes.is_empty() {
         return format!("no nodes (config version {})\n", v.config_version);
     }
+    nodes_rows(&v.nodes, now_ms, true)
+}
+
+/// One page of the node table (with its header for the first page), and the page's
+/// rejections below it.
+pub fn nodes_rows(nodes: &[NodeView], now_ms: i64, header: bool) -> String {
     let mut t = Table::new(["NODE", "LISTEN", "VERSION", "LAG", "LAST HEARTBEAT", "CONTROL PLANE"]);
-    for n in &v.nodes {
+    for n in nodes {
         t.row(vec![
             n.node_id.clone(),
             n.listen_address.clone(),
@@ -70,9 +86,14 @@ pub fn nodes_table(v: &NodesView, now_ms: i64) -> String {
             n.control_plane.clone(),
         ]);
     }
-    let mut out = t.render();
+    let text = t.render();
+    let mut out = if header {
+        text
+    } else {
+        text.split_once('\n').map_or(text.clone(), |(_, rows)| rows.to_owned())
+    };
     // Rejections below the table: an error message would stretch every row's columns.
-    for n in &v.nodes {
+    for n in nodes {
         if let Some(r) = &n.rejected {
             out.push_str(&format!("{} rejected version {}: {}\n", n.node_id, r.version, r.error));
         }
@@ -83,6 +104,30 @@ pub fn nodes_table(v: &NodesView, now_ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nodes_json_printed_node_by_node_is_the_whole_view_printed_at_once() {
+        for n in [0usize, 1, 3] {
+            let node = |i: usize| pb::Node {
+                node_id: format!("n{i}"),
+                rejected_version: if i == 1 { 7 } else { 0 },
+                rejected_error: "bad".into(),
+                ..Default::default()
+            };
+            let whole = NodesView::from(pb::ListNodesResponse {
+                nodes: (0..n).map(node).collect(),
+                config_version: 42,
+                next_page_token: String::new(),
+            });
+            let mut array = crate::output::JsonArray::new(2);
+            let mut text = nodes_json_head(42);
+            for i in 0..n {
+                text.push_str(&array.item(&NodeView::from(node(i))).unwrap());
+            }
+            text.push_str(&nodes_json_tail(&array));
+            assert_eq!(text, crate::output::json(&whole).unwrap(), "{n} nodes");
+        }
+    }
 
     #[test]
     fn nodes_table_shows_heartbeat_age() {
@@ -97,6 +142,7 @@ mod tests {
                 ..Default::default()
             }],
             config_version: 42,
+            next_page_token: String::new(),
         });
         let text = nodes_table(&v, 10_000);
         let lines: Vec<&str> = text.lines().collect();

@@ -209,6 +209,17 @@ pub trait Store: Send + Sync + 'static {
         from: &str,
         limit: usize,
     ) -> Result<KeyListing, StoreError>;
+    /// Like [`Store::list_keys`] but with values: at most `limit` keys under `prefix` from
+    /// `from` on, in key order. A backend may return fewer (etcd, when `limit` values are
+    /// more than one response carries), but at least one when any is left; callers page on
+    /// from the last key. For the admin API's paged listings, which must not read a million
+    /// keys to answer a page.
+    async fn list_page(
+        &self,
+        prefix: &str,
+        from: &str,
+        limit: usize,
+    ) -> Result<Listing, StoreError>;
     /// How many keys there are under `prefix`, and the revision counted at.
     async fn count(&self, prefix: &str) -> Result<(usize, Revision), StoreError>;
     /// Returns the revision of the write.

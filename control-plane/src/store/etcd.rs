@@ -805,6 +805,40 @@ impl Store for EtcdStore {
         Ok(KeyListing { keys, revision: header_revision(response.header.as_ref()) })
     }
 
+    async fn list_page(
+        &self,
+        prefix: &str,
+        from: &str,
+        limit: usize,
+    ) -> Result<Listing, StoreError> {
+        if limit == 0 {
+            // etcd reads limit 0 as "no limit".
+            return Ok(Listing { kvs: Vec::new(), revision: self.current_revision().await? });
+        }
+        let (start, range_end) = prefix_range(prefix);
+        let start =
+            if from.as_bytes() > start.as_slice() { from.as_bytes().to_vec() } else { start };
+        let mut limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        loop {
+            let request = pb::RangeRequest {
+                key: start.clone(),
+                range_end: range_end.clone(),
+                limit,
+                ..Default::default()
+            };
+            match self.range("list page", request).await {
+                // Large values: fewer keys in this page; the caller pages on.
+                Err(StoreError::ResponseTooLarge(_)) if limit > 1 => limit = (limit / 8).max(1),
+                page => {
+                    let page = page?;
+                    let revision = header_revision(page.header.as_ref());
+                    let kvs = page.kvs.into_iter().map(from_pb_kv).collect::<Result<_, _>>()?;
+                    return Ok(Listing { kvs, revision });
+                }
+            }
+        }
+    }
+
     async fn count(&self, prefix: &str) -> Result<(usize, Revision), StoreError> {
         let (key, range_end) = prefix_range(prefix);
         let request = pb::RangeRequest { key, range_end, count_only: true, ..Default::default() };

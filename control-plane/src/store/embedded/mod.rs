@@ -159,6 +159,17 @@ impl Store for EmbeddedStore {
         Ok(KeyListing { keys, revision: st.revision })
     }
 
+    async fn list_page(
+        &self,
+        prefix: &str,
+        from: &str,
+        limit: usize,
+    ) -> Result<Listing, StoreError> {
+        let st = lock(&self.state);
+        let kvs = st.under(prefix, from).take(limit).map(|(_, kv)| kv.clone()).collect();
+        Ok(Listing { kvs, revision: st.revision })
+    }
+
     async fn count(&self, prefix: &str) -> Result<(usize, Revision), StoreError> {
         let st = lock(&self.state);
         Ok((st.under(prefix, prefix).count(), st.revision))
