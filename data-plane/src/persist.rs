@@ -87,10 +87,7 @@ pub async fn run(data_dir: PathBuf, state: Arc<NodeState>, loaded: Option<Files>
         .await
         {
             Ok(done) => done,
-            Err(e) => {
-                warn!(version, error = %e, "config persister failed");
-                return;
-            }
+            Err(e) => (Files::empty(data_dir.clone()), Err(std::io::Error::other(e))),
         };
         files = back;
         match result {
