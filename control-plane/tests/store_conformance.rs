@@ -148,6 +148,7 @@ conformance!(
     revision_starts_at_one_and_grows_by_one_per_changing_write,
     list_is_sorted_and_respects_prefix_boundaries,
     a_listing_larger_than_one_response_comes_back_whole,
+    a_listing_of_thousands_of_small_keys_then_large_values_comes_back_whole,
     list_keys_pages_through_a_prefix_and_counts_it,
     list_page_pages_through_a_prefix_with_values,
     list_page_of_values_larger_than_one_response_comes_in_smaller_pages,
@@ -292,6 +293,41 @@ mod cases {
             assert_eq!(kv.key, format!("big/{i:02}"));
             assert_eq!(kv.value.len(), 1024 * 1024);
             assert!(kv.value.iter().all(|b| usize::from(*b) == i));
+        }
+    }
+
+    /// Thousands of small keys (a fleet's API keys), then values of 1 MiB: on etcd the pages
+    /// grow past the first (small keys) and shrink again (the large values), and the
+    /// listing is still every key once, in order.
+    pub async fn a_listing_of_thousands_of_small_keys_then_large_values_comes_back_whole(
+        b: Backend,
+    ) {
+        let s = &b.store;
+        let small = 3_000;
+        let mut ops = Vec::new();
+        for i in 0..small {
+            ops.push(TxnOp::Put {
+                key: format!("mix/a{i:05}"),
+                value: vec![b'k'; 16],
+                lease: None,
+            });
+            if ops.len() == 128 || i + 1 == small {
+                let txn =
+                    Txn { compare: vec![], success: std::mem::take(&mut ops), failure: vec![] };
+                s.txn(txn).await.unwrap();
+            }
+        }
+        for i in 0..20u8 {
+            s.put(&format!("mix/z{i:02}"), vec![i; 1024 * 1024], None).await.unwrap();
+        }
+        let listing = s.list("mix/").await.unwrap();
+        assert_eq!(listing.kvs.len(), small + 20);
+        for (i, kv) in listing.kvs.iter().take(small).enumerate() {
+            assert_eq!(kv.key, format!("mix/a{i:05}"));
+        }
+        for (i, kv) in listing.kvs.iter().skip(small).enumerate() {
+            assert_eq!(kv.key, format!("mix/z{i:02}"));
+            assert!(kv.value.len() == 1024 * 1024 && kv.value.iter().all(|b| usize::from(*b) == i));
         }
     }
 
