@@ -120,6 +120,10 @@ struct Sample {
     cp_start_ms: f64,
     cp_rss_mib: f64,
     node_ready_ms: f64,
+    /// A second fresh node, started once the control plane has its config loaded (the
+    /// first node's wait included the control plane reading the store).
+    warm_ready_ms: f64,
+    warm_ready_cpu_ms: f64,
     /// CPU the node and the control plane spent from the node's start to its ready.
     node_ready_cpu_ms: f64,
     cp_snapshot_cpu_ms: f64,
@@ -162,17 +166,17 @@ async fn run(o: Options) -> Result<()> {
     }
     println!("### Keys: snapshot, ready, memory, one change (medians of {} runs)\n", o.runs);
     println!(
-        "| store | keys | resources | snapshot bytes | messages | seed s | control start ms | control RSS MiB | node ready ms | node CPU to ready ms | control CPU for the snapshot ms | node VmRSS MiB | node VmHWM MiB | LKG on disk MiB | change → 401 ms p50 | p99 | max | CLI ms | last change → persisted ms | LKG bytes written/change | node CPU ms/change | control CPU ms/change | restart (LKG, no control) ready ms | restart VmRSS MiB |"
+        "| store | keys | resources | snapshot bytes | messages | seed s | control start ms | control RSS MiB | node ready ms (control plane just started) | node ready ms (control plane running) | its CPU ms | first node CPU to ready ms | control CPU for the first snapshot ms | node VmRSS MiB | node VmHWM MiB | LKG on disk MiB | change → 401 ms p50 | p99 | max | CLI ms | last change → persisted ms | LKG bytes written/change | node CPU ms/change | control CPU ms/change | restart (LKG, no control) ready ms | restart VmRSS MiB |"
     );
     println!(
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for (backend, count, s, samples) in &rows {
         let m = |g: fn(&Sample) -> f64| median(&samples.iter().map(g).collect::<Vec<_>>());
         let changes: Vec<f64> = samples.iter().flat_map(|x| x.change_ms.clone()).collect();
         let clis: Vec<f64> = samples.iter().flat_map(|x| x.cli_ms.clone()).collect();
         println!(
-            "| {} | {count} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {count} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             backend.label(),
             s.resources,
             s.bytes,
@@ -181,6 +185,8 @@ async fn run(o: Options) -> Result<()> {
             fmt(m(|x| x.cp_start_ms), 0),
             fmt(m(|x| x.cp_rss_mib), 1),
             fmt(m(|x| x.node_ready_ms), 0),
+            fmt(m(|x| x.warm_ready_ms), 0),
+            fmt(m(|x| x.warm_ready_cpu_ms), 0),
             fmt(m(|x| x.node_ready_cpu_ms), 0),
             fmt(m(|x| x.cp_snapshot_cpu_ms), 0),
             fmt(m(|x| x.node_rss_mib), 1),
@@ -303,6 +309,17 @@ async fn one(
         s.node_rss_mib = mib(status_kib(node.pid(), "VmRSS")?);
         s.node_hwm_mib = mib(status_kib(node.pid(), "VmHWM")?);
         s.cp_rss_mib = mib(status_kib(cp.pid(), "VmRSS")?);
+        {
+            let dir = d.join(format!("node-{run}-warm"));
+            let dir = dir.display().to_string();
+            let args = ["node", "--control", &control, "--listen", "127.0.0.1:0", "--data-dir", &dir];
+            let started = Instant::now();
+            let warm = Proc::start(bin, &args, &[], &d.join(format!("node-{run}-warm.log")))?;
+            wait_ready(warm.addr, version, Duration::from_millis(2), Duration::from_secs(120))
+                .await?;
+            s.warm_ready_ms = started.elapsed().as_secs_f64() * 1e3;
+            s.warm_ready_cpu_ms = cpu_ticks(warm.pid())? as f64 / ticks * 1e3;
+        }
 
         let victims = &seeded.victims[run * o.changes..(run + 1) * o.changes];
         // The snapshot's base must be on disk before the changes, so that what they write
