@@ -290,7 +290,7 @@ impl NodeShared {
             };
             if behind {
                 self.metrics.node_resyncs.inc();
-                debug!(node = %node_id, version = sent_version, "node stream behind; resyncing once it has read its queue");
+                info!(node = %node_id, version = sent_version, "node stream behind; resyncing once it has read its queue");
                 if !tx.wait_empty().await {
                     return;
                 }
