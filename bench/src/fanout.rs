@@ -12,8 +12,8 @@
 //! reading their stream: the fast nodes' times; more changes (untimed) until every slow
 //! stream has fallen behind its queue bound (the control plane's
 //! `switchyard_control_node_resyncs_total`), and once the slow nodes read again, how long
-//! until they had the last version and whether they were resynced (fewer messages than
-//! changes) rather than sent every change.
+//! until they had the last version; the resync count says they were resynced rather than
+//! buffered for.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -127,8 +127,6 @@ struct Slow {
     behind_after: Option<usize>,
     /// Reading again → every slow node had the last version, ms.
     caught_up_ms: f64,
-    /// Slow nodes whose messages were fewer than the versions they missed (resynced).
-    resynced: usize,
     /// The control plane's resync count during the phase (`None`: it has no such metric).
     resyncs: Option<u64>,
 }
@@ -153,7 +151,7 @@ async fn run(o: Options) -> Result<()> {
         o.nodes, o.changes, o.slow
     );
     println!(
-        "| store | phase | connect all ms | change → all nodes ms p50 | p99 | max | control VmRSS MiB | VmHWM MiB | control CPU ms/change | store writes/change | slow behind after changes | slow caught up ms | slow resynced |"
+        "| store | phase | connect all ms | change → all nodes ms p50 | p99 | max | control VmRSS MiB | VmHWM MiB | control CPU ms/change | store writes/change | slow behind after changes | slow caught up ms | streams resynced |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
@@ -175,12 +173,9 @@ async fn run(o: Options) -> Result<()> {
                     .behind_after
                     .map_or_else(|| "not behind".to_owned(), |n| n.to_string())),
                 slow.map_or(String::new(), |s| fmt(Some(s.caught_up_ms), 0)),
-                slow.map_or(String::new(), |s| format!(
-                    "{}/{}{}",
-                    s.resynced,
-                    o.slow,
-                    s.resyncs.map_or_else(String::new, |n| format!(" ({n} resyncs)"))
-                )),
+                slow.map_or(String::new(), |s| s
+                    .resyncs
+                    .map_or_else(|| "no metric".to_owned(), |n| format!("{n} of {}", o.slow))),
             );
         }
     }
@@ -259,22 +254,12 @@ async fn one(o: &Options, backend: Backend, ticks: f64) -> Result<Row> {
         fmt(pct(&slowed.all_ms, 0.99), 1),
         slow.behind_after
     );
-    let versions_missed: Vec<(u64, u64)> = slow_nodes.iter().map(FleetNode::messages).collect();
     let resumed = Instant::now();
     for node in slow_nodes {
         node.resume();
     }
     wait_all(slow_nodes, last, CHANGE_LIMIT).await?;
     slow.caught_up_ms = resumed.elapsed().as_secs_f64() * 1e3;
-    slow.resynced = slow_nodes
-        .iter()
-        .zip(&versions_missed)
-        .filter(|(node, (s0, u0))| {
-            let (s1, u1) = node.messages();
-            // Fewer messages after stalling than changes made meanwhile.
-            ((s1 - s0) + (u1 - u0)) < changes as u64
-        })
-        .count();
     slow.resyncs = match (resyncs_before, resyncs(&control).await) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
