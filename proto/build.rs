@@ -37,8 +37,8 @@ fn encoded_node_server() {
         .name("connect")
         .route_name("Connect")
         .input_type("crate::node::v1::NodeMessage")
-        .output_type("crate::node::v1::encoded::EncodedControlMessage")
-        .codec_path("crate::node::v1::encoded::EncodedCodec")
+        .output_type("crate::node::encoded::EncodedControlMessage")
+        .codec_path("crate::node::encoded::EncodedCodec")
         .client_streaming()
         .server_streaming()
         .build();

@@ -22,7 +22,8 @@ use tokio::sync::broadcast;
 use tracing::{info, warn};
 
 use switchyard_backoff::Backoff;
-use switchyard_proto::node::v1::{self as pb, control_message, encoded::EncodedControlMessage};
+use switchyard_proto::node::encoded::EncodedControlMessage;
+use switchyard_proto::node::v1::{self as pb, control_message};
 
 use crate::layout::Layout;
 use crate::store::{EventKind, Revision, Store, StoreError};

@@ -38,9 +38,7 @@ use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use switchyard_proto::node::v1::encoded::{
-    EncodedControlMessage, node_control_server::NodeControl,
-};
+use switchyard_proto::node::encoded::{EncodedControlMessage, node_control_server::NodeControl};
 use switchyard_proto::node::v1::{self as pb, control_message, node_message};
 
 use switchyard_time::now_ms;

@@ -28,8 +28,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
 use switchyard_proto::admin::v1::admin_server::AdminServer;
-use switchyard_proto::node::v1::encoded::EncodedControlMessage;
-use switchyard_proto::node::v1::encoded::node_control_server::{NodeControl, NodeControlServer};
+use switchyard_proto::node::encoded::EncodedControlMessage;
+use switchyard_proto::node::encoded::node_control_server::{NodeControl, NodeControlServer};
 use switchyard_proto::node::v1::{self as pb};
 
 use switchyard_tls::accept::{self, Acceptor};
