@@ -521,6 +521,12 @@ async fn send_start(
     };
     let mut after: Option<String> = None;
     loop {
+        // The next chunk is read once the stream has taken the previous one (HTTP/2 still
+        // buffers ahead): a thousand nodes connecting at once each hold one chunk here, not
+        // a queue of them, however large the cache.
+        if !tx.wait_empty().await {
+            return false;
+        }
         let chunk = cache.snapshot_chunk(after.as_deref());
         let snapshot = pb::Snapshot {
             version,
