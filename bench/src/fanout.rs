@@ -30,7 +30,7 @@ use crate::proc::{Proc, default_switchyard};
 use crate::stats::{fmt, pct, sum_metric};
 
 const USAGE: &str = "usage: switchyard-bench fleet [--nodes 1000] [--store embedded,etcd] \
-[--changes 20] [--slow 100] [--switchyard PATH]";
+[--changes 20] [--slow 100] [--keys 0] [--switchyard PATH]";
 
 /// How long every node may take to have one change before the run fails.
 const CHANGE_LIMIT: Duration = Duration::from_secs(60);
@@ -58,6 +58,8 @@ struct Options {
     backends: Vec<Backend>,
     changes: usize,
     slow: usize,
+    /// Keys created before the nodes connect: the size of each node's snapshot.
+    keys: usize,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -67,6 +69,7 @@ fn parse(args: &[String]) -> Result<Options> {
         backends: vec![Backend::Embedded, Backend::Etcd],
         changes: 20,
         slow: 100,
+        keys: 0,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -76,6 +79,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--nodes" => o.nodes = bounded(value()?, 1, 10_000, "--nodes")?,
             "--changes" => o.changes = bounded(value()?, 1, 1_000, "--changes")?,
             "--slow" => o.slow = bounded(value()?, 0, 10_000, "--slow")?,
+            "--keys" => o.keys = bounded(value()?, 0, 1_000_000, "--keys")?,
             "--store" => {
                 o.backends = value()?
                     .split(',')
@@ -147,8 +151,11 @@ async fn run(o: Options) -> Result<()> {
         rows.push(one(&o, backend, ticks).await?);
     }
     println!(
-        "### Fleet: one control plane, {} nodes, {} changes per phase ({} slow in the second)\n",
-        o.nodes, o.changes, o.slow
+        "### Fleet: one control plane, {} nodes, {} keys, {} changes per phase ({} slow in the second)\n",
+        o.nodes,
+        o.keys,
+        o.changes,
+        o.slow
     );
     println!(
         "| store | phase | connect all ms | change → all nodes ms p50 | p99 | max | control VmRSS MiB | VmHWM MiB | control CPU ms/change | store writes/change | slow behind after changes | slow caught up ms | streams resynced |"
@@ -208,13 +215,26 @@ async fn one(o: &Options, backend: Backend, ticks: f64) -> Result<Row> {
     )?;
     let control = format!("http://{}", cp.addr);
     let mut admin = Admin::connect(&control, &token).await?;
+    let seeding = Instant::now();
+    for i in 0..o.keys {
+        admin.create_key(&format!("bench-seed-{i:07}")).await?;
+    }
+    if o.keys > 0 {
+        eprintln!("  {} keys created in {:.1} s", o.keys, seeding.elapsed().as_secs_f64());
+    }
     let first = admin.create_key("bench-before-the-fleet").await?;
+    let (rss0, hwm0) = (mib(status_kib(cp.pid(), "VmRSS")?), mib(status_kib(cp.pid(), "VmHWM")?));
 
     let started = Instant::now();
     let nodes = connect_fleet(&control, "bench", o.nodes, 64).await?;
     wait_all(&nodes, first, CHANGE_LIMIT).await?;
     let connect_ms = started.elapsed().as_secs_f64() * 1e3;
-    eprintln!("  {} nodes connected and at version {first} in {connect_ms:.0} ms", o.nodes);
+    eprintln!(
+        "  {} nodes connected and at version {first} in {connect_ms:.0} ms; control VmRSS {rss0:.1} → {:.1} MiB, VmHWM {hwm0:.1} → {:.1} MiB",
+        o.nodes,
+        mib(status_kib(cp.pid(), "VmRSS")?),
+        mib(status_kib(cp.pid(), "VmHWM")?)
+    );
     // Let the connection burst (presence, breaker adoption) settle before measuring.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
