@@ -152,10 +152,7 @@ async fn run(o: Options) -> Result<()> {
     }
     println!(
         "### Fleet: one control plane, {} nodes, {} keys, {} changes per phase ({} slow in the second)\n",
-        o.nodes,
-        o.keys,
-        o.changes,
-        o.slow
+        o.nodes, o.keys, o.changes, o.slow
     );
     println!(
         "| store | phase | connect all ms | change → all nodes ms p50 | p99 | max | control VmRSS MiB | VmHWM MiB | control CPU ms/change | store writes/change | slow behind after changes | slow caught up ms | streams resynced |"
