@@ -20,12 +20,14 @@ mod chaos;
 mod client;
 mod error;
 mod etcd;
+mod fanout;
 mod flags;
 mod fleet;
 mod host;
 mod keys;
 mod limits;
 mod load;
+mod node_clients;
 mod overhead;
 mod passthrough;
 mod pki;
@@ -42,6 +44,7 @@ use overhead::Options;
 const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 1,32] \
 [--warmup-secs 2] [--duration-secs 5] [--runs 3] [--max-steal-pct 5]
        switchyard-bench keys [--count 100000] [--store embedded,etcd] [--runs 3] [--changes 5]
+       switchyard-bench fleet [--nodes 1000] [--store embedded,etcd] [--changes 20] [--slow 100] [--keys 0]
        switchyard-bench streams [--streams 2000] [--chunks 200] [--chunk-delay-ms 20] [--runs 3]
        switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] [--conns 1] [--e2e-secs 4]
        switchyard-bench retries [--requests 3000] [--concurrency 8] [--models 16]
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Some("passthrough") => parse_passthrough(&args[1..])
             .and_then(|(listen, upstream)| passthrough::main(listen, upstream)),
         Some("keys") => keys::main(&args[1..]),
+        Some("fleet") => fanout::main(&args[1..]),
         Some("streams") => streams::main(&args[1..]),
         Some("translate") => translate::main(&args[1..]),
         Some("chaos") => chaos::main(&args[1..]),

@@ -297,6 +297,8 @@ mod tests {
     use switchyard_catalog::fault::{DEFAULT_TTL, FaultKind};
 
     use super::*;
+    use switchyard_proto::node::v1 as pb;
+
     use crate::fanout::{self, ConfigCache, Start};
     use crate::store::embedded::EmbeddedStore;
 
@@ -312,6 +314,16 @@ mod tests {
         store.put(&layout.catalog(), serde_json::to_vec(&catalog).unwrap(), None).await.unwrap();
         store.put(&layout.key("key_a"), b"{}".to_vec(), None).await.unwrap();
         (store, layout)
+    }
+
+    /// The `Update` message a node receives for `update`.
+    fn decode_update(update: &fanout::ConfigUpdate) -> pb::Update {
+        use prost::Message;
+        let encoded = update.encoded.as_ref().expect("a small update is encoded");
+        match pb::ControlMessage::decode(encoded.as_bytes()).unwrap().msg {
+            Some(pb::control_message::Msg::Update(update)) => update,
+            other => panic!("not an update: {other:?}"),
+        }
     }
 
     fn fault(name: &str) -> Fault {
@@ -495,22 +507,23 @@ mod tests {
             tokio::spawn(fanout::run(Arc::clone(&cache), Arc::clone(&store), layout.clone()));
         cache.wait_ready().await;
         let (start, mut updates) = cache.subscribe(0);
-        let Start::Snapshot { resources, .. } = start else { panic!("a new node gets a snapshot") };
-        assert!(resources.iter().all(|(name, _)| !name.starts_with("faults/")));
+        let Start::Snapshot { .. } = start else { panic!("a new node gets a snapshot") };
+        let snapshot = cache.snapshot_chunk(None);
+        assert!(snapshot.resources.iter().all(|(name, _)| !name.starts_with("faults/")));
 
         let (stored, version) =
             inject(store.as_ref(), &layout, fault("drill"), MIN_TTL).await.unwrap();
         let update =
             tokio::time::timeout(Duration::from_secs(5), updates.recv()).await.unwrap().unwrap();
         assert_eq!(update.version, version);
+        let update = decode_update(&update);
         assert_eq!(update.upserts.len(), 1);
-        let (name, value) = &update.upserts[0];
-        assert_eq!(name, "faults/drill");
-        assert_eq!(serde_json::from_slice::<Fault>(value).unwrap(), stored);
+        assert_eq!(update.upserts[0].name, "faults/drill");
+        assert_eq!(serde_json::from_slice::<Fault>(&update.upserts[0].value).unwrap(), stored);
 
         let update =
             tokio::time::timeout(Duration::from_secs(5), updates.recv()).await.unwrap().unwrap();
-        assert_eq!(update.deletes, ["faults/drill"]);
+        assert_eq!(decode_update(&update).deletes, ["faults/drill"]);
         let late = now_ms() - stored.expires_at_unix_ms;
         assert!(late < 1_000, "the delete reached the stream {late} ms after the expiry");
         follower.abort();

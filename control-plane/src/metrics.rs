@@ -16,6 +16,8 @@ pub struct ControlMetrics {
     pub event_write_failures: Counter,
     /// The store revision this replica's config cache has reached.
     pub config_revision: Gauge,
+    /// Node streams resynced because the node fell behind (its queue was full).
+    pub node_resyncs: Counter,
 }
 
 impl ControlMetrics {
@@ -45,6 +47,12 @@ impl ControlMetrics {
             "Store revision this replica's config cache has reached",
             config_revision.clone(),
         );
+        let node_resyncs = Counter::default();
+        registry.register(
+            "node_resyncs",
+            "Node streams resynced from the config cache because the node read too slowly to queue a change",
+            node_resyncs.clone(),
+        );
         // What OpenTelemetry export dropped: the process's one family, with no samples
         // while OpenTelemetry is off (docs/operating.md, "Traces and log records").
         registry.register(
@@ -52,7 +60,14 @@ impl ControlMetrics {
             switchyard_otel::DROPPED_HELP,
             switchyard_otel::dropped().clone(),
         );
-        Self { registry, nodes_connected, events_stored, event_write_failures, config_revision }
+        Self {
+            registry,
+            nodes_connected,
+            events_stored,
+            event_write_failures,
+            config_revision,
+            node_resyncs,
+        }
     }
 
     /// Counts a node stream as open until the returned guard is dropped, however the

@@ -5,9 +5,19 @@
 //! goes quiet for longer than [`IDLE_LIMIT`] or reaches its maximum lifetime (so that nodes
 //! spread over replicas again after one comes back).
 //!
+//! Outgoing messages are already encoded ([`EncodedControlMessage`]): a config change is
+//! encoded once where it is published and the same bytes go to every stream. Each stream's
+//! queue is bounded in messages and in bytes ([`Outbox`]); a node whose queue is full is
+//! not buffered for: its config task drops what does not fit, waits until the node has read
+//! its queue, and resyncs it from the cache (a delta, or a snapshot in chunks). A node that
+//! does not read therefore holds at most its queue, and nothing it does delays the others.
+//!
 //! Presence: while a node is connected this replica keeps `nodes/<id>` in the store,
 //! attached to the replica's lease, so that any replica can list the whole fleet and a
-//! crashed replica's nodes vanish when its lease expires.
+//! crashed replica's nodes vanish when its lease expires. One writer task per replica
+//! ([`Presence`]) writes the records: the latest record of each node, batched into
+//! transactions of at most [`PRESENCE_BATCH`] puts, so that a thousand nodes acking one
+//! change are a few store writes, not a thousand.
 //!
 //! Reports: failover events and a node's counts of lost events (`events.lost`) go to the
 //! audit log, breaker reports to their records ([`crate::reports`]); each is acked only once
@@ -16,26 +26,27 @@
 //! live stream: acks are cumulative, so a later report's ack would cover the lost one, and
 //! a reconnecting node resends all it holds. Usage totals are cumulative and not acked.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use switchyard_proto::node::v1::{
-    self as pb, control_message, node_control_server::NodeControl, node_message,
-};
+use switchyard_proto::node::encoded::{EncodedControlMessage, node_control_server::NodeControl};
+use switchyard_proto::node::v1::{self as pb, control_message, node_message};
 
 use switchyard_time::now_ms;
 
 use crate::audit;
 use crate::auth::TokenCheck;
 use crate::events::{AuditEvent, BreakerRecord, Interest};
-use crate::fanout::{ConfigCache, ConfigUpdate, Start};
+use crate::fanout::{self, ConfigCache, ConfigUpdate, Start};
 use crate::layout::Layout;
 use crate::limits::FleetLedger;
 use crate::metrics::ControlMetrics;
@@ -49,8 +60,17 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(10);
 pub const MAX_LIFETIME: Duration = Duration::from_secs(15 * 60);
 /// Presence records are rewritten at most this often unless the applied version changed.
 const PRESENCE_REFRESH: Duration = Duration::from_secs(5);
-/// Resources per snapshot chunk, keeping each message far below gRPC's 4 MiB default.
-const SNAPSHOT_CHUNK: usize = 500;
+/// Messages a node stream's queue holds (config, pings, acks)...
+const QUEUE_MESSAGES: usize = 64;
+/// ...and bytes: past either, config changes are not queued and the node is resynced once
+/// it has read its queue. Updates are shared bytes (encoded once for all streams), so this
+/// bounds what a stream's own snapshot chunks can hold.
+const QUEUE_BYTES: usize = 1024 * 1024;
+/// Presence puts per store transaction (etcd's default `--max-txn-ops` is 128).
+pub const PRESENCE_BATCH: usize = 128;
+/// The presence writer waits this long after a write so that records coalesce: with a
+/// thousand nodes acking a change, a few transactions rather than one per node.
+const PRESENCE_PAUSE: Duration = Duration::from_millis(50);
 
 /// What `switchyard nodes` shows, as stored under `nodes/<id>`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -93,12 +113,14 @@ pub struct NodeShared {
     pub metrics: Arc<ControlMetrics>,
     /// The fleet's limit windows; a node's report is answered with what the others used.
     pub limits: Arc<FleetLedger>,
+    /// This replica's presence records, written by one task ([`Presence::run`]).
+    pub presence: Arc<Presence>,
 }
 
 /// The `NodeControl` gRPC service; each stream runs as a task over the shared state.
 pub struct NodeService(pub Arc<NodeShared>);
 
-type ControlStream = Pin<Box<dyn Stream<Item = Result<pb::ControlMessage, Status>> + Send>>;
+type ControlStream = Pin<Box<dyn Stream<Item = Result<EncodedControlMessage, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl NodeControl for NodeService {
@@ -120,11 +142,10 @@ impl NodeControl for NodeService {
             return Err(Status::invalid_argument("Hello.node_id must not be empty"));
         }
         self.0.cache.wait_ready().await;
-        let (tx, rx) = mpsc::channel(64);
+        let (out, stream) = Outbox::new();
         let service = Arc::clone(&self.0);
-        tokio::spawn(async move { service.serve_node(hello, inbound, tx).await });
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-        Ok(Response::new(Box::pin(stream)))
+        tokio::spawn(async move { service.serve_node(hello, inbound, out).await });
+        Ok(Response::new(stream))
     }
 }
 
@@ -133,7 +154,7 @@ impl NodeShared {
         self: Arc<Self>,
         hello: pb::Hello,
         mut inbound: Streaming<pb::NodeMessage>,
-        tx: mpsc::Sender<Result<pb::ControlMessage, Status>>,
+        tx: Outbox,
     ) {
         let node_id = hello.node_id.clone();
         info!(node = %node_id, version = hello.last_applied_version, "node connected");
@@ -149,7 +170,9 @@ impl NodeShared {
             software_version: hello.software_version.clone(),
             rejected: None,
         };
-        let mut presence_rev = self.write_presence(&record).await;
+        let stream_id = self.presence.stream_id();
+        // Waited for: the breaker adoption below relies on the record being there.
+        self.presence.write_now(stream_id, &record).await;
         let mut last_presence = tokio::time::Instant::now();
         // After the presence write, so that the previous replica's grace timer sees the
         // node back and leaves the records alone.
@@ -161,8 +184,8 @@ impl NodeShared {
 
         let (start, updates) = self.cache.subscribe(hello.last_applied_version);
         let mut sent_version = hello.last_applied_version;
-        if !send_start(&tx, start, &mut sent_version).await {
-            return self.forget(&node_id, presence_rev).await;
+        if !send_start(&self.cache, &tx, start, &mut sent_version).await {
+            return self.forget(&node_id, stream_id);
         }
         // Configuration goes out from a task of its own: a store write the node's reports
         // wait for (a storm's events, an etcd election) must not hold back a key revoked
@@ -190,13 +213,13 @@ impl NodeShared {
                         let changed = match self.on_message(&node_id, message, &mut record, &tx).await {
                             Ok(changed) => changed,
                             Err(status) => {
-                                let _ = tx.send(Err(status)).await;
+                                tx.fail(status).await;
                                 break;
                             }
                         };
                         if changed || last_presence.elapsed() >= PRESENCE_REFRESH {
                             record.last_heartbeat_unix_ms = now_ms();
-                            presence_rev = self.write_presence(&record).await;
+                            self.presence.write(stream_id, &record);
                             last_presence = tokio::time::Instant::now();
                         }
                     }
@@ -212,47 +235,67 @@ impl NodeShared {
                 }
                 _ = &mut end_of_life => {
                     debug!(node = %node_id, "stream reached its lifetime; asking the node to reconnect");
-                    let _ = tx.send(Err(Status::unavailable("stream lifetime reached; reconnect"))).await;
+                    tx.fail(Status::unavailable("stream lifetime reached; reconnect")).await;
                     break;
                 }
             }
         }
-        self.forget(&node_id, presence_rev).await;
+        self.forget(&node_id, stream_id);
         info!(node = %node_id, "node disconnected");
     }
 
     /// Sends the node every configuration change after `sent_version`, and a ping every
-    /// [`PING_INTERVAL`], until the node stops reading or the feed closes.
+    /// [`PING_INTERVAL`], until the node stops reading or the feed closes. A change that
+    /// does not fit the node's queue is not waited for: once the node has read its queue it
+    /// is resynced from the cache, so a slow node never holds more than its queue and never
+    /// makes the broadcast (shared with every other node) wait.
     async fn send_config(
         self: Arc<Self>,
         node_id: String,
         mut updates: broadcast::Receiver<Arc<ConfigUpdate>>,
         mut sent_version: Revision,
-        tx: mpsc::Sender<Result<pb::ControlMessage, Status>>,
+        tx: Outbox,
     ) {
         let mut ping = tokio::time::interval(PING_INTERVAL);
         loop {
-            tokio::select! {
+            let behind = tokio::select! {
                 update = updates.recv() => match update {
-                    Ok(update) => {
-                        if update.version > sent_version && !send_update(&tx, &update, &mut sent_version).await {
-                            return;
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        warn!(node = %node_id, missed = n, "node stream lagged; resyncing");
-                        if !send_start(&tx, self.cache.resync(sent_version), &mut sent_version).await {
-                            return;
-                        }
-                    }
+                    Ok(update) if update.version <= sent_version => false,
+                    Ok(update) => match &update.encoded {
+                        Some(message) => match tx.try_push(message.clone()) {
+                            Pushed::Queued => {
+                                sent_version = update.version;
+                                false
+                            }
+                            Pushed::Full => true,
+                            Pushed::Closed => return,
+                        },
+                        // Too large for one message: the resync sends it in chunks.
+                        None => true,
+                    },
+                    Err(broadcast::error::RecvError::Lagged(_)) => true,
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = ping.tick() => {
                     let ping = pb::Ping { config_version: self.cache.revision() };
                     let msg = pb::ControlMessage { msg: Some(control_message::Msg::Ping(ping)) };
-                    if tx.send(Ok(msg)).await.is_err() {
+                    // A full queue already gives the node something to read.
+                    if let Pushed::Closed = tx.try_push(EncodedControlMessage::new(&msg)) {
                         return;
                     }
+                    false
+                }
+            };
+            if behind {
+                self.metrics.node_resyncs.inc();
+                info!(node = %node_id, version = sent_version, "node stream behind; resyncing once it has read its queue");
+                if !tx.wait_empty().await {
+                    return;
+                }
+                let (start, fresh) = self.cache.subscribe(sent_version);
+                updates = fresh;
+                if !send_start(&self.cache, &tx, start, &mut sent_version).await {
+                    return;
                 }
             }
         }
@@ -264,7 +307,7 @@ impl NodeShared {
         node_id: &str,
         message: pb::NodeMessage,
         record: &mut NodeRecord,
-        tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+        tx: &Outbox,
     ) -> Result<bool, Status> {
         let before = record.applied_version;
         match message.msg {
@@ -296,7 +339,7 @@ impl NodeShared {
                 let state = self.limits.on_report(node_id, usage);
                 let msg = pb::ControlMessage { msg: Some(control_message::Msg::Limits(state)) };
                 // A full queue means the node is slow to read: it keeps its last view.
-                let _ = tx.try_send(Ok(msg));
+                let _ = tx.try_push(EncodedControlMessage::new(&msg));
             }
             Some(node_message::Msg::Usage(report)) => {
                 if report.boot_id.is_empty() {
@@ -323,7 +366,7 @@ impl NodeShared {
         node_id: &str,
         report: pb::BreakerTransition,
         from: Option<&str>,
-        tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+        tx: &Outbox,
     ) -> Result<(), Status> {
         let seq = report.seq;
         let breaker = BreakerRecord::from_transition(node_id, report);
@@ -342,7 +385,7 @@ impl NodeShared {
                 let ack = pb::BreakersAck { seq };
                 let msg = pb::ControlMessage { msg: Some(control_message::Msg::BreakersAck(ack)) };
                 // A closed stream is noticed by the caller's next receive.
-                let _ = tx.send(Ok(msg)).await;
+                tx.push(EncodedControlMessage::new(&msg)).await;
                 Ok(())
             }
             Ok(_) => Ok(()),
@@ -367,7 +410,7 @@ impl NodeShared {
         &self,
         node_id: &str,
         report: pb::EventsLost,
-        tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+        tx: &Outbox,
     ) -> Result<(), Status> {
         if report.id.is_empty() {
             warn!(node = %node_id, count = report.count, "a lost-events report without an id; not recorded");
@@ -379,7 +422,7 @@ impl NodeShared {
             Ok(_) => {
                 let ack = pb::EventsLostAck { id };
                 let msg = pb::ControlMessage { msg: Some(control_message::Msg::LostAck(ack)) };
-                let _ = tx.send(Ok(msg)).await;
+                tx.push(EncodedControlMessage::new(&msg)).await;
                 Ok(())
             }
             Err(e) => {
@@ -396,7 +439,7 @@ impl NodeShared {
         &self,
         node_id: &str,
         batch: pb::FailoverEvents,
-        tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+        tx: &Outbox,
     ) -> Result<(), Status> {
         let events = batch.events.into_iter().map(|e| AuditEvent::from_pb(e, node_id)).collect();
         match self.events.write(events).await {
@@ -405,7 +448,7 @@ impl NodeShared {
                 let ack = pb::EventsAck { seq: batch.seq };
                 let msg = pb::ControlMessage { msg: Some(control_message::Msg::EventsAck(ack)) };
                 // A closed stream is noticed by the caller's next receive.
-                let _ = tx.send(Ok(msg)).await;
+                tx.push(EncodedControlMessage::new(&msg)).await;
                 Ok(())
             }
             Err(e) => {
@@ -418,25 +461,10 @@ impl NodeShared {
         }
     }
 
-    /// Writes the presence record; returns its revision (0 when the write failed).
-    async fn write_presence(&self, record: &NodeRecord) -> Revision {
-        let value = match serde_json::to_vec(record) {
-            Ok(v) => v,
-            Err(_) => return 0,
-        };
-        match self.store.put(&self.layout.node(&record.node_id), value, Some(self.lease)).await {
-            Ok(rev) => rev,
-            Err(e) => {
-                warn!(node = %record.node_id, error = %e, "could not record node presence");
-                0
-            }
-        }
-    }
-
-    /// Removes the presence record, unless the node has meanwhile connected elsewhere
-    /// (another replica's write changed the record's revision); its breaker records follow
-    /// after a grace period unless it is back by then.
-    async fn forget(self: &Arc<Self>, node_id: &str, presence_rev: Revision) {
+    /// Removes the presence record, unless the node has meanwhile connected again (a
+    /// newer record of another stream, here or on another replica); its breaker records
+    /// follow after a grace period unless it is back by then.
+    fn forget(self: &Arc<Self>, node_id: &str, stream_id: u64) {
         self.limits.ended(node_id);
         let (this, id) = (Arc::clone(self), node_id.to_owned());
         tokio::spawn(async move {
@@ -449,18 +477,7 @@ impl NodeShared {
             )
             .await
         });
-        if presence_rev == 0 {
-            return;
-        }
-        let key = self.layout.node(node_id);
-        let txn = Txn {
-            compare: vec![Compare::mod_revision(key.clone(), presence_rev)],
-            success: vec![TxnOp::Delete { key }],
-            failure: vec![],
-        };
-        if let Err(e) = self.store.txn(txn).await {
-            warn!(node = %node_id, error = %e, "could not remove node presence");
-        }
+        self.presence.remove(stream_id, node_id);
     }
 }
 
@@ -473,51 +490,479 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Sends a starting point read lazily from the cache: a delta as one `Update` when it is
+/// small, else a snapshot in chunks; both labeled with the revision the stream subscribed
+/// at (see [`crate::fanout`] for why that is correct).
 async fn send_start(
-    tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    cache: &ConfigCache,
+    tx: &Outbox,
     start: Start,
     sent_version: &mut Revision,
 ) -> bool {
-    match start {
-        Start::UpToDate => true,
-        Start::Delta(update) => send_update(tx, &update, sent_version).await,
-        Start::Snapshot { version, resources } => {
-            let mut chunks: Vec<Vec<pb::Resource>> = resources
-                .chunks(SNAPSHOT_CHUNK)
-                .map(|chunk| chunk.iter().map(|(n, v)| resource(n, v)).collect())
-                .collect();
-            if chunks.is_empty() {
-                chunks.push(Vec::new());
-            }
-            let count = chunks.len();
-            for (i, resources) in chunks.into_iter().enumerate() {
-                let snapshot = pb::Snapshot { version, resources, last: i + 1 == count };
-                let msg =
-                    pb::ControlMessage { msg: Some(control_message::Msg::Snapshot(snapshot)) };
-                if tx.send(Ok(msg)).await.is_err() {
-                    return false;
+    let version = match start {
+        Start::UpToDate => return true,
+        Start::Delta { since, version, deletes } => {
+            match collect_delta(cache, since, &deletes) {
+                Some(upserts) => {
+                    let update = pb::Update { version, upserts, deletes };
+                    let msg =
+                        pb::ControlMessage { msg: Some(control_message::Msg::Update(update)) };
+                    if !tx.push(EncodedControlMessage::new(&msg)).await {
+                        return false;
+                    }
+                    *sent_version = version;
+                    return true;
                 }
+                // Too much changed for one message: a snapshot, in chunks.
+                None => version,
             }
-            *sent_version = version;
-            true
+        }
+        Start::Snapshot { version } => version,
+    };
+    let mut after: Option<String> = None;
+    loop {
+        // The next chunk is read once the stream has taken the previous one (HTTP/2 still
+        // buffers ahead): a thousand nodes connecting at once each hold one chunk here, not
+        // a queue of them, however large the cache.
+        if !tx.wait_empty().await {
+            return false;
+        }
+        let chunk = cache.snapshot_chunk(after.as_deref());
+        let snapshot = pb::Snapshot {
+            version,
+            resources: chunk.resources.iter().map(|(n, v)| fanout::resource(n, v)).collect(),
+            last: chunk.next.is_none(),
+        };
+        let msg = pb::ControlMessage { msg: Some(control_message::Msg::Snapshot(snapshot)) };
+        if !tx.push(EncodedControlMessage::new(&msg)).await {
+            return false;
+        }
+        match chunk.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    *sent_version = version;
+    true
+}
+
+/// The resources changed after `since`, unless they (with `deletes`) are too large for one
+/// message.
+fn collect_delta(
+    cache: &ConfigCache,
+    since: Revision,
+    deletes: &[String],
+) -> Option<Vec<pb::Resource>> {
+    let mut bytes: usize = deletes.iter().map(String::len).sum();
+    let mut upserts = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let chunk = cache.changed_since(since, after.as_deref());
+        for (name, value) in &chunk.resources {
+            bytes += name.len() + value.len();
+            if bytes > fanout::CHUNK_BYTES || upserts.len() >= fanout::CHUNK_RESOURCES {
+                return None;
+            }
+            upserts.push(fanout::resource(name, value));
+        }
+        match chunk.next {
+            Some(next) => after = Some(next),
+            None => return Some(upserts),
         }
     }
 }
 
-async fn send_update(
-    tx: &mpsc::Sender<Result<pb::ControlMessage, Status>>,
-    update: &ConfigUpdate,
-    sent_version: &mut Revision,
-) -> bool {
-    let msg = pb::Update {
-        version: update.version,
-        upserts: update.upserts.iter().map(|(n, v)| resource(n, v)).collect(),
-        deletes: update.deletes.clone(),
-    };
-    *sent_version = update.version;
-    tx.send(Ok(pb::ControlMessage { msg: Some(control_message::Msg::Update(msg)) })).await.is_ok()
+/// What [`Outbox::try_push`] did.
+enum Pushed {
+    Queued,
+    /// The queue is at its message or byte bound.
+    Full,
+    /// The node's stream is gone.
+    Closed,
 }
 
-fn resource(name: &str, value: &[u8]) -> pb::Resource {
-    pb::Resource { name: name.to_owned(), value: value.to_vec() }
+/// A node stream's outgoing queue, bounded in messages (the channel) and in bytes (counted
+/// here, given back as the gRPC stream takes each message).
+#[derive(Clone)]
+struct Outbox {
+    tx: mpsc::Sender<Result<EncodedControlMessage, Status>>,
+    queued: Arc<Queued>,
+}
+
+struct Queued {
+    bytes: AtomicUsize,
+    /// Woken whenever the stream took a message.
+    taken: Notify,
+}
+
+impl Outbox {
+    fn new() -> (Self, ControlStream) {
+        let (tx, rx) = mpsc::channel::<Result<EncodedControlMessage, Status>>(QUEUE_MESSAGES);
+        let queued = Arc::new(Queued { bytes: AtomicUsize::new(0), taken: Notify::new() });
+        let taken = Arc::clone(&queued);
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(
+            move |item: Result<EncodedControlMessage, Status>| {
+                if let Ok(message) = &item {
+                    taken.bytes.fetch_sub(message.len(), Ordering::AcqRel);
+                }
+                taken.taken.notify_waiters();
+                item
+            },
+        );
+        (Self { tx, queued }, Box::pin(stream))
+    }
+
+    fn bytes(&self) -> usize {
+        self.queued.bytes.load(Ordering::Acquire)
+    }
+
+    /// Queues `message` if it fits now.
+    fn try_push(&self, message: EncodedControlMessage) -> Pushed {
+        if self.tx.is_closed() {
+            return Pushed::Closed;
+        }
+        let len = message.len();
+        // An empty queue takes any one message, however large.
+        if self.bytes() > 0 && self.bytes() + len > QUEUE_BYTES {
+            return Pushed::Full;
+        }
+        // Counted before sending: the stream may take it (and subtract) at once.
+        self.queued.bytes.fetch_add(len, Ordering::AcqRel);
+        match self.tx.try_send(Ok(message)) {
+            Ok(()) => Pushed::Queued,
+            Err(e) => {
+                self.queued.bytes.fetch_sub(len, Ordering::AcqRel);
+                match e {
+                    mpsc::error::TrySendError::Full(_) => Pushed::Full,
+                    mpsc::error::TrySendError::Closed(_) => Pushed::Closed,
+                }
+            }
+        }
+    }
+
+    /// Queues `message`, waiting for room; false when the stream is gone.
+    async fn push(&self, message: EncodedControlMessage) -> bool {
+        let len = message.len();
+        if !self.wait_until(|bytes, _| bytes == 0 || bytes + len <= QUEUE_BYTES).await {
+            return false;
+        }
+        self.queued.bytes.fetch_add(len, Ordering::AcqRel);
+        if self.tx.send(Ok(message)).await.is_err() {
+            self.queued.bytes.fetch_sub(len, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Waits until the node has read everything queued; false when the stream is gone.
+    async fn wait_empty(&self) -> bool {
+        self.wait_until(|bytes, messages| bytes == 0 && messages == 0).await
+    }
+
+    /// Ends the stream with `status` (after what is queued).
+    async fn fail(&self, status: Status) {
+        let _ = self.tx.send(Err(status)).await;
+    }
+
+    async fn wait_until(&self, ready: impl Fn(usize, usize) -> bool) -> bool {
+        loop {
+            let taken = self.queued.taken.notified();
+            tokio::pin!(taken);
+            // Registered before looking, so a message taken in between still wakes us.
+            taken.as_mut().enable();
+            if self.tx.is_closed() {
+                return false;
+            }
+            let messages = self.tx.max_capacity() - self.tx.capacity();
+            if ready(self.bytes(), messages) {
+                return true;
+            }
+            tokio::select! {
+                _ = &mut taken => {}
+                _ = self.tx.closed() => return false,
+            }
+        }
+    }
+}
+
+/// The presence records of this replica's node streams, written by one task: each node's
+/// latest record, many nodes per transaction.
+pub struct Presence {
+    queue: Mutex<PresenceQueue>,
+    wake: Notify,
+    next_stream: AtomicU64,
+}
+
+#[derive(Default)]
+struct PresenceQueue {
+    /// Each node's newest record not yet written, and which stream wrote it.
+    puts: HashMap<String, PendingPut>,
+    /// Streams that ended: (node id, stream).
+    removals: Vec<(String, u64)>,
+}
+
+struct PendingPut {
+    stream: u64,
+    record: NodeRecord,
+    /// Told once the record is written (or its write failed).
+    written: Vec<oneshot::Sender<()>>,
+}
+
+impl Presence {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            queue: Mutex::new(PresenceQueue::default()),
+            wake: Notify::new(),
+            next_stream: AtomicU64::new(1),
+        })
+    }
+
+    /// A number for a new stream: a node that reconnects here gets a new one, so that the
+    /// old stream's end does not remove the new stream's record.
+    fn stream_id(&self) -> u64 {
+        self.next_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PresenceQueue> {
+        // The queue is only swapped or pushed to under the lock: still consistent after a panic.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `record` for writing, replacing any record of the node not yet written.
+    fn write(&self, stream: u64, record: &NodeRecord) {
+        self.enqueue(stream, record, None);
+    }
+
+    /// Queues `record` and waits until it is written (or its write failed).
+    async fn write_now(&self, stream: u64, record: &NodeRecord) {
+        let (done, written) = oneshot::channel();
+        self.enqueue(stream, record, Some(done));
+        let _ = written.await;
+    }
+
+    fn enqueue(&self, stream: u64, record: &NodeRecord, done: Option<oneshot::Sender<()>>) {
+        let mut queue = self.lock();
+        let put = queue.puts.entry(record.node_id.clone()).or_insert_with(|| PendingPut {
+            stream,
+            record: record.clone(),
+            written: Vec::new(),
+        });
+        put.stream = stream;
+        put.record = record.clone();
+        put.written.extend(done);
+        drop(queue);
+        self.wake.notify_one();
+    }
+
+    /// Removes the record `stream` wrote for `node_id`, unless another stream wrote one since.
+    fn remove(&self, stream: u64, node_id: &str) {
+        let mut queue = self.lock();
+        if queue.puts.get(node_id).is_some_and(|put| put.stream == stream) {
+            queue.puts.remove(node_id);
+        }
+        queue.removals.push((node_id.to_owned(), stream));
+        drop(queue);
+        self.wake.notify_one();
+    }
+
+    /// Writes the queued records until the process ends. Puts go first in each round, then
+    /// removals: a removal only deletes a record whose revision is still the one its own
+    /// stream wrote (compared in the store, so a newer record from another replica stays).
+    pub async fn run(self: Arc<Self>, store: Arc<dyn Store>, layout: Layout, lease: LeaseId) {
+        // What this replica last wrote for each node: (stream, revision).
+        let mut written: HashMap<String, (u64, Revision)> = HashMap::new();
+        loop {
+            let wake = self.wake.notified();
+            tokio::pin!(wake);
+            wake.as_mut().enable();
+            let queue = std::mem::take(&mut *self.lock());
+            if queue.puts.is_empty() && queue.removals.is_empty() {
+                wake.await;
+                continue;
+            }
+            let puts: Vec<(String, PendingPut)> = queue.puts.into_iter().collect();
+            for batch in puts.chunks(PRESENCE_BATCH) {
+                let rev = put_batch(store.as_ref(), &layout, lease, batch).await;
+                for (node_id, put) in batch {
+                    if let Some(rev) = rev {
+                        written.insert(node_id.clone(), (put.stream, rev));
+                    }
+                }
+            }
+            // The waiters learn after the whole round, without holding records meanwhile.
+            drop(puts);
+            for (node_id, stream) in queue.removals {
+                let Some(&(owner, rev)) = written.get(&node_id) else { continue };
+                if owner != stream {
+                    continue;
+                }
+                written.remove(&node_id);
+                let (store, key) = (Arc::clone(&store), layout.node(&node_id));
+                // Beside the writer: a slow delete must not hold back the others' records.
+                tokio::spawn(async move {
+                    let txn = Txn {
+                        compare: vec![Compare::mod_revision(key.clone(), rev)],
+                        success: vec![TxnOp::Delete { key }],
+                        failure: vec![],
+                    };
+                    if let Err(e) = store.txn(txn).await {
+                        warn!(node = %node_id, error = %e, "could not remove node presence");
+                    }
+                });
+            }
+            tokio::time::sleep(PRESENCE_PAUSE).await;
+        }
+    }
+}
+
+/// Writes one transaction of presence records; its revision, or `None` when it failed
+/// (the nodes' next refresh writes them again).
+async fn put_batch(
+    store: &dyn Store,
+    layout: &Layout,
+    lease: LeaseId,
+    batch: &[(String, PendingPut)],
+) -> Option<Revision> {
+    let success = batch
+        .iter()
+        .filter_map(|(node_id, put)| {
+            let value = serde_json::to_vec(&put.record).ok()?;
+            Some(TxnOp::Put { key: layout.node(node_id), value, lease: Some(lease) })
+        })
+        .collect();
+    match store.txn(Txn { compare: vec![], success, failure: vec![] }).await {
+        Ok(result) => Some(result.revision),
+        Err(e) => {
+            warn!(nodes = batch.len(), error = %e, "could not record node presence");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+
+    fn message(len: usize) -> EncodedControlMessage {
+        let ping = pb::Ping { config_version: 1 };
+        let mut msg = pb::ControlMessage { msg: Some(control_message::Msg::Ping(ping)) };
+        if len > 10 {
+            let update = pb::Update {
+                version: 1,
+                upserts: vec![fanout::resource("catalog", &vec![b'x'; len])],
+                deletes: vec![],
+            };
+            msg = pb::ControlMessage { msg: Some(control_message::Msg::Update(update)) };
+        }
+        EncodedControlMessage::new(&msg)
+    }
+
+    #[tokio::test]
+    async fn a_queue_nobody_reads_is_full_at_its_message_bound_and_at_its_byte_bound() {
+        let (out, _stream) = Outbox::new();
+        for _ in 0..QUEUE_MESSAGES {
+            assert!(matches!(out.try_push(message(0)), Pushed::Queued));
+        }
+        assert!(matches!(out.try_push(message(0)), Pushed::Full));
+
+        let (out, _stream) = Outbox::new();
+        let big = QUEUE_BYTES / 4;
+        for _ in 0..3 {
+            assert!(matches!(out.try_push(message(big)), Pushed::Queued));
+        }
+        assert!(matches!(out.try_push(message(big)), Pushed::Full));
+        assert!(out.bytes() <= QUEUE_BYTES);
+
+        // An empty queue takes one message larger than the bound (a large resource).
+        let (out, _stream) = Outbox::new();
+        assert!(matches!(out.try_push(message(QUEUE_BYTES * 2)), Pushed::Queued));
+        assert!(matches!(out.try_push(message(0)), Pushed::Full));
+    }
+
+    #[tokio::test]
+    async fn a_queue_is_empty_once_the_stream_took_everything_and_closed_when_it_is_gone() {
+        let (out, mut stream) = Outbox::new();
+        for _ in 0..10 {
+            assert!(matches!(out.try_push(message(1_000)), Pushed::Queued));
+        }
+        let waiter = {
+            let out = out.clone();
+            tokio::spawn(async move { out.wait_empty().await })
+        };
+        for _ in 0..10 {
+            stream.next().await.unwrap().unwrap();
+        }
+        assert!(waiter.await.unwrap());
+        assert_eq!(out.bytes(), 0);
+        drop(stream);
+        assert!(matches!(out.try_push(message(0)), Pushed::Closed));
+        assert!(!out.wait_empty().await);
+    }
+
+    fn record(node_id: &str, applied_version: Revision) -> NodeRecord {
+        NodeRecord {
+            node_id: node_id.into(),
+            listen_address: "127.0.0.1:1".into(),
+            applied_version,
+            last_heartbeat_unix_ms: 0,
+            connected_unix_ms: 0,
+            control_plane: "cp".into(),
+            software_version: String::new(),
+            rejected: None,
+        }
+    }
+
+    async fn stored(store: &dyn Store, layout: &Layout) -> Vec<NodeRecord> {
+        let listing = store.list(&layout.nodes_prefix()).await.unwrap();
+        listing.kvs.iter().map(|kv| serde_json::from_slice(&kv.value).unwrap()).collect()
+    }
+
+    #[tokio::test]
+    async fn presence_of_many_nodes_is_written_in_few_transactions_and_removed_per_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir.path()).await.unwrap());
+        let layout = Layout::new("/t");
+        let lease = store.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let presence = Presence::new();
+        let streams: Vec<u64> = (0..300).map(|_| presence.stream_id()).collect();
+        // Queued before the writer runs: one round, 300 puts.
+        for (i, stream) in streams.iter().enumerate() {
+            presence.write(*stream, &record(&format!("n{i:03}"), 1));
+        }
+        // The same nodes again (acks of a newer version): the newest record of each is kept.
+        for (i, stream) in streams.iter().enumerate() {
+            presence.write(*stream, &record(&format!("n{i:03}"), 2));
+        }
+        let before = store.current_revision().await.unwrap();
+        let writer =
+            tokio::spawn(Arc::clone(&presence).run(Arc::clone(&store), layout.clone(), lease));
+        presence.write_now(streams[0], &record("n000", 2)).await;
+        let records = stored(store.as_ref(), &layout).await;
+        assert_eq!(records.len(), 300);
+        assert!(records.iter().all(|r| r.applied_version == 2));
+        let writes = store.current_revision().await.unwrap() - before;
+        assert!(writes <= (300 / PRESENCE_BATCH as i64) + 2, "{writes} store writes");
+
+        // n001 reconnected (a new stream) before its old stream ended: the old stream's end
+        // leaves the new record alone; n002's stream ended: its record goes.
+        let again = presence.stream_id();
+        presence.write_now(again, &record("n001", 3)).await;
+        presence.remove(streams[1], "n001");
+        presence.remove(streams[2], "n002");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let records = stored(store.as_ref(), &layout).await;
+            if !records.iter().any(|r| r.node_id == "n002") {
+                let n001 = records.iter().find(|r| r.node_id == "n001").unwrap();
+                assert_eq!(n001.applied_version, 3);
+                assert_eq!(records.len(), 299);
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "n002's record was never removed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        writer.abort();
+    }
 }

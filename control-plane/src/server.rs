@@ -28,8 +28,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
 use switchyard_proto::admin::v1::admin_server::AdminServer;
-use switchyard_proto::node::v1::node_control_server::NodeControlServer;
-use switchyard_proto::node::v1::{self as pb, node_control_server::NodeControl};
+use switchyard_proto::node::encoded::EncodedControlMessage;
+use switchyard_proto::node::encoded::node_control_server::{NodeControl, NodeControlServer};
+use switchyard_proto::node::v1::{self as pb};
 
 use switchyard_tls::accept::{self, Acceptor};
 
@@ -41,7 +42,7 @@ use crate::faults;
 use crate::layout::Layout;
 use crate::limits::{self, FleetLedger};
 use crate::metrics::ControlMetrics;
-use crate::nodes::{NodeService, NodeShared};
+use crate::nodes::{NodeService, NodeShared, Presence};
 use crate::store::{self, LeaseId, Store, StoreError, election};
 use crate::webhooks::{self, DeliveryOptions, Interest};
 
@@ -200,6 +201,8 @@ pub async fn start_with_store(
         local_addr.to_string(),
         lease,
     ));
+    let presence = Presence::new();
+    tokio::spawn(Arc::clone(&presence).run(Arc::clone(&store), layout.clone(), lease));
     let nodes = NodeService(Arc::new(NodeShared {
         cache: Arc::clone(&cache),
         store: Arc::clone(&store),
@@ -217,6 +220,7 @@ pub async fn start_with_store(
         disconnect_grace: options.disconnect_grace,
         metrics: Arc::clone(&metrics),
         limits: fleet_limits,
+        presence,
     }));
     let webhooks = tokio::spawn(webhooks::run(
         Arc::clone(&store),
@@ -332,7 +336,7 @@ struct ClosingNodeStreams {
     stop: watch::Receiver<bool>,
 }
 
-type ControlStream = Pin<Box<dyn Stream<Item = Result<pb::ControlMessage, Status>> + Send>>;
+type ControlStream = Pin<Box<dyn Stream<Item = Result<EncodedControlMessage, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl NodeControl for ClosingNodeStreams {

@@ -11,6 +11,93 @@ pub mod node {
     pub mod v1 {
         tonic::include_proto!("switchyard.node.v1");
     }
+
+    /// `NodeControl`'s server with pre-encoded responses (proto/build.rs): the control plane
+    /// encodes a config change once for all its nodes. Beside `v1` rather than inside it: it
+    /// uses `v1`'s messages, and `v1` knows nothing of it.
+    pub mod encoded {
+        use bytes::{BufMut, Bytes};
+        use prost::Message;
+        use tonic::codec::{Codec, EncodeBuf, Encoder};
+
+        use crate::node::v1::{ControlMessage, NodeMessage};
+
+        include!(concat!(env!("OUT_DIR"), "/switchyard.node.v1.NodeControl.rs"));
+
+        /// The protobuf encoding of one [`ControlMessage`]. Cloning it shares the bytes.
+        #[derive(Clone, Debug)]
+        pub struct EncodedControlMessage(Bytes);
+
+        impl EncodedControlMessage {
+            pub fn new(message: &ControlMessage) -> Self {
+                Self(Bytes::from(message.encode_to_vec()))
+            }
+
+            /// Encoded size in bytes (without gRPC's 5-byte frame header).
+            pub fn len(&self) -> usize {
+                self.0.len()
+            }
+
+            pub fn is_empty(&self) -> bool {
+                self.0.is_empty()
+            }
+
+            pub fn as_bytes(&self) -> &[u8] {
+                &self.0
+            }
+        }
+
+        /// Writes [`EncodedControlMessage`]s as they are, decodes [`NodeMessage`]s with prost.
+        #[derive(Debug, Default, Clone, Copy)]
+        pub struct EncodedCodec;
+
+        impl Codec for EncodedCodec {
+            type Encode = EncodedControlMessage;
+            type Decode = NodeMessage;
+            type Encoder = Self;
+            type Decoder = tonic_prost::ProstDecoder<NodeMessage>;
+
+            fn encoder(&mut self) -> Self::Encoder {
+                *self
+            }
+
+            fn decoder(&mut self) -> Self::Decoder {
+                tonic_prost::ProstDecoder::default()
+            }
+        }
+
+        impl Encoder for EncodedCodec {
+            type Item = EncodedControlMessage;
+            type Error = tonic::Status;
+
+            fn encode(
+                &mut self,
+                item: Self::Item,
+                dst: &mut EncodeBuf<'_>,
+            ) -> Result<(), Self::Error> {
+                dst.put_slice(&item.0);
+                Ok(())
+            }
+        }
+
+        #[cfg(test)]
+        mod tests {
+            use super::*;
+            use crate::node::v1::{Resource, Update, control_message};
+
+            #[test]
+            fn an_encoded_message_decodes_as_the_message() {
+                let update = Update {
+                    version: 7,
+                    upserts: vec![Resource { name: "keys/k".into(), value: b"{}".to_vec() }],
+                    deletes: vec!["keys/gone".into()],
+                };
+                let message = ControlMessage { msg: Some(control_message::Msg::Update(update)) };
+                let encoded = EncodedControlMessage::new(&message);
+                assert_eq!(ControlMessage::decode(encoded.0.clone()), Ok(message));
+            }
+        }
+    }
 }
 
 /// Client stubs for etcd's v3 API (the server half is generated too but unused).

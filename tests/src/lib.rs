@@ -15,6 +15,7 @@ use tokio::process::{Child, Command};
 pub mod etcd;
 pub mod fake_node;
 pub mod gateway;
+pub mod node_fleet;
 pub mod otlp;
 #[path = "../../control-plane/tests/support/pki.rs"]
 pub mod pki;
