@@ -15,6 +15,9 @@
 //!   connection's handshake is paid in the warm-up and the figure is the record layer's
 //!   cost per request), and the node's config stream to a control plane over TLS (its own
 //!   simulator and control plane: one embedded store serves one control plane).
+//! - `switchyard-bench build-cost --baseline PATH`: the request path of two builds — a node
+//!   of `PATH` (A) and one of this build (B), both on this build's control plane — so a
+//!   change's cost per request is measured against the build before it, in one run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,14 +43,16 @@ use crate::pki::Ca;
 use crate::proc::{Proc, default_switchyard};
 use crate::stats::{fmt, median, pct};
 
-const USAGE: &str = "usage: switchyard-bench limit-cost|otel-cost|tls-cost [--switchyard PATH] \
-[--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]";
+const USAGE: &str = "usage: switchyard-bench limit-cost|otel-cost|tls-cost|build-cost [--switchyard PATH] \
+[--baseline PATH (build-cost)] [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]";
 
 /// Calls of the limit path timed in-process, per repetition.
 const PATH_CALLS: u32 = 200_000;
 
 struct Options {
     switchyard: std::path::PathBuf,
+    /// `build-cost`: the other build's `switchyard`.
+    baseline: Option<std::path::PathBuf>,
     concurrency: Vec<usize>,
     pairs: usize,
     warmup: Duration,
@@ -57,6 +62,7 @@ struct Options {
 fn parse(args: &[String]) -> Result<Options> {
     let mut o = Options {
         switchyard: default_switchyard()?,
+        baseline: None,
         concurrency: vec![1, 8],
         pairs: 8,
         warmup: Duration::from_secs(1),
@@ -67,6 +73,7 @@ fn parse(args: &[String]) -> Result<Options> {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
         match flag.as_str() {
             "--switchyard" => o.switchyard = value()?.into(),
+            "--baseline" => o.baseline = Some(value()?.into()),
             "--concurrency" => {
                 o.concurrency = value()?
                     .split(',')
@@ -94,6 +101,7 @@ pub enum Compare {
     Limits,
     Otel,
     Tls,
+    Build,
 }
 
 pub fn main(compare: Compare, args: &[String]) -> Result<()> {
@@ -109,7 +117,7 @@ pub fn main(compare: Compare, args: &[String]) -> Result<()> {
 async fn run(compare: Compare, o: Options) -> Result<()> {
     let path_ns = match compare {
         Compare::Limits => Some(limit_path_ns()?),
-        Compare::Otel | Compare::Tls => None,
+        Compare::Otel | Compare::Tls | Compare::Build => None,
     };
 
     let dir = tempfile::Builder::new()
@@ -171,6 +179,20 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
                 target(Kind::NodeHealthy, &fleet.node, &fleet.key),
                 target(Kind::NodeHealthy, node, &fleet.key),
                 ("OpenTelemetry off", "exporting to a dead endpoint"),
+            )
+        }
+        Compare::Build => {
+            let baseline = o
+                .baseline
+                .as_deref()
+                .filter(|p| p.is_file())
+                .ok_or("build-cost needs --baseline PATH, a `switchyard` binary to compare with")?;
+            let node = other_node
+                .insert(fleet.add_node_with_env(baseline, dir.path(), "node-baseline", &[]).await?);
+            (
+                target(Kind::NodeHealthy, node, &fleet.key),
+                target(Kind::NodeHealthy, &fleet.node, &fleet.key),
+                ("baseline build", "this build"),
             )
         }
         Compare::Tls => {
