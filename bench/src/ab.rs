@@ -182,11 +182,10 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
             )
         }
         Compare::Build => {
-            let baseline = o
-                .baseline
-                .as_deref()
-                .filter(|p| p.is_file())
-                .ok_or("build-cost needs --baseline PATH, a `switchyard` binary to compare with")?;
+            let baseline =
+                o.baseline.as_deref().filter(|p| p.is_file()).ok_or(
+                    "build-cost needs --baseline PATH, a `switchyard` binary to compare with",
+                )?;
             let node = other_node
                 .insert(fleet.add_node_with_env(baseline, dir.path(), "node-baseline", &[]).await?);
             (

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use switchyard_proto::admin::v1::{self as admin, admin_client::AdminClient};
 use tonic::transport::Channel;
 
+use crate::backend::Backend;
 use crate::error::Result;
 use crate::etcd;
 use crate::flags::bounded;
@@ -36,21 +37,6 @@ const USAGE: &str = "usage: switchyard-bench fleet [--nodes 1000] [--store embed
 const CHANGE_LIMIT: Duration = Duration::from_secs(60);
 /// Untimed changes at most while waiting for the slow nodes to fall behind.
 const MAX_FILLER: usize = 5_000;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Backend {
-    Embedded,
-    Etcd,
-}
-
-impl Backend {
-    fn label(self) -> &'static str {
-        match self {
-            Backend::Embedded => "embedded (file://)",
-            Backend::Etcd => "etcd",
-        }
-    }
-}
 
 struct Options {
     switchyard: PathBuf,
@@ -81,14 +67,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--slow" => o.slow = bounded(value()?, 0, 10_000, "--slow")?,
             "--keys" => o.keys = bounded(value()?, 0, 1_000_000, "--keys")?,
             "--store" => {
-                o.backends = value()?
-                    .split(',')
-                    .map(|b| match b.trim() {
-                        "embedded" | "file" => Ok(Backend::Embedded),
-                        "etcd" => Ok(Backend::Etcd),
-                        other => Err(format!("--store: unknown backend {other:?}")),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                o.backends = Backend::parse_list(value()?)?;
             }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),

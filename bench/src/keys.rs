@@ -23,6 +23,7 @@ use switchyard_catalog::{ApiKeyRecord, FailoverDefaults, KeyStatus};
 use switchyard_control_plane::layout::Layout;
 use switchyard_control_plane::store::{self, Txn, TxnOp};
 
+use crate::backend::Backend;
 use crate::etcd;
 
 use crate::catalog::{PRIMARY, SECONDARY};
@@ -33,21 +34,6 @@ use crate::fleet::wait_ready;
 use crate::host::{clock_ticks, cpu_ticks, mib, status_kib};
 use crate::proc::{Proc, cli, default_switchyard};
 use crate::stats::{fmt, median, pct};
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Backend {
-    Embedded,
-    Etcd,
-}
-
-impl Backend {
-    fn label(self) -> &'static str {
-        match self {
-            Backend::Embedded => "embedded (file://)",
-            Backend::Etcd => "etcd",
-        }
-    }
-}
 
 struct Options {
     switchyard: std::path::PathBuf,
@@ -81,14 +67,7 @@ fn parse(args: &[String]) -> Result<Options> {
                     .ok_or("--count: expected e.g. 0,100000 (each at most 1000000)")?;
             }
             "--store" => {
-                o.backends = value()?
-                    .split(',')
-                    .map(|b| match b.trim() {
-                        "embedded" | "file" => Ok(Backend::Embedded),
-                        "etcd" => Ok(Backend::Etcd),
-                        other => Err(format!("--store: unknown backend {other:?}")),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                o.backends = Backend::parse_list(value()?)?;
             }
             "--runs" => o.runs = bounded(value()?, 1, 20, "--runs")?,
             "--changes" => o.changes = bounded(value()?, 1, 50, "--changes")?,
@@ -312,7 +291,8 @@ async fn one(
         {
             let dir = d.join(format!("node-{run}-warm"));
             let dir = dir.display().to_string();
-            let args = ["node", "--control", &control, "--listen", "127.0.0.1:0", "--data-dir", &dir];
+            let args =
+                ["node", "--control", &control, "--listen", "127.0.0.1:0", "--data-dir", &dir];
             let started = Instant::now();
             let warm = Proc::start(bin, &args, &[], &d.join(format!("node-{run}-warm.log")))?;
             wait_ready(warm.addr, version, Duration::from_millis(2), Duration::from_secs(120))

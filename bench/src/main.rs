@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod ab;
+mod backend;
 mod catalog;
 mod chaos;
 mod client;
