@@ -1124,18 +1124,14 @@ impl AdminService {
     /// Every limited key's use of each of its limits, fleet-wide, from what the replicas
     /// published a moment ago.
     async fn limit_status(&self, key_id: &str) -> Result<Vec<pb::LimitStatus>, AdminError> {
-        let listing = self.store.list(&self.layout.keys_prefix()).await?;
+        let limited = self.limited_keys(key_id).await?;
         let fleet = limits::fleet_totals(self.store.as_ref(), &self.layout).await?;
         let now = now_ms();
         let now_s = now.div_euclid(1000);
         let midnight = (now_s.div_euclid(86_400) + 1) * 86_400_000;
         let mut out = Vec::new();
-        for kv in &listing.kvs {
-            let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+        for record in limited {
             let Some(l) = record.limits else { continue };
-            if !key_id.is_empty() && record.id != key_id {
-                continue;
-            }
             let used = fleet.get(&record.id).cloned().unwrap_or_default();
             // The window has room again when its oldest counted second leaves it.
             let oldest = used.seconds.keys().next().map_or(0, |s| (s + 60) * 1000);
@@ -1162,6 +1158,39 @@ impl AdminService {
         Ok(out)
     }
 }
+
+impl AdminService {
+    /// The keys with limits (`key_id`: that key only, read on its own). All keys are read a
+    /// slice at a time and only the limited ones kept: a fleet of a million keys is not
+    /// held in memory to find its few limited ones.
+    async fn limited_keys(&self, key_id: &str) -> Result<Vec<ApiKeyRecord>, AdminError> {
+        if !key_id.is_empty() {
+            let Some(kv) = self.store.get(&self.layout.key(key_id)).await? else {
+                return Ok(Vec::new());
+            };
+            let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+            return Ok(record.limits.is_some().then_some(record).into_iter().collect());
+        }
+        let prefix = self.layout.keys_prefix();
+        let mut from = prefix.clone();
+        let mut limited = Vec::new();
+        loop {
+            let slice = self.store.list_page(&prefix, &from, LIMITS_SLICE).await?;
+            let Some(last) = slice.kvs.last() else { break };
+            from = format!("{}\0", last.key);
+            for kv in &slice.kvs {
+                let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+                if record.limits.is_some() {
+                    limited.push(record);
+                }
+            }
+        }
+        Ok(limited)
+    }
+}
+
+/// Keys read at a time while looking for the limited ones.
+const LIMITS_SLICE: usize = 1_000;
 
 async fn backfill_secret_index(store: &dyn Store, layout: &Layout) -> Result<usize, AdminError> {
     let prefix = layout.keys_prefix();
@@ -1326,6 +1355,51 @@ mod tests {
         assert!(again.changes.is_empty(), "{:?}", again.changes);
         let (stored, _) = admin.load_catalog().await.unwrap();
         assert_eq!(stored.webhooks[0].url, url);
+    }
+
+    #[tokio::test]
+    async fn limit_status_finds_the_limited_keys_among_slices_of_many() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = service(dir.path()).await;
+        // More than two slices of keys, three of them limited, spread over the slices.
+        let mut ops = Vec::new();
+        for i in 0..(2 * LIMITS_SLICE + 10) {
+            let limits = [3, LIMITS_SLICE + 1, 2 * LIMITS_SLICE + 9]
+                .contains(&i)
+                .then_some(switchyard_catalog::Limits { rpm: Some(60), ..Default::default() });
+            let record = ApiKeyRecord {
+                id: format!("key_{i:05}"),
+                name: "n".into(),
+                created_unix_ms: 1,
+                updated_unix_ms: 1,
+                status: KeyStatus::Active,
+                secret_sha256: hash_secret(&format!("s{i}")),
+                secret_hint: "abcd".into(),
+                failover_defaults: None,
+                allowed_models: vec![],
+                allowed_regions: vec![],
+                limits,
+            };
+            let value = serde_json::to_vec(&record).unwrap();
+            ops.push(TxnOp::Put { key: admin.layout.key(&record.id), value, lease: None });
+            if ops.len() == 128 {
+                admin
+                    .store
+                    .txn(Txn { success: std::mem::take(&mut ops), ..Txn::default() })
+                    .await
+                    .unwrap();
+            }
+        }
+        admin.store.txn(Txn { success: ops, ..Txn::default() }).await.unwrap();
+        let ids =
+            |rows: Vec<pb::LimitStatus>| rows.into_iter().map(|r| r.key_id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(admin.limit_status("").await.unwrap()),
+            ["key_00003", "key_01001", "key_02009"]
+        );
+        assert_eq!(ids(admin.limit_status("key_01001").await.unwrap()), ["key_01001"]);
+        assert!(admin.limit_status("key_00004").await.unwrap().is_empty(), "no limits");
+        assert!(admin.limit_status("key_nope").await.unwrap().is_empty(), "no such key");
     }
 
     async fn create(admin: &AdminService, name: &str) -> pb::KeySecretResponse {
