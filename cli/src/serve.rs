@@ -205,7 +205,24 @@ pub struct DevArgs {
     pub sim_listen: SocketAddr,
 }
 
+/// Raises this process's soft limit on open files to its hard limit. A control plane holds
+/// a connection per node and a node one per client and upstream; the usual soft limit of
+/// 1,024 would refuse the thousandth (accept failing with "too many open files") while the
+/// hard limit allows far more. What the hard limit is stays the administrator's call.
+fn raise_open_files() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let Rlimit { current, maximum } = getrlimit(Resource::Nofile);
+    if current.is_none() || current == maximum {
+        return;
+    }
+    match setrlimit(Resource::Nofile, Rlimit { current: maximum, maximum }) {
+        Ok(()) => tracing::debug!(from = ?current, to = ?maximum, "raised the open-files limit"),
+        Err(e) => tracing::warn!(limit = ?current, error = %e, "cannot raise the open-files limit"),
+    }
+}
+
 pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
+    raise_open_files();
     let admin_token = secret_from("SWITCHYARD_ADMIN_TOKEN", args.admin_token_file.as_deref())?
         .ok_or_else(|| {
             ServeError::Config(
@@ -248,6 +265,7 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
 }
 
 pub async fn node(args: NodeArgs) -> Result<(), ServeError> {
+    raise_open_files();
     let join_token = secret_from("SWITCHYARD_JOIN_TOKEN", args.join_token_file.as_deref())?;
     let controls: Vec<String> = args
         .control
@@ -313,6 +331,7 @@ fn control_acceptor(args: &ControlArgs) -> Result<Option<Acceptor>, ServeError> 
 }
 
 pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
+    raise_open_files();
     // Kept across runs, so keys created in one dev session still work in the next.
     let dir = args.data_dir.unwrap_or_else(|| std::env::temp_dir().join("switchyard-dev"));
     std::fs::create_dir_all(&dir)

@@ -104,6 +104,8 @@ async fn listed_nodes(cp: &Proc) -> Vec<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_nodes_get_each_change_and_slow_ones_are_resynced_without_delaying_the_others() {
+    // A connection per node here and in the control plane, and room for the rest.
+    ensure_open_files(NODES as u64 + 512);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
     let cp = start_control(&store, "127.0.0.1:0", dir.path(), "cp").await;

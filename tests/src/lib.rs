@@ -36,6 +36,23 @@ pub const ADMIN_TOKEN: &str = "e2e-admin-token-0123456789";
 /// ("within a second") are written out where they are asserted.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+/// Makes room for `needed` open files in this test process (and the processes it starts,
+/// which inherit the limit), raising the soft limit up to the hard one; fails naming the
+/// limit when even the hard limit is too low.
+pub fn ensure_open_files(needed: u64) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let Rlimit { current, maximum } = getrlimit(Resource::Nofile);
+    if current.is_none_or(|c| c >= needed) {
+        return;
+    }
+    assert!(
+        maximum.is_none_or(|m| m >= needed),
+        "this test needs {needed} open files; the hard limit is {maximum:?} (raise it: ulimit -Hn)"
+    );
+    let wanted = Rlimit { current: maximum, maximum };
+    setrlimit(Resource::Nofile, wanted).expect("raising the open-files soft limit");
+}
+
 /// The `switchyard` binary cargo built next to this test (target/<profile>/switchyard).
 pub fn switchyard_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("SWITCHYARD_BIN") {
