@@ -118,7 +118,7 @@ struct Sample {
     /// What the node's last-known-good files grew by per change (`config.log` lines, and
     /// a whole `config.base` if one was rewritten meanwhile).
     lkg_written_per_change: f64,
-    /// From the last change answering 401 to its version in the node's config.json.
+    /// From the last change answering 401 to its version in the node's last-known-good.
     persist_lag_ms: f64,
     restart_ready_ms: f64,
     restart_rss_mib: f64,

@@ -502,7 +502,7 @@ async fn send_start(
     let version = match start {
         Start::UpToDate => return true,
         Start::Delta { since, version, deletes } => {
-            match collect_delta(cache, since, &deletes) {
+            match collect_delta(cache, since, &deletes).await {
                 Some(upserts) => {
                     let update = pb::Update { version, upserts, deletes };
                     let msg =
@@ -546,9 +546,10 @@ async fn send_start(
     true
 }
 
-/// The resources changed after `since`, unless they (with `deletes`) are too large for one
-/// message.
-fn collect_delta(
+/// The resources changed after `since`, unless they (with `deletes`) are more than one
+/// update may carry ([`fanout::MAX_MESSAGE_BYTES`], a few thousand keys): a node a little
+/// behind gets what it missed, not the whole config.
+async fn collect_delta(
     cache: &ConfigCache,
     since: Revision,
     deletes: &[String],
@@ -560,7 +561,7 @@ fn collect_delta(
         let chunk = cache.changed_since(since, after.as_deref());
         for (name, value) in &chunk.resources {
             bytes += name.len() + value.len();
-            if bytes > fanout::CHUNK_BYTES || upserts.len() >= fanout::CHUNK_RESOURCES {
+            if bytes > fanout::MAX_MESSAGE_BYTES {
                 return None;
             }
             upserts.push(fanout::resource(name, value));
@@ -569,6 +570,9 @@ fn collect_delta(
             Some(next) => after = Some(next),
             None => return Some(upserts),
         }
+        // The scan reads the whole cache, a step at a time: other streams' tasks run
+        // between the steps.
+        tokio::task::yield_now().await;
     }
 }
 

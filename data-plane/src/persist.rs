@@ -15,6 +15,7 @@
 //! Injected faults are never written: a node restarted while its control plane is away
 //! serves without a drill, whose end (its lease) it could not learn.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tracing::{debug, info, warn};
 
-use crate::config::{CATALOG, Change, KEYS, NodeConfig, Persisted};
+use crate::config::{CATALOG, Change, ConfigError, KEYS, NodeConfig, Persisted};
 use crate::state::{NodeState, Unsaved};
 
 const BASE: &str = "config.base";
@@ -143,13 +144,11 @@ impl Files {
         let tmp = self.dir.join(format!("{BASE}.tmp"));
         let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
         writeln!(out, "{{\"version\":{}}}", config.version)?;
-        let mut bytes = 0;
-        let names = std::iter::once(CATALOG.to_owned())
-            .chain(config.keys.iter().map(|(id, _)| format!("{KEYS}{id}")));
-        for name in names {
-            if let Some(value) = config.stored(&name).map_err(std::io::Error::other)? {
-                bytes += write_resource(&mut out, &name, &value)?;
-            }
+        let catalog = serde_json::to_vec(&*config.catalog).map_err(std::io::Error::other)?;
+        let mut bytes = write_resource(&mut out, CATALOG, &catalog)?;
+        for (id, key) in config.keys.iter() {
+            let value = key.to_json().map_err(std::io::Error::other)?;
+            bytes += write_resource(&mut out, &format!("{KEYS}{id}"), &value)?;
         }
         let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
@@ -269,32 +268,53 @@ fn read(dir: &Path) -> Result<Option<Loaded>, String> {
     snapshot.add(batch).map_err(|e| format!("{BASE}: {e}"))?;
     let mut config = snapshot.finish();
 
+    // The log's changes are folded into one (each resource's newest value, or its delete)
+    // and applied once: line by line, each would copy the shards it touches, and a log
+    // near its compaction point holds hundreds of thousands of lines.
     let mut log_bytes = 0;
+    let mut version = config.version;
+    let mut changed: BTreeMap<String, (usize, Option<Vec<u8>>)> = BTreeMap::new();
     match File::open(dir.join(LOG)) {
         Ok(file) => {
             let mut lines = BufReader::new(file);
+            let mut number = 0;
             // Only whole lines count; the first that does not end or parse ends the log.
             while let Ok(true) = read_line(&mut lines, &mut line) {
                 let Ok(change) = serde_json::from_slice::<LogLine<'_>>(&line) else { break };
-                if change.version > config.version {
-                    let upserts = change
-                        .upserts
-                        .into_iter()
-                        .map(|(name, value)| (name, value.get().as_bytes().to_vec()))
-                        .collect();
-                    config = config
-                        .apply(Change::Update {
-                            version: change.version,
-                            upserts,
-                            deletes: change.deletes,
-                        })
-                        .map_err(|e| format!("{LOG}: {e}"))?;
+                number += 1;
+                if change.version > version {
+                    version = change.version;
+                    for (name, value) in change.upserts {
+                        changed.insert(name, (number, Some(value.get().as_bytes().to_vec())));
+                    }
+                    for name in change.deletes {
+                        changed.insert(name, (number, None));
+                    }
                 }
                 log_bytes += line.len() as u64 + 1;
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(format!("{LOG}: {e}")),
+    }
+    if version > config.version {
+        let mut upserts = Vec::new();
+        let mut deletes = Vec::new();
+        let mut lines = BTreeMap::new();
+        for (name, (number, value)) in changed {
+            lines.insert(name.clone(), number);
+            match value {
+                Some(value) => upserts.push((name, value)),
+                None => deletes.push(name),
+            }
+        }
+        config = config.apply(Change::Update { version, upserts, deletes }).map_err(|e| {
+            let ConfigError::Invalid { name, .. } = &e;
+            match lines.get(name) {
+                Some(number) => format!("{LOG}, line {number}: {e}"),
+                None => format!("{LOG}: {e}"),
+            }
+        })?;
     }
     let files = Files {
         dir: dir.to_owned(),
@@ -486,6 +506,30 @@ mod tests {
         let (again, _) = reload(dir.path());
         assert_eq!(again.version, v);
         assert_eq!(again.keys.get("k0").unwrap().settings.allowed_models[0], format!("m{v}"));
+    }
+
+    #[test]
+    fn the_log_is_replayed_as_one_change_and_a_bad_record_is_named_by_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = Files::empty(dir.path().to_owned());
+        save(&mut files, &snapshot(1, 3), Changed::All);
+        let lines = [
+            "{\"version\":2,\"upserts\":[],\"deletes\":[\"keys/k0\"]}\n".to_owned(),
+            format!(
+                "{{\"version\":3,\"upserts\":[[\"keys/k0\",{}]],\"deletes\":[\"keys/k1\"]}}\n",
+                String::from_utf8(key_json("k0", "back")).unwrap()
+            ),
+        ];
+        std::fs::write(log_path(dir.path()), lines.concat()).unwrap();
+        let (config, _) = reload(dir.path());
+        assert_eq!((config.version, config.keys.len()), (3, 2), "k0 back, k1 gone, k2 kept");
+        assert!(config.keys_by_hash.contains_key(&secret_digest("back")));
+        assert!(!config.keys.contains_key("k1"));
+
+        let bad = "{\"version\":4,\"upserts\":[[\"keys/k2\",{\"id\":\"k2\"}]],\"deletes\":[]}\n";
+        std::fs::write(log_path(dir.path()), [lines.concat(), bad.to_owned()].concat()).unwrap();
+        let e = read(dir.path()).err().unwrap();
+        assert!(e.contains("config.log, line 3") && e.contains("keys/k2"), "{e}");
     }
 
     #[test]

@@ -395,6 +395,11 @@ async fn finish(state: &NodeState, receiving: Receiving) -> pb::NodeMessage {
     let error = match applied.await {
         // Installing the catalog may read credential files.
         Ok(Ok(snapshot)) => match tokio::task::spawn_blocking(move || snapshot.finish()).await {
+            // Versions only grow, whatever arrived while the chunks did.
+            Ok(_) if version <= state.version() => {
+                debug!(version, have = state.version(), "a snapshot no longer newer; dropped");
+                return node_msg(node_message::Msg::Ack(pb::Ack { version: state.version() }));
+            }
             Ok(next) => {
                 state.publish(next, Changed::All);
                 debug!(version, "snapshot applied");
