@@ -664,15 +664,6 @@ impl Admin for AdminService {
         request: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
         let request = request.into_inner();
-        if !request.secret_sha256.is_empty() {
-            let wanted = request.secret_sha256.to_ascii_lowercase();
-            let found = self.key_by_secret(&wanted).await?;
-            let keys = found.iter().map(key_to_pb).collect();
-            return Ok(Response::new(pb::ListKeysResponse {
-                keys,
-                next_page_token: String::new(),
-            }));
-        }
         let status = match request.status.as_str() {
             "" => None,
             "active" => Some(KeyStatus::Active),
@@ -682,6 +673,24 @@ impl Admin for AdminService {
                 return Err(invalid("status", message).into());
             }
         };
+        if !request.secret_sha256.is_empty() {
+            // At most one key: the filters still apply; there is nothing to page.
+            let wanted = request.secret_sha256.to_ascii_lowercase();
+            let found = self.key_by_secret(&wanted).await?;
+            let keys = found
+                .iter()
+                .filter(|r| {
+                    status.is_none_or(|s| r.status == s)
+                        && r.name.starts_with(request.name_prefix.as_str())
+                        && r.id.starts_with(request.id_prefix.as_str())
+                })
+                .map(key_to_pb)
+                .collect();
+            return Ok(Response::new(pb::ListKeysResponse {
+                keys,
+                next_page_token: String::new(),
+            }));
+        }
         let mode = paging::mode(paging::Listing::Keys, request.limit, &request.page_token)
             .map_err(AdminError::from)?;
         let name_prefix = request.name_prefix;
@@ -1432,8 +1441,26 @@ mod tests {
         // The index is complete (every key was written with its entry), so a miss is final.
         admin.store.put(&admin.layout.key_secrets_complete(), b"1".to_vec(), None).await.unwrap();
         assert!(by_secret(&admin, &created.secret).await.is_empty());
-        assert_eq!(by_secret(&admin, &new_secret).await, [id]);
+        assert_eq!(by_secret(&admin, &new_secret).await, [id.clone()]);
         assert!(by_secret(&admin, "not-a-secret").await.is_empty());
+        // The listing's filters apply to the key found by its secret too.
+        let filtered = |status: &str, name_prefix: &str| pb::ListKeysRequest {
+            secret_sha256: hash_secret(&new_secret),
+            status: status.into(),
+            name_prefix: name_prefix.into(),
+            ..Default::default()
+        };
+        for (request, found) in [
+            (filtered("active", "ap"), true),
+            (filtered("revoked", ""), false),
+            (filtered("", "other"), false),
+        ] {
+            let reply = admin.list_keys(Request::new(request)).await.unwrap().into_inner();
+            assert_eq!(reply.keys.len(), usize::from(found));
+        }
+        let bad = filtered("gone", "");
+        let e = admin.list_keys(Request::new(bad)).await.unwrap_err();
+        assert!(e.message().contains("status"), "{e:?}");
     }
 
     #[tokio::test]
