@@ -1441,7 +1441,7 @@ mod tests {
         // The index is complete (every key was written with its entry), so a miss is final.
         admin.store.put(&admin.layout.key_secrets_complete(), b"1".to_vec(), None).await.unwrap();
         assert!(by_secret(&admin, &created.secret).await.is_empty());
-        assert_eq!(by_secret(&admin, &new_secret).await, [id.clone()]);
+        assert_eq!(by_secret(&admin, &new_secret).await, std::slice::from_ref(&id));
         assert!(by_secret(&admin, "not-a-secret").await.is_empty());
         // The listing's filters apply to the key found by its secret too.
         let filtered = |status: &str, name_prefix: &str| pb::ListKeysRequest {
