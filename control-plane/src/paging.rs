@@ -240,6 +240,17 @@ mod tests {
     }
 
     /// Pages through `p/` with `mode_of(token)`, keeping the keys `keep` accepts.
+    /// One page of the keys under `p/` that `keep` wants.
+    async fn key_page(
+        store: &EmbeddedStore,
+        m: &Mode,
+        narrow: &str,
+        keep: impl Fn(&str) -> bool,
+    ) -> Page<String> {
+        let wanted = |kv: &KeyValue| Ok::<_, PagingError>(keep(&kv.key).then(|| kv.key.clone()));
+        scan(store, Listing::Keys, "p/", narrow, m, wanted, String::len).await.unwrap()
+    }
+
     async fn all_pages(
         store: &EmbeddedStore,
         limit: u32,
@@ -249,17 +260,7 @@ mod tests {
         let (mut keys, mut pages, mut token) = (Vec::new(), 0, String::new());
         loop {
             let m = mode(Listing::Keys, limit, &token).unwrap();
-            let page = scan(
-                store,
-                Listing::Keys,
-                "p/",
-                narrow,
-                &m,
-                |kv| Ok::<_, PagingError>(keep(&kv.key).then(|| kv.key.clone())),
-                String::len,
-            )
-            .await
-            .unwrap();
+            let page = key_page(store, &m, narrow, &keep).await;
             assert!(page.items.len() <= limit as usize);
             keys.extend(page.items);
             pages += 1;
@@ -295,17 +296,7 @@ mod tests {
         let (_dir, store) = store_with(25_000, 1).await;
         let wanted = |key: &str| key.ends_with("777");
         let m = mode(Listing::Keys, 10, "").unwrap();
-        let first = scan(
-            &store,
-            Listing::Keys,
-            "p/",
-            "",
-            &m,
-            |kv| Ok::<_, PagingError>(wanted(&kv.key).then(|| kv.key.clone())),
-            String::len,
-        )
-        .await
-        .unwrap();
+        let first = key_page(&store, &m, "", wanted).await;
         assert_eq!(
             first.items,
             [
@@ -318,17 +309,7 @@ mod tests {
         assert_eq!(keys, expected, "a page reads at most {SCAN_MAX} records, and pages go on");
         // The first page stopped after SCAN_MAX records, with fewer keys than asked.
         let m = mode(Listing::Keys, 1_000, "").unwrap();
-        let page = scan(
-            &store,
-            Listing::Keys,
-            "p/",
-            "",
-            &m,
-            |kv| Ok::<_, PagingError>(wanted(&kv.key).then(|| kv.key.clone())),
-            String::len,
-        )
-        .await
-        .unwrap();
+        let page = key_page(&store, &m, "", wanted).await;
         assert_eq!(page.items.len(), 10);
         assert_eq!(page.next_token, encode_token(Listing::Keys, "09999"));
     }

@@ -304,15 +304,10 @@ impl Persisted {
 mod tests {
     use super::*;
 
-    use switchyard_catalog::keys::{hash_secret, secret_digest};
+    use switchyard_catalog::keys::secret_digest;
 
-    /// A key record as the control plane stores it, for the secret `secret`.
     fn key_json(id: &str, secret: &str) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({
-            "id": id, "name": "n", "created_unix_ms": 1, "status": "active",
-            "secret_sha256": hash_secret(secret), "secret_hint": "abcd"
-        }))
-        .unwrap()
+        crate::keys::record(id, secret, serde_json::json!({}))
     }
 
     #[test]

@@ -101,8 +101,8 @@ pub struct KeyParser {
 }
 
 impl KeyParser {
-    /// Settings shared by more keys than this are kept in the table; past this many distinct
-    /// settings (every key its own) the table stops growing and parses each key's own.
+    /// Distinct settings the table keeps; past this many (every key its own) it stops
+    /// growing, and each further key's settings are parsed for it alone.
     const MAX_SHARED: usize = 4096;
 
     /// A key from its stored JSON (the control plane's record, or [`Key::to_json`]).
@@ -151,22 +151,27 @@ fn settings_of(
     })
 }
 
+/// A key record as the control plane stores it, for the secret `secret`, with `extra`
+/// fields added or replaced: for the node's tests.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub fn record(id: &str, secret: &str, extra: serde_json::Value) -> Vec<u8> {
+    use switchyard_catalog::keys::hash_secret;
+    let mut record = serde_json::json!({
+        "id": id, "name": "tenant", "created_unix_ms": 1, "updated_unix_ms": 2,
+        "status": "active", "secret_sha256": hash_secret(secret), "secret_hint": "abcd"
+    });
+    if let (Some(r), Some(e)) = (record.as_object_mut(), extra.as_object()) {
+        r.extend(e.clone());
+    }
+    serde_json::to_vec(&record).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-    use switchyard_catalog::keys::{hash_secret, secret_digest};
-
-    fn record(id: &str, secret: &str, extra: serde_json::Value) -> Vec<u8> {
-        let mut record = json!({
-            "id": id, "name": "tenant", "created_unix_ms": 1, "updated_unix_ms": 2,
-            "status": "active", "secret_sha256": hash_secret(secret), "secret_hint": "abcd"
-        });
-        if let (Some(r), Some(e)) = (record.as_object_mut(), extra.as_object()) {
-            r.extend(e.clone());
-        }
-        serde_json::to_vec(&record).unwrap()
-    }
+    use switchyard_catalog::keys::secret_digest;
 
     #[test]
     fn a_record_becomes_a_key_with_its_digest_and_settings() {

@@ -359,15 +359,10 @@ fn read_legacy(dir: &Path) -> Result<Option<Loaded>, String> {
 mod tests {
     use super::*;
     use crate::state::Changed;
-    use switchyard_catalog::keys::{hash_secret, secret_digest};
+    use switchyard_catalog::keys::secret_digest;
 
     fn key_json(id: &str, secret: &str) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({
-            "id": id, "name": "n", "created_unix_ms": 1, "status": "active",
-            "secret_sha256": hash_secret(secret), "secret_hint": "abcd",
-            "failoverDefaults": {"models": ["a"]}
-        }))
-        .unwrap()
+        crate::keys::record(id, secret, serde_json::json!({"failoverDefaults": {"models": ["a"]}}))
     }
 
     fn fault_json(name: &str) -> Vec<u8> {

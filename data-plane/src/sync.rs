@@ -173,7 +173,7 @@ async fn session(
             () = handoff_requested(&mut handoff) => return hand_off(tx, inbound, telemetry).await,
             message = tokio::time::timeout(IDLE_LIMIT, inbound.message()) => {
                 let message = message.map_err(|_| SessionError::Idle)??.ok_or(SessionError::Closed)?;
-                let change = match message.msg {
+                let update = match message.msg {
                     Some(control_message::Msg::Snapshot(chunk)) => {
                         // Chunks of one snapshot share its version; another version starts anew.
                         let current = receiving.take().filter(|r| r.version() == chunk.version);
@@ -189,11 +189,7 @@ async fn session(
                         }
                         continue;
                     }
-                    Some(control_message::Msg::Update(update)) => Change::Update {
-                        version: update.version,
-                        upserts: update.upserts.into_iter().map(|r| (r.name, r.value)).collect(),
-                        deletes: update.deletes,
-                    },
+                    Some(control_message::Msg::Update(update)) => update,
                     Some(control_message::Msg::EventsAck(ack)) => {
                         telemetry.ack_events(ack.seq);
                         continue;
@@ -213,7 +209,7 @@ async fn session(
                     }
                     Some(control_message::Msg::Ping(_)) | None => continue,
                 };
-                let reply = apply(state, change).await;
+                let reply = apply(state, update).await;
                 if tx.send(reply).await.is_err() {
                     return Err(SessionError::Closed);
                 }
@@ -309,21 +305,29 @@ async fn hand_off(
     Ok(())
 }
 
-/// Applies a change all or nothing and says so to the control plane. Versions only grow:
+/// Applies an update all or nothing and says so to the control plane. Versions only grow:
 /// a replica that lags behind the one the node last heard from cannot roll it back.
-async fn apply(state: &NodeState, change: Change) -> pb::NodeMessage {
+/// (Snapshots arrive in chunks: [`begin`], [`add_chunk`], [`finish`].)
+async fn apply(state: &NodeState, update: pb::Update) -> pb::NodeMessage {
     let current = state.current();
     let have = current.as_ref().map_or(0, |c| c.version);
-    let version = change.version();
+    let version = update.version;
     if current.is_some() && version <= have {
         debug!(version, have, "ignoring config that is not newer");
         return node_msg(node_message::Msg::Ack(pb::Ack { version: have }));
     }
-    let changed = match &change {
-        Change::Snapshot { .. } => Changed::All,
-        Change::Update { upserts, deletes, .. } => Changed::Resources(
-            upserts.iter().map(|(name, _)| name.clone()).chain(deletes.iter().cloned()).collect(),
-        ),
+    let changed = Changed::Resources(
+        update
+            .upserts
+            .iter()
+            .map(|r| r.name.clone())
+            .chain(update.deletes.iter().cloned())
+            .collect(),
+    );
+    let change = Change::Update {
+        version,
+        upserts: update.upserts.into_iter().map(|r| (r.name, r.value)).collect(),
+        deletes: update.deletes,
     };
     // Applying parses every changed resource and may read credential files: off the
     // async threads.
