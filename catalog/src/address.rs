@@ -158,6 +158,30 @@ pub fn is_redacted(url: &str) -> bool {
     Url::parse(url).is_ok_and(|u| u.username() == REDACTED && u.password().is_none())
 }
 
+/// `url` with its credentials taken out, and them decoded: the URL as it may be handed to an
+/// HTTP client (whose connection pool logs it at debug level), and the user name and
+/// password for an `Authorization: Basic` header. A URL without credentials, or one that
+/// does not parse, is returned as it was, with `None`.
+pub fn split_userinfo(url: &str) -> (String, Option<(String, String)>) {
+    match Url::parse(url) {
+        Ok(mut parsed) if has_userinfo(&parsed) => {
+            let decode =
+                |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+            let credentials =
+                (decode(parsed.username()), parsed.password().map(decode).unwrap_or_default());
+            let _ = parsed.set_password(None);
+            let _ = parsed.set_username("");
+            let mut bare: String = parsed.into();
+            // The parser adds a `/` path to a bare host; the URL's own text had none.
+            if !url.ends_with('/') && bare.ends_with('/') {
+                bare.pop();
+            }
+            (bare, Some(credentials))
+        }
+        _ => (url.to_owned(), None),
+    }
+}
+
 fn has_userinfo(url: &Url) -> bool {
     !url.username().is_empty() || url.password().is_some()
 }
@@ -166,6 +190,23 @@ fn has_userinfo(url: &Url) -> bool {
 pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn split_userinfo_takes_the_credentials_out_decoded() {
+        assert_eq!(
+            split_userinfo("http://u%40x:p%3Aw@127.0.0.1:9/v1"),
+            ("http://127.0.0.1:9/v1".to_owned(), Some(("u@x".to_owned(), "p:w".to_owned())))
+        );
+        assert_eq!(
+            split_userinfo("https://user@example.com"),
+            ("https://example.com".to_owned(), Some(("user".to_owned(), String::new())))
+        );
+        assert_eq!(
+            split_userinfo("https://example.com/v1/"),
+            ("https://example.com/v1/".to_owned(), None)
+        );
+        assert_eq!(split_userinfo("not a url"), ("not a url".to_owned(), None));
+    }
 
     /// Every form of a non-public target the apply-time and delivery-time checks refuse.
     pub(crate) const PRIVATE_TARGETS: &[&str] = &[

@@ -213,19 +213,26 @@ pub const PROBE_INTERVAL_MS_RANGE: (u64, u64) = (1_000, 3_600_000);
 pub const PROBE_TIMEOUT_MS_RANGE: (u64, u64) = (100, 60_000);
 
 /// A node's probes of a model: one minimal call when the model saw no real call from the
-/// node for `interval_ms`, and one when its breaker is due to half-open (docs/catalog.md,
-/// "`probe`").
+/// node for `interval_ms`, and one every `open_interval_ms` while its breaker is open
+/// (docs/catalog.md, "`probe`"). Without a `probe` anywhere, only the open probes run, with
+/// these defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProbePolicy {
     pub interval_ms: u64,
     /// A probe that has no answer by then counts as a timeout.
     pub timeout_ms: u64,
+    /// While the breaker is open, a probe this often (jittered down by up to a fifth), in
+    /// place of the cool-down; 0 turns open probing off (the cool-down then decides when a
+    /// user request tests the model).
+    pub open_interval_ms: u64,
 }
+
+pub const DEFAULT_OPEN_INTERVAL_MS: u64 = 5_000;
 
 impl Default for ProbePolicy {
     fn default() -> Self {
-        Self { interval_ms: 30_000, timeout_ms: 5_000 }
+        Self { interval_ms: 30_000, timeout_ms: 5_000, open_interval_ms: DEFAULT_OPEN_INTERVAL_MS }
     }
 }
 
@@ -237,6 +244,8 @@ pub struct ProbeOverride {
     pub interval_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_interval_ms: Option<u64>,
 }
 
 impl ProbePolicy {
@@ -244,6 +253,7 @@ impl ProbePolicy {
         Self {
             interval_ms: o.interval_ms.unwrap_or(self.interval_ms),
             timeout_ms: o.timeout_ms.unwrap_or(self.timeout_ms),
+            open_interval_ms: o.open_interval_ms.unwrap_or(self.open_interval_ms),
         }
     }
 
@@ -263,6 +273,13 @@ impl ProbePolicy {
                 format!("must be {lo}–{hi} and below interval_ms, got {}", self.timeout_ms),
             ));
         }
+        let (lo, hi) = PROBE_INTERVAL_MS_RANGE;
+        if self.open_interval_ms != 0 && !(lo..=hi).contains(&self.open_interval_ms) {
+            errors.push(FieldError::new(
+                format!("{path}.open_interval_ms"),
+                format!("must be 0 (off) or {lo}–{hi}, got {}", self.open_interval_ms),
+            ));
+        }
     }
 }
 
@@ -275,6 +292,13 @@ impl Catalog {
             (global, Some(o)) => Some(global.unwrap_or_default().with_override(o)),
             (Some(global), None) => Some(*global),
         }
+    }
+
+    /// Open probing of `model` (docs/catalog.md, "`probe`"): every how long, and each probe's
+    /// timeout; on by default, `None` when `open_interval_ms` is 0.
+    pub fn open_probe_for(&self, model: &Model) -> Option<(u64, u64)> {
+        let policy = self.probe_for(model).unwrap_or_default();
+        (policy.open_interval_ms > 0).then_some((policy.open_interval_ms, policy.timeout_ms))
     }
 }
 
@@ -980,22 +1004,30 @@ mod tests {
         let mut c = sample();
         assert_eq!(c.probe_for(&c.models[0]), None, "no probe anywhere: none");
         // A model's own probe over the defaults when the catalog has none.
-        c.models[0].probe = Some(ProbeOverride { interval_ms: Some(60_000), timeout_ms: None });
+        c.models[0].probe = Some(ProbeOverride {
+            interval_ms: Some(60_000),
+            timeout_ms: None,
+            open_interval_ms: None,
+        });
         assert_eq!(
             c.probe_for(&c.models[0]),
-            Some(ProbePolicy { interval_ms: 60_000, timeout_ms: 5_000 })
+            Some(ProbePolicy { interval_ms: 60_000, timeout_ms: 5_000, ..ProbePolicy::default() })
         );
         // Over the catalog's, field by field.
-        c.probe = Some(ProbePolicy { interval_ms: 10_000, timeout_ms: 2_000 });
+        c.probe =
+            Some(ProbePolicy { interval_ms: 10_000, timeout_ms: 2_000, ..ProbePolicy::default() });
         assert_eq!(
             c.probe_for(&c.models[0]),
-            Some(ProbePolicy { interval_ms: 60_000, timeout_ms: 2_000 })
+            Some(ProbePolicy { interval_ms: 60_000, timeout_ms: 2_000, ..ProbePolicy::default() })
         );
         c.models[0].probe = None;
         assert_eq!(c.probe_for(&c.models[0]), c.probe);
         let parsed: Catalog =
             serde_json::from_value(serde_json::json!({"probe": {"timeout_ms": 1000}})).unwrap();
-        assert_eq!(parsed.probe, Some(ProbePolicy { interval_ms: 30_000, timeout_ms: 1_000 }));
+        assert_eq!(
+            parsed.probe,
+            Some(ProbePolicy { interval_ms: 30_000, timeout_ms: 1_000, ..ProbePolicy::default() })
+        );
         let unknown = serde_json::from_value::<Catalog>(serde_json::json!({"probe": {"every": 1}}));
         assert!(unknown.unwrap_err().to_string().contains("every"));
     }
@@ -1005,9 +1037,12 @@ mod tests {
         let mut c = sample();
         c.models.push(Model { name: "second".into(), ..c.models[0].clone() });
         c.models.push(Model { name: "third".into(), ..c.models[0].clone() });
-        c.probe = Some(ProbePolicy { interval_ms: 999, timeout_ms: 50 });
-        c.models[2].probe =
-            Some(ProbeOverride { interval_ms: Some(5_000), timeout_ms: Some(5_000) });
+        c.probe = Some(ProbePolicy { interval_ms: 999, timeout_ms: 50, ..ProbePolicy::default() });
+        c.models[2].probe = Some(ProbeOverride {
+            interval_ms: Some(5_000),
+            timeout_ms: Some(5_000),
+            open_interval_ms: None,
+        });
         let errors = c.validate().unwrap_err().0;
         let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(
@@ -1020,11 +1055,41 @@ mod tests {
         // A model's override is checked over the global it changes: 70 s is too long a
         // timeout whatever the interval.
         let mut c = sample();
-        c.probe = Some(ProbePolicy { interval_ms: 3_600_000, timeout_ms: 5_000 });
-        c.models[0].probe = Some(ProbeOverride { interval_ms: None, timeout_ms: Some(70_000) });
+        c.probe = Some(ProbePolicy {
+            interval_ms: 3_600_000,
+            timeout_ms: 5_000,
+            ..ProbePolicy::default()
+        });
+        c.models[0].probe = Some(ProbeOverride {
+            interval_ms: None,
+            timeout_ms: Some(70_000),
+            open_interval_ms: None,
+        });
         assert_eq!(c.validate().unwrap_err().0[0].path, "models[0].probe.timeout_ms");
-        c.models[0].probe = Some(ProbeOverride { interval_ms: Some(1_000), timeout_ms: Some(100) });
+        c.models[0].probe = Some(ProbeOverride {
+            interval_ms: Some(1_000),
+            timeout_ms: Some(100),
+            open_interval_ms: None,
+        });
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn open_probing_is_on_by_default_and_its_interval_is_checked() {
+        let mut c = sample();
+        c.models.push(Model { name: "second".into(), ..c.models[0].clone() });
+        assert_eq!(c.open_probe_for(&c.models[0]), Some((5_000, 5_000)), "on without a probe");
+        c.probe = Some(ProbePolicy { open_interval_ms: 0, ..ProbePolicy::default() });
+        assert_eq!(c.open_probe_for(&c.models[0]), None, "0 turns it off");
+        c.models[1].probe =
+            Some(ProbeOverride { open_interval_ms: Some(2_000), ..Default::default() });
+        assert_eq!(c.open_probe_for(&c.models[1]), Some((2_000, 5_000)), "a model's own");
+        c.validate().unwrap();
+        c.probe = Some(ProbePolicy { open_interval_ms: 999, ..ProbePolicy::default() });
+        c.models[1].probe =
+            Some(ProbeOverride { open_interval_ms: Some(3_600_001), ..Default::default() });
+        let paths: Vec<String> = c.validate().unwrap_err().0.into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["models[1].probe.open_interval_ms", "probe.open_interval_ms"]);
     }
 
     #[test]
@@ -1034,12 +1099,16 @@ mod tests {
         new.probe = Some(ProbePolicy::default());
         assert_eq!(old.diff(&new), ["+ probe"]);
         let mut newer = new.clone();
-        newer.probe = Some(ProbePolicy { interval_ms: 1_000, timeout_ms: 500 });
+        newer.probe =
+            Some(ProbePolicy { interval_ms: 1_000, timeout_ms: 500, ..ProbePolicy::default() });
         assert_eq!(new.diff(&newer), ["~ probe: interval_ms, timeout_ms"]);
         assert_eq!(new.diff(&old), ["- probe"]);
         let mut per_model = sample();
-        per_model.models[0].probe =
-            Some(ProbeOverride { interval_ms: Some(2_000), timeout_ms: None });
+        per_model.models[0].probe = Some(ProbeOverride {
+            interval_ms: Some(2_000),
+            timeout_ms: None,
+            open_interval_ms: None,
+        });
         assert_eq!(old.diff(&per_model), ["~ models/openai/gpt-5-nano: probe"]);
     }
 }

@@ -7,10 +7,14 @@
 //! every state change comes back to the caller as a [`Transition`] (the node forwards it to
 //! the control plane and updates its metrics). [`Breakers`] is the node's registry.
 //!
-//! A breaker whose model has a `probe` is *probed* (docs/catalog.md, "`probe`"): the node's
-//! prober, not a user request, turns it half-open and holds its half-open slots, and
-//! [`Breaker::acquire_probe`] says when a probe is due, from the breaker's own record of
-//! the node's last real call.
+//! A breaker is *probed* when the node's prober owns its half-open test (docs/catalog.md,
+//! "`probe`"): by default every breaker is, while open, tested every `open_interval_ms`
+//! (jittered) whatever its cool-down, so a model is back in use within one interval of
+//! recovering and no user request is the test subject; a model with a `probe` is also
+//! probed when idle. [`Breaker::acquire_probe`] says when a probe is due, from the
+//! breaker's own record of the node's last real call. With open probing off
+//! (`open_interval_ms: 0`) the cool-down, doubled on every failed half-open test, decides
+//! when a user request may test the model.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
@@ -65,8 +69,9 @@ pub enum Cause {
     CooldownElapsed,
     /// Half-open → closed: every probe succeeded.
     ProbesSucceeded,
-    /// Open → half-open before the cool-down passed: every entry of a chain was open, so the
-    /// executor forced a probe on the one due soonest (docs/http-api.md, "Failover").
+    /// Open → half-open before the cool-down passed: no other entry of a chain could serve,
+    /// so the executor forced a probe (docs/http-api.md, "Failover"). A forced probe that
+    /// fails leaves the cool-down as it was: it never doubles it.
     ForcedProbe,
 }
 
@@ -177,12 +182,10 @@ pub struct Snapshot {
 pub enum Admission {
     Admitted(Permit),
     /// Skip this entry (`circuit_open`). `ready_at` is when it is due for a probe (in the past
-    /// for a half-open breaker whose probes are all in flight): when every entry of a chain is
-    /// rejected, the executor forces a probe on the soonest of those not `probed`. A probed
-    /// breaker's half-open test is the prober's, never a user request's.
+    /// for a half-open breaker whose probes are all in flight): when no entry of a chain
+    /// could serve, the executor forces probes on the rejected ones, soonest first.
     Rejected {
         ready_at: Instant,
-        probed: bool,
     },
 }
 
@@ -216,8 +219,14 @@ struct Inner {
     /// and its outcome counts only in that one: a call started before the breaker opened says
     /// nothing about the upstream since.
     generation: u64,
-    /// Its model has a `probe`: the prober owns the half-open test.
+    /// The prober owns the half-open test (open probing, or the model's `probe`).
     probed: bool,
+    /// Open probing: while open, a probe every this long (jittered), in place of the
+    /// cool-down. `None`: the cool-down decides.
+    open_interval: Option<Duration>,
+    /// Half-open through a forced probe before the cool-down ended: the cool-down and its
+    /// end as they were, restored if the probe fails (a forced probe never doubles it).
+    forced_early: Option<(Duration, Instant)>,
     /// Idle probes count from the latest of: the last real call admitted, the last probe
     /// started, the moment probing began (so a node start or a catalog change does not
     /// probe everything at once). Written under the lock `try_acquire` holds anyway, so the
@@ -247,6 +256,8 @@ impl Breaker {
                 probes_succeeded: 0,
                 generation: 0,
                 probed: false,
+                open_interval: None,
+                forced_early: None,
                 idle_since: now,
                 last_probe: None,
             }),
@@ -268,8 +279,7 @@ impl Breaker {
         let mut transition = None;
         if inner.state == State::Open {
             if now < inner.ready_at || inner.probed {
-                let ready_at = inner.ready_at;
-                return (Admission::Rejected { ready_at, probed: inner.probed }, None);
+                return (Admission::Rejected { ready_at: inner.ready_at }, None);
             }
             transition =
                 Some(self.transition(&mut inner, State::HalfOpen, Cause::CooldownElapsed, now));
@@ -282,11 +292,11 @@ impl Breaker {
                     inner.probes_in_flight += 1;
                     Admission::Admitted(self.permit(&inner, Kind::Probe, false))
                 } else {
-                    Admission::Rejected { ready_at: inner.since, probed }
+                    Admission::Rejected { ready_at: inner.since }
                 }
             }
             // Turned half-open above.
-            State::Open => Admission::Rejected { ready_at: inner.ready_at, probed },
+            State::Open => Admission::Rejected { ready_at: inner.ready_at },
         };
         if matches!(admission, Admission::Admitted(_)) {
             inner.idle_since = inner.idle_since.max(now);
@@ -294,18 +304,27 @@ impl Breaker {
         (admission, transition)
     }
 
-    /// Admit one call whatever the state: every entry of the chain was rejected and this one
-    /// is due soonest: breakers alone never fail a request (docs/http-api.md, "Failover").
-    /// An open breaker turns half-open now and the call is its probe; a half-open one takes
-    /// it as one more probe over the limit; a closed one (it closed meanwhile) as an ordinary
-    /// call. The permit reports itself as a probe in every case, as the attempt report does.
-    pub fn force_probe(self: &Arc<Self>, now: Instant) -> (Permit, Option<Transition>) {
+    /// Admit one call whatever the breaker says, unless a probe of it is in flight: no other
+    /// entry of the chain could serve, and breakers alone never fail a request
+    /// (docs/http-api.md, "Failover"). An open breaker turns half-open now and the call is
+    /// its probe; a closed one (it closed meanwhile) takes it as an ordinary call. Concurrent
+    /// forced probes are one probe: while one (or the prober's) is in flight, `None`. A
+    /// forced probe that fails before the cool-down ended leaves the cool-down as it was.
+    /// The permit reports itself as a probe in every case, as the attempt report does.
+    pub fn force_probe(self: &Arc<Self>, now: Instant) -> Option<(Permit, Option<Transition>)> {
         let mut inner = self.lock();
+        if inner.state == State::HalfOpen && inner.probes_in_flight > 0 {
+            return None;
+        }
         let mut transition = None;
         if inner.state == State::Open {
-            let cause =
-                if now >= inner.ready_at { Cause::CooldownElapsed } else { Cause::ForcedProbe };
+            let early = now < inner.ready_at;
+            let kept = (inner.cooldown_in_force(), inner.ready_at);
+            let cause = if early { Cause::ForcedProbe } else { Cause::CooldownElapsed };
             transition = Some(self.transition(&mut inner, State::HalfOpen, cause, now));
+            if early {
+                inner.forced_early = Some(kept);
+            }
         }
         let permit = match inner.state {
             State::Closed => self.permit(&inner, Kind::Call, true),
@@ -315,29 +334,36 @@ impl Breaker {
             }
         };
         inner.idle_since = inner.idle_since.max(now);
-        (permit, transition)
+        Some((permit, transition))
     }
 
-    /// Marks the breaker as probed (its model has a `probe`) or not. Turning it on starts the
-    /// idle clock now.
-    pub fn set_probed(&self, probed: bool, now: Instant) {
+    /// Whether the prober owns this breaker's half-open test, and how (`open_interval`: open
+    /// probing's interval, `None` for a cool-down's end only). Turning probing on starts the
+    /// idle clock now; an open breaker's next probe moves no later than one interval away.
+    pub fn set_probed(&self, probed: bool, open_interval: Option<Duration>, now: Instant) {
         let mut inner = self.lock();
-        if inner.probed != probed {
-            inner.probed = probed;
-            if probed {
-                inner.idle_since = inner.idle_since.max(now);
+        let open_interval = open_interval.filter(|_| probed);
+        if inner.probed != probed && probed {
+            inner.idle_since = inner.idle_since.max(now);
+        }
+        inner.probed = probed;
+        if inner.open_interval != open_interval {
+            inner.open_interval = open_interval;
+            if let (State::Open, Some(interval)) = (inner.state, open_interval) {
+                inner.ready_at = inner.ready_at.min(now + interval);
             }
         }
     }
 
-    /// A permit for the prober's call, when one is due at `now` (see [`Due`]); `interval` is
-    /// the probe's `interval_ms`. An open breaker whose cool-down has passed turns half-open
-    /// here and the probe holds its slot. The probe is no real call: it restarts the idle
-    /// clock but does not count as the node's traffic.
+    /// A permit for the prober's call, when one is due at `now` (see [`Due`]); `idle` is the
+    /// probe's `interval_ms` for a model probed when idle, `None` for one probed only while
+    /// open. An open breaker whose next probe is due turns half-open here and the probe
+    /// holds its slot. The probe is no real call: it restarts the idle clock but does not
+    /// count as the node's traffic.
     pub fn acquire_probe(
         self: &Arc<Self>,
         now: Instant,
-        interval: Duration,
+        idle: Option<Duration>,
     ) -> Option<(Permit, Due, Option<Transition>)> {
         let mut inner = self.lock();
         let mut transition = None;
@@ -350,7 +376,9 @@ impl Breaker {
             State::Open => return None,
             State::HalfOpen if inner.has_free_slot() => (Kind::Probe, Due::HalfOpen),
             State::HalfOpen => return None,
-            State::Closed if now >= inner.idle_since + interval => (Kind::Call, Due::Idle),
+            State::Closed if idle.is_some_and(|i| now >= inner.idle_since + i) => {
+                (Kind::Call, Due::Idle)
+            }
             State::Closed => return None,
         };
         if kind == Kind::Probe {
@@ -450,17 +478,32 @@ impl Breaker {
         // Read before the window is cleared on closing: the report says what led here.
         let failure_rate = inner.failure_rate();
         let calls_in_window = inner.calls();
+        let forced_early = inner.forced_early.take();
         match to {
             State::Open => {
-                let cooldown = match inner.cooldown {
-                    // Re-opening from half-open (or a forced probe): twice the last, capped.
-                    Some(last) if from == State::HalfOpen => {
-                        (last * 2).min(Duration::from_millis(inner.policy.max_cooldown_ms))
+                let (cooldown, ready_at) = match (forced_early, inner.open_interval) {
+                    // A forced probe before the cool-down ended: the period stands.
+                    (Some((cooldown, ready_at)), _) if from == State::HalfOpen => {
+                        (cooldown, ready_at.max(now))
                     }
-                    _ => Duration::from_millis(inner.policy.cooldown_ms),
+                    // Open probing: the next probe one interval on, never doubled.
+                    (_, Some(interval)) => {
+                        let interval = jittered(interval);
+                        (interval, now + interval)
+                    }
+                    (_, None) => {
+                        let cooldown = match inner.cooldown {
+                            // Re-opening from half-open: twice the last, capped.
+                            Some(last) if from == State::HalfOpen => {
+                                (last * 2).min(Duration::from_millis(inner.policy.max_cooldown_ms))
+                            }
+                            _ => Duration::from_millis(inner.policy.cooldown_ms),
+                        };
+                        (cooldown, now + cooldown)
+                    }
                 };
                 inner.cooldown = Some(cooldown);
-                inner.ready_at = now + cooldown;
+                inner.ready_at = ready_at;
             }
             State::HalfOpen => {
                 inner.probes_in_flight = 0;
@@ -555,6 +598,13 @@ impl Inner {
     fn cooldown_in_force(&self) -> Duration {
         self.cooldown.unwrap_or(Duration::from_millis(self.policy.cooldown_ms))
     }
+}
+
+/// An open probing interval with its jitter: uniform in [80 %, 100 %] of `interval`, so that
+/// nodes opened by one outage do not probe in step, and a recovered model is never unused
+/// for longer than one interval.
+fn jittered(interval: Duration) -> Duration {
+    interval.mul_f64(rand::random_range(0.8..=1.0))
 }
 
 /// The wall-clock time of `at`. Callers pass `Instant`s (tests build them without sleeping);
@@ -805,7 +855,7 @@ mod tests {
         let t0 = Instant::now();
         let b = opened(t0);
         match b.try_acquire(t0 + ms(999)) {
-            (Admission::Rejected { ready_at, probed: false }, None) => {
+            (Admission::Rejected { ready_at }, None) => {
                 assert_eq!(ready_at, t0 + ms(1_000))
             }
             other => panic!("{other:?}"),
@@ -916,21 +966,21 @@ mod tests {
     fn force_probe_admits_when_open() {
         let t0 = Instant::now();
         let b = opened(t0);
-        let (probe, t) = b.force_probe(t0 + ms(10));
+        let (probe, t) = b.force_probe(t0 + ms(10)).expect("admitted");
         assert!(probe.is_probe());
         let t = t.expect("reported");
         assert_eq!((t.from, t.to, t.cause), (State::Open, State::HalfOpen, Cause::ForcedProbe));
         // It holds the only probe slot.
         assert!(is_rejected(&b, t0 + ms(10)));
-        // Its failure drives the breaker as a half-open probe's would.
+        // Its failure re-opens the breaker, the cool-down as it was.
         let t = probe.record(Outcome::Failure, t0 + ms(20)).expect("re-opens");
-        assert_eq!((t.to, t.cause, t.cooldown), (State::Open, Cause::ProbeFailed, ms(2_000)));
+        assert_eq!((t.to, t.cause, t.cooldown), (State::Open, Cause::ProbeFailed, ms(1_000)));
         // And its success closes it.
-        let (probe, _) = b.force_probe(t0 + ms(30));
+        let (probe, _) = b.force_probe(t0 + ms(30)).expect("admitted");
         let t = probe.record(Outcome::Success, t0 + ms(40)).expect("closes");
         assert_eq!(t.to, State::Closed);
         // Forced on a closed breaker: an ordinary call, still reported as a probe.
-        let (probe, t) = b.force_probe(t0 + ms(50));
+        let (probe, t) = b.force_probe(t0 + ms(50)).expect("admitted");
         assert!(t.is_none() && probe.is_probe());
         assert!(probe.record(Outcome::Failure, t0 + ms(50)).is_none());
         assert_eq!(b.snapshot().calls_in_window, 1);
@@ -1045,14 +1095,15 @@ mod tests {
 
     const INTERVAL: Duration = Duration::from_millis(5_000);
 
+    /// Probed when idle and at its cool-down's end (open probing off).
     fn probed(t0: Instant) -> Arc<Breaker> {
         let b = Breaker::new("openai", "gpt-5-nano", policy());
-        b.set_probed(true, t0);
+        b.set_probed(true, None, t0);
         b
     }
 
     fn probe_at(b: &Arc<Breaker>, now: Instant) -> Option<(Permit, Due)> {
-        b.acquire_probe(now, INTERVAL).map(|(permit, due, _)| (permit, due))
+        b.acquire_probe(now, Some(INTERVAL)).map(|(permit, due, _)| (permit, due))
     }
 
     #[test]
@@ -1091,8 +1142,8 @@ mod tests {
         }
         assert_eq!(state(&b), State::Open);
         // Open is never idle: no probe before the cool-down, however long the quiet.
-        assert!(b.acquire_probe(t0 + ms(999), Duration::from_millis(1)).is_none());
-        let (permit, due, t) = b.acquire_probe(t0 + ms(1_000), INTERVAL).expect("due");
+        assert!(b.acquire_probe(t0 + ms(999), Some(Duration::from_millis(1))).is_none());
+        let (permit, due, t) = b.acquire_probe(t0 + ms(1_000), Some(INTERVAL)).expect("due");
         assert_eq!(due, Due::HalfOpen);
         assert!(permit.is_probe());
         let t = t.expect("open → half-open is reported");
@@ -1111,7 +1162,7 @@ mod tests {
         }
         // Due, but a user request does not turn it half-open: the prober does.
         match b.try_acquire(t0 + ms(1_500)) {
-            (Admission::Rejected { probed: true, .. }, None) => {}
+            (Admission::Rejected { .. }, None) => {}
             other => panic!("{other:?}"),
         }
         assert_eq!(state(&b), State::Open);
@@ -1177,7 +1228,7 @@ mod tests {
             call(&b, Outcome::Failure, t0);
         }
         assert!(is_rejected(&b, t0 + ms(1_000)));
-        b.set_probed(false, t0 + ms(1_000));
+        b.set_probed(false, None, t0 + ms(1_000));
         match b.try_acquire(t0 + ms(1_000)) {
             (Admission::Admitted(p), Some(t)) => {
                 assert!(p.is_probe());
@@ -1185,5 +1236,92 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    // === forced probes and open probing (a healthy fallback never waits on a dead model) ===
+
+    #[test]
+    fn a_forced_probe_never_doubles_the_cooldown_however_often_it_fails() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        let ready_at = b.snapshot().next_probe.expect("open");
+        // Twenty requests in a few milliseconds, each forcing a probe that fails.
+        for i in 0..20 {
+            let now = t0 + ms(i);
+            let (probe, _) = b.force_probe(now).expect("admitted: none in flight");
+            let t = probe.record(Outcome::Failure, now).expect("re-opens");
+            assert_eq!((t.to, t.cooldown), (State::Open, ms(1_000)), "request {i}");
+        }
+        // The cool-down's end is where the first opening put it.
+        assert_eq!(b.snapshot().next_probe, Some(ready_at));
+        // Once it ended, a failed half-open test doubles it: once per cool-down period.
+        let (probe, _) = b.force_probe(t0 + ms(1_000)).expect("admitted");
+        let t = probe.record(Outcome::Failure, t0 + ms(1_000)).expect("re-opens");
+        assert_eq!((t.cause, t.cooldown), (Cause::ProbeFailed, ms(2_000)));
+    }
+
+    #[test]
+    fn concurrent_forced_probes_are_one_probe() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        let (first, _) = b.force_probe(t0 + ms(10)).expect("admitted");
+        // While it is in flight, no second forced probe goes upstream.
+        assert!(b.force_probe(t0 + ms(11)).is_none());
+        assert!(b.force_probe(t0 + ms(12)).is_none());
+        let t = first.record(Outcome::Failure, t0 + ms(13)).expect("re-opens");
+        assert_eq!(t.cooldown, ms(1_000));
+        // Settled: the next request may force one again.
+        assert!(b.force_probe(t0 + ms(14)).is_some());
+    }
+
+    fn open_probed(t0: Instant, interval: Duration) -> Arc<Breaker> {
+        let b = Breaker::new("openai", "gpt-5-nano", policy());
+        b.set_probed(true, Some(interval), t0);
+        b
+    }
+
+    #[test]
+    fn open_probing_tests_an_open_breaker_every_interval_without_doubling() {
+        let t0 = Instant::now();
+        // A cool-down far longer than the interval: the interval decides.
+        let long = BreakerPolicy { cooldown_ms: 60_000, max_cooldown_ms: 300_000, ..policy() };
+        let b = Breaker::new("openai", "gpt-5-nano", long);
+        b.set_probed(true, Some(ms(5_000)), t0);
+        for _ in 0..4 {
+            call(&b, Outcome::Failure, t0);
+        }
+        let mut now = t0;
+        for round in 0..10 {
+            let s = b.snapshot();
+            assert_eq!(s.state, State::Open, "round {round}");
+            // Jittered in [80 %, 100 %] of the interval, never doubled.
+            assert!((ms(4_000)..=ms(5_000)).contains(&s.cooldown), "round {round}: {s:?}");
+            // A user request is never the test subject, even past the interval.
+            assert!(is_rejected(&b, now + ms(5_000)), "round {round}");
+            assert!(b.acquire_probe(now + s.cooldown - ms(1), None).is_none(), "round {round}");
+            now += s.cooldown;
+            let (probe, due, _) = b.acquire_probe(now, None).expect("due");
+            assert_eq!(due, Due::HalfOpen);
+            assert!(b.acquire_probe(now, None).is_none(), "one probe at a time");
+            let t = probe.record(Outcome::Failure, now).expect("re-opens");
+            assert_eq!(t.cause, Cause::ProbeFailed);
+        }
+    }
+
+    #[test]
+    fn open_probing_closes_a_recovered_model_within_one_interval_and_ignores_idleness() {
+        let t0 = Instant::now();
+        let b = open_probed(t0, ms(5_000));
+        for _ in 0..4 {
+            call(&b, Outcome::Failure, t0);
+        }
+        // Not due before 80 % of the interval, due at the interval.
+        assert!(b.acquire_probe(t0 + ms(3_999), None).is_none());
+        let (probe, _, t) = b.acquire_probe(t0 + ms(5_000), None).expect("due within one interval");
+        assert_eq!(t.expect("half-open").to, State::HalfOpen);
+        let t = probe.record(Outcome::Success, t0 + ms(5_010)).expect("closes");
+        assert_eq!(t.to, State::Closed);
+        // Closed and probed only while open: no idle probe, however long it stays unused.
+        assert!(b.acquire_probe(t0 + ms(3_600_000), None).is_none());
     }
 }

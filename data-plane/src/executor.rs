@@ -125,12 +125,8 @@ impl Executor {
             self.report_transition(transition);
             let permit = match admission {
                 Admission::Admitted(permit) => permit,
-                Admission::Rejected { ready_at, probed } => {
-                    // A probed breaker's half-open test is its prober's (docs/http-api.md,
-                    // "Failover"): never forced onto a user request.
-                    if !probed {
-                        skipped.push((i, ready_at));
-                    }
+                Admission::Rejected { ready_at } => {
+                    skipped.push((i, ready_at));
                     self.metrics.model(&entry.model.name).attempt("skipped", "circuit_open").inc();
                     attempts.push(AttemptReport {
                         model: entry.model.name.clone(),
@@ -173,9 +169,8 @@ impl Executor {
             }
         }
 
-        // Every entry's breaker was open and none is due for a probe (a probed one never is
-        // for a user request): a chain with a degraded answer for this moment gets it now,
-        // without a probe and without waiting.
+        // Every entry's breaker was open and none is due for a probe: a chain with a degraded
+        // answer for this moment gets it now, without a probe and without waiting.
         let now = Instant::now();
         if !tried
             && chain.degraded.as_ref().is_some_and(|d| d.when_all_open)
@@ -187,43 +182,56 @@ impl Executor {
             return Err(failed);
         }
 
-        // Every entry's breaker was open: do not fail on breaker state alone, probe the one
-        // due soonest among those no prober tests (docs/http-api.md, "Failover"), so a fleet
-        // never turns a partial outage into a total one.
-        if !tried && let Some(&(i, _)) = skipped.iter().min_by_key(|(_, ready_at)| *ready_at) {
+        // No entry could serve and some were skipped on their breaker: a request is not failed
+        // on breaker state alone (docs/http-api.md, "Failover"). The skipped entries are
+        // forced as probes, the one due soonest first, so a healthy model whose breaker is
+        // still open from an earlier outage serves instead of a dead one being tried again
+        // and again. A breaker with a probe in flight is left to it (concurrent forced probes
+        // are one probe), and a forced probe that fails never lengthens a cool-down.
+        let chain_goes_on = last_failure.is_none_or(|(reason, _)| chain.fails_over_on(reason));
+        if chain_goes_on {
+            skipped.sort_by_key(|(_, ready_at)| *ready_at);
+        } else {
+            skipped.clear();
+        }
+        for (i, _) in skipped {
             let entry = &chain.entries[i];
-            if let Some(timeout) = budget(chain, entry, started) {
-                let breaker = self.breaker(config, &entry.model);
-                let (permit, transition) = breaker.force_probe(Instant::now());
-                self.report_transition(transition);
-                let mut probe_report = Vec::with_capacity(1);
-                let result = self
-                    .attempt(
-                        chain,
-                        i,
-                        entry,
-                        timeout,
-                        permit,
-                        request,
-                        config,
-                        request_id,
-                        &mut probe_report,
-                    )
-                    .await;
-                if let Some(mut report) = probe_report.pop() {
-                    report.probe = true;
-                    attempts[i] = report;
+            let Some(timeout) = budget(chain, entry, started) else { break };
+            let breaker = self.breaker(config, &entry.model);
+            let Some((permit, transition)) = breaker.force_probe(Instant::now()) else {
+                continue;
+            };
+            self.report_transition(transition);
+            let mut probe_report = Vec::with_capacity(1);
+            let result = self
+                .attempt(
+                    chain,
+                    i,
+                    entry,
+                    timeout,
+                    permit,
+                    request,
+                    config,
+                    request_id,
+                    &mut probe_report,
+                )
+                .await;
+            if let Some(mut report) = probe_report.pop() {
+                report.probe = true;
+                attempts[i] = report;
+            }
+            match result {
+                AttemptResult::Served(output) => {
+                    return Ok(Served { output, model: Arc::clone(&entry.model), attempts });
                 }
-                match result {
-                    AttemptResult::Served(output) => {
-                        return Ok(Served { output, model: Arc::clone(&entry.model), attempts });
-                    }
-                    AttemptResult::ClientError(status, error) => {
-                        return Err(client_error(chain, status, error, attempts));
-                    }
-                    AttemptResult::Failover(reason, code, at) => {
-                        last_failure = Some((reason, code));
-                        retry_at = soonest(retry_at, at);
+                AttemptResult::ClientError(status, error) => {
+                    return Err(client_error(chain, status, error, attempts));
+                }
+                AttemptResult::Failover(reason, code, at) => {
+                    last_failure = Some((reason, code));
+                    retry_at = soonest(retry_at, at);
+                    if !chain.fails_over_on(reason) {
+                        break;
                     }
                 }
             }

@@ -1,6 +1,7 @@
-//! The node's prober (docs/catalog.md, "`probe`"): for every model with a `probe`, one
-//! minimal call when the model saw no real call from this node for `interval_ms`, and one
-//! when its breaker is due to half-open, so that no user request is the test subject.
+//! The node's prober (docs/catalog.md, "`probe`"): for every model, one minimal call every
+//! `open_interval_ms` (jittered) while its breaker is open, so that no user request is the
+//! test subject and a recovered model is back in use within one interval; for a model with
+//! a `probe`, also one when it saw no real call from this node for `interval_ms`.
 //!
 //! A probe goes through the same provider adapter as a request (credentials, injected
 //! faults, the model's translation), bounded by `timeout_ms`, and its outcome is classified
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tracing::debug;
 
-use switchyard_catalog::{Model, ProbePolicy};
+use switchyard_catalog::Model;
 
 use crate::app::App;
 use crate::breaker::{Breaker, Due, Outcome, Permit, ProbeOutcome};
@@ -40,7 +41,9 @@ const PROBE_BODY: &[u8] = br#"{"messages":[{"role":"user","content":"ping"}],"ma
 pub struct Target {
     pub model: Arc<Model>,
     pub breaker: Arc<Breaker>,
-    pub policy: ProbePolicy,
+    /// Probed when idle this long (the model's `probe`); `None`: only while open.
+    pub idle: Option<Duration>,
+    pub timeout: Duration,
 }
 
 /// Runs until the node drains; in-flight probes are dropped with it (their permits free
@@ -64,8 +67,7 @@ pub async fn run(app: Arc<App>) {
         }
         let now = Instant::now();
         for target in &targets {
-            let interval = Duration::from_millis(target.policy.interval_ms);
-            let Some((permit, due, transition)) = target.breaker.acquire_probe(now, interval)
+            let Some((permit, due, transition)) = target.breaker.acquire_probe(now, target.idle)
             else {
                 continue;
             };
@@ -77,26 +79,38 @@ pub async fn run(app: Arc<App>) {
 }
 
 /// The breakers to probe under `config`, each marked probed; every other breaker is
-/// unmarked, so a model whose `probe` was removed gets its half-open tests from user
-/// requests again. Models sharing a breaker (the same provider and upstream model) are one
-/// target: the first of them in the catalog with a `probe` decides its interval and timeout.
+/// unmarked, so a model whose probing was turned off (`open_interval_ms: 0` and no idle
+/// `probe`) gets its half-open tests from user requests again. Models sharing a breaker (the
+/// same provider and upstream model) are one target: the first of them in the catalog
+/// decides its intervals and timeout.
 pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
     let mut seen = HashSet::new();
     let mut targets = Vec::new();
     for model in &config.catalog.models {
-        let Some(policy) = config.catalog.probe_for(model) else { continue };
+        let idle = config.catalog.probe_for(model);
+        let open = config.catalog.open_probe_for(model);
+        let timeout = match (idle, open) {
+            (None, None) => continue,
+            (Some(policy), _) => policy.timeout_ms,
+            (None, Some((_, timeout))) => timeout,
+        };
         let Some(model) = config.models.get(&model.name) else { continue };
         if !seen.insert((model.provider.clone(), model.upstream_model.clone())) {
             continue;
         }
         let breaker = app.executor.breaker(config, model);
-        breaker.set_probed(true, now);
-        targets.push(Target { model: Arc::clone(model), breaker, policy });
+        breaker.set_probed(true, open.map(|(interval, _)| Duration::from_millis(interval)), now);
+        targets.push(Target {
+            model: Arc::clone(model),
+            breaker,
+            idle: idle.map(|p| Duration::from_millis(p.interval_ms)),
+            timeout: Duration::from_millis(timeout),
+        });
     }
     for breaker in app.executor.breakers.all() {
         let key = (breaker.provider().to_owned(), breaker.upstream_model().to_owned());
         if !seen.contains(&key) {
-            breaker.set_probed(false, now);
+            breaker.set_probed(false, None, now);
         }
     }
     targets
@@ -109,8 +123,7 @@ pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Perm
     let started = Instant::now();
     let faults = chaos::matching(&config.faults, &model.name, &model.provider, "");
     let mut injector = Injector::new(&faults);
-    let timeout = Duration::from_millis(target.policy.timeout_ms);
-    let outcome = match call(config, model, timeout, &mut injector).await {
+    let outcome = match call(config, model, target.timeout, &mut injector).await {
         // The answer and its usage go nowhere: a probe is billed to no key.
         Ok(_completion) => Some(Outcome::Success),
         Err(failure) => {
@@ -325,9 +338,10 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(targets.len(), 1);
         let target = &targets[0];
-        let interval = Duration::from_millis(target.policy.interval_ms);
-        assert!(target.breaker.acquire_probe(t0 + interval / 2, interval).is_none());
-        let (permit, due, _) = target.breaker.acquire_probe(t0 + interval, interval).unwrap();
+        let interval = target.idle.expect("probed when idle");
+        assert_eq!(interval, Duration::from_millis(1_000));
+        assert!(target.breaker.acquire_probe(t0 + interval / 2, target.idle).is_none());
+        let (permit, due, _) = target.breaker.acquire_probe(t0 + interval, target.idle).unwrap();
         assert_eq!(due, Due::Idle);
         probe(&app, &config, target, permit, due).await;
 
@@ -351,38 +365,45 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_due_probe_takes_the_half_open_test_and_user_requests_are_skipped() {
+    async fn an_open_breaker_is_probed_within_one_open_interval_and_a_probe_in_flight_is_its_only_test()
+     {
         let up = upstream().await;
-        let app = app(&up.url, true);
+        // No `probe` block: open probing is on by default, idle probing off.
+        let app = app(&up.url, false);
         let config = app.state.current().unwrap();
         let target = plan(&app, &config, Instant::now()).remove(0);
+        assert_eq!(target.idle, None);
         open(&app, &up).await;
         assert_eq!(up.requests(), 2);
-        let cooldown = Duration::from_millis(100);
-        let due_at = Instant::now() + cooldown;
-        // Due to half-open, yet a user request is skipped and never reaches the upstream:
-        // the breaker is the prober's to test, and nothing is forced onto the request.
-        tokio::time::sleep(cooldown).await;
+        // The breaker's own cool-down is 100 ms; open probing replaces it with the interval
+        // (5 s by default, jittered down by up to a fifth).
+        let next = target.breaker.snapshot().next_probe.unwrap();
+        let wait = next.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+        assert!(wait <= Duration::from_secs(5) && wait > Duration::from_secs(3), "{wait:?}");
+        let due_at = Instant::now() + Duration::from_secs(5);
+        assert!(target.breaker.acquire_probe(Instant::now(), None).is_none(), "not due yet");
+
+        // Due: the probe takes the half-open slot. While it is in flight a user request is
+        // skipped and never reaches the upstream: nothing is forced beside a probe.
+        let (permit, due, t) = target.breaker.acquire_probe(due_at, None).unwrap();
+        assert_eq!((due, t.map(|t| t.to)), (Due::HalfOpen, Some(State::HalfOpen)));
         assert_eq!(
             user_request(&app).await,
             [(AttemptStatus::Skipped, Some(AttemptReason::CircuitOpen), false)]
         );
         assert_eq!(up.requests(), 2);
-
-        // The probe fails: the breaker stays open.
-        let (permit, due, t) = target.breaker.acquire_probe(due_at, Duration::MAX).unwrap();
-        assert_eq!((due, t.map(|t| t.to)), (Due::HalfOpen, Some(State::HalfOpen)));
+        // The probe fails: open again, the next probe one interval on (not doubled).
         probe(&app, &config, &target, permit, due).await;
         assert_eq!(up.requests(), 3);
-        assert_eq!(target.breaker.snapshot().state, State::Open);
+        let s = target.breaker.snapshot();
+        assert_eq!(s.state, State::Open);
+        assert!(s.cooldown <= Duration::from_secs(5), "{:?}", s.cooldown);
         assert_eq!(probes(&app, "failure"), 1);
 
         // It succeeds: closed, and the next user request is served.
         up.status.store(200, Ordering::SeqCst);
-        let (permit, due, _) = target
-            .breaker
-            .acquire_probe(Instant::now() + Duration::from_secs(1), Duration::MAX)
-            .unwrap();
+        let (permit, due, _) =
+            target.breaker.acquire_probe(Instant::now() + Duration::from_secs(5), None).unwrap();
         probe(&app, &config, &target, permit, due).await;
         assert_eq!(target.breaker.snapshot().state, State::Closed);
         assert_eq!(probes(&app, "success"), 1);
@@ -397,16 +418,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn without_a_probe_a_user_request_is_still_forced_through_an_open_breaker() {
+    async fn with_every_breaker_open_and_no_probe_in_flight_a_user_request_is_forced_through() {
         let up = upstream().await;
         let app = app(&up.url, false);
-        let config = app.state.current().unwrap();
-        assert!(plan(&app, &config, Instant::now()).is_empty());
         open(&app, &up).await;
         up.status.store(200, Ordering::SeqCst);
-        // Every entry open, none probed: the soonest is forced, the request its probe.
+        // Every entry open, no probe in flight: the request is not failed on breaker state
+        // alone; it is the probe, and its success closes the breaker.
         assert_eq!(user_request(&app).await, [(AttemptStatus::Served, None, true)]);
         assert_eq!(up.requests(), 3);
+        let config = app.state.current().unwrap();
+        let breaker = app.executor.breaker(&config, &config.models["m"]);
+        assert_eq!(breaker.snapshot().state, State::Closed);
     }
 
     #[tokio::test]

@@ -61,6 +61,9 @@ pub struct ProviderRuntime {
     credentials: Vec<Result<Secret, String>>,
     client: HttpsClient,
     adapter: Box<dyn Adapter>,
+    /// The credentials `base_url` carried, as a header: the URL the client is handed has
+    /// none, since its connection pool logs URLs (marked sensitive, so no log shows it).
+    basic_auth: Option<HeaderValue>,
 }
 
 impl fmt::Debug for ProviderRuntime {
@@ -72,7 +75,17 @@ impl fmt::Debug for ProviderRuntime {
 impl ProviderRuntime {
     /// Resolves credentials (blocking: a file read) and builds the pool. Call off the
     /// request path, when config is applied.
-    pub fn new(def: Provider) -> Self {
+    pub fn new(mut def: Provider) -> Self {
+        let (base_url, userinfo) = switchyard_catalog::address::split_userinfo(&def.base_url);
+        def.base_url = base_url;
+        let basic_auth = userinfo.and_then(|(user, password)| {
+            use base64::Engine as _;
+            let encoded =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
+            value.set_sensitive(true);
+            Some(value)
+        });
         let credentials = def
             .api_keys
             .iter()
@@ -89,7 +102,7 @@ impl ProviderRuntime {
             ProviderKind::Anthropic => Box::new(anthropic::Anthropic),
             ProviderKind::Gemini => Box::new(gemini::Gemini),
         };
-        Self { def, credentials, client: build_client(), adapter }
+        Self { def, credentials, client: build_client(), adapter, basic_auth }
     }
 
     /// The upstream body of one attempt (see [`Adapter::body`]).
@@ -192,6 +205,12 @@ impl ProviderRuntime {
         fault: Option<&Fault>,
     ) -> Result<Answer, CallError> {
         let mut upstream = self.adapter.request(&self.def, model, stream, body, credential)?;
+        // A provider's own credential, where it sends one as `Authorization`, wins.
+        if let Some(basic) = &self.basic_auth
+            && !upstream.headers().contains_key(header::AUTHORIZATION)
+        {
+            upstream.headers_mut().insert(header::AUTHORIZATION, basic.clone());
+        }
         // Set here, not by each adapter: every provider kind gets it, and a provider's support
         // can trace one request from the client's logs (docs/http-api.md, "Response headers").
         if let Some(id) = request_id {
@@ -321,6 +340,17 @@ mod tests {
             }))
             .unwrap(),
         )
+    }
+
+    #[test]
+    fn a_base_urls_credentials_go_in_a_sensitive_header_not_in_the_url_the_client_logs() {
+        let rt = runtime("openai-compatible", "http://urluser:url%20pass@127.0.0.1:9/v1");
+        assert_eq!(rt.def.base_url, "http://127.0.0.1:9/v1");
+        let basic = rt.basic_auth.as_ref().expect("a Basic header");
+        assert!(basic.is_sensitive());
+        // base64("urluser:url pass")
+        assert_eq!(basic.to_str().unwrap(), "Basic dXJsdXNlcjp1cmwgcGFzcw==");
+        assert!(runtime("openai", "https://api.openai.com/v1").basic_auth.is_none());
     }
 
     fn model() -> Model {
