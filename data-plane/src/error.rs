@@ -67,6 +67,17 @@ pub enum ApiError {
     /// The key reached one of its own limits (docs/limits.md); nothing was sent upstream.
     #[error("{}", limited_message(*limit, limits, *retry_after))]
     Limited { limit: Limit, limits: Limits, retry_after: Duration },
+    /// No endpoint at this path (404), or not with this method (405).
+    #[error("{}", unknown_url_message(*status, method, path))]
+    UnknownUrl { status: StatusCode, method: http::Method, path: String },
+}
+
+fn unknown_url_message(status: StatusCode, method: &http::Method, path: &str) -> String {
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        format!("{path} does not take {method} requests (docs/http-api.md lists the endpoints).")
+    } else {
+        format!("Unknown URL: {method} {path} (docs/http-api.md lists the endpoints).")
+    }
 }
 
 fn limited_message(limit: Limit, limits: &Limits, retry_after: Duration) -> String {
@@ -111,6 +122,7 @@ impl ApiError {
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Upstream { status, .. } | Self::AllFailed { status, .. } => *status,
             Self::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::UnknownUrl { status, .. } => *status,
         }
     }
 
@@ -135,6 +147,7 @@ impl ApiError {
             Self::Upstream { .. } => "upstream_client_error",
             Self::AllFailed { .. } => "all_models_failed",
             Self::Limited { limit, .. } => limit.code(),
+            Self::UnknownUrl { .. } => "unknown_url",
         }
     }
 
@@ -168,6 +181,10 @@ impl ApiError {
                 (kind, Some("all_models_failed"), None)
             }
             Self::Limited { limit, .. } => ("rate_limit_error", Some(limit.code()), None),
+            Self::UnknownUrl { status, .. } if *status == StatusCode::METHOD_NOT_ALLOWED => {
+                ("invalid_request_error", Some("method_not_allowed"), None)
+            }
+            Self::UnknownUrl { .. } => ("not_found_error", Some("unknown_url"), None),
         };
         let attempts = match self {
             Self::Upstream { attempts, .. } | Self::AllFailed { attempts, .. } => {

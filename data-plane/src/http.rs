@@ -51,7 +51,27 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(|s, r| chat(s, r, Flavor::OpenAi)))
         .route("/chat/completions", post(|s, r| chat(s, r, Flavor::Classic)))
+        .fallback(|s, m, u| unknown_url(s, m, u, StatusCode::NOT_FOUND))
+        .method_not_allowed_fallback(|s, m, u| unknown_url(s, m, u, StatusCode::METHOD_NOT_ALLOWED))
         .with_state(app)
+}
+
+/// A path the node has no endpoint for (or not with this method): the OpenAI error shape,
+/// naming both, so an SDK user reads more than "Error code: 404"; counted in
+/// `switchyard_http_requests_total{endpoint="unknown"}`.
+async fn unknown_url(
+    State(app): State<Arc<App>>,
+    method: http::Method,
+    uri: http::Uri,
+    status: StatusCode,
+) -> Response {
+    app.executor
+        .metrics
+        .requests
+        .get_or_create(&RequestLabels { endpoint: "unknown", status: status.as_u16() })
+        .inc();
+    let path = uri.path().to_owned();
+    ApiError::UnknownUrl { status, method, path }.render(Flavor::OpenAi)
 }
 
 async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {

@@ -19,6 +19,7 @@ pub mod chain;
 pub mod chaos;
 pub mod config;
 pub mod degraded;
+pub mod dir_lock;
 pub mod error;
 pub mod executor;
 pub mod failure;

@@ -66,6 +66,8 @@ pub enum NodeError {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("data dir {dir}: {source}")]
     DataDir { dir: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    DataDirLock(#[from] crate::dir_lock::LockError),
     #[error("no control-plane URL given")]
     NoControl,
     #[error("HTTP server failed: {0}")]
@@ -78,6 +80,8 @@ pub struct Node {
     pub local_addr: SocketAddr,
     pub node_id: String,
     data_dir: Option<PathBuf>,
+    /// Held until the node is dropped: no second node starts on the same data dir.
+    _dir_lock: Option<crate::dir_lock::DirLock>,
     listener: TcpListener,
     tls: Option<Acceptor>,
     router: axum::Router,
@@ -181,8 +185,11 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     let mut initial = None;
     let mut persisted = None;
     let mut node_id = options.node_id.clone();
+    let mut dir_lock = None;
     if let Some(dir) = &options.data_dir {
         tokio::fs::create_dir_all(dir).await.map_err(data_dir_err(dir))?;
+        // Before anything in it is read: a node already running there owns it all.
+        dir_lock = Some(crate::dir_lock::DirLock::acquire(dir)?);
         if let Some(loaded) = persist::load(dir).await {
             let (config, files) = loaded.into_parts();
             initial = Some(config);
@@ -287,6 +294,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         local_addr,
         node_id,
         data_dir: options.data_dir.clone(),
+        _dir_lock: dir_lock,
         listener,
         tls: options.listen_tls,
         router: http::router(app),
