@@ -94,11 +94,15 @@ pub fn is_valid_name(name: &str) -> bool {
 impl Fault {
     /// Whether the fault applies to a call to `model` (gateway name) of `provider` for `key_id`.
     pub fn matches(&self, model: &str, provider: &str, key_id: &str) -> bool {
-        let target = match &self.target {
+        self.targets(model, provider) && self.key_id.as_deref().is_none_or(|k| k == key_id)
+    }
+
+    /// Whether the fault names `model` or `provider`, whichever key it is scoped to.
+    pub fn targets(&self, model: &str, provider: &str) -> bool {
+        match &self.target {
             FaultTarget::Model(m) => m == model,
             FaultTarget::Provider(p) => p == provider,
-        };
-        target && self.key_id.as_deref().is_none_or(|k| k == key_id)
+        }
     }
 
     /// Checks the fault on its own (names in the catalog and keys are the control plane's to

@@ -30,6 +30,19 @@ pub fn matching(
         .collect()
 }
 
+/// The faults that match the node's probes of a model: those naming the model or its
+/// provider, whichever key they are scoped to. A probe belongs to no key, but the breaker it
+/// tests is the node's: a fault that opened it for one key's calls keeps its probes failing
+/// too, so a drill's model stays down for the drill's length instead of a probe closing its
+/// breaker behind it.
+pub fn matching_probe(faults: &[Arc<Fault>], model: &str, provider: &str) -> Vec<Arc<Fault>> {
+    if faults.is_empty() {
+        return Vec::new();
+    }
+    let now = switchyard_time::now_ms();
+    faults.iter().filter(|f| f.targets(model, provider) && !expired(f, now)).cloned().collect()
+}
+
 /// A fault past its expiry is over even when the store's deletion never reached this node:
 /// a node cut off from its control plane keeps its last config, and a drill must not outlive
 /// its TTL there. Zero means no expiry.

@@ -121,7 +121,7 @@ pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
 pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Permit, due: Due) {
     let model = &target.model;
     let started = Instant::now();
-    let faults = chaos::matching(&config.faults, &model.name, &model.provider, "");
+    let faults = chaos::matching_probe(&config.faults, &model.name, &model.provider);
     let mut injector = Injector::new(&faults);
     let outcome = match call(config, model, target.timeout, &mut injector).await {
         // The answer and its usage go nowhere: a probe is billed to no key.

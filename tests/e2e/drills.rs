@@ -220,6 +220,55 @@ async fn all_down_answers_every_request_within_3s_and_a_model_outside_the_chain_
     assert_eq!(gw.upstream_requests("secondary").await, 0);
 }
 
+/// A breaker's state on the node: 0 closed, 1 half-open, 2 open.
+async fn breaker_state(node: std::net::SocketAddr, upstream_model: &str) -> f64 {
+    metric(node, "switchyard_breaker_state", &format!(r#"upstream_model="{upstream_model}""#)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_down_then_primary_down_passes_twice_in_a_row_and_every_recovered_model_is_back_within_one_probe_interval()
+ {
+    let gw = Gateway::start().await;
+    let node = gw.node.url();
+    let chain = ["--model", PRIMARY, "--fallback-models", SECONDARY];
+    for round in 0..2 {
+        let mut args = drill_args("all-down", &gw, &node);
+        args.extend(chain);
+        let report = drill(&gw.cp.url(), &args).await.json();
+        all_hold(&report, &["answered_within_3s", "a_model_outside_the_chain_serves"]);
+        // It left both breakers open: every model of the chain failed a window of calls.
+        for model in ["primary", "secondary"] {
+            assert_eq!(breaker_state(gw.node.addr, model).await, 2.0, "round {round}: {model}");
+        }
+        if round == 1 {
+            // No request at all: the node's own probes find both recovered within one open
+            // probe interval (5 s by default) and a prober tick. Wall time, with 2 s to spare
+            // for a loaded machine.
+            let started = std::time::Instant::now();
+            eventually(Duration::from_secs(7), "both breakers closed by probes", || async {
+                let primary = breaker_state(gw.node.addr, "primary").await;
+                let secondary = breaker_state(gw.node.addr, "secondary").await;
+                (primary == 0.0 && secondary == 0.0).then_some(())
+            })
+            .await;
+            assert!(started.elapsed() < Duration::from_secs(7));
+        }
+        // Straight after (round 0) or after the probes (round 1): the healthy fallback serves
+        // every request while the primary is down, none fails on a breaker left open.
+        let mut args = drill_args("primary-down", &gw, &node);
+        args.extend(chain);
+        let report = drill(&gw.cp.url(), &args).await.json();
+        all_hold(
+            &report,
+            &[
+                "breaker_opened_within_one_window",
+                "no_primary_call_once_open",
+                "served_by_the_next_model",
+            ],
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_drill_refuses_a_node_that_is_down_a_wrong_key_or_a_chain_it_cannot_drill_before_injecting()
  {
