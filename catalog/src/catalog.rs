@@ -214,8 +214,8 @@ pub const PROBE_TIMEOUT_MS_RANGE: (u64, u64) = (100, 60_000);
 
 /// A node's probes of a model: one minimal call when the model saw no real call from the
 /// node for `interval_ms`, and one every `open_interval_ms` while its breaker is open
-/// (docs/catalog.md, "`probe`"). Without a `probe` anywhere, only the open probes run, with
-/// these defaults.
+/// (docs/catalog.md, "`probe`"); 0 turns either off. Without a `probe` anywhere, only the
+/// open probes run, with these defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProbePolicy {
@@ -259,15 +259,17 @@ impl ProbePolicy {
 
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
         let (lo, hi) = PROBE_INTERVAL_MS_RANGE;
-        if !(lo..=hi).contains(&self.interval_ms) {
+        if self.interval_ms != 0 && !(lo..=hi).contains(&self.interval_ms) {
             errors.push(FieldError::new(
                 format!("{path}.interval_ms"),
-                format!("must be {lo}–{hi}, got {}", self.interval_ms),
+                format!("must be 0 (off) or {lo}–{hi}, got {}", self.interval_ms),
             ));
         }
         // Below the interval: a node never has two idle probes of one model in flight.
         let (lo, hi) = PROBE_TIMEOUT_MS_RANGE;
-        if !(lo..=hi).contains(&self.timeout_ms) || self.timeout_ms >= self.interval_ms {
+        if !(lo..=hi).contains(&self.timeout_ms)
+            || (self.interval_ms != 0 && self.timeout_ms >= self.interval_ms)
+        {
             errors.push(FieldError::new(
                 format!("{path}.timeout_ms"),
                 format!("must be {lo}–{hi} and below interval_ms, got {}", self.timeout_ms),

@@ -183,9 +183,11 @@ pub enum Admission {
     Admitted(Permit),
     /// Skip this entry (`circuit_open`). `ready_at` is when it is due for a probe (in the past
     /// for a half-open breaker whose probes are all in flight): when no entry of a chain
-    /// could serve, the executor forces probes on the rejected ones, soonest first.
+    /// could serve, the executor forces probes on the rejected ones not `probed`, soonest
+    /// first. A probed breaker's half-open test is the prober's, never a user request's.
     Rejected {
         ready_at: Instant,
+        probed: bool,
     },
 }
 
@@ -279,7 +281,8 @@ impl Breaker {
         let mut transition = None;
         if inner.state == State::Open {
             if now < inner.ready_at || inner.probed {
-                return (Admission::Rejected { ready_at: inner.ready_at }, None);
+                let ready_at = inner.ready_at;
+                return (Admission::Rejected { ready_at, probed: inner.probed }, None);
             }
             transition =
                 Some(self.transition(&mut inner, State::HalfOpen, Cause::CooldownElapsed, now));
@@ -292,11 +295,11 @@ impl Breaker {
                     inner.probes_in_flight += 1;
                     Admission::Admitted(self.permit(&inner, Kind::Probe, false))
                 } else {
-                    Admission::Rejected { ready_at: inner.since }
+                    Admission::Rejected { ready_at: inner.since, probed }
                 }
             }
             // Turned half-open above.
-            State::Open => Admission::Rejected { ready_at: inner.ready_at },
+            State::Open => Admission::Rejected { ready_at: inner.ready_at, probed },
         };
         if matches!(admission, Admission::Admitted(_)) {
             inner.idle_since = inner.idle_since.max(now);
@@ -855,7 +858,7 @@ mod tests {
         let t0 = Instant::now();
         let b = opened(t0);
         match b.try_acquire(t0 + ms(999)) {
-            (Admission::Rejected { ready_at }, None) => {
+            (Admission::Rejected { ready_at, probed: false }, None) => {
                 assert_eq!(ready_at, t0 + ms(1_000))
             }
             other => panic!("{other:?}"),
@@ -1162,7 +1165,7 @@ mod tests {
         }
         // Due, but a user request does not turn it half-open: the prober does.
         match b.try_acquire(t0 + ms(1_500)) {
-            (Admission::Rejected { .. }, None) => {}
+            (Admission::Rejected { probed: true, .. }, None) => {}
             other => panic!("{other:?}"),
         }
         assert_eq!(state(&b), State::Open);

@@ -125,8 +125,12 @@ impl Executor {
             self.report_transition(transition);
             let permit = match admission {
                 Admission::Admitted(permit) => permit,
-                Admission::Rejected { ready_at } => {
-                    skipped.push((i, ready_at));
+                Admission::Rejected { ready_at, probed } => {
+                    // A probed breaker's half-open test is its prober's (docs/http-api.md,
+                    // "Failover"): never forced onto a user request.
+                    if !probed {
+                        skipped.push((i, ready_at));
+                    }
                     self.metrics.model(&entry.model.name).attempt("skipped", "circuit_open").inc();
                     attempts.push(AttemptReport {
                         model: entry.model.name.clone(),
@@ -182,12 +186,13 @@ impl Executor {
             return Err(failed);
         }
 
-        // No entry could serve and some were skipped on their breaker: a request is not failed
-        // on breaker state alone (docs/http-api.md, "Failover"). The skipped entries are
-        // forced as probes, the one due soonest first, so a healthy model whose breaker is
-        // still open from an earlier outage serves instead of a dead one being tried again
-        // and again. A breaker with a probe in flight is left to it (concurrent forced probes
-        // are one probe), and a forced probe that fails never lengthens a cool-down.
+        // No entry could serve and some were skipped on a breaker no prober tests (open
+        // probing off): a request is not failed on breaker state alone (docs/http-api.md,
+        // "Failover"). Those entries are forced as probes, the one due soonest first, so a
+        // healthy model whose breaker is still open from an earlier outage serves instead of
+        // a dead one being tried again and again. A breaker with a probe in flight is left to
+        // it (concurrent forced probes are one probe), and a forced probe that fails never
+        // lengthens a cool-down.
         let chain_goes_on = last_failure.is_none_or(|(reason, _)| chain.fails_over_on(reason));
         if chain_goes_on {
             skipped.sort_by_key(|(_, ready_at)| *ready_at);

@@ -55,7 +55,11 @@ pub async fn run(app: Arc<App>) {
     let mut targets = Vec::new();
     let mut in_flight = JoinSet::new();
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            // A new config: its breakers are marked now, before requests meet them.
+            () = app.state.published() => {}
+        }
         while in_flight.try_join_next().is_some() {}
         if app.state.is_draining() {
             return;
@@ -87,7 +91,7 @@ pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
     let mut seen = HashSet::new();
     let mut targets = Vec::new();
     for model in &config.catalog.models {
-        let idle = config.catalog.probe_for(model);
+        let idle = config.catalog.probe_for(model).filter(|p| p.interval_ms > 0);
         let open = config.catalog.open_probe_for(model);
         let timeout = match (idle, open) {
             (None, None) => continue,
@@ -258,14 +262,19 @@ mod tests {
 
     /// A node's shared state with one model `m` at `url`, probed every second when `probe`.
     fn app(url: &str, probe: bool) -> App {
+        app_with(url, probe.then(|| json!({"interval_ms": 1000, "timeout_ms": 500})))
+    }
+
+    /// A node's shared state with one model `m` at `url` and the catalog's `probe`.
+    fn app_with(url: &str, probe: Option<Value>) -> App {
         let mut catalog = json!({
             "providers": [{"name": "p", "kind": "openai-compatible", "base_url": url}],
             "models": [{"name": "m", "provider": "p", "upstream_model": "up"}],
             "breaker_policy": {"window_size": 2, "min_requests": 2, "cooldown_ms": 100,
                                "max_cooldown_ms": 1000}
         });
-        if probe {
-            catalog["probe"] = json!({"interval_ms": 1000, "timeout_ms": 500});
+        if let Some(probe) = probe {
+            catalog["probe"] = probe;
         }
         let change = Change::Snapshot {
             version: 1,
@@ -418,18 +427,34 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn with_every_breaker_open_and_no_probe_in_flight_a_user_request_is_forced_through() {
+    async fn with_probing_off_every_breaker_open_forces_a_user_request_through() {
         let up = upstream().await;
-        let app = app(&up.url, false);
+        let app = app_with(&up.url, Some(json!({"interval_ms": 0, "open_interval_ms": 0})));
+        let config = app.state.current().unwrap();
+        assert!(plan(&app, &config, Instant::now()).is_empty(), "nothing to probe");
         open(&app, &up).await;
         up.status.store(200, Ordering::SeqCst);
-        // Every entry open, no probe in flight: the request is not failed on breaker state
-        // alone; it is the probe, and its success closes the breaker.
+        // Every entry open, none probed: the request is not failed on breaker state alone;
+        // it is the probe, and its success closes the breaker.
         assert_eq!(user_request(&app).await, [(AttemptStatus::Served, None, true)]);
         assert_eq!(up.requests(), 3);
-        let config = app.state.current().unwrap();
         let breaker = app.executor.breaker(&config, &config.models["m"]);
         assert_eq!(breaker.snapshot().state, State::Closed);
+    }
+
+    #[tokio::test]
+    async fn with_open_probing_a_lone_open_model_fails_at_once_and_is_never_forced() {
+        let up = upstream().await;
+        let app = app(&up.url, false);
+        let config = app.state.current().unwrap();
+        plan(&app, &config, Instant::now());
+        open(&app, &up).await;
+        up.status.store(200, Ordering::SeqCst);
+        assert_eq!(
+            user_request(&app).await,
+            [(AttemptStatus::Skipped, Some(AttemptReason::CircuitOpen), false)]
+        );
+        assert_eq!(up.requests(), 2, "the prober, not a request, tests it");
     }
 
     #[tokio::test]

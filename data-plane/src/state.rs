@@ -36,6 +36,9 @@ pub struct NodeState {
     config: ArcSwapOption<NodeConfig>,
     unsaved: Mutex<Unsaved>,
     saved: Notify,
+    /// Woken on every publish, for the prober: it marks the breakers it owns at once, not a
+    /// tick later, so no request meets an unmarked breaker of a new config.
+    published: Notify,
     /// Set once the node is shutting down: `/readyz` answers 503 so load balancers stop
     /// sending new requests while those in flight finish.
     draining: AtomicBool,
@@ -47,6 +50,7 @@ impl NodeState {
             config: ArcSwapOption::new(initial.map(Arc::new)),
             unsaved: Mutex::default(),
             saved: Notify::new(),
+            published: Notify::new(),
             draining: AtomicBool::new(false),
         })
     }
@@ -80,6 +84,13 @@ impl NodeState {
         }
         drop(unsaved);
         self.saved.notify_one();
+        self.published.notify_one();
+    }
+
+    /// Resolves once a config is published after the last time it resolved (at once if one
+    /// was published meanwhile).
+    pub async fn published(&self) {
+        self.published.notified().await;
     }
 
     /// Marks the whole config in force as not yet on disk (a file of an older format).

@@ -479,8 +479,32 @@ const BREAKER: &str = "breaker_policy:
   half_open_probes: 1
 ";
 
+/// [`BREAKER`] with the node's probes off: a user request is the half-open test.
+const BREAKER_UNPROBED: &str = "breaker_policy:
+  window_size: 4
+  min_requests: 4
+  failure_rate_threshold: 0.5
+  consecutive_timeouts: 5
+  cooldown_ms: 1500
+  max_cooldown_ms: 6000
+  half_open_probes: 1
+probe:
+  interval_ms: 0
+  open_interval_ms: 0
+";
+
+/// A counter of the node's `/metrics`, summed over the series whose line holds `needle`.
+async fn node_counter(gw: &Gateway, name: &str, needle: &str) -> u64 {
+    let text = switchyard_e2e::http_get(gw.node.addr, "/metrics", None).await.unwrap().body;
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(needle))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 #[tokio::test]
-async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary_recovers() {
+async fn an_open_breaker_skips_its_entry_then_the_nodes_probe_closes_it_when_the_primary_recovers()
+{
     let gw = Gateway::start_with(GatewayOptions {
         breaker_policy: BREAKER,
         ..GatewayOptions::default()
@@ -536,7 +560,64 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
         "four failed + five skipped, all served by the fallback: {metrics}"
     );
 
-    // After the cool-down a probe goes through; the primary has recovered, so it closes.
+    // The primary recovers: the node's own probe (every 5 s by default while open) finds it,
+    // and closes the breaker; no user request was its test.
+    gw.script("primary", json!({"kind": "ok"})).await;
+    switchyard_e2e::eventually(
+        switchyard_e2e::PATIENCE,
+        "a probe to close the breaker",
+        || async {
+            let out = switchyard_e2e::cli(&gw.cp.url(), &["breakers", "--json"]).await;
+            let list = serde_json::from_str::<serde_json::Value>(&out.stdout).ok()?;
+            list.as_array()?
+                .iter()
+                .any(|b| b["upstream_model"] == "primary" && b["state"] == "closed")
+                .then_some(())
+        },
+    )
+    .await;
+    for _ in 0..4 {
+        let v = gw.chat(req.clone()).await.json();
+        assert_eq!(attempts(&v), [triple(PRIMARY, "served", "")], "closed again: {v}");
+    }
+    let probes = node_counter(&gw, "switchyard_probes_total", r#"upstream_model="primary""#).await;
+    assert!(probes >= 1, "closed by a probe");
+    assert_eq!(gw.upstream_requests("primary").await, seen + probes + 4);
+}
+
+#[tokio::test]
+async fn with_probes_off_an_open_breaker_lets_a_user_request_test_it_after_the_cooldown() {
+    let gw = Gateway::start_with(GatewayOptions {
+        breaker_policy: BREAKER_UNPROBED,
+        ..GatewayOptions::default()
+    })
+    .await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let req = json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()});
+    for _ in 0..4 {
+        assert_eq!(gw.chat(req.clone()).await.status, 200);
+    }
+    let seen = gw.upstream_requests("primary").await;
+    let v = gw.chat(req.clone()).await.json();
+    assert_eq!(
+        attempts(&v),
+        [triple(PRIMARY, "skipped", "circuit_open"), triple(SECONDARY, "served", "")]
+    );
+    let breakers = switchyard_e2e::eventually(
+        switchyard_e2e::PATIENCE,
+        "switchyard breakers to show it open",
+        || async {
+            let out = switchyard_e2e::cli(&gw.cp.url(), &["breakers", "--json"]).await;
+            let list = serde_json::from_str::<serde_json::Value>(&out.stdout).ok()?;
+            list.as_array()?
+                .iter()
+                .find(|b| b["upstream_model"] == "primary" && b["state"] == "open")
+                .cloned()
+        },
+    )
+    .await;
+    // After the cool-down a user request goes through as the half-open test; the primary
+    // has recovered, so it closes.
     gw.script("primary", json!({"kind": "ok"})).await;
     let next_probe = breakers["next_probe_unix_ms"].as_i64().unwrap();
     switchyard_e2e::eventually(
@@ -552,12 +633,17 @@ async fn an_open_breaker_skips_its_entry_then_probes_and_closes_when_the_primary
         assert_eq!(v["model"], PRIMARY, "closed again");
     }
     assert_eq!(gw.upstream_requests("primary").await, seen + 4);
+    assert_eq!(node_counter(&gw, "switchyard_probes_total", "primary").await, 0, "no probe");
 }
 
 #[tokio::test]
-async fn when_every_breaker_is_open_the_one_due_soonest_is_probed() {
+async fn with_probes_off_and_every_breaker_open_each_entry_is_forced_soonest_first_and_a_healthy_one_serves()
+ {
+    // A cool-down far longer than the test: every forced probe comes before it ends.
     let gw = Gateway::start_with(GatewayOptions {
-        breaker_policy: BREAKER,
+        breaker_policy: "breaker_policy: {window_size: 4, min_requests: 4, cooldown_ms: 20000, max_cooldown_ms: 60000}
+probe: {interval_ms: 0, open_interval_ms: 0}
+",
         ..GatewayOptions::default()
     })
     .await;
@@ -572,8 +658,44 @@ async fn when_every_breaker_is_open_the_one_due_soonest_is_probed() {
     assert_eq!(r.status, 502, "{}", r.body);
     let list = r.json()["secureai"]["attempts"].clone();
     let probes: Vec<_> = list.as_array().unwrap().iter().filter(|a| a["probe"] == true).collect();
-    assert_eq!(probes.len(), 1, "one entry was probed although open: {list}");
-    assert_eq!(gw.upstream_total().await, before + 1, "exactly one network call");
+    assert_eq!(probes.len(), 2, "each open entry was probed once: {list}");
+    assert_eq!(gw.upstream_total().await, before + 2, "one network call per entry");
+    // Failed forced probes never lengthen a cool-down: both are open on their first one.
+    let r = gw.chat(req.clone()).await;
+    assert_eq!(r.status, 502, "{}", r.body);
+    let open = switchyard_e2e::eventually(
+        switchyard_e2e::PATIENCE,
+        "both breakers open after their probes",
+        || async {
+            let out = switchyard_e2e::cli(&gw.cp.url(), &["breakers", "--json"]).await;
+            let list = serde_json::from_str::<serde_json::Value>(&out.stdout).ok()?;
+            let open: Vec<_> = list
+                .as_array()?
+                .iter()
+                .filter(|b| b["state"] == "open" && b["cause"] == "probe_failed")
+                .cloned()
+                .collect();
+            (open.len() == 2).then_some(open)
+        },
+    )
+    .await;
+    for b in open {
+        assert_eq!(b["cooldown_ms"], 20000, "{b}");
+    }
+
+    // The fallback recovers while the primary stays down: it serves at once, as a probe,
+    // although the primary's breaker is due first.
+    gw.script("secondary", json!({"kind": "ok"})).await;
+    let v = gw.chat(req.clone()).await.json();
+    assert_eq!(v["model"], SECONDARY, "{v}");
+    assert_eq!(v["secureai"]["failover"]["attempts"][1]["probe"], true, "{v}");
+    // And closed: the next request is served by it without a probe.
+    let v = gw.chat(req.clone()).await.json();
+    assert_eq!(
+        attempts(&v),
+        [triple(PRIMARY, "skipped", "circuit_open"), triple(SECONDARY, "served", "")],
+        "{v}"
+    );
 }
 
 // === Auth and bad input ===

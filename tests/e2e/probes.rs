@@ -27,6 +27,7 @@ const DUE: &str = "breaker_policy:
 probe:
   interval_ms: 3600000
   timeout_ms: 1000
+  open_interval_ms: 1000
 ";
 
 fn msg() -> Value {
