@@ -17,7 +17,13 @@ import os
 import re
 import sys
 
-CRATES = ["time", "backoff", "shutdown", "catalog", "control-plane", "data-plane", "cli", "sim", "tests", "bench", "proto", "tls", "fuzz-checks"]
+
+
+def workspace_members(repo):
+    """The `members` of the workspace's Cargo.toml: every crate is checked, a new one too."""
+    import tomllib
+    with open(os.path.join(repo, "Cargo.toml"), "rb") as f:
+        return tomllib.load(f)["workspace"]["members"]
 
 
 def strip_comments_and_strings(src):
@@ -214,9 +220,9 @@ def name(m):
 
 def main(argv):
     show_layers = "--layers" in argv
-    crates = [a for a in argv if not a.startswith("--")] or CRATES
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)
+    crates = [a for a in argv if not a.startswith("--")] or workspace_members(repo)
     failed = False
     for crate in crates:
         src = os.path.join(repo, crate, "src")

@@ -221,3 +221,59 @@ async fn an_out_of_range_probe_is_refused_by_apply_naming_the_path_and_one_in_ra
         assert!(out.stdout.contains(change), "{}", out.stdout);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_down_for_30s_is_back_within_one_probe_interval_of_recovering_and_no_user_request_tested_it()
+ {
+    use std::time::{Duration, Instant};
+    // The default breaker policy and no `probe:` block: open probing is on by default.
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let chain = json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()});
+    let started = Instant::now();
+    let every = Duration::from_secs(1);
+    let down_for = Duration::from_secs(30);
+    // The primary's calls once its breaker opened were all probes.
+    let mut opened_with = None;
+    let mut n = 0u32;
+    while started.elapsed() < down_for {
+        let r = gw.chat(chain.clone()).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let first = attempts(&r.json())[0].clone();
+        if first == triple(PRIMARY, "skipped", "circuit_open") {
+            opened_with.get_or_insert(gw.upstream_requests("primary").await);
+        } else {
+            assert!(opened_with.is_none(), "a user request reached the open primary: {}", r.body);
+        }
+        n += 1;
+        tokio::time::sleep_until((started + every * n).into()).await;
+    }
+    let failed_before_opening = opened_with.expect("the breaker opened while the primary was down");
+    let probes = probes(&gw, "sim-us", "primary", "failure").await;
+    assert!(probes >= 3, "probed every 5 s while open: {probes}");
+    assert_eq!(
+        gw.upstream_requests("primary").await,
+        failed_before_opening + probes,
+        "after opening, the primary's only calls were probes"
+    );
+
+    // It recovers. One request a second: the first one sent a probe interval (5 s) and a
+    // request period after the recovery is served by it, and every one after.
+    gw.script("primary", json!({"kind": "ok"})).await;
+    let recovered = Instant::now();
+    let mut first_served = None;
+    while recovered.elapsed() < Duration::from_secs(5) + every * 2 {
+        let r = gw.chat(chain.clone()).await;
+        let served_by = r.json()["model"].clone();
+        if served_by == PRIMARY {
+            first_served.get_or_insert(recovered.elapsed());
+        } else if recovered.elapsed() >= Duration::from_secs(5) + every {
+            panic!("{:?} after recovering, still not the primary: {}", recovered.elapsed(), r.body);
+        } else {
+            assert!(first_served.is_none(), "the primary closed, then was skipped again");
+        }
+        n += 1;
+        tokio::time::sleep_until((started + every * n).into()).await;
+    }
+    assert!(first_served.is_some());
+}
