@@ -413,6 +413,7 @@ async fn seed(url: &str, count: usize, victims: usize) -> Result<Seeded> {
                 first_token_timeout_ms: None,
                 on: None,
                 degraded: None,
+                continue_streams: None,
             }),
             allowed_models: vec![],
             allowed_regions: vec![],

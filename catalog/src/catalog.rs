@@ -102,6 +102,26 @@ pub struct Model {
     /// none: an override turns probes on for this model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<ProbeOverride>,
+    /// Whether the model can continue an answer another call began (docs/catalog.md,
+    /// "`continuation`"): the node asks it to, after a stream broke, only when `prefill`.
+    #[serde(default, skip_serializing_if = "Continuation::is_none")]
+    pub continuation: Continuation,
+}
+
+/// How a model continues an answer: `prefill` takes the text so far as the start of its own
+/// answer (a trailing assistant message, in the form its provider's API takes it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Continuation {
+    #[default]
+    None,
+    Prefill,
+}
+
+impl Continuation {
+    pub fn is_none(&self) -> bool {
+        *self == Continuation::None
+    }
 }
 
 impl Model {

@@ -96,6 +96,10 @@ pub struct FailoverDefaults {
     /// "Degraded answers"); a request's `redundancy.degraded` replaces it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<Degraded>,
+    /// Continue a stream that breaks after its first token (docs/http-api.md,
+    /// "Streaming"); `None`: on. A request's `redundancy.continue_streams` replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_streams: Option<bool>,
 }
 
 /// The most bytes a degraded answer's message may hold.
@@ -182,7 +186,14 @@ impl FailoverDefaults {
         };
         if errors.is_empty() {
             Ok((
-                Self { models, timeout_ms, first_token_timeout_ms, on, degraded: self.degraded },
+                Self {
+                    models,
+                    timeout_ms,
+                    first_token_timeout_ms,
+                    on,
+                    degraded: self.degraded,
+                    continue_streams: self.continue_streams,
+                },
                 warnings,
             ))
         } else {
@@ -387,6 +398,7 @@ mod tests {
             first_token_timeout_ms: Some(10),
             on: None,
             degraded: None,
+            continue_streams: None,
         };
         let (saved, warnings) = d.normalize(known).unwrap();
         assert_eq!(saved.timeout_ms, Some(300_000));

@@ -434,11 +434,18 @@ pub struct ChainOptions {
     /// request's response_format).
     #[arg(long, value_delimiter = ',', value_parser = failover_reason, value_name = "LIST")]
     pub on: Option<Vec<FailoverReason>>,
+    /// Streaming: end a stream that breaks after its first token with an error frame,
+    /// instead of continuing the answer with a model that can (the default).
+    #[arg(long)]
+    pub no_continue_streams: bool,
 }
 
 impl ChainOptions {
     fn is_set(&self) -> bool {
-        self.timeout_ms.is_some() || self.first_token_timeout_ms.is_some() || self.on.is_some()
+        self.timeout_ms.is_some()
+            || self.first_token_timeout_ms.is_some()
+            || self.on.is_some()
+            || self.no_continue_streams
     }
 
     fn defaults(&self, models: Vec<String>) -> pb::FailoverDefaults {
@@ -448,6 +455,7 @@ impl ChainOptions {
             first_token_timeout_ms: self.first_token_timeout_ms,
             on: self.on.iter().flatten().map(|r| r.as_str().to_owned()).collect(),
             degraded: None,
+            continue_streams: self.no_continue_streams.then_some(false),
         }
     }
 }
@@ -918,6 +926,7 @@ pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
                 if !given.on.is_empty() {
                     defaults.on = given.on;
                 }
+                defaults.continue_streams = given.continue_streams.or(defaults.continue_streams);
                 defaults.degraded = degraded;
                 Some(defaults)
             } else {

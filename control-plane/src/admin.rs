@@ -1253,6 +1253,7 @@ fn defaults_from_pb(d: pb::FailoverDefaults) -> Result<FailoverDefaults, Validat
         degraded: d
             .degraded
             .map(|d| Degraded { message: d.message, when_all_open: d.when_all_open }),
+        continue_streams: d.continue_streams,
     })
 }
 
@@ -1273,6 +1274,7 @@ pub fn key_to_pb(r: &ApiKeyRecord) -> pb::ApiKey {
                 message: d.message.clone(),
                 when_all_open: d.when_all_open,
             }),
+            continue_streams: d.continue_streams,
         }),
         allowed_models: r.allowed_models.clone(),
         allowed_regions: r.allowed_regions.clone(),

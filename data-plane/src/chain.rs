@@ -48,6 +48,9 @@ pub struct Chain {
     /// every attempt, when answers are checked against it: `on` holds `invalid_output`, the request is not a stream and its
     /// `response_format` asks for JSON (docs/http-api.md, "Structured outputs").
     pub output: Option<std::sync::Arc<OutputCheck>>,
+    /// Continue a committed stream that breaks (docs/http-api.md, "Streaming"): the
+    /// request's `redundancy.continue_streams`, else the key's, else on.
+    pub continue_streams: bool,
 }
 
 impl Chain {
@@ -176,7 +179,12 @@ pub fn resolve(
     } else {
         None
     };
-    Ok(Chain { entries, on, deadline, degraded, output })
+    let continue_streams = request
+        .redundancy
+        .continue_streams
+        .or_else(|| defaults.and_then(|d| d.continue_streams))
+        .unwrap_or(true);
+    Ok(Chain { entries, on, deadline, degraded, output, continue_streams })
 }
 
 fn spec(model: &str, param: &str) -> EntrySpec {

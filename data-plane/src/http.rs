@@ -518,6 +518,7 @@ mod tests {
             deadline: None,
             degraded: None,
             output: None,
+            continue_streams: true,
         };
         let attempt = |model: &str, status, injected: Option<&str>| AttemptReport {
             model: model.into(),

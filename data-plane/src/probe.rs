@@ -312,6 +312,7 @@ mod tests {
             deadline: None,
             degraded: None,
             output: None,
+            continue_streams: true,
         };
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
         let request = ChatRequest::parse(body).unwrap();

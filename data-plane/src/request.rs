@@ -108,6 +108,8 @@ pub struct Redundancy {
     pub max_retries: Option<u32>,
     /// The designed answer when no model can serve; replaces the key's.
     pub degraded: Option<Degraded>,
+    /// Continue a stream that breaks after its first token; replaces the key's.
+    pub continue_streams: Option<bool>,
 }
 
 impl<'a> ChatRequest<'a> {
@@ -303,6 +305,15 @@ fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
             "deadline_ms" => r.deadline_ms = Some(ranged(&v, &path, DEADLINE_MS_RANGE)?),
             "max_retries" => r.max_retries = Some(ranged(&v, &path, (0, MAX_RETRIES))?),
             "degraded" => r.degraded = Some(degraded(v)?),
+            "continue_streams" => match v {
+                Value::Bool(b) => r.continue_streams = Some(b),
+                _ => {
+                    return Err(ApiError::invalid(
+                        path,
+                        "redundancy.continue_streams must be a boolean",
+                    ));
+                }
+            },
             "on" => {
                 let Value::Array(items) = v else {
                     return Err(ApiError::invalid(
@@ -331,7 +342,7 @@ fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
                 return Err(ApiError::invalid(
                     path.clone(),
                     format!(
-                        "unknown field {path}; expected timeout_ms, first_token_timeout_ms, on, deadline_ms, max_retries, degraded"
+                        "unknown field {path}; expected timeout_ms, first_token_timeout_ms, on, deadline_ms, max_retries, degraded, continue_streams"
                     ),
                 ));
             }

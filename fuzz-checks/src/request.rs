@@ -67,6 +67,7 @@ fn model() -> Model {
         retry: None,
         max_tokens: None,
         probe: None,
+        continuation: Default::default(),
     }
 }
 
@@ -145,6 +146,9 @@ fn redundancy(r: &Redundancy) -> Value {
             degraded.insert("when_all_open".into(), json!(true));
         }
         o.insert("degraded".into(), Value::Object(degraded));
+    }
+    if let Some(b) = r.continue_streams {
+        o.insert("continue_streams".into(), json!(b));
     }
     Value::Object(o)
 }

@@ -31,6 +31,8 @@ pub struct DefaultsView {
     pub on: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degraded: Option<DegradedView>,
+    /// Whether a stream that breaks after its first token is continued (the default).
+    pub continue_streams: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -63,6 +65,7 @@ impl From<pb::ApiKey> for KeyView {
                 degraded: d
                     .degraded
                     .map(|g| DegradedView { message: g.message, when_all_open: g.when_all_open }),
+                continue_streams: d.continue_streams.unwrap_or(true),
             }),
             allowed_models: k.allowed_models,
             allowed_regions: k.allowed_regions,
@@ -177,6 +180,9 @@ pub fn key_details(k: &KeyView, now_ms: i64) -> String {
             rows.push(("timeout", ms(d.timeout_ms, "default (60000 ms)")));
             rows.push(("first token timeout", ms(d.first_token_timeout_ms, "default (10000 ms)")));
             rows.push(("fails over on", d.on.join(", ")));
+            if !d.continue_streams {
+                rows.push(("broken streams", "end with an error frame (not continued)".to_owned()));
+            }
             if let Some(g) = &d.degraded {
                 let when = if g.when_all_open {
                     "when no model serves, at once when every breaker is open"
@@ -221,6 +227,7 @@ mod tests {
                 first_token_timeout_ms: None,
                 on: vec![],
                 degraded: Some(pb::Degraded { message: "Down.".into(), when_all_open: true }),
+                continue_streams: None,
             }),
             allowed_models: vec![],
             allowed_regions: vec!["eu".into()],
