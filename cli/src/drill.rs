@@ -248,6 +248,9 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
         stream: false,
     };
     let first = settled(node, &ask, &args.model, args.scenario).await;
+    if args.scenario != Scenario::AllDown {
+        chain_closed(node, &catalog, &chain).await;
+    }
     match first.status {
         None => {
             return Err(DrillError::Node(NodeError::Unreachable {
@@ -359,6 +362,41 @@ async fn settled(node: &Node, ask: &Ask, model: &str, scenario: Scenario) -> Obs
             said = true;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits, up to [`SETTLE`], until the breakers of the chain's later models are closed on the
+/// node too: a fallback left open by an earlier drill (all-down, say) would turn this drill's
+/// failovers into errors. Their breakers close on the node's own probes, within one
+/// `probe.open_interval_ms` of a recovery. A breaker the node never used reads as closed.
+async fn chain_closed(node: &Node, catalog: &Catalog, chain: &[String]) {
+    let breakers: Vec<(String, String)> = chain
+        .iter()
+        .skip(1)
+        .filter_map(|name| catalog.model(name))
+        .map(|m| (m.provider.clone(), m.upstream_model.clone()))
+        .collect();
+    let started = Instant::now();
+    let mut said = false;
+    while started.elapsed() < SETTLE {
+        let Ok(states) = node.breaker_states().await else { return };
+        let open: Vec<&str> = breakers
+            .iter()
+            .filter(|b| states.get(*b).is_some_and(|s| *s != 0))
+            .map(|(_, model)| model.as_str())
+            .collect();
+        if open.is_empty() {
+            return;
+        }
+        if !said {
+            eprintln!(
+                "waiting up to {} for the breakers of {} on the node to close before the drill",
+                format_duration(SETTLE),
+                open.join(", ")
+            );
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -111,6 +111,15 @@ impl Node {
 
     /// `switchyard_breaker_transitions_total` by (provider, upstream model), summed over `to`.
     pub async fn breaker_transitions(&self) -> Result<BTreeMap<(String, String), u64>, NodeError> {
+        Ok(transitions(&self.metrics().await?))
+    }
+
+    /// `switchyard_breaker_state` by (provider, upstream model): 0 closed, 1 half-open, 2 open.
+    pub async fn breaker_states(&self) -> Result<BTreeMap<(String, String), u64>, NodeError> {
+        Ok(per_breaker(&self.metrics().await?, "switchyard_breaker_state{"))
+    }
+
+    async fn metrics(&self) -> Result<String, NodeError> {
         let (status, body) = self.get("/metrics").await?;
         if status != StatusCode::OK {
             return Err(NodeError::Answer {
@@ -120,7 +129,7 @@ impl Node {
                 body: String::new(),
             });
         }
-        Ok(transitions(&String::from_utf8_lossy(&body)))
+        Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
     fn body(&self, ask: &Ask, content: &str) -> Value {
@@ -300,9 +309,15 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 
 /// Reads `switchyard_breaker_transitions_total{provider=…,upstream_model=…,to=…} N` lines.
 pub fn transitions(metrics: &str) -> BTreeMap<(String, String), u64> {
+    per_breaker(metrics, "switchyard_breaker_transitions_total{")
+}
+
+/// The series starting with `prefix` (a name and its `{`), summed per (provider, upstream
+/// model) label pair.
+fn per_breaker(metrics: &str, prefix: &str) -> BTreeMap<(String, String), u64> {
     let mut found = BTreeMap::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("switchyard_breaker_transitions_total{") else {
+        let Some(rest) = line.strip_prefix(prefix) else {
             continue;
         };
         let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
