@@ -67,6 +67,7 @@ fn model() -> Model {
         retry: None,
         max_tokens: None,
         probe: None,
+        context_window: None,
     }
 }
 
