@@ -373,17 +373,15 @@ impl Executor {
                     )
                 }
                 Verdict::Stop { status, error, breaker, context_length } => {
-                    otel::call_failed(call_span, status.as_str(), false);
                     let result = if context_length
                         && chain.fails_over_on(FailoverReason::ContextLength)
                         && larger_window_after(chain, index)
                     {
-                        AttemptResult::Failover(
-                            FailoverReason::ContextLength,
-                            Code::ContextLength,
-                            None,
-                        )
+                        let reason = FailoverReason::ContextLength;
+                        otel::call_failed(call_span, reason.as_str(), true);
+                        AttemptResult::Failover(reason, Code::ContextLength, None)
                     } else {
+                        otel::call_failed(call_span, status.as_str(), false);
                         AttemptResult::ClientError(status, error)
                     };
                     too_long = context_length;

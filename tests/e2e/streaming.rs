@@ -282,17 +282,16 @@ async fn a_stream_closed_after_its_finish_reason_and_usage_without_done_ends_wit
     })
     .await;
 
-    // Anthropic's form of the same: `message_delta` with the stop reason and usage, then the
-    // body ends without `message_stop`.
-    gw.script(
-        ANTHROPIC_UPSTREAM,
-        json!({"kind": "ok", "text": "bonjour le monde", "no_done": true}),
-    )
-    .await;
-    let s = gw.stream(streaming(ANTHROPIC, &[])).await;
-    assert_eq!(s.text(), "bonjour le monde");
-    assert!(s.error_frame().is_none(), "{:?}", s.frames);
-    assert_eq!(s.frames.last().map(String::as_str), Some("[DONE]"), "{:?}", s.frames);
+    // Azure OpenAI's stream is OpenAI's; Anthropic's form of the same is `message_delta`
+    // with the stop reason and usage, then the body ends without `message_stop`.
+    for (model, upstream) in [(AZURE, AZURE_DEPLOYMENT), (ANTHROPIC, ANTHROPIC_UPSTREAM)] {
+        gw.script(upstream, json!({"kind": "ok", "text": "bonjour le monde", "no_done": true}))
+            .await;
+        let s = gw.stream(streaming(model, &[])).await;
+        assert_eq!(s.text(), "bonjour le monde", "{model}");
+        assert!(s.error_frame().is_none(), "{model}: {:?}", s.frames);
+        assert_eq!(s.frames.last().map(String::as_str), Some("[DONE]"), "{model}: {:?}", s.frames);
+    }
 
     // Cut before the finish reason, it is still a broken stream.
     gw.script("primary", json!({"kind": "ok", "chunks": 4, "drop_after": 2})).await;
@@ -347,24 +346,12 @@ async fn the_official_openai_python_sdk_reads_a_stream_without_done_and_one_with
         json!({"kind": "ok", "text": "alpha beta gamma", "chunks": 3, "bad_frame_after": 1}),
     )
     .await;
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/e2e/openai_sdk_stream_ends.py");
-    let out = tokio::process::Command::new(switchyard_e2e::python())
-        .arg(&script)
-        .arg(format!("{}/v1", gw.node.url()))
-        .arg(&gw.key)
-        .args([PRIMARY, SECONDARY])
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "SDK check failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let url = format!("{}/v1", gw.node.url());
+    let stdout = switchyard_e2e::sdk_script(
+        "openai_sdk_stream_ends.py",
+        &[&url, &gw.key, PRIMARY, SECONDARY],
+    )
+    .await;
     let checks: Vec<serde_json::Value> =
         stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(checks.len(), 2, "{stdout}");
