@@ -117,8 +117,8 @@ struct Pump {
     usage: Option<Usage>,
     content_chunks: u64,
     settled: bool,
-    /// The stream's `id` and `created`, kept from its first chunk, for a chunk of the node's
-    /// own at the end (the `skipped_frames` report).
+    /// The stream's `id` and `created`, kept from the first chunk forwarded after a skipped
+    /// frame, for a chunk of the node's own at the end (the `skipped_frames` report).
     identity: Option<(Box<RawValue>, Box<RawValue>)>,
     /// The frame still to send once the stream is settled (`[DONE]` after the report).
     after_settle: Option<Bytes>,
@@ -181,7 +181,10 @@ impl Pump {
                     if !self.ctx.include_usage {
                         fields.remove("usage");
                     }
+                    // Kept only once a frame was skipped, so that an ordinary stream pays
+                    // nothing for the report it does not get.
                     if self.identity.is_none()
+                        && self.upstream.skipped_frames() > 0
                         && let (Some(id), Some(created)) = (fields.get("id"), fields.get("created"))
                     {
                         self.identity = Some((id.clone(), created.clone()));

@@ -317,6 +317,7 @@ async fn a_frame_that_does_not_parse_mid_stream_is_skipped_counted_and_reported(
     assert_eq!(last["secureai"]["skipped_frames"], 1, "the last chunk before [DONE]: {last}");
     assert_eq!(last["model"], PRIMARY);
     assert_eq!(last["choices"], json!([]));
+    assert_eq!((&last["id"], &last["created"]), (&chunks[0]["id"], &chunks[0]["created"]));
     assert_eq!(s.frames.last().map(String::as_str), Some("[DONE]"));
     let series = format!("switchyard_upstream_malformed_frames_total{{model=\"{PRIMARY}\"}}");
     assert_eq!(node_metric(&gw, &series).await, Some(1.0));
