@@ -234,12 +234,16 @@ fn once(case: &Case, op: Op, plain: &[u8]) -> Result<()> {
         Op::Stream => {
             let mut decoder = case.adapter.stream_decoder(&case.model.upstream_model);
             let mut events = 0usize;
+            let mut done = false;
             for frame in &case.frames {
                 let out: Vec<StreamEvent> = decoder.decode(black_box(frame))?;
                 events += out.len();
+                done = matches!(out.last(), Some(StreamEvent::Done));
                 black_box(out);
             }
-            if let Some(out) = decoder.finish() {
+            // A stream without an end marker (Gemini's) is closed by the reader.
+            if !done {
+                let out = decoder.close();
                 events += out.len();
                 black_box(out);
             }

@@ -106,6 +106,15 @@ pub struct Model {
     /// "`continuation`"): the node asks it to, after a stream broke, only when `prefill`.
     #[serde(default, skip_serializing_if = "Continuation::is_none")]
     pub continuation: Continuation,
+    /// The most tokens a prompt may hold for this model. After a context-length refusal a
+    /// chain fails over only to a later model with a larger window (docs/http-api.md,
+    /// "Failover"); a model without one is never taken for larger.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "positive_tokens"
+    )]
+    pub context_window: Option<u64>,
 }
 
 /// How a model continues an answer: `prefill` takes the text so far as the start of its own
@@ -123,6 +132,42 @@ impl Continuation {
         *self == Continuation::None
     }
 }
+
+/// `context_window`: a whole number of tokens above zero. Read by hand so that `-5`, `1.5`
+/// and `"8k"` get one message saying what the field takes, as `0` does from `validate`.
+fn positive_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct Tokens;
+    impl serde::de::Visitor<'_> for Tokens {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a positive integer (tokens)")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            u64::try_from(v).map(Some).map_err(|_| E::custom(MUST_BE_TOKENS))
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Err(E::custom(MUST_BE_TOKENS))
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Err(E::custom(MUST_BE_TOKENS))
+        }
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Err(E::custom(MUST_BE_TOKENS))
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(Tokens)
+}
+
+const MUST_BE_TOKENS: &str = "must be a positive integer (tokens)";
 
 impl Model {
     pub fn stall_timeout_ms(&self) -> u32 {
@@ -458,6 +503,12 @@ impl RetryPolicy {
                     format!("{path}.on[{i}]"),
                     "invalid_output is never retried: it fails over to the next model",
                 ));
+            } else if *reason == FailoverReason::ContextLength {
+                // The same prompt is as long the second time.
+                errors.push(FieldError::new(
+                    format!("{path}.on[{i}]"),
+                    "context_length is never retried: it fails over to a model with a larger context_window",
+                ));
             }
         }
     }
@@ -602,6 +653,9 @@ impl Catalog {
             }
             if m.max_tokens == Some(0) {
                 errors.push(FieldError::new(format!("{path}.max_tokens"), "must be at least 1"));
+            }
+            if m.context_window == Some(0) {
+                errors.push(FieldError::new(format!("{path}.context_window"), MUST_BE_TOKENS));
             }
             if let Some(o) = &m.breaker {
                 self.breaker_policy

@@ -199,6 +199,28 @@ models:
     }
 
     #[test]
+    fn context_window_is_a_positive_integer_named_by_its_path() {
+        let with = |value: &str| {
+            VALID.replace(
+                "upstream_model: gpt-5-nano\n",
+                &format!("upstream_model: gpt-5-nano\n    context_window: {value}\n"),
+            )
+        };
+        let c = parse("c.yaml", &with("128000")).unwrap();
+        assert_eq!(c.models[0].context_window, Some(128_000));
+        assert_eq!(parse("c.yaml", VALID).unwrap().models[0].context_window, None);
+        assert_eq!(
+            parse("c.yaml", &with("0")).unwrap_err().lines(),
+            ["c.yaml: models[0].context_window: must be a positive integer (tokens)"]
+        );
+        for bad in ["-5", "1.5", "8k", "true"] {
+            let e = parse_err(&with(bad));
+            assert_eq!(e.path, "models[0].context_window", "{bad}");
+            assert!(e.message.contains("must be a positive integer (tokens)"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn unknown_fields_are_named_with_their_path_and_line() {
         let text = VALID.replace("upstream_model:", "upstream_modle:");
         let e = parse_err(&text);

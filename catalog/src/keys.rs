@@ -20,23 +20,34 @@ pub enum FailoverReason {
     ServerError,
     RateLimit,
     Timeout,
+    /// The provider refused the prompt as longer than the model's context: fails over only
+    /// to a later model whose catalog `context_window` is larger (docs/http-api.md,
+    /// "Failover").
+    ContextLength,
     /// The provider answered, but not with JSON matching the request's `response_format`
     /// (docs/http-api.md, "Structured outputs"). Opt-in: never in the default `on`.
     InvalidOutput,
 }
 
 impl FailoverReason {
-    /// The default `on`: the four reasons that say a provider is failing. `invalid_output`
-    /// is left out so that turning it on is a choice each key or request makes.
-    pub const ALL: [FailoverReason; 4] =
-        [Self::ConnectionError, Self::ServerError, Self::RateLimit, Self::Timeout];
-
-    /// Every value `on` accepts, in the order messages list them.
-    pub const ACCEPTED: [FailoverReason; 5] = [
+    /// The default `on`: the four reasons that say a provider is failing, and a prompt too
+    /// long for one model. `invalid_output` is left out so that turning it on is a choice
+    /// each key or request makes.
+    pub const ALL: [FailoverReason; 5] = [
         Self::ConnectionError,
         Self::ServerError,
         Self::RateLimit,
         Self::Timeout,
+        Self::ContextLength,
+    ];
+
+    /// Every value `on` accepts, in the order messages list them.
+    pub const ACCEPTED: [FailoverReason; 6] = [
+        Self::ConnectionError,
+        Self::ServerError,
+        Self::RateLimit,
+        Self::Timeout,
+        Self::ContextLength,
         Self::InvalidOutput,
     ];
 
@@ -46,6 +57,7 @@ impl FailoverReason {
             Self::ServerError => "server_error",
             Self::RateLimit => "rate_limit",
             Self::Timeout => "timeout",
+            Self::ContextLength => "context_length",
             Self::InvalidOutput => "invalid_output",
         }
     }
@@ -54,7 +66,8 @@ impl FailoverReason {
         Self::ACCEPTED.into_iter().find(|r| r.as_str() == text)
     }
 
-    /// `connection_error, server_error, rate_limit, timeout or invalid_output`, for messages
+    /// `connection_error, server_error, rate_limit, timeout, context_length or
+    /// invalid_output`, for messages
     /// that list what `on` accepts.
     pub fn accepted_list() -> String {
         let names: Vec<&str> = Self::ACCEPTED.iter().map(|r| r.as_str()).collect();
@@ -89,7 +102,7 @@ pub struct FailoverDefaults {
     pub timeout_ms: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_token_timeout_ms: Option<u32>,
-    /// `None`: all four triggers.
+    /// `None`: the default triggers (`FailoverReason::ALL`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on: Option<Vec<FailoverReason>>,
     /// The designed answer when no model of a chain can serve (docs/http-api.md,
@@ -178,8 +191,8 @@ impl FailoverDefaults {
             on.dedup();
             on
         });
-        // Stored as "the default" only when it is exactly the default four: with
-        // `invalid_output` a list of four can be another set.
+        // Stored as "the default" only when it is exactly the default five: with
+        // `invalid_output` a list of five can be another set.
         let on = match on {
             Some(on) if on.is_empty() || on == FailoverReason::ALL => None,
             other => other,
@@ -455,7 +468,7 @@ mod tests {
         assert!(!FailoverReason::ALL.contains(&FailoverReason::InvalidOutput));
         assert_eq!(
             FailoverReason::accepted_list(),
-            "connection_error, server_error, rate_limit, timeout or invalid_output"
+            "connection_error, server_error, rate_limit, timeout, context_length or invalid_output"
         );
         let with = |on: Vec<FailoverReason>| FailoverDefaults {
             models: vec!["a".into()],
@@ -463,21 +476,23 @@ mod tests {
             ..Default::default()
         };
         let (saved, _) = with(FailoverReason::ALL.to_vec()).normalize(known).unwrap();
-        assert_eq!(saved.on, None, "the default four are stored as the default");
-        // Four reasons, but not the default four: kept as they are.
-        let four = vec![
+        assert_eq!(saved.on, None, "the default five are stored as the default");
+        // Five reasons, but not the default five: kept as they are.
+        let five = vec![
             FailoverReason::InvalidOutput,
             FailoverReason::Timeout,
+            FailoverReason::ContextLength,
             FailoverReason::ServerError,
             FailoverReason::ConnectionError,
         ];
-        let (saved, _) = with(four).normalize(known).unwrap();
+        let (saved, _) = with(five).normalize(known).unwrap();
         assert_eq!(
             saved.on,
             Some(vec![
                 FailoverReason::ConnectionError,
                 FailoverReason::ServerError,
                 FailoverReason::Timeout,
+                FailoverReason::ContextLength,
                 FailoverReason::InvalidOutput,
             ])
         );

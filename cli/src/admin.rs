@@ -429,9 +429,9 @@ pub struct ChainOptions {
     /// Streaming: wait for the first token before failing over (500–60000).
     #[arg(long, value_name = "MS")]
     pub first_token_timeout_ms: Option<u32>,
-    /// Which failures fail over: connection_error,server_error,rate_limit,timeout (the
-    /// default: these four), and invalid_output (opt-in: structured answers that break the
-    /// request's response_format).
+    /// Which failures fail over: connection_error,server_error,rate_limit,timeout,
+    /// context_length (the default: these five), and invalid_output (opt-in: structured
+    /// answers that break the request's response_format).
     #[arg(long, value_delimiter = ',', value_parser = failover_reason, value_name = "LIST")]
     pub on: Option<Vec<FailoverReason>>,
     /// Streaming: end a stream that breaks after its first token with an error frame,

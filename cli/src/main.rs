@@ -250,7 +250,9 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains(r#"unknown trigger "oops""#), "{text}");
         assert!(
-            text.contains("connection_error, server_error, rate_limit, timeout, invalid_output"),
+            text.contains(
+                "connection_error, server_error, rate_limit, timeout, context_length, invalid_output"
+            ),
             "{text}"
         );
         assert_eq!(err.exit_code(), 2);

@@ -1346,7 +1346,7 @@ mod tests {
         assert_eq!(d.on, Some(vec![FailoverReason::Timeout, FailoverReason::InvalidOutput]));
         let e = defaults_from_pb(pb_defaults(&["timeout", "bad_json"])).unwrap_err();
         assert_eq!(e.0[0].path, "failoverDefaults.on[1]");
-        assert!(e.0[0].message.contains("timeout or invalid_output"), "{}", e.0[0].message);
+        assert!(e.0[0].message.contains("context_length or invalid_output"), "{}", e.0[0].message);
     }
 
     #[tokio::test]

@@ -117,8 +117,17 @@ impl Executor {
         // The soonest any upstream said it would take calls again: the chain's `Retry-After`
         // when every failure was a rate limit.
         let mut retry_at: Option<Instant> = None;
+        // After a context-length refusal: the window the prompt did not fit in. Only a model
+        // with a larger one can take it (docs/http-api.md, "Failover").
+        let mut too_long_for: Option<u64> = None;
 
         for (i, entry) in chain.entries.iter().enumerate() {
+            if let Some(window) = too_long_for
+                && entry.model.context_window.is_none_or(|w| w <= window)
+            {
+                self.skip_smaller_window(&entry.model, &mut attempts);
+                continue;
+            }
             let Some(timeout) = budget(chain, entry, started) else { break };
             let breaker = self.breaker(config, &entry.model);
             let (admission, transition) = breaker.try_acquire(Instant::now());
@@ -168,6 +177,9 @@ impl Executor {
                     retry_at = soonest(retry_at, at);
                     if !chain.fails_over_on(reason) {
                         break;
+                    }
+                    if reason == FailoverReason::ContextLength {
+                        too_long_for = entry.model.context_window;
                     }
                 }
             }
@@ -363,6 +375,7 @@ impl Executor {
             }
             let retry_after = failure.retry_after();
             let retry_at = retry_after.map(|wait| Instant::now() + wait);
+            let mut too_long = false;
             let (outcome, result, failed) = match failure::classify(failure) {
                 Verdict::Failover { reason, breaker, code } => {
                     otel::call_failed(call_span, reason.as_str(), true);
@@ -372,9 +385,20 @@ impl Executor {
                         Some(FailedCall { reason, retryable: code.retryable(), retry_after }),
                     )
                 }
-                Verdict::Stop { status, error, breaker } => {
-                    otel::call_failed(call_span, status.as_str(), false);
-                    (breaker, AttemptResult::ClientError(status, error), None)
+                Verdict::Stop { status, error, breaker, context_length } => {
+                    let result = if context_length
+                        && chain.fails_over_on(FailoverReason::ContextLength)
+                        && larger_window_after(chain, index)
+                    {
+                        let reason = FailoverReason::ContextLength;
+                        otel::call_failed(call_span, reason.as_str(), true);
+                        AttemptResult::Failover(reason, Code::ContextLength, None)
+                    } else {
+                        otel::call_failed(call_span, status.as_str(), false);
+                        AttemptResult::ClientError(status, error)
+                    };
+                    too_long = context_length;
+                    (breaker, result, None)
                 }
             };
             // The call's span ends here, before any backoff: a retry is a call of its own.
@@ -415,6 +439,8 @@ impl Executor {
             }
             let reason = match &result {
                 AttemptResult::Failover(reason, ..) => AttemptReason::Failover(*reason),
+                // With no larger model after it, still reported as what it was.
+                _ if too_long => AttemptReason::Failover(FailoverReason::ContextLength),
                 _ => AttemptReason::ClientError,
             };
             self.finish_attempt(
@@ -457,9 +483,15 @@ impl Executor {
             None => provider.body(model, request).map_err(Failure::Call)?,
         };
         if request.stream {
-            let (buffered, upstream) =
-                open_until_first_token(provider, model, body, first_token, request_id, injector)
-                    .await?;
+            let opened =
+                open_until_first_token(provider, model, body, first_token, request_id, injector);
+            let (buffered, upstream) = opened.await.map_err(|(failure, skipped)| {
+                // A committed stream counts its own when it ends.
+                if skipped > 0 && self.metrics.malformed_frames(&model.name, skipped, Instant::now()) {
+                    tracing::warn!(model = %model.name, skipped, "upstream stream frames did not parse and were skipped before the stream failed (this warning repeats at most once a minute per model)");
+                }
+                failure
+            })?;
             return Ok(Called::Stream(buffered, upstream));
         }
         let deadline = tokio::time::Instant::from_std(deadline);
@@ -524,6 +556,21 @@ impl Executor {
             })
             .inc();
         Ok(permit)
+    }
+
+    /// Reports a model passed over after a context-length refusal: its window is no larger
+    /// than the one the prompt did not fit in.
+    fn skip_smaller_window(&self, model: &Model, attempts: &mut Vec<AttemptReport>) {
+        self.metrics.model(&model.name).attempt("skipped", "context_window").inc();
+        attempts.push(AttemptReport {
+            model: model.name.clone(),
+            status: AttemptStatus::Skipped,
+            reason: Some(AttemptReason::ContextWindow),
+            latency_ms: 0,
+            retries: 0,
+            probe: false,
+            injected: None,
+        });
     }
 
     /// Reports an attempt: metrics, and its line in the failover report.
@@ -646,6 +693,16 @@ fn last_probe_fields(probe: Option<LastProbe>) -> (i64, String, u64) {
     })
 }
 
+/// Whether a model after entry `index` has a larger `context_window` than its model: a
+/// context-length refusal fails over only then. A window left out of the catalog is larger
+/// than none and smaller than none.
+fn larger_window_after(chain: &Chain, index: usize) -> bool {
+    let Some(window) = chain.entries.get(index).and_then(|e| e.model.context_window) else {
+        return false;
+    };
+    chain.entries.iter().skip(index + 1).any(|e| e.model.context_window.is_some_and(|w| w > window))
+}
+
 /// The time this attempt may take: its timeout, cut to what is left of the chain's
 /// deadline; `None` when too little is left to start it.
 fn budget(chain: &Chain, entry: &Entry, started: Instant) -> Option<Duration> {
@@ -729,6 +786,7 @@ fn all_failed(
 
 /// Opens the upstream stream and reads it until its first content (or its end), all before
 /// `first_token`: until then the attempt can still fail over and the client has seen nothing.
+/// A failure comes with the number of frames that did not parse before it.
 async fn open_until_first_token(
     provider: &Arc<ProviderRuntime>,
     model: &Model,
@@ -736,7 +794,7 @@ async fn open_until_first_token(
     first_token: Instant,
     request_id: &HeaderValue,
     injector: &mut Injector<'_>,
-) -> Result<(Vec<StreamEvent>, UpstreamStream), Failure> {
+) -> Result<(Vec<StreamEvent>, UpstreamStream), (Failure, u32)> {
     let started = Instant::now();
     let waited = || first_token.saturating_duration_since(started);
     let deadline = tokio::time::Instant::from_std(first_token);
@@ -746,19 +804,20 @@ async fn open_until_first_token(
         provider.open_stream(model, body, Some(request_id), injector),
     )
     .await
-    .map_err(|_| timed_out())?
-    .map_err(Failure::Call)?;
+    .map_err(|_| (timed_out(), 0))?
+    .map_err(|e| (Failure::Call(e), 0))?;
     let mut buffered = Vec::new();
     loop {
-        match tokio::time::timeout_at(deadline, upstream.next()).await {
-            Err(_) => return Err(timed_out()),
+        let next = tokio::time::timeout_at(deadline, upstream.next()).await;
+        let skipped = upstream.skipped_frames();
+        match next {
+            Err(_) => return Err((timed_out(), skipped)),
             Ok(None) => {
-                return Err(Failure::Stream(StreamError::Connection(
-                    "the stream ended before any content".into(),
-                )));
+                let ended = StreamError::Connection("the stream ended before any content".into());
+                return Err((Failure::Stream(ended), skipped));
             }
-            Ok(Some(Err(e))) => return Err(Failure::Stream(e)),
-            Ok(Some(Ok(StreamEvent::Error(e)))) => return Err(Failure::InBand(e)),
+            Ok(Some(Err(e))) => return Err((Failure::Stream(e), skipped)),
+            Ok(Some(Ok(StreamEvent::Error(e)))) => return Err((Failure::InBand(e), skipped)),
             Ok(Some(Ok(event))) => {
                 let commits =
                     matches!(event, StreamEvent::Done | StreamEvent::Chunk { commits: true, .. });

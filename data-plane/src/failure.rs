@@ -65,6 +65,8 @@ pub enum Code {
     ProviderNotConfigured,
     /// The answer is not JSON valid against the request's `response_format`.
     InvalidOutput,
+    /// The prompt is longer than the model's context.
+    ContextLength,
 }
 
 impl Code {
@@ -82,6 +84,7 @@ impl Code {
             Self::GatewayError => "gateway_error",
             Self::ProviderNotConfigured => "provider_not_configured",
             Self::InvalidOutput => "invalid_output",
+            Self::ContextLength => "context_length_exceeded",
         }
     }
 
@@ -103,7 +106,9 @@ impl Code {
             | Self::ProviderNotConfigured
             // Not retried: the next model is a better bet than sampling the same one again
             // (docs/catalog.md, "Retries").
-            | Self::InvalidOutput => false,
+            | Self::InvalidOutput
+            // The same prompt is as long the second time.
+            | Self::ContextLength => false,
         }
     }
 
@@ -133,7 +138,18 @@ pub enum Verdict {
     /// records (`None`: the upstream is not to blame, the permit is released unjudged).
     Failover { reason: FailoverReason, breaker: Option<Outcome>, code: Code },
     /// Stop the chain and hand `error` to the client with `status`: the request is at fault.
-    Stop { status: StatusCode, error: UpstreamError, breaker: Option<Outcome> },
+    ///
+    /// `context_length`: the provider refused the prompt as longer than the model's context
+    /// (OpenAI's `context_length_exceeded`, Anthropic's "prompt is too long", Gemini's input
+    /// token count past the maximum). The prompt is the client's, but a later model with a
+    /// larger `context_window` may take it: the chain fails over (reason `context_length`)
+    /// only to such a model, skipping the others; with none it stops here.
+    Stop {
+        status: StatusCode,
+        error: UpstreamError,
+        breaker: Option<Outcome>,
+        context_length: bool,
+    },
 }
 
 /// The verdict on a failure before the stream committed (or a plain call).
@@ -151,6 +167,7 @@ pub fn classify(failure: Failure) -> Verdict {
                     param,
                 },
                 breaker: None,
+                context_length: false,
             },
             // Another provider's adapter may well encode the request: fail over, but the
             // upstream was never called, so its breaker is not charged.
@@ -234,7 +251,10 @@ fn http_status(status: StatusCode, error: UpstreamError) -> Verdict {
             failover(R::ServerError, Some(Outcome::Failure), Code::CredentialRefused)
         }
         // The upstream answered: it is healthy, the request is at fault.
-        status => Verdict::Stop { status, error, breaker: Some(Outcome::Success) },
+        status => {
+            let context_length = status.is_client_error() && error.is_context_length();
+            Verdict::Stop { status, error, breaker: Some(Outcome::Success), context_length }
+        }
     }
 }
 
@@ -243,11 +263,13 @@ fn http_status(status: StatusCode, error: UpstreamError) -> Verdict {
 /// `tokens`, Anthropic's `rate_limit_error` and `overloaded_error`.
 fn in_band(error: UpstreamError) -> Verdict {
     use FailoverReason as R;
-    if error.kind == "invalid_request_error" {
+    if error.kind == "invalid_request_error" || error.is_context_length() {
+        let context_length = error.is_context_length();
         return Verdict::Stop {
             status: StatusCode::BAD_REQUEST,
             error,
             breaker: Some(Outcome::Success),
+            context_length,
         };
     }
     let rate_limited = error.kind.contains("rate_limit")
@@ -435,8 +457,24 @@ mod tests {
     }
 
     #[test]
-    fn a_client_error_stops_the_chain_with_the_upstreams_answer_and_a_healthy_upstream() {
+    fn a_context_length_refusal_is_its_own_verdict_with_the_upstreams_answer() {
         let error = upstream("invalid_request_error", Some("context_length_exceeded"));
+        let verdict =
+            classify(Failure::Call(CallError::http(StatusCode::BAD_REQUEST, error.clone())));
+        let want = Verdict::Stop {
+            status: StatusCode::BAD_REQUEST,
+            error: error.clone(),
+            breaker: Some(Outcome::Success),
+            context_length: true,
+        };
+        assert_eq!(verdict, want);
+        assert_eq!(classify(Failure::InBand(error)), want, "in a stream, before any content");
+        assert!(!Code::ContextLength.retryable());
+    }
+
+    #[test]
+    fn a_client_error_stops_the_chain_with_the_upstreams_answer_and_a_healthy_upstream() {
+        let error = upstream("invalid_request_error", Some("invalid_value"));
         let verdict =
             classify(Failure::Call(CallError::http(StatusCode::BAD_REQUEST, error.clone())));
         assert_eq!(
@@ -444,7 +482,8 @@ mod tests {
             Verdict::Stop {
                 status: StatusCode::BAD_REQUEST,
                 error,
-                breaker: Some(Outcome::Success)
+                breaker: Some(Outcome::Success),
+                context_length: false,
             }
         );
     }
@@ -455,7 +494,7 @@ mod tests {
             message: "no audio".into(),
             param: Some("messages[0].content[1]".into()),
         }));
-        let Verdict::Stop { status, error, breaker } = verdict else { panic!("{verdict:?}") };
+        let Verdict::Stop { status, error, breaker, .. } = verdict else { panic!("{verdict:?}") };
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert_eq!(error.code.as_deref(), Some("unsupported_by_provider"));
         assert_eq!(error.kind, "invalid_request_error");

@@ -192,6 +192,8 @@ type GenAiCache = std::sync::RwLock<
 pub struct ModelMetrics {
     served: Counter,
     skipped: Counter,
+    /// Passed over after a context-length refusal (reason `context_window`).
+    skipped_window: Counter,
     /// By reason, in [`ModelMetrics::REASONS`] order.
     failed: Vec<Counter>,
     pub duration: Histogram,
@@ -223,7 +225,7 @@ impl ModelMetrics {
             .insert(served.to_owned(), counter);
     }
 
-    const REASONS: [&'static str; 7] = [
+    const REASONS: [&'static str; 8] = [
         "connection_error",
         "server_error",
         "rate_limit",
@@ -231,12 +233,14 @@ impl ModelMetrics {
         "client_error",
         "deadline_exceeded",
         "invalid_output",
+        "context_length",
     ];
 
     /// The counter for one attempt outcome (`reason` as in the failover report).
     pub fn attempt(&self, status: &str, reason: &str) -> &Counter {
         match status {
             "served" => &self.served,
+            "skipped" if reason == "context_window" => &self.skipped_window,
             "skipped" => &self.skipped,
             _ => Self::REASONS
                 .iter()
@@ -278,6 +282,11 @@ pub struct Metrics {
     /// `upstream_attempts` (which counts them too, reason `invalid_output`) for the `kind`,
     /// and created only when one happens: most nodes never see one.
     pub invalid_outputs: Family<InvalidOutputLabels, Counter>,
+    /// Frames of upstream streams that did not parse and were skipped, by model. Created
+    /// only when one happens.
+    pub malformed_frames: Family<ModelLabels, Counter>,
+    /// When each model's last warning about such frames was logged: at most one a minute.
+    malformed_warned: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     pub events_dropped: Counter,
     /// Failover events held in memory for the control plane (queued or awaiting its ack).
     pub events_held: Gauge,
@@ -294,6 +303,9 @@ pub struct Metrics {
     pub gen_ai_tokens: Family<GenAiTokenLabels, Histogram>,
     gen_ai: GenAiCache,
 }
+
+/// The least time between two warnings about one model's malformed frames.
+const MALFORMED_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn latency_histogram() -> Histogram {
     // 0.5 ms … ~65 s: gateway overhead at the low end, slow completions at the high end.
@@ -400,6 +412,12 @@ impl Metrics {
             "Answers whose content was not JSON valid against the request's response_format (invalid_output), by model and kind",
             invalid_outputs.clone(),
         );
+        let malformed_frames = Family::<ModelLabels, Counter>::default();
+        registry.register(
+            "upstream_malformed_frames",
+            "Frames of upstream streams that did not parse (a data line that is not JSON) and were skipped, by model",
+            malformed_frames.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
@@ -475,6 +493,8 @@ impl Metrics {
             degraded_responses,
             limit_blocks,
             invalid_outputs,
+            malformed_frames,
+            malformed_warned: Default::default(),
             events_dropped,
             events_held,
             event_spool_bytes,
@@ -505,6 +525,27 @@ impl Metrics {
         self.invalid_outputs
             .get_or_create(&InvalidOutputLabels { model: model.to_owned(), kind })
             .clone()
+    }
+
+    /// Counts `n` frames of a `model` stream that did not parse; true when a warning about
+    /// them is due at `now` (the first, then at most one a minute per model, so that a
+    /// provider sending junk in every stream cannot flood the log).
+    pub fn malformed_frames(&self, model: &str, n: u32, now: std::time::Instant) -> bool {
+        self.malformed_frames
+            .get_or_create(&ModelLabels { model: model.to_owned() })
+            .inc_by(u64::from(n));
+        let mut warned = self.malformed_warned.lock().unwrap_or_else(|e| e.into_inner());
+        match warned.get_mut(model) {
+            Some(last) if now.saturating_duration_since(*last) < MALFORMED_WARNING_EVERY => false,
+            Some(last) => {
+                *last = now;
+                true
+            }
+            None => {
+                warned.insert(model.to_owned(), now);
+                true
+            }
+        }
     }
 
     /// The GenAI series of requests for `requested` served by `served`; `provider` names
@@ -590,6 +631,7 @@ impl Metrics {
         let built = std::sync::Arc::new(ModelMetrics {
             served: counter("served", ""),
             skipped: counter("skipped", "circuit_open"),
+            skipped_window: counter("skipped", "context_window"),
             failed: ModelMetrics::REASONS.iter().map(|r| counter("failed", r)).collect(),
             duration: self
                 .attempt_duration
@@ -612,5 +654,31 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn malformed_frames_are_all_counted_and_warned_of_at_most_once_a_minute_per_model() {
+        let metrics = Metrics::new();
+        let t0 = Instant::now();
+        assert!(metrics.malformed_frames("a", 2, t0), "the first warns");
+        assert!(!metrics.malformed_frames("a", 1, t0 + Duration::from_secs(59)));
+        assert!(metrics.malformed_frames("b", 1, t0 + Duration::from_secs(1)), "per model");
+        assert!(metrics.malformed_frames("a", 1, t0 + Duration::from_secs(60)));
+        let count = |m: &str| {
+            metrics.malformed_frames.get_or_create(&ModelLabels { model: m.into() }).get()
+        };
+        assert_eq!((count("a"), count("b")), (4, 1));
+        let (_, text) = metrics.render(None);
+        assert!(
+            text.contains(r#"switchyard_upstream_malformed_frames_total{model="a"} 4"#),
+            "{text}"
+        );
     }
 }

@@ -22,12 +22,15 @@ impl AttemptStatus {
     }
 }
 
-/// Why an attempt did not serve: one of the four failover triggers, a skip, or an error
+/// Why an attempt did not serve: one of the failover triggers, a skip, or an error
 /// that is never failed over (the client's own 4xx from the upstream).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttemptReason {
     Failover(FailoverReason),
     CircuitOpen,
+    /// Passed over after a context-length refusal: its `context_window` is no larger than
+    /// the refusing model's (or not in the catalog).
+    ContextWindow,
     /// Not enough of the chain's `deadline_ms` was left to start this attempt.
     DeadlineExceeded,
     ClientError,
@@ -38,6 +41,7 @@ impl AttemptReason {
         match self {
             Self::Failover(r) => r.as_str(),
             Self::CircuitOpen => "circuit_open",
+            Self::ContextWindow => "context_window",
             Self::DeadlineExceeded => "deadline_exceeded",
             Self::ClientError => "client_error",
         }

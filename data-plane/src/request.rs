@@ -550,7 +550,7 @@ mod tests {
         let unknown = format!(r#"{{"model":"a","redundancy":{{"on":["bad_json"]}},{MSG}}}"#);
         match ChatRequest::parse(unknown.as_bytes()) {
             Err(ApiError::InvalidRequest { message, .. }) => {
-                assert!(message.contains("timeout or invalid_output"), "{message}")
+                assert!(message.contains("context_length or invalid_output"), "{message}")
             }
             other => panic!("{other:?}"),
         }

@@ -28,7 +28,7 @@ pub const BUDGET_WINDOW_SECS: u32 = 10;
 pub struct Policy {
     pub max_retries: u32,
     /// Whether each reason is retried, in [`FailoverReason::ALL`] order.
-    on: [bool; 4],
+    on: [bool; FailoverReason::ALL.len()],
     pub backoff: Backoff,
     pub max_retry_after: Duration,
     pub budget: BudgetRule,
@@ -71,7 +71,7 @@ impl Policy {
         let ratio = model.and_then(|m| m.budget_ratio).unwrap_or(p.budget_ratio);
         let ratio = if ratio.is_finite() { ratio.clamp(0.0, 1.0) } else { 0.0 };
         let min_per_sec = model.and_then(|m| m.budget_min_per_sec).unwrap_or(p.budget_min_per_sec);
-        let mut mask = [false; 4];
+        let mut mask = [false; FailoverReason::ALL.len()];
         for (slot, reason) in mask.iter_mut().zip(FailoverReason::ALL) {
             *slot = on.contains(&reason);
         }

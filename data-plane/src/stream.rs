@@ -1,7 +1,9 @@
 //! Forwarding a committed stream to the client (docs/http-api.md, "Streaming"): chunks go
 //! out as they arrive, each naming the served model; the failover report rides in one chunk,
-//! the first with content; once the model is locked, a drop, a malformed frame or a stall
-//! ends the stream with an error frame — never a hang, never a second model's text.
+//! the first with content; once the model is locked, a drop or a stall ends the stream with
+//! an error frame — never a hang, never a second model's text. A frame that does not parse
+//! is skipped and counted (`skipped_frames` in a last chunk before `[DONE]`), and a stream
+//! that closes after its finish reason without `[DONE]` gets the node's own.
 //!
 //! The body is pulled by hyper as the client reads, so a slow client slows the upstream
 //! read (bounded buffering), and a client that goes away drops the body, which drops the
@@ -75,6 +77,8 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
         usage: None,
         content_chunks: 0,
         settled: false,
+        identity: None,
+        after_settle: None,
     };
     let body = futures_util::stream::unfold(pump, |mut pump| async move {
         let frame = pump.next().await?;
@@ -113,6 +117,11 @@ struct Pump {
     usage: Option<Usage>,
     content_chunks: u64,
     settled: bool,
+    /// The stream's `id` and `created`, kept from the first chunk forwarded after a skipped
+    /// frame, for a chunk of the node's own at the end (the `skipped_frames` report).
+    identity: Option<(Box<RawValue>, Box<RawValue>)>,
+    /// The frame still to send once the stream is settled (`[DONE]` after the report).
+    after_settle: Option<Bytes>,
 }
 
 impl Pump {
@@ -120,7 +129,7 @@ impl Pump {
     async fn next(&mut self) -> Option<Bytes> {
         loop {
             if self.settled {
-                return None;
+                return self.after_settle.take();
             }
             let event = match self.buffered.pop_front() {
                 Some(event) => Some(Ok(event)),
@@ -144,9 +153,19 @@ impl Pump {
                 }
                 Some(Ok(StreamEvent::Done)) => {
                     self.settle(Outcome::Success);
-                    return Some(Bytes::from_static(b"data: [DONE]\n\n"));
+                    let done = Bytes::from_static(b"data: [DONE]\n\n");
+                    // The report of frames that did not parse rides in a chunk of its own,
+                    // the last before `[DONE]`: which upstream chunk was the last is known
+                    // only once the stream has ended.
+                    return match self.skipped_report() {
+                        Some(report) => {
+                            self.after_settle = Some(done);
+                            Some(report)
+                        }
+                        None => Some(done),
+                    };
                 }
-                Some(Ok(StreamEvent::Chunk { mut fields, commits, usage, usage_only })) => {
+                Some(Ok(StreamEvent::Chunk { mut fields, commits, usage, usage_only, .. })) => {
                     if usage.is_some() {
                         self.usage = usage;
                     }
@@ -161,6 +180,14 @@ impl Pump {
                     }
                     if !self.ctx.include_usage {
                         fields.remove("usage");
+                    }
+                    // Kept only once a frame was skipped, so that an ordinary stream pays
+                    // nothing for the report it does not get.
+                    if self.identity.is_none()
+                        && self.upstream.skipped_frames() > 0
+                        && let (Some(id), Some(created)) = (fields.get("id"), fields.get("created"))
+                    {
+                        self.identity = Some((id.clone(), created.clone()));
                     }
                     let Ok(json) = serde_json::to_vec(&fields) else { continue };
                     return Some(sse_frame(&json));
@@ -205,12 +232,55 @@ impl Pump {
         sse_frame(body.to_string().as_bytes())
     }
 
+    /// The chunk that tells the client how many upstream frames did not parse and were
+    /// skipped (`secureai.skipped_frames`, `metadata` on the classic endpoint); `None` when
+    /// every frame parsed.
+    fn skipped_report(&self) -> Option<Bytes> {
+        let skipped = self.upstream.skipped_frames();
+        if skipped == 0 {
+            return None;
+        }
+        let key = match self.ctx.flavor {
+            Flavor::OpenAi => "secureai",
+            Flavor::Classic => "metadata",
+        };
+        let (id, created) = match &self.identity {
+            Some((id, created)) => (json!(id), json!(created)),
+            None => (json!("chatcmpl-switchyard"), json!(switchyard_time::now_secs())),
+        };
+        let chunk = json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": self.ctx.model.name,
+            "choices": [],
+            key: {"skipped_frames": skipped},
+        });
+        Some(sse_frame(chunk.to_string().as_bytes()))
+    }
+
+    /// Counts the frames that did not parse, and warns of them (at most once a minute per
+    /// model).
+    fn count_skipped(&self) {
+        let skipped = self.upstream.skipped_frames();
+        if skipped == 0 {
+            return;
+        }
+        let model = &self.ctx.model.name;
+        let metrics = &self.app.executor.metrics;
+        if metrics.malformed_frames(model, skipped, Instant::now()) {
+            let request_id = self.ctx.request_id.to_str().unwrap_or_default();
+            tracing::warn!(%model, request_id, skipped, "upstream stream frames did not parse and were skipped (switchyard_upstream_malformed_frames_total counts them; this warning repeats at most once a minute per model)");
+        }
+    }
+
     /// Settles the breaker permit and bills usage, once.
     fn settle(&mut self, outcome: Outcome) {
         if self.settled {
             return;
         }
         self.settled = true;
+        self.count_skipped();
         if let Some(permit) = self.permit.take() {
             self.app.executor.report_transition(permit.record(outcome, Instant::now()));
         }
@@ -235,6 +305,7 @@ impl Drop for Pump {
     fn drop(&mut self) {
         if !self.settled {
             self.settled = true;
+            self.count_skipped();
             self.bill();
         }
     }
@@ -253,7 +324,13 @@ mod tests {
     use super::*;
 
     fn chunk(commits: bool, usage_only: bool) -> StreamEvent {
-        StreamEvent::Chunk { fields: Default::default(), commits, usage: None, usage_only }
+        StreamEvent::Chunk {
+            fields: Default::default(),
+            commits,
+            usage: None,
+            usage_only,
+            finished: false,
+        }
     }
 
     fn carriers(events: &[StreamEvent]) -> Vec<usize> {

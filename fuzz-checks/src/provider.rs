@@ -89,6 +89,7 @@ fn stream(adapter: &dyn Adapter, body: &[u8]) {
         return;
     }
     let mut ended = false;
+    let mut finished = false;
     loop {
         let frame = match parser.next_frame() {
             Ok(Some(frame)) => frame,
@@ -98,12 +99,16 @@ fn stream(adapter: &dyn Adapter, body: &[u8]) {
         let events = match decoder.decode(&frame) {
             Ok(events) => events,
             Err(why) => {
+                // The stream reader skips such a frame and reads on.
                 assert!(!why.is_empty(), "a refusal says why");
-                return;
+                continue;
             }
         };
         for event in &events {
             check_event(event);
+            if let StreamEvent::Chunk { finished: f, .. } = event {
+                finished = *f;
+            }
             if matches!(event, StreamEvent::Done | StreamEvent::Error(_)) {
                 ended = true;
             }
@@ -113,10 +118,9 @@ fn stream(adapter: &dyn Adapter, body: &[u8]) {
             return;
         }
     }
-    if !parser.has_partial()
-        && let Some(events) = decoder.finish()
-    {
-        events.iter().for_each(check_event);
+    // The body ended after every choice's finish reason: the reader closes the stream.
+    if finished {
+        decoder.close().iter().for_each(check_event);
     }
 }
 

@@ -68,6 +68,7 @@ fn model() -> Model {
         max_tokens: None,
         probe: None,
         continuation: Default::default(),
+        context_window: None,
     }
 }
 

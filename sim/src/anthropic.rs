@@ -268,9 +268,13 @@ impl StreamWire for MessageStream {
         error_frame(message)
     }
 
-    fn tail(&self, text: &str) -> Vec<Bytes> {
+    fn bad_frame(&self) -> Bytes {
+        Bytes::from_static(MALFORMED_FRAME)
+    }
+
+    fn tail(&self, text: &str, marker: bool) -> Vec<Bytes> {
         let stop_reason = if self.tool.is_some() { "tool_use" } else { "end_turn" };
-        vec![
+        let mut frames = vec![
             event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})),
             event(
                 "message_delta",
@@ -278,8 +282,11 @@ impl StreamWire for MessageStream {
                         "delta": {"stop_reason": stop_reason, "stop_sequence": null},
                         "usage": {"output_tokens": tokens(text)}}),
             ),
-            event("message_stop", &json!({"type": "message_stop"})),
-        ]
+        ];
+        if marker {
+            frames.push(event("message_stop", &json!({"type": "message_stop"})));
+        }
+        frames
     }
 }
 
@@ -332,6 +339,16 @@ pub fn status_error(
         _ => retry_after,
     };
     err
+}
+
+/// A prompt longer than the model's context: Anthropic's 400 `invalid_request_error`
+/// "prompt is too long: N tokens > M maximum", as api.anthropic.com words it.
+pub fn context_length(window: u64, prompt_tokens: u64) -> ApiError {
+    ApiError::new(
+        400,
+        format!("prompt is too long: {prompt_tokens} tokens > {window} maximum"),
+        "invalid_request_error",
+    )
 }
 
 /// A request without a key Anthropic accepts (`x-api-key` missing or wrong).
@@ -450,7 +467,7 @@ mod tests {
             data(&wire.content("Hi")).1["delta"],
             json!({"type": "text_delta", "text": "Hi"})
         );
-        let tail: Vec<_> = wire.tail("a b").iter().map(data).collect();
+        let tail: Vec<_> = wire.tail("a b", true).iter().map(data).collect();
         let names: Vec<_> = tail.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["content_block_stop", "message_delta", "message_stop"]);
         assert_eq!(tail[1].1["usage"]["output_tokens"], 2);

@@ -80,6 +80,16 @@ pub struct Reply {
     /// Streaming: send this many content chunks, then close the connection abruptly (the
     /// chunked body never ends properly).
     pub drop_after: Option<u32>,
+    /// Streaming: send the finish reason (and the usage, where the wire format sends it)
+    /// and end the body cleanly without the end marker (OpenAI's `data: [DONE]`,
+    /// Anthropic's `message_stop`; Gemini's streams have none anyway).
+    pub no_done: bool,
+    /// Streaming: after this many content chunks, one `data:` line that is not JSON, then
+    /// the rest of the answer as usual.
+    pub bad_frame_after: Option<u32>,
+    /// The model's context, in the simulator's tokens (words): a request whose prompt has
+    /// more gets the provider's own context-length refusal (a 400) instead of the answer.
+    pub context_window: Option<u64>,
 }
 
 impl Default for Reply {
@@ -92,7 +102,17 @@ impl Default for Reply {
             chunk_delay_ms: 0,
             stall_after: None,
             drop_after: None,
+            no_done: false,
+            bad_frame_after: None,
+            context_window: None,
         }
+    }
+}
+
+impl Reply {
+    /// The model's `context_window` when a prompt of `prompt_tokens` is longer.
+    pub fn too_long(&self, prompt_tokens: u64) -> Option<u64> {
+        self.context_window.filter(|window| prompt_tokens > *window)
     }
 }
 

@@ -250,7 +250,12 @@ impl StreamWire for ResponseStream {
         error_frame(message)
     }
 
-    fn tail(&self, text: &str) -> Vec<Bytes> {
+    fn bad_frame(&self) -> Bytes {
+        Bytes::from_static(MALFORMED_FRAME)
+    }
+
+    /// Gemini's stream has no end marker: the body ends after the last chunk either way.
+    fn tail(&self, text: &str, _marker: bool) -> Vec<Bytes> {
         vec![self.response().final_chunk(self.prompt_tokens, tokens(text))]
     }
 }
@@ -319,6 +324,18 @@ impl ApiError {
             error["details"] = Value::Array(self.details.clone());
         }
         Bytes::from(json!({ "error": error }).to_string())
+    }
+
+    /// A prompt longer than the model's context: Google's 400 INVALID_ARGUMENT, worded as
+    /// generativelanguage.googleapis.com words it.
+    pub fn context_length(window: u64, prompt_tokens: u64) -> Self {
+        ApiError::new(
+            400,
+            format!(
+                "The input token count ({prompt_tokens}) exceeds the maximum number of tokens \
+                 allowed ({window})."
+            ),
+        )
     }
 
     /// No key at all (Google's answer to an unauthenticated call).

@@ -373,13 +373,19 @@ impl StreamWire for CompletionStream {
         error_frame(message)
     }
 
-    fn tail(&self, text: &str) -> Vec<Bytes> {
+    fn bad_frame(&self) -> Bytes {
+        Bytes::from_static(MALFORMED_FRAME)
+    }
+
+    fn tail(&self, text: &str, marker: bool) -> Vec<Bytes> {
         let completion = self.completion();
         let mut frames = vec![completion.finish_chunk(self.include_usage)];
         if self.include_usage {
             frames.push(completion.usage_chunk(self.prompt_tokens, tokens(text)));
         }
-        frames.push(Bytes::from_static(DONE));
+        if marker {
+            frames.push(Bytes::from_static(DONE));
+        }
         frames
     }
 }
@@ -510,6 +516,21 @@ impl ApiError {
              contact us through our help center at help.openai.com.)",
             "invalid_request_error",
         )
+    }
+
+    /// A prompt longer than the model's context: OpenAI's 400 `context_length_exceeded`
+    /// (its "Error codes" guide; the message as api.openai.com words it).
+    pub fn context_length(window: u64, prompt_tokens: u64) -> Self {
+        ApiError::new(
+            400,
+            format!(
+                "This model's maximum context length is {window} tokens. However, your messages \
+                 resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+            ),
+            "invalid_request_error",
+        )
+        .param("messages")
+        .code("context_length_exceeded")
     }
 
     /// A path OpenAI does not serve.

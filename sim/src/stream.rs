@@ -18,8 +18,11 @@ pub trait StreamWire: Send + 'static {
     fn content(&self, piece: &str) -> Bytes;
     /// The in-band error frame of a stream that fails after it started.
     fn error(&self, message: &str) -> Bytes;
-    /// The frames after the last piece (`text` is the whole content), ending the stream.
-    fn tail(&self, text: &str) -> Vec<Bytes>;
+    /// A frame whose data is not JSON.
+    fn bad_frame(&self) -> Bytes;
+    /// The frames after the last piece (`text` is the whole content), ending the stream;
+    /// without the end marker when `marker` is false.
+    fn tail(&self, text: &str, marker: bool) -> Vec<Bytes>;
 }
 
 /// Everything a stream task needs, owned, so it outlives the handler.
@@ -31,6 +34,8 @@ pub struct StreamPlan {
     chunk_delay_ms: u64,
     stall_after: Option<u32>,
     drop_after: Option<u32>,
+    no_done: bool,
+    bad_frame_after: Option<u32>,
     error_after: Option<(u32, String)>,
 }
 
@@ -49,6 +54,8 @@ impl StreamPlan {
             chunk_delay_ms: reply.chunk_delay_ms,
             stall_after: reply.stall_after,
             drop_after: reply.drop_after,
+            no_done: reply.no_done,
+            bad_frame_after: reply.bad_frame_after,
             error_after,
         }
     }
@@ -98,13 +105,16 @@ impl StreamPlan {
             if let Some((_, message)) = self.error_after.as_ref().filter(|(k, _)| due(Some(*k))) {
                 return send(tx, self.wire.error(message)).await;
             }
+            if due(self.bad_frame_after) {
+                send(tx, self.wire.bad_frame()).await?;
+            }
             if last {
                 break;
             }
             sleep_ms(if i == 0 { self.first_token_delay_ms } else { self.chunk_delay_ms }).await;
             send(tx, self.wire.content(pieces[i])).await?;
         }
-        for frame in self.wire.tail(&self.text) {
+        for frame in self.wire.tail(&self.text, !self.no_done) {
             send(tx, frame).await?;
         }
         Ok(())

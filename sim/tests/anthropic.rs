@@ -177,6 +177,21 @@ async fn scripted_statuses_send_anthropic_error_bodies() {
 }
 
 #[tokio::test]
+async fn a_prompt_past_the_context_window_is_too_long_and_no_message_stop_ends_without_it() {
+    let s = sim().await;
+    s.set("claude-sim", Behaviour::Ok(Reply { context_window: Some(3), ..Reply::default() }));
+    let (status, _, body) = post(s.local_addr, request("claude-sim", false), &[]).await.unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["message"], "prompt is too long: 4 tokens > 3 maximum");
+    s.set("claude-sim", Behaviour::Ok(Reply { no_done: true, ..Reply::default() }));
+    let (_, _, body) = post(s.local_addr, request("claude-sim", true), &[]).await.unwrap();
+    let names: Vec<String> = events(&body).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names.last().map(String::as_str), Some("message_delta"), "{names:?}");
+}
+
+#[tokio::test]
 async fn stream_error_is_an_in_band_overloaded_error_event() {
     let s = sim().await;
     s.set("claude-sim", Behaviour::StreamError(StreamErrorReply { after: 1, message: None }));

@@ -672,3 +672,65 @@ async fn throughput_over_keep_alive() {
     );
     assert_eq!(sim.stats().connections.opened, u64::from(conns));
 }
+
+#[tokio::test]
+async fn no_done_ends_the_stream_after_the_finish_and_usage_without_the_marker() {
+    let sim = sim().await;
+    sim.set("s", Behaviour::Ok(Reply { chunks: 2, no_done: true, ..Reply::default() }));
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(request("s", true)), &[])
+        .await;
+    let (events, failed) = events(resp).await;
+    assert!(!failed, "the body ends cleanly");
+    // role, 2 pieces, finish, usage — and no [DONE]
+    assert_eq!(events.len(), 5, "{events:#?}");
+    let usage: Value = serde_json::from_str(&events[4]).unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert!(usage["usage"]["total_tokens"].is_u64());
+}
+
+#[tokio::test]
+async fn bad_frame_after_puts_one_line_that_is_not_json_between_pieces() {
+    let sim = sim().await;
+    let reply = Reply {
+        text: Some("a b c".into()),
+        chunks: 3,
+        bad_frame_after: Some(1),
+        ..Reply::default()
+    };
+    sim.set("s", Behaviour::Ok(reply));
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(request("s", true)), &[])
+        .await;
+    let (events, failed) = events(resp).await;
+    assert!(!failed);
+    let bad: Vec<usize> = (0..events.len())
+        .filter(|i| events[*i] != "[DONE]" && serde_json::from_str::<Value>(&events[*i]).is_err())
+        .collect();
+    assert_eq!(bad, [2], "after the role chunk and one piece: {events:#?}");
+    assert_eq!(content(&events).concat(), "a b c", "the whole answer around it");
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+}
+
+#[tokio::test]
+async fn a_prompt_past_the_context_window_gets_openais_context_length_400() {
+    let sim = sim().await;
+    // The request's prompt is four words.
+    sim.set("small", Behaviour::Ok(Reply { context_window: Some(3), ..Reply::default() }));
+    sim.set("fits", Behaviour::Ok(Reply { context_window: Some(4), ..Reply::default() }));
+    let (status, _, v) = chat(sim.local_addr, "small").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["param"], "messages");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("This model's maximum context length is 3 tokens.")
+    );
+    let (status, _, _) = chat(sim.local_addr, "fits").await;
+    assert_eq!(status, StatusCode::OK);
+}

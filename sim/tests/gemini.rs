@@ -133,6 +133,19 @@ async fn scripted_statuses_send_google_error_bodies() {
 }
 
 #[tokio::test]
+async fn a_prompt_past_the_context_window_gets_googles_token_count_400() {
+    let sim = sim().await;
+    sim.set("g", Behaviour::Ok(Reply { context_window: Some(3), ..Reply::default() }));
+    let (status, v) = generate(sim.local_addr, "g").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["status"], "INVALID_ARGUMENT");
+    assert_eq!(
+        v["error"]["message"],
+        "The input token count (4) exceeds the maximum number of tokens allowed (3)."
+    );
+}
+
+#[tokio::test]
 async fn keys_are_read_from_x_goog_api_key_when_set() {
     let sim = sim().await;
     sim.set_keys(vec!["AIza-good".into()]);

@@ -162,6 +162,39 @@ async fn an_invalid_catalog_names_file_path_and_field_and_applies_nothing() {
 }
 
 #[tokio::test]
+async fn a_context_window_that_is_not_a_positive_integer_is_refused_by_its_path_and_stores_nothing()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let cp = control(dir.path()).await;
+    for (value, file) in [("0", "zero.yaml"), ("-8000", "negative.yaml"), ("8k", "text.yaml")] {
+        let bad = CATALOG.replace(
+            "upstream_model: gpt-5-mini",
+            &format!("upstream_model: gpt-5-mini\n    context_window: {value}"),
+        );
+        assert!(bad.contains("context_window"), "the fixture changed");
+        let out = cli(&cp.url(), &["apply", "-f", &write(dir.path(), file, &bad)]).await;
+        assert!(!out.success, "{value}");
+        assert!(
+            out.stderr.contains(file)
+                && out.stderr.contains("models[1].context_window")
+                && out.stderr.contains("must be a positive integer (tokens)"),
+            "{value}: {}",
+            out.stderr
+        );
+    }
+    let stored = cli(&cp.url(), &["catalog", "--json"]).await.json();
+    assert_eq!(stored["models"], serde_json::json!([]), "nothing was applied");
+    let good = CATALOG.replace(
+        "upstream_model: gpt-5-mini",
+        "upstream_model: gpt-5-mini\n    context_window: 400000",
+    );
+    let out = cli(&cp.url(), &["apply", "-f", &write(dir.path(), "good.yaml", &good)]).await;
+    assert!(out.success, "{}", out.stderr);
+    let stored = cli(&cp.url(), &["catalog", "--json"]).await.json();
+    assert_eq!(stored["models"][1]["context_window"], 400000);
+}
+
+#[tokio::test]
 async fn a_key_secret_is_shown_once_and_stored_only_as_a_hash() {
     let dir = tempfile::tempdir().unwrap();
     let cp = control(dir.path()).await;

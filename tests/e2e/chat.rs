@@ -326,6 +326,80 @@ async fn the_clients_own_4xx_from_upstream_is_returned_at_once_without_failover(
     );
 }
 
+/// Ten words: longer than the 8-token windows, shorter than `CTX_LARGE`'s 100.
+fn long_prompt() -> serde_json::Value {
+    json!([{"role": "user", "content": "one two three four five six seven eight nine ten"}])
+}
+
+#[tokio::test]
+async fn a_context_length_refusal_fails_over_to_the_first_larger_window_skipping_smaller_ones() {
+    let gw = Gateway::start().await;
+    // The simulator's models refuse what their scripted window cannot hold, each in its
+    // provider's own shape (OpenAI's `context_length_exceeded`, Anthropic's "prompt is too
+    // long", Gemini's input token count past the maximum).
+    let refuse = json!({"kind": "ok", "context_window": 8});
+    gw.script("ctx-smaller", json!({"kind": "ok", "context_window": 4})).await;
+    gw.script("ctx-large", json!({"kind": "ok", "text": "the large model read it all"})).await;
+    for (first, upstream) in
+        [(CTX_SMALL, "ctx-small"), (ANTHROPIC, ANTHROPIC_UPSTREAM), (GEMINI, GEMINI_UPSTREAM)]
+    {
+        gw.script(upstream, refuse.clone()).await;
+        let large_before = gw.upstream_requests("ctx-large").await;
+        let r = gw
+            .chat(json!({"models": [first, CTX_SMALLER, CTX_LARGE], "messages": long_prompt()}))
+            .await;
+        assert_eq!(r.status, 200, "{first}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["model"], CTX_LARGE, "{first}");
+        assert_eq!(v["choices"][0]["message"]["content"], "the large model read it all");
+        assert_eq!(
+            attempts(&v),
+            [
+                triple(first, "failed", "context_length"),
+                triple(CTX_SMALLER, "skipped", "context_window"),
+                triple(CTX_LARGE, "served", ""),
+            ],
+            "{first}"
+        );
+        assert_eq!(gw.upstream_requests(upstream).await, 1, "{first}: one attempt, no retry");
+        assert_eq!(gw.upstream_requests("ctx-large").await, large_before + 1);
+    }
+    assert_eq!(gw.upstream_requests("ctx-smaller").await, 0, "a smaller window is never called");
+}
+
+#[tokio::test]
+async fn a_context_length_refusal_with_no_larger_window_after_it_is_the_400_at_once() {
+    let gw = Gateway::start().await;
+    gw.script("ctx-small", json!({"kind": "ok", "context_window": 8})).await;
+    // ctx-smaller (4) is not larger; SECONDARY declares no window, so it is not either.
+    let r = gw
+        .chat(json!({"models": [CTX_SMALL, CTX_SMALLER, SECONDARY], "messages": long_prompt()}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("This model's maximum context length is 8"),
+        "the upstream's own message: {v}"
+    );
+    assert_eq!(attempts(&v["error"]), [triple(CTX_SMALL, "failed", "context_length")]);
+    assert_eq!(gw.upstream_requests("ctx-small").await, 1, "one attempt");
+    assert_eq!(gw.upstream_requests("ctx-smaller").await, 0);
+    assert_eq!(gw.upstream_requests("secondary").await, 0);
+
+    // Without `context_length` in `on`, a larger window is not tried either.
+    let r = gw
+        .chat(json!({"models": [CTX_SMALL, CTX_LARGE], "messages": long_prompt(),
+                     "redundancy": {"on": ["server_error"]}}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(gw.upstream_requests("ctx-large").await, 0);
+}
+
 #[tokio::test]
 async fn an_upstream_401_tries_the_providers_reserve_credential() {
     let gw = Gateway::start_with(GatewayOptions {

@@ -246,3 +246,126 @@ async fn the_official_openai_python_sdk_streams_and_raises_on_a_mid_stream_drop(
     );
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
 }
+
+/// The value of the node's `/metrics` sample written exactly as `series`.
+async fn node_metric(gw: &Gateway, series: &str) -> Option<f64> {
+    let metrics = switchyard_e2e::http_get(gw.node.addr, "/metrics", None).await?.body;
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn output_tokens(model: &str, kind: &str) -> String {
+    format!(
+        "gen_ai_client_token_usage_sum{{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"openai\",\
+         gen_ai_request_model=\"{model}\",gen_ai_response_model=\"{model}\",gen_ai_token_type=\"{kind}\"}}"
+    )
+}
+
+#[tokio::test]
+async fn a_stream_closed_after_its_finish_reason_and_usage_without_done_ends_with_the_nodes_done() {
+    let gw = Gateway::start().await;
+    // Six words in two chunks: the upstream's usage (6) differs from the node's fallback
+    // count of content chunks (2), so the metric below tells which was recorded.
+    gw.script(
+        "primary",
+        json!({"kind": "ok", "text": "one two three four five six", "chunks": 2, "no_done": true}),
+    )
+    .await;
+    let s = gw.stream(streaming(PRIMARY, &[])).await;
+    assert_eq!(s.status, 200);
+    assert_eq!(s.text(), "one two three four five six");
+    assert!(s.error_frame().is_none(), "a clean end is an end: {:?}", s.frames);
+    assert_eq!(s.frames.last().map(String::as_str), Some("[DONE]"), "{:?}", s.frames);
+    assert_eq!(s.frames.iter().filter(|f| *f == "[DONE]").count(), 1);
+    let tokens = output_tokens(PRIMARY, "output");
+    switchyard_e2e::eventually(Duration::from_secs(5), "the upstream's usage recorded", || async {
+        (node_metric(&gw, &tokens).await? == 6.0).then_some(())
+    })
+    .await;
+
+    // Azure OpenAI's stream is OpenAI's; Anthropic's form of the same is `message_delta`
+    // with the stop reason and usage, then the body ends without `message_stop`.
+    for (model, upstream) in [(AZURE, AZURE_DEPLOYMENT), (ANTHROPIC, ANTHROPIC_UPSTREAM)] {
+        gw.script(upstream, json!({"kind": "ok", "text": "bonjour le monde", "no_done": true}))
+            .await;
+        let s = gw.stream(streaming(model, &[])).await;
+        assert_eq!(s.text(), "bonjour le monde", "{model}");
+        assert!(s.error_frame().is_none(), "{model}: {:?}", s.frames);
+        assert_eq!(s.frames.last().map(String::as_str), Some("[DONE]"), "{model}: {:?}", s.frames);
+    }
+
+    // Cut before the finish reason, it is still a broken stream.
+    gw.script("primary", json!({"kind": "ok", "chunks": 4, "drop_after": 2})).await;
+    let s = gw.stream(streaming(PRIMARY, &[])).await;
+    assert!(s.error_frame().is_some(), "{:?}", s.frames);
+}
+
+#[tokio::test]
+async fn a_frame_that_does_not_parse_mid_stream_is_skipped_counted_and_reported() {
+    let gw = Gateway::start().await;
+    gw.script(
+        "primary",
+        json!({"kind": "ok", "text": "alpha beta gamma delta", "chunks": 4, "bad_frame_after": 2}),
+    )
+    .await;
+    let s = gw.stream(streaming(PRIMARY, &[SECONDARY])).await;
+    assert_eq!(s.status, 200);
+    assert_eq!(s.text(), "alpha beta gamma delta", "the whole answer: {:?}", s.frames);
+    assert!(s.error_frame().is_none(), "{:?}", s.frames);
+    assert_eq!(s.header("x-served-model").as_deref(), Some(PRIMARY), "no failover for it");
+    let chunks = s.chunks();
+    let last = chunks.last().unwrap();
+    assert_eq!(last["secureai"]["skipped_frames"], 1, "the last chunk before [DONE]: {last}");
+    assert_eq!(last["model"], PRIMARY);
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!((&last["id"], &last["created"]), (&chunks[0]["id"], &chunks[0]["created"]));
+    assert_eq!(s.frames.last().map(String::as_str), Some("[DONE]"));
+    let series = format!("switchyard_upstream_malformed_frames_total{{model=\"{PRIMARY}\"}}");
+    assert_eq!(node_metric(&gw, &series).await, Some(1.0));
+
+    // A stream made only of such frames is a failed attempt: the chain moves on.
+    gw.script("primary", json!({"kind": "malformed"})).await;
+    gw.script("secondary", json!({"kind": "ok", "text": "from the fallback"})).await;
+    let s = gw.stream(streaming(PRIMARY, &[SECONDARY])).await;
+    assert_eq!(s.text(), "from the fallback");
+    assert_eq!(
+        attempts(&s.report_chunk()),
+        [triple(PRIMARY, "failed", "server_error"), triple(SECONDARY, "served", "")]
+    );
+}
+
+#[tokio::test]
+async fn the_official_openai_python_sdk_reads_a_stream_without_done_and_one_with_a_bad_frame_whole()
+{
+    let gw = Gateway::start().await;
+    gw.script(
+        "primary",
+        json!({"kind": "ok", "text": "one two three four five six", "chunks": 2, "no_done": true}),
+    )
+    .await;
+    gw.script(
+        "secondary",
+        json!({"kind": "ok", "text": "alpha beta gamma", "chunks": 3, "bad_frame_after": 1}),
+    )
+    .await;
+    let url = format!("{}/v1", gw.node.url());
+    let stdout = switchyard_e2e::sdk_script(
+        "openai_sdk_stream_ends.py",
+        &[&url, &gw.key, PRIMARY, SECONDARY],
+    )
+    .await;
+    let checks: Vec<serde_json::Value> =
+        stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(checks.len(), 2, "{stdout}");
+    assert_eq!(checks[0]["text"], "one two three four five six");
+    // The prompt is six words: the simulator's usage, as the upstream sent it.
+    assert_eq!(checks[0]["usage"], json!({"prompt_tokens": 6, "completion_tokens": 6}));
+    assert_eq!(checks[1]["text"], "alpha beta gamma", "the whole answer reached the SDK");
+    assert_eq!(checks[1]["skipped_frames"], 1);
+    let tokens = output_tokens(PRIMARY, "output");
+    switchyard_e2e::eventually(Duration::from_secs(5), "the usage recorded", || async {
+        (node_metric(&gw, &tokens).await? == 6.0).then_some(())
+    })
+    .await;
+    let series = format!("switchyard_upstream_malformed_frames_total{{model=\"{SECONDARY}\"}}");
+    assert_eq!(node_metric(&gw, &series).await, Some(1.0));
+}

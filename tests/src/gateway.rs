@@ -31,6 +31,11 @@ pub const GEMINI_UPSTREAM: &str = "gemini-sim";
 pub const AZURE: &str = "azure/gpt";
 pub const AZURE_DEPLOYMENT: &str = "azure-deployment";
 pub const ALL_MODELS: [&str; 3] = [PRIMARY, SECONDARY, TERTIARY];
+/// Models with a catalog `context_window` (docs/catalog.md): 8, 4 and 100 tokens (the
+/// simulator counts words). `ANTHROPIC` and `GEMINI` have 8 too.
+pub const CTX_SMALL: &str = "sim/ctx-small";
+pub const CTX_SMALLER: &str = "sim/ctx-smaller";
+pub const CTX_LARGE: &str = "sim/ctx-large";
 
 pub struct Gateway {
     pub dir: tempfile::TempDir,
@@ -151,9 +156,23 @@ models:
     provider: sim-anthropic
     upstream_model: {ANTHROPIC_UPSTREAM}
     max_tokens: 512
+    context_window: 8
   - name: {GEMINI}
     provider: sim-gemini
     upstream_model: {GEMINI_UPSTREAM}
+    context_window: 8
+  - name: {CTX_SMALL}
+    provider: sim-us
+    upstream_model: ctx-small
+    context_window: 8
+  - name: {CTX_SMALLER}
+    provider: sim-us
+    upstream_model: ctx-smaller
+    context_window: 4
+  - name: {CTX_LARGE}
+    provider: sim-us
+    upstream_model: ctx-large
+    context_window: 100
   - name: {AZURE}
     provider: sim-azure
     upstream_model: {AZURE_DEPLOYMENT}

@@ -27,7 +27,7 @@ pub struct DefaultsView {
     pub models: Vec<String>,
     pub timeout_ms: Option<u32>,
     pub first_token_timeout_ms: Option<u32>,
-    /// Empty on the wire means all four triggers; scripts get the list spelled out.
+    /// Empty on the wire means the default triggers; scripts get the list spelled out.
     pub on: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degraded: Option<DegradedView>,

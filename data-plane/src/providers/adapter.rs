@@ -76,10 +76,13 @@ pub trait StreamDecoder: Send {
     /// The events one frame yields (often one, sometimes none or several).
     fn decode(&mut self, frame: &sse::Frame) -> Result<Vec<StreamEvent>, String>;
 
-    /// The body ended cleanly between events: the events that close the stream if it is
-    /// complete, `None` if an end marker was still due. Providers with an in-band end
-    /// marker keep the default; Gemini's stream ends with the body after its finishReason.
-    fn finish(&mut self) -> Option<Vec<StreamEvent>> {
-        None
+    /// The events that end a stream whose answer is whole (its last chunk said `finished`)
+    /// but whose body closed before the provider's end marker: what the marker would have
+    /// brought (a usage chunk the decoder holds), then [`StreamEvent::Done`]. Whether the
+    /// stream was whole is decided in one place for every provider, `UpstreamStream`; the
+    /// decoder only says what closing it takes. Gemini has no end marker at all: every
+    /// clean Gemini stream ends here.
+    fn close(&mut self) -> Vec<StreamEvent> {
+        vec![StreamEvent::Done]
     }
 }

@@ -53,7 +53,7 @@ use serde_json::{Value, json};
 use switchyard_catalog::{Model, Provider};
 
 use super::adapter::{Adapter, StreamDecoder};
-use super::error::{CallError, UpstreamError};
+use super::error::{CONTEXT_LENGTH_EXCEEDED, CallError, UpstreamError};
 use super::secret::Secret;
 use super::sse::Frame;
 use super::unified::{Completion, Fields, StreamEvent, Usage};
@@ -711,10 +711,20 @@ pub fn parse_error(status: StatusCode, body: &[u8]) -> UpstreamError {
     match serde_json::from_slice::<ErrorBody>(body) {
         Ok(ErrorBody { error }) => {
             let anthropic = error.kind.unwrap_or_default();
+            // Anthropic's refusal of a prompt longer than the model's context is a 400
+            // `invalid_request_error` whose message says "prompt is too long: N tokens > M
+            // maximum" (its API reference, "Errors"; the messages quoted by SDK users).
+            let code = if anthropic == "invalid_request_error"
+                && error.message.to_ascii_lowercase().starts_with("prompt is too long")
+            {
+                Some(CONTEXT_LENGTH_EXCEEDED.to_owned())
+            } else {
+                (!anthropic.is_empty()).then_some(anthropic.clone())
+            };
             UpstreamError {
                 kind: openai_kind(&anthropic, status).to_owned(),
                 message: error.message,
-                code: (!anthropic.is_empty()).then_some(anthropic),
+                code,
                 param: None,
             }
         }
@@ -775,6 +785,8 @@ pub struct MessageDecoder {
     /// Anthropic content-block index → OpenAI tool-call index.
     tools: HashMap<u64, u64>,
     role_sent: bool,
+    /// `message_delta` brought the stop reason: the answer is whole.
+    stopped: bool,
 }
 
 #[derive(Deserialize)]
@@ -824,6 +836,7 @@ impl MessageDecoder {
             usage: WireUsage::default(),
             tools: HashMap::new(),
             role_sent: false,
+            stopped: false,
         }
     }
 
@@ -851,7 +864,8 @@ impl MessageDecoder {
             ),
         ];
         let fields = raw_fields(fields).map_err(|e| e.to_string())?;
-        Ok(StreamEvent::Chunk { fields, commits, usage: None, usage_only: false })
+        let finished = self.stopped;
+        Ok(StreamEvent::Chunk { fields, commits, usage: None, usage_only: false, finished })
     }
 
     fn usage_chunk(&self) -> Result<StreamEvent, String> {
@@ -869,6 +883,7 @@ impl MessageDecoder {
             commits: false,
             usage: Some(self.usage.usage()),
             usage_only: true,
+            finished: self.stopped,
         })
     }
 }
@@ -945,6 +960,7 @@ impl StreamDecoder for MessageDecoder {
                 }
                 match event.delta.and_then(|d| d.stop_reason) {
                     Some(reason) => {
+                        self.stopped = true;
                         vec![self.chunk(json!({}), Some(finish_reason(Some(&reason))), true)?]
                     }
                     None => Vec::new(),
@@ -956,6 +972,12 @@ impl StreamDecoder for MessageDecoder {
             // docs ask clients to ignore unknown events).
             _ => Vec::new(),
         })
+    }
+
+    /// `message_stop` did not come after the stop reason: what it brings, the usage chunk
+    /// and the end.
+    fn close(&mut self) -> Vec<StreamEvent> {
+        self.usage_chunk().into_iter().chain([StreamEvent::Done]).collect()
     }
 }
 
@@ -1411,6 +1433,18 @@ mod tests {
         let e = Anthropic.error(StatusCode::from_u16(529).unwrap(), b"<html>overloaded</html>");
         assert_eq!(e.kind, "server_error");
         assert!(!e.message.contains("html"));
+    }
+
+    #[test]
+    fn a_prompt_too_long_is_recognised_as_a_context_length_refusal() {
+        // The body api.anthropic.com sends (as quoted in SDK users' reports).
+        let body = br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"},"request_id":"req_011CVQe1dLrGNMJyE1ghG1av"}"#;
+        let error = Anthropic.error(StatusCode::BAD_REQUEST, body);
+        assert!(error.is_context_length(), "{error:?}");
+        assert_eq!(error.kind, "invalid_request_error");
+        assert!(error.message.starts_with("prompt is too long"));
+        let other = br#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}"#;
+        assert!(!Anthropic.error(StatusCode::BAD_REQUEST, other).is_context_length());
     }
 
     #[test]

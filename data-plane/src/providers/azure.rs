@@ -60,17 +60,18 @@ impl Adapter for Azure {
     }
 
     fn stream_decoder(&self, _upstream_model: &str) -> Box<dyn StreamDecoder> {
-        Box::new(AzureChunks)
+        Box::new(AzureChunks::default())
     }
 }
 
-struct AzureChunks;
+#[derive(Default)]
+struct AzureChunks(openai::Choices);
 
 impl StreamDecoder for AzureChunks {
     fn decode(&mut self, frame: &Frame) -> Result<Vec<StreamEvent>, String> {
         // Azure sends a first chunk with empty `choices` and only `prompt_filter_results`;
         // it carries nothing for the client.
-        let event = openai::decode_chunk(frame)?;
+        let event = openai::decode_chunk(frame, &mut self.0)?;
         Ok(match event {
             Some(StreamEvent::Chunk { ref fields, usage: None, .. })
                 if fields.get("choices").is_some_and(|c| c.get() == "[]") =>
@@ -127,6 +128,6 @@ mod tests {
             event: None,
             data: r#"{"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}]}"#.into(),
         };
-        assert!(AzureChunks.decode(&frame).unwrap().is_empty());
+        assert!(AzureChunks::default().decode(&frame).unwrap().is_empty());
     }
 }

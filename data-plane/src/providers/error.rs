@@ -14,6 +14,17 @@ pub struct UpstreamError {
     pub param: Option<String>,
 }
 
+/// The code every adapter gives a provider's refusal of a prompt longer than the model's
+/// context (OpenAI's own code for it), so that one rule in `crate::failure` reads them all.
+pub const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
+
+impl UpstreamError {
+    /// The provider refused the prompt as longer than the model's context.
+    pub fn is_context_length(&self) -> bool {
+        self.code.as_deref() == Some(CONTEXT_LENGTH_EXCEEDED)
+    }
+}
+
 /// How one upstream call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -55,10 +66,11 @@ impl CallError {
 /// How reading an upstream stream failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
-    /// The connection broke, or the stream ended mid-event or without its end marker.
+    /// The connection broke, or the stream ended before its finish reason.
     #[error("upstream stream broke: {0}")]
     Connection(String),
-    /// A frame that is not what the provider's format says.
+    /// The stream cannot be read as the provider's format (an event past the size limit), or
+    /// it ended unfinished after frames that did not parse.
     #[error("malformed upstream stream: {0}")]
     Malformed(String),
 }

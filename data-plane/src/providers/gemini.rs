@@ -48,7 +48,7 @@ use serde_json::{Map, Value, json};
 use switchyard_catalog::{Model, Provider};
 
 use super::adapter::{Adapter, StreamDecoder};
-use super::error::{CallError, UpstreamError};
+use super::error::{CONTEXT_LENGTH_EXCEEDED, CallError, UpstreamError};
 use super::secret::Secret;
 use super::sse::Frame;
 use super::unified::{Completion, Fields, StreamEvent, Usage};
@@ -991,15 +991,13 @@ impl StreamDecoder for GeminiStream {
             }));
         }
         let fields = raw_fields(self.chunk(choices))?;
-        Ok(vec![StreamEvent::Chunk { fields, commits, usage: None, usage_only: false }])
-    }
-
-    fn finish(&mut self) -> Option<Vec<StreamEvent>> {
         // Gemini ends a stream by ending the body; it is whole only if every candidate
         // finished (else the connection broke between chunks).
-        if self.started.is_empty() || self.started != self.finished {
-            return None;
-        }
+        let finished = !self.started.is_empty() && self.started == self.finished;
+        Ok(vec![StreamEvent::Chunk { fields, commits, usage: None, usage_only: false, finished }])
+    }
+
+    fn close(&mut self) -> Vec<StreamEvent> {
         let mut events = Vec::new();
         if let Some(usage) = self.usage {
             let mut chunk = self.chunk(Vec::new());
@@ -1010,11 +1008,12 @@ impl StreamDecoder for GeminiStream {
                     commits: false,
                     usage: Some(usage.usage()),
                     usage_only: true,
+                    finished: true,
                 });
             }
         }
         events.push(StreamEvent::Done);
-        Some(events)
+        events
     }
 }
 
@@ -1054,7 +1053,20 @@ pub fn parse_error(status: StatusCode, body: &[u8]) -> UpstreamError {
         .details
         .iter()
         .any(|d| d.get("reason").and_then(Value::as_str) == Some("API_KEY_INVALID"));
-    let code = if key_invalid { Some("API_KEY_INVALID".to_owned()) } else { error.status.clone() };
+    // Gemini refuses a prompt longer than the model's context with 400 INVALID_ARGUMENT "The
+    // input token count (N) exceeds the maximum number of tokens allowed (M)." (as quoted
+    // from generativelanguage.googleapis.com in the gemini-cli and python-genai issues).
+    let too_long = error.status.as_deref() == Some("INVALID_ARGUMENT") && {
+        let message = error.message.to_ascii_lowercase();
+        message.contains("input token count") && message.contains("exceeds the maximum")
+    };
+    let code = if key_invalid {
+        Some("API_KEY_INVALID".to_owned())
+    } else if too_long {
+        Some(CONTEXT_LENGTH_EXCEEDED.to_owned())
+    } else {
+        error.status.clone()
+    };
     UpstreamError {
         kind: if key_invalid {
             "authentication_error".into()
@@ -1497,11 +1509,14 @@ mod tests {
         ];
         let mut decoder = Gemini.stream_decoder("gemini-3.1-flash-lite-preview");
         let mut chunks = Vec::new();
+        let mut finished = Vec::new();
         for f in frames {
             let events = decoder.decode(&frame(f)).unwrap();
             assert_eq!(events.len(), 1);
             chunks.push(chunk(&events[0]));
+            finished.push(matches!(events[0], StreamEvent::Chunk { finished: true, .. }));
         }
+        assert_eq!(finished, [false, false, false, true], "whole once STOP came");
         let (first, commits) = &chunks[0];
         assert!(*commits);
         assert_eq!(first["object"], "chat.completion.chunk");
@@ -1520,10 +1535,16 @@ mod tests {
         assert_eq!(last["choices"][0]["delta"], json!({}));
         assert_eq!(last["choices"][0]["finish_reason"], "stop");
         // The body ends: the usage-only chunk, then the end marker.
-        let end = decoder.finish().unwrap();
+        let end = decoder.close();
         match &end[..] {
             [
-                StreamEvent::Chunk { fields: f, usage: Some(u), usage_only: true, commits: false },
+                StreamEvent::Chunk {
+                    fields: f,
+                    usage: Some(u),
+                    usage_only: true,
+                    commits: false,
+                    ..
+                },
                 StreamEvent::Done,
             ] => {
                 assert_eq!(*u, Usage { prompt_tokens: 1, completion_tokens: 9 });
@@ -1538,13 +1559,12 @@ mod tests {
     #[test]
     fn a_stream_cut_before_its_finish_reason_is_not_complete() {
         let mut decoder = GeminiStream::new("g");
-        assert!(decoder.finish().is_none());
-        decoder
+        let events = decoder
             .decode(&frame(
                 r#"{"candidates":[{"content":{"role":"model","parts":[{"text":"Hel"}]}}]}"#,
             ))
             .unwrap();
-        assert!(decoder.finish().is_none());
+        assert!(matches!(events[..], [StreamEvent::Chunk { finished: false, .. }]));
     }
 
     #[test]
@@ -1575,6 +1595,18 @@ mod tests {
             .decode(&frame(r#"{"error":{"code":503,"message":"The model is overloaded. Please try again later.","status":"UNAVAILABLE"}}"#))
             .unwrap();
         assert!(matches!(&events[..], [StreamEvent::Error(e)] if e.kind == "server_error"));
+    }
+
+    #[test]
+    fn an_input_token_count_past_the_maximum_is_a_context_length_refusal() {
+        // The body generativelanguage.googleapis.com sends (as quoted in gemini-cli issues).
+        let body = br#"{"error":{"code":400,"message":"The input token count (1200293) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#;
+        let error = Gemini.error(StatusCode::BAD_REQUEST, body);
+        assert!(error.is_context_length(), "{error:?}");
+        assert_eq!(error.kind, "invalid_request_error");
+        let other = br#"{"error":{"code":400,"message":"Request contains an invalid argument.","status":"INVALID_ARGUMENT"}}"#;
+        let other = Gemini.error(StatusCode::BAD_REQUEST, other);
+        assert_eq!(other.code.as_deref(), Some("INVALID_ARGUMENT"));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use switchyard_catalog::{Model, Provider};
 
 use super::adapter::{Adapter, StreamDecoder};
-use super::error::{CallError, UpstreamError};
+use super::error::{CONTEXT_LENGTH_EXCEEDED, CallError, UpstreamError};
 use super::secret::Secret;
 use super::sse::Frame;
 use super::unified::{Completion, Fields, StreamEvent, Usage};
@@ -80,22 +80,43 @@ impl Adapter for OpenAi {
     }
 
     fn stream_decoder(&self, _upstream_model: &str) -> Box<dyn StreamDecoder> {
-        Box::new(ChunkDecoder)
+        Box::new(ChunkDecoder::default())
     }
 }
 
-/// OpenAI chunks need no state: each frame is one chunk, already in the unified shape.
-struct ChunkDecoder;
+/// OpenAI chunks are already in the unified shape; the decoder only follows which choices
+/// have finished.
+#[derive(Default)]
+struct ChunkDecoder(Choices);
 
 impl StreamDecoder for ChunkDecoder {
     fn decode(&mut self, frame: &Frame) -> Result<Vec<StreamEvent>, String> {
-        Ok(decode_chunk(frame)?.into_iter().collect())
+        Ok(decode_chunk(frame, &mut self.0)?.into_iter().collect())
+    }
+}
+
+/// Which of a stream's choices have begun and which have had their finish reason, one bit
+/// per choice `index` (an index past 63 shares the last bit: `n` that large is not served).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Choices {
+    begun: u64,
+    finished: u64,
+}
+
+impl Choices {
+    fn bit(index: Option<u32>) -> u64 {
+        1 << index.unwrap_or(0).min(63)
+    }
+
+    /// Every choice begun so far has finished.
+    pub fn all_finished(&self) -> bool {
+        self.begun != 0 && self.begun & !self.finished == 0
     }
 }
 
 /// One OpenAI SSE frame as a unified event (shared with providers that speak OpenAI's
-/// stream format, e.g. Azure OpenAI).
-pub fn decode_chunk(frame: &Frame) -> Result<Option<StreamEvent>, String> {
+/// stream format, e.g. Azure OpenAI); `choices` follows the stream's finish reasons.
+pub fn decode_chunk(frame: &Frame, choices: &mut Choices) -> Result<Option<StreamEvent>, String> {
     {
         let data = frame.data.trim();
         if data == "[DONE]" {
@@ -109,11 +130,18 @@ pub fn decode_chunk(frame: &Frame) -> Result<Option<StreamEvent>, String> {
                 data.as_bytes(),
             ))));
         }
-        let choices: Vec<ChoiceProbe> = match fields.get("choices") {
+        let probes: Vec<ChoiceProbe> = match fields.get("choices") {
             Some(raw) => serde_json::from_str(raw.get()).map_err(|e| format!("`choices`: {e}"))?,
             None => Vec::new(),
         };
-        let commits = choices.iter().any(ChoiceProbe::commits);
+        for probe in &probes {
+            let bit = Choices::bit(probe.index);
+            choices.begun |= bit;
+            if probe.finish_reason.is_some() {
+                choices.finished |= bit;
+            }
+        }
+        let commits = probes.iter().any(ChoiceProbe::commits);
         let usage = fields
             .get("usage")
             .and_then(|raw| serde_json::from_str::<Option<WireUsage>>(raw.get()).ok().flatten())
@@ -121,14 +149,17 @@ pub fn decode_chunk(frame: &Frame) -> Result<Option<StreamEvent>, String> {
                 prompt_tokens: u.prompt_tokens,
                 completion_tokens: u.completion_tokens,
             });
-        let usage_only = choices.is_empty() && usage.is_some();
-        Ok(Some(StreamEvent::Chunk { fields, commits, usage, usage_only }))
+        let usage_only = probes.is_empty() && usage.is_some();
+        let finished = choices.all_finished();
+        Ok(Some(StreamEvent::Chunk { fields, commits, usage, usage_only, finished }))
     }
 }
 
-/// Just enough of a chunk's choice to know whether it carries content.
+/// Just enough of a chunk's choice to know whether it carries content or ends its choice.
 #[derive(Deserialize)]
 struct ChoiceProbe {
+    #[serde(default)]
+    index: Option<u32>,
     #[serde(default)]
     delta: Option<DeltaProbe>,
     #[serde(default)]
@@ -185,15 +216,24 @@ struct ErrorDetail {
 /// becomes a generic message for its status (raw bodies are not shown to clients).
 pub fn parse_error(status: StatusCode, body: &[u8]) -> UpstreamError {
     match serde_json::from_slice::<ErrorBody>(body) {
-        Ok(ErrorBody { error }) => UpstreamError {
-            message: error.message,
-            kind: error.kind.unwrap_or_else(|| default_kind(status).to_owned()),
-            code: error.code.map(|c| match c {
+        Ok(ErrorBody { error }) => {
+            let code = error.code.map(|c| match c {
                 serde_json::Value::String(s) => s,
                 other => other.to_string(),
-            }),
-            param: error.param,
-        },
+            });
+            // OpenAI codes it `context_length_exceeded`; OpenAI-compatible servers that keep
+            // the envelope often leave the code out and keep OpenAI's message ("This model's
+            // maximum context length is N tokens. However, ...").
+            let too_long = code.is_none()
+                && status == StatusCode::BAD_REQUEST
+                && error.message.contains("maximum context length");
+            UpstreamError {
+                message: error.message,
+                kind: error.kind.unwrap_or_else(|| default_kind(status).to_owned()),
+                code: if too_long { Some(CONTEXT_LENGTH_EXCEEDED.to_owned()) } else { code },
+                param: error.param,
+            }
+        }
         Err(_) => UpstreamError {
             message: format!("The upstream provider returned HTTP {}.", status.as_u16()),
             kind: default_kind(status).to_owned(),
@@ -304,6 +344,25 @@ mod tests {
         assert_eq!(e.kind, "invalid_request_error");
         assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
         assert_eq!(e.param.as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn a_compatible_servers_context_length_message_without_a_code_is_recognised() {
+        let e = parse_error(
+            StatusCode::BAD_REQUEST,
+            br#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.","type":"BadRequestError","param":null}}"#,
+        );
+        assert!(e.is_context_length(), "{e:?}");
+        let openai = parse_error(
+            StatusCode::BAD_REQUEST,
+            br#"{"error":{"message":"x","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        );
+        assert!(openai.is_context_length());
+        let other = parse_error(
+            StatusCode::BAD_REQUEST,
+            br#"{"error":{"message":"Invalid value for 'temperature'.","type":"invalid_request_error"}}"#,
+        );
+        assert!(!other.is_context_length());
     }
 
     #[test]

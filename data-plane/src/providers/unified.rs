@@ -184,6 +184,10 @@ pub enum StreamEvent {
         usage: Option<Usage>,
         /// No choices, only usage (OpenAI's final chunk with `include_usage`).
         usage_only: bool,
+        /// Every choice begun so far has had its finish reason, by this chunk or an earlier
+        /// one: the answer is whole, and an upstream that closes the body cleanly from here
+        /// on ended it, end marker or not (docs/http-api.md, "Streaming").
+        finished: bool,
     },
     /// The upstream's end marker.
     Done,

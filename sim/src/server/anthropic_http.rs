@@ -92,6 +92,10 @@ async fn respond(
     match behaviour {
         Behaviour::Ok(reply) => {
             sleep_ms(reply.delay_ms).await;
+            if let Some(window) = reply.too_long(request.prompt_tokens) {
+                let err = anthropic::context_length(window, request.prompt_tokens);
+                return Ok(error_response(&err, &request_id));
+            }
             let text = reply_text(reply.text.as_deref(), &request.model);
             if request.stream {
                 let wire = message().stream(tool_call);

@@ -121,6 +121,10 @@ async fn respond(
     match behaviour {
         Behaviour::Ok(reply) => {
             sleep_ms(reply.delay_ms).await;
+            if let Some(window) = reply.too_long(request.prompt_tokens) {
+                let err = ApiError::context_length(window, request.prompt_tokens);
+                return Ok(error_response(&err, &request_id));
+            }
             let text = reply_text(reply.text.as_deref(), &request.model);
             let id = state.completion_id();
             let completion =
