@@ -20,6 +20,7 @@ pub const STALL_TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 600_000);
 pub const WEBHOOK_EVENTS: &[&str] = &[
     "api:model_failover",
     "api:degraded_response",
+    "api:stream_continued",
     "breaker.opened",
     "breaker.half_open",
     "breaker.closed",

@@ -1558,6 +1558,7 @@ mod tests {
             degraded: String::new(),
             request_id: String::new(),
             lost: None,
+            continued: vec![],
         }
     }
 

@@ -591,6 +591,7 @@ mod tests {
             degraded: String::new(),
             request_id: String::new(),
             lost: None,
+            continued: vec![],
         }
     }
 

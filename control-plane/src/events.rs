@@ -25,6 +25,8 @@ use crate::store::{Compare, Revision, Store, StoreError, TxnOp};
 pub const FAILOVER: &str = "api:model_failover";
 /// A node answered with a key's or request's designed degraded answer: no model could serve.
 pub const DEGRADED: &str = "api:degraded_response";
+/// A node continued a stream that broke after content reached the client.
+pub const STREAM_CONTINUED: &str = "api:stream_continued";
 pub const BREAKER_OPENED: &str = "breaker.opened";
 pub const BREAKER_HALF_OPEN: &str = "breaker.half_open";
 pub const BREAKER_CLOSED: &str = "breaker.closed";
@@ -65,6 +67,18 @@ pub struct AuditEvent {
     /// Set on an `events.lost` entry: what the node counted as lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost: Option<LostCount>,
+    /// Set on an `api:stream_continued` entry: each continuation of the broken stream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub continued: Vec<AuditContinuation>,
+}
+
+/// One continuation of a broken stream (the node's `Continuation`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditContinuation {
+    pub model: String,
+    pub reason: String,
+    pub at_char: u64,
+    pub outcome: String,
 }
 
 /// What an `events.lost` entry counts (the node's `EventsLost` report).
@@ -85,10 +99,12 @@ impl AuditEvent {
     pub fn event_type(&self) -> &'static str {
         if self.lost.is_some() {
             EVENTS_LOST
-        } else if self.degraded.is_empty() {
-            FAILOVER
-        } else {
+        } else if !self.degraded.is_empty() {
             DEGRADED
+        } else if !self.continued.is_empty() {
+            STREAM_CONTINUED
+        } else {
+            FAILOVER
         }
     }
 
@@ -114,6 +130,7 @@ impl AuditEvent {
                 first_unix_ms: r.first_unix_ms,
                 last_unix_ms: r.last_unix_ms,
             }),
+            continued: vec![],
         }
     }
 }
@@ -170,6 +187,16 @@ impl AuditEvent {
             request_id: e.request_id,
             // A node reports losses in messages of their own, never inside an event.
             lost: None,
+            continued: e
+                .continued
+                .into_iter()
+                .map(|c| AuditContinuation {
+                    model: c.model,
+                    reason: c.reason,
+                    at_char: c.at_char,
+                    outcome: c.outcome,
+                })
+                .collect(),
         }
     }
 
@@ -209,6 +236,16 @@ impl AuditEvent {
                     last_unix_ms: l.last_unix_ms,
                 })
             }),
+            continued: self
+                .continued
+                .iter()
+                .map(|c| pb::Continuation {
+                    model: c.model.clone(),
+                    reason: c.reason.clone(),
+                    at_char: c.at_char,
+                    outcome: c.outcome.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -353,6 +390,9 @@ impl OutboxEntry {
         });
         if !event.degraded.is_empty() {
             data["degraded"] = json!({"reason": event.degraded});
+        }
+        if !event.continued.is_empty() {
+            data["continued"] = json!(event.continued);
         }
         // The id the client got back: a receiver finds the request in the client's logs.
         if !event.request_id.is_empty() {
@@ -614,6 +654,7 @@ mod tests {
             degraded: String::new(),
             request_id: "req-1".into(),
             lost: None,
+            continued: vec![],
         };
         let event = AuditEvent::from_pb(pb_event.clone(), "n1");
         assert_eq!(event.request_id, "req-1");
@@ -647,6 +688,7 @@ mod tests {
             degraded: String::new(),
             request_id: String::new(),
             lost: None,
+            continued: vec![],
         };
         let stored = serde_json::to_value(&event).unwrap();
         assert_eq!(stored["attempts"][0]["injected"], "drill-1");

@@ -427,6 +427,7 @@ fn failover_event(
         request_id: String::new(),
         // Only the admin listing sets it.
         lost: None,
+        continued: vec![],
     }
 }
 

@@ -18,6 +18,7 @@ pub mod breaker;
 pub mod chain;
 pub mod chaos;
 pub mod config;
+pub mod continuation;
 pub mod degraded;
 pub mod dir_lock;
 pub mod error;

@@ -25,6 +25,15 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+/// One continuation of a broken stream.
+#[derive(Debug, Serialize)]
+pub struct ContinuationView {
+    pub model: String,
+    pub reason: String,
+    pub at_char: u64,
+    pub outcome: String,
+}
+
 /// A failover event; field names follow the stored audit record.
 #[derive(Debug, Serialize)]
 pub struct EventView {
@@ -44,9 +53,13 @@ pub struct EventView {
     /// The request's `x-request-id`; absent for an event from a node older than the field.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub request_id: String,
-    /// `api:model_failover`, `api:degraded_response` or `events.lost`.
+    /// `api:model_failover`, `api:degraded_response`, `api:stream_continued` or
+    /// `events.lost`.
     #[serde(rename = "type")]
     pub event_type: &'static str,
+    /// An `api:stream_continued` entry's continuations, in order; absent for other entries.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub continued: Vec<ContinuationView>,
     /// An `events.lost` entry's count, reason (`memory_full`, `spool_busy`, `spool_full`,
     /// `spool_unwritable`, `unreadable`), which events (`failover`, `breaker`) and when the
     /// first and last were lost; absent for other entries.
@@ -68,10 +81,12 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
         // The audit entry's type, as the control plane names it (its `events` module).
         let event_type = if lost.is_some() {
             "events.lost"
-        } else if e.degraded.is_empty() {
-            "api:model_failover"
-        } else {
+        } else if !e.degraded.is_empty() {
             "api:degraded_response"
+        } else if !e.continued.is_empty() {
+            "api:stream_continued"
+        } else {
+            "api:model_failover"
         };
         Self {
             event_type,
@@ -103,6 +118,16 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
             status: e.status,
             degraded: e.degraded,
             request_id: e.request_id,
+            continued: e
+                .continued
+                .into_iter()
+                .map(|c| ContinuationView {
+                    model: c.model,
+                    reason: c.reason,
+                    at_char: c.at_char,
+                    outcome: c.outcome,
+                })
+                .collect(),
         }
     }
 }
@@ -187,7 +212,11 @@ pub fn event_line(e: &EventView) -> String {
         e.served_model.clone()
     };
     let key = if e.key_id.is_empty() { "-" } else { &e.key_id };
-    let attempts: Vec<String> = e.attempts.iter().map(attempt).collect();
+    let mut attempts: Vec<String> = e.attempts.iter().map(attempt).collect();
+    // A continued stream: each continuation after the attempts, as the answer went on.
+    attempts.extend(e.continued.iter().map(|c| {
+        format!("{} continued({} at_char={} {})", c.model, c.reason, c.at_char, c.outcome)
+    }));
     let request_id = if e.request_id.is_empty() {
         String::new()
     } else {
