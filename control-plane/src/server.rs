@@ -230,6 +230,7 @@ pub async fn start_with_store(
         lease,
         local_addr.to_string(),
         options.webhooks,
+        metrics.webhooks.clone(),
     ));
     let retention = tokio::spawn(audit::run_retention(
         Arc::clone(&store),
