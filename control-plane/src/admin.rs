@@ -113,7 +113,7 @@ pub struct AdminService {
 
 /// How a replica that is shutting down ends an `events --follow` stream: `Unavailable`,
 /// which the CLI reports as the control plane going away, with where to follow again.
-pub fn replica_stopping() -> Status {
+fn replica_stopping() -> Status {
     Status::unavailable("this control plane is shutting down")
 }
 

@@ -460,7 +460,7 @@ impl BodyWait {
     fn new(deadline: Instant, flight: &Arc<Flight>) -> Self {
         let mut release = flight.release.subscribe();
         let released = Box::pin(async move {
-            // The sender lives as long as the server: gone, nothing will release.
+            // Every request holds the sender (in the Flight): it cannot go while this waits.
             if release.wait_for(|r| *r).await.is_err() {
                 std::future::pending::<()>().await;
             }
