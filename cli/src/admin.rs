@@ -817,7 +817,10 @@ pub async fn events(args: EventsArgs) -> Result<(), CliError> {
     let reply = admin.client.list_events(request).await.map_err(|s| admin.status(s))?;
     let mut stream = reply.into_inner();
     let mut printed = 0usize;
-    while let Some(event) = stream.message().await.map_err(|s| admin.status(s))? {
+    let ended = |status| {
+        if args.follow { CliError::follow_ended(status, &admin.url) } else { admin.status(status) }
+    };
+    while let Some(event) = stream.message().await.map_err(ended)? {
         let view = EventView::from(event);
         let line = if args.opts.json {
             let mut line = view.json()?;

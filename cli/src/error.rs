@@ -84,6 +84,31 @@ impl CliError {
         Self::Status { code, message, hint }
     }
 
+    /// An `events --follow` stream that ended with an error once it was open: said as the
+    /// stream's end, with how to follow again. A control plane that shuts down ends it so
+    /// (`Unavailable`, in its own words); a connection that broke under it (the control
+    /// plane killed, a proxy timing out) shows as the transport's error, said as such.
+    pub fn follow_ended(status: tonic::Status, url: &str) -> Self {
+        let broke = std::error::Error::source(&status).is_some();
+        match Self::from_status(status, url) {
+            Self::Status { code, message, .. }
+                if !matches!(code, Code::Unauthenticated | Code::PermissionDenied) =>
+            {
+                let why = if broke { format!("the connection broke ({message})") } else { message };
+                Self::Status {
+                    code,
+                    message: format!("the event stream from {url} ended: {why}"),
+                    hint: Some(
+                        "follow again (`switchyard events --follow`) once it is back, or on \
+                         another replica: --control takes a comma-separated list"
+                            .to_owned(),
+                    ),
+                }
+            }
+            other => other,
+        }
+    }
+
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => 2,
@@ -159,6 +184,34 @@ mod tests {
         let e = CliError::from_status(tonic::Status::unavailable("store down"), "http://h:1");
         assert_eq!(e.report()[0], "error: store down");
         assert!(e.report()[1].contains("http://h:1"));
+    }
+
+    #[test]
+    fn a_follow_ended_by_a_stopping_control_plane_says_so_and_how_to_follow_again() {
+        let status = tonic::Status::unavailable("this control plane is shutting down");
+        let e = CliError::follow_ended(status, "http://h:1");
+        assert_eq!(
+            e.report(),
+            [
+                "error: the event stream from http://h:1 ended: this control plane is shutting down",
+                "hint: follow again (`switchyard events --follow`) once it is back, or on another \
+                 replica: --control takes a comma-separated list",
+            ]
+        );
+        assert_eq!(e.exit_code(), 1);
+    }
+
+    #[test]
+    fn a_follow_cut_under_its_stream_says_the_connection_broke() {
+        let cause = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe");
+        let mut status = tonic::Status::unknown("h2 protocol error: error reading a body");
+        status.set_source(std::sync::Arc::new(cause));
+        let lines = CliError::follow_ended(status, "http://h:1").report();
+        assert!(
+            lines[0].starts_with("error: the event stream from http://h:1 ended: the connection broke (h2 protocol error"),
+            "{lines:?}"
+        );
+        assert!(lines[1].starts_with("hint: follow again"), "{lines:?}");
     }
 
     #[test]

@@ -13,7 +13,8 @@ mod token;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::error::CliError;
 use crate::serve::ServeError;
@@ -33,7 +34,11 @@ struct Cli {
 enum Command {
     /// All-in-one: control plane (embedded store) + node + simulated providers.
     Dev(serve::DevArgs),
-    /// Run a control plane.
+    /// Run a control plane (needs an admin token).
+    ///
+    /// The admin token, at least 16 characters, comes from SWITCHYARD_ADMIN_TOKEN or
+    /// --admin-token-file: without one the control plane does not start. Every admin call,
+    /// reads too, must present it.
     Control(serve::ControlArgs),
     /// Run a data-plane node.
     Node(serve::NodeArgs),
@@ -70,7 +75,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => plain_usage(e, &args).exit(),
+    };
     let otel = match init_tracing(&cli.command) {
         Ok(otel) => otel,
         Err(e) => return exit(Err(e)),
@@ -81,6 +90,28 @@ async fn main() -> ExitCode {
         let _ = tokio::task::spawn_blocking(move || otel.shutdown()).await;
     }
     exit(result)
+}
+
+/// Under a "required argument missing" error, clap's usage line lists besides the missing
+/// arguments every one the command line or the environment gave (`--control` from
+/// `SWITCHYARD_CONTROL`, `--json`), which reads as if those were required too: the
+/// subcommand's own usage line (`switchyard keys create [OPTIONS] --name <NAME>`) is shown
+/// instead.
+fn plain_usage(mut error: clap::Error, args: &[std::ffi::OsString]) -> clap::Error {
+    if error.kind() != ErrorKind::MissingRequiredArgument {
+        return error;
+    }
+    let mut command = Cli::command();
+    command.build();
+    // The subcommand the words name; an option's value that happens to be a subcommand's
+    // name can only mislead the usage line, never the parse.
+    for word in args.iter().skip(1).filter_map(|a| a.to_str()) {
+        if let Some(sub) = command.find_subcommand(word).cloned() {
+            command = sub;
+        }
+    }
+    error.insert(ContextKind::Usage, ContextValue::StyledStr(command.render_usage()));
+    error
 }
 
 fn exit(result: Result<(), CliError>) -> ExitCode {
@@ -202,6 +233,21 @@ mod tests {
             Command::Keys(k) => k,
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The usage line of a refused command line, as printed.
+    fn usage_line(args: &[&str]) -> String {
+        let args: Vec<std::ffi::OsString> =
+            std::iter::once("switchyard").chain(args.iter().copied()).map(Into::into).collect();
+        let error = plain_usage(Cli::try_parse_from(&args).unwrap_err(), &args);
+        let text = error.to_string();
+        text.lines().find(|l| l.starts_with("Usage: ")).unwrap_or_default().to_owned()
+    }
+
+    #[test]
+    fn a_missing_required_flag_shows_the_plain_usage_line_not_the_flags_given() {
+        let line = usage_line(&["keys", "create", "--control", "http://cp:7400", "--json"]);
+        assert_eq!(line, "Usage: switchyard keys create [OPTIONS] --name <NAME>");
     }
 
     #[test]

@@ -65,7 +65,8 @@ pub struct ControlArgs {
     /// Key prefix in the store.
     #[arg(long, default_value = "/switchyard/")]
     pub prefix: String,
-    /// File holding the admin token (instead of SWITCHYARD_ADMIN_TOKEN).
+    /// File holding the admin token (instead of SWITCHYARD_ADMIN_TOKEN); one of the two is
+    /// required, at least 16 characters.
     #[arg(long)]
     pub admin_token_file: Option<PathBuf>,
     /// File holding the node join token (instead of SWITCHYARD_JOIN_TOKEN).
@@ -196,8 +197,11 @@ pub struct DevArgs {
     /// Directory for the embedded store and the node's data (default: $TMPDIR/switchyard-dev).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Address of the control plane's gRPC listener (admin API and node streams): what
+    /// SWITCHYARD_CONTROL points the admin commands at.
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub control_listen: SocketAddr,
+    /// Address of the node's HTTP listener: the OpenAI-compatible API apps call.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Address of the simulated providers (port 0: any free port).
@@ -401,6 +405,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     })
     .await?;
     let url = format!("http://{}", node.local_addr);
+    let bin = this_command();
     println!("Switchyard dev is running (data in {}).", dir.display());
     println!();
     println!("  node (OpenAI-compatible HTTP):  {url}");
@@ -423,13 +428,13 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     } else {
         println!("  export SWITCHYARD_ADMIN_TOKEN={admin_token}");
     }
-    println!("  switchyard catalog; switchyard keys list; switchyard nodes; switchyard events");
+    println!("  {bin} catalog; {bin} keys list; {bin} nodes; {bin} events");
     println!();
     println!("A drill (injects a fault for the demo key only, judges what happened, clears it;");
     println!("also primary-flaky, stream-stall, all-down):");
     println!();
     println!(
-        "  switchyard drill primary-down --node {url} --key {demo_key} \\\n    --model {DEMO_DRILL_PRIMARY} --fallback-models {DEMO_DRILL_FALLBACK}"
+        "  {bin} drill primary-down --node {url} --key {demo_key} \\\n    --model {DEMO_DRILL_PRIMARY} --fallback-models {DEMO_DRILL_FALLBACK}"
     );
     println!();
     if join_token.is_some() {
@@ -441,6 +446,38 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     }
     node.run().await?;
     Ok(())
+}
+
+/// How to run this binary from the shell `dev` was started in, for the commands it prints:
+/// `switchyard` when that is what PATH finds, else the binary's path (relative to the
+/// working directory when below it: `target/release/switchyard` after `cargo run
+/// --release`), so the lines can be pasted as they are.
+fn this_command() -> String {
+    let Ok(exe) = std::env::current_exe() else { return "switchyard".to_owned() };
+    let cwd = std::env::current_dir().ok();
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).map(|dir| dir.join("switchyard")).find(|p| p.is_file())
+    });
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    command_for(&exe, cwd.as_deref(), on_path.filter(|p| same(p, &exe)).is_some())
+}
+
+fn command_for(exe: &Path, cwd: Option<&Path>, found_on_path: bool) -> String {
+    if found_on_path {
+        return "switchyard".to_owned();
+    }
+    let shown = cwd.and_then(|cwd| exe.strip_prefix(cwd).ok()).unwrap_or(exe);
+    // A bare name would be looked up in PATH, which does not have it.
+    let text = match shown.parent() {
+        Some(dir) if dir.as_os_str().is_empty() => format!("./{}", shown.display()),
+        _ => shown.display().to_string(),
+    };
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+".contains(c);
+    // Quoted for the shell when it holds anything else (a space in a home directory).
+    if text.chars().all(plain) { text } else { format!("'{}'", text.replace('\'', r"'\''")) }
 }
 
 fn authed<T>(
@@ -710,6 +747,21 @@ mod tests {
         }
         let why = parse_control_urls("http://a:1,notaurl").unwrap_err();
         assert!(why.contains("\"notaurl\"") && why.contains("scheme"), "{why}");
+    }
+
+    #[test]
+    fn dev_prints_commands_as_the_shell_can_run_them() {
+        let exe = Path::new("/work/repo/target/release/switchyard");
+        assert_eq!(
+            command_for(exe, Some(Path::new("/work/repo")), false),
+            "target/release/switchyard"
+        );
+        assert_eq!(command_for(exe, Some(Path::new("/tmp")), false), exe.display().to_string());
+        assert_eq!(command_for(exe, None, true), "switchyard");
+        let here = Path::new("/opt/sy/switchyard");
+        assert_eq!(command_for(here, Some(Path::new("/opt/sy")), false), "./switchyard");
+        let spaced = Path::new("/home/a b/target/debug/switchyard");
+        assert_eq!(command_for(spaced, None, false), "'/home/a b/target/debug/switchyard'");
     }
 
     #[test]

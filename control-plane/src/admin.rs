@@ -106,6 +106,20 @@ pub struct AdminService {
     pub store: Arc<dyn Store>,
     pub layout: Layout,
     pub cache: Arc<ConfigCache>,
+    /// Turns `true` when the replica shuts down: `events --follow` streams end then, with
+    /// a status saying so, rather than holding the shutdown until its drain timeout.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+/// How a replica that is shutting down ends an `events --follow` stream: `Unavailable`,
+/// which the CLI reports as the control plane going away, with where to follow again.
+fn replica_stopping() -> Status {
+    Status::unavailable("this control plane is shutting down")
+}
+
+/// Whether the replica started shutting down (`false` once its sender is gone: it never will).
+async fn stopping_now(stopping: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+    stopping.wait_for(|s| *s).await.is_ok()
 }
 
 // === impl AdminService ===
@@ -383,6 +397,7 @@ impl Admin for AdminService {
         let key_id = request.key_id;
         let wanted = move |e: &AuditEvent| key_id.is_empty() || e.key_id == key_id;
         let (store, prefix) = (Arc::clone(&self.store), self.layout.audit_prefix());
+        let mut stopping = self.stopping.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         // The listing is read in the task, after the answer's headers have gone: a client
         // asking for millions of events (a count after a storm) waits for the first one
@@ -420,6 +435,12 @@ impl Admin for AdminService {
                 tokio::select! {
                     // The client went away: stop watching.
                     _ = tx.closed() => return,
+                    // An end the client can tell from a failure, and re-open elsewhere.
+                    // (A replica whose sender is gone is not stopping: the branch is off.)
+                    true = stopping_now(&mut stopping) => {
+                        let _ = tx.send(Err(replica_stopping())).await;
+                        return;
+                    }
                     batch = watch.next() => match batch {
                         Some(Ok(batch)) => {
                             let new: Vec<AuditEvent> = batch
@@ -1315,7 +1336,8 @@ mod tests {
 
     async fn service(dir: &std::path::Path) -> AdminService {
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir).await.unwrap());
-        AdminService { store, layout: Layout::new("/t"), cache: ConfigCache::new() }
+        let (_, stopping) = tokio::sync::watch::channel(false);
+        AdminService { store, layout: Layout::new("/t"), cache: ConfigCache::new(), stopping }
     }
 
     fn catalog_with_webhook(url: &str) -> String {

@@ -278,12 +278,17 @@ pub struct BreakerRecord {
     pub last_probe_outcome: String,
     #[serde(default)]
     pub last_probe_latency_ms: u64,
+    /// The node run that reported it (`Hello.boot_id`); empty from nodes older than that
+    /// field. A new run of the node drops the records of the old one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
 }
 
 impl BreakerRecord {
-    pub fn from_transition(node_id: &str, t: pb::BreakerTransition) -> Self {
+    pub fn from_transition(node_id: &str, boot_id: &str, t: pb::BreakerTransition) -> Self {
         Self {
             node_id: node_id.to_owned(),
+            boot_id: boot_id.to_owned(),
             provider: t.provider,
             upstream_model: t.upstream_model,
             state: t.to,

@@ -87,6 +87,9 @@ pub struct NodeRecord {
     /// its previous config, and `switchyard nodes` says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected: Option<Rejected>,
+    /// The node process's run (`Hello.boot_id`): its breaker reports are stored with it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -169,15 +172,23 @@ impl NodeShared {
             control_plane: self.control_plane.clone(),
             software_version: hello.software_version.clone(),
             rejected: None,
+            boot_id: hello.boot_id.clone(),
         };
         let stream_id = self.presence.stream_id();
         // Waited for: the breaker adoption below relies on the record being there.
         self.presence.write_now(stream_id, &record).await;
         let mut last_presence = tokio::time::Instant::now();
         // After the presence write, so that the previous replica's grace timer sees the
-        // node back and leaves the records alone.
-        if let Err(e) =
-            reports::adopt_breakers(self.store.as_ref(), &self.layout, &node_id, self.lease).await
+        // node back and leaves the records alone. Before any report of this stream is
+        // read, so that what this run reports is never taken for an old run's.
+        if let Err(e) = reports::adopt_breakers(
+            self.store.as_ref(),
+            &self.layout,
+            &node_id,
+            &hello.boot_id,
+            self.lease,
+        )
+        .await
         {
             warn!(node = %node_id, error = %e, "could not adopt the node's breaker records");
         }
@@ -329,11 +340,11 @@ impl NodeShared {
             Some(node_message::Msg::Lost(report)) => self.on_lost(node_id, report, tx).await?,
             Some(node_message::Msg::Breaker(transition)) => {
                 let from = transition.from.clone();
-                self.on_breaker(node_id, transition, Some(&from), tx).await?;
+                self.on_breaker(node_id, &record.boot_id, transition, Some(&from), tx).await?;
             }
             // A probe that left the state as it was: no transition to announce.
             Some(node_message::Msg::Probed(report)) => {
-                self.on_breaker(node_id, report, None, tx).await?
+                self.on_breaker(node_id, &record.boot_id, report, None, tx).await?
             }
             Some(node_message::Msg::Limits(usage)) => {
                 let state = self.limits.on_report(node_id, usage);
@@ -364,12 +375,13 @@ impl NodeShared {
     async fn on_breaker(
         &self,
         node_id: &str,
+        boot_id: &str,
         report: pb::BreakerTransition,
         from: Option<&str>,
         tx: &Outbox,
     ) -> Result<(), Status> {
         let seq = report.seq;
-        let breaker = BreakerRecord::from_transition(node_id, report);
+        let breaker = BreakerRecord::from_transition(node_id, boot_id, report);
         debug!(node = %node_id, provider = %breaker.provider, model = %breaker.upstream_model, state = %breaker.state, probe = from.is_none(), seq, "breaker report");
         let written = reports::record_breaker(
             self.store.as_ref(),
@@ -915,6 +927,7 @@ mod tests {
             control_plane: "cp".into(),
             software_version: String::new(),
             rejected: None,
+            boot_id: String::new(),
         }
     }
 

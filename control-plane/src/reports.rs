@@ -82,35 +82,48 @@ const GUARD_ATTEMPTS: usize = 8;
 
 /// A node connected here: its breaker records (written by the replica it was on before)
 /// move to this replica's lease, so they live as long as this replica serves the node.
-/// Each record is moved only if unchanged since it was read.
+/// Records of another run of the node (`boot_id`, when both it and the record name one)
+/// are removed instead: a restarted node's breakers start closed, and its old run's
+/// states would otherwise stay listed as long as the node id is connected. Each record is
+/// moved or removed only if unchanged since it was read.
 pub async fn adopt_breakers(
     store: &dyn Store,
     layout: &Layout,
     node_id: &str,
+    boot_id: &str,
     lease: LeaseId,
 ) -> Result<(), StoreError> {
     let listing = store.list(&layout.node_breakers_prefix(node_id)).await?;
-    let stale: Vec<_> = listing.kvs.into_iter().filter(|kv| kv.lease != lease).collect();
-    // One compare and one put per record, within etcd's per-txn limit.
-    for chunk in stale.chunks(MAX_TXN_OPS) {
-        let txn = Txn {
-            compare: chunk
-                .iter()
-                .map(|kv| Compare::mod_revision(kv.key.clone(), kv.mod_revision))
-                .collect(),
-            success: chunk
-                .iter()
-                .map(|kv| TxnOp::Put {
-                    key: kv.key.clone(),
-                    value: kv.value.to_vec(),
-                    lease: Some(lease),
-                })
-                .collect(),
-            failure: vec![],
-        };
-        store.txn(txn).await?;
+    let ops: Vec<(Compare, TxnOp)> = listing
+        .kvs
+        .into_iter()
+        .filter_map(|kv| {
+            let compare = Compare::mod_revision(kv.key.clone(), kv.mod_revision);
+            let op = if of_another_run(&kv.value, boot_id) {
+                TxnOp::Delete { key: kv.key }
+            } else if kv.lease != lease {
+                TxnOp::Put { key: kv.key, value: kv.value.to_vec(), lease: Some(lease) }
+            } else {
+                return None;
+            };
+            Some((compare, op))
+        })
+        .collect();
+    // One compare and one operation per record, within etcd's per-txn limit.
+    for chunk in ops.chunks(MAX_TXN_OPS) {
+        let (compare, success) = chunk.iter().cloned().unzip();
+        store.txn(Txn { compare, success, failure: vec![] }).await?;
     }
     Ok(())
+}
+
+/// Whether a stored breaker record was reported by a run of the node other than `boot_id`.
+/// Unknown on either side (a node or record older than boot ids) counts as the same run:
+/// keeping a state a little too long is better than dropping an open breaker.
+fn of_another_run(value: &[u8], boot_id: &str) -> bool {
+    !boot_id.is_empty()
+        && serde_json::from_slice::<BreakerRecord>(value)
+            .is_ok_and(|r| !r.boot_id.is_empty() && r.boot_id != boot_id)
 }
 
 /// After `grace` ([`BREAKER_GRACE`] by default), removes the node's breaker records unless
@@ -269,6 +282,87 @@ pub async fn record_usage(
     // A lost race means another write of this boot's totals won; the next report (they are
     // cumulative) settles it.
     Ok(store.txn(txn).await?.succeeded)
+}
+
+#[cfg(test)]
+mod adopt_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+
+    fn open_breaker(node_id: &str, model: &str, boot_id: &str) -> BreakerRecord {
+        BreakerRecord {
+            node_id: node_id.into(),
+            provider: "p".into(),
+            upstream_model: model.into(),
+            state: "open".into(),
+            since_unix_ms: 1,
+            failure_rate: 1.0,
+            calls_in_window: 4,
+            next_probe_unix_ms: 2,
+            cause: "failure_rate".into(),
+            cooldown_ms: 30_000,
+            last_probe_unix_ms: 0,
+            last_probe_outcome: String::new(),
+            last_probe_latency_ms: 0,
+            boot_id: boot_id.into(),
+        }
+    }
+
+    /// (node/model, lease) of every stored breaker record.
+    async fn stored(store: &dyn Store, layout: &Layout) -> Vec<(String, LeaseId)> {
+        let listing = store.list(&layout.breakers_prefix()).await.unwrap();
+        listing
+            .kvs
+            .iter()
+            .map(|kv| {
+                let r: BreakerRecord = serde_json::from_slice(&kv.value).unwrap();
+                (format!("{}/{}", r.node_id, r.upstream_model), kv.lease)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_new_run_of_a_node_drops_its_old_runs_breakers_and_a_reconnect_of_the_same_run_keeps_them()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).await.unwrap();
+        let layout = Layout::new("/t");
+        let before = store.grant_lease(Duration::from_secs(60)).await.unwrap();
+        let here = store.grant_lease(Duration::from_secs(60)).await.unwrap();
+        // n1's run-1 reported model a; a node older than boot ids reported model b; n2 is
+        // another node.
+        let records = [
+            open_breaker("n1", "a", "run-1"),
+            open_breaker("n1", "b", ""),
+            open_breaker("n2", "a", "run-1"),
+        ];
+        let success = records
+            .iter()
+            .map(|r| TxnOp::Put {
+                key: layout.breaker(&r.node_id, &r.provider, &r.upstream_model),
+                value: serde_json::to_vec(r).unwrap(),
+                lease: Some(before),
+            })
+            .collect();
+        store.txn(Txn { compare: vec![], success, failure: vec![] }).await.unwrap();
+
+        // The same run reconnects here: every record of n1 stays, on this replica's lease.
+        adopt_breakers(&store, &layout, "n1", "run-1", here).await.unwrap();
+        let expected = [("n1/a", here), ("n1/b", here), ("n2/a", before)];
+        let expected: Vec<_> = expected.iter().map(|(k, l)| ((*k).to_owned(), *l)).collect();
+        assert_eq!(stored(&store, &layout).await, expected);
+
+        // A node that names no run (older than boot ids) is taken for the same run.
+        adopt_breakers(&store, &layout, "n1", "", here).await.unwrap();
+        assert_eq!(stored(&store, &layout).await, expected);
+
+        // n1 restarted: run-1's record goes; the one of unknown run and n2's stay.
+        adopt_breakers(&store, &layout, "n1", "run-2", here).await.unwrap();
+        let left = [("n1/b", here), ("n2/a", before)];
+        let left: Vec<_> = left.iter().map(|(k, l)| ((*k).to_owned(), *l)).collect();
+        assert_eq!(stored(&store, &layout).await, left);
+    }
 }
 
 #[cfg(test)]

@@ -2,10 +2,11 @@
 //! the shutdown on SIGTERM or SIGINT:
 //! 1. the replica leaves both elections (webhook delivery, audit retention) at once, so
 //!    another replica takes that work over without waiting for this one's lease to expire;
-//! 2. it ends every node stream with `Unavailable`, so nodes move to another replica, and
-//!    takes no new connections;
+//! 2. it ends every node stream and every `events --follow` stream with `Unavailable`, so
+//!    nodes move to another replica and followers learn why their stream ended (and that
+//!    they may follow again elsewhere), and takes no new connections;
 //! 3. it waits for the calls in flight up to the drain timeout, then returns either way
-//!    (an `events --follow` stream would otherwise hold it open, and with it the store).
+//!    (a call that does not finish must not hold the process open, and with it the store).
 //!
 //! The replica's lease is left to expire rather than revoked: the presence and breaker
 //! records of its nodes hang on it, and a node that has not yet reconnected elsewhere
@@ -49,8 +50,8 @@ use crate::webhooks::{self, DeliveryOptions, Interest};
 /// The replica's lease: node presence records vanish this long after a replica dies.
 const LEASE_TTL: Duration = Duration::from_secs(10);
 /// How long a shutdown waits for calls in flight once node streams are closed
-/// (`--drain-timeout`). Admin calls take milliseconds and node streams are ended at once;
-/// what remains is `events --follow`, which a client re-opens on another replica.
+/// (`--drain-timeout`). Admin calls take milliseconds, and node and `events --follow`
+/// streams are ended at once: this bounds a call stuck on a store that does not answer.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on each store call of the shutdown: a store that is down must not hold it up.
 const STORE_CALL_LIMIT: Duration = Duration::from_secs(2);
@@ -130,7 +131,7 @@ impl Control {
         }
         let elections = [self.layout.webhook_election(), self.layout.audit_retention_election()];
         withdraw(self.store.as_ref(), &elections, self.lease).await;
-        info!("left the elections; closing node streams");
+        info!("left the elections; closing node and follow streams");
         let _ = self.stopping.send(true);
         match tokio::time::timeout(self.drain_timeout, serve).await {
             Ok(result) => result?,
@@ -229,6 +230,7 @@ pub async fn start_with_store(
         lease,
         local_addr.to_string(),
         options.webhooks,
+        metrics.webhooks.clone(),
     ));
     let retention = tokio::spawn(audit::run_retention(
         Arc::clone(&store),
@@ -238,10 +240,15 @@ pub async fn start_with_store(
         options.audit,
     ));
     let scrape = Scrape { metrics, cache: Arc::clone(&cache) };
-    let admin = AdminService { store: Arc::clone(&store), layout: layout.clone(), cache };
+    let (stopping, stop) = watch::channel(false);
+    let admin = AdminService {
+        store: Arc::clone(&store),
+        layout: layout.clone(),
+        cache,
+        stopping: stop.clone(),
+    };
     let admin = AdminServer::with_interceptor(admin, AdminAuth(Token::new(&options.admin_token)));
 
-    let (stopping, stop) = watch::channel(false);
     let nodes = ClosingNodeStreams { inner: nodes, stop: stop.clone() };
     info!(addr = %local_addr, tls = options.tls.is_some(), "control plane listening");
     // `/metrics` shares the gRPC port, over HTTP/1.1 too, so a scraper needs no other port.

@@ -15,7 +15,12 @@
 //!   nothing would otherwise hold a task and a socket for as long as it likes);
 //! - once draining, a connection finishes the request it is serving and closes; one that
 //!   is idle or has only part of its first head closes at once (hyper alone would wait for
-//!   the rest of that head, up to the header-read timeout).
+//!   the rest of that head, up to the header-read timeout);
+//! - a request whose body is still arriving when the drain starts is served if the body
+//!   completes while other work is in flight; once requests waiting for their bodies are
+//!   all that is left, each is answered 503 `draining` (closing its connection), so a
+//!   client that sent half a body holds the shutdown no longer than the work that was
+//!   really in flight ([`Flight`]).
 //!
 //! While draining, the listener stays open so that load balancers probing the node see
 //! `/readyz` answer 503. A connection accepted during the drain carries one request:
@@ -29,7 +34,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -46,7 +51,7 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use switchyard_tls::accept::{Accepted, Acceptor, is_per_connection};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, Sleep};
 use tracing::{debug, error, info, warn};
 
@@ -103,10 +108,11 @@ pub async fn serve(
     // Every connection task holds a receiver: `true` starts the drain, and dropping the
     // sender (when this function returns) closes whatever is still open.
     let (draining, drain_rx) = watch::channel(false);
+    let flight = Arc::new(Flight::default());
     let mut shutdown = pin!(shutdown);
     loop {
         tokio::select! {
-            tcp = accept(&listener) => serve_connection(tcp, tls.as_ref(), &router, options, &graceful, drain_rx.clone()),
+            tcp = accept(&listener) => serve_connection(tcp, tls.as_ref(), &router, options, &graceful, drain_rx.clone(), &flight),
             () = &mut shutdown => break,
         }
     }
@@ -116,7 +122,17 @@ pub async fn serve(
     info!(connections = draining.receiver_count(), "draining: finishing requests in flight");
     let deadline = started + options.drain_timeout;
     let mut finished = pin!(graceful.shutdown());
+    let mut released = false;
     loop {
+        // Registered before looking, so a change in between still wakes the loop.
+        let changed = flight.changed.notified();
+        let mut changed = pin!(changed);
+        changed.as_mut().enable();
+        if !released && let Some(waiting) = flight.only_waiting_left() {
+            debug!(waiting, "draining: answering 503 to requests whose body has not arrived");
+            flight.release.send_replace(true);
+            released = true;
+        }
         tokio::select! {
             () = &mut finished => return Ok(Drained { started, cut_off: 0 }),
             () = tokio::time::sleep_until(deadline) => {
@@ -125,7 +141,52 @@ pub async fn serve(
                 return Ok(Drained { started, cut_off });
             }
             tcp = accept(&listener) => serve_while_draining(tcp, tls.as_ref(), &router, options),
+            () = changed, if !released => {}
         }
+    }
+}
+
+/// The requests this server is handling, and how many of them wait for body bytes that have
+/// not come: what a drain needs to tell work in flight from clients that stopped sending.
+#[derive(Default)]
+struct Flight {
+    /// Requests from their head to the end (or drop) of their response body.
+    requests: AtomicUsize,
+    /// Of those, the ones whose handler waits for the rest of their body.
+    waiting: AtomicUsize,
+    /// Told whenever either count changes (one waiter: the drain loop).
+    changed: Notify,
+    /// Set by the drain once only waiting requests are left: each then answers 503.
+    release: watch::Sender<bool>,
+}
+
+impl Flight {
+    /// How many requests wait for their bodies, when they are every request left.
+    fn only_waiting_left(&self) -> Option<usize> {
+        // Read apart, the two may be a moment out of step (a body that just arrived still
+        // counted as awaited): the others waiting are then answered a little early, with
+        // the answer they would have got once that request was done.
+        let waiting = self.waiting.load(Ordering::Acquire);
+        (waiting > 0 && self.requests.load(Ordering::Acquire) <= waiting).then_some(waiting)
+    }
+
+    fn count(self: &Arc<Self>, counter: fn(&Self) -> &AtomicUsize) -> Counted {
+        counter(self).fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_one();
+        Counted { flight: Arc::clone(self), counter }
+    }
+}
+
+/// One request (or one wait for a body) counted in [`Flight`] until dropped.
+struct Counted {
+    flight: Arc<Flight>,
+    counter: fn(&Flight) -> &AtomicUsize,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        (self.counter)(&self.flight).fetch_sub(1, Ordering::AcqRel);
+        self.flight.changed.notify_one();
     }
 }
 
@@ -239,6 +300,7 @@ fn serve_connection(
     options: ServeOptions,
     graceful: &GracefulShutdown,
     mut draining: watch::Receiver<bool>,
+    flight: &Arc<Flight>,
 ) {
     // Set when the connection's first request head is complete: from then on hyper knows
     // what to finish; before, a drain may close the connection at once.
@@ -246,9 +308,10 @@ fn serve_connection(
     let service = {
         let started = Arc::clone(&started);
         let service = TowerToHyperService::new(router.clone());
+        let flight = Arc::clone(flight);
         service_fn(move |request: Request<Incoming>| {
             started.store(true, Ordering::Relaxed);
-            respond(service.clone(), request, options.body_read_timeout)
+            respond(service.clone(), request, options.body_read_timeout, Arc::clone(&flight))
         })
     };
     let watcher = graceful.watcher();
@@ -318,25 +381,30 @@ fn flavor_of(path: &str) -> Flavor {
 }
 
 /// Runs the router on `request`, answering 408 instead if the request body is not in
-/// within `body_read_timeout` of the head. The timer is armed only while the handler waits
-/// for body bytes that have not come: a body that arrives with its head costs nothing.
-/// Every answer carries the request's id (docs/http-api.md, "Response headers"), set on the
+/// within `body_read_timeout` of the head, or 503 if the server drains and nothing but
+/// such waits is left ([`Flight`]). The timer is armed only while the handler waits for
+/// body bytes that have not come: a body that arrives with its head costs nothing. Every
+/// answer carries the request's id (docs/http-api.md, "Response headers"), set on the
 /// request first so the handler reads the same one.
 async fn respond(
     service: TowerToHyperService<Router>,
     mut request: Request<Incoming>,
     body_read_timeout: Duration,
+    flight: Arc<Flight>,
 ) -> Result<Response, Infallible> {
+    let counted = flight.count(|f| &f.requests);
     let id = request_id::ensure(request.headers_mut());
-    let mut response = respond_in_time(service, request, body_read_timeout).await?;
+    let mut response = respond_in_time(service, request, body_read_timeout, &flight).await?;
     response.headers_mut().entry(request_id::HEADER).or_insert(id);
-    Ok(response)
+    // Counted until its body is sent: a stream in flight is work in flight.
+    Ok(response.map(|inner| Body::new(CountedBody { inner, _counted: counted })))
 }
 
 async fn respond_in_time(
     service: TowerToHyperService<Router>,
     request: Request<Incoming>,
     body_read_timeout: Duration,
+    flight: &Arc<Flight>,
 ) -> Result<Response, Infallible> {
     let deadline = Instant::now() + body_read_timeout;
     let flavor = flavor_of(request.uri().path());
@@ -344,21 +412,28 @@ async fn respond_in_time(
     let request =
         request.map(|inner| Body::new(TimedBody { inner, received: Arc::clone(&received) }));
     let mut handler = pin!(service.call(request));
-    let mut timer: Option<Pin<Box<Sleep>>> = None;
+    // While the body is awaited: its timer, its place in `waiting`, the drain's release.
+    let mut wait: Option<BodyWait> = None;
     std::future::poll_fn(|cx| {
         if let Poll::Ready(response) = handler.as_mut().poll(cx) {
             return Poll::Ready(response);
         }
         if received.load(Ordering::Acquire) {
-            timer = None;
+            wait = None;
             return Poll::Pending;
         }
-        let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if timer.as_mut().poll(cx).is_pending() {
-            return Poll::Pending;
-        }
-        debug!("request body not received in time; answering 408");
-        let mut response = ApiError::BodyTimeout { after: body_read_timeout }.render(flavor);
+        let wait = wait.get_or_insert_with(|| BodyWait::new(deadline, flight));
+        let mut response = match wait.poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(BodyWaitEnd::TimedOut) => {
+                debug!("request body not received in time; answering 408");
+                ApiError::BodyTimeout { after: body_read_timeout }.render(flavor)
+            }
+            Poll::Ready(BodyWaitEnd::Released) => {
+                debug!("draining: request body still not received; answering 503");
+                ApiError::Draining.render(flavor)
+            }
+        };
         // The rest of the body may still come: the connection cannot carry another request.
         response
             .headers_mut()
@@ -366,6 +441,69 @@ async fn respond_in_time(
         Poll::Ready(Ok(response))
     })
     .await
+}
+
+/// A handler's wait for the rest of its request body.
+struct BodyWait {
+    timer: Pin<Box<Sleep>>,
+    /// Resolves once the drain releases the requests still waiting for their bodies.
+    released: Pin<Box<dyn Future<Output = ()> + Send>>,
+    _counted: Counted,
+}
+
+enum BodyWaitEnd {
+    TimedOut,
+    Released,
+}
+
+impl BodyWait {
+    fn new(deadline: Instant, flight: &Arc<Flight>) -> Self {
+        let mut release = flight.release.subscribe();
+        let released = Box::pin(async move {
+            // Every request holds the sender (in the Flight): it cannot go while this waits.
+            if release.wait_for(|r| *r).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        });
+        Self {
+            timer: Box::pin(tokio::time::sleep_until(deadline)),
+            released,
+            _counted: flight.count(|f| &f.waiting),
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<BodyWaitEnd> {
+        if self.released.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(BodyWaitEnd::Released);
+        }
+        self.timer.as_mut().poll(cx).map(|()| BodyWaitEnd::TimedOut)
+    }
+}
+
+/// A response body that keeps its request counted in [`Flight`] until it is sent or dropped.
+struct CountedBody {
+    inner: Body,
+    _counted: Counted,
+}
+
+impl HttpBody for CountedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// A request body that says when it has been read to its end, or dropped unread.
@@ -469,6 +607,77 @@ mod tests {
         let response = String::from_utf8_lossy(&response);
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
         assert!(response.ends_with("done"), "{response}");
+        let drained = server.await.unwrap().unwrap();
+        assert_eq!(drained.cut_off, 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_still_arriving_at_a_drain_is_answered_503_once_the_work_in_flight_is_done() {
+        let (entered, handler_entered) = oneshot::channel::<()>();
+        let entered = Arc::new(std::sync::Mutex::new(Some(entered)));
+        let (finish, finished) = oneshot::channel::<()>();
+        let finished = Arc::new(tokio::sync::Mutex::new(Some(finished)));
+        let (reading, handler_reading) = oneshot::channel::<()>();
+        let reading = Arc::new(std::sync::Mutex::new(Some(reading)));
+        let router = Router::new()
+            .route(
+                "/slow",
+                get(move || async move {
+                    if let Some(tx) = entered.lock().unwrap().take() {
+                        let _ = tx.send(());
+                    }
+                    if let Some(rx) = finished.lock().await.take() {
+                        let _ = rx.await;
+                    }
+                    "done"
+                }),
+            )
+            .route(
+                "/v1/echo",
+                post(move |request: Request<Body>| async move {
+                    if let Some(tx) = reading.lock().unwrap().take() {
+                        let _ = tx.send(());
+                    }
+                    let body = axum::body::to_bytes(request.into_body(), usize::MAX).await;
+                    format!("{} bytes", body.map(|b| b.len()).unwrap_or(0))
+                }),
+            );
+        // A body read timeout far beyond the test: only the drain can end the wait.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let options = ServeOptions { body_read_timeout: Duration::from_secs(3600), ..options() };
+        let server = tokio::spawn(serve(listener, None, router, options, async {
+            let _ = stopped.await;
+        }));
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        busy.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        handler_entered.await.unwrap();
+        let mut half = TcpStream::connect(addr).await.unwrap();
+        half.write_all(b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"a\"")
+            .await
+            .unwrap();
+        handler_reading.await.unwrap();
+
+        stop.send(()).unwrap();
+        // While the slow request is in flight the half-sent body may still come: no answer.
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_millis(300), half.read(&mut buf)).await;
+        assert!(early.is_err(), "answered while work was in flight: {early:?}");
+
+        finish.send(()).unwrap();
+        let mut response = Vec::new();
+        busy.read_to_end(&mut response).await.unwrap();
+        assert!(String::from_utf8_lossy(&response).ends_with("done"));
+        let mut response = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), half.read_to_end(&mut response))
+            .await
+            .expect("answered once the work in flight is done")
+            .unwrap();
+        let response = String::from_utf8_lossy(&response);
+        assert!(response.starts_with("HTTP/1.1 503"), "{response}");
+        assert!(response.contains("\"draining\""), "{response}");
+        assert!(response.contains("connection: close"), "{response}");
         let drained = server.await.unwrap().unwrap();
         assert_eq!(drained.cut_off, 0);
     }

@@ -94,10 +94,13 @@ enum SessionError {
 }
 
 pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Telemetry>) {
+    // One per node process (this task runs once per process), sent in every Hello: the
+    // control plane tells a restart, whose breakers start closed, from a reconnect.
+    let boot_id = format!("{:016x}", rand::random::<u64>());
     let mut failures: u32 = 0;
     for endpoint in options.controls.iter().cycle() {
         let started = tokio::time::Instant::now();
-        let result = session(endpoint, &options, &state, &telemetry).await;
+        let result = session(endpoint, &options, &boot_id, &state, &telemetry).await;
         // Whatever was sent but not acked goes out again on the next stream.
         telemetry.requeue_in_flight();
         telemetry.mark_usage_dirty();
@@ -124,6 +127,7 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
 async fn session(
     url: &str,
     options: &SyncOptions,
+    boot_id: &str,
     state: &NodeState,
     telemetry: &Telemetry,
 ) -> Result<(), SessionError> {
@@ -145,6 +149,7 @@ async fn session(
         last_applied_version: state.version(),
         listen_address: options.listen_address.clone(),
         software_version: env!("CARGO_PKG_VERSION").to_owned(),
+        boot_id: boot_id.to_owned(),
     };
     let _ = tx.send(node_msg(node_message::Msg::Hello(hello))).await;
     let mut request = tonic::Request::new(ReceiverStream::new(rx));

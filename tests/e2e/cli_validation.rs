@@ -83,6 +83,43 @@ async fn events_and_deliveries_refuse_limit_zero() {
     assert_usage_error(&out, "--limit", "0");
 }
 
+/// clap's usage line under a missing `--name` listed the flags given as well, `--control`
+/// included (from SWITCHYARD_CONTROL), which read as if they were required.
+#[tokio::test]
+async fn keys_create_without_its_name_prints_a_usage_line_that_makes_nothing_else_look_required() {
+    let env =
+        [("SWITCHYARD_ADMIN_TOKEN", GOOD_TOKEN), ("SWITCHYARD_CONTROL", "http://127.0.0.1:9")];
+    let out = run(&["keys", "create", "--json"], &env).await;
+    assert_usage_error(&out, "--name <NAME>", "required");
+    let text = stderr(&out);
+    let usage = text.lines().find(|l| l.starts_with("Usage: ")).unwrap_or_default();
+    assert_eq!(usage, "Usage: switchyard keys create [OPTIONS] --name <NAME>", "{text}");
+}
+
+/// The text under `flag` in a `--help` output (the lines up to the next flag).
+fn help_of(help: &str, flag: &str) -> String {
+    let mut lines = help.lines().skip_while(|l| !l.trim_start().starts_with(flag));
+    lines.next().unwrap_or_else(|| panic!("no {flag} in:\n{help}"));
+    lines.take_while(|l| !l.trim_start().starts_with('-')).collect::<Vec<_>>().join(" ")
+}
+
+#[tokio::test]
+async fn dev_help_describes_its_listen_flags_and_control_help_says_an_admin_token_is_required() {
+    let out = run(&["dev", "--help"], &[]).await;
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(help_of(&help, "--listen <").contains("node's HTTP listener"), "{help}");
+    assert!(help_of(&help, "--control-listen <").contains("control plane's gRPC"), "{help}");
+
+    let out = run(&["control", "--help"], &[]).await;
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let about = help.lines().take_while(|l| !l.starts_with("Usage:")).collect::<String>();
+    assert!(about.starts_with("Run a control plane (needs an admin token)"), "{help}");
+    assert!(about.contains("comes from SWITCHYARD_ADMIN_TOKEN or --admin-token-file"), "{help}");
+    let list = String::from_utf8_lossy(&run(&["--help"], &[]).await.stdout).into_owned();
+    assert!(list.contains("Run a control plane (needs an admin token)\n"), "{list}");
+    assert!(help_of(&help, "--admin-token-file").contains("one of the two is required"), "{help}");
+}
+
 // === tokens ===
 
 #[tokio::test]
@@ -297,5 +334,33 @@ async fn dev_uses_the_environments_tokens_without_printing_them() {
         node_version(member.addr).await
     })
     .await;
+    dev.stop().await;
+}
+
+/// `dev` printed bare `switchyard …` commands, which a shell started where the README runs
+/// it (`cargo run … -- dev`) does not find: what it prints now runs as printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_prints_admin_commands_that_run_as_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    // No `switchyard` on the PATH of dev or of the shell below.
+    let path = [("PATH", "/usr/bin:/bin")];
+    let dev = Dev::start(&dir.path().join("dev"), &path).await;
+    let token = dev.printed_admin_token();
+    let line = dev.text.lines().find(|l| l.contains(" keys list; ")).unwrap();
+    let (bin, _) = line.trim().split_once(" catalog; ").unwrap();
+    let drill = dev.text.lines().find(|l| l.contains(" drill primary-down ")).unwrap();
+    assert!(drill.trim().starts_with(&format!("{bin} drill ")), "{}", dev.text);
+    // Through a shell, as a user pastes it.
+    let out = Command::new("sh")
+        .args(["-c", &format!("{bin} nodes --json")])
+        .env("PATH", "/usr/bin:/bin")
+        .env("SWITCHYARD_CONTROL", &dev.control)
+        .env("SWITCHYARD_ADMIN_TOKEN", &token)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{bin}: {}{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("\"dev-node\""), "{stdout}");
     dev.stop().await;
 }

@@ -470,3 +470,92 @@ async fn with_etcd_stopped_admin_writes_fail_clearly_and_nodes_keep_serving() {
         assert_eq!(models_status(node, &secret).await, Some(200), "and keep serving");
     }
 }
+
+/// A breaker policy that opens on four calls and stays open for the whole test.
+const BREAKER: &str = "breaker_policy:
+  window_size: 4
+  min_requests: 4
+  failure_rate_threshold: 0.5
+  cooldown_ms: 120000
+  max_cooldown_ms: 120000
+";
+
+/// `node_id`'s breaker of the simulator's primary as `switchyard breakers` lists it.
+async fn primary_breaker(control: &str, node_id: &str) -> Option<serde_json::Value> {
+    let listed = cli(control, &["breakers", "--json"]).await;
+    let list: serde_json::Value = serde_json::from_str(&listed.stdout).ok()?;
+    list.as_array()?
+        .iter()
+        .find(|b| b["node_id"] == node_id && b["upstream_model"] == "primary")
+        .cloned()
+}
+
+/// Sends four chat requests that fail over from the primary (answering 503), which opens
+/// the primary's breaker on `node`.
+async fn open_the_primary(node: &Proc, key: &str) {
+    use switchyard_e2e::gateway::{PRIMARY, SECONDARY};
+    let body = serde_json::json!({"model": PRIMARY, "fallback_models": [SECONDARY],
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    for _ in 0..4 {
+        let r = http_request(
+            node.addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(key),
+            Some(body.as_bytes()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+}
+
+/// A restarted node (same `--data-dir`, so the same node id) starts with closed breakers:
+/// `switchyard breakers` used to keep listing its previous run's open breaker as its own,
+/// for as long as the node id stayed connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breakers_of_a_restarted_node_are_its_new_runs_not_its_old_runs() {
+    use switchyard_e2e::gateway::{Gateway, GatewayOptions};
+    let mut gw = Gateway::start_with(GatewayOptions {
+        breaker_policy: BREAKER,
+        ..GatewayOptions::default()
+    })
+    .await;
+    let node_dir = gw.path().join("node");
+    let node_id = std::fs::read_to_string(node_dir.join("node_id")).unwrap();
+    gw.script("primary", serde_json::json!({"kind": "status", "status": 503})).await;
+    open_the_primary(&gw.node, &gw.key).await;
+    eventually(PATIENCE, "switchyard breakers to show the primary open", || async {
+        primary_breaker(&gw.cp.url(), &node_id).await.filter(|b| b["state"] == "open")
+    })
+    .await;
+
+    // A crash and a restart over the same data directory: a new run of the same node id.
+    gw.node.child.kill().await.unwrap();
+    let restarted = now_ms();
+    let node = start_node(&gw.control, &node_dir, "127.0.0.1:0", gw.path().join("again.log")).await;
+    eventually(PATIENCE, "the new run to connect", || async {
+        let nodes = cli(&gw.cp.url(), &["nodes", "--json"]).await.json();
+        nodes["nodes"].as_array()?.iter().find(|n| {
+            n["node_id"] == node_id.as_str()
+                && n["connected_unix_ms"].as_i64().is_some_and(|t| t >= restarted)
+        })?;
+        Some(())
+    })
+    .await;
+    // Its old run's record goes as it connects, long before the 30 s node grace.
+    eventually(Duration::from_secs(5), "the old run's open breaker to be dropped", || async {
+        primary_breaker(&gw.cp.url(), &node_id).await.is_none().then_some(())
+    })
+    .await;
+
+    // What the new run reports is listed as before.
+    node_version(node.addr).await.expect("the new run serves");
+    open_the_primary(&node, &gw.key).await;
+    let open = eventually(PATIENCE, "the new run's open breaker to be listed", || async {
+        primary_breaker(&gw.cp.url(), &node_id).await.filter(|b| b["state"] == "open")
+    })
+    .await;
+    assert!(open["since_unix_ms"].as_i64().unwrap() >= restarted, "{open}");
+}

@@ -285,3 +285,51 @@ async fn every_query_of_the_grafana_dashboard_is_valid_promql_over_metrics_a_nod
     }
     assert!(exposed.contains("switchyard_upstream_attempts_total"), "{exposed:?}");
 }
+
+#[tokio::test]
+async fn the_control_plane_exports_webhook_delivery_metrics_per_subscription_never_its_url() {
+    let gw = Gateway::start().await;
+    // 204 to `/up…`, 503 to anything else.
+    let receiver = switchyard_e2e::http_receiver(|path, _| {
+        if path.starts_with("/up") {
+            b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n"
+        } else {
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
+        }
+    })
+    .await;
+    // A token in the URL, as some receivers take it: it must not reach the metrics.
+    for name in ["up", "down"] {
+        let url = format!("http://{receiver}/{name}?token=url-secret-0123");
+        let args = ["webhooks", "add", name, "--url", &url, "--events", "*", "--internal"];
+        let out = gw.admin(&args).await;
+        assert!(out.success, "webhooks add {name}: {}", out.stderr);
+    }
+    // Two failover events (one served by the fallback, one that failed on every model).
+    traffic(&gw).await;
+    let series = |name: &str, labels: &str| format!("switchyard_webhook_{name}{{{labels}}}");
+    let m = eventually(Duration::from_secs(20), "both subscriptions' deliveries counted", || {
+        let series = &series;
+        async move {
+            let m = scrape(gw.cp.addr).await;
+            let delivered =
+                series("delivery_attempts_total", r#"webhook="up",outcome="delivered""#);
+            let failed = series("delivery_attempts_total", r#"webhook="down",outcome="failed""#);
+            let settled = sample(&m, &delivered)? >= 2.0
+                && sample(&m, &failed)? >= 1.0
+                && sample(&m, &series("queue_depth", r#"webhook="up""#))? == 0.0
+                && sample(&m, &series("queue_depth", r#"webhook="down""#))? == 2.0;
+            settled.then_some(m)
+        }
+    })
+    .await;
+    let refused = series("delivery_attempts_total", r#"webhook="up",outcome="refused""#);
+    assert_eq!(sample(&m, &refused), Some(0.0), "{m}");
+    let timed = series("delivery_duration_seconds_count", r#"webhook="down""#);
+    assert!(sample(&m, &timed).is_some_and(|n| n >= 1.0), "{m}");
+    assert_eq!(sample(&m, &series("dead_letters_total", r#"webhook="down""#)), Some(0.0), "{m}");
+    assert!(!m.contains("url-secret-0123"), "a URL's token in the metrics: {m}");
+    assert!(!m.contains(&receiver.to_string()), "a URL in the metrics: {m}");
+    let (ok, said) = promtool(&m).await;
+    assert!(ok, "promtool on the control plane's /metrics: {said}\n{m}");
+}

@@ -56,6 +56,7 @@ fn node_record(i: usize, now: i64) -> NodeRecord {
         rejected: i
             .is_multiple_of(100)
             .then(|| Rejected { version: 2, error: "bad config".into() }),
+        boot_id: String::new(),
     }
 }
 

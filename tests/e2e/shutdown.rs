@@ -317,6 +317,46 @@ async fn a_stalled_request_body_is_cut_off_after_the_body_read_timeout() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
+/// A client that sent a request's head and half its body used to hold a node's shutdown
+/// until the body read timeout (30 s by default): the node now finishes the work in flight,
+/// answers that request 503 `draining` and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_still_arriving_at_sigterm_gets_503_after_the_work_in_flight_and_the_node_exits() {
+    // Drain and body timeouts far beyond the bound asserted: only an answer that does not
+    // wait for either passes.
+    let node_args = vec!["--drain-timeout", "30s", "--body-read-timeout", "60s"];
+    let mut gw =
+        Gateway::start_with(GatewayOptions { node_args, ..GatewayOptions::default() }).await;
+    gw.script("primary", json!({"kind": "ok", "delay_ms": 1500})).await;
+    let requests = start_requests(gw.node.addr, &gw.key, &chat_body(PRIMARY, &[], false), 1);
+    in_flight(&gw, "primary", 1).await;
+    let mut half = TcpStream::connect(gw.node.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+        gw.key
+    );
+    half.write_all(head.as_bytes()).await.unwrap();
+    half.write_all(b"{\"model\":").await.unwrap();
+
+    let stopped = Instant::now();
+    sigterm(gw.node.child.id().unwrap());
+    reports_draining(gw.node.addr).await;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), half.read_to_end(&mut raw))
+        .await
+        .expect("the half-sent request is answered, not left to its body read timeout")
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("\"code\":\"draining\""), "{text}");
+    // The request really in flight was served, not cut.
+    assert_eq!(failed(&responses(requests).await), Vec::<String>::new());
+    let (status, _) = exits_within(&mut gw.node.child, Duration::from_secs(10), "the node").await;
+    assert!(status.success(), "the node exits 0, not {status}; log:\n{}", gw.node.log_text());
+    let took = stopped.elapsed();
+    assert!(took < Duration::from_secs(10), "not held for the 30 s drain timeout: {took:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_and_idle_connections_do_not_hold_up_the_drain() {
     let mut gw = Gateway::start_with(node_options(vec![])).await;
@@ -427,11 +467,11 @@ async fn a_control_plane_stopped_with_sigterm_leaves_its_elections_and_its_nodes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_control_plane_on_the_embedded_store_exits_by_its_drain_deadline_and_frees_the_store() {
+async fn a_control_plane_on_the_embedded_store_ends_its_node_streams_at_once_and_frees_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
     let token = [("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)];
-    let args = ["control", "--store", &store, "--listen", "127.0.0.1:0", "--drain-timeout", "2s"];
+    let args = ["control", "--store", &store, "--listen", "127.0.0.1:0", "--drain-timeout", "10s"];
     let mut cp = Proc::start(&args, &token, dir.path().join("cp.log")).await;
     let node_dir = dir.path().join("node");
     let node = start_node(&cp.url(), &node_dir, "127.0.0.1:0", dir.path().join("node.log")).await;
@@ -440,20 +480,8 @@ async fn a_control_plane_on_the_embedded_store_exits_by_its_drain_deadline_and_f
         connected_to(&cp.url(), &node_id).await
     })
     .await;
-    // An `events --follow` stream stays open until the drain deadline closes it.
     let mut fake = FakeNode::connect(&cp.url(), "n1").await;
     fake.send_next(vec![failover_event("evt-1", 1, "key_1")]).await;
-    let mut follower = Command::new(switchyard_bin())
-        .args(["events", "--follow", "--json"])
-        .env("SWITCHYARD_CONTROL", cp.url())
-        .env("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
-    assert!(matches!(first, Ok(Ok(Some(_)))), "the follower is connected: {first:?}");
 
     sigterm(cp.child.id().unwrap());
     // Node streams end at once, with a status that sends nodes elsewhere.
@@ -468,12 +496,68 @@ async fn a_control_plane_on_the_embedded_store_exits_by_its_drain_deadline_and_f
     .await
     .expect("the node stream ends at once");
     assert_eq!(ended.unwrap_err().code(), tonic::Code::Unavailable);
+    // Nothing else is open: no need to wait out the 10 s drain timeout.
     let (status, took) =
-        exits_within(&mut cp.child, Duration::from_secs(6), "the control plane").await;
+        exits_within(&mut cp.child, Duration::from_secs(5), "the control plane").await;
     assert!(status.success(), "exits 0, not {status}; log:\n{}", cp.log_text());
-    assert!(took >= Duration::from_millis(1500), "the follow stream was waited for: {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
     // Its replacement opens the same store.
     let again = start_control(&store, "127.0.0.1:0", dir.path(), "cp-again").await;
     assert_eq!(cli(&again.url(), &["nodes", "--json"]).await.code, Some(0));
     drop(node);
+}
+
+/// An `events --follow` client used to hold a stopping control plane for its whole drain
+/// timeout, then die with an h2 "broken pipe" error: it now ends at once, in the CLI's
+/// words, with exit status 1, and the control plane exits without waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_events_follow_client_ends_at_once_in_words_when_its_control_plane_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let token = [("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)];
+    // A drain timeout far beyond what the test allows: only a stream that ends at once
+    // lets the control plane exit in time.
+    let args = ["control", "--store", &store, "--listen", "127.0.0.1:0", "--drain-timeout", "30s"];
+    let mut cp = Proc::start(&args, &token, dir.path().join("cp.log")).await;
+    let mut fake = FakeNode::connect(&cp.url(), "n1").await;
+    fake.send_next(vec![failover_event("evt-1", 1, "key_1")]).await;
+    let mut follower = Command::new(switchyard_bin())
+        .args(["events", "--follow", "--json"])
+        .env("SWITCHYARD_CONTROL", cp.url())
+        .env("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(PATIENCE, lines.next_line()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "the follower is connected: {first:?}");
+    let mut stderr = follower.stderr.take().unwrap();
+
+    let stopped = Instant::now();
+    sigterm(cp.child.id().unwrap());
+    let (status, _) = exits_within(&mut follower, Duration::from_secs(10), "the follower").await;
+    let follower_took = stopped.elapsed();
+    let mut said = String::new();
+    stderr.read_to_string(&mut said).await.unwrap();
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert_eq!(
+        said.lines().collect::<Vec<_>>(),
+        [
+            format!(
+                "error: the event stream from {} ended: this control plane is shutting down",
+                cp.url()
+            ),
+            "hint: follow again (`switchyard events --follow`) once it is back, or on another \
+             replica: --control takes a comma-separated list"
+                .to_owned(),
+        ],
+    );
+    assert!(follower_took < Duration::from_secs(10), "{follower_took:?}");
+    let (status, _) =
+        exits_within(&mut cp.child, Duration::from_secs(10), "the control plane").await;
+    assert!(status.success(), "exits 0, not {status}; log:\n{}", cp.log_text());
+    let took = stopped.elapsed();
+    assert!(took < Duration::from_secs(10), "not held for the 30 s drain timeout: {took:?}");
 }

@@ -764,9 +764,6 @@ async fn webhooks_add_list_remove_edit_the_catalog() {
 /// and logs like `webhook_receiver.py` (with `"raw": true` instead of verifying), to measure
 /// the control plane rather than the Python verifier.
 async fn raw_receiver(log: PathBuf) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
         use std::io::Write;
@@ -775,48 +772,15 @@ async fn raw_receiver(log: PathBuf) -> u16 {
             file.write_all(line.as_bytes()).unwrap();
         }
     });
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 65536];
-                loop {
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        match socket.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    let length: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < end + 4 + length {
-                        match socket.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let body: Value =
-                        serde_json::from_slice(&buf[end + 4..end + 4 + length]).unwrap_or_default();
-                    let path = head.split_whitespace().nth(1).unwrap_or_default().to_owned();
-                    let record = serde_json::json!({"path": path, "raw": true, "status": 200,
-                        "payload": body, "received_unix_ms": now_ms()});
-                    let _ = tx.send(format!("{record}\n"));
-                    buf.drain(..end + 4 + length);
-                    let reply = b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n";
-                    if socket.write_all(reply).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
+    let addr = http_receiver(move |path, body| {
+        let body: Value = serde_json::from_slice(body).unwrap_or_default();
+        let record = serde_json::json!({"path": path, "raw": true, "status": 200,
+            "payload": body, "received_unix_ms": now_ms()});
+        let _ = tx.send(format!("{record}\n"));
+        b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n"
+    })
+    .await;
+    addr.port()
 }
 
 /// The store's current revision, from etcd's JSON gateway: every write transaction adds one.

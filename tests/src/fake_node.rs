@@ -38,6 +38,7 @@ impl FakeNode {
             last_applied_version: 0,
             listen_address: "127.0.0.1:1".into(),
             software_version: "e2e".into(),
+            boot_id: String::new(),
         };
         tx.send(msg(node_message::Msg::Hello(hello))).await.unwrap();
         let replies = client

@@ -338,6 +338,52 @@ pub async fn http_exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unp
     Some(HttpResponse { status, headers: head.to_owned(), body })
 }
 
+/// A minimal HTTP/1.1 keep-alive server on loopback (a webhook receiver, say): each request's
+/// path and body go to `reply`, whose bytes are written back as the whole response.
+pub async fn http_receiver(
+    reply: impl Fn(&str, &[u8]) -> &'static [u8] + Send + Sync + 'static,
+) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let reply = std::sync::Arc::new(reply);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let reply = std::sync::Arc::clone(&reply);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 65536];
+                loop {
+                    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n");
+                    let length = head_end.map(|end| {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let length = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok());
+                        (end, head, length.unwrap_or(0))
+                    });
+                    let Some((end, head, length)) =
+                        length.filter(|(end, _, length)| buf.len() >= end + 4 + length)
+                    else {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let path = head.split_whitespace().nth(1).unwrap_or_default().to_owned();
+                    let answer = reply(&path, &buf[end + 4..end + 4 + length]);
+                    buf.drain(..end + 4 + length);
+                    if socket.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// Decodes an HTTP/1.1 chunked body.
 pub fn dechunk(mut body: &str) -> String {
     let mut out = String::new();

@@ -65,6 +65,7 @@ impl FleetNode {
             last_applied_version: 0,
             listen_address: "127.0.0.1:1".into(),
             software_version: "fleet".into(),
+            boot_id: String::new(),
         };
         tx.send(msg(node_message::Msg::Hello(hello)))
             .await

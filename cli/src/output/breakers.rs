@@ -59,6 +59,13 @@ fn last_probe(probe: Option<&LastProbe>, now_ms: i64) -> String {
     }
 }
 
+/// The failure rate of the window that led to the breaker's last change: `62%`; `-` for a
+/// closed breaker, whose window the node cleared on closing (the rate it reported is the
+/// window before, which no longer counts).
+fn failure_rate(b: &BreakerView) -> String {
+    if b.state == "closed" { "-".to_owned() } else { format!("{:.0}%", b.failure_rate * 100.0) }
+}
+
 /// `in 12s`, `due` once passed; `-` when no probe is scheduled (the breaker is not open).
 fn next_probe(unix_ms: i64, now_ms: i64) -> String {
     if unix_ms <= 0 {
@@ -100,7 +107,7 @@ pub fn breakers_table(breakers: &[BreakerView], now_ms: i64) -> String {
             b.upstream_model.clone(),
             state,
             ago(b.since_unix_ms, now_ms),
-            format!("{:.0}%", b.failure_rate * 100.0),
+            failure_rate(b),
             next_probe(b.next_probe_unix_ms, now_ms),
             last_probe(b.last_probe.as_ref(), now_ms),
         ]);
@@ -136,6 +143,29 @@ mod tests {
             lines[1],
             "n1    openai    gpt-5-nano  open (failure_rate)  5s ago  62%           in 30s      -"
         );
+    }
+
+    #[test]
+    fn a_closed_breaker_shows_no_failure_rate_from_the_window_before_it_closed() {
+        let closed = BreakerView::from(pb::Breaker {
+            node_id: "n1".into(),
+            provider: "openai".into(),
+            upstream_model: "gpt-5-nano".into(),
+            state: "closed".into(),
+            since_unix_ms: 5_000,
+            // What the node reports on closing: the window that led there, then cleared.
+            failure_rate: 1.0,
+            cause: "probe_succeeded".into(),
+            ..Default::default()
+        });
+        let text = breakers_table(std::slice::from_ref(&closed), 10_000);
+        let row = text.lines().nth(1).unwrap();
+        assert_eq!(
+            row,
+            "n1    openai    gpt-5-nano  closed (probe_succeeded)  5s ago  -             -           -"
+        );
+        // JSON keeps the reported figure for scripts.
+        assert_eq!(serde_json::to_value(&closed).unwrap()["failure_rate"], 1.0);
     }
 
     #[test]

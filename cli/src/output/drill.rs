@@ -10,6 +10,12 @@ fn verdict(holds: Option<bool>) -> &'static str {
     }
 }
 
+/// A run's duration as people read it: `30 ms` under a second (a short run printed in
+/// seconds reads `0.03 s`, or `0.00 s` under 5 ms), `2.41 s` from there on.
+fn took(ms: f64) -> String {
+    if ms < 999.5 { format!("{ms:.0} ms") } else { format!("{:.2} s", ms / 1000.0) }
+}
+
 pub fn drill_report(r: &DrillReport) -> String {
     let mut out = String::new();
     out.push_str(&format!(
@@ -21,10 +27,10 @@ pub fn drill_report(r: &DrillReport) -> String {
     out.push_str(&format!("  chain:     {}\n", r.chain.join(" → ")));
     out.push_str(&format!("  faults:    {}\n", r.faults.join(", ")));
     out.push_str(&format!(
-        "  requests:  {} ({} at a time) in {:.2} s; latency p50 {:.1} ms, p99 {:.1} ms\n",
+        "  requests:  {} ({} at a time) in {}; latency p50 {:.1} ms, p99 {:.1} ms\n",
         r.requests,
         r.concurrency,
-        r.took_ms / 1000.0,
+        took(r.took_ms),
         r.latency_ms.p50,
         r.latency_ms.p99
     ));
@@ -52,4 +58,17 @@ pub fn drill_report(r: &DrillReport) -> String {
         out.push_str(&format!("{failed} expectation(s) do not hold\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drill_shorter_than_a_second_prints_its_time_in_ms() {
+        assert_eq!(took(30.4), "30 ms");
+        assert_eq!(took(3.0), "3 ms");
+        assert_eq!(took(999.4), "999 ms");
+        assert_eq!(took(2_414.0), "2.41 s");
+    }
 }

@@ -51,6 +51,7 @@ use super::state::{DeadLetter, PendingDelivery, SubscriptionState};
 use crate::events::{OutboxEntry, decode_entries};
 use crate::fanout::ConfigCache;
 use crate::layout::{self, Layout, MAX_TXN_OPS};
+use crate::metrics::{DeliveryOutcome, SubscriptionMetrics, WebhookMetrics};
 use crate::store::election::{self, Leadership};
 use crate::store::{
     Compare, CompareOp, CompareTarget, EventKind, LeaseId, Listing, Revision, Store, StoreError,
@@ -105,6 +106,7 @@ pub async fn run(
     lease: LeaseId,
     candidate: String,
     options: DeliveryOptions,
+    metrics: WebhookMetrics,
 ) {
     let election = layout.webhook_election();
     loop {
@@ -119,7 +121,7 @@ pub async fn run(
             };
         info!("webhooks: this replica delivers webhooks");
         tokio::select! {
-            result = lead(Arc::clone(&store), &layout, &cache, &leadership, options) => {
+            result = lead(Arc::clone(&store), &layout, &cache, &leadership, options, &metrics) => {
                 if let Err(e) = result {
                     warn!(error = %e, "webhook delivery stopped; campaigning again");
                 }
@@ -205,6 +207,7 @@ struct Shared {
     outbox: RwLock<OutboxView>,
     /// The view's horizon, to wake workers.
     changed: watch::Sender<Revision>,
+    metrics: WebhookMetrics,
 }
 
 impl Shared {
@@ -300,6 +303,7 @@ async fn lead(
     cache: &ConfigCache,
     leadership: &Leadership,
     options: DeliveryOptions,
+    metrics: &WebhookMetrics,
 ) -> Result<(), StoreError> {
     let prefix = layout.outbox_prefix();
     let fence = Compare {
@@ -316,6 +320,7 @@ async fn lead(
         fence,
         outbox: RwLock::new(OutboxView::default()),
         changed,
+        metrics: metrics.clone(),
     });
     shared.reload(&listing);
     let mut watch = store.watch(&prefix, listing.revision + 1).await?;
@@ -537,6 +542,7 @@ struct Worker {
     backoff_until: Instant,
     dirty: bool,
     last_persist: Instant,
+    metrics: SubscriptionMetrics,
 }
 
 impl Worker {
@@ -550,7 +556,9 @@ impl Worker {
         let wait = u64::try_from(state.next_attempt_unix_ms - now_ms()).unwrap_or(0);
         let failed =
             state.pending.iter().map(|p| ((p.revision, p.key.clone()), p.clone())).collect();
+        let metrics = shared.metrics.subscription(&name);
         Self {
+            metrics,
             name,
             shared,
             config,
@@ -576,6 +584,9 @@ impl Worker {
         loop {
             let config = Arc::clone(&self.config.borrow_and_update());
             self.advance(&config.webhook);
+            // What is queued past the cursor less what is done there (what is done is
+            // queued): counted without a walk of the queue, which a storm makes long.
+            self.metrics.queue_depth(self.queue.len().saturating_sub(self.done.len()));
             if config.webhook.enabled {
                 self.start_jobs(&config, &mut jobs);
             }
@@ -714,6 +725,7 @@ impl Worker {
             self.in_flight.extend(revs.iter().cloned());
             let config = Arc::clone(config);
             let timeout = self.shared.options.timeout;
+            let duration = self.metrics.duration.clone();
             let (id, body) = if batch == 1 {
                 let entry = &group[0].1.entry;
                 (entry.id.clone(), serde_json::to_vec(&entry.payload()))
@@ -749,7 +761,9 @@ impl Worker {
                     body,
                     timeout,
                 };
+                let sent = Instant::now();
                 let outcome = client::send(&config.client, request).await;
+                duration.observe(sent.elapsed().as_secs_f64());
                 (revs, outcome)
             });
         }
@@ -768,6 +782,11 @@ impl Worker {
         let now = now_ms();
         self.state.last_attempt_unix_ms = now;
         self.dirty = true;
+        self.metrics.attempt(match outcome {
+            Outcome::Delivered { .. } => DeliveryOutcome::Delivered,
+            Outcome::Retry { .. } => DeliveryOutcome::Failed,
+            Outcome::Refused { .. } => DeliveryOutcome::Refused,
+        });
         match outcome {
             Outcome::Delivered { status } => {
                 for rev in revs {
@@ -879,6 +898,7 @@ impl Worker {
                 self.done.insert(slot.clone());
                 self.state.dead += 1;
             }
+            self.metrics.dead_lettered(chunk.len());
             warn!(webhook = %self.name, count = chunk.len(), "webhook events dead-lettered");
         }
         self.dirty = true;
@@ -985,6 +1005,7 @@ mod tests {
             fence: Compare::absent("/t/none"),
             outbox: RwLock::new(OutboxView::default()),
             changed,
+            metrics: WebhookMetrics::default(),
         });
         {
             let mut view = shared.outbox.write().unwrap_or_else(|e| e.into_inner());
@@ -1096,6 +1117,7 @@ mod queue_tests {
             fence: Compare::absent("/t/none"),
             outbox: RwLock::new(OutboxView::default()),
             changed,
+            metrics: WebhookMetrics::default(),
         });
         let put = |rev: Revision, entries: Vec<OutboxEntry>| {
             let mut view = shared.outbox.write().unwrap();
