@@ -18,6 +18,7 @@ pub mod breaker;
 pub mod chain;
 pub mod chaos;
 pub mod config;
+pub mod custody;
 pub mod degraded;
 pub mod error;
 pub mod executor;

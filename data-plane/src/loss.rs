@@ -8,8 +8,11 @@
 //! Reports are held like failover events: at most one report per (events, reason) is in
 //! flight; what is lost meanwhile is added to the next. A report keeps its id across
 //! resends, so a control plane that stored one but whose ack was lost writes the same audit
-//! entry again instead of a second one. A node that stops before a control plane acked its
-//! reports keeps them in `<data-dir>/events-lost` ([`save`], [`load`]) for its next start.
+//! entry again instead of a second one. A node keeps the reports no control plane acked yet
+//! in `<data-dir>/events-lost` ([`save`], [`load`]) for its next start: at its stop, and
+//! while it runs within a tick of a change ([`crate::custody`]), so that a kill keeps them too.
+//! Events a kill took with it are counted from `<data-dir>/events-at-risk`
+//! ([`save_at_risk`], [`take_at_risk`]) as `node_killed`.
 
 use std::io;
 use std::path::Path;
@@ -40,6 +43,9 @@ pub enum Reason {
     SpoolUnwritable,
     /// A record read back (from the spool, or a batch held for resending) was unreadable.
     Unreadable,
+    /// Held in memory, not yet on disk nor acked, when the node's process ended without
+    /// stopping (a kill, a crash): counted by its next start.
+    NodeKilled,
 }
 
 impl Reason {
@@ -50,6 +56,7 @@ impl Reason {
             Reason::SpoolFull => "spool_full",
             Reason::SpoolUnwritable => "spool_unwritable",
             Reason::Unreadable => "unreadable",
+            Reason::NodeKilled => "node_killed",
         }
     }
 }
@@ -118,6 +125,9 @@ struct Inner {
     last_warning: Option<Instant>,
     /// Lost since the last warning.
     unwarned: u64,
+    /// Grows with every change to what is unacked, so that [`Losses::changes`] tells when
+    /// the saved copy is stale.
+    changes: u64,
 }
 
 pub struct Losses {
@@ -141,6 +151,7 @@ impl Losses {
                 spool: SpoolState::None,
                 last_warning: None,
                 unwarned: 0,
+                changes: 0,
             }),
         }
     }
@@ -163,6 +174,7 @@ impl Losses {
         let mut inner = self.lock();
         inner.total += n;
         inner.unwarned += n;
+        inner.changes += 1;
         let pending = inner.pending.entry((what, reason)).or_insert(Pending {
             count: 0,
             first_unix_ms: now,
@@ -248,7 +260,16 @@ impl Losses {
 
     /// The control plane stored report `id`.
     pub fn ack(&self, id: &str) {
-        self.lock().in_flight.remove(id);
+        let mut inner = self.lock();
+        if inner.in_flight.remove(id).is_some() {
+            inner.changes += 1;
+        }
+    }
+
+    /// Changes the unacked losses since the node started: a different value than before,
+    /// something to save.
+    pub fn changes(&self) -> u64 {
+        self.lock().changes
     }
 
     /// A stream ended: the reports it did not ack go out again on the next.
@@ -275,6 +296,7 @@ impl Losses {
         for report in reports {
             inner.in_flight.insert(report.id.clone(), Report { report, sent: false });
         }
+        inner.changes += 1;
     }
 
     /// Whether some loss is not yet acked by a control plane.
@@ -308,8 +330,9 @@ pub fn save(dir: &Path, reports: &[pb::EventsLost]) -> io::Result<()> {
     std::fs::rename(&tmp, &path)
 }
 
-/// The reports an earlier run saved, removing the file (they are held in memory now, and
-/// saved again if still unacked at the next stop). An unreadable rest is logged and skipped.
+/// The reports an earlier run saved. The file stays: it is replaced by the next [`save`],
+/// so a node killed before a control plane acked them still has them. An unreadable rest
+/// is logged and skipped.
 pub fn load(dir: &Path) -> io::Result<Vec<pb::EventsLost>> {
     let path = dir.join(FILE);
     let bytes = match std::fs::read(&path) {
@@ -328,8 +351,42 @@ pub fn load(dir: &Path) -> io::Result<Vec<pb::EventsLost>> {
             }
         }
     }
-    std::fs::remove_file(&path)?;
     Ok(reports)
+}
+
+/// The file in the data dir that says how many failover events the running node holds in
+/// memory only: those a kill would take with it.
+const AT_RISK_FILE: &str = "events-at-risk";
+
+/// Records that `n` failover events are held in memory only (none: removes the record).
+/// Replaced whole (a temporary file renamed), so a kill leaves the old count or the new.
+pub fn save_at_risk(dir: &Path, n: u64) -> io::Result<()> {
+    let path = dir.join(AT_RISK_FILE);
+    if n == 0 {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    }
+    let tmp = dir.join(format!("{AT_RISK_FILE}.tmp"));
+    std::fs::write(&tmp, n.to_string())?;
+    std::fs::rename(&tmp, &path)
+}
+
+/// What an earlier run recorded with [`save_at_risk`] and did not clear: it ended without
+/// stopping, and those events are gone. Leaves the record in place: the caller clears it
+/// (`save_at_risk(dir, 0)`) once the count is saved as a loss. An unreadable record counts
+/// as none, and says so.
+pub fn take_at_risk(dir: &Path) -> io::Result<u64> {
+    let path = dir.join(AT_RISK_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text.trim().parse().unwrap_or_else(|_| {
+            tracing::warn!(file = %path.display(), "an unreadable count of events at risk; taken as none");
+            0
+        })),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -377,7 +434,7 @@ mod tests {
 
         let next = Losses::new(Counter::default(), "b2".into());
         next.restore(load(dir.path()).unwrap());
-        assert!(!dir.path().join(FILE).exists(), "taken in hand");
+        assert!(dir.path().join(FILE).exists(), "kept until saved again: a kill keeps it");
         let mut resent = next.reports_to_send();
         resent.sort_by_key(|r| r.count);
         assert_eq!((resent[0].count, resent[1].count), (2, 7));

@@ -12,13 +12,15 @@
 //! reason ([`crate::loss`]), and reported to the control plane as `events.lost`.
 //!
 //! All file work runs on one thread of the spool's own: the request path only hands an
-//! event to a bounded channel and never waits on the disk.
+//! event to a bounded channel and never waits on the disk. The thread writes what it was
+//! handed as soon as its channel is empty, so an event in the spool survives a kill of the
+//! process; [`Spool::sync`] (every tick of [`crate::custody`]) puts it on the disk itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, sync_channel};
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -74,6 +76,8 @@ enum Command {
     /// Events older than everything spooled (the node's memory at shutdown).
     Prepend(Vec<pb::FailoverEvent>, oneshot::Sender<io::Result<()>>),
     Read(usize, oneshot::Sender<Batch>),
+    /// Everything appended so far, on the disk (not only handed to the kernel).
+    Sync(oneshot::Sender<io::Result<()>>),
 }
 
 impl Spool {
@@ -167,6 +171,13 @@ impl Spool {
         answer.await.map_err(|_| gone())?
     }
 
+    /// Writes everything appended so far to the disk (`fdatasync`), before returning.
+    pub async fn sync(&self) -> io::Result<()> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Sync(reply)).await?;
+        answer.await.map_err(|_| gone())?
+    }
+
     /// A command that must not be dropped: waits for room off the async threads.
     async fn send(&self, command: Command) -> io::Result<()> {
         let tx = self.tx.clone();
@@ -187,6 +198,8 @@ struct Writer {
     flushed_bytes: u64,
     /// Records in the buffer since then, which a failed write loses.
     unflushed: u64,
+    /// Flushed since the last `fdatasync`.
+    unsynced: bool,
 }
 
 struct State {
@@ -215,14 +228,19 @@ struct State {
 impl State {
     fn run(mut self, rx: Receiver<Command>) {
         loop {
-            let command = match rx.recv_timeout(Duration::from_millis(100)) {
+            let command = match rx.try_recv() {
                 Ok(command) => command,
-                // Idle: what was appended reaches the file, so a crash loses little.
-                Err(RecvTimeoutError::Timeout) => {
+                // Nothing more queued: what was appended goes to the file now (one write for
+                // a whole burst), so a process killed a moment later has it on disk.
+                Err(TryRecvError::Empty) => {
                     self.flush();
-                    continue;
+                    match rx.recv_timeout(Duration::from_millis(100)) {
+                        Ok(command) => command,
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
                 }
-                Err(RecvTimeoutError::Disconnected) => {
+                Err(TryRecvError::Disconnected) => {
                     self.flush();
                     return;
                 }
@@ -236,6 +254,10 @@ impl State {
                     self.flush();
                     let events = self.read(max);
                     let _ = reply.send(Batch { events, disposed: self.disposed });
+                }
+                Command::Sync(reply) => {
+                    self.flush();
+                    let _ = reply.send(self.sync());
                 }
             }
             self.bytes.set(i64::try_from(self.total).unwrap_or(i64::MAX));
@@ -361,7 +383,13 @@ impl State {
             let seq = self.segments.keys().next_back().map_or(FIRST_SEQ, |last| last + 1);
             let file = OpenOptions::new().create(true).append(true).open(self.path(seq))?;
             self.segments.insert(seq, 0);
-            let writer = Writer { seq, file: BufWriter::new(file), flushed_bytes: 0, unflushed: 0 };
+            let writer = Writer {
+                seq,
+                file: BufWriter::new(file),
+                flushed_bytes: 0,
+                unflushed: 0,
+                unsynced: false,
+            };
             self.writer = Some(writer);
         }
         let Some(writer) = self.writer.as_mut() else { return Ok(()) };
@@ -374,13 +402,26 @@ impl State {
 
     fn flush(&mut self) {
         let Some(writer) = self.writer.as_mut() else { return };
+        if writer.unflushed == 0 {
+            return;
+        }
         match writer.file.flush() {
             Ok(()) => {
                 writer.flushed_bytes = self.segments.get(&writer.seq).copied().unwrap_or(0);
                 writer.unflushed = 0;
+                writer.unsynced = true;
             }
             Err(e) => self.fail_writer(&e, 0),
         }
+    }
+
+    /// The file being written, on the disk. (Sealed and prepended files are synced as they
+    /// are written.)
+    fn sync(&mut self) -> io::Result<()> {
+        let Some(writer) = self.writer.as_mut().filter(|w| w.unsynced) else { return Ok(()) };
+        writer.file.get_ref().sync_data()?;
+        writer.unsynced = false;
+        Ok(())
     }
 
     fn prepend(&mut self, events: &[pb::FailoverEvent]) -> io::Result<()> {
@@ -685,20 +726,21 @@ mod tests {
         for i in 0..5 {
             assert!(opened.spool.append(event(i)));
         }
-        // A read flushes first: the write fails, and all five are counted.
-        let batch = opened.spool.read(10).await.unwrap();
-        assert!(batch.events.is_empty());
-        assert_eq!((lost.total(), batch.disposed), (5, 5));
-        assert_eq!(lost.spool(), SpoolState::Unwritable);
+        // The spool's thread writes a burst as soon as it has taken it: the first write fails
+        // and every event of it is counted; the file is dropped, and the rest go to a new one.
+        let (read, disposed) = read_all(&opened.spool).await;
+        let failed = lost.total();
+        assert!(failed >= 1, "the full disk refused the first write");
+        assert_eq!(read, (failed as usize..5).map(|i| format!("evt_{i}")).collect::<Vec<_>>());
+        assert_eq!(disposed, 5, "read or counted, every one");
         let reports = lost.reports_to_send();
-        assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_unwritable", 5));
-        // Room again: the next events go to a new file and come back whole.
+        assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_unwritable", failed));
         for i in 5..8 {
             assert!(opened.spool.append(event(i)));
         }
         let (read, _) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_5", "evt_6", "evt_7"]);
-        assert_eq!((lost.total(), lost.spool()), (5, SpoolState::Ok));
+        assert_eq!((lost.total(), lost.spool()), (failed, SpoolState::Ok));
     }
 
     /// A storm's events: alike but for their ids, times and request ids.
