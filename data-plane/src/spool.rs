@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, sync_channel};
+use std::sync::mpsc::{
+    Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError, sync_channel,
+};
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -151,10 +153,19 @@ impl Spool {
         Ok(Opened { spool: Spool { tx }, records })
     }
 
-    /// Hands an event to the spool without waiting; `false` when the spool's channel is
-    /// full or its thread is gone (the event is then the caller's to count as lost).
-    pub fn append(&self, event: pb::FailoverEvent) -> bool {
-        self.tx.try_send(Command::Append(event)).is_ok()
+    /// Hands an event to the spool without waiting; gives it back when the spool's channel
+    /// is full or its thread is gone (the caller keeps it elsewhere, or counts it lost).
+    #[must_use = "a refused event is the caller's to keep or to count as lost"]
+    pub fn append(&self, event: pb::FailoverEvent) -> Option<pb::FailoverEvent> {
+        let refused = match self.tx.try_send(Command::Append(event)) {
+            Ok(()) => return None,
+            Err(TrySendError::Full(command) | TrySendError::Disconnected(command)) => command,
+        };
+        match refused {
+            Command::Append(event) => Some(event),
+            // Only an append was sent.
+            _ => Some(pb::FailoverEvent::default()),
+        }
     }
 
     /// Up to `max` events, oldest first; `None` if the spool thread is gone.
@@ -673,7 +684,7 @@ mod tests {
         let (opened, lost) = open(dir.path(), DEFAULT_MAX_BYTES);
         assert_eq!(opened.records, 0);
         for i in 0..20 {
-            assert!(opened.spool.append(event(i)));
+            assert!(opened.spool.append(event(i)).is_none());
         }
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, (0..20).map(|i| format!("evt_{i}")).collect::<Vec<_>>());
@@ -687,7 +698,7 @@ mod tests {
         {
             let (opened, _) = open(dir.path(), DEFAULT_MAX_BYTES);
             for i in 10..13 {
-                assert!(opened.spool.append(event(i)));
+                assert!(opened.spool.append(event(i)).is_none());
             }
             opened.spool.prepend(vec![event(1), event(2)]).await.unwrap();
             // A read forces the appended events to the file before this spool goes away.
@@ -706,7 +717,7 @@ mod tests {
         let one = encode(&event(0)).len() as u64;
         let (opened, lost) = open(dir.path(), one * 3);
         for i in 0..5 {
-            assert!(opened.spool.append(event(i)));
+            assert!(opened.spool.append(event(i)).is_none());
         }
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_0", "evt_1", "evt_2"]);
@@ -724,7 +735,7 @@ mod tests {
         std::os::unix::fs::symlink("/dev/full", dir.path().join(format!("{FIRST_SEQ:020}.events")))
             .unwrap();
         for i in 0..5 {
-            assert!(opened.spool.append(event(i)));
+            assert!(opened.spool.append(event(i)).is_none());
         }
         // The spool's thread writes a burst as soon as it has taken it: the first write fails
         // and every event of it is counted; the file is dropped, and the rest go to a new one.
@@ -736,7 +747,7 @@ mod tests {
         let reports = lost.reports_to_send();
         assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_unwritable", failed));
         for i in 5..8 {
-            assert!(opened.spool.append(event(i)));
+            assert!(opened.spool.append(event(i)).is_none());
         }
         let (read, _) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_5", "evt_6", "evt_7"]);
@@ -803,7 +814,7 @@ mod tests {
     async fn spool_and_close(dir: &Path, n: usize) {
         let (opened, _) = open_small_segments(dir, DEFAULT_MAX_BYTES);
         for i in 0..n {
-            while !opened.spool.append(storm_event(i)) {
+            while opened.spool.append(storm_event(i)).is_some() {
                 tokio::task::yield_now().await;
             }
         }
@@ -820,7 +831,7 @@ mod tests {
         for i in 0..n {
             // The channel is bounded: a full one is the caller's loss, which this test must not
             // have, so it waits for room as a slower producer would.
-            while !opened.spool.append(storm_event(i)) {
+            while opened.spool.append(storm_event(i)).is_some() {
                 tokio::task::yield_now().await;
             }
         }
@@ -846,7 +857,7 @@ mod tests {
         // Room for 1,000 events as written; sealed, 3,000 fit.
         let (opened, lost) = open_small_segments(dir.path(), one * 1_000);
         for i in 0..3_000 {
-            while !opened.spool.append(storm_event(i)) {
+            while opened.spool.append(storm_event(i)).is_some() {
                 tokio::task::yield_now().await;
             }
         }

@@ -160,30 +160,42 @@ impl Telemetry {
     }
 
     pub fn push_event(&self, event: pb::FailoverEvent) {
+        // With no control plane connected nothing will ack an event soon: it goes straight
+        // to the spool, whose thread writes it at once, where memory would lose it to a kill
+        // ([`crate::custody`]). One atomic load: no lock and no disk on this path.
+        let spool_first = self.spool.is_some() && !self.connected();
         let mut q = lock(&self.events);
-        if !q.spooling && q.held < self.max_events {
+        let room = !q.spooling && q.held < self.max_events;
+        if room && !spool_first {
             q.held += 1;
             q.entered += 1;
             q.pending.push_back(event);
             return;
         }
-        match &self.spool {
-            Some(spool) if spool.append(event) => {
+        let Some(spool) = &self.spool else {
+            drop(q);
+            // A node with a `--data-dir` whose spool could not be opened says why.
+            let reason = match self.losses.spool() {
+                SpoolState::Unwritable => Reason::SpoolUnwritable,
+                _ => Reason::MemoryFull,
+            };
+            self.losses.lose(Lost::Failover, reason, 1);
+            return;
+        };
+        match spool.append(event) {
+            None => {
                 q.spooling = true;
                 q.spooled += 1;
+            }
+            // The spool's thread is behind: memory, while it has room, rather than a loss.
+            Some(event) if room => {
+                q.held += 1;
+                q.entered += 1;
+                q.pending.push_back(event);
             }
             Some(_) => {
                 drop(q);
                 self.losses.lose(Lost::Failover, Reason::SpoolBusy, 1);
-            }
-            None => {
-                drop(q);
-                // A node with a `--data-dir` whose spool could not be opened says why.
-                let reason = match self.losses.spool() {
-                    SpoolState::Unwritable => Reason::SpoolUnwritable,
-                    _ => Reason::MemoryFull,
-                };
-                self.losses.lose(Lost::Failover, reason, 1);
             }
         }
     }
@@ -564,6 +576,7 @@ mod tests {
         )
         .unwrap();
         let t = t.with_spool(opened.spool, opened.records);
+        t.set_connected(true);
         let total = MAX_EVENTS + 1_200;
         for i in 0..total {
             t.push_event(event(&i.to_string()));
@@ -601,7 +614,31 @@ mod tests {
             Default::default(),
         )
         .unwrap();
-        t.with_spool(opened.spool, opened.records)
+        let t = t.with_spool(opened.spool, opened.records);
+        // A control plane is connected unless a test says otherwise.
+        t.set_connected(true);
+        t
+    }
+
+    #[tokio::test]
+    async fn with_no_control_plane_connected_events_go_straight_to_the_spool_and_leave_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = spooled(dir.path());
+        t.push_event(event("a"));
+        t.set_connected(false);
+        t.push_event(event("b"));
+        t.push_event(event("c"));
+        assert_eq!(t.events_held(), 1, "only what came while connected is in memory");
+        t.set_connected(true);
+        let mut sent = Vec::new();
+        loop {
+            t.refill_from_spool().await;
+            let Some(batch) = t.next_event_batch() else { break };
+            sent.extend(batch.events.iter().map(|e| e.id.clone()));
+            t.ack_events(batch.seq);
+        }
+        assert_eq!(sent, ["a", "b", "c"]);
+        assert_eq!(t.losses.total(), 0);
     }
 
     #[tokio::test(start_paused = true)]

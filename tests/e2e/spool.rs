@@ -205,6 +205,26 @@ fn sigkill(child: &tokio::process::Child) {
     assert!(status.unwrap().success());
 }
 
+/// The request ids of the failover events stored for `key_id`, and the count of the failover
+/// events `events.lost` entries say were lost.
+async fn request_ids_and_lost(
+    control: &str,
+    key_id: &str,
+) -> (std::collections::HashSet<String>, usize) {
+    let all = events(control).await;
+    let ids = all
+        .iter()
+        .filter(|e| e["key_id"] == key_id && e["type"] == "api:model_failover")
+        .map(|e| e["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    let lost = all
+        .iter()
+        .filter(|e| e["type"] == "events.lost" && e["events"] == "failover")
+        .map(|e| e["count"].as_u64().unwrap() as usize)
+        .sum();
+    (ids, lost)
+}
+
 /// The failover events stored for `key_id` (each once) and the `events.lost` entries.
 async fn stored_and_lost(control: &str, key_id: &str) -> (u64, Vec<Value>) {
     let all = events(control).await;
@@ -430,7 +450,7 @@ async fn a_node_stopped_before_any_control_plane_recorded_its_losses_reports_the
 #[ignore = "a measurement, minutes long"]
 async fn measure_kills_under_a_failover_storm_with_the_control_plane_down() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
     const CLIENTS: usize = 4;
     let kills: usize = std::env::var("SPOOL_KILLS").ok().and_then(|k| k.parse().ok()).unwrap_or(20);
 
@@ -442,39 +462,46 @@ async fn measure_kills_under_a_failover_storm_with_the_control_plane_down() {
         "messages": [{"role": "user", "content": "hi"}]})
     .to_string();
 
-    let (mut served_total, mut in_flight_total) = (0u64, 0u64);
-    let (mut stored, mut lost) = (0u64, 0u64);
-    let mut lost_by_reason = std::collections::BTreeMap::<String, u64>::new();
-    println!("kill  after_ms  served  in_flight  stored+lost  silent(>=)");
+    // Every request carries its own id (`x-request-id`), which its event carries: the
+    // figures are by request, not only by count.
+    let mut stored = std::collections::HashSet::<String>::new();
+    let (mut served_total, mut in_flight_total, mut kept_total, mut missing_total) = (0, 0, 0, 0);
+    let mut lost_total = 0;
+    let mut missing_per_kill = Vec::new();
+    println!("kill  after_ms  served  missing  counted_lost  in_flight  in_flight_kept");
     for round in 0..kills {
         let mut node = outage.node(&args, &format!("n{round}.log")).await;
         let addr = node.addr;
         // The storm: each client sends one request after another until the node is gone.
         let killing = Arc::new(AtomicBool::new(false));
-        let served = Arc::new(AtomicU64::new(0));
-        let in_flight = Arc::new(AtomicU64::new(0));
         let mut clients = tokio::task::JoinSet::new();
-        for _ in 0..CLIENTS {
-            let (killing, served, in_flight) =
-                (Arc::clone(&killing), Arc::clone(&served), Arc::clone(&in_flight));
+        for client in 0..CLIENTS {
+            let killing = Arc::clone(&killing);
             let (key, body) = (key.clone(), body.clone());
             clients.spawn(async move {
-                while !killing.load(Ordering::SeqCst) {
-                    let r = switchyard_e2e::http_request(
+                let (mut served, mut in_flight) = (Vec::new(), Vec::new());
+                for n in 0.. {
+                    if killing.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let id = format!("m{round}-{client}-{n}");
+                    let r = switchyard_e2e::http_request_with(
                         addr,
                         "POST",
                         "/v1/chat/completions",
                         Some(&key),
+                        &[("x-request-id", id.as_bytes())],
                         Some(body.as_bytes()),
                     )
                     .await;
                     match r {
-                        Some(r) if r.status == 200 => served.fetch_add(1, Ordering::SeqCst),
+                        Some(r) if r.status == 200 => served.push(id),
                         Some(r) => panic!("{} {}", r.status, r.body),
                         // Sent before the kill and unanswered: its event may or may not exist.
-                        None => in_flight.fetch_add(1, Ordering::SeqCst),
-                    };
+                        None => in_flight.push(id),
+                    }
                 }
+                (served, in_flight)
             });
         }
         // A random moment 0.3–1.8 s into the storm.
@@ -487,40 +514,46 @@ async fn measure_kills_under_a_failover_storm_with_the_control_plane_down() {
         killing.store(true, Ordering::SeqCst);
         sigkill(&node.child);
         let _ = node.child.wait().await;
-        while clients.join_next().await.is_some() {}
-        let (served, in_flight) = (served.load(Ordering::SeqCst), in_flight.load(Ordering::SeqCst));
-        served_total += served;
-        in_flight_total += in_flight;
+        let (mut served, mut in_flight) = (Vec::new(), Vec::new());
+        while let Some(result) = clients.join_next().await {
+            let (s, f) = result.unwrap();
+            served.extend(s);
+            in_flight.extend(f);
+        }
 
         // A control plane, and the node again: what it kept arrives, or is counted.
         let cp = outage.control_plane("cp").await;
         let mut node = outage.node(&args, &format!("r{round}.log")).await;
         let started = std::time::Instant::now();
-        let mut last = (0, 0, std::time::Instant::now());
-        loop {
-            let (s, entries) = stored_and_lost(&cp.url(), key_id).await;
-            let l: u64 = entries.iter().map(|e| e["count"].as_u64().unwrap()).sum();
-            if (s, l) != (last.0, last.1) {
-                last = (s, l, std::time::Instant::now());
+        let mut last = (usize::MAX, 0, std::time::Instant::now());
+        let (ids, lost) = loop {
+            let (ids, lost) = request_ids_and_lost(&cp.url(), key_id).await;
+            if (ids.len(), lost) != (last.0, last.1) {
+                last = (ids.len(), lost, std::time::Instant::now());
             }
+            let all_there = served.iter().all(|id| ids.contains(id));
             let settled = spool_files(node_dir) == 0 && last.2.elapsed() > Duration::from_secs(2);
-            if s + l >= served_total || settled || started.elapsed() > Duration::from_secs(60) {
-                (stored, lost) = (s, l);
-                lost_by_reason.clear();
-                for e in &entries {
-                    *lost_by_reason.entry(e["reason"].as_str().unwrap().to_owned()).or_default() +=
-                        e["count"].as_u64().unwrap();
-                }
-                break;
+            if all_there || settled || started.elapsed() > Duration::from_secs(60) {
+                break (ids, lost);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        };
+        let missing = served.iter().filter(|id| !ids.contains(*id)).count();
+        let kept = in_flight.iter().filter(|id| ids.contains(*id)).count();
+        let counted = lost - lost_total;
         println!(
-            "{round:>4}  {:>8}  {served:>6}  {in_flight:>9}  {:>11}  {:>10}",
+            "{round:>4}  {:>8}  {:>6}  {missing:>7}  {counted:>12}  {:>9}  {kept:>14}",
             after.as_millis(),
-            stored + lost,
-            served_total.saturating_sub(stored + lost)
+            served.len(),
+            in_flight.len(),
         );
+        served_total += served.len();
+        in_flight_total += in_flight.len();
+        kept_total += kept;
+        missing_total += missing;
+        missing_per_kill.push(missing);
+        lost_total = lost;
+        stored = ids;
         // A clean stop with the control plane there, then the control plane goes.
         let pid = node.child.id().unwrap().to_string();
         assert!(
@@ -529,11 +562,19 @@ async fn measure_kills_under_a_failover_storm_with_the_control_plane_down() {
         let _ = tokio::time::timeout(Duration::from_secs(30), node.child.wait()).await;
         cp.kill().await;
     }
+    let worst = missing_per_kill.iter().max().copied().unwrap_or(0);
+    let without = missing_per_kill.iter().filter(|m| **m == 0).count();
     println!(
-        "{kills} kills: served {served_total} failovers (+ {in_flight_total} requests in flight \
-         at a kill, unanswered); stored {stored}, counted lost {lost} {lost_by_reason:?}; \
-         silent losses (served − stored − lost, at least): {}",
-        served_total.saturating_sub(stored + lost)
+        "{kills} kills: {served_total} failovers served; {} stored, {missing_total} missing \
+         ({without} kills missing none, at most {worst} in one), {lost_total} counted in \
+         events.lost; {in_flight_total} requests unanswered at a kill, {kept_total} of their \
+         events stored",
+        served_total - missing_total,
+    );
+    assert_eq!(
+        stored.len(),
+        served_total - missing_total + kept_total,
+        "every stored event is one of a request sent"
     );
     drop(outage);
 }
