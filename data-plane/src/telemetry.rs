@@ -620,6 +620,18 @@ mod tests {
         t
     }
 
+    /// Sends (and acks) everything held and spooled, as a control plane that takes it all
+    /// would; returns the ids in the order sent.
+    async fn send_all(t: &Telemetry) -> Vec<String> {
+        let mut sent = Vec::new();
+        loop {
+            t.refill_from_spool().await;
+            let Some(batch) = t.next_event_batch() else { return sent };
+            sent.extend(batch.events.iter().map(|e| e.id.clone()));
+            t.ack_events(batch.seq);
+        }
+    }
+
     #[tokio::test]
     async fn with_no_control_plane_connected_events_go_straight_to_the_spool_and_leave_in_order() {
         let dir = tempfile::tempdir().unwrap();
@@ -630,13 +642,7 @@ mod tests {
         t.push_event(event("c"));
         assert_eq!(t.events_held(), 1, "only what came while connected is in memory");
         t.set_connected(true);
-        let mut sent = Vec::new();
-        loop {
-            t.refill_from_spool().await;
-            let Some(batch) = t.next_event_batch() else { break };
-            sent.extend(batch.events.iter().map(|e| e.id.clone()));
-            t.ack_events(batch.seq);
-        }
+        let sent = send_all(&t).await;
         assert_eq!(sent, ["a", "b", "c"]);
         assert_eq!(t.losses.total(), 0);
     }
@@ -686,13 +692,7 @@ mod tests {
         t.push_event(event("d"));
         // A late ack of a spilled batch changes nothing: its events are sent again.
         t.ack_events(in_flight.seq);
-        let mut sent = Vec::new();
-        loop {
-            t.refill_from_spool().await;
-            let Some(batch) = t.next_event_batch() else { break };
-            sent.extend(batch.events.iter().map(|e| e.id.clone()));
-            t.ack_events(batch.seq);
-        }
+        let sent = send_all(&t).await;
         assert_eq!(sent, ["a", "b", "c", "d"]);
         assert_eq!(t.losses.total(), 0);
         // The spool drained: new events are held in memory again.
