@@ -125,7 +125,12 @@ impl Node {
         } else {
             false
         };
-        self.sync.abort();
+        self.telemetry.abort_between_refills(&self.sync).await;
+        if !handed {
+            // Gone for good before what it held is spooled (a completed task is not awaited
+            // twice).
+            let _ = (&mut self.sync).await;
+        }
         if let Some((stop, task)) = self.custody.take() {
             let _ = stop.send(true);
             let _ = task.await;

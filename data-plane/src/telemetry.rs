@@ -313,6 +313,14 @@ impl Telemetry {
         old.is_some_and(|n| n > left)
     }
 
+    /// Stops `task` (the config stream's) while it is not moving events between the spool
+    /// and memory: aborted in the middle of a refill, it would drop events already taken
+    /// off the spool.
+    pub async fn abort_between_refills(&self, task: &tokio::task::JoinHandle<()>) {
+        let _io = self.spool_io.lock().await;
+        task.abort();
+    }
+
     pub fn set_connected(&self, connected: bool) {
         self.connected.store(connected, Ordering::Relaxed);
     }
