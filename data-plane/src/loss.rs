@@ -12,7 +12,7 @@
 //! in `<data-dir>/events-lost` ([`save`], [`load`]) for its next start: at its stop, and
 //! while it runs within a tick of a change ([`crate::custody`]), so that a kill keeps them too.
 //! Events a kill took with it are counted from `<data-dir>/events-at-risk`
-//! ([`save_at_risk`], [`take_at_risk`]) as `node_killed`.
+//! ([`AtRisk`], [`take_at_risk`]) as `node_killed`.
 
 use std::io;
 use std::path::Path;
@@ -43,9 +43,13 @@ pub enum Reason {
     SpoolUnwritable,
     /// A record read back (from the spool, or a batch held for resending) was unreadable.
     Unreadable,
-    /// Held in memory, not yet on disk nor acked, when the node's process ended without
-    /// stopping (a kill, a crash): counted by its next start.
+    /// Held in memory, never sent, when the node's process ended without stopping (a kill,
+    /// a crash): counted by its next start.
     NodeKilled,
+    /// Held in memory, sent to a control plane that had not acked them, when the node's
+    /// process ended without stopping: stored or not, the node cannot tell (the audit log
+    /// may hold some of them). Counted by its next start.
+    NodeKilledUnacked,
 }
 
 impl Reason {
@@ -57,6 +61,7 @@ impl Reason {
             Reason::SpoolUnwritable => "spool_unwritable",
             Reason::Unreadable => "unreadable",
             Reason::NodeKilled => "node_killed",
+            Reason::NodeKilledUnacked => "node_killed_unacked",
         }
     }
 }
@@ -358,34 +363,81 @@ pub fn load(dir: &Path) -> io::Result<Vec<pb::EventsLost>> {
 /// memory only: those a kill would take with it.
 const AT_RISK_FILE: &str = "events-at-risk";
 
-/// Records that `n` failover events are held in memory only (none: removes the record).
-/// Replaced whole (a temporary file renamed), so a kill leaves the old count or the new.
-pub fn save_at_risk(dir: &Path, n: u64) -> io::Result<()> {
-    let path = dir.join(AT_RISK_FILE);
-    if n == 0 {
-        return match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        };
+/// Removes the record of events held in memory only: none are (a clean stop, or a start
+/// that has counted them).
+pub fn clear_at_risk(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_file(dir.join(AT_RISK_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
-    let tmp = dir.join(format!("{AT_RISK_FILE}.tmp"));
-    std::fs::write(&tmp, n.to_string())?;
-    std::fs::rename(&tmp, &path)
 }
 
-/// What an earlier run recorded with [`save_at_risk`] and did not clear: it ended without
+/// Failover events held in memory only, by whether a control plane may have them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtRiskCount {
+    /// Never sent.
+    pub unsent: u64,
+    /// Sent, not acked.
+    pub unacked: u64,
+}
+
+/// The running node's record of how many failover events it holds in memory only, written
+/// in place: one write of a fixed width, which a kill of the process cannot tear.
+pub struct AtRisk {
+    path: std::path::PathBuf,
+    file: Option<std::fs::File>,
+    recorded: Option<AtRiskCount>,
+}
+
+impl AtRisk {
+    pub fn new(dir: &Path) -> Self {
+        Self { path: dir.join(AT_RISK_FILE), file: None, recorded: None }
+    }
+
+    /// What the file says, as far as this run wrote it.
+    pub fn recorded(&self) -> Option<AtRiskCount> {
+        self.recorded
+    }
+
+    /// Records `count`. Blocks on the disk (a write to the page cache, not a sync).
+    pub fn record(&mut self, count: AtRiskCount) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => self.file.insert(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(true)
+                    .open(&self.path)?,
+            ),
+        };
+        // u64::MAX has 20 digits: every record overwrites the whole of the last one.
+        let line = format!("{:<20} {:<20}\n", count.unsent, count.unacked);
+        file.write_all_at(line.as_bytes(), 0)?;
+        self.recorded = Some(count);
+        Ok(())
+    }
+}
+
+/// What an earlier run recorded with [`AtRisk`] and did not clear: it ended without
 /// stopping, and those events are gone. Leaves the record in place: the caller clears it
-/// (`save_at_risk(dir, 0)`) once the count is saved as a loss. An unreadable record counts
-/// as none, and says so.
-pub fn take_at_risk(dir: &Path) -> io::Result<u64> {
+/// ([`clear_at_risk`]) once the count is saved as a loss. An unreadable record counts as
+/// none, and says so.
+pub fn take_at_risk(dir: &Path) -> io::Result<AtRiskCount> {
     let path = dir.join(AT_RISK_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(text.trim().parse().unwrap_or_else(|_| {
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(AtRiskCount::default()),
+        Err(e) => return Err(e),
+    };
+    let mut fields = text.split_whitespace().map(str::parse::<u64>);
+    match (fields.next(), fields.next()) {
+        (Some(Ok(unsent)), Some(Ok(unacked))) => Ok(AtRiskCount { unsent, unacked }),
+        _ => {
             tracing::warn!(file = %path.display(), "an unreadable count of events at risk; taken as none");
-            0
-        })),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(e),
+            Ok(AtRiskCount::default())
+        }
     }
 }
 
@@ -442,6 +494,21 @@ mod tests {
         assert_eq!(next.total(), 0, "the counter is this run's");
         save(dir.path(), &[]).unwrap();
         assert!(load(dir.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_count_at_risk_is_written_over_in_place_and_read_by_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = AtRiskCount::default();
+        assert_eq!(take_at_risk(dir.path()).unwrap(), none, "no record: none");
+        let mut record = AtRisk::new(dir.path());
+        record.record(AtRiskCount { unsent: 123_456, unacked: 9_999 }).unwrap();
+        let later = AtRiskCount { unsent: 7, unacked: 3 };
+        record.record(later).unwrap();
+        assert_eq!(take_at_risk(dir.path()).unwrap(), later, "no digits left behind");
+        assert_eq!(take_at_risk(dir.path()).unwrap(), later, "read, not taken: cleared apart");
+        clear_at_risk(dir.path()).unwrap();
+        assert_eq!(take_at_risk(dir.path()).unwrap(), none);
     }
 
     #[test]

@@ -170,7 +170,7 @@ impl Node {
                 // twice and nothing silently).
                 let saved = tokio::task::spawn_blocking(move || {
                     loss::save(&dir, &reports)?;
-                    loss::save_at_risk(&dir, 0)
+                    loss::clear_at_risk(&dir)
                 })
                 .await
                 .map_err(|e| std::io::Error::other(e.to_string()))
@@ -345,18 +345,22 @@ fn restore_losses(dir: &std::path::Path, losses: &loss::Losses) -> std::io::Resu
         losses.restore(reports);
     }
     let killed = loss::take_at_risk(dir)?;
-    if killed > 0 {
+    if killed != loss::AtRiskCount::default() {
         warn!(
-            events = killed,
+            unsent = killed.unsent,
+            unacked = killed.unacked,
             "the last run ended without stopping (killed?) while it held failover events in \
-             memory only: they are lost, counted, and reported as events.lost (node_killed)"
+             memory only: they are lost, counted, and reported as events.lost (node_killed; \
+             node_killed_unacked for those a control plane had and had not acked: it may \
+             have stored some)"
         );
-        losses.lose(loss::Lost::Failover, loss::Reason::NodeKilled, killed);
+        losses.lose(loss::Lost::Failover, loss::Reason::NodeKilled, killed.unsent);
+        losses.lose(loss::Lost::Failover, loss::Reason::NodeKilledUnacked, killed.unacked);
         loss::save(dir, &losses.unacked())?;
     }
     // Saved as a loss first: a kill between the two counts the events twice rather than
     // not at all.
-    loss::save_at_risk(dir, 0)
+    loss::clear_at_risk(dir)
 }
 
 fn random_node_id() -> String {

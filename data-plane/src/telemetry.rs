@@ -417,6 +417,16 @@ impl Telemetry {
         lock(&self.events).held
     }
 
+    /// The events held in memory only, by whether they were sent.
+    pub fn events_at_risk(&self) -> crate::loss::AtRiskCount {
+        let q = lock(&self.events);
+        let unsent = q.pending.len();
+        crate::loss::AtRiskCount {
+            unsent: unsent as u64,
+            unacked: q.held.saturating_sub(unsent) as u64,
+        }
+    }
+
     pub fn push_transition(&self, transition: pb::BreakerTransition) {
         self.push_breaker_report(node_message::Msg::Breaker(transition));
     }
