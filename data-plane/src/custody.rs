@@ -39,6 +39,9 @@ pub const TICK: Duration = Duration::from_millis(250);
 /// old.
 pub const COUNT_TICK: Duration = Duration::from_millis(20);
 
+/// What a failing count record would not keep, for its log line.
+const COUNTED: &str = "the count of failover events held in memory only";
+
 /// Runs until `stop` turns true (or its sender is gone).
 pub async fn run(telemetry: Arc<Telemetry>, data_dir: PathBuf, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(COUNT_TICK);
@@ -64,12 +67,13 @@ pub async fn run(telemetry: Arc<Telemetry>, data_dir: PathBuf, mut stop: watch::
             match recorded {
                 Ok((kept, result)) => {
                     at_risk = kept;
-                    state.report(result);
+                    report(&mut state.count_failing, result, COUNTED);
                 }
                 // The record's file is dropped with the task: opened again next tick.
                 Err(e) => {
                     at_risk = loss::AtRisk::new(&data_dir);
-                    state.report(Err(std::io::Error::other(e.to_string())));
+                    let e = std::io::Error::other(e.to_string());
+                    report(&mut state.count_failing, Err(e), COUNTED);
                 }
             }
         }
@@ -80,20 +84,19 @@ pub async fn run(telemetry: Arc<Telemetry>, data_dir: PathBuf, mut stop: watch::
 #[derive(Default)]
 struct Saved {
     losses: Option<u64>,
-    /// The last error logged, so that a lasting one is logged once.
-    failing: bool,
+    /// Whether the last look, and the last count, failed: a lasting error is logged once.
+    look_failing: bool,
+    count_failing: bool,
 }
 
-impl Saved {
-    fn report(&mut self, result: std::io::Result<()>) {
-        match result {
-            Ok(()) => self.failing = false,
-            Err(e) if !self.failing => {
-                self.failing = true;
-                warn!(error = %e, "cannot keep the failover events held in memory on disk, or their count; a kill now loses them uncounted");
-            }
-            Err(_) => {}
+fn report(failing: &mut bool, result: std::io::Result<()>, what: &str) {
+    match result {
+        Ok(()) => *failing = false,
+        Err(e) if !*failing => {
+            *failing = true;
+            warn!(error = %e, "cannot keep {what} on disk; a kill now loses them uncounted");
         }
+        Err(_) => {}
     }
 }
 
@@ -118,5 +121,58 @@ async fn keep(telemetry: &Telemetry, dir: &std::path::Path, saved: &mut Saved) {
             Err(e) => result = result.and(Err(e)),
         }
     }
-    saved.report(result);
+    report(
+        &mut saved.look_failing,
+        result,
+        "the failover events held in memory, or the counts of lost ones,",
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loss::{AtRiskCount, take_at_risk};
+    use switchyard_proto::node::v1 as pb;
+
+    fn event(id: &str) -> pb::FailoverEvent {
+        pb::FailoverEvent { id: id.into(), ..Default::default() }
+    }
+
+    /// Polls `check` every 10 ms, for at most 10 s.
+    async fn eventually(what: &str, check: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !check() {
+            assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn held_events_are_counted_on_disk_and_go_to_the_spool_once_no_control_plane_is_connected()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("event-spool");
+        let t = Arc::new(crate::telemetry::spooled_for_tests(&spool));
+        t.push_event(event("a"));
+        t.push_event(event("b"));
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(Arc::clone(&t), dir.path().to_owned(), stopped));
+        let at_risk =
+            |unsent, unacked| take_at_risk(dir.path()).unwrap() == AtRiskCount { unsent, unacked };
+        // Connected, and young: held in memory, and counted.
+        eventually("two events at risk recorded", || at_risk(2, 0)).await;
+        assert_eq!(t.events_held(), 2);
+        t.set_connected(false);
+        eventually("the events spooled, none at risk", || t.events_held() == 0 && at_risk(0, 0))
+            .await;
+        let _ = stop.send(true);
+        task.await.unwrap();
+        drop(t);
+        // On disk: what the next start finds.
+        let next = crate::telemetry::spooled_for_tests(&spool);
+        next.refill_from_spool().await;
+        let ids: Vec<String> =
+            next.next_event_batch().unwrap().events.into_iter().map(|e| e.id).collect();
+        assert_eq!(ids, ["a", "b"]);
+    }
 }

@@ -526,6 +526,22 @@ impl Telemetry {
     }
 }
 
+/// A node's telemetry with a spool in `dir`, connected to a control plane.
+#[cfg(test)]
+pub(crate) fn spooled_for_tests(dir: &std::path::Path) -> Telemetry {
+    let t = Telemetry::new("n".into(), Counter::default());
+    let opened = crate::spool::Spool::open(
+        dir,
+        crate::spool::DEFAULT_MAX_BYTES,
+        Arc::clone(&t.losses),
+        Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let t = t.with_spool(opened.spool, opened.records);
+    t.set_connected(true);
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,18 +640,7 @@ mod tests {
     }
 
     fn spooled(dir: &std::path::Path) -> Telemetry {
-        let t = Telemetry::new("n".into(), Counter::default());
-        let opened = crate::spool::Spool::open(
-            dir,
-            crate::spool::DEFAULT_MAX_BYTES,
-            Arc::clone(&t.losses),
-            Default::default(),
-        )
-        .unwrap();
-        let t = t.with_spool(opened.spool, opened.records);
-        // A control plane is connected unless a test says otherwise.
-        t.set_connected(true);
-        t
+        super::spooled_for_tests(dir)
     }
 
     /// Sends (and acks) everything held and spooled, as a control plane that takes it all
