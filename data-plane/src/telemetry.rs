@@ -242,29 +242,36 @@ impl Telemetry {
     pub async fn spill_held(&self) -> std::io::Result<usize> {
         let Some(spool) = &self.spool else { return Ok(0) };
         let _io = self.spool_io.lock().await;
-        let events: Vec<_> = {
+        // Taken whole under the lock (no decoding there: requests wait on it to push).
+        let (in_flight, pending, held) = {
             let mut q = lock(&self.events);
-            let mut events = Vec::with_capacity(q.held);
-            for (seq, batch) in std::mem::take(&mut q.in_flight) {
-                match pb::FailoverEvents::decode(batch.encoded.as_slice()) {
-                    Ok(decoded) => events.extend(decoded.events),
-                    Err(e) => {
-                        tracing::error!(seq, error = %e, "could not read back an unacked event batch");
-                        self.losses.lose(Lost::Failover, Reason::Unreadable, batch.events as u64);
-                    }
+            let held = q.held;
+            q.left += held as u64;
+            q.held = 0;
+            if held > 0 {
+                // Set with the events taken: an event pushed from now on goes to the spool
+                // behind them, never to memory ahead of them.
+                q.spooling = true;
+                q.spooled += held as u64;
+            }
+            (std::mem::take(&mut q.in_flight), std::mem::take(&mut q.pending), held)
+        };
+        let mut events = Vec::with_capacity(held);
+        for (seq, batch) in in_flight {
+            match pb::FailoverEvents::decode(batch.encoded.as_slice()) {
+                Ok(decoded) => events.extend(decoded.events),
+                // Only our own encoding is ever read here; should it fail, the loss is counted.
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "could not read back an unacked event batch");
+                    self.losses.lose(Lost::Failover, Reason::Unreadable, batch.events as u64);
                 }
             }
-            events.extend(q.pending.drain(..));
-            q.left += q.held as u64;
-            q.held = 0;
-            if !events.is_empty() {
-                // Set with the events taken, under the lock: an event pushed from now on
-                // goes to the spool behind them, never to memory ahead of them.
-                q.spooling = true;
-                q.spooled += events.len() as u64;
-            }
-            events
-        };
+        }
+        events.extend(pending);
+        if events.len() < held {
+            let mut q = lock(&self.events);
+            q.spooled = q.spooled.saturating_sub((held - events.len()) as u64);
+        }
         let n = events.len();
         if n > 0
             && let Err(e) = spool.prepend(events).await
