@@ -85,7 +85,8 @@ pub struct AuditContinuation {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LostCount {
     pub count: u64,
-    /// `memory_full`, `spool_busy`, `spool_full`, `spool_unwritable`, `unreadable`.
+    /// `memory_full`, `spool_busy`, `spool_full`, `spool_unwritable`, `unreadable`,
+    /// `node_killed`, `node_killed_unacked`.
     pub reason: String,
     /// `failover` (failover and degraded-answer events) or `breaker` (transitions).
     pub events: String,

@@ -6,7 +6,8 @@
 //! providers' dispatch); `retry` whether the executor calls the same model again; `chaos`
 //! which injected fault touches an upstream call (below the providers' dispatch, which
 //! applies it); `structured` checks answers against a request's `response_format` (below
-//! `failure` and `chain`); `spool` keeps on disk the failover events `telemetry` cannot hold; `probe`
+//! `failure` and `chain`); `spool` keeps on disk the failover events `telemetry` cannot hold,
+//! and `custody` moves there those a kill of the process would lose; `probe`
 //! is the node's prober, beside the request path, using the executor's breakers and the
 //! providers.
 //! `otel` makes the OpenTelemetry spans and log records (below `executor` and `http`).
@@ -19,6 +20,7 @@ pub mod chain;
 pub mod chaos;
 pub mod config;
 pub mod continuation;
+pub mod custody;
 pub mod degraded;
 pub mod dir_lock;
 pub mod error;

@@ -8,8 +8,11 @@
 //! Reports are held like failover events: at most one report per (events, reason) is in
 //! flight; what is lost meanwhile is added to the next. A report keeps its id across
 //! resends, so a control plane that stored one but whose ack was lost writes the same audit
-//! entry again instead of a second one. A node that stops before a control plane acked its
-//! reports keeps them in `<data-dir>/events-lost` ([`save`], [`load`]) for its next start.
+//! entry again instead of a second one. A node keeps the reports no control plane acked yet
+//! in `<data-dir>/events-lost` ([`save`], [`load`]) for its next start: at its stop, and
+//! while it runs within a tick of a change ([`crate::custody`]), so that a kill keeps them too.
+//! Events a kill took with it are counted from `<data-dir>/events-at-risk`
+//! ([`AtRisk`], [`take_at_risk`]) as `node_killed`.
 
 use std::io;
 use std::path::Path;
@@ -40,6 +43,13 @@ pub enum Reason {
     SpoolUnwritable,
     /// A record read back (from the spool, or a batch held for resending) was unreadable.
     Unreadable,
+    /// Held in memory, never sent, when the node's process ended without stopping (a kill,
+    /// a crash): counted by its next start.
+    NodeKilled,
+    /// Held in memory, sent to a control plane that had not acked them, when the node's
+    /// process ended without stopping: stored or not, the node cannot tell (the audit log
+    /// may hold some of them). Counted by its next start.
+    NodeKilledUnacked,
 }
 
 impl Reason {
@@ -50,6 +60,8 @@ impl Reason {
             Reason::SpoolFull => "spool_full",
             Reason::SpoolUnwritable => "spool_unwritable",
             Reason::Unreadable => "unreadable",
+            Reason::NodeKilled => "node_killed",
+            Reason::NodeKilledUnacked => "node_killed_unacked",
         }
     }
 }
@@ -118,6 +130,9 @@ struct Inner {
     last_warning: Option<Instant>,
     /// Lost since the last warning.
     unwarned: u64,
+    /// Grows with every change to what is unacked, so that [`Losses::changes`] tells when
+    /// the saved copy is stale.
+    changes: u64,
 }
 
 pub struct Losses {
@@ -141,6 +156,7 @@ impl Losses {
                 spool: SpoolState::None,
                 last_warning: None,
                 unwarned: 0,
+                changes: 0,
             }),
         }
     }
@@ -163,6 +179,7 @@ impl Losses {
         let mut inner = self.lock();
         inner.total += n;
         inner.unwarned += n;
+        inner.changes += 1;
         let pending = inner.pending.entry((what, reason)).or_insert(Pending {
             count: 0,
             first_unix_ms: now,
@@ -248,7 +265,16 @@ impl Losses {
 
     /// The control plane stored report `id`.
     pub fn ack(&self, id: &str) {
-        self.lock().in_flight.remove(id);
+        let mut inner = self.lock();
+        if inner.in_flight.remove(id).is_some() {
+            inner.changes += 1;
+        }
+    }
+
+    /// Changes the unacked losses since the node started: a different value than before,
+    /// something to save.
+    pub fn changes(&self) -> u64 {
+        self.lock().changes
     }
 
     /// A stream ended: the reports it did not ack go out again on the next.
@@ -275,6 +301,7 @@ impl Losses {
         for report in reports {
             inner.in_flight.insert(report.id.clone(), Report { report, sent: false });
         }
+        inner.changes += 1;
     }
 
     /// Whether some loss is not yet acked by a control plane.
@@ -308,8 +335,9 @@ pub fn save(dir: &Path, reports: &[pb::EventsLost]) -> io::Result<()> {
     std::fs::rename(&tmp, &path)
 }
 
-/// The reports an earlier run saved, removing the file (they are held in memory now, and
-/// saved again if still unacked at the next stop). An unreadable rest is logged and skipped.
+/// The reports an earlier run saved. The file stays: it is replaced by the next [`save`],
+/// so a node killed before a control plane acked them still has them. An unreadable rest
+/// is logged and skipped.
 pub fn load(dir: &Path) -> io::Result<Vec<pb::EventsLost>> {
     let path = dir.join(FILE);
     let bytes = match std::fs::read(&path) {
@@ -328,8 +356,89 @@ pub fn load(dir: &Path) -> io::Result<Vec<pb::EventsLost>> {
             }
         }
     }
-    std::fs::remove_file(&path)?;
     Ok(reports)
+}
+
+/// The file in the data dir that says how many failover events the running node holds in
+/// memory only: those a kill would take with it.
+const AT_RISK_FILE: &str = "events-at-risk";
+
+/// Removes the record of events held in memory only: none are (a clean stop, or a start
+/// that has counted them).
+pub fn clear_at_risk(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_file(dir.join(AT_RISK_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Failover events held in memory only, by whether a control plane may have them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtRiskCount {
+    /// Never sent.
+    pub unsent: u64,
+    /// Sent, not acked.
+    pub unacked: u64,
+}
+
+/// The running node's record of how many failover events it holds in memory only, written
+/// in place: one write of a fixed width, which a kill of the process cannot tear.
+pub struct AtRisk {
+    path: std::path::PathBuf,
+    file: Option<std::fs::File>,
+    recorded: Option<AtRiskCount>,
+}
+
+impl AtRisk {
+    pub fn new(dir: &Path) -> Self {
+        Self { path: dir.join(AT_RISK_FILE), file: None, recorded: None }
+    }
+
+    /// What the file says, as far as this run wrote it.
+    pub fn recorded(&self) -> Option<AtRiskCount> {
+        self.recorded
+    }
+
+    /// Records `count`. Blocks on the disk (a write to the page cache, not a sync).
+    pub fn record(&mut self, count: AtRiskCount) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => self.file.insert(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(true)
+                    .open(&self.path)?,
+            ),
+        };
+        // u64::MAX has 20 digits: every record overwrites the whole of the last one.
+        let line = format!("{:<20} {:<20}\n", count.unsent, count.unacked);
+        file.write_all_at(line.as_bytes(), 0)?;
+        self.recorded = Some(count);
+        Ok(())
+    }
+}
+
+/// What an earlier run recorded with [`AtRisk`] and did not clear: it ended without
+/// stopping, and those events are gone. Leaves the record in place: the caller clears it
+/// ([`clear_at_risk`]) once the count is saved as a loss. An unreadable record counts as
+/// none, and says so.
+pub fn take_at_risk(dir: &Path) -> io::Result<AtRiskCount> {
+    let path = dir.join(AT_RISK_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(AtRiskCount::default()),
+        Err(e) => return Err(e),
+    };
+    let mut fields = text.split_whitespace().map(str::parse::<u64>);
+    match (fields.next(), fields.next()) {
+        (Some(Ok(unsent)), Some(Ok(unacked))) => Ok(AtRiskCount { unsent, unacked }),
+        _ => {
+            tracing::warn!(file = %path.display(), "an unreadable count of events at risk; taken as none");
+            Ok(AtRiskCount::default())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -377,7 +486,7 @@ mod tests {
 
         let next = Losses::new(Counter::default(), "b2".into());
         next.restore(load(dir.path()).unwrap());
-        assert!(!dir.path().join(FILE).exists(), "taken in hand");
+        assert!(dir.path().join(FILE).exists(), "kept until saved again: a kill keeps it");
         let mut resent = next.reports_to_send();
         resent.sort_by_key(|r| r.count);
         assert_eq!((resent[0].count, resent[1].count), (2, 7));
@@ -385,6 +494,21 @@ mod tests {
         assert_eq!(next.total(), 0, "the counter is this run's");
         save(dir.path(), &[]).unwrap();
         assert!(load(dir.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_count_at_risk_is_written_over_in_place_and_read_by_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = AtRiskCount::default();
+        assert_eq!(take_at_risk(dir.path()).unwrap(), none, "no record: none");
+        let mut record = AtRisk::new(dir.path());
+        record.record(AtRiskCount { unsent: 123_456, unacked: 9_999 }).unwrap();
+        let later = AtRiskCount { unsent: 7, unacked: 3 };
+        record.record(later).unwrap();
+        assert_eq!(take_at_risk(dir.path()).unwrap(), later, "no digits left behind");
+        assert_eq!(take_at_risk(dir.path()).unwrap(), later, "read, not taken: cleared apart");
+        clear_at_risk(dir.path()).unwrap();
+        assert_eq!(take_at_risk(dir.path()).unwrap(), none);
     }
 
     #[test]

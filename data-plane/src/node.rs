@@ -1,7 +1,9 @@
 //! Wiring of one data-plane node: persisted config, config stream, HTTP listener, and
 //! the shutdown on SIGTERM or SIGINT: `/readyz` turns 503, requests and streams in flight
-//! finish (up to the drain timeout), failover events and usage go to the control plane,
-//! and [`Node::run`] returns. The prober (`probe`) runs beside the server until the drain.
+//! finish (up to the drain timeout), failover events and usage go to the control plane
+//! (or, with none connected, at once to the spool), and [`Node::run`] returns. The prober
+//! (`probe`) runs beside the server until the drain; the custody task ([`crate::custody`])
+//! until the events are handed over.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,7 +30,7 @@ use crate::spool::Spool;
 use crate::state::NodeState;
 use crate::sync::{self, SyncOptions};
 use crate::telemetry::Telemetry;
-use crate::{http, persist, probe, serve};
+use crate::{custody, http, persist, probe, serve};
 
 /// The hand-off of failover events after a drain gets what is left of the drain timeout,
 /// and at least this: a drain that used all of it still gives a reachable control plane
@@ -92,6 +94,8 @@ pub struct Node {
     sync: JoinHandle<()>,
     /// Stops by itself once the node drains; aborted after the drain in any case.
     prober: JoinHandle<()>,
+    /// The custody task (with a data dir) and what stops it.
+    custody: Option<(watch::Sender<bool>, JoinHandle<()>)>,
     signals: ShutdownSignals,
 }
 
@@ -105,7 +109,7 @@ impl Node {
     /// Serves until `shutdown` completes, then drains: `/readyz` turns 503, requests and
     /// streams in flight finish (up to the drain timeout), and what the node holds for the
     /// control plane is handed over.
-    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
+    pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
         let state = Arc::clone(&self.state);
         let shutdown = async move {
             shutdown.await;
@@ -117,37 +121,64 @@ impl Node {
         self.prober.abort();
         let budget = self.serve.drain_timeout.saturating_sub(drained.started.elapsed());
         let _ = self.handoff.send(true);
-        match tokio::time::timeout(budget.max(MIN_HANDOFF), self.sync).await {
-            Ok(_) => info!(cut_off = drained.cut_off, "node stopped"),
-            Err(_) => match self.telemetry.spool_held().await {
+        // With no control plane connected there is nobody to wait for: the events go to the
+        // spool now rather than after the rest of the drain timeout (which a supervisor's
+        // stop may not give). One that connects meanwhile gets them from the next start.
+        let handed = if self.telemetry.connected() {
+            tokio::time::timeout(budget.max(MIN_HANDOFF), &mut self.sync).await.is_ok()
+        } else {
+            false
+        };
+        self.telemetry.abort_between_refills(&self.sync).await;
+        if !handed {
+            // Gone for good before what it held is spooled (a completed task is not awaited
+            // twice).
+            let _ = (&mut self.sync).await;
+        }
+        if let Some((stop, task)) = self.custody.take() {
+            let _ = stop.send(true);
+            let _ = task.await;
+        }
+        if handed {
+            info!(cut_off = drained.cut_off, "node stopped");
+        } else {
+            match self.telemetry.spool_held().await {
                 Ok(events) if self.telemetry.has_spool() => warn!(
                     events,
-                    "no control plane answered the hand-off: the failover events held are \
+                    "no control plane took the hand-off: the failover events held are \
                      spooled for the next start; the usage since the last report is lost"
                 ),
                 Ok(_) => warn!(
                     events = self.telemetry.drop_held(),
-                    "no control plane answered the hand-off: the failover events held (no \
+                    "no control plane took the hand-off: the failover events held (no \
                      spool to keep them in) are lost and counted, and the usage since the \
                      last report is lost"
                 ),
                 Err(e) => warn!(
                     error = %e,
-                    events = self.telemetry.events_held(),
-                    "no control plane answered the hand-off and the failover events held \
-                     could not be spooled: they are lost"
+                    "no control plane took the hand-off and the failover events held could \
+                     not be spooled: they are lost, and counted"
                 ),
-            },
+            }
+            if let Err(e) = self.telemetry.sync_spool().await {
+                warn!(error = %e, "could not sync the event spool to disk");
+            }
         }
         // Counts of lost events no control plane acked: kept for the next start.
         let unacked = self.telemetry.losses.unacked();
         match &self.data_dir {
             Some(dir) => {
                 let (dir, reports) = (dir.clone(), unacked.clone());
-                let saved = tokio::task::spawn_blocking(move || loss::save(&dir, &reports))
-                    .await
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-                    .and_then(|r| r);
+                // Nothing is in memory only any more: a clean stop clears the count of events
+                // at risk (after the losses are saved, so that a kill between counts nothing
+                // twice and nothing silently).
+                let saved = tokio::task::spawn_blocking(move || {
+                    loss::save(&dir, &reports)?;
+                    loss::clear_at_risk(&dir)
+                })
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|r| r);
                 match saved {
                     Ok(()) if !unacked.is_empty() => warn!(
                         reports = unacked.len(),
@@ -230,15 +261,9 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone())
         .with_max_events(options.event_buffer_events);
     if let Some(dir) = options.data_dir.clone() {
-        match tokio::task::spawn_blocking(move || loss::load(&dir)).await {
-            Ok(Ok(reports)) if !reports.is_empty() => {
-                info!(
-                    reports = reports.len(),
-                    "counts of lost events an earlier run kept will be sent"
-                );
-                telemetry.losses.restore(reports);
-            }
-            Ok(Ok(_)) => {}
+        let losses = Arc::clone(&telemetry.losses);
+        match tokio::task::spawn_blocking(move || restore_losses(&dir, &losses)).await {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(error = %e, "cannot read the kept counts of lost events"),
             Err(e) => warn!(error = %e, "cannot read the kept counts of lost events"),
         }
@@ -279,6 +304,10 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     }
     let telemetry = Arc::new(telemetry);
     let sync = tokio::spawn(sync::run(sync_options, state.clone(), Arc::clone(&telemetry)));
+    let custody = options.data_dir.clone().map(|dir| {
+        let (stop, stopped) = watch::channel(false);
+        (stop, tokio::spawn(custody::run(Arc::clone(&telemetry), dir, stopped)))
+    });
     let app = Arc::new(App {
         state: Arc::clone(&state),
         executor: Executor {
@@ -308,8 +337,38 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         handoff,
         sync,
         prober,
+        custody,
         signals,
     })
+}
+
+/// Takes in hand the counts of lost events an earlier run kept, and turns the events it
+/// left at risk (held in memory only when it ended without stopping) into a counted loss;
+/// both are saved again at once, so that another kill before a control plane acks them
+/// keeps them. Blocks on the disk.
+fn restore_losses(dir: &std::path::Path, losses: &loss::Losses) -> std::io::Result<()> {
+    let reports = loss::load(dir)?;
+    if !reports.is_empty() {
+        info!(reports = reports.len(), "counts of lost events an earlier run kept will be sent");
+        losses.restore(reports);
+    }
+    let killed = loss::take_at_risk(dir)?;
+    if killed != loss::AtRiskCount::default() {
+        warn!(
+            unsent = killed.unsent,
+            unacked = killed.unacked,
+            "the last run ended without stopping (killed?) while it held failover events in \
+             memory only: they are lost, counted, and reported as events.lost (node_killed; \
+             node_killed_unacked for those a control plane had and had not acked: it may \
+             have stored some)"
+        );
+        losses.lose(loss::Lost::Failover, loss::Reason::NodeKilled, killed.unsent);
+        losses.lose(loss::Lost::Failover, loss::Reason::NodeKilledUnacked, killed.unacked);
+        loss::save(dir, &losses.unacked())?;
+    }
+    // Saved as a loss first: a kill between the two counts the events twice rather than
+    // not at all.
+    loss::clear_at_risk(dir)
 }
 
 fn random_node_id() -> String {

@@ -12,13 +12,17 @@
 //! reason ([`crate::loss`]), and reported to the control plane as `events.lost`.
 //!
 //! All file work runs on one thread of the spool's own: the request path only hands an
-//! event to a bounded channel and never waits on the disk.
+//! event to a bounded channel and never waits on the disk. The thread writes what it was
+//! handed as soon as its channel is empty, so an event in the spool survives a kill of the
+//! process; [`Spool::sync`] (every tick of [`crate::custody`]) puts it on the disk itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::mpsc::{
+    Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError, sync_channel,
+};
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -69,11 +73,16 @@ pub struct Batch {
     pub disposed: u64,
 }
 
+// Nearly every command is an `Append`: boxing its event would allocate once per spooled
+// event to make the rare other commands smaller.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     Append(pb::FailoverEvent),
     /// Events older than everything spooled (the node's memory at shutdown).
     Prepend(Vec<pb::FailoverEvent>, oneshot::Sender<io::Result<()>>),
     Read(usize, oneshot::Sender<Batch>),
+    /// Everything appended so far, on the disk (not only handed to the kernel).
+    Sync(oneshot::Sender<io::Result<()>>),
 }
 
 impl Spool {
@@ -147,10 +156,19 @@ impl Spool {
         Ok(Opened { spool: Spool { tx }, records })
     }
 
-    /// Hands an event to the spool without waiting; `false` when the spool's channel is
-    /// full or its thread is gone (the event is then the caller's to count as lost).
-    pub fn append(&self, event: pb::FailoverEvent) -> bool {
-        self.tx.try_send(Command::Append(event)).is_ok()
+    /// Hands an event to the spool without waiting; gives it back when the spool's channel
+    /// is full or its thread is gone (the caller keeps it elsewhere, or counts it lost).
+    #[must_use = "a refused event is the caller's to keep or to count as lost"]
+    pub fn append(&self, event: pb::FailoverEvent) -> Option<pb::FailoverEvent> {
+        let refused = match self.tx.try_send(Command::Append(event)) {
+            Ok(()) => return None,
+            Err(TrySendError::Full(command) | TrySendError::Disconnected(command)) => command,
+        };
+        match refused {
+            Command::Append(event) => Some(event),
+            // Only an append was sent.
+            _ => Some(pb::FailoverEvent::default()),
+        }
     }
 
     /// Up to `max` events, oldest first; `None` if the spool thread is gone.
@@ -164,6 +182,13 @@ impl Spool {
     pub async fn prepend(&self, events: Vec<pb::FailoverEvent>) -> io::Result<()> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Prepend(events, reply)).await?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    /// Writes everything appended so far to the disk (`fdatasync`), before returning.
+    pub async fn sync(&self) -> io::Result<()> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Sync(reply)).await?;
         answer.await.map_err(|_| gone())?
     }
 
@@ -187,6 +212,8 @@ struct Writer {
     flushed_bytes: u64,
     /// Records in the buffer since then, which a failed write loses.
     unflushed: u64,
+    /// Flushed since the last `fdatasync`.
+    unsynced: bool,
 }
 
 struct State {
@@ -215,14 +242,19 @@ struct State {
 impl State {
     fn run(mut self, rx: Receiver<Command>) {
         loop {
-            let command = match rx.recv_timeout(Duration::from_millis(100)) {
+            let command = match rx.try_recv() {
                 Ok(command) => command,
-                // Idle: what was appended reaches the file, so a crash loses little.
-                Err(RecvTimeoutError::Timeout) => {
+                // Nothing more queued: what was appended goes to the file now (one write for
+                // a whole burst), so a process killed a moment later has it on disk.
+                Err(TryRecvError::Empty) => {
                     self.flush();
-                    continue;
+                    match rx.recv_timeout(Duration::from_millis(100)) {
+                        Ok(command) => command,
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
                 }
-                Err(RecvTimeoutError::Disconnected) => {
+                Err(TryRecvError::Disconnected) => {
                     self.flush();
                     return;
                 }
@@ -236,6 +268,10 @@ impl State {
                     self.flush();
                     let events = self.read(max);
                     let _ = reply.send(Batch { events, disposed: self.disposed });
+                }
+                Command::Sync(reply) => {
+                    self.flush();
+                    let _ = reply.send(self.sync());
                 }
             }
             self.bytes.set(i64::try_from(self.total).unwrap_or(i64::MAX));
@@ -361,7 +397,13 @@ impl State {
             let seq = self.segments.keys().next_back().map_or(FIRST_SEQ, |last| last + 1);
             let file = OpenOptions::new().create(true).append(true).open(self.path(seq))?;
             self.segments.insert(seq, 0);
-            let writer = Writer { seq, file: BufWriter::new(file), flushed_bytes: 0, unflushed: 0 };
+            let writer = Writer {
+                seq,
+                file: BufWriter::new(file),
+                flushed_bytes: 0,
+                unflushed: 0,
+                unsynced: false,
+            };
             self.writer = Some(writer);
         }
         let Some(writer) = self.writer.as_mut() else { return Ok(()) };
@@ -374,13 +416,26 @@ impl State {
 
     fn flush(&mut self) {
         let Some(writer) = self.writer.as_mut() else { return };
+        if writer.unflushed == 0 {
+            return;
+        }
         match writer.file.flush() {
             Ok(()) => {
                 writer.flushed_bytes = self.segments.get(&writer.seq).copied().unwrap_or(0);
                 writer.unflushed = 0;
+                writer.unsynced = true;
             }
             Err(e) => self.fail_writer(&e, 0),
         }
+    }
+
+    /// The file being written, on the disk. (Sealed and prepended files are synced as they
+    /// are written.)
+    fn sync(&mut self) -> io::Result<()> {
+        let Some(writer) = self.writer.as_mut().filter(|w| w.unsynced) else { return Ok(()) };
+        writer.file.get_ref().sync_data()?;
+        writer.unsynced = false;
+        Ok(())
     }
 
     fn prepend(&mut self, events: &[pb::FailoverEvent]) -> io::Result<()> {
@@ -632,7 +687,7 @@ mod tests {
         let (opened, lost) = open(dir.path(), DEFAULT_MAX_BYTES);
         assert_eq!(opened.records, 0);
         for i in 0..20 {
-            assert!(opened.spool.append(event(i)));
+            assert!(opened.spool.append(event(i)).is_none());
         }
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, (0..20).map(|i| format!("evt_{i}")).collect::<Vec<_>>());
@@ -646,7 +701,7 @@ mod tests {
         {
             let (opened, _) = open(dir.path(), DEFAULT_MAX_BYTES);
             for i in 10..13 {
-                assert!(opened.spool.append(event(i)));
+                assert!(opened.spool.append(event(i)).is_none());
             }
             opened.spool.prepend(vec![event(1), event(2)]).await.unwrap();
             // A read forces the appended events to the file before this spool goes away.
@@ -665,7 +720,7 @@ mod tests {
         let one = encode(&event(0)).len() as u64;
         let (opened, lost) = open(dir.path(), one * 3);
         for i in 0..5 {
-            assert!(opened.spool.append(event(i)));
+            assert!(opened.spool.append(event(i)).is_none());
         }
         let (read, disposed) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_0", "evt_1", "evt_2"]);
@@ -683,22 +738,23 @@ mod tests {
         std::os::unix::fs::symlink("/dev/full", dir.path().join(format!("{FIRST_SEQ:020}.events")))
             .unwrap();
         for i in 0..5 {
-            assert!(opened.spool.append(event(i)));
+            assert!(opened.spool.append(event(i)).is_none());
         }
-        // A read flushes first: the write fails, and all five are counted.
-        let batch = opened.spool.read(10).await.unwrap();
-        assert!(batch.events.is_empty());
-        assert_eq!((lost.total(), batch.disposed), (5, 5));
-        assert_eq!(lost.spool(), SpoolState::Unwritable);
+        // The spool's thread writes a burst as soon as it has taken it: the first write fails
+        // and every event of it is counted; the file is dropped, and the rest go to a new one.
+        let (read, disposed) = read_all(&opened.spool).await;
+        let failed = lost.total();
+        assert!(failed >= 1, "the full disk refused the first write");
+        assert_eq!(read, (failed as usize..5).map(|i| format!("evt_{i}")).collect::<Vec<_>>());
+        assert_eq!(disposed, 5, "read or counted, every one");
         let reports = lost.reports_to_send();
-        assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_unwritable", 5));
-        // Room again: the next events go to a new file and come back whole.
+        assert_eq!((reports[0].reason.as_str(), reports[0].count), ("spool_unwritable", failed));
         for i in 5..8 {
-            assert!(opened.spool.append(event(i)));
+            assert!(opened.spool.append(event(i)).is_none());
         }
         let (read, _) = read_all(&opened.spool).await;
         assert_eq!(read, ["evt_5", "evt_6", "evt_7"]);
-        assert_eq!((lost.total(), lost.spool()), (5, SpoolState::Ok));
+        assert_eq!((lost.total(), lost.spool()), (failed, SpoolState::Ok));
     }
 
     /// A storm's events: alike but for their ids, times and request ids.
@@ -761,7 +817,7 @@ mod tests {
     async fn spool_and_close(dir: &Path, n: usize) {
         let (opened, _) = open_small_segments(dir, DEFAULT_MAX_BYTES);
         for i in 0..n {
-            while !opened.spool.append(storm_event(i)) {
+            while opened.spool.append(storm_event(i)).is_some() {
                 tokio::task::yield_now().await;
             }
         }
@@ -778,7 +834,7 @@ mod tests {
         for i in 0..n {
             // The channel is bounded: a full one is the caller's loss, which this test must not
             // have, so it waits for room as a slower producer would.
-            while !opened.spool.append(storm_event(i)) {
+            while opened.spool.append(storm_event(i)).is_some() {
                 tokio::task::yield_now().await;
             }
         }
@@ -804,7 +860,7 @@ mod tests {
         // Room for 1,000 events as written; sealed, 3,000 fit.
         let (opened, lost) = open_small_segments(dir.path(), one * 1_000);
         for i in 0..3_000 {
-            while !opened.spool.append(storm_event(i)) {
+            while opened.spool.append(storm_event(i)).is_some() {
                 tokio::task::yield_now().await;
             }
         }

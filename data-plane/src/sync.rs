@@ -101,6 +101,7 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
     for endpoint in options.controls.iter().cycle() {
         let started = tokio::time::Instant::now();
         let result = session(endpoint, &options, &boot_id, &state, &telemetry).await;
+        telemetry.set_connected(false);
         // Whatever was sent but not acked goes out again on the next stream.
         telemetry.requeue_in_flight();
         telemetry.mark_usage_dirty();
@@ -160,6 +161,7 @@ async fn session(
         request.metadata_mut().insert("authorization", value);
     }
     let mut inbound = client.connect(request).await?.into_inner();
+    telemetry.set_connected(true);
     info!(control = %url, version = state.version(), "config stream open");
 
     let mut heartbeat = tokio::time::interval(HEARTBEAT);

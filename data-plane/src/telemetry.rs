@@ -3,11 +3,13 @@
 //! ([`crate::loss`], likewise), usage totals. Requests only push into bounded in-memory
 //! queues; the config-stream task drains them. Failover events beyond the memory bound go
 //! to the node's spool on disk ([`crate::spool`]) and come back, in order, as the control
-//! plane takes them.
+//! plane takes them; so do events held in memory that no control plane acked in time
+//! ([`Telemetry::spill_held`], called by [`crate::custody`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
 
 use prometheus_client::metrics::counter::Counter;
 use prost::Message;
@@ -48,6 +50,12 @@ struct EventQueue {
     in_flight: BTreeMap<u64, InFlight>,
     held: usize,
     next_seq: u64,
+    /// Events that ever came into memory (pushed, or read back from the spool), and those
+    /// that left it (acked, spooled, counted lost). Memory is first in, first out, so the
+    /// oldest event held is number `left + 1`: how [`Telemetry::held_longer_than`] ages
+    /// events without a clock reading per event.
+    entered: u64,
+    left: u64,
 }
 
 struct InFlight {
@@ -81,6 +89,13 @@ pub struct Telemetry {
     pub node_id: String,
     boot_id: String,
     events: Mutex<EventQueue>,
+    /// Taken by whoever moves events between memory and the spool (the config stream's
+    /// refill, a spill), so that one's events never overtake the other's.
+    spool_io: tokio::sync::Mutex<()>,
+    /// `entered` as it was at past moments (oldest first), for [`Self::held_longer_than`].
+    entered_at: Mutex<VecDeque<(Instant, u64)>>,
+    /// A config stream is open: a control plane may ack what the node holds.
+    connected: AtomicBool,
     /// Events held in memory at most.
     max_events: usize,
     spool: Option<Spool>,
@@ -111,6 +126,9 @@ impl Telemetry {
             losses: Arc::new(Losses::new(events_dropped, boot_id.clone())),
             boot_id,
             events: Mutex::default(),
+            spool_io: tokio::sync::Mutex::new(()),
+            entered_at: Mutex::default(),
+            connected: AtomicBool::new(false),
             max_events: MAX_EVENTS,
             spool: None,
             transitions: Mutex::default(),
@@ -142,29 +160,42 @@ impl Telemetry {
     }
 
     pub fn push_event(&self, event: pb::FailoverEvent) {
+        // With no control plane connected nothing will ack an event soon: it goes straight
+        // to the spool, whose thread writes it at once, where memory would lose it to a kill
+        // ([`crate::custody`]). One atomic load: no lock and no disk on this path.
+        let spool_first = self.spool.is_some() && !self.connected();
         let mut q = lock(&self.events);
-        if !q.spooling && q.held < self.max_events {
+        let room = !q.spooling && q.held < self.max_events;
+        if room && !spool_first {
             q.held += 1;
+            q.entered += 1;
             q.pending.push_back(event);
             return;
         }
-        match &self.spool {
-            Some(spool) if spool.append(event) => {
+        let Some(spool) = &self.spool else {
+            drop(q);
+            // A node with a `--data-dir` whose spool could not be opened says why.
+            let reason = match self.losses.spool() {
+                SpoolState::Unwritable => Reason::SpoolUnwritable,
+                _ => Reason::MemoryFull,
+            };
+            self.losses.lose(Lost::Failover, reason, 1);
+            return;
+        };
+        match spool.append(event) {
+            None => {
                 q.spooling = true;
                 q.spooled += 1;
+            }
+            // The spool's thread is behind: memory, while it has room, rather than a loss.
+            Some(event) if room => {
+                q.held += 1;
+                q.entered += 1;
+                q.pending.push_back(event);
             }
             Some(_) => {
                 drop(q);
                 self.losses.lose(Lost::Failover, Reason::SpoolBusy, 1);
-            }
-            None => {
-                drop(q);
-                // A node with a `--data-dir` whose spool could not be opened says why.
-                let reason = match self.losses.spool() {
-                    SpoolState::Unwritable => Reason::SpoolUnwritable,
-                    _ => Reason::MemoryFull,
-                };
-                self.losses.lose(Lost::Failover, reason, 1);
             }
         }
     }
@@ -173,6 +204,7 @@ impl Telemetry {
     /// they leave in the order they happened.
     pub async fn refill_from_spool(&self) {
         let Some(spool) = &self.spool else { return };
+        let _io = self.spool_io.lock().await;
         let room = {
             let q = lock(&self.events);
             if !q.spooling || !q.pending.is_empty() {
@@ -188,6 +220,7 @@ impl Telemetry {
         // and a requeue after a reconnect puts older ones in front, where they belong.
         let mut q = lock(&self.events);
         q.held += batch.events.len();
+        q.entered += batch.events.len() as u64;
         q.pending.extend(batch.events);
         if batch.disposed >= q.spooled {
             q.spooling = false;
@@ -197,22 +230,111 @@ impl Telemetry {
     /// The node is stopping and no control plane took its events: everything held in
     /// memory goes to the spool, ahead of what is already there, for the next start.
     pub async fn spool_held(&self) -> std::io::Result<usize> {
-        let Some(spool) = &self.spool else { return Ok(0) };
         self.requeue_in_flight();
-        let events: Vec<_> = {
+        self.spill_held().await
+    }
+
+    /// Everything held in memory (sent and not acked included) goes to the spool, on disk,
+    /// ahead of what is already there, and new events follow it there until the spool has
+    /// drained: no control plane acked them in time ([`crate::custody`]), or the node is
+    /// stopping. Returns how many. A batch in flight that a control plane acks later is
+    /// sent again from the spool: delivery stays at least once, and in order.
+    pub async fn spill_held(&self) -> std::io::Result<usize> {
+        let Some(spool) = &self.spool else { return Ok(0) };
+        let _io = self.spool_io.lock().await;
+        // Taken whole under the lock (no decoding there: requests wait on it to push).
+        let (in_flight, pending, held) = {
             let mut q = lock(&self.events);
+            let held = q.held;
+            q.left += held as u64;
             q.held = 0;
-            q.pending.drain(..).collect()
+            if held > 0 {
+                // Set with the events taken: an event pushed from now on goes to the spool
+                // behind them, never to memory ahead of them.
+                q.spooling = true;
+                q.spooled += held as u64;
+            }
+            (std::mem::take(&mut q.in_flight), std::mem::take(&mut q.pending), held)
         };
+        let mut events = Vec::with_capacity(held);
+        for (seq, batch) in in_flight {
+            match pb::FailoverEvents::decode(batch.encoded.as_slice()) {
+                Ok(decoded) => events.extend(decoded.events),
+                // Only our own encoding is ever read here; should it fail, the loss is counted.
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "could not read back an unacked event batch");
+                    self.losses.lose(Lost::Failover, Reason::Unreadable, batch.events as u64);
+                }
+            }
+        }
+        events.extend(pending);
+        if events.len() < held {
+            let mut q = lock(&self.events);
+            q.spooled = q.spooled.saturating_sub((held - events.len()) as u64);
+        }
         let n = events.len();
         if n > 0
             && let Err(e) = spool.prepend(events).await
         {
-            // Counted; the node is stopping, so no control plane hears of it: its log says so.
+            // Counted, and reported like any loss (saved for the next start if the node stops).
             self.losses.lose(Lost::Failover, Reason::SpoolUnwritable, n as u64);
+            let mut q = lock(&self.events);
+            q.spooled = q.spooled.saturating_sub(n as u64);
             return Err(e);
         }
         Ok(n)
+    }
+
+    /// Everything the spool took so far is on the disk.
+    pub async fn sync_spool(&self) -> std::io::Result<()> {
+        match &self.spool {
+            Some(spool) => spool.sync().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Whether an event held in memory came into it more than `bound` ago. Meant to be
+    /// called at a steady tick (each call notes the moment): it answers with the tick's
+    /// precision.
+    pub fn held_longer_than(&self, bound: std::time::Duration) -> bool {
+        let now = Instant::now();
+        let (entered, left) = {
+            let q = lock(&self.events);
+            (q.entered, q.left)
+        };
+        let mut seen = lock(&self.entered_at);
+        seen.push_back((now, entered));
+        // The newest mark at least `bound` old says which events are that old: those that
+        // had entered by then. It stays (the older ones go) for the next call.
+        let mut old = None;
+        while let Some(&(at, n)) = seen.front() {
+            if now.duration_since(at) < bound {
+                break;
+            }
+            old = seen.pop_front().map(|_| (at, n));
+        }
+        if let Some(mark) = old {
+            seen.push_front(mark);
+        }
+        let old = old.map(|(_, n)| n);
+        old.is_some_and(|n| n > left)
+    }
+
+    /// Stops `task` (the config stream's) while it is not moving events between the spool
+    /// and memory: aborted in the middle of a refill, it would drop events already taken
+    /// off the spool.
+    pub async fn abort_between_refills(&self, task: &tokio::task::JoinHandle<()>) {
+        let _io = self.spool_io.lock().await;
+        task.abort();
+    }
+
+    pub fn set_connected(&self, connected: bool) {
+        self.connected.store(connected, Ordering::Relaxed);
+    }
+
+    /// A config stream is open.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
     }
 
     /// The node is stopping, no control plane took its events, and it has no spool to keep
@@ -222,6 +344,7 @@ impl Telemetry {
         self.requeue_in_flight();
         let n = {
             let mut q = lock(&self.events);
+            q.left += q.held as u64;
             q.held = 0;
             let n = q.pending.len();
             q.pending.clear();
@@ -266,6 +389,7 @@ impl Telemetry {
         for s in acked {
             if let Some(batch) = q.in_flight.remove(&s) {
                 q.held -= batch.events;
+                q.left += batch.events as u64;
             }
         }
     }
@@ -289,6 +413,7 @@ impl Telemetry {
                 Err(e) => {
                     tracing::error!(seq, error = %e, "could not read back an unacked event batch");
                     q.held -= batch.events;
+                    q.left += batch.events as u64;
                     self.losses.lose(Lost::Failover, Reason::Unreadable, batch.events as u64);
                 }
             }
@@ -297,6 +422,16 @@ impl Telemetry {
 
     pub fn events_held(&self) -> usize {
         lock(&self.events).held
+    }
+
+    /// The events held in memory only, by whether they were sent.
+    pub fn events_at_risk(&self) -> crate::loss::AtRiskCount {
+        let q = lock(&self.events);
+        let unsent = q.pending.len();
+        crate::loss::AtRiskCount {
+            unsent: unsent as u64,
+            unacked: q.held.saturating_sub(unsent) as u64,
+        }
     }
 
     pub fn push_transition(&self, transition: pb::BreakerTransition) {
@@ -398,6 +533,22 @@ impl Telemetry {
     }
 }
 
+/// A node's telemetry with a spool in `dir`, connected to a control plane.
+#[cfg(test)]
+pub(crate) fn spooled_for_tests(dir: &std::path::Path) -> Telemetry {
+    let t = Telemetry::new("n".into(), Counter::default());
+    let opened = crate::spool::Spool::open(
+        dir,
+        crate::spool::DEFAULT_MAX_BYTES,
+        Arc::clone(&t.losses),
+        Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let t = t.with_spool(opened.spool, opened.records);
+    t.set_connected(true);
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,6 +617,7 @@ mod tests {
         )
         .unwrap();
         let t = t.with_spool(opened.spool, opened.records);
+        t.set_connected(true);
         let total = MAX_EVENTS + 1_200;
         for i in 0..total {
             t.push_event(event(&i.to_string()));
@@ -492,6 +644,108 @@ mod tests {
         t.refill_from_spool().await;
         t.push_event(event("after"));
         assert_eq!(t.next_event_batch().unwrap().events, [event("after")]);
+    }
+
+    fn spooled(dir: &std::path::Path) -> Telemetry {
+        super::spooled_for_tests(dir)
+    }
+
+    /// Sends (and acks) everything held and spooled, as a control plane that takes it all
+    /// would; returns the ids in the order sent.
+    async fn send_all(t: &Telemetry) -> Vec<String> {
+        let mut sent = Vec::new();
+        loop {
+            t.refill_from_spool().await;
+            let Some(batch) = t.next_event_batch() else { return sent };
+            sent.extend(batch.events.iter().map(|e| e.id.clone()));
+            t.ack_events(batch.seq);
+        }
+    }
+
+    #[tokio::test]
+    async fn with_no_control_plane_connected_events_go_straight_to_the_spool_and_leave_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = spooled(dir.path());
+        t.push_event(event("a"));
+        t.set_connected(false);
+        t.push_event(event("b"));
+        t.push_event(event("c"));
+        assert_eq!(t.events_held(), 1, "only what came while connected is in memory");
+        t.set_connected(true);
+        let sent = send_all(&t).await;
+        assert_eq!(sent, ["a", "b", "c"]);
+        assert_eq!(t.losses.total(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_held_past_the_bound_is_found_at_the_next_look() {
+        let bound = std::time::Duration::from_secs(1);
+        let tick = std::time::Duration::from_millis(250);
+        let t = Telemetry::new("n".into(), Counter::default());
+        assert!(!t.held_longer_than(bound));
+        t.push_event(event("a"));
+        // A look notes what came in by then: `a`, here; `b` comes half a bound later.
+        assert!(!t.held_longer_than(bound));
+        for _ in 0..2 {
+            tokio::time::advance(tick).await;
+            assert!(!t.held_longer_than(bound));
+        }
+        t.push_event(event("b"));
+        tokio::time::advance(tick).await;
+        assert!(!t.held_longer_than(bound), "a is 750 ms old");
+        tokio::time::advance(tick).await;
+        assert!(t.held_longer_than(bound), "a is a bound old");
+        // Both acked; `c`, sent and not acked, is looked at until it is a bound old.
+        let batch = t.next_event_batch().unwrap();
+        t.ack_events(batch.seq);
+        t.push_event(event("c"));
+        let sent = t.next_event_batch().unwrap();
+        for _ in 0..4 {
+            assert!(!t.held_longer_than(bound));
+            tokio::time::advance(tick).await;
+        }
+        assert!(t.held_longer_than(bound), "c is a bound old");
+        t.ack_events(sent.seq);
+        assert!(!t.held_longer_than(bound), "nothing held");
+    }
+
+    #[tokio::test]
+    async fn spilled_events_wait_on_disk_ahead_of_newer_ones_and_leave_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = spooled(dir.path());
+        t.push_event(event("a"));
+        t.push_event(event("b"));
+        let in_flight = t.next_event_batch().unwrap();
+        t.push_event(event("c"));
+        assert_eq!(t.spill_held().await.unwrap(), 3, "sent and queued alike");
+        assert_eq!(t.events_held(), 0);
+        t.push_event(event("d"));
+        // A late ack of a spilled batch changes nothing: its events are sent again.
+        t.ack_events(in_flight.seq);
+        let sent = send_all(&t).await;
+        assert_eq!(sent, ["a", "b", "c", "d"]);
+        assert_eq!(t.losses.total(), 0);
+        // The spool drained: new events are held in memory again.
+        t.refill_from_spool().await;
+        t.push_event(event("e"));
+        assert_eq!(t.events_held(), 1);
+    }
+
+    #[tokio::test]
+    async fn spilled_events_are_found_by_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let t = spooled(dir.path());
+            t.push_event(event("a"));
+            t.spill_held().await.unwrap();
+            t.push_event(event("b"));
+            t.sync_spool().await.unwrap();
+        }
+        let t = spooled(dir.path());
+        t.refill_from_spool().await;
+        let ids: Vec<String> =
+            t.next_event_batch().unwrap().events.into_iter().map(|e| e.id).collect();
+        assert_eq!(ids, ["a", "b"]);
     }
 
     fn transition(to: &str) -> pb::BreakerTransition {

@@ -61,8 +61,9 @@ pub struct EventView {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub continued: Vec<ContinuationView>,
     /// An `events.lost` entry's count, reason (`memory_full`, `spool_busy`, `spool_full`,
-    /// `spool_unwritable`, `unreadable`), which events (`failover`, `breaker`) and when the
-    /// first and last were lost; absent for other entries.
+    /// `spool_unwritable`, `unreadable`, `node_killed`, `node_killed_unacked`), which events
+    /// (`failover`, `breaker`) and when the first and last were lost; absent for other
+    /// entries.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
