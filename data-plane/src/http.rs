@@ -36,6 +36,7 @@ use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
 use crate::request_id;
+use crate::stream::Rescue;
 
 /// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -359,6 +360,20 @@ async fn serve(
             // The executor commits to a stream once its first content chunk has arrived,
             // which goes out with the response head.
             gen_ai.time_to_first_token.observe(started.elapsed().as_secs_f64());
+            // A stream that breaks after its first token is continued when the chain allows
+            // it and a model from the serving one on can (docs/http-api.md, "Streaming").
+            let rescue = if chain.continue_streams {
+                let deadline = chain.deadline.map(|d| started + d);
+                Rescue::of(
+                    bytes.clone(),
+                    Arc::clone(&config),
+                    &chain.entries,
+                    &served.model,
+                    deadline,
+                )
+            } else {
+                None
+            };
             crate::stream::respond(
                 app,
                 *stream,
@@ -372,6 +387,7 @@ async fn serve(
                     flavor,
                     gen_ai,
                     started,
+                    rescue,
                 },
             )
         }
@@ -409,18 +425,7 @@ fn failover_event(
         key_id: key.id.to_string(),
         requested_model: chain.requested_model().to_owned(),
         served_model,
-        attempts: attempts
-            .iter()
-            .map(|a| pb::Attempt {
-                model: a.model.clone(),
-                status: a.status.as_str().to_owned(),
-                reason: a.reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
-                latency_ms: a.latency_ms,
-                probe: a.probe,
-                injected: a.injected.clone().unwrap_or_default(),
-                retries: a.retries,
-            })
-            .collect(),
+        attempts: attempts.iter().map(AttemptReport::to_pb).collect(),
         stream,
         status,
         degraded: String::new(),

@@ -54,6 +54,21 @@ impl Serialize for AttemptReason {
     }
 }
 
+impl AttemptReport {
+    /// The attempt as the node proto carries it in a failover event.
+    pub fn to_pb(&self) -> switchyard_proto::node::v1::Attempt {
+        switchyard_proto::node::v1::Attempt {
+            model: self.model.clone(),
+            status: self.status.as_str().to_owned(),
+            reason: self.reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
+            latency_ms: self.latency_ms,
+            probe: self.probe,
+            injected: self.injected.clone().unwrap_or_default(),
+            retries: self.retries,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct AttemptReport {
     pub model: String,
