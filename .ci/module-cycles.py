@@ -258,14 +258,23 @@ def doc_block(text, path):
     return text[:body], text[body:end], text[end:]
 
 
-def check_doc(path, tables):
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+def sync_doc(path, tables, write):
+    """`--update-doc` (write) rewrites the document's block; `--check-doc` compares it."""
     try:
-        _, block, _ = doc_block(text, path)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        before, block, after = doc_block(text, path)
+    except OSError as e:
+        print(f"{path}: {e.strerror}")
+        return 1
     except ValueError as e:
         print(e)
         return 1
+    if write:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(before + tables + after)
+        print(f"{path}: module layer tables written")
+        return 0
     if block == tables:
         print(f"{path}: the module layer tables match the code")
         return 0
@@ -275,20 +284,6 @@ def check_doc(path, tables):
     print(f"{path}: the module layer tables differ from the code's layers: run "
           f"`python3 .ci/module-cycles.py --update-doc {path}` and commit the result")
     return 1
-
-
-def update_doc(path, tables):
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    try:
-        before, _, after = doc_block(text, path)
-    except ValueError as e:
-        print(e)
-        return 1
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(before + tables + after)
-    print(f"{path}: module layer tables written")
-    return 0
 
 
 def main(argv):
@@ -337,10 +332,8 @@ def main(argv):
     if doc_mode == "--markdown":
         sys.stdout.write(markdown(layered))
         return 0
-    if doc_mode == "--check-doc":
-        return check_doc(doc_path, markdown(layered))
-    if doc_mode == "--update-doc":
-        return update_doc(doc_path, markdown(layered))
+    if doc_mode in ("--check-doc", "--update-doc"):
+        return sync_doc(doc_path, markdown(layered), write=doc_mode == "--update-doc")
     if failed:
         print("module cycles found: give the shared item a home below both modules")
         return 1
