@@ -106,7 +106,8 @@ pub struct Failover {
     pub attempts: Vec<AttemptReport>,
 }
 
-/// `All N model attempt(s) failed (last: MODEL — REASON)`, the spec's message.
+/// `All N model attempt(s) failed (last: MODEL — REASON)`, the message docs/http-api.md,
+/// "Errors", documents.
 pub fn all_failed_message(attempts: &[AttemptReport]) -> String {
     match attempts.last() {
         Some(last) => format!(
