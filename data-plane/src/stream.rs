@@ -397,7 +397,9 @@ impl Pump {
         let Some(kind) = config.catalog.provider(&entry.model.provider).map(|p| p.kind) else {
             return Some("failed");
         };
-        let Ok(body) = continuation::body(&rescue.body, text, kind) else { return Some("failed") };
+        let (kept, held) = continuation::prefill(text, kind);
+        let Ok(body) = continuation::body(&rescue.body, kept, kind) else { return Some("failed") };
+        let held = held.to_owned();
         let upstream_body = match ChatRequest::parse(&body) {
             Ok(request) => match provider.body(&entry.model, &request) {
                 Ok(b) => b,
@@ -433,6 +435,9 @@ impl Pump {
                     })
                     .unwrap_or(buffered.len());
                 self.buffered = buffered.into_iter().skip(first).collect();
+                if !held.is_empty() {
+                    self.drop_held(&held);
+                }
                 // The broken stream's skipped frames are counted before it goes.
                 self.count_skipped();
                 self.skipped_before += self.upstream.skipped_frames();
@@ -456,6 +461,23 @@ impl Pump {
                 }
                 Some(outcome)
             }
+        }
+    }
+
+    /// Takes `held` (whitespace the client has and the prefill left out) off the start of
+    /// the continuation's first content.
+    fn drop_held(&mut self, held: &str) {
+        let Some(StreamEvent::Chunk { fields, commits: true, .. }) = self.buffered.front_mut()
+        else {
+            return;
+        };
+        let Some(kept) = fields.get("choices") else { return };
+        let Ok(mut choices) = serde_json::from_str::<serde_json::Value>(kept.get()) else { return };
+        let Some(content) = choices.pointer_mut("/0/delta/content") else { return };
+        let Some(text) = content.as_str() else { return };
+        *content = serde_json::Value::from(continuation::without_held(text, held));
+        if let Some(edited) = raw(&choices) {
+            fields.insert("choices".to_owned(), edited);
         }
     }
 
