@@ -379,18 +379,21 @@ async fn an_unwritable_spool_keeps_the_node_serving_counts_each_lost_event_and_t
             let all = events(&cp.url()).await;
             let failovers = all.iter().filter(|e| e["key_id"] == key_id.as_str()).count() as u64;
             let lost: Vec<Value> = all.into_iter().filter(|e| e["type"] == "events.lost").collect();
-            (failovers == BUFFER && !lost.is_empty()).then_some((failovers, lost))
+            // The node reports its count as it grows (a busy machine may see it in more
+            // than one report): every lost event is in one of them.
+            let counted: u64 = lost.iter().filter_map(|e| e["count"].as_u64()).sum();
+            (failovers == BUFFER && counted == REQUESTS - BUFFER).then_some((failovers, lost))
         })
         .await;
-    assert_eq!(lost_entries.len(), 1, "one report: {lost_entries:?}");
     let entry = &lost_entries[0];
-    assert_eq!(entry["count"], lost, "{entry}");
+    let counted: u64 = lost_entries.iter().filter_map(|e| e["count"].as_u64()).sum();
+    assert_eq!(counted, lost, "{lost_entries:?}");
     assert_eq!(entry["reason"], "spool_unwritable", "{entry}");
     assert_eq!(entry["events"], "failover", "{entry}");
     let node_id = std::fs::read_to_string(node_dir.join("node_id")).unwrap();
     assert_eq!(entry["node_id"], node_id.trim(), "{entry}");
     // Nothing went silently: stored + counted lost = failovers served.
-    assert_eq!(failovers + entry["count"].as_u64().unwrap(), REQUESTS);
+    assert_eq!(failovers + counted, REQUESTS);
     // Still ready, and the count stays what it was.
     let ready = switchyard_e2e::http_get(addr, "/readyz", None).await.unwrap();
     assert_eq!((ready.status, ready.json()["event_spool"]["lost"].as_u64()), (200, Some(lost)));

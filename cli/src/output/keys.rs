@@ -253,7 +253,10 @@ mod tests {
         assert_eq!(j["name"], "app");
         assert_eq!(j["key"], "sy-secret");
         assert_eq!(j["warnings"][0], "w");
-        assert_eq!(j["failoverDefaults"]["on"].as_array().unwrap().len(), 4);
+        assert_eq!(
+            j["failoverDefaults"]["on"].as_array().unwrap().len(),
+            switchyard_catalog::FailoverReason::ALL.len()
+        );
     }
 
     #[test]
