@@ -15,6 +15,7 @@
 pub mod accept;
 pub mod config;
 pub mod connect;
+pub mod expiry;
 pub mod files;
 pub mod reload;
 pub mod words;
