@@ -15,8 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use rustls::pki_types::CertificateDer;
-
-use crate::files::Source;
+use std::path::Path;
 
 pub const NAME: &str = "tls_certificate_expiry_timestamp_seconds";
 const HELP: &str = "When the first certificate of a PEM file this process loaded expires (Unix seconds), by the flag that named it and its path";
@@ -39,14 +38,15 @@ pub fn register(registry: &mut Registry) {
     registry.register(NAME, HELP, expiry().clone());
 }
 
-/// Records the expiry of a file's certificates (those whose date could be read).
-pub(crate) fn record(file: &Source, certs: &[CertificateDer<'_>]) {
+/// Records the expiry of the certificates of the file `flag` named (those whose date could
+/// be read).
+pub(crate) fn record(flag: &str, file: &Path, certs: &[CertificateDer<'_>]) {
     let Some(first) = certs.iter().filter_map(|c| not_after(c)).min() else {
         return;
     };
     let labels = ExpiryLabels {
-        role: file.flag.trim_start_matches('-').to_owned(),
-        file: file.path.display().to_string(),
+        role: flag.trim_start_matches('-').to_owned(),
+        file: file.display().to_string(),
     };
     expiry().get_or_create(&labels).set(first);
 }
@@ -162,8 +162,8 @@ mod tests {
 
     #[test]
     fn record_keeps_the_first_expiry_of_a_file_by_flag_and_path() {
-        let file = Source::new("--tls-cert", "/etc/switchyard/chain.pem");
-        record(&file, &[cert_until(2031, 6, 1), cert_until(2030, 1, 2)]);
+        let file = Path::new("/etc/switchyard/chain.pem");
+        record("--tls-cert", file, &[cert_until(2031, 6, 1), cert_until(2030, 1, 2)]);
         let labels =
             ExpiryLabels { role: "tls-cert".into(), file: "/etc/switchyard/chain.pem".into() };
         assert_eq!(expiry().get_or_create(&labels).get(), 1_893_542_400);
