@@ -491,3 +491,34 @@ async fn the_node_and_the_control_plane_export_when_their_certificates_expire() 
     // 4096-01-01).
     assert_eq!(metric(&n, &series("control-ca", ca.cert_path())), Some(67_090_118_400.0), "{n}");
 }
+
+#[tokio::test]
+async fn a_rotated_certificate_shows_its_new_expiry_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("switchyard test CA");
+    let now = std::time::SystemTime::now();
+    let whole = |days: u64| {
+        let unix = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + days * 86_400;
+        (std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix), unix as f64)
+    };
+    let before = now - std::time::Duration::from_secs(3600);
+    let ((soon, soon_unix), (later, later_unix)) = (whole(5), whole(60));
+    let live = ca.leaf_valid("control", HOSTS, before, soon);
+    let (cp, _url) = tls_control(dir.path(), "cp", &live, &[]).await;
+    let series = format!(
+        "switchyard_tls_certificate_expiry_timestamp_seconds{{role=\"tls-cert\",file=\"{}\"}}",
+        path(&live.cert)
+    );
+    let expiry = || async {
+        let r = https_request(cp.addr, ca.cert_path(), "GET", "/metrics", None, None).await?;
+        metric(&r.body, &series)
+    };
+    assert_eq!(expiry().await, Some(soon_unix));
+
+    // Renewed in place: the scrapes' own handshakes make the control plane read it again.
+    ca.leaf_valid("renewed", HOSTS, before, later).install_as(&live);
+    eventually(PATIENCE, "the renewed certificate's expiry at /metrics", || async {
+        (expiry().await == Some(later_unix)).then_some(())
+    })
+    .await;
+}
