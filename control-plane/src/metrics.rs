@@ -23,6 +23,9 @@ pub struct ControlMetrics {
     pub node_resyncs: Counter,
     /// Webhook delivery (`switchyard_webhook_*`), by the replica that leads it.
     pub webhooks: WebhookMetrics,
+    /// The store revision of the newest config change: a node whose `config_version` is
+    /// below it lacks that change (the stale-config alert compares the two).
+    pub config_change_revision: Gauge,
 }
 
 impl ControlMetrics {
@@ -30,6 +33,8 @@ impl ControlMetrics {
         let mut root = Registry::default();
         let webhooks = WebhookMetrics::default();
         webhooks.register(root.sub_registry_with_prefix("switchyard_webhook"));
+        // The same name as on a node (not under `switchyard_control`): one alert for both.
+        switchyard_tls::expiry::register(root.sub_registry_with_prefix("switchyard"));
         let registry = root.sub_registry_with_prefix("switchyard_control");
         let nodes_connected = Gauge::default();
         registry.register(
@@ -61,6 +66,12 @@ impl ControlMetrics {
             "Node streams resynced from the config cache because the node read too slowly to queue a change",
             node_resyncs.clone(),
         );
+        let config_change_revision = Gauge::default();
+        registry.register(
+            "config_change_revision",
+            "Store revision of the newest change to the config; a node whose switchyard_config_version is below it lacks that change",
+            config_change_revision.clone(),
+        );
         // What OpenTelemetry export dropped: the process's one family, with no samples
         // while OpenTelemetry is off (docs/operating.md, "Traces and log records").
         registry.register(
@@ -76,6 +87,7 @@ impl ControlMetrics {
             config_revision,
             node_resyncs,
             webhooks,
+            config_change_revision,
         }
     }
 

@@ -326,6 +326,7 @@ async fn scrape_metrics(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     scrape.metrics.config_revision.set(scrape.cache.revision());
+    scrape.metrics.config_change_revision.set(scrape.cache.latest_change());
     let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
     let (content_type, body) = scrape.metrics.render(accept);
     ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()

@@ -159,6 +159,9 @@ struct KeyLedger {
     share: f64,
     requests_at_state: u64,
     admitted_since_state: u64,
+    /// The key's daily budgets (micro-dollars, tokens) as of its last request, for
+    /// [`Ledger::budget_use`].
+    budgets: (Option<u64>, Option<u64>),
 }
 
 impl Default for KeyLedger {
@@ -178,6 +181,7 @@ impl Default for KeyLedger {
             share: 1.0,
             requests_at_state: 0,
             admitted_since_state: 0,
+            budgets: (None, None),
         }
     }
 }
@@ -294,6 +298,7 @@ impl Ledger {
         let ledger = self.key(key_id);
         let mut k = lock(&ledger);
         k.roll_day(day);
+        k.budgets = (limits.micro_usd_per_day(), limits.tokens_per_day);
         let fresh = k.state_at.is_some_and(|at| now.duration_since(at) < STALE);
         // Cut off from the fleet, a node still counts what it last knew of the others (their
         // use only grows while it cannot hear of it), and holds itself to an even share of
@@ -369,6 +374,32 @@ impl Ledger {
         k.own_slot(now_s).requests += 1;
         k.admitted_since_state += 1;
         Decision::Admitted(headers)
+    }
+
+    /// What each key with a daily budget has used of it over the fleet today, as of this
+    /// node's last view of the others: (key, `usd_per_day` or `tokens_per_day`, used ÷
+    /// budget). Keys this node has had no request for since it started are not in it.
+    pub fn budget_use(&self, now_ms: i64) -> Vec<(String, &'static str, f64)> {
+        let day = now_ms.div_euclid(1000).div_euclid(SECONDS_PER_DAY);
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let mut used = Vec::new();
+        for (key_id, ledger) in keys.iter() {
+            let k = lock(ledger);
+            let (own_tokens, own_micro_usd) =
+                if k.day == day { (k.day_tokens, k.day_micro_usd) } else { (0, 0) };
+            let (others_tokens, others_micro_usd) = k.others_day(day);
+            let (usd_budget, token_budget) = k.budgets;
+            let ratio = |spent: u64, budget: u64| spent as f64 / budget.max(1) as f64;
+            if let Some(budget) = usd_budget {
+                let spent = own_micro_usd.saturating_add(others_micro_usd);
+                used.push((key_id.clone(), Limit::UsdPerDay.as_str(), ratio(spent, budget)));
+            }
+            if let Some(budget) = token_budget {
+                let spent = own_tokens.saturating_add(others_tokens);
+                used.push((key_id.clone(), Limit::TokensPerDay.as_str(), ratio(spent, budget)));
+            }
+        }
+        used
     }
 
     /// Counts what a served request used (its tokens, at its served model's prices). Free
@@ -488,6 +519,47 @@ fn settle(k: &mut KeyLedger, now_s: i64, now: Instant) {
     let nodes = f64::from(k.other_nodes) + 1.0;
     k.share = (own_recent as f64 + 1.0) / ((own_recent + k.others_recent) as f64 + nodes);
     k.requests_at_state = k.window(now_s).map(|s| s.requests).sum();
+}
+
+/// `switchyard_key_budget_used_ratio{key, limit}` at `/metrics`: [`Ledger::budget_use`],
+/// read at each scrape (so a new UTC day shows at once, before any request).
+#[derive(Debug)]
+pub struct BudgetCollector(pub Arc<Ledger>);
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger").finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct BudgetLabels {
+    /// The API key's id (never its secret): only keys with a daily budget.
+    key: String,
+    /// `usd_per_day` or `tokens_per_day`.
+    limit: &'static str,
+}
+
+impl prometheus_client::collector::Collector for BudgetCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        let family = Family::<BudgetLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        for (key, limit, ratio) in self.0.budget_use(switchyard_time::now_ms()) {
+            family.get_or_create(&BudgetLabels { key, limit }).set(ratio);
+        }
+        let metric = encoder.encode_descriptor(
+            "key_budget_used_ratio",
+            "What a key with a daily budget used of it over the fleet today, as of this node's last view (1 is the whole budget), by key and limit",
+            None,
+            family.metric_type(),
+        )?;
+        family.encode(metric)
+    }
 }
 
 #[cfg(test)]
@@ -664,5 +736,29 @@ mod tests {
                 ("x-ratelimit-reset-requests".to_owned(), "1s".to_owned()),
             ]
         );
+    }
+
+    #[test]
+    fn budget_use_is_the_fleets_spend_over_each_daily_budget_and_resets_at_midnight() {
+        let ledger = Ledger::new();
+        let now = Instant::now();
+        let limits =
+            Limits { usd_per_day: Some(1.0), tokens_per_day: Some(1000), ..Default::default() };
+        assert!(admitted(&ledger.admit("k", &limits, T0, now)));
+        ledger.record("k", 100, 300_000, T0);
+        // The other nodes spent 600,000 micro-dollars and 800 tokens today.
+        ledger.apply(view(&[], 1, 800, 600_000), T0, now);
+        let mut used = ledger.budget_use(T0);
+        used.sort_by(|a, b| a.1.cmp(b.1));
+        assert_eq!(
+            used,
+            vec![("k".to_owned(), "tokens_per_day", 0.9), ("k".to_owned(), "usd_per_day", 0.9)]
+        );
+        // A key with only a per-minute limit has no daily budget to show.
+        assert!(admitted(&ledger.admit("m", &rpm(10), T0, now)));
+        assert!(ledger.budget_use(T0).iter().all(|(key, _, _)| key != "m"));
+        // The next UTC day starts at nothing spent, before any request of it.
+        let tomorrow = T0 + SECONDS_PER_DAY * 1000;
+        assert!(ledger.budget_use(tomorrow).iter().all(|(_, _, ratio)| *ratio == 0.0));
     }
 }

@@ -314,6 +314,11 @@ pub struct Metrics {
     /// `gen_ai_client_token_usage`: tokens the served model reported, by type.
     pub gen_ai_tokens: Family<GenAiTokenLabels, Histogram>,
     gen_ai: GenAiCache,
+    /// 1 while the config stream to a control plane is open (set by the sync task).
+    pub config_stream_connected: Gauge,
+    /// The version of the last config this node refused (NACKed), until it applies a newer
+    /// one; 0 when none.
+    pub config_rejected_version: Gauge,
 }
 
 /// The least time between two warnings about one model's malformed frames.
@@ -460,6 +465,19 @@ impl Metrics {
             "Store revision of the applied config",
             config_version.clone(),
         );
+        let config_stream_connected = Gauge::default();
+        registry.register(
+            "config_stream_connected",
+            "1 while the config stream to a control plane is open, 0 while the node is cut off from every control plane",
+            config_stream_connected.clone(),
+        );
+        let config_rejected_version = Gauge::default();
+        registry.register(
+            "config_rejected_version",
+            "Store revision of the last config this node refused (NACKed) until it applies a newer one; 0 when none",
+            config_rejected_version.clone(),
+        );
+        switchyard_tls::expiry::register(registry);
         // The GenAI semantic conventions' names, without the `switchyard_` prefix, so that
         // dashboards and alerts written for them work unchanged.
         let gen_ai_duration = Family::<GenAiLabels, Histogram>::new_with_constructor(
@@ -522,7 +540,17 @@ impl Metrics {
             gen_ai_ttft,
             gen_ai_tokens,
             gen_ai: Default::default(),
+            config_stream_connected,
+            config_rejected_version,
         }
+    }
+
+    /// Shows what keys used of their daily budgets (`switchyard_key_budget_used_ratio`), read
+    /// from the node's ledger at each scrape.
+    pub fn watch_budgets(&mut self, ledger: std::sync::Arc<crate::limits::Ledger>) {
+        self.registry
+            .sub_registry_with_prefix("switchyard")
+            .register_collector(Box::new(crate::limits::BudgetCollector(ledger)));
     }
 
     /// The counter of requests of `key` refused on `limit`.

@@ -28,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::serve::ServeOptions;
 use crate::spool::Spool;
 use crate::state::NodeState;
-use crate::sync::{self, SyncOptions};
+use crate::sync::{self, SyncGauges, SyncOptions};
 use crate::telemetry::Telemetry;
 use crate::{custody, http, persist, probe, serve};
 
@@ -249,6 +249,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         .local_addr()
         .map_err(|source| NodeError::Listen { addr: options.listen, source })?;
     let (handoff, handoff_rx) = watch::channel(false);
+    let mut metrics = Metrics::new();
     let sync_options = SyncOptions {
         controls: options.controls,
         node_id: node_id.clone(),
@@ -256,8 +257,11 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         join_token: options.join_token,
         tls: options.control_tls,
         handoff: handoff_rx,
+        gauges: SyncGauges {
+            connected: metrics.config_stream_connected.clone(),
+            rejected: metrics.config_rejected_version.clone(),
+        },
     };
-    let metrics = Arc::new(Metrics::new());
     let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone())
         .with_max_events(options.event_buffer_events);
     if let Some(dir) = options.data_dir.clone() {
@@ -303,6 +307,8 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         }
     }
     let telemetry = Arc::new(telemetry);
+    metrics.watch_budgets(Arc::clone(&telemetry.limits));
+    let metrics = Arc::new(metrics);
     let sync = tokio::spawn(sync::run(sync_options, state.clone(), Arc::clone(&telemetry)));
     let custody = options.data_dir.clone().map(|dir| {
         let (stop, stopped) = watch::channel(false);

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
@@ -75,6 +76,29 @@ pub struct SyncOptions {
     /// Turns `true` when the node shuts down: the task hands over what it holds (see
     /// [`hand_off`]) and returns.
     pub handoff: watch::Receiver<bool>,
+    pub gauges: SyncGauges,
+}
+
+/// What the config stream shows at `/metrics` for the alerts (deploy/prometheus): set here,
+/// where the stream opens and closes and configs are acked, because only this task knows.
+#[derive(Clone, Debug, Default)]
+pub struct SyncGauges {
+    /// 1 while a config stream to a control plane is open.
+    pub connected: Gauge,
+    /// The version of the last config this node refused, until it applies a newer one; 0
+    /// when none.
+    pub rejected: Gauge,
+}
+
+impl SyncGauges {
+    /// Keeps `rejected` true to a reply about to go to the control plane.
+    fn note(&self, state: &NodeState, reply: &pb::NodeMessage) {
+        if let Some(node_message::Msg::Nack(nack)) = &reply.msg {
+            self.rejected.set(nack.version);
+        } else if state.version() > self.rejected.get() {
+            self.rejected.set(0);
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +126,7 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
         let started = tokio::time::Instant::now();
         let result = session(endpoint, &options, &boot_id, &state, &telemetry).await;
         telemetry.set_connected(false);
+        options.gauges.connected.set(0);
         // Whatever was sent but not acked goes out again on the next stream.
         telemetry.requeue_in_flight();
         telemetry.mark_usage_dirty();
@@ -162,6 +187,7 @@ async fn session(
     }
     let mut inbound = client.connect(request).await?.into_inner();
     telemetry.set_connected(true);
+    options.gauges.connected.set(1);
     info!(control = %url, version = state.version(), "config stream open");
 
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
@@ -191,6 +217,7 @@ async fn session(
                             continue;
                         }
                         let reply = finish(state, next).await;
+                        options.gauges.note(state, &reply);
                         if tx.send(reply).await.is_err() {
                             return Err(SessionError::Closed);
                         }
@@ -217,6 +244,7 @@ async fn session(
                     Some(control_message::Msg::Ping(_)) | None => continue,
                 };
                 let reply = apply(state, update).await;
+                options.gauges.note(state, &reply);
                 if tx.send(reply).await.is_err() {
                     return Err(SessionError::Closed);
                 }

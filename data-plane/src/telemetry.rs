@@ -110,7 +110,7 @@ pub struct Telemetry {
     usage: Mutex<HashMap<String, HashMap<String, Totals>>>,
     usage_dirty: AtomicBool,
     /// Every limited key's counts and the fleet's, for the request path's decisions.
-    pub limits: Ledger,
+    pub limits: Arc<Ledger>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -134,7 +134,7 @@ impl Telemetry {
             transitions: Mutex::default(),
             usage: Mutex::default(),
             usage_dirty: AtomicBool::new(false),
-            limits: Ledger::new(),
+            limits: Arc::new(Ledger::new()),
         }
     }
 

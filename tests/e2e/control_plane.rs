@@ -436,6 +436,15 @@ async fn a_nacked_update_leaves_nodes_on_their_version_and_switchyard_nodes_show
     }
     let human = cli(&cp0, &["nodes"]).await;
     assert!(human.stdout.contains("rejected version"), "{}", human.stdout);
+    // Each node's /metrics shows the version it refused (the SwitchyardNodeConfigRejected
+    // alert of deploy/prometheus/alerts.yaml).
+    let refused = listed[0]["rejected"]["version"].as_i64().unwrap();
+    for node in &nodes {
+        let metrics = http_get(node.addr, "/metrics", None).await.unwrap().body;
+        let shown =
+            metrics.lines().find_map(|l| l.strip_prefix("switchyard_config_rejected_version "));
+        assert_eq!(shown, Some(refused.to_string().as_str()), "{metrics}");
+    }
     for node in nodes {
         assert_eq!(node_version(node.addr).await, Some(version));
         assert_eq!(

@@ -117,6 +117,50 @@ async fn tokens_per_minute_count_what_the_served_model_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_metrics_show_what_a_key_used_of_its_daily_budgets() {
+    let gw = Gateway::start().await;
+    let set = cli(
+        &gw.cp.url(),
+        &[
+            "keys",
+            "set-limits",
+            &gw.key_id,
+            "--tokens-per-day",
+            "40",
+            "--usd-per-day",
+            "1",
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    wait_ready(gw.node.addr, set["version"].as_i64().unwrap()).await;
+    // 9 requests of 4 tokens (the simulator counts words): 36 of 40, the alert's 90 %.
+    for _ in 0..9 {
+        let r = post(gw.node.addr, &gw.key, &body(PRIMARY)).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let series = |limit: &str| {
+        format!("switchyard_key_budget_used_ratio{{key=\"{}\",limit=\"{limit}\"}} ", gw.key_id)
+    };
+    let metrics = eventually(PATIENCE, "the tokens of 9 answers in the ratio", || async {
+        let m = http_get(gw.node.addr, "/metrics", None).await?.body;
+        let ratio: f64 =
+            m.lines().find_map(|l| l.strip_prefix(&series("tokens_per_day")))?.parse().ok()?;
+        (ratio == 0.9).then_some(m)
+    })
+    .await;
+    // The primary's price ($1 in, $2 out per Mtok): $0.000063 of $1.
+    let usd: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series("usd_per_day")))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(usd > 0.0 && usd < 0.001, "{usd}\n{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daily_budget_blocks_once_the_served_models_cost_reaches_it_failover_included() {
     let gw = Gateway::start().await;
     gw.script("primary", json!({"kind": "status", "status": 503})).await;

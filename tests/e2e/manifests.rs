@@ -107,3 +107,79 @@ fn every_switchyard_pod_outlasts_its_drain_before_it_is_killed() {
         }
     }
 }
+
+fn repo(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+fn yaml(path: &str) -> Value {
+    serde_yaml_ng::from_str(&std::fs::read_to_string(repo(path)).unwrap()).unwrap()
+}
+
+/// The alerts of deploy/prometheus/alerts.yaml, by name.
+fn alert_names() -> Vec<String> {
+    yaml("deploy/prometheus/alerts.yaml")["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap().iter())
+        .map(|r| r["alert"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_with_a_case_each_way_for_every_alert() {
+    // Every alert has a test that expects it to fire and one that expects it silent.
+    let tests = yaml("deploy/prometheus/alerts_test.yaml");
+    let cases: Vec<&Value> = tests["tests"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_sequence().unwrap().iter())
+        .collect();
+    let alerts = alert_names();
+    assert_eq!(alerts.len(), 9, "{alerts:?}");
+    for alert in &alerts {
+        let expected = |fires: bool| {
+            cases.iter().any(|c| {
+                c["alertname"].as_str() == Some(alert.as_str())
+                    && c["exp_alerts"].as_sequence().unwrap().is_empty() != fires
+            })
+        };
+        assert!(expected(true), "no case of alerts_test.yaml expects {alert} to fire");
+        assert!(expected(false), "no case of alerts_test.yaml expects {alert} to stay silent");
+    }
+
+    let out = std::process::Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(repo("deploy/prometheus/alerts_test.yaml"))
+        .output()
+        .expect("promtool (Debian's prometheus package; .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "promtool test rules deploy/prometheus/alerts_test.yaml:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_prometheus_rule_component_carries_the_alert_rules_unchanged() {
+    let rule = yaml("deploy/kubernetes/prometheus-rule/prometheusrule.yaml");
+    assert_eq!(rule["apiVersion"].as_str(), Some("monitoring.coreos.com/v1"));
+    assert_eq!(rule["kind"].as_str(), Some("PrometheusRule"));
+    assert_eq!(rule["metadata"]["name"].as_str(), Some("switchyard"));
+    let spec = rule["spec"].as_mapping().unwrap();
+    assert_eq!(spec.len(), 1, "a PrometheusRule's spec holds only `groups`: {spec:?}");
+    assert_eq!(
+        rule["spec"]["groups"],
+        yaml("deploy/prometheus/alerts.yaml")["groups"],
+        "prometheusrule.yaml's spec.groups differ from deploy/prometheus/alerts.yaml's groups: copy them over"
+    );
+    let component = yaml("deploy/kubernetes/prometheus-rule/kustomization.yaml");
+    assert_eq!(component["kind"].as_str(), Some("Component"));
+    assert_eq!(component["resources"][0].as_str(), Some("prometheusrule.yaml"));
+    // The base must apply on a cluster without the Prometheus Operator's CRD.
+    let base = std::fs::read_to_string(repo("deploy/kubernetes/kustomization.yaml")).unwrap();
+    assert!(!base.contains("prometheus"), "the base pulls in the PrometheusRule:\n{base}");
+}

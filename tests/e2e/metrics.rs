@@ -333,3 +333,89 @@ async fn the_control_plane_exports_webhook_delivery_metrics_per_subscription_nev
     let (ok, said) = promtool(&m).await;
     assert!(ok, "promtool on the control plane's /metrics: {said}\n{m}");
 }
+
+/// The metric names a PromQL expression reads (those of Switchyard and the GenAI
+/// conventions).
+fn metric_words(expr: &str) -> Vec<&str> {
+    let prefixes = ["switchyard_", "gen_ai_server_", "gen_ai_client_"];
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| prefixes.iter().any(|p| w.starts_with(p)))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_alert_reads_metrics_a_node_or_control_plane_exposes_or_the_docs_promise() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/prometheus/alerts.yaml");
+    let rules: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let exprs: Vec<(String, String)> = rules["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap().iter())
+        .map(|r| (r["alert"].as_str().unwrap().to_owned(), r["expr"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(exprs.len(), 9, "{exprs:?}");
+
+    let gw = Gateway::start().await;
+    traffic(&gw).await;
+    let mut exposed = sample_names(&scrape(gw.node.addr).await);
+    exposed.extend(sample_names(&scrape(gw.cp.addr).await));
+    // What every node and control plane shows from its start, TLS or not, traffic or not.
+    for always in [
+        "switchyard_config_version",
+        "switchyard_config_stream_connected",
+        "switchyard_config_rejected_version",
+        "switchyard_failover_events_dropped_total",
+        "switchyard_control_config_change_revision",
+    ] {
+        assert!(exposed.contains(always), "{always} is not exposed: {exposed:?}");
+    }
+    let docs = std::fs::read_to_string(
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/operating.md"),
+    )
+    .unwrap();
+    for (alert, expr) in &exprs {
+        for word in metric_words(expr) {
+            // A family shows in `/metrics` once it has a sample: the certificates' only with
+            // TLS, the budgets' only for keys with one.
+            let family = word.trim_end_matches("_count");
+            let documented = docs.contains(&format!("| `{family}` |"))
+                || docs.contains(&format!("| `{word}` |"));
+            assert!(
+                exposed.contains(word) || documented,
+                "{alert} reads {word}, which neither a node nor a control plane exposes nor the docs document"
+            );
+        }
+        // Every alert has its runbook section.
+        assert!(
+            docs.contains(&format!("#### {alert}")),
+            "no runbook for {alert} in docs/operating.md"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_node_shows_its_config_stream_and_its_version_reaches_the_newest_change() {
+    let gw = Gateway::start().await;
+    eventually(Duration::from_secs(10), "the node up to date with the newest change", || async {
+        let node = scrape(gw.node.addr).await;
+        let control = scrape(gw.cp.addr).await;
+        let newest = sample(&control, "switchyard_control_config_change_revision")?;
+        let applied = sample(&node, "switchyard_config_version")?;
+        (newest > 0.0
+            && applied >= newest
+            && sample(&node, "switchyard_config_stream_connected") == Some(1.0)
+            && sample(&node, "switchyard_config_rejected_version") == Some(0.0))
+        .then_some(())
+    })
+    .await;
+
+    gw.cp.kill().await;
+    eventually(Duration::from_secs(15), "the node to show its stream closed", || async {
+        let node = scrape(gw.node.addr).await;
+        (sample(&node, "switchyard_config_stream_connected") == Some(0.0)).then_some(())
+    })
+    .await;
+}

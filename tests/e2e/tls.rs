@@ -443,3 +443,82 @@ async fn a_drill_runs_through_an_https_node_with_its_admin_calls_under_mutual_tl
     assert_eq!(report["passed"], true, "{report:#}");
     assert_eq!(report["faults_cleared"], true, "{report:#}");
 }
+
+/// The value of `name{labels}` in a `/metrics` text, labels written as the process writes
+/// them.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn the_node_and_the_control_plane_export_when_their_certificates_expire() {
+    let ca = Ca::new("switchyard test CA");
+    let now = std::time::SystemTime::now();
+    // Whole seconds: a certificate's dates carry no fraction.
+    let at = |days: u64| {
+        let unix = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + days * 86_400;
+        (std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix), unix as f64)
+    };
+    let before = now - std::time::Duration::from_secs(3600);
+    let ((control_until, control_unix), (node_until, node_unix)) = (at(30), at(10));
+    let control = ca.leaf_valid("control", HOSTS, before, control_until);
+    let node = ca.leaf_valid("node", HOSTS, before, node_until);
+    let gw = Gateway::start_with(GatewayOptions {
+        tls: Some(GatewayTls {
+            ca: ca.cert_path().to_owned(),
+            server: control.clone(),
+            client_ca: None,
+            node: Some((node.clone(), ca.cert_path().to_owned())),
+        }),
+        ..GatewayOptions::default()
+    })
+    .await;
+    let name = "switchyard_tls_certificate_expiry_timestamp_seconds";
+    let series =
+        |role: &str, file: &Path| format!("{name}{{role=\"{role}\",file=\"{}\"}}", path(file));
+    let ca_file = ca.cert_path();
+    let scrape = |addr| async move {
+        let r = https_request(addr, ca_file, "GET", "/metrics", None, None).await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.body
+    };
+
+    let cp = scrape(gw.cp.addr).await;
+    assert_eq!(metric(&cp, &series("tls-cert", &control.cert)), Some(control_unix), "{cp}");
+    let n = scrape(gw.node.addr).await;
+    assert_eq!(metric(&n, &series("tls-cert", &node.cert)), Some(node_unix), "{n}");
+    // The CA file the node checks the control plane against expires too (rcgen's default:
+    // 4096-01-01).
+    assert_eq!(metric(&n, &series("control-ca", ca.cert_path())), Some(67_090_118_400.0), "{n}");
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_shows_its_new_expiry_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("switchyard test CA");
+    let now = std::time::SystemTime::now();
+    let whole = |days: u64| {
+        let unix = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + days * 86_400;
+        (std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix), unix as f64)
+    };
+    let before = now - std::time::Duration::from_secs(3600);
+    let ((soon, soon_unix), (later, later_unix)) = (whole(5), whole(60));
+    let live = ca.leaf_valid("control", HOSTS, before, soon);
+    let (cp, _url) = tls_control(dir.path(), "cp", &live, &[]).await;
+    let series = format!(
+        "switchyard_tls_certificate_expiry_timestamp_seconds{{role=\"tls-cert\",file=\"{}\"}}",
+        path(&live.cert)
+    );
+    let expiry = || async {
+        let r = https_request(cp.addr, ca.cert_path(), "GET", "/metrics", None, None).await?;
+        metric(&r.body, &series)
+    };
+    assert_eq!(expiry().await, Some(soon_unix));
+
+    // Renewed in place: the scrapes' own handshakes make the control plane read it again.
+    ca.leaf_valid("renewed", HOSTS, before, later).install_as(&live);
+    eventually(PATIENCE, "the renewed certificate's expiry at /metrics", || async {
+        (expiry().await == Some(later_unix)).then_some(())
+    })
+    .await;
+}

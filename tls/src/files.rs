@@ -82,6 +82,7 @@ pub fn certificates(file: &Source) -> Result<Vec<CertificateDer<'static>>, TlsEr
     if certs.is_empty() {
         return Err(TlsError::NoCertificate(file.clone()));
     }
+    crate::expiry::record(file.flag, &file.path, &certs);
     Ok(certs)
 }
 

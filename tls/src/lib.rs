@@ -2,6 +2,7 @@
 //! listener, the node's channel to it, the node's HTTP listener and the CLI's admin calls.
 //!
 //! - [`files`]: PEM files named by the flag that gave them, and what a bad one is called;
+//! - [`expiry`]: when the certificates read from them expire, for `/metrics`;
 //! - [`reload`]: a value built from files and rebuilt when they change (rotation);
 //! - [`config`]: the rustls server and client configs, whose certificates, keys and CAs
 //!   come from reloading files;
@@ -15,6 +16,7 @@
 pub mod accept;
 pub mod config;
 pub mod connect;
+pub mod expiry;
 pub mod files;
 pub mod reload;
 pub mod words;
