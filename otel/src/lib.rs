@@ -128,15 +128,11 @@ pub fn announce(settings: &Settings) {
             headers = %export.header_names.join(","),
             "OpenTelemetry export on"
         );
-        if let Some(port) = export.port
-            && let Some(other) = [Protocol::Grpc, Protocol::HttpProtobuf]
-                .into_iter()
-                .find(|p| *p != export.protocol && p.default_port() == port)
-        {
+        if let Some(other) = export.port_suggests_other_protocol() {
+            let other = other.as_str();
             tracing::warn!(
                 signal, protocol, endpoint = %export.endpoint,
-                "the endpoint is on port {port}, where a collector takes OTLP as {}, but the protocol is {protocol} ({protocol_from}); if the collector expects {}, set OTEL_EXPORTER_OTLP_PROTOCOL={}",
-                other.as_str(), other.as_str(), other.as_str()
+                "the endpoint's port is the one collectors take OTLP {other} on, but the protocol is {protocol} ({protocol_from}); if the collector expects {other} there, set OTEL_EXPORTER_OTLP_PROTOCOL={other}"
             );
         }
     }

@@ -80,6 +80,17 @@ pub struct Export {
     pub timeout: Duration,
 }
 
+impl Export {
+    /// The other protocol, when the endpoint is on the port the specification gives it
+    /// (gRPC on 4317 with `http/protobuf`, or the reverse): most likely a collector spoken
+    /// to in the wrong protocol, such as a deployment written when gRPC was the default.
+    pub fn port_suggests_other_protocol(&self) -> Option<Protocol> {
+        [Protocol::Grpc, Protocol::HttpProtobuf]
+            .into_iter()
+            .find(|p| *p != self.protocol && Some(p.default_port()) == self.port)
+    }
+}
+
 /// How one signal's records wait for export: the standard `OTEL_BSP_*` (spans) and
 /// `OTEL_BLRP_*` (log records) variables, with the specification's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,6 +439,19 @@ mod tests {
         assert_eq!(traces.unwrap().header_names, ["authorization", "x-tenant"]);
         assert_eq!(logs.unwrap().header_names, ["x-logs"]);
         assert_eq!(percent_decode("a%2Cb%3d%25").as_deref(), Some("a,b=%"));
+    }
+
+    #[test]
+    fn an_endpoint_on_the_other_protocols_port_is_noticed() {
+        let other = |vars: &[(&str, &str)]| {
+            exports(vars).0.and_then(|traces| traces.port_suggests_other_protocol())
+        };
+        assert_eq!(other(&[(ENDPOINT, "http://c:4317")]), Some(Protocol::Grpc));
+        let grpc = ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc");
+        assert_eq!(other(&[(ENDPOINT, "http://c:4318"), grpc]), Some(Protocol::HttpProtobuf));
+        assert_eq!(other(&[(ENDPOINT, "http://c:4317"), grpc]), None);
+        assert_eq!(other(&[(ENDPOINT, "http://c:4318")]), None);
+        assert_eq!(other(&[(ENDPOINT, "https://collector.example")]), None);
     }
 
     #[test]
