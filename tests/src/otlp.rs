@@ -36,21 +36,8 @@ pub use opentelemetry_proto::tonic::trace::v1::Span as OtlpSpan;
 pub use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 pub use opentelemetry_proto::tonic::trace::v1::status::StatusCode as SpanStatusCode;
 
-/// The protocol a [`Collector`] speaks, as `OTEL_EXPORTER_OTLP_PROTOCOL` names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protocol {
-    Grpc,
-    HttpProtobuf,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Grpc => "grpc",
-            Protocol::HttpProtobuf => "http/protobuf",
-        }
-    }
-}
+/// The protocol a [`Collector`] speaks; `as_str` is its `OTEL_EXPORTER_OTLP_PROTOCOL` value.
+pub use switchyard_otel::Protocol;
 
 /// One OTLP/HTTP request as it arrived.
 #[derive(Clone, Debug)]
