@@ -30,6 +30,10 @@ pub enum OtelError {
     Number { var: &'static str, value: String, unit: &'static str },
     #[error("{var}: entry {entry} of the list {why}; expected key=value pairs separated by commas")]
     Headers { var: &'static str, entry: usize, why: &'static str },
+    #[error(
+        "{var}: {value:?} is https, and OTLP over gRPC is exported in plaintext only; use OTLP/HTTP (unset the protocol or set http/protobuf) for an https collector"
+    )]
+    GrpcTls { var: &'static str, value: String },
     #[error("the OTLP {signal} exporter cannot be built: {why}")]
     Exporter { signal: &'static str, why: String },
 }
@@ -235,14 +239,20 @@ fn export(
             _ => return Err(OtelError::Protocol { var: name, value }),
         },
     };
-    let url = match (own, generic) {
-        (Some(own), _) => own,
+    let (url, url_var) = match (own, generic) {
+        (Some(own), _) => (own, signal.endpoint),
         (None, Some(generic)) if protocol == Protocol::HttpProtobuf => {
-            http_signal_url(generic, signal.path)
+            (http_signal_url(generic, signal.path), ENDPOINT)
         }
-        (None, Some(generic)) => generic.clone(),
+        (None, Some(generic)) => (generic.clone(), ENDPOINT),
         (None, None) => return Ok(None),
     };
+    // The gRPC exporter is built without TLS (tonic's TLS would be a second root store and
+    // TLS setup beside switchyard-tls's); refused here, naming the variable, rather than by
+    // the exporter in words about cargo features.
+    if protocol == Protocol::Grpc && url.scheme() == "https" {
+        return Err(OtelError::GrpcTls { var: url_var, value: url.to_string() });
+    }
     let header_names = match either(signal.headers, HEADERS) {
         None => Vec::new(),
         Some((name, value)) => headers(name, &value)?,
@@ -462,6 +472,17 @@ mod tests {
         }
         let err = settings(&[(ENDPOINT, "http://c:4317"), (LOGS_ENDPOINT, "::")]).unwrap_err();
         assert!(err.to_string().starts_with(LOGS_ENDPOINT), "{err}");
+    }
+
+    #[test]
+    fn an_https_endpoint_over_grpc_is_refused_naming_the_endpoints_variable() {
+        let grpc = ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc");
+        let err = settings(&[(ENDPOINT, "https://c:4317"), grpc]).unwrap_err();
+        assert!(err.to_string().starts_with("OTEL_EXPORTER_OTLP_ENDPOINT: "), "{err}");
+        let logs = [(ENDPOINT, "http://c:4317"), grpc, (LOGS_ENDPOINT, "https://l:4317")];
+        let err = settings(&logs).unwrap_err();
+        assert!(err.to_string().starts_with(LOGS_ENDPOINT), "{err}");
+        assert!(settings(&[(ENDPOINT, "https://c:4318")]).is_ok(), "https over OTLP/HTTP");
     }
 
     #[test]

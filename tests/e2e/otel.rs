@@ -244,6 +244,8 @@ async fn a_bad_otlp_variable_stops_the_process_naming_the_variable() {
         ("OTEL_EXPORTER_OTLP_LOGS_HEADERS", "just-a-secret"),
         ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s"),
         ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "soon"),
+        // gRPC export has no TLS: an https collector is refused rather than never reached.
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
     ];
     for &(var, value) in cases {
         for command in [
@@ -252,13 +254,22 @@ async fn a_bad_otlp_variable_stops_the_process_naming_the_variable() {
         ] {
             let mut process = tokio::process::Command::new(switchyard_bin());
             process.args(command).env("SWITCHYARD_ADMIN_TOKEN", "0123456789abcdef0123");
-            if var != "OTEL_EXPORTER_OTLP_ENDPOINT" {
-                process.env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9");
-            }
+            // The variable the error names: the endpoint's, for an https one over gRPC.
+            let named = match (var, value) {
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc") => {
+                    process.env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:9");
+                    "OTEL_EXPORTER_OTLP_ENDPOINT"
+                }
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", _) => var,
+                _ => {
+                    process.env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9");
+                    var
+                }
+            };
             let out = process.env(var, value).output().await.unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(!out.status.success(), "{var}={value} {command:?} started: {stderr}");
-            assert!(stderr.contains(&format!("{var}: ")), "{var} {command:?}: {stderr}");
+            assert!(stderr.contains(&format!("{named}: ")), "{var} {command:?}: {stderr}");
             assert!(!stderr.contains("secret"), "a header's value is never printed: {stderr}");
             assert!(String::from_utf8_lossy(&out.stdout).is_empty(), "nothing listened");
         }
