@@ -378,8 +378,17 @@ async fn with_a_collector_that_never_answers_requests_do_not_wait_and_the_full_q
 }
 
 #[tokio::test]
-async fn spans_and_log_records_still_queued_are_sent_when_the_node_stops() {
-    let collector = Collector::start().await;
+async fn spans_and_log_records_still_queued_are_sent_over_grpc_when_the_node_stops() {
+    queued_are_sent_at_stop(Protocol::Grpc).await;
+}
+
+#[tokio::test]
+async fn spans_and_log_records_still_queued_are_sent_over_http_when_the_node_stops() {
+    queued_are_sent_at_stop(Protocol::HttpProtobuf).await;
+}
+
+async fn queued_are_sent_at_stop(protocol: Protocol) {
+    let collector = Collector::start_with(protocol).await;
     // Batches would wait an hour: only the stop can send them.
     let mut env = collector_env(&collector);
     env.retain(|(k, _)| !k.ends_with("_SCHEDULE_DELAY"));
