@@ -123,7 +123,7 @@ pub fn announce(settings: &Settings) {
         let protocol = export.protocol.as_str();
         let protocol_from = export.protocol_var.unwrap_or("default");
         tracing::info!(
-            signal, protocol, protocol_from, endpoint = %export.endpoint,
+            signal, protocol, protocol_from, endpoint = %export.endpoint_shown(),
             timeout_ms = export.timeout.as_millis() as u64,
             headers = %export.header_names.join(","),
             "OpenTelemetry export on"
@@ -131,7 +131,7 @@ pub fn announce(settings: &Settings) {
         if let Some(other) = export.port_suggests_other_protocol() {
             let other = other.as_str();
             tracing::warn!(
-                signal, protocol, endpoint = %export.endpoint,
+                signal, protocol, endpoint = %export.endpoint_shown(),
                 "the endpoint's port is the one collectors take OTLP {other} on, but the protocol is {protocol} ({protocol_from}); if the collector expects {other} there, set OTEL_EXPORTER_OTLP_PROTOCOL={other}"
             );
         }

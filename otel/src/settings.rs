@@ -85,6 +85,15 @@ pub struct Export {
 }
 
 impl Export {
+    /// The endpoint as the log may show it: without a user name or password, should the URL
+    /// carry one.
+    pub fn endpoint_shown(&self) -> String {
+        match url::Url::parse(&self.endpoint) {
+            Ok(url) => shown(&url),
+            Err(_) => String::new(),
+        }
+    }
+
     /// The other protocol, when the endpoint is on the port the specification gives it
     /// (gRPC on 4317 with `http/protobuf`, or the reverse): most likely a collector spoken
     /// to in the wrong protocol, such as a deployment written when gRPC was the default.
@@ -251,7 +260,7 @@ fn export(
     // TLS setup beside switchyard-tls's); refused here, naming the variable, rather than by
     // the exporter in words about cargo features.
     if protocol == Protocol::Grpc && url.scheme() == "https" {
-        return Err(OtelError::GrpcTls { var: url_var, value: url.to_string() });
+        return Err(OtelError::GrpcTls { var: url_var, value: shown(&url) });
     }
     let header_names = match either(signal.headers, HEADERS) {
         None => Vec::new(),
@@ -269,6 +278,14 @@ fn export(
         header_names,
         timeout,
     }))
+}
+
+/// `url` without its user name and password: credentials never reach the log.
+fn shown(url: &url::Url) -> String {
+    let mut url = url.clone();
+    let _ = url.set_password(None);
+    let _ = url.set_username("");
+    url.to_string()
 }
 
 /// The generic endpoint with the signal's path appended to whatever path it has
@@ -449,6 +466,15 @@ mod tests {
         assert_eq!(traces.unwrap().header_names, ["authorization", "x-tenant"]);
         assert_eq!(logs.unwrap().header_names, ["x-logs"]);
         assert_eq!(percent_decode("a%2Cb%3d%25").as_deref(), Some("a,b=%"));
+    }
+
+    #[test]
+    fn the_endpoint_shown_has_no_credentials() {
+        let (traces, _) = exports(&[(ENDPOINT, "https://user:secret@c/otlp")]);
+        assert_eq!(traces.unwrap().endpoint_shown(), "https://c/otlp/v1/traces");
+        let grpc = ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc");
+        let err = settings(&[(ENDPOINT, "https://user:secret@c"), grpc]).unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
     }
 
     #[test]
