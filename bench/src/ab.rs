@@ -171,7 +171,12 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
                     &o.switchyard,
                     dir.path(),
                     "node-otel",
-                    &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+                    // gRPC, as the published figures were measured (before http/protobuf
+                    // became the default).
+                    &[
+                        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+                        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                    ],
                 )
                 .await?;
             let node = other_node.insert(exporting);

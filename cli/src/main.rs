@@ -180,6 +180,7 @@ fn init_tracing(command: &Command) -> Result<Option<switchyard_otel::Otel>, CliE
         // registry) costs every debug span and event of the request path more than the
         // plain one. So the node's log output is set up exactly as without OpenTelemetry.
         fmt_only(filter);
+        switchyard_otel::announce(&settings);
         return Ok(Some(otel));
     }
     // The control plane's admin calls are `tracing` spans of `SPAN_TARGET`, which the layer
@@ -194,6 +195,7 @@ fn init_tracing(command: &Command) -> Result<Option<switchyard_otel::Otel>, CliE
         .with_ansi(colour())
         .with_filter(filter);
     let _ = tracing_subscriber::registry().with(log).with(otel.layer()).try_init();
+    switchyard_otel::announce(&settings);
     Ok(Some(otel))
 }
 

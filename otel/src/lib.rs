@@ -1,18 +1,19 @@
 //! OpenTelemetry for Switchyard's servers (docs/operating.md, "Traces and log records"):
 //! off unless an OTLP endpoint is set in the standard `OTEL_*` variables; then spans started
 //! with [`start`] and `tracing` spans of the target [`SPAN_TARGET`] become OTLP spans,
-//! [`emit_log`] sends log records, both exported
-//! over gRPC by one task per signal, off the request path, with every dropped record
-//! counted ([`dropped`]).
+//! [`emit_log`] sends log records, both exported over OTLP/HTTP (`http/protobuf`, the
+//! specification's default) or gRPC by one task per signal, off the request path, with every
+//! dropped record counted ([`dropped`]).
 //!
 //! Both planes use it; neither imports the other. `settings` reads the environment,
-//! `dropped` holds the drop counter, `batch` the export queues, `context` what the request
-//! path calls.
+//! `exporter` builds the OTLP exporters, `dropped` holds the drop counter, `batch` the
+//! export queues, `context` what the request path calls.
 #![forbid(unsafe_code)]
 
 mod batch;
 mod context;
 mod dropped;
+mod exporter;
 mod settings;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -30,7 +31,7 @@ pub use context::{
 pub use dropped::{DroppedLabels, HELP as DROPPED_HELP, NAME as DROPPED_NAME, dropped};
 pub use opentelemetry::logs::AnyValue;
 pub use opentelemetry::{Array, StringValue, Value};
-pub use settings::{Batching, ENDPOINT, OtelError, Settings};
+pub use settings::{Batching, ENDPOINT, Export, OtelError, Protocol, Settings};
 pub use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The instrumentation scope of every span and log record.
@@ -60,11 +61,8 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
     }
     let resource = resource.build();
 
-    let tracer = if settings.traces {
-        let mut spans = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .build()
-            .map_err(|e| OtelError::Exporter { signal: "trace", why: e.to_string() })?;
+    let tracer = if let Some(export) = &settings.traces {
+        let mut spans = exporter::spans(export)?;
         spans.set_resource(&resource);
         let spans = batch::Queue::start(
             "spans",
@@ -81,11 +79,8 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
         None
     };
 
-    let logger = if settings.logs {
-        let mut logs = opentelemetry_otlp::LogExporter::builder()
-            .with_tonic()
-            .build()
-            .map_err(|e| OtelError::Exporter { signal: "logs", why: e.to_string() })?;
+    let logger = if let Some(export) = &settings.logs {
+        let mut logs = exporter::logs(export)?;
         logs.set_resource(&resource);
         let logs =
             batch::Queue::start("logs", settings.log_batches, batch::Logs(logs), &context::LOGS);
@@ -106,7 +101,7 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
     );
     // The counters of what is exported exist from the start, so a scrape shows 0 rather
     // than nothing.
-    for (signal, on) in [("spans", settings.traces), ("logs", settings.logs)] {
+    for (signal, on) in [("spans", settings.traces.is_some()), ("logs", settings.logs.is_some())] {
         for reason in ["queue_full", "export_failed", "collector_down"] {
             if on {
                 dropped::counter(signal, reason);
@@ -114,6 +109,33 @@ pub fn init(settings: &Settings) -> Result<Otel, OtelError> {
         }
     }
     Ok(Otel { tracer, logger })
+}
+
+/// Says in the log, once the log output is set up, where each signal goes and how: the
+/// protocol (and whether it is the default), the endpoint, the timeout and the names of the
+/// headers, never their values. The default protocol is `http/protobuf` (the
+/// specification's), where it used to be gRPC: an endpoint on the OTLP/gRPC port 4317 with
+/// no protocol set (or on 4318 with `grpc`) is very likely a collector spoken to in the
+/// wrong protocol, and gets a warning saying which variable to set.
+pub fn announce(settings: &Settings) {
+    for (signal, export) in [("traces", &settings.traces), ("logs", &settings.logs)] {
+        let Some(export) = export else { continue };
+        let protocol = export.protocol.as_str();
+        let protocol_from = export.protocol_var.unwrap_or("default");
+        tracing::info!(
+            signal, protocol, protocol_from, endpoint = %export.endpoint_shown(),
+            timeout_ms = export.timeout.as_millis() as u64,
+            headers = %export.header_names.join(","),
+            "OpenTelemetry export on"
+        );
+        if let Some(other) = export.port_suggests_other_protocol() {
+            let other = other.as_str();
+            tracing::warn!(
+                signal, protocol, endpoint = %export.endpoint_shown(),
+                "the endpoint's port is the one collectors take OTLP {other} on, but the protocol is {protocol} ({protocol_from}); if the collector expects {other} there, set OTEL_EXPORTER_OTLP_PROTOCOL={other}"
+            );
+        }
+    }
 }
 
 impl Otel {

@@ -1,10 +1,12 @@
 //! OpenTelemetry traces and log records (docs/operating.md, "Traces and log records"), from
-//! real control plane, node and simulator processes to an OTLP collector in the test: one
-//! failover request is one SERVER span and two CLIENT spans in the client's trace, with the
-//! GenAI attributes and the failover reason, the upstream sees each call's own span as its
-//! `traceparent`, and the failover event arrives as a log record in the same trace. A bad
-//! endpoint stops the process; a collector that is down or never answers costs requests
-//! nothing and the drops are counted.
+//! real control plane, node and simulator processes to an OTLP collector in the test, over
+//! OTLP/HTTP (the default) and over gRPC: one failover request is one SERVER span and two
+//! CLIENT spans in the client's trace, with the GenAI attributes and the failover reason, the
+//! upstream sees each call's own span as its `traceparent`, and the failover event arrives as
+//! a log record in the same trace. Each signal can go to its own endpoint in its own protocol,
+//! with the configured headers. A bad endpoint, protocol, header list or timeout stops the
+//! process; a collector that is down or never answers costs requests nothing and the drops
+//! are counted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -19,12 +21,22 @@ fn msg() -> serde_json::Value {
 }
 
 /// Exports every 50 ms instead of the specification's seconds, so a test waits little.
+/// No protocol: the default, OTLP/HTTP.
 fn otel_env(endpoint: String) -> Vec<(&'static str, String)> {
     vec![
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
         ("OTEL_BSP_SCHEDULE_DELAY", "50".into()),
         ("OTEL_BLRP_SCHEDULE_DELAY", "50".into()),
     ]
+}
+
+/// [`otel_env`] for `collector`, naming its protocol only when it is not the default.
+fn collector_env(collector: &Collector) -> Vec<(&'static str, String)> {
+    let mut env = otel_env(collector.endpoint());
+    if collector.protocol == Protocol::Grpc {
+        env.push(("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".into()));
+    }
+    env
 }
 
 /// A fresh id of `hex_len` hex digits (at most 32), never all zeros: the clock's
@@ -36,11 +48,36 @@ fn fresh_id(hex_len: usize) -> String {
 }
 
 #[tokio::test]
-async fn a_failover_request_is_one_server_and_two_client_spans_in_the_clients_trace_with_a_log_record()
+async fn over_http_protobuf_the_default_a_failover_request_is_three_spans_with_the_genai_attributes_and_a_log_record()
  {
+    let collector = Collector::start_http().await;
+    let gw = failover_is_exported(&collector).await;
+    // Each signal went to its own path of the endpoint, as protobuf.
+    let paths: std::collections::BTreeSet<String> =
+        collector.http_exports().into_iter().map(|e| e.path).collect();
+    assert_eq!(paths, ["/v1/logs".to_owned(), "/v1/traces".to_owned()].into(), "{paths:?}");
+    // The start-up line names the protocol, and that it is the default.
+    let log = gw.node.log_text();
+    let line = log.lines().find(|l| l.contains("OpenTelemetry export on")).unwrap_or_default();
+    assert!(line.contains("http/protobuf") && line.contains("default"), "{log}");
+    assert!(line.contains(&format!("http://{}/v1/", collector.addr)), "{line}");
+}
+
+#[tokio::test]
+async fn over_grpc_a_failover_request_is_three_spans_with_the_genai_attributes_and_a_log_record() {
     let collector = Collector::start().await;
+    let gw = failover_is_exported(&collector).await;
+    let log = gw.node.log_text();
+    let line = log.lines().find(|l| l.contains("OpenTelemetry export on")).unwrap_or_default();
+    assert!(line.contains("grpc") && line.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{log}");
+}
+
+/// One failover request through a gateway exporting to `collector`: one SERVER span and two
+/// CLIENT spans in the client's trace with the GenAI attributes, the failover log record in
+/// the same trace, and the control plane's admin spans.
+async fn failover_is_exported(collector: &Collector) -> Gateway {
     let gw = Gateway::start_with(GatewayOptions {
-        env: otel_env(collector.endpoint()),
+        env: collector_env(collector),
         ..GatewayOptions::default()
     })
     .await;
@@ -148,25 +185,94 @@ async fn a_failover_request_is_one_server_and_two_client_spans_in_the_clients_tr
         async move { found.then_some(()) }
     })
     .await;
+    gw
 }
 
 #[tokio::test]
-async fn an_otlp_endpoint_that_does_not_parse_stops_the_process_naming_the_variable() {
-    for command in [
-        &["node", "--control", "http://127.0.0.1:9", "--listen", "127.0.0.1:0"][..],
-        &["control", "--store", "file:///nonexistent-otel-test", "--listen", "127.0.0.1:0"][..],
-    ] {
-        let out = tokio::process::Command::new(switchyard_bin())
-            .args(command)
-            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317 please")
-            .env("SWITCHYARD_ADMIN_TOKEN", "0123456789abcdef0123")
-            .output()
-            .await
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{command:?} started: {stderr}");
-        assert!(stderr.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{command:?}: {stderr}");
-        assert!(String::from_utf8_lossy(&out.stdout).is_empty(), "nothing listened");
+async fn each_signal_goes_to_its_own_endpoint_in_its_own_protocol_with_the_headers() {
+    let http = Collector::start_http().await;
+    let grpc = Collector::start().await;
+    let env = vec![
+        // A signal's own endpoint is used as it is: no `/v1/traces` appended.
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", format!("http://{}/custom/traces", http.addr)),
+        ("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", grpc.endpoint()),
+        ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "grpc".into()),
+        // Percent-encoded, as the specification's list format has it.
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=s3cr%3Dt%2C1, x-tenant=blue".into()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50".into()),
+        ("OTEL_BLRP_SCHEDULE_DELAY", "50".into()),
+    ];
+    let gw = Gateway::start_with(GatewayOptions { env, ..GatewayOptions::default() }).await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r =
+        gw.chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    let node_spans = || {
+        let spans = http.spans().into_iter().filter(|(s, _)| s == "switchyard-node").count();
+        async move { (spans >= 3).then_some(spans) }
+    };
+    eventually(Duration::from_secs(20), "the node's spans over OTLP/HTTP", node_spans).await;
+    eventually(Duration::from_secs(20), "the failover log record over gRPC", || {
+        let found = grpc.logs().into_iter().any(|(_, l)| l.event_name == "api:model_failover");
+        async move { found.then_some(()) }
+    })
+    .await;
+    assert!(http.logs().is_empty(), "log records go to their own endpoint only");
+    assert!(grpc.spans().is_empty(), "spans go to their own endpoint only");
+    let exports = http.http_exports();
+    for export in &exports {
+        assert_eq!(export.path, "/custom/traces");
+        let header = |name| export.headers.get(name).and_then(|v| v.to_str().ok());
+        assert_eq!(header("x-api-key"), Some("s3cr=t,1"), "percent-decoded");
+        assert_eq!(header("x-tenant"), Some("blue"));
+        assert_eq!(header("content-type"), Some("application/x-protobuf"));
+    }
+    // The start-up lines name the headers, never their values.
+    let log = gw.node.log_text();
+    assert!(log.contains("x-api-key,x-tenant"), "{log}");
+    assert!(!log.contains("s3cr"), "{log}");
+}
+
+#[tokio::test]
+async fn a_bad_otlp_variable_stops_the_process_naming_the_variable() {
+    let cases: &[(&str, &str)] = &[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317 please"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grcp"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%2secret"),
+        ("OTEL_EXPORTER_OTLP_LOGS_HEADERS", "just-a-secret"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s"),
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "soon"),
+        // gRPC export has no TLS: an https collector is refused rather than never reached.
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ];
+    for &(var, value) in cases {
+        for command in [
+            &["node", "--control", "http://127.0.0.1:9", "--listen", "127.0.0.1:0"][..],
+            &["control", "--store", "file:///nonexistent-otel-test", "--listen", "127.0.0.1:0"][..],
+        ] {
+            let mut process = tokio::process::Command::new(switchyard_bin());
+            process.args(command).env("SWITCHYARD_ADMIN_TOKEN", "0123456789abcdef0123");
+            // The variable the error names: the endpoint's, for an https one over gRPC.
+            let named = match (var, value) {
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc") => {
+                    process.env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:9");
+                    "OTEL_EXPORTER_OTLP_ENDPOINT"
+                }
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", _) => var,
+                _ => {
+                    process.env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9");
+                    var
+                }
+            };
+            let out = process.env(var, value).output().await.unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{var}={value} {command:?} started: {stderr}");
+            assert!(stderr.contains(&format!("{named}: ")), "{var} {command:?}: {stderr}");
+            assert!(!stderr.contains("secret"), "a header's value is never printed: {stderr}");
+            assert!(String::from_utf8_lossy(&out.stdout).is_empty(), "nothing listened");
+        }
     }
 }
 
@@ -272,10 +378,19 @@ async fn with_a_collector_that_never_answers_requests_do_not_wait_and_the_full_q
 }
 
 #[tokio::test]
-async fn spans_and_log_records_still_queued_are_sent_when_the_node_stops() {
-    let collector = Collector::start().await;
+async fn spans_and_log_records_still_queued_are_sent_over_grpc_when_the_node_stops() {
+    queued_are_sent_at_stop(Protocol::Grpc).await;
+}
+
+#[tokio::test]
+async fn spans_and_log_records_still_queued_are_sent_over_http_when_the_node_stops() {
+    queued_are_sent_at_stop(Protocol::HttpProtobuf).await;
+}
+
+async fn queued_are_sent_at_stop(protocol: Protocol) {
+    let collector = Collector::start_with(protocol).await;
     // Batches would wait an hour: only the stop can send them.
-    let mut env = otel_env(collector.endpoint());
+    let mut env = collector_env(&collector);
     env.retain(|(k, _)| !k.ends_with("_SCHEDULE_DELAY"));
     env.push(("OTEL_BSP_SCHEDULE_DELAY", "3600000".into()));
     env.push(("OTEL_BLRP_SCHEDULE_DELAY", "3600000".into()));
