@@ -90,6 +90,10 @@ pub struct Reply {
     /// The model's context, in the simulator's tokens (words): a request whose prompt has
     /// more gets the provider's own context-length refusal (a 400) instead of the answer.
     pub context_window: Option<u64>,
+    /// A request that ends in an assistant message (a prefill: "continue this answer") gets
+    /// the provider's 400 for it instead of the answer, whatever else is scripted, as models
+    /// and servers without prefill support answer it.
+    pub rejects_prefill: bool,
 }
 
 impl Default for Reply {
@@ -105,6 +109,7 @@ impl Default for Reply {
             no_done: false,
             bad_frame_after: None,
             context_window: None,
+            rejects_prefill: false,
         }
     }
 }
@@ -121,6 +126,13 @@ impl Reply {
     pub fn text(text: impl Into<String>) -> Self {
         Reply { text: Some(text.into()), ..Reply::default() }
     }
+}
+
+/// What a request's trailing assistant message (a prefill) makes of an answer: the byte
+/// offset the answer continues from, when the prefill is a prefix of it (the model carries
+/// on from there); 0 (the whole answer, as usual) when there is none or it is not a prefix.
+pub fn continues_at(answer: &str, prefill: Option<&str>) -> usize {
+    prefill.filter(|p| answer.starts_with(p)).map_or(0, str::len)
 }
 
 /// `{"kind": "status", "status": 429, …}`: an error response.
