@@ -1,4 +1,4 @@
-//! `switchyard drill` (docs/cli.md, docs/operating.md "Drills"): four failure scenarios
+//! `switchyard drill` (docs/cli.md, docs/operating.md "Drills"): five failure scenarios
 //! run on purpose against a running fleet, through one node and one API key.
 //!
 //! A drill checks everything it can before it injects anything (the control plane, the
@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use switchyard_catalog::catalog::Continuation;
 use switchyard_catalog::fault::{Fault, FaultKind, FaultTarget, MAX_TTL};
 use switchyard_catalog::keys::hash_secret;
 use switchyard_catalog::{Catalog, Model};
@@ -34,6 +35,7 @@ use error::DrillError;
 use node::{Ask, Node, NodeError};
 use observe::Observation;
 use report::{DrillReport, Latency, Scenario};
+use verdict::Reference;
 
 #[derive(Debug, Args)]
 pub struct DrillArgs {
@@ -57,9 +59,14 @@ pub struct DrillArgs {
     /// failoverDefaults form the chain.
     #[arg(long, value_name = "M,...", value_delimiter = ',')]
     pub fallback_models: Vec<String>,
-    /// How many requests to send [default: 40; stream-stall 8; all-down 20].
+    /// How many requests to send [default: 40; stream-stall and stream-cut 8; all-down 20].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub requests: Option<u32>,
+    /// stream-cut: cut the primary's streams after K content chunks [default: 2, or more
+    /// when the healthy answer is longer: the continuation must come in fewer than K chunks,
+    /// as the fault cuts every call, the continuation's too].
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub cut_after: Option<u32>,
     /// How many requests are in flight at once.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub concurrency: u32,
@@ -88,10 +95,44 @@ struct Plan {
     window_size: u32,
     cooldown_ms: u64,
     stall_timeout: Duration,
+    /// stream-cut: the content chunks after which the primary's streams are cut.
+    cut_after: Option<u32>,
+    /// stream-cut: what healthy streams of the drill's request answered.
+    reference: Option<Reference>,
+}
+
+/// What every drill request asks: the same words each time, so stream-cut's healthy
+/// streams before the fault are the same request as the cut ones.
+fn drill_content(scenario: Scenario) -> String {
+    format!("Switchyard drill: {}", scenario.name())
+}
+
+/// The cut a stream-cut drill makes in an answer of `chunks` content chunks: `K` from
+/// `--cut-after`, else 2 — or the middle of a longer answer, because the fault cuts every
+/// call, the continuation's too, and only a continuation shorter than `K` chunks ends whole.
+fn cut_after(given: Option<u32>, chunks: u32) -> Result<u32, DrillError> {
+    let k = given.unwrap_or_else(|| 2.max(chunks / 2 + 1));
+    if k < chunks {
+        return Ok(k);
+    }
+    Err(DrillError::Chain(match given {
+        Some(k) => format!(
+            "--cut-after {k}: the healthy answer has {chunks} content chunk(s), so a cut after              {k} would not cut it; give a K below {chunks}"
+        ),
+        None => format!(
+            "the healthy answer has {chunks} content chunk(s): too few for stream-cut to cut              and continue (it needs 3 or more)"
+        ),
+    }))
 }
 
 pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
     let scenario = args.scenario;
+    if args.cut_after.is_some() && scenario != Scenario::StreamCut {
+        return Err(CliError::Usage(format!(
+            "--cut-after goes with stream-cut, not {}",
+            scenario.name()
+        )));
+    }
     // Listening for Ctrl-C from the start: one pressed while the drill injects still clears.
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
@@ -239,6 +280,18 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
         ))
         .into());
     }
+    if args.scenario == Scenario::StreamCut {
+        let continues = chain
+            .iter()
+            .any(|m| catalog.model(m).is_some_and(|m| m.continuation == Continuation::Prefill));
+        if !continues {
+            return Err(DrillError::Chain(format!(
+                "stream-cut needs a model in the chain that can continue a stream, and none of                  {} has `continuation: prefill` in the catalog (docs/catalog.md); nothing was                  injected",
+                chain.join(", ")
+            ))
+            .into());
+        }
+    }
 
     node.config_version().await.map_err(DrillError::from)?;
     let ask = Ask {
@@ -289,6 +342,13 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
         .into());
     }
 
+    let (mut cut, mut reference) = (None, None);
+    if args.scenario == Scenario::StreamCut {
+        let (chunks, healthy) = references(node, &ask, &args.model).await?;
+        cut = Some(cut_after(args.cut_after, chunks)?);
+        reference = Some(healthy);
+    }
+
     let mut outside = None;
     if args.scenario == Scenario::AllDown {
         let usable = catalog.models.iter().filter(|m| {
@@ -328,7 +388,42 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
         window_size: policy.window_size,
         cooldown_ms: policy.cooldown_ms,
         stall_timeout: Duration::from_millis(u64::from(model.stall_timeout_ms())),
+        cut_after: cut,
+        reference,
     })
+}
+
+/// stream-cut: two healthy streams of the drill's request, before the fault. Their text is
+/// what every cut stream must come to, and the first's content chunks say where to cut.
+async fn references(node: &Node, ask: &Ask, model: &str) -> Result<(u32, Reference), CliError> {
+    let ask = Ask { stream: true, ..ask.clone() };
+    let content = drill_content(Scenario::StreamCut);
+    let mut healthy = Vec::new();
+    for _ in 0..2 {
+        let answer = node.chat(&ask, &content, Instant::now(), PLAIN_GIVE_UP).await;
+        let whole = answer.served() && answer.served_model.as_deref() == Some(model);
+        match answer.stream {
+            Some(stream) if whole && stream.error_code.is_none() => healthy.push(stream),
+            _ => {
+                return Err(DrillError::Unhealthy(format!(
+                    "a stream for {model} before the fault did not end whole from it ({})",
+                    verdict::outcomes(std::slice::from_ref(&answer))
+                ))
+                .into());
+            }
+        }
+    }
+    let (first, second) = (&healthy[0], &healthy[1]);
+    let reference = if first.text == second.text {
+        Reference::Text(first.text.clone())
+    } else {
+        Reference::NotJudged(format!(
+            "two healthy streams of the same request differ ({} and {} bytes): {model} does              not answer the same way twice",
+            first.text.len(),
+            second.text.len()
+        ))
+    };
+    Ok((first.content_chunks, reference))
 }
 
 /// How long a drill waits for its primary's breaker to close before it starts (an earlier
@@ -419,6 +514,10 @@ fn faults(scenario: Scenario, plan: &Plan, model: &str) -> Vec<Fault> {
         Scenario::PrimaryDown => vec![fault(base, model, 1.0, unavailable)],
         Scenario::PrimaryFlaky => vec![fault(base, model, 0.5, unavailable)],
         Scenario::StreamStall => vec![fault(base, model, 1.0, FaultKind::StallAfter { chunks: 3 })],
+        Scenario::StreamCut => {
+            let chunks = plan.cut_after.unwrap_or(2);
+            vec![fault(base, model, 1.0, FaultKind::DropAfter { chunks })]
+        }
         Scenario::AllDown => plan
             .chain
             .iter()
@@ -495,9 +594,9 @@ async fn run(
         model: args.model.clone(),
         fallback_models: args.fallback_models.clone(),
         models: None,
-        stream: scenario == Scenario::StreamStall,
+        stream: matches!(scenario, Scenario::StreamStall | Scenario::StreamCut),
     };
-    let content = format!("Switchyard drill: {}", scenario.name());
+    let content = drill_content(scenario);
     let epoch = Instant::now();
     let next = Arc::new(AtomicU32::new(0));
     let mut workers = tokio::task::JoinSet::new();
@@ -588,6 +687,10 @@ fn report(
         Scenario::AllDown => {
             verdict::all_down(obs, plan.outside.as_deref().map(|m| (m, j.outside)))
         }
+        Scenario::StreamCut => {
+            let none = Reference::NotJudged("no healthy stream was read".to_owned());
+            verdict::stream_cut(obs, plan.reference.as_ref().unwrap_or(&none))
+        }
     };
     let latencies: Vec<Duration> = obs.iter().map(Observation::latency).collect();
     let n = obs.len().max(1) as f64;
@@ -598,6 +701,7 @@ fn report(
         key_id: plan.key_id.clone(),
         chain: plan.chain.clone(),
         faults: j.faults,
+        cut_after: plan.cut_after,
         requests: obs.len(),
         concurrency: args.concurrency,
         took_ms: j.took.as_secs_f64() * 1000.0,
@@ -612,5 +716,22 @@ fn report(
         expectations,
         faults_cleared: j.cleared,
         passed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_cut_cuts_after_two_chunks_or_mid_answer_so_one_continuation_ends_it() {
+        assert_eq!(cut_after(None, 3).ok(), Some(2));
+        // 5 chunks: a cut after 2 leaves 3, which the same cut would cut again.
+        assert_eq!(cut_after(None, 5).ok(), Some(3));
+        assert_eq!(cut_after(None, 8).ok(), Some(5));
+        assert!(cut_after(None, 2).is_err());
+        assert_eq!(cut_after(Some(1), 5).ok(), Some(1));
+        let refused = cut_after(Some(5), 5).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.starts_with("--cut-after 5: the healthy answer has 5"), "{refused}");
     }
 }
