@@ -117,10 +117,10 @@ fn cut_after(given: Option<u32>, chunks: u32) -> Result<u32, DrillError> {
     }
     Err(DrillError::Chain(match given {
         Some(k) => format!(
-            "--cut-after {k}: the healthy answer has {chunks} content chunk(s), so a cut after              {k} would not cut it; give a K below {chunks}"
+            "--cut-after {k}: the healthy answer has {chunks} content chunk(s), so a cut after {k} would not cut it; give a K below {chunks}"
         ),
         None => format!(
-            "the healthy answer has {chunks} content chunk(s): too few for stream-cut to cut              and continue (it needs 3 or more)"
+            "the healthy answer has {chunks} content chunk(s): too few for stream-cut to cut and continue (it needs 3 or more)"
         ),
     }))
 }
@@ -286,7 +286,7 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
             .any(|m| catalog.model(m).is_some_and(|m| m.continuation == Continuation::Prefill));
         if !continues {
             return Err(DrillError::Chain(format!(
-                "stream-cut needs a model in the chain that can continue a stream, and none of                  {} has `continuation: prefill` in the catalog (docs/catalog.md); nothing was                  injected",
+                "stream-cut needs a model in the chain that can continue a stream, and none of {} has `continuation: prefill` in the catalog (docs/catalog.md); nothing was injected",
                 chain.join(", ")
             ))
             .into());
@@ -418,7 +418,7 @@ async fn references(node: &Node, ask: &Ask, model: &str) -> Result<(u32, Referen
         Reference::Text(first.text.clone())
     } else {
         Reference::NotJudged(format!(
-            "two healthy streams of the same request differ ({} and {} bytes): {model} does              not answer the same way twice",
+            "two healthy streams of the same request differ ({} and {} bytes): {model} does not answer the same way twice",
             first.text.len(),
             second.text.len()
         ))
