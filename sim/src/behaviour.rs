@@ -207,6 +207,17 @@ mod tests {
         let b = parse(r#"{"kind":"ok","text":"hi","chunks":2,"stall_after":1}"#);
         let Behaviour::Ok(r) = b else { panic!("not ok") };
         assert_eq!((r.text.as_deref(), r.chunks, r.stall_after), (Some("hi"), 2, Some(1)));
+        assert!(!r.rejects_prefill);
+        let b = parse(r#"{"kind":"ok","rejects_prefill":true}"#);
+        assert!(matches!(b, Behaviour::Ok(r) if r.rejects_prefill));
+    }
+
+    #[test]
+    fn a_prefill_continues_the_answer_only_when_it_is_a_prefix_of_it() {
+        assert_eq!(continues_at("Hello from m.", Some("Hello fr")), 8);
+        assert_eq!(continues_at("Hello from m.", Some("Bonjour")), 0);
+        assert_eq!(continues_at("Hello from m.", None), 0);
+        assert_eq!(continues_at("héllo", Some("hé")), "hé".len());
     }
 
     #[test]
