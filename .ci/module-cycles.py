@@ -11,12 +11,23 @@ imports through the root (`crate::Name`) depends on it.
 Prints each crate's layers (modules that depend on nothing above them first) with
 `--layers`, and every cycle found; exits 1 if there is one.
 
+docs/architecture.md shows the layers as tables that this script writes, between two marker
+comments (`<!-- module-layers: begin ... -->`, `<!-- module-layers: end -->`), so that the
+document cannot drift from the code: `--markdown` prints the tables, `--check-doc FILE` exits
+1 (with a diff) when FILE's block differs from them, `--update-doc FILE` rewrites the block.
+
     python3 .ci/module-cycles.py [--layers] [CRATE_DIR ...]
+    python3 .ci/module-cycles.py --markdown [CRATE_DIR ...]
+    python3 .ci/module-cycles.py --check-doc docs/architecture.md
+    python3 .ci/module-cycles.py --update-doc docs/architecture.md
 """
+import difflib
 import os
 import re
 import sys
 
+BEGIN = "<!-- module-layers: begin; written by .ci/module-cycles.py --update-doc, checked by .ci/run -->"
+END = "<!-- module-layers: end -->"
 
 
 def workspace_members(repo):
@@ -218,18 +229,95 @@ def name(m):
     return "::".join(m) if m else "(root)"
 
 
+def markdown(layered):
+    """The layer tables of docs/architecture.md: one table per crate of several modules, in
+    the workspace's order, then one line for the crates that are a single module."""
+    out, single = [], []
+    for crate, crate_layers in layered:
+        if sum(len(layer) for layer in crate_layers) <= 1:
+            single.append(crate)
+            continue
+        out += [f"**{crate}**", "", "| layer | modules |", "|---|---|"]
+        for i, layer in enumerate(crate_layers):
+            out.append(f"| {i} | {', '.join(name(m) if not m else f'`{name(m)}`' for m in layer)} |")
+        out.append("")
+    if single:
+        names = [f"`{c}`" for c in single]
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        out.append(f"{listed} {'is one module' if len(names) == 1 else 'are one module each'}.")
+    # Blank lines around the tables, so that the marker comments stay HTML blocks of their own.
+    return "\n" + "\n".join(out) + "\n\n"
+
+
+def doc_block(text, path):
+    """(before, block, after) of a document around its generated layer tables."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"{path}: no generated block (a line `{BEGIN}`, then `{END}`)")
+    body = start + len(BEGIN) + 1
+    return text[:body], text[body:end], text[end:]
+
+
+def sync_doc(path, tables, write):
+    """`--update-doc` (write) rewrites the document's block; `--check-doc` compares it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        before, block, after = doc_block(text, path)
+    except OSError as e:
+        print(f"{path}: {e.strerror}")
+        return 1
+    except ValueError as e:
+        print(e)
+        return 1
+    if write:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(before + tables + after)
+        print(f"{path}: module layer tables written")
+        return 0
+    if block == tables:
+        print(f"{path}: the module layer tables match the code")
+        return 0
+    sys.stdout.writelines(difflib.unified_diff(
+        block.splitlines(keepends=True), tables.splitlines(keepends=True),
+        f"{path} (as written)", "the code's layers"))
+    print(f"{path}: the module layer tables differ from the code's layers: run "
+          f"`python3 .ci/module-cycles.py --update-doc {path}` and commit the result")
+    return 1
+
+
 def main(argv):
     show_layers = "--layers" in argv
+    doc_mode, doc_path, crates = None, None, []
+    args = iter(argv)
+    for a in args:
+        if a in ("--check-doc", "--update-doc"):
+            doc_mode, doc_path = a, next(args, None)
+            if doc_path is None:
+                print(f"{a} needs the document's path, e.g. {a} docs/architecture.md")
+                return 2
+        elif a == "--markdown":
+            doc_mode = a
+        elif a.startswith("--") and a != "--layers":
+            print(f"unknown flag {a} (known: --layers, --markdown, --check-doc FILE, "
+                  "--update-doc FILE)")
+            return 2
+        else:
+            crates.append(a)
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)
-    crates = [a for a in argv if not a.startswith("--")] or workspace_members(repo)
+    crates = crates or workspace_members(repo)
     failed = False
+    layered = []
     for crate in crates:
         src = os.path.join(repo, crate, "src")
         if not os.path.isdir(src):
             continue
         mods = module_files(src)
         graph = {m: edges_of(m, p, mods) for m, p in mods.items()}
+        layered.append((crate, layers(graph)))
+        if doc_mode:
+            continue
         for comp in find_cycles(graph):
             failed = True
             members = sorted(comp)
@@ -239,8 +327,13 @@ def main(argv):
             print(f"{crate}: modules in a cycle: {detail}")
         if show_layers:
             print(f"{crate} (lowest first):")
-            for i, layer in enumerate(layers(graph)):
+            for i, layer in enumerate(layered[-1][1]):
                 print(f"  {i}: {', '.join(name(m) for m in layer)}")
+    if doc_mode == "--markdown":
+        sys.stdout.write(markdown(layered))
+        return 0
+    if doc_mode in ("--check-doc", "--update-doc"):
+        return sync_doc(doc_path, markdown(layered), write=doc_mode == "--update-doc")
     if failed:
         print("module cycles found: give the shared item a home below both modules")
         return 1

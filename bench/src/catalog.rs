@@ -8,6 +8,9 @@ use std::net::SocketAddr;
 pub const PRIMARY: &str = "sim/primary";
 pub const FAILING: &str = "sim/failing";
 pub const SECONDARY: &str = "sim/secondary";
+/// The primary's simulator model as one that can continue an answer (`continuation:
+/// prefill`): its streams keep what they delivered, for `streams --prefill`.
+pub const PREFILL: &str = "sim/prefill";
 
 /// A short cool-down so half-open probes do happen inside every measured window: the
 /// attempts-per-request figure is then the steady state of an open breaker that keeps
@@ -41,6 +44,10 @@ models:
   - name: {SECONDARY}
     provider: sim
     upstream_model: secondary
+  - name: {PREFILL}
+    provider: sim
+    upstream_model: primary
+    continuation: prefill
 {BREAKER_POLICY}"#
     )
 }

@@ -1,6 +1,6 @@
-//! `switchyard-bench fleet`: one control plane serving `--nodes` node streams (DESIGN §10:
-//! a thousand nodes; one change acked by all of them in under 1 s p99; the control plane
-//! under 2 GiB).
+//! `switchyard-bench fleet`: one control plane serving `--nodes` node streams (the scale
+//! goals of docs/BENCHMARKS.md, "The goals, and what they mean": a thousand nodes; one change
+//! acked by all of them in under 1 s p99; the control plane under 2 GiB).
 //!
 //! Per store: a control plane started (etcd through the harness's throw-away etcd, as
 //! `keys` does), `--nodes` lean node clients connected from this process

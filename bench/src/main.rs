@@ -46,7 +46,7 @@ const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 
 [--warmup-secs 2] [--duration-secs 5] [--runs 3] [--max-steal-pct 5]
        switchyard-bench keys [--count 100000] [--store embedded,etcd] [--runs 3] [--changes 5]
        switchyard-bench fleet [--nodes 1000] [--store embedded,etcd] [--changes 20] [--slow 100] [--keys 0]
-       switchyard-bench streams [--streams 2000] [--chunks 200] [--chunk-delay-ms 20] [--runs 3]
+       switchyard-bench streams [--streams 2000] [--chunks 200] [--chunk-delay-ms 20] [--runs 3] [--prefill]
        switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] [--conns 1] [--e2e-secs 4]
        switchyard-bench retries [--requests 3000] [--concurrency 8] [--models 16]
        switchyard-bench limits [--nodes 3] [--rpm 6000] [--concurrency 12] [--duration-secs 75]

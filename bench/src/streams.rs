@@ -20,7 +20,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, header};
 use serde_json::json;
 
-use crate::catalog::{PRIMARY, catalog_yaml};
+use crate::catalog::{PREFILL, PRIMARY, catalog_yaml};
 use crate::client::connect_many;
 use crate::error::Result;
 use crate::flags::bounded;
@@ -36,6 +36,9 @@ struct Options {
     chunk_delay_ms: u64,
     ramp_ms: u64,
     runs: usize,
+    /// Stream from a model that can continue an answer: the node keeps what each stream
+    /// delivered, and the figures show what that costs.
+    prefill: bool,
 }
 
 const USAGE: &str = "usage: switchyard-bench streams [--streams 2000] [--chunks 200] \
@@ -49,6 +52,7 @@ fn parse(args: &[String]) -> Result<Options> {
         chunk_delay_ms: 20,
         ramp_ms: 1000,
         runs: 3,
+        prefill: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -62,6 +66,7 @@ fn parse(args: &[String]) -> Result<Options> {
             }
             "--ramp-ms" => o.ramp_ms = bounded(value()?, 0, 60_000, "--ramp-ms")? as u64,
             "--runs" => o.runs = bounded(value()?, 1, 20, "--runs")?,
+            "--prefill" => o.prefill = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -130,7 +135,8 @@ async fn run(o: Options) -> Result<()> {
         .await?;
     let ticks = clock_ticks() as f64;
     let messages = json!([{"role": "user", "content": "Stream me a story."}]);
-    let node_body = json!({"model": PRIMARY, "messages": messages, "stream": true});
+    let model = if o.prefill { PREFILL } else { PRIMARY };
+    let node_body = json!({"model": model, "messages": messages, "stream": true});
     let direct_body = json!({"model": "primary", "messages": messages, "stream": true});
     let node = Target {
         addr: fleet.node.addr,

@@ -103,8 +103,8 @@ pub struct Model {
     /// none: an override turns probes on for this model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<ProbeOverride>,
-    /// Whether the model can continue an answer another call began (docs/catalog.md,
-    /// "`continuation`"): the node asks it to, after a stream broke, only when `prefill`.
+    /// Whether the model can continue an answer another call began (docs/http-api.md,
+    /// "Streaming"): the node asks it to, after a stream broke, only when `prefill`.
     #[serde(default, skip_serializing_if = "Continuation::is_none")]
     pub continuation: Continuation,
     /// The most tokens a prompt may hold for this model. After a context-length refusal a

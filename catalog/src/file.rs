@@ -221,6 +221,33 @@ models:
     }
 
     #[test]
+    fn continuation_is_none_or_prefill_named_by_its_path() {
+        let with = |value: &str| {
+            VALID.replace(
+                "upstream_model: gpt-5-nano\n",
+                &format!("upstream_model: gpt-5-nano\n    continuation: {value}\n"),
+            )
+        };
+        let c = parse("c.yaml", &with("prefill")).unwrap();
+        assert_eq!(c.models[0].continuation, crate::catalog::Continuation::Prefill);
+        assert_eq!(parse("c.yaml", VALID).unwrap().models[0].continuation, Default::default());
+        for bad in ["maybe", "true", "1"] {
+            let e = parse_err(&with(bad));
+            assert_eq!(e.path, "models[0].continuation", "{bad}");
+            assert!(e.message.contains("none") && e.message.contains("prefill"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn open_interval_ms_out_of_range_is_named_by_its_path() {
+        let text = format!("{VALID}probe:\n  open_interval_ms: 500\n");
+        assert_eq!(
+            parse("c.yaml", &text).unwrap_err().lines(),
+            ["c.yaml: probe.open_interval_ms: must be 0 (off) or 1000–3600000, got 500"]
+        );
+    }
+
+    #[test]
     fn unknown_fields_are_named_with_their_path_and_line() {
         let text = VALID.replace("upstream_model:", "upstream_modle:");
         let e = parse_err(&text);

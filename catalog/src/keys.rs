@@ -12,7 +12,8 @@ pub const FIRST_TOKEN_TIMEOUT_MS_RANGE: (u32, u32) = (500, 60_000);
 /// The prefix of every key secret, so a leaked key is recognisable (and greppable).
 pub const SECRET_PREFIX: &str = "sy-";
 
-/// Why an attempt failed, in the spec's words; the values of `redundancy.on`.
+/// Why an attempt failed, in the HTTP API's words (docs/http-api.md, "Failover"); the values
+/// of `redundancy.on`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailoverReason {

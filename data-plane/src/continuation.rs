@@ -117,9 +117,30 @@ pub enum BodyError {
     Json(#[from] serde_json::Error),
 }
 
+/// What a prefill may hold for a model of `kind`, and what it leaves out: Anthropic's
+/// Messages API refuses a final assistant message that ends in whitespace, so that whitespace
+/// is left out of the prefill and taken off the start of the continuation (which, from the
+/// shorter text, most often begins with it again).
+pub fn prefill(text: &str, kind: ProviderKind) -> (&str, &str) {
+    if kind == ProviderKind::Anthropic {
+        let kept = text.trim_end();
+        (kept, &text[kept.len()..])
+    } else {
+        (text, "")
+    }
+}
+
+/// The first new text of a continuation, without the part of `held` (whitespace left out of
+/// the prefill, which the client has already) it starts with.
+pub fn without_held<'a>(content: &'a str, held: &str) -> &'a str {
+    let common = content.bytes().zip(held.bytes()).take_while(|(a, b)| a == b).count();
+    // Whitespace is ASCII here, so `common` falls on a character boundary.
+    content.get(common..).unwrap_or(content)
+}
+
 /// The client's request `original` with `text` as the start of the answer, for a model of
 /// `kind`: the body a continuation call is built from (its model's adapter then translates
-/// it like any request).
+/// it like any request). `text` is what [`prefill`] kept.
 pub fn body(original: &[u8], text: &str, kind: ProviderKind) -> Result<Vec<u8>, BodyError> {
     let Value::Object(mut request) = serde_json::from_slice::<Value>(original)? else {
         return Err(BodyError::NotAnObject);
@@ -200,6 +221,15 @@ mod tests {
             d.keep(&chunk(json!([{"index": 0, "delta": {"content": piece}}])));
         }
         assert_eq!((d.text(), d.bytes()), (None, 0));
+    }
+
+    #[test]
+    fn an_anthropic_prefill_leaves_its_trailing_whitespace_out_and_the_continuation_drops_it() {
+        assert_eq!(prefill("The quick ", ProviderKind::Anthropic), ("The quick", " "));
+        assert_eq!(prefill("The quick ", ProviderKind::OpenaiCompatible), ("The quick ", ""));
+        assert_eq!(without_held(" brown fox", " "), "brown fox");
+        assert_eq!(without_held("brown fox", " "), "brown fox");
+        assert_eq!(without_held("\n\nNext", "\n"), "\nNext");
     }
 
     #[test]

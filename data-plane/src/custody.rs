@@ -1,5 +1,6 @@
 //! Keeps the node's failover events safe from its own sudden end (a SIGKILL, an OOM kill, a
-//! supervisor's short stop): no event is lost silently (DESIGN §8).
+//! supervisor's short stop): no event is lost silently (docs/operating.md, "No event lost
+//! silently").
 //!
 //! A task beside the config stream, every [`TICK`]:
 //! - moves every event held in memory to the spool when no config stream is open, or when

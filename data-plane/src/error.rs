@@ -67,6 +67,13 @@ pub enum ApiError {
     /// The key reached one of its own limits (docs/limits.md); nothing was sent upstream.
     #[error("{}", limited_message(*limit, limits, *retry_after))]
     Limited { limit: Limit, limits: Limits, retry_after: Duration },
+    /// The request body stopped arriving before its end (the client reset the connection,
+    /// or sent less than its `Content-Length`): not a body that was too large.
+    #[error("the request body did not arrive whole: {0}")]
+    BodyIncomplete(String),
+    /// The node could not encode its own answer (a bug): never reported as a failed chain.
+    #[error("the gateway could not encode its answer")]
+    Internal,
     /// No endpoint at this path (404), or not with this method (405).
     #[error("{}", unknown_url_message(*status, method, path))]
     UnknownUrl { status: StatusCode, method: http::Method, path: String },
@@ -123,6 +130,8 @@ impl ApiError {
             Self::Upstream { status, .. } | Self::AllFailed { status, .. } => *status,
             Self::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::UnknownUrl { status, .. } => *status,
+            Self::BodyIncomplete(_) => StatusCode::BAD_REQUEST,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -148,6 +157,8 @@ impl ApiError {
             Self::AllFailed { .. } => "all_models_failed",
             Self::Limited { limit, .. } => limit.code(),
             Self::UnknownUrl { .. } => "unknown_url",
+            Self::BodyIncomplete(_) => "body_incomplete",
+            Self::Internal => "internal_error",
         }
     }
 
@@ -185,6 +196,8 @@ impl ApiError {
                 ("invalid_request_error", Some("method_not_allowed"), None)
             }
             Self::UnknownUrl { .. } => ("not_found_error", Some("unknown_url"), None),
+            Self::BodyIncomplete(_) => ("invalid_request_error", Some("body_incomplete"), None),
+            Self::Internal => ("server_error", Some("internal_error"), None),
         };
         let attempts = match self {
             Self::Upstream { attempts, .. } | Self::AllFailed { attempts, .. } => {

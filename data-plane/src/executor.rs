@@ -787,7 +787,7 @@ fn all_failed(
 /// Opens the upstream stream and reads it until its first content (or its end), all before
 /// `first_token`: until then the attempt can still fail over and the client has seen nothing.
 /// A failure comes with the number of frames that did not parse before it.
-async fn open_until_first_token(
+pub async fn open_until_first_token(
     provider: &Arc<ProviderRuntime>,
     model: &Model,
     body: bytes::Bytes,

@@ -36,6 +36,7 @@ use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
 use crate::request_id;
+use crate::stream::Rescue;
 
 /// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -255,6 +256,20 @@ async fn handle(
     Ok(response)
 }
 
+/// The whole request body, up to `limit` bytes. Only the limit makes a 413: a client that
+/// reset the connection mid-body sent nothing too large.
+async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            ApiError::PayloadTooLarge { limit }
+        } else {
+            ApiError::BodyIncomplete(e.to_string())
+        }
+    })
+}
+
 /// The request once its key is known and admitted: body, chain, executor, answer.
 async fn serve(
     app: &Arc<App>,
@@ -266,9 +281,7 @@ async fn serve(
     started: Instant,
 ) -> Result<Response, ApiError> {
     let (config, key) = (Arc::clone(config), Arc::clone(key));
-    let bytes = axum::body::to_bytes(body, app.max_body_bytes)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge { limit: app.max_body_bytes })?;
+    let bytes = read_body(body, app.max_body_bytes).await?;
     let request = ChatRequest::parse(&bytes)?;
     let chain = chain::resolve(&request, &key, &config)?;
     // The SERVER span when OpenTelemetry is on; otherwise no context is looked up at all.
@@ -359,6 +372,20 @@ async fn serve(
             // The executor commits to a stream once its first content chunk has arrived,
             // which goes out with the response head.
             gen_ai.time_to_first_token.observe(started.elapsed().as_secs_f64());
+            // A stream that breaks after its first token is continued when the chain allows
+            // it and a model from the serving one on can (docs/http-api.md, "Streaming").
+            let rescue = if chain.continue_streams {
+                let deadline = chain.deadline.map(|d| started + d);
+                Rescue::of(
+                    bytes.clone(),
+                    Arc::clone(&config),
+                    &chain.entries,
+                    &served.model,
+                    deadline,
+                )
+            } else {
+                None
+            };
             crate::stream::respond(
                 app,
                 *stream,
@@ -372,6 +399,7 @@ async fn serve(
                     flavor,
                     gen_ai,
                     started,
+                    rescue,
                 },
             )
         }
@@ -409,18 +437,7 @@ fn failover_event(
         key_id: key.id.to_string(),
         requested_model: chain.requested_model().to_owned(),
         served_model,
-        attempts: attempts
-            .iter()
-            .map(|a| pb::Attempt {
-                model: a.model.clone(),
-                status: a.status.as_str().to_owned(),
-                reason: a.reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
-                latency_ms: a.latency_ms,
-                probe: a.probe,
-                injected: a.injected.clone().unwrap_or_default(),
-                retries: a.retries,
-            })
-            .collect(),
+        attempts: attempts.iter().map(AttemptReport::to_pb).collect(),
         stream,
         status,
         degraded: String::new(),
@@ -470,19 +487,26 @@ fn render_completion(
             }
             response
         }
-        None => ApiError::AllFailed {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: "could not encode the response".into(),
-            attempts: None,
-            retry_at: None,
-        }
-        .render(flavor),
+        None => ApiError::Internal.render(flavor),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_body_that_breaks_off_is_a_400_and_only_one_past_the_limit_a_413() {
+        let broken = futures_util::stream::iter([
+            Ok(bytes::Bytes::from_static(b"{\"model\":")),
+            Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer")),
+        ]);
+        let e = read_body(Body::from_stream(broken), 1024).await.unwrap_err();
+        assert_eq!((e.status(), e.label()), (StatusCode::BAD_REQUEST, "body_incomplete"), "{e}");
+        let e = read_body(Body::from(vec![b'x'; 2048]), 1024).await.unwrap_err();
+        assert_eq!(e.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(read_body(Body::from("{}"), 1024).await.unwrap(), "{}");
+    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {

@@ -98,6 +98,15 @@ pub struct InvalidOutputLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContinuationLabels {
+    /// The model asked to continue the answer.
+    pub model: String,
+    /// `served` (it finished the answer), `broken` (it broke too), `refused` (it would not
+    /// take the prefill), `failed` (its call failed), `skipped` (its breaker was open).
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DegradedLabels {
     /// The chain's first model.
     pub model: String,
@@ -285,6 +294,9 @@ pub struct Metrics {
     /// Frames of upstream streams that did not parse and were skipped, by model. Created
     /// only when one happens.
     pub malformed_frames: Family<ModelLabels, Counter>,
+    /// Continuations of streams that broke after content reached the client, by the model
+    /// asked and how it went. Created only when one happens.
+    pub stream_continuations: Family<ContinuationLabels, Counter>,
     /// When each model's last warning about such frames was logged: at most one a minute.
     malformed_warned: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     pub events_dropped: Counter,
@@ -418,6 +430,12 @@ impl Metrics {
             "Frames of upstream streams that did not parse (a data line that is not JSON) and were skipped, by model",
             malformed_frames.clone(),
         );
+        let stream_continuations = Family::<ContinuationLabels, Counter>::default();
+        registry.register(
+            "stream_continuations",
+            "Continuations of streams that broke after content reached the client, by the model asked and outcome (served, broken, refused, failed, skipped)",
+            stream_continuations.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "failover_events_dropped",
@@ -494,6 +512,7 @@ impl Metrics {
             limit_blocks,
             invalid_outputs,
             malformed_frames,
+            stream_continuations,
             malformed_warned: Default::default(),
             events_dropped,
             events_held,

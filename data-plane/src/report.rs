@@ -54,6 +54,21 @@ impl Serialize for AttemptReason {
     }
 }
 
+impl AttemptReport {
+    /// The attempt as the node proto carries it in a failover event.
+    pub fn to_pb(&self) -> switchyard_proto::node::v1::Attempt {
+        switchyard_proto::node::v1::Attempt {
+            model: self.model.clone(),
+            status: self.status.as_str().to_owned(),
+            reason: self.reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
+            latency_ms: self.latency_ms,
+            probe: self.probe,
+            injected: self.injected.clone().unwrap_or_default(),
+            retries: self.retries,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct AttemptReport {
     pub model: String,
@@ -91,7 +106,8 @@ pub struct Failover {
     pub attempts: Vec<AttemptReport>,
 }
 
-/// `All N model attempt(s) failed (last: MODEL — REASON)`, the spec's message.
+/// `All N model attempt(s) failed (last: MODEL — REASON)`, the message docs/http-api.md,
+/// "Errors", documents.
 pub fn all_failed_message(attempts: &[AttemptReport]) -> String {
     match attempts.last() {
         Some(last) => format!(

@@ -1,6 +1,6 @@
 //! A map split into shards behind `Arc`s, so that a config update copies only the shards it
 //! touches: cloning a whole map of every API key for each key change made one change cost
-//! in proportion to the fleet's keys (docs/BENCHMARKS.md, "100,000 API keys"); with
+//! in proportion to the fleet's keys (docs/BENCHMARKS.md, "Figures behind design choices"); with
 //! `SHARDS` shards a change copies about 1/SHARDS of it.
 
 use std::borrow::Borrow;

@@ -1,9 +1,12 @@
 //! Forwarding a committed stream to the client (docs/http-api.md, "Streaming"): chunks go
-//! out as they arrive, each naming the served model; the failover report rides in one chunk,
-//! the first with content; once the model is locked, a drop or a stall ends the stream with
-//! an error frame — never a hang, never a second model's text. A frame that does not parse
-//! is skipped and counted (`skipped_frames` in a last chunk before `[DONE]`), and a stream
-//! that closes after its finish reason without `[DONE]` gets the node's own.
+//! out as they arrive, each naming the model that sent it; the failover report rides in one
+//! chunk, the first with content. Once the model is locked, a break (a drop, an in-band error,
+//! a stall) is continued when it can be: a model that can take the text so far as the start of
+//! its answer ([`crate::continuation`]) is asked for the rest, and only the new text is
+//! forwarded, so the client reads one answer; otherwise the stream ends with an error frame —
+//! never a hang, never a second start of the answer. A frame that does not parse is skipped
+//! and counted, and a stream that closes after its finish reason without `[DONE]` gets the
+//! node's own; both, like continuations, are reported in a last chunk before `[DONE]`.
 //!
 //! The body is pulled by hyper as the client reads, so a slow client slows the upstream
 //! read (bounded buffering), and a client that goes away drops the body, which drops the
@@ -12,7 +15,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
@@ -23,14 +26,23 @@ use serde_json::value::RawValue;
 
 use switchyard_catalog::Model;
 
+use switchyard_proto::node::v1 as pb;
+
 use crate::app::{App, model_headers, raw, record_usage};
-use crate::breaker::{Outcome, Permit};
+use crate::breaker::{Admission, Outcome, Permit};
+use crate::chain::Entry;
+use crate::chaos::Injector;
+use crate::config::NodeConfig;
+use crate::continuation::{self, Delivered};
 use crate::error::Flavor;
-use crate::executor::CommittedStream;
-use crate::failure::{self, Failure};
+use crate::executor::{self, CommittedStream};
+use crate::failure::{self, Failure, Verdict};
+use crate::metrics::ContinuationLabels;
 use crate::metrics::GenAiSeries;
 use crate::providers::{CallError, StreamError, StreamEvent, UpstreamStream, Usage};
+use crate::report::AttemptReport;
 use crate::report::FailoverReport;
+use crate::request::ChatRequest;
 
 pub struct Context {
     pub key_id: String,
@@ -46,10 +58,44 @@ pub struct Context {
     pub gen_ai: Arc<GenAiSeries>,
     /// When the request arrived: the GenAI request duration ends with the stream.
     pub started: Instant,
+    /// What continuing the stream after a break takes; `None` when it is not to be
+    /// continued (`continue_streams: false`, or no model of the chain from the serving one
+    /// on can continue).
+    pub rescue: Option<Rescue>,
+}
+
+/// What a continuation needs (docs/http-api.md, "Streaming").
+pub struct Rescue {
+    /// The client's request as it arrived.
+    pub body: Bytes,
+    pub config: Arc<NodeConfig>,
+    /// The entry that serves, then the chain's later entries.
+    pub entries: Vec<Entry>,
+    /// When the chain's `deadline_ms` runs out, if it has one.
+    pub deadline: Option<Instant>,
+}
+
+impl Rescue {
+    /// The rescue of a stream served by `served` of `entries`, when one of them from it on
+    /// can continue an answer.
+    pub fn of(
+        body: Bytes,
+        config: Arc<NodeConfig>,
+        entries: &[Entry],
+        served: &Arc<Model>,
+        deadline: Option<Instant>,
+    ) -> Option<Self> {
+        let at = entries.iter().position(|e| Arc::ptr_eq(&e.model, served))?;
+        let entries = entries[at..].to_vec();
+        let any = entries.iter().any(|e| !e.model.continuation.is_none());
+        any.then_some(Self { body, config, entries, deadline })
+    }
 }
 
 pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Response {
     let CommittedStream { mut buffered, upstream, permit, deadline, timeout, stall } = stream;
+    let asked = ctx.rescue.as_ref().map_or(0, |r| r.entries.len());
+    let delivered = ctx.rescue.as_ref().map(|_| Delivered::default());
     if ctx.multi
         && let Some(report) = raw(&ctx.report)
     {
@@ -77,6 +123,11 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
         usage: None,
         content_chunks: 0,
         settled: false,
+        part_billed: false,
+        delivered,
+        continued: Vec::new(),
+        asked: vec![false; asked],
+        skipped_before: 0,
         identity: None,
         after_settle: None,
     };
@@ -122,6 +173,16 @@ struct Pump {
     identity: Option<(Box<RawValue>, Box<RawValue>)>,
     /// The frame still to send once the stream is settled (`[DONE]` after the report).
     after_settle: Option<Bytes>,
+    /// The part of the answer a model that broke sent is billed already.
+    part_billed: bool,
+    /// What the client was sent, kept while the stream may be continued.
+    delivered: Option<Delivered>,
+    /// Each continuation so far, in order.
+    continued: Vec<pb::Continuation>,
+    /// Which of the rescue's entries were asked to continue (the first: again).
+    asked: Vec<bool>,
+    /// Frames skipped by upstream streams before the one read now.
+    skipped_before: u32,
 }
 
 impl Pump {
@@ -135,7 +196,10 @@ impl Pump {
                 Some(event) => Some(Ok(event)),
                 None => match self.read().await {
                     Ok(event) => event,
-                    Err(frame) => return Some(frame),
+                    Err((failure, message)) => match self.broke(failure, message).await {
+                        Some(frame) => return Some(frame),
+                        None => continue,
+                    },
                 },
             };
             match event {
@@ -145,19 +209,26 @@ impl Pump {
                 }
                 Some(Err(e)) => {
                     let message = e.to_string();
-                    return Some(self.fail(&Failure::Stream(e), &message));
+                    match self.broke(Failure::Stream(e), message).await {
+                        Some(frame) => return Some(frame),
+                        None => continue,
+                    }
                 }
                 Some(Ok(StreamEvent::Error(e))) => {
                     let message = format!("The upstream model failed mid-stream: {}", e.message);
-                    return Some(self.fail(&Failure::InBand(e), &message));
+                    match self.broke(Failure::InBand(e), message).await {
+                        Some(frame) => return Some(frame),
+                        None => continue,
+                    }
                 }
                 Some(Ok(StreamEvent::Done)) => {
                     self.settle(Outcome::Success);
+                    self.report_continued(true);
                     let done = Bytes::from_static(b"data: [DONE]\n\n");
-                    // The report of frames that did not parse rides in a chunk of its own,
-                    // the last before `[DONE]`: which upstream chunk was the last is known
+                    // Skipped frames and continuations are reported in a chunk of the node's
+                    // own, the last before `[DONE]`: which upstream chunk was the last is known
                     // only once the stream has ended.
-                    return match self.skipped_report() {
+                    return match self.final_report() {
                         Some(report) => {
                             self.after_settle = Some(done);
                             Some(report)
@@ -175,19 +246,15 @@ impl Pump {
                     if commits {
                         self.content_chunks += 1;
                     }
+                    if let Some(delivered) = &mut self.delivered {
+                        delivered.keep(&fields);
+                    }
+                    self.keep_identity(&mut fields);
                     if let Some(name) = raw(&self.ctx.model.name) {
                         fields.insert("model".to_owned(), name);
                     }
                     if !self.ctx.include_usage {
                         fields.remove("usage");
-                    }
-                    // Kept only once a frame was skipped, so that an ordinary stream pays
-                    // nothing for the report it does not get.
-                    if self.identity.is_none()
-                        && self.upstream.skipped_frames() > 0
-                        && let (Some(id), Some(created)) = (fields.get("id"), fields.get("created"))
-                    {
-                        self.identity = Some((id.clone(), created.clone()));
                     }
                     let Ok(json) = serde_json::to_vec(&fields) else { continue };
                     return Some(sse_frame(&json));
@@ -196,9 +263,30 @@ impl Pump {
         }
     }
 
-    /// The next upstream event within the stall and attempt limits, or the error frame
-    /// that ends the stream.
-    async fn read(&mut self) -> Result<Option<Result<StreamEvent, StreamError>>, Bytes> {
+    /// The stream's `id` and `created` are kept from its first chunk once a frame was
+    /// skipped or a continuation may come (so an ordinary stream pays nothing for a report it
+    /// does not get); a continuation's chunks carry that first id, so the client reads one
+    /// answer.
+    fn keep_identity(&mut self, fields: &mut std::collections::BTreeMap<String, Box<RawValue>>) {
+        match &self.identity {
+            Some((id, _)) if !self.continued.is_empty() => {
+                fields.insert("id".to_owned(), id.clone());
+            }
+            Some(_) => {}
+            None if self.upstream.skipped_frames() > 0 || self.delivered.is_some() => {
+                if let (Some(id), Some(created)) = (fields.get("id"), fields.get("created")) {
+                    self.identity = Some((id.clone(), created.clone()));
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The next upstream event within the stall and attempt limits, or the break that ends
+    /// this upstream stream.
+    async fn read(
+        &mut self,
+    ) -> Result<Option<Result<StreamEvent, StreamError>>, (Failure, String)> {
         let now = Instant::now();
         let left = self.deadline.saturating_duration_since(now);
         if left.is_zero() {
@@ -212,14 +300,219 @@ impl Pump {
                     "The upstream model stopped sending: no chunk for {} ms (stall_timeout_ms).",
                     self.stall.as_millis()
                 );
-                Err(self.fail(&Failure::Stalled(self.stall), &message))
+                Err((Failure::Stalled(self.stall), message))
             }
         }
     }
 
-    fn timed_out(&mut self) -> Bytes {
+    fn timed_out(&self) -> (Failure, String) {
         let failure = Failure::Call(CallError::Timeout(self.timeout));
-        self.fail(&failure, "The attempt exceeded timeout_ms while streaming.")
+        (failure, "The attempt exceeded timeout_ms while streaming.".to_owned())
+    }
+
+    /// The stream broke after content reached the client: continued when it can be
+    /// (`None`: reading goes on from the model that continues), else the error frame that
+    /// ends it. When every model asked fails, the frame is this break's, never a refusal.
+    async fn broke(&mut self, failure: Failure, message: String) -> Option<Bytes> {
+        let stalled = matches!(failure, Failure::Stalled(_) | Failure::Call(CallError::Timeout(_)));
+        let candidates = self.candidates(stalled);
+        let text = match &self.delivered {
+            Some(delivered) if !candidates.is_empty() && self.within_deadline() => delivered.text(),
+            _ => None,
+        };
+        let Some(text) = text else {
+            let frame = self.fail(&failure, &message);
+            self.report_continued(false);
+            return Some(frame);
+        };
+        let (outcome, code) = failure::after_commit(&failure);
+        let broken = self.ctx.model.name.clone();
+        let request_id = self.ctx.request_id.to_str().unwrap_or_default().to_owned();
+        tracing::info!(model = %broken, request_id, code = code.as_str(), %message, "stream broke after its first token; continuing it");
+        // The part the broken model sent is over: its breaker hears of it, and it is billed.
+        self.end_part(outcome);
+        if let Some(last) = self.continued.last_mut() {
+            last.outcome = "broken".to_owned();
+            self.count_continuation(&broken, "broken");
+        }
+        let at_char = u64::try_from(text.chars().count()).unwrap_or(u64::MAX);
+        for i in candidates {
+            let outcome = self.open(i, &text).await;
+            let model = self.rescue_entry(i).map(|e| e.model.name.clone()).unwrap_or_default();
+            self.continued.push(pb::Continuation {
+                model: model.clone(),
+                reason: code.as_str().to_owned(),
+                at_char,
+                outcome: outcome.unwrap_or("served").to_owned(),
+            });
+            match outcome {
+                None => return None,
+                Some(outcome) => self.count_continuation(&model, outcome),
+            }
+        }
+        // No model could continue: the client gets the break as it was.
+        let frame = self.fail(&failure, &message);
+        self.report_continued(false);
+        Some(frame)
+    }
+
+    fn rescue_entry(&self, i: usize) -> Option<&Entry> {
+        self.ctx.rescue.as_ref()?.entries.get(i)
+    }
+
+    fn within_deadline(&self) -> bool {
+        self.ctx.rescue.as_ref().and_then(|r| r.deadline).is_none_or(|d| Instant::now() < d)
+    }
+
+    /// Who may continue, in order: the model that broke again (not after a stall or a
+    /// timeout: a silent route stays silent), then the chain's later models; each asked at
+    /// most once, and only those whose catalog entry says they can.
+    fn candidates(&self, stalled: bool) -> Vec<usize> {
+        let Some(rescue) = &self.ctx.rescue else { return Vec::new() };
+        let current = rescue.entries.iter().position(|e| Arc::ptr_eq(&e.model, &self.ctx.model));
+        let Some(current) = current else { return Vec::new() };
+        let able = |i: &usize| !self.asked[*i] && !rescue.entries[*i].model.continuation.is_none();
+        let same = (!stalled).then_some(current).into_iter().filter(able);
+        same.chain((current + 1..rescue.entries.len()).filter(able)).collect()
+    }
+
+    /// Asks entry `i` to continue `text`: on success the stream reads on from it (`None`),
+    /// otherwise how it went (`refused`, `failed`, `skipped`).
+    async fn open(&mut self, i: usize, text: &str) -> Option<&'static str> {
+        self.asked[i] = true;
+        let rescue = self.ctx.rescue.as_ref()?;
+        let entry = rescue.entries.get(i)?.clone();
+        let config = Arc::clone(&rescue.config);
+        let now = Instant::now();
+        let mut timeout = entry.timeout;
+        if let Some(deadline) = rescue.deadline {
+            timeout = timeout.min(deadline.saturating_duration_since(now));
+        }
+        if timeout.is_zero() {
+            return Some("skipped");
+        }
+        let Some(provider) = config.providers.get(&entry.model.provider) else {
+            return Some("failed");
+        };
+        let Some(kind) = config.catalog.provider(&entry.model.provider).map(|p| p.kind) else {
+            return Some("failed");
+        };
+        let (kept, held) = continuation::prefill(text, kind);
+        let Ok(body) = continuation::body(&rescue.body, kept, kind) else { return Some("failed") };
+        let held = held.to_owned();
+        let upstream_body = match ChatRequest::parse(&body) {
+            Ok(request) => match provider.body(&entry.model, &request) {
+                Ok(b) => b,
+                // A request this provider cannot take: not the upstream's fault.
+                Err(_) => return Some("refused"),
+            },
+            Err(_) => return Some("failed"),
+        };
+        let breaker = self.app.executor.breaker(&config, &entry.model);
+        let (admission, transition) = breaker.try_acquire(now);
+        self.app.executor.report_transition(transition);
+        let Admission::Admitted(permit) = admission else { return Some("skipped") };
+        let first_token = now + entry.first_token_timeout.min(timeout);
+        let request_id = self.ctx.request_id.clone();
+        let mut injector = Injector::new(&entry.faults);
+        let opened = executor::open_until_first_token(
+            provider,
+            &entry.model,
+            upstream_body,
+            first_token,
+            &request_id,
+            &mut injector,
+        )
+        .await;
+        match opened {
+            Ok((buffered, upstream)) => {
+                // Its head (a role chunk and the like) is the start of an answer the client
+                // has begun already: only its content, and what follows, goes out.
+                let first = buffered
+                    .iter()
+                    .position(|e| {
+                        !matches!(e, StreamEvent::Chunk { commits: false, usage_only: false, .. })
+                    })
+                    .unwrap_or(buffered.len());
+                self.buffered = buffered.into_iter().skip(first).collect();
+                if !held.is_empty() {
+                    self.drop_held(&held);
+                }
+                // The broken stream's skipped frames are counted before it goes.
+                self.count_skipped();
+                self.skipped_before += self.upstream.skipped_frames();
+                self.upstream = upstream;
+                self.permit = Some(permit);
+                self.deadline = now + timeout;
+                self.timeout = timeout;
+                self.stall = Duration::from_millis(u64::from(entry.model.stall_timeout_ms()));
+                self.ctx.model = Arc::clone(&entry.model);
+                self.part_billed = false;
+                None
+            }
+            Err((failure, _skipped)) => {
+                let (breaker, outcome) = match failure::classify(failure) {
+                    Verdict::Failover { breaker, .. } => (breaker, "failed"),
+                    // Most often the model refused the prefill: skipped, never the final error.
+                    Verdict::Stop { breaker, .. } => (breaker, "refused"),
+                };
+                if let Some(b) = breaker {
+                    self.app.executor.report_transition(permit.record(b, Instant::now()));
+                }
+                Some(outcome)
+            }
+        }
+    }
+
+    /// Takes `held` (whitespace the client has and the prefill left out) off the start of
+    /// the continuation's first content.
+    fn drop_held(&mut self, held: &str) {
+        let Some(StreamEvent::Chunk { fields, commits: true, .. }) = self.buffered.front_mut()
+        else {
+            return;
+        };
+        let Some(kept) = fields.get("choices") else { return };
+        let Ok(mut choices) = serde_json::from_str::<serde_json::Value>(kept.get()) else { return };
+        let Some(content) = choices.pointer_mut("/0/delta/content") else { return };
+        let Some(text) = content.as_str() else { return };
+        *content = serde_json::Value::from(continuation::without_held(text, held));
+        if let Some(edited) = raw(&choices) {
+            fields.insert("choices".to_owned(), edited);
+        }
+    }
+
+    fn count_continuation(&self, model: &str, outcome: &'static str) {
+        let labels = ContinuationLabels { model: model.to_owned(), outcome };
+        self.app.executor.metrics.stream_continuations.get_or_create(&labels).inc();
+    }
+
+    /// The stream ended after one or more continuations: the last one's outcome is counted
+    /// when it served, and the `api:stream_continued` event goes to the control plane.
+    fn report_continued(&mut self, served: bool) {
+        if self.continued.is_empty() {
+            return;
+        }
+        let served_model = if served { self.ctx.model.name.clone() } else { String::new() };
+        if served {
+            self.count_continuation(&served_model, "served");
+        }
+        let report = &self.ctx.report;
+        let event = pb::FailoverEvent {
+            id: format!("evt_{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
+            at_unix_ms: switchyard_time::now_ms(),
+            node_id: self.app.executor.telemetry.node_id.clone(),
+            key_id: self.ctx.key_id.clone(),
+            requested_model: report.requested_model.clone(),
+            served_model,
+            attempts: report.failover.attempts.iter().map(AttemptReport::to_pb).collect(),
+            stream: true,
+            status: 200,
+            degraded: String::new(),
+            request_id: self.ctx.request_id.to_str().unwrap_or_default().to_owned(),
+            lost: None,
+            continued: self.continued.clone(),
+        };
+        self.app.executor.telemetry.push_event(event);
     }
 
     fn fail(&mut self, failure: &Failure, message: &str) -> Bytes {
@@ -232,12 +525,12 @@ impl Pump {
         sse_frame(body.to_string().as_bytes())
     }
 
-    /// The chunk that tells the client how many upstream frames did not parse and were
-    /// skipped (`secureai.skipped_frames`, `metadata` on the classic endpoint); `None` when
-    /// every frame parsed.
-    fn skipped_report(&self) -> Option<Bytes> {
-        let skipped = self.upstream.skipped_frames();
-        if skipped == 0 {
+    /// The chunk of the node's own that ends a stream whose frames did not all parse
+    /// (`skipped_frames`) or that was continued (`continued`, `served_model`): under
+    /// `secureai` (`metadata` on the classic endpoint); `None` for an ordinary stream.
+    fn final_report(&self) -> Option<Bytes> {
+        let skipped = self.skipped_before + self.upstream.skipped_frames();
+        if skipped == 0 && self.continued.is_empty() {
             return None;
         }
         let key = match self.ctx.flavor {
@@ -248,15 +541,47 @@ impl Pump {
             Some((id, created)) => (json!(id), json!(created)),
             None => (json!("chatcmpl-switchyard"), json!(switchyard_time::now_secs())),
         };
+        let mut report = serde_json::Map::new();
+        if skipped > 0 {
+            report.insert("skipped_frames".into(), json!(skipped));
+        }
+        if !self.continued.is_empty() {
+            let continued: Vec<_> = self
+                .continued
+                .iter()
+                .map(|c| {
+                    json!({"model": c.model, "reason": c.reason, "at_char": c.at_char, "outcome": c.outcome})
+                })
+                .collect();
+            report.insert("continued".into(), json!(continued));
+            report.insert("served_model".into(), json!(self.ctx.model.name));
+            report.insert("requested_model".into(), json!(self.ctx.report.requested_model));
+        }
         let chunk = json!({
             "id": id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": self.ctx.model.name,
             "choices": [],
-            key: {"skipped_frames": skipped},
+            key: report,
         });
         Some(sse_frame(chunk.to_string().as_bytes()))
+    }
+
+    /// The model that broke is done with: its breaker permit is settled with `outcome`, and
+    /// what it sent billed to it.
+    fn end_part(&mut self, outcome: Outcome) {
+        if let Some(permit) = self.permit.take() {
+            self.app.executor.report_transition(permit.record(outcome, Instant::now()));
+        }
+        let usage = self
+            .usage
+            .take()
+            .unwrap_or(Usage { prompt_tokens: 0, completion_tokens: self.content_chunks });
+        self.ctx.gen_ai.tokens(usage.prompt_tokens, usage.completion_tokens);
+        record_usage(&self.app, &self.ctx.key_id, &self.ctx.model, usage);
+        self.content_chunks = 0;
+        self.part_billed = true;
     }
 
     /// Counts the frames that did not parse, and warns of them (at most once a minute per
@@ -288,6 +613,11 @@ impl Pump {
     }
 
     fn bill(&mut self) {
+        if self.part_billed {
+            // Nothing was sent since the last part was billed (no model continued it).
+            self.ctx.gen_ai.duration.observe(self.ctx.started.elapsed().as_secs_f64());
+            return;
+        }
         // Without the upstream's usage chunk, count one token per content chunk.
         let usage = self
             .usage

@@ -48,7 +48,7 @@ async fn after_every_attempt_fails_the_keys_degraded_answer_comes_plain_streamed
  {
     let gw = Gateway::start().await;
     down(&gw).await;
-    // Without a degraded answer the spec's 502 stands.
+    // Without a degraded answer the 502 of docs/http-api.md, "Errors", stands.
     let r = gw.chat(chain_body()).await;
     assert_eq!(r.status, 502, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "all_models_failed");

@@ -1,8 +1,9 @@
-//! End to end: one control plane serving a fleet (DESIGN §10) — a thousand real node
-//! streams from one test process (tests/src/node_fleet.rs) against one real `switchyard
-//! control` process. Every node receives a key change; a group of nodes that stop reading
-//! fall behind, are resynced once they read again, and meanwhile do not delay the others;
-//! the control plane's memory stays bounded; `switchyard nodes` lists the fleet.
+//! End to end: one control plane serving a fleet (docs/BENCHMARKS.md, "A thousand nodes on
+//! one control plane") — a thousand real node streams from one test process
+//! (tests/src/node_fleet.rs) against one real `switchyard control` process. Every node
+//! receives a key change; a group of nodes that stop reading fall behind, are resynced once
+//! they read again, and meanwhile do not delay the others; the control plane's memory stays
+//! bounded; `switchyard nodes` lists the fleet.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -17,7 +18,8 @@ const NODES: usize = 1_000;
 /// Nodes that stop reading their stream.
 const SLOW: usize = 100;
 /// What the control plane may hold at most (VmHWM) with the whole fleet connected and the
-/// slow group stalled: DESIGN §10 asks for under 2 GiB at a thousand nodes.
+/// slow group stalled: the scale goal is under 2 GiB at a thousand nodes (docs/BENCHMARKS.md,
+/// "The goals, and what they mean").
 const MAX_RSS_MIB: u64 = 1024;
 
 struct Admin(AdminClient<Channel>);

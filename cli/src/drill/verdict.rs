@@ -1,5 +1,5 @@
-//! The five drill scenarios judged from what the drill observed (docs/cli.md, "switchyard
-//! drill"): one [`Expectation`] per promise, each with the figures behind its verdict.
+//! The five drill scenarios judged from what the drill observed (docs/cli.md, "`drill`"):
+//! one [`Expectation`] per promise, each with the figures behind its verdict.
 //! Pure functions of the observations, so every verdict is unit-tested without a fleet.
 
 use std::collections::BTreeMap;
