@@ -62,9 +62,9 @@ pub struct DrillArgs {
     /// How many requests to send [default: 40; stream-stall and stream-cut 8; all-down 20].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub requests: Option<u32>,
-    /// stream-cut: cut the primary's streams after K content chunks [default: 2, or more
-    /// when the healthy answer is longer: the continuation must come in fewer than K chunks,
-    /// as the fault cuts every call, the continuation's too].
+    /// stream-cut: cut the primary's streams after K content chunks [default: just past the
+    /// middle of the healthy answer, (N + 3) / 2 of its N chunks: the fault cuts every call,
+    /// the continuation's too, so the continuation must come in fewer than K chunks].
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub cut_after: Option<u32>,
     /// How many requests are in flight at once.
@@ -108,10 +108,12 @@ fn drill_content(scenario: Scenario) -> String {
 }
 
 /// The cut a stream-cut drill makes in an answer of `chunks` content chunks: `K` from
-/// `--cut-after`, else 2 — or the middle of a longer answer, because the fault cuts every
-/// call, the continuation's too, and only a continuation shorter than `K` chunks ends whole.
+/// `--cut-after`, else just past the middle. The fault cuts every call, the continuation's
+/// too, and counts the chunk with the finish reason as one of its K: a continuation ends
+/// whole only when its rest and that chunk come in fewer than K, so K is the least with
+/// `chunks - K + 1 < K`.
 fn cut_after(given: Option<u32>, chunks: u32) -> Result<u32, DrillError> {
-    let k = given.unwrap_or_else(|| 2.max(chunks / 2 + 1));
+    let k = given.unwrap_or_else(|| 2.max((chunks + 3) / 2));
     if k < chunks {
         return Ok(k);
     }
@@ -120,7 +122,7 @@ fn cut_after(given: Option<u32>, chunks: u32) -> Result<u32, DrillError> {
             "--cut-after {k}: the healthy answer has {chunks} content chunk(s), so a cut after {k} would not cut it; give a K below {chunks}"
         ),
         None => format!(
-            "the healthy answer has {chunks} content chunk(s): too few for stream-cut to cut and continue (it needs 3 or more)"
+            "the healthy answer has {chunks} content chunk(s): too few for stream-cut to cut and continue (it needs 4 or more)"
         ),
     }))
 }
@@ -724,12 +726,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stream_cut_cuts_after_two_chunks_or_mid_answer_so_one_continuation_ends_it() {
-        assert_eq!(cut_after(None, 3).ok(), Some(2));
-        // 5 chunks: a cut after 2 leaves 3, which the same cut would cut again.
-        assert_eq!(cut_after(None, 5).ok(), Some(3));
+    fn stream_cut_cuts_past_the_middle_so_one_continuation_ends_the_answer() {
+        // 5 chunks: a cut after 3 leaves 2 and the finish chunk, which the same cut would
+        // cut again; after 4, 1 and the finish chunk.
+        assert_eq!(cut_after(None, 5).ok(), Some(4));
+        assert_eq!(cut_after(None, 4).ok(), Some(3));
         assert_eq!(cut_after(None, 8).ok(), Some(5));
-        assert!(cut_after(None, 2).is_err());
+        assert!(cut_after(None, 3).is_err());
         assert_eq!(cut_after(Some(1), 5).ok(), Some(1));
         let refused = cut_after(Some(5), 5).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(refused.starts_with("--cut-after 5: the healthy answer has 5"), "{refused}");

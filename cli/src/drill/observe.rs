@@ -121,9 +121,12 @@ fn attempt(item: &Value) -> Option<Attempt> {
     })
 }
 
-/// How many continuations a chunk reports (`secureai.continued`), if it reports any.
+/// How many continuations a chunk reports (`secureai.continued`), if it reports any: the
+/// models asked to continue. An entry `skipped` (its breaker open, or no time left) asked
+/// nobody, and is not counted.
 pub fn continued(chunk: &Value) -> Option<usize> {
-    chunk.pointer("/secureai/continued").and_then(Value::as_array).map(Vec::len)
+    let entries = chunk.pointer("/secureai/continued").and_then(Value::as_array)?;
+    Some(entries.iter().filter(|e| e["outcome"] != "skipped").count())
 }
 
 /// The `error.code` of an OpenAI error envelope, if the value is one.
@@ -172,6 +175,10 @@ mod tests {
             "continued": [{"model": "a", "reason": "upstream_disconnected", "at_char": 6,
                            "outcome": "served"}]}});
         assert_eq!(continued(&last), Some(1));
+        let skipped_then_served = json!({"choices": [], "secureai": {"continued": [
+            {"model": "a", "reason": "upstream_disconnected", "at_char": 6, "outcome": "skipped"},
+            {"model": "b", "reason": "upstream_disconnected", "at_char": 6, "outcome": "served"}]}});
+        assert_eq!(continued(&skipped_then_served), Some(1));
         assert_eq!(continued(&json!({"choices": [{"delta": {"content": "x"}}]})), None);
     }
 }
