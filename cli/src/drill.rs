@@ -67,15 +67,28 @@ pub struct DrillArgs {
     /// the continuation's too, so the continuation must come in fewer than K chunks].
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub cut_after: Option<u32>,
-    /// How many requests are in flight at once.
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub concurrency: u32,
+    /// How many requests are in flight at once [default: 4; stream-cut 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub concurrency: Option<u32>,
     /// How long the injected fault lives if the drill cannot clear it (killed), 1s to 24h
     /// [default: 5m, longer when the drill needs it].
     #[arg(long, value_name = "DURATION", value_parser = crate::chaos::ttl)]
     pub ttl: Option<Duration>,
     #[command(flatten)]
     pub opts: AdminOpts,
+}
+
+impl DrillArgs {
+    /// Requests in flight at once: `--concurrency`, else 4 — but one for stream-cut. Each cut
+    /// is a failure of a primary call and each continuation a success, so one stream at a
+    /// time keeps the primary's failure rate below half; several at a time can put failures
+    /// ahead and open its breaker, and a stream cut then may find no model to continue it.
+    fn concurrency(&self) -> u32 {
+        self.concurrency.unwrap_or(match self.scenario {
+            Scenario::StreamCut => 1,
+            _ => 4,
+        })
+    }
 }
 
 /// How long the node may take to apply an injected or cleared fault.
@@ -154,7 +167,7 @@ pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
     // stream takes its whole stall timeout, so those drills get what their rounds need.
     let ttl = args.ttl.unwrap_or_else(|| match scenario {
         Scenario::StreamStall => {
-            let rounds = requests.div_ceil(args.concurrency).min(1_000);
+            let rounds = requests.div_ceil(args.concurrency()).min(1_000);
             DEFAULT_TTL.max((give_up.saturating_mul(rounds) + Duration::from_secs(60)).min(MAX_TTL))
         }
         _ => DEFAULT_TTL,
@@ -602,7 +615,7 @@ async fn run(
     let epoch = Instant::now();
     let next = Arc::new(AtomicU32::new(0));
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.concurrency.min(requests) {
+    for _ in 0..args.concurrency().min(requests) {
         let (node, ask, content, next) = (node.clone(), ask.clone(), content.clone(), next.clone());
         workers.spawn(async move {
             let mut mine = Vec::new();
@@ -676,7 +689,7 @@ fn report(
             obs,
             &plan.chain,
             plan.window_size,
-            args.concurrency as usize,
+            args.concurrency() as usize,
             Duration::from_millis(plan.cooldown_ms),
         ),
         Scenario::PrimaryFlaky => verdict::primary_flaky(
@@ -705,7 +718,7 @@ fn report(
         faults: j.faults,
         cut_after: plan.cut_after,
         requests: obs.len(),
-        concurrency: args.concurrency,
+        concurrency: args.concurrency(),
         took_ms: j.took.as_secs_f64() * 1000.0,
         latency_ms: Latency {
             p50: verdict::percentile_ms(&latencies, 50.0),
