@@ -1,4 +1,4 @@
-//! `switchyard drill` (docs/cli.md, docs/operating.md "Drills"): four failure scenarios
+//! `switchyard drill` (docs/cli.md, docs/operating.md "Drills"): five failure scenarios
 //! run on purpose against a running fleet, through one node and one API key.
 //!
 //! A drill checks everything it can before it injects anything (the control plane, the
@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use switchyard_catalog::catalog::Continuation;
 use switchyard_catalog::fault::{Fault, FaultKind, FaultTarget, MAX_TTL};
 use switchyard_catalog::keys::hash_secret;
 use switchyard_catalog::{Catalog, Model};
@@ -34,6 +35,7 @@ use error::DrillError;
 use node::{Ask, Node, NodeError};
 use observe::Observation;
 use report::{DrillReport, Latency, Scenario};
+use verdict::Reference;
 
 #[derive(Debug, Args)]
 pub struct DrillArgs {
@@ -57,18 +59,36 @@ pub struct DrillArgs {
     /// failoverDefaults form the chain.
     #[arg(long, value_name = "M,...", value_delimiter = ',')]
     pub fallback_models: Vec<String>,
-    /// How many requests to send [default: 40; stream-stall 8; all-down 20].
+    /// How many requests to send [default: 40; stream-stall and stream-cut 8; all-down 20].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub requests: Option<u32>,
-    /// How many requests are in flight at once.
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub concurrency: u32,
+    /// stream-cut: cut the primary's streams after K content chunks [default: just past the
+    /// middle of the healthy answer, (N + 3) / 2 of its N chunks: the fault cuts every call,
+    /// the continuation's too, so the continuation must come in fewer than K chunks].
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub cut_after: Option<u32>,
+    /// How many requests are in flight at once [default: 4; stream-cut 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub concurrency: Option<u32>,
     /// How long the injected fault lives if the drill cannot clear it (killed), 1s to 24h
     /// [default: 5m, longer when the drill needs it].
     #[arg(long, value_name = "DURATION", value_parser = crate::chaos::ttl)]
     pub ttl: Option<Duration>,
     #[command(flatten)]
     pub opts: AdminOpts,
+}
+
+impl DrillArgs {
+    /// Requests in flight at once: `--concurrency`, else 4 — but one for stream-cut. Each cut
+    /// is a failure of a primary call and each continuation a success, so one stream at a
+    /// time keeps the primary's failure rate below half; several at a time can put failures
+    /// ahead and open its breaker, and a stream cut then may find no model to continue it.
+    fn concurrency(&self) -> u32 {
+        self.concurrency.unwrap_or(match self.scenario {
+            Scenario::StreamCut => 1,
+            _ => 4,
+        })
+    }
 }
 
 /// How long the node may take to apply an injected or cleared fault.
@@ -88,10 +108,46 @@ struct Plan {
     window_size: u32,
     cooldown_ms: u64,
     stall_timeout: Duration,
+    /// stream-cut: the content chunks after which the primary's streams are cut.
+    cut_after: Option<u32>,
+    /// stream-cut: what healthy streams of the drill's request answered.
+    reference: Option<Reference>,
+}
+
+/// What every drill request asks: the same words each time, so stream-cut's healthy
+/// streams before the fault are the same request as the cut ones.
+fn drill_content(scenario: Scenario) -> String {
+    format!("Switchyard drill: {}", scenario.name())
+}
+
+/// The cut a stream-cut drill makes in an answer of `chunks` content chunks: `K` from
+/// `--cut-after`, else just past the middle. The fault cuts every call, the continuation's
+/// too, and counts the chunk with the finish reason as one of its K: a continuation ends
+/// whole only when its rest and that chunk come in fewer than K, so K is the least with
+/// `chunks - K + 1 < K`.
+fn cut_after(given: Option<u32>, chunks: u32) -> Result<u32, DrillError> {
+    let k = given.unwrap_or_else(|| 2.max((chunks + 3) / 2));
+    if k < chunks {
+        return Ok(k);
+    }
+    Err(DrillError::Chain(match given {
+        Some(k) => format!(
+            "--cut-after {k}: the healthy answer has {chunks} content chunk(s), so a cut after {k} would not cut it; give a K below {chunks}"
+        ),
+        None => format!(
+            "the healthy answer has {chunks} content chunk(s): too few for stream-cut to cut and continue (it needs 4 or more)"
+        ),
+    }))
 }
 
 pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
     let scenario = args.scenario;
+    if args.cut_after.is_some() && scenario != Scenario::StreamCut {
+        return Err(CliError::Usage(format!(
+            "--cut-after goes with stream-cut, not {}",
+            scenario.name()
+        )));
+    }
     // Listening for Ctrl-C from the start: one pressed while the drill injects still clears.
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
@@ -111,7 +167,7 @@ pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
     // stream takes its whole stall timeout, so those drills get what their rounds need.
     let ttl = args.ttl.unwrap_or_else(|| match scenario {
         Scenario::StreamStall => {
-            let rounds = requests.div_ceil(args.concurrency).min(1_000);
+            let rounds = requests.div_ceil(args.concurrency()).min(1_000);
             DEFAULT_TTL.max((give_up.saturating_mul(rounds) + Duration::from_secs(60)).min(MAX_TTL))
         }
         _ => DEFAULT_TTL,
@@ -239,6 +295,18 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
         ))
         .into());
     }
+    if args.scenario == Scenario::StreamCut {
+        let continues = chain
+            .iter()
+            .any(|m| catalog.model(m).is_some_and(|m| m.continuation == Continuation::Prefill));
+        if !continues {
+            return Err(DrillError::Chain(format!(
+                "stream-cut needs a model in the chain that can continue a stream, and none of {} has `continuation: prefill` in the catalog (docs/catalog.md); nothing was injected",
+                chain.join(", ")
+            ))
+            .into());
+        }
+    }
 
     node.config_version().await.map_err(DrillError::from)?;
     let ask = Ask {
@@ -289,6 +357,13 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
         .into());
     }
 
+    let (mut cut, mut reference) = (None, None);
+    if args.scenario == Scenario::StreamCut {
+        let (chunks, healthy) = references(node, &ask, &args.model).await?;
+        cut = Some(cut_after(args.cut_after, chunks)?);
+        reference = Some(healthy);
+    }
+
     let mut outside = None;
     if args.scenario == Scenario::AllDown {
         let usable = catalog.models.iter().filter(|m| {
@@ -328,7 +403,42 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
         window_size: policy.window_size,
         cooldown_ms: policy.cooldown_ms,
         stall_timeout: Duration::from_millis(u64::from(model.stall_timeout_ms())),
+        cut_after: cut,
+        reference,
     })
+}
+
+/// stream-cut: two healthy streams of the drill's request, before the fault. Their text is
+/// what every cut stream must come to, and the first's content chunks say where to cut.
+async fn references(node: &Node, ask: &Ask, model: &str) -> Result<(u32, Reference), CliError> {
+    let ask = Ask { stream: true, ..ask.clone() };
+    let content = drill_content(Scenario::StreamCut);
+    let mut healthy = Vec::new();
+    for _ in 0..2 {
+        let answer = node.chat(&ask, &content, Instant::now(), PLAIN_GIVE_UP).await;
+        let whole = answer.served() && answer.served_model.as_deref() == Some(model);
+        match answer.stream {
+            Some(stream) if whole && stream.error_code.is_none() => healthy.push(stream),
+            _ => {
+                return Err(DrillError::Unhealthy(format!(
+                    "a stream for {model} before the fault did not end whole from it ({})",
+                    verdict::outcomes(std::slice::from_ref(&answer))
+                ))
+                .into());
+            }
+        }
+    }
+    let (first, second) = (&healthy[0], &healthy[1]);
+    let reference = if first.text == second.text {
+        Reference::Text(first.text.clone())
+    } else {
+        Reference::NotJudged(format!(
+            "two healthy streams of the same request differ ({} and {} bytes): {model} does not answer the same way twice",
+            first.text.len(),
+            second.text.len()
+        ))
+    };
+    Ok((first.content_chunks, reference))
 }
 
 /// How long a drill waits for its primary's breaker to close before it starts (an earlier
@@ -419,6 +529,10 @@ fn faults(scenario: Scenario, plan: &Plan, model: &str) -> Vec<Fault> {
         Scenario::PrimaryDown => vec![fault(base, model, 1.0, unavailable)],
         Scenario::PrimaryFlaky => vec![fault(base, model, 0.5, unavailable)],
         Scenario::StreamStall => vec![fault(base, model, 1.0, FaultKind::StallAfter { chunks: 3 })],
+        Scenario::StreamCut => {
+            let chunks = plan.cut_after.unwrap_or(2);
+            vec![fault(base, model, 1.0, FaultKind::DropAfter { chunks })]
+        }
         Scenario::AllDown => plan
             .chain
             .iter()
@@ -495,13 +609,13 @@ async fn run(
         model: args.model.clone(),
         fallback_models: args.fallback_models.clone(),
         models: None,
-        stream: scenario == Scenario::StreamStall,
+        stream: matches!(scenario, Scenario::StreamStall | Scenario::StreamCut),
     };
-    let content = format!("Switchyard drill: {}", scenario.name());
+    let content = drill_content(scenario);
     let epoch = Instant::now();
     let next = Arc::new(AtomicU32::new(0));
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.concurrency.min(requests) {
+    for _ in 0..args.concurrency().min(requests) {
         let (node, ask, content, next) = (node.clone(), ask.clone(), content.clone(), next.clone());
         workers.spawn(async move {
             let mut mine = Vec::new();
@@ -575,7 +689,7 @@ fn report(
             obs,
             &plan.chain,
             plan.window_size,
-            args.concurrency as usize,
+            args.concurrency() as usize,
             Duration::from_millis(plan.cooldown_ms),
         ),
         Scenario::PrimaryFlaky => verdict::primary_flaky(
@@ -588,6 +702,10 @@ fn report(
         Scenario::AllDown => {
             verdict::all_down(obs, plan.outside.as_deref().map(|m| (m, j.outside)))
         }
+        Scenario::StreamCut => {
+            let none = Reference::NotJudged("no healthy stream was read".to_owned());
+            verdict::stream_cut(obs, plan.reference.as_ref().unwrap_or(&none))
+        }
     };
     let latencies: Vec<Duration> = obs.iter().map(Observation::latency).collect();
     let n = obs.len().max(1) as f64;
@@ -598,8 +716,9 @@ fn report(
         key_id: plan.key_id.clone(),
         chain: plan.chain.clone(),
         faults: j.faults,
+        cut_after: plan.cut_after,
         requests: obs.len(),
-        concurrency: args.concurrency,
+        concurrency: args.concurrency(),
         took_ms: j.took.as_secs_f64() * 1000.0,
         latency_ms: Latency {
             p50: verdict::percentile_ms(&latencies, 50.0),
@@ -612,5 +731,23 @@ fn report(
         expectations,
         faults_cleared: j.cleared,
         passed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_cut_cuts_past_the_middle_so_one_continuation_ends_the_answer() {
+        // 5 chunks: a cut after 3 leaves 2 and the finish chunk, which the same cut would
+        // cut again; after 4, 1 and the finish chunk.
+        assert_eq!(cut_after(None, 5).ok(), Some(4));
+        assert_eq!(cut_after(None, 4).ok(), Some(3));
+        assert_eq!(cut_after(None, 8).ok(), Some(5));
+        assert!(cut_after(None, 3).is_err());
+        assert_eq!(cut_after(Some(1), 5).ok(), Some(1));
+        let refused = cut_after(Some(5), 5).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.starts_with("--cut-after 5: the healthy answer has 5"), "{refused}");
     }
 }

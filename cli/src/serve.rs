@@ -431,7 +431,8 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     println!("  {bin} catalog; {bin} keys list; {bin} nodes; {bin} events");
     println!();
     println!("A drill (injects a fault for the demo key only, judges what happened, clears it;");
-    println!("also primary-flaky, stream-stall, all-down):");
+    println!("also primary-flaky, stream-stall, all-down, and stream-cut: streams cut mid-answer");
+    println!("and continued by the node, each judged whole, byte for byte):");
     println!();
     println!(
         "  {bin} drill primary-down --node {url} --key {demo_key} \\\n    --model {DEMO_DRILL_PRIMARY} --fallback-models {DEMO_DRILL_FALLBACK}"
@@ -520,8 +521,12 @@ async fn seed_demo(
              "price": {"input_per_mtok": 0.05, "output_per_mtok": 0.4}},
             {"name": DEMO_FALLBACK, "provider": "demo", "upstream_model": DEMO_FALLBACK_UPSTREAM,
              "price": {"input_per_mtok": 0.25, "output_per_mtok": 2.0}},
+            // The primary continues its own streams (the simulator takes a prefill), so
+            // `drill stream-cut` runs against it. Not the fallback: its answer differs, and a
+            // stream stalled on the primary (`drill stream-stall`, not continued on the model
+            // that stalled) is to end with its error frame, not be continued there.
             {"name": DEMO_DRILL_PRIMARY, "provider": "demo", "upstream_model": DEMO_DRILL_PRIMARY_UPSTREAM,
-             "stall_timeout_ms": 2000},
+             "stall_timeout_ms": 2000, "continuation": "prefill"},
             {"name": DEMO_DRILL_FALLBACK, "provider": "demo", "upstream_model": DEMO_DRILL_FALLBACK_UPSTREAM}
         ],
         "breaker_policy": {"cooldown_ms": 10000}

@@ -40,6 +40,9 @@ pub struct MessagesRequest {
     pub prompt_tokens: u64,
     /// The tool the simulated model calls, if the request lets it call one.
     pub tool_call: Option<ToolCall>,
+    /// The text of a last `assistant` message: the start of the answer the model is to
+    /// continue (Anthropic's prefill).
+    pub prefill: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +71,8 @@ struct RawRequest<'a> {
 
 #[derive(Deserialize)]
 struct RawMessage {
+    #[serde(default)]
+    role: Option<String>,
     #[serde(default)]
     content: Option<Value>,
 }
@@ -115,16 +120,32 @@ pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
         }
         (None, _) => None,
     };
+    let prefill = messages
+        .last()
+        .filter(|m| m.role.as_deref() == Some("assistant"))
+        .map(|m| m.content.as_ref().map(text_of).unwrap_or_default());
     Ok(MessagesRequest {
         model: model.into_owned(),
         stream: raw.stream.unwrap_or(false),
         prompt_tokens,
         tool_call,
+        prefill,
     })
 }
 
 fn invalid(message: &'static str) -> ApiError {
     ApiError::new(400, message, "invalid_request_error")
+}
+
+/// The text of a string or of the `text` content blocks.
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => {
+            blocks.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect()
+        }
+        _ => String::new(),
+    }
 }
 
 /// Words in a string or in the `text` of content blocks.
@@ -347,6 +368,17 @@ pub fn context_length(window: u64, prompt_tokens: u64) -> ApiError {
     ApiError::new(
         400,
         format!("prompt is too long: {prompt_tokens} tokens > {window} maximum"),
+        "invalid_request_error",
+    )
+}
+
+/// A model that takes no prefill: Anthropic's 400 for a conversation that ends with an
+/// assistant turn, as api.anthropic.com words it for the models without prefill support.
+pub fn prefill_unsupported() -> ApiError {
+    ApiError::new(
+        400,
+        "This model does not support assistant message prefill. The conversation must end \
+         with a user message.",
         "invalid_request_error",
     )
 }

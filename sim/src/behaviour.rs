@@ -90,6 +90,10 @@ pub struct Reply {
     /// The model's context, in the simulator's tokens (words): a request whose prompt has
     /// more gets the provider's own context-length refusal (a 400) instead of the answer.
     pub context_window: Option<u64>,
+    /// A request that ends in an assistant message (a prefill: "continue this answer") gets
+    /// the provider's 400 for it instead of the answer, whatever else is scripted, as models
+    /// and servers without prefill support answer it.
+    pub rejects_prefill: bool,
 }
 
 impl Default for Reply {
@@ -105,6 +109,7 @@ impl Default for Reply {
             no_done: false,
             bad_frame_after: None,
             context_window: None,
+            rejects_prefill: false,
         }
     }
 }
@@ -121,6 +126,13 @@ impl Reply {
     pub fn text(text: impl Into<String>) -> Self {
         Reply { text: Some(text.into()), ..Reply::default() }
     }
+}
+
+/// What a request's trailing assistant message (a prefill) makes of an answer: the byte
+/// offset the answer continues from, when the prefill is a prefix of it (the model carries
+/// on from there); 0 (the whole answer, as usual) when there is none or it is not a prefix.
+pub fn continues_at(answer: &str, prefill: Option<&str>) -> usize {
+    prefill.filter(|p| answer.starts_with(p)).map_or(0, str::len)
 }
 
 /// `{"kind": "status", "status": 429, …}`: an error response.
@@ -195,6 +207,17 @@ mod tests {
         let b = parse(r#"{"kind":"ok","text":"hi","chunks":2,"stall_after":1}"#);
         let Behaviour::Ok(r) = b else { panic!("not ok") };
         assert_eq!((r.text.as_deref(), r.chunks, r.stall_after), (Some("hi"), 2, Some(1)));
+        assert!(!r.rejects_prefill);
+        let b = parse(r#"{"kind":"ok","rejects_prefill":true}"#);
+        assert!(matches!(b, Behaviour::Ok(r) if r.rejects_prefill));
+    }
+
+    #[test]
+    fn a_prefill_continues_the_answer_only_when_it_is_a_prefix_of_it() {
+        assert_eq!(continues_at("Hello from m.", Some("Hello fr")), 8);
+        assert_eq!(continues_at("Hello from m.", Some("Bonjour")), 0);
+        assert_eq!(continues_at("Hello from m.", None), 0);
+        assert_eq!(continues_at("héllo", Some("hé")), "hé".len());
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub struct GenerateRequest {
     pub prompt_tokens: u64,
     /// The function the simulated model calls, if the request offers one (module docs).
     pub call: Option<FunctionCall>,
+    /// The text of a last content with role `model`: the start of the answer the model is
+    /// to continue (a prefill).
+    pub prefill: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +78,8 @@ struct RawRequest {
 
 #[derive(Deserialize)]
 struct RawContent {
+    #[serde(default)]
+    role: Option<String>,
     #[serde(default)]
     parts: Vec<Value>,
 }
@@ -106,7 +111,11 @@ pub fn parse_request(model: &str, stream: bool, body: &[u8]) -> Result<GenerateR
         .last()
         .is_some_and(|c| c.parts.iter().any(|p| p.get("functionResponse").is_some()));
     let call = if answered { None } else { function_call(&raw.tools, raw.tool_config.as_ref()) };
-    Ok(GenerateRequest { model: model.to_owned(), stream, prompt_tokens, call })
+    let prefill = contents
+        .last()
+        .filter(|c| c.role.as_deref() == Some("model"))
+        .map(|c| c.parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect());
+    Ok(GenerateRequest { model: model.to_owned(), stream, prompt_tokens, call, prefill })
 }
 
 fn function_call(tools: &[RawTool], config: Option<&Value>) -> Option<FunctionCall> {
@@ -335,6 +344,17 @@ impl ApiError {
                 "The input token count ({prompt_tokens}) exceeds the maximum number of tokens \
                  allowed ({window})."
             ),
+        )
+    }
+
+    /// A model that takes no trailing `model` turn as the start of its answer: Google's 400
+    /// INVALID_ARGUMENT for a conversation that does not end with a user turn.
+    pub fn prefill_unsupported() -> Self {
+        ApiError::new(
+            400,
+            "Please ensure that the conversation ends with a user turn: this model does not \
+             continue a model turn."
+                .to_owned(),
         )
     }
 

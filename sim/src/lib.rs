@@ -23,6 +23,12 @@
 //!   declaring functions gets a `functionCall` (see [`gemini`]). With accepted keys set,
 //!   `x-goog-api-key` (or `?key=`) must be one: none is Google's 403, a wrong one its 400
 //!   `API_KEY_INVALID`.
+//! - A request whose last message is the assistant's (Anthropic: `assistant`; Gemini: a
+//!   `model` content) continues an answer (a prefill): when its text is a prefix of what the
+//!   model would answer, only the rest is sent (streamed: the whole answer cut into its
+//!   `chunks` pieces, then the rest of the piece the prefill ends in and the later pieces;
+//!   usage counts the rest only); otherwise the whole answer. A reply with `rejects_prefill`
+//!   answers such a request with the provider's 400 instead.
 //! - Any other path is a 404, as the real APIs answer it, in the error shape of the API the
 //!   request was meant for (told by its key header or path): OpenAI's `Invalid URL (POST
 //!   /v1/v1/chat/completions)`, Anthropic's `not_found_error`, Google's `NOT_FOUND`. A

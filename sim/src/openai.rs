@@ -35,6 +35,9 @@ pub struct ChatRequest {
     pub include_usage: bool,
     /// Deterministic stand-in for a tokenizer: whitespace-separated words in all messages.
     pub prompt_tokens: u64,
+    /// The text of a last message from the assistant: the start of the answer the client
+    /// asks the model to continue (a prefill).
+    pub prefill: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -51,6 +54,8 @@ struct RawRequest<'a> {
 
 #[derive(Deserialize)]
 struct RawMessage {
+    #[serde(default)]
+    role: Option<String>,
     #[serde(default)]
     content: Option<RawContent>,
 }
@@ -116,11 +121,21 @@ pub fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
             Some(RawContent::Other(_)) | None => 0,
         })
         .sum();
+    let prefill = messages.last().filter(|m| m.role.as_deref() == Some("assistant")).map(|m| {
+        match &m.content {
+            Some(RawContent::Text(t)) => t.clone(),
+            Some(RawContent::Parts(parts)) => {
+                parts.iter().filter_map(|p| p.text.as_deref()).collect()
+            }
+            Some(RawContent::Other(_)) | None => String::new(),
+        }
+    });
     Ok(ChatRequest {
         model: model.into_owned(),
         stream: raw.stream.unwrap_or(false),
         include_usage: raw.stream_options.is_some_and(|o| o.include_usage),
         prompt_tokens,
+        prefill,
     })
 }
 
@@ -533,6 +548,17 @@ impl ApiError {
         .code("context_length_exceeded")
     }
 
+    /// A server without prefill support refusing the continuation fields (OpenAI's own 400
+    /// for a body field it does not take: "Unrecognized request argument supplied: …",
+    /// `invalid_request_error`, param and code null).
+    pub fn prefill_unsupported() -> Self {
+        ApiError::new(
+            400,
+            "Unrecognized request argument supplied: continue_final_message",
+            "invalid_request_error",
+        )
+    }
+
     /// A path OpenAI does not serve.
     pub fn invalid_url(method: &str, path: &str) -> Self {
         ApiError::new(404, format!("Invalid URL ({method} {path})"), "invalid_request_error")
@@ -776,7 +802,8 @@ mod tests {
                 model: "a/b".into(),
                 stream: true,
                 include_usage: true,
-                prompt_tokens: 4
+                prompt_tokens: 4,
+                prefill: None,
             }
         );
         assert_eq!(parse_request(b"{nope").unwrap_err().status, 400);

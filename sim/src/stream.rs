@@ -37,6 +37,8 @@ pub struct StreamPlan {
     no_done: bool,
     bad_frame_after: Option<u32>,
     error_after: Option<(u32, String)>,
+    /// A continuation: the bytes of `text` the client already has (its prefill).
+    skip: usize,
 }
 
 impl StreamPlan {
@@ -57,7 +59,17 @@ impl StreamPlan {
             no_done: reply.no_done,
             bad_frame_after: reply.bad_frame_after,
             error_after,
+            skip: 0,
         }
+    }
+
+    /// Sends only what follows the first `skip` bytes of the text (a prefill the request
+    /// ended with): the whole text is cut into its pieces as usual, and the stream sends the
+    /// rest of the piece the prefill ends in, then the pieces after it. The faults count
+    /// the pieces this stream sends, like a real provider's stream of its own.
+    pub fn continuing(mut self, skip: usize) -> Self {
+        self.skip = skip;
+        self
     }
 
     /// Starts the stream task and returns the body it feeds.
@@ -76,7 +88,7 @@ impl StreamPlan {
         for frame in self.wire.head() {
             send(tx, frame).await?;
         }
-        let pieces = pieces(&self.text, self.chunks);
+        let pieces = rest_of_pieces(&self.text, self.chunks, self.skip);
         for i in 0..=pieces.len() {
             let sent = u32::try_from(i).unwrap_or(u32::MAX);
             let last = i == pieces.len();
@@ -114,7 +126,9 @@ impl StreamPlan {
             sleep_ms(if i == 0 { self.first_token_delay_ms } else { self.chunk_delay_ms }).await;
             send(tx, self.wire.content(pieces[i])).await?;
         }
-        for frame in self.wire.tail(&self.text, !self.no_done) {
+        // Usage counts what this call generated: the continuation only.
+        let generated = self.text.get(self.skip..).unwrap_or_default();
+        for frame in self.wire.tail(generated, !self.no_done) {
             send(tx, frame).await?;
         }
         Ok(())
@@ -154,6 +168,25 @@ pub fn pieces(text: &str, n: u32) -> Vec<&str> {
         .collect()
 }
 
+/// The pieces of `text` cut into `n` that a continuation from byte `skip` sends: the rest of
+/// the piece `skip` falls in (when it falls inside one), then every later piece.
+pub fn rest_of_pieces(text: &str, n: u32, skip: usize) -> Vec<&str> {
+    if skip == 0 {
+        return pieces(text, n);
+    }
+    let mut start = 0;
+    let mut rest = Vec::new();
+    for piece in pieces(text, n) {
+        let end = start + piece.len();
+        if end > skip {
+            // `skip` is a prefix's length, so it lies on a character boundary.
+            rest.push(text.get(skip.max(start)..end).unwrap_or_default());
+        }
+        start = end;
+    }
+    rest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +199,22 @@ mod tests {
         let p = pieces("héé", 5);
         assert_eq!((p.len(), p.concat()), (5, "héé".to_owned()));
         assert_eq!(pieces("", 3), vec!["", "", ""]);
+    }
+
+    #[test]
+    fn a_continuation_sends_the_rest_of_the_cut_piece_then_the_later_pieces() {
+        let text = "Hello from m/one.";
+        let all = pieces(text, 5);
+        assert_eq!(rest_of_pieces(text, 5, 0), all);
+        // A prefill that ends exactly after two pieces: the last three, whole.
+        let two = all[0].len() + all[1].len();
+        assert_eq!(rest_of_pieces(text, 5, two), all[2..].to_vec());
+        // One that ends inside the third piece: its rest, then the last two.
+        let mid = two + 1;
+        let rest = rest_of_pieces(text, 5, mid);
+        assert_eq!(rest.len(), 3);
+        assert_eq!(rest[0], &all[2][1..]);
+        assert_eq!(rest.concat(), &text[mid..]);
+        assert!(rest_of_pieces(text, 5, text.len()).is_empty());
     }
 }

@@ -249,3 +249,40 @@ async fn messages_off_the_real_path_get_anthropics_404() {
     }
     assert_eq!(s.requests("claude-sim"), 0, "a request to a wrong path reaches no model");
 }
+
+fn continuation(model: &str, prefill: &str, stream: bool) -> Value {
+    json!({"model": model, "max_tokens": 64, "stream": stream,
+           "messages": [{"role": "user", "content": "say hi to me"},
+                        {"role": "assistant", "content": [{"type": "text", "text": prefill}]}]})
+}
+
+#[tokio::test]
+async fn a_prefill_gets_the_rest_of_the_answer_and_rejects_prefill_gets_anthropics_400() {
+    let sim = sim().await;
+    sim.set("c", Behaviour::Ok(Reply::text("one two three four five")));
+    let (status, _, body) =
+        post(sim.local_addr, continuation("c", "one two t", true), &[]).await.unwrap();
+    assert_eq!(status, 200);
+    let events = events(&body);
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .filter_map(|(_, d)| d["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(deltas, ["hree", " four", " five"]);
+    let delta = events.iter().find(|(n, _)| n == "message_delta").unwrap();
+    assert_eq!(delta.1["usage"]["output_tokens"], 3);
+    let (_, _, body) = post(sim.local_addr, continuation("c", "nope", false), &[]).await.unwrap();
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["content"][0]["text"], "one two three four five");
+
+    sim.set("r", Behaviour::Ok(Reply { rejects_prefill: true, ..Reply::default() }));
+    let (status, _, body) =
+        post(sim.local_addr, continuation("r", "Hel", true), &[]).await.unwrap();
+    assert_eq!(status, 400);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    let (status, _, _) = post(sim.local_addr, request("r", false), &[]).await.unwrap();
+    assert_eq!(status, 200);
+}

@@ -734,3 +734,102 @@ async fn a_prompt_past_the_context_window_gets_openais_context_length_400() {
     let (status, _, _) = chat(sim.local_addr, "fits").await;
     assert_eq!(status, StatusCode::OK);
 }
+
+// === Prefill continuation ===
+
+/// A request that continues `prefill`: the user's turn, then the start of the answer.
+fn continuation(model: &str, prefill: &str, stream: bool) -> Value {
+    json!({"model": model, "stream": stream, "stream_options": {"include_usage": true},
+           "continue_final_message": true, "add_generation_prompt": false,
+           "messages": [{"role": "user", "content": "say hi to me"},
+                        {"role": "assistant", "content": prefill, "prefix": true}]})
+}
+
+#[tokio::test]
+async fn a_prefill_that_starts_the_answer_gets_only_the_rest_streamed_from_the_cut_piece() {
+    let sim = sim().await;
+    // "one two three four five" in 5 pieces: "one ", "two t", "hree", " four", " five".
+    let text = "one two three four five";
+    sim.set("c", Behaviour::Ok(Reply { text: Some(text.into()), ..Reply::default() }));
+    // A prefill that ends inside the third piece: its rest, then the last two pieces.
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(continuation("c", "one two th", true)), &[])
+        .await;
+    let (frames, failed) = events(resp).await;
+    assert!(!failed);
+    assert_eq!(content(&frames), ["ree", " four", " five"]);
+    let usage: Value = serde_json::from_str(&frames[frames.len() - 2]).unwrap();
+    // The continuation's own tokens: "ree four five".
+    assert_eq!(usage["usage"]["completion_tokens"], 3);
+    assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
+
+    // A stream cut after 2 of 5 pieces, continued: 3 pieces, which a scripted drop after 2
+    // cuts again (the faults count this stream's own pieces).
+    sim.set(
+        "c",
+        Behaviour::Ok(Reply { text: Some(text.into()), drop_after: Some(2), ..Reply::default() }),
+    );
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(continuation("c", "one two t", true)), &[])
+        .await;
+    let (cut, failed) = events(resp).await;
+    assert!(failed);
+    assert_eq!(content(&cut), ["hree", " four"]);
+}
+
+#[tokio::test]
+async fn a_prefill_that_is_not_a_prefix_gets_the_whole_answer() {
+    let sim = sim().await;
+    sim.set("c", Behaviour::Ok(Reply::text("one two three")));
+    let (_, _, body) = call(
+        sim.local_addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(continuation("c", "uno", false)),
+        &[],
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "one two three");
+    let (_, _, body) = call(
+        sim.local_addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(continuation("c", "one two", false)),
+        &[],
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], " three");
+    assert_eq!(v["usage"]["completion_tokens"], 1);
+}
+
+#[tokio::test]
+async fn rejects_prefill_answers_a_prefill_with_openais_400_and_other_requests_as_usual() {
+    let sim = sim().await;
+    sim.set(
+        "r",
+        Behaviour::Ok(Reply { rejects_prefill: true, delay_ms: 10_000, ..Reply::default() }),
+    );
+    let (status, _, body) = call(
+        sim.local_addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(continuation("r", "Hel", true)),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 400);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        v["error"]["message"],
+        "Unrecognized request argument supplied: continue_final_message"
+    );
+    sim.set("r", Behaviour::Ok(Reply { rejects_prefill: true, ..Reply::default() }));
+    let (status, _, v) = chat(sim.local_addr, "r").await;
+    assert_eq!(status, 200);
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello from r.");
+}

@@ -225,3 +225,29 @@ async fn generate_off_the_real_path_gets_googles_404() {
     }
     assert_eq!(sim.requests("g"), 0, "a request to a wrong path reaches no model");
 }
+
+#[tokio::test]
+async fn a_model_turn_last_gets_the_rest_and_rejects_prefill_gets_invalid_argument() {
+    let sim = sim().await;
+    sim.set("c", Behaviour::Ok(Reply::text("one two three four five")));
+    let body = json!({"contents": [
+        {"role": "user", "parts": [{"text": "say hi to me"}]},
+        {"role": "model", "parts": [{"text": "one two t"}]}]});
+    let path = "/v1beta/models/c:generateContent";
+    let resp = send(sim.local_addr, path, &body, &[]).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["candidates"][0]["content"]["parts"][0]["text"], "hree four five");
+    assert_eq!(v["usageMetadata"]["candidatesTokenCount"], 3);
+
+    sim.set("r", Behaviour::Ok(Reply { rejects_prefill: true, ..Reply::default() }));
+    let resp =
+        send(sim.local_addr, "/v1beta/models/r:streamGenerateContent?alt=sse", &body, &[]).await;
+    assert_eq!(resp.status(), 400);
+    let v: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["error"]["status"], "INVALID_ARGUMENT");
+    let (status, _) = generate(sim.local_addr, "r").await;
+    assert_eq!(status, 200);
+}

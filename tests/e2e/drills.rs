@@ -1,4 +1,4 @@
-//! The four drills (`switchyard drill`) run against real processes: the simulator behind
+//! The five drills (`switchyard drill`) run against real processes: the simulator behind
 //! real nodes and control planes. Each test checks the drill's own verdicts and, apart from
 //! them, what the simulator, the nodes and the control plane saw, so a drill that judged
 //! wrongly would fail here too.
@@ -381,4 +381,77 @@ async fn an_interrupted_drill_clears_its_fault_and_exits_130() {
         .stream(json!({"model": STALLY, "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
         .await;
     assert!(s.error_frame().is_none(), "{:?}", s.frames);
+}
+
+/// What both continuing models answer: the same text, so the stream is whole byte for byte
+/// whichever of them the node asks to continue it.
+const CUT_TEXT: &str = "one two three four five six seven eight nine ten";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_cut_ends_every_stream_whole_with_one_continuation() {
+    let gw = Gateway::start().await;
+    for upstream in ["continues", "continues-too"] {
+        gw.script(upstream, json!({"kind": "ok", "text": CUT_TEXT, "chunks": 5})).await;
+    }
+    let node = gw.node.url();
+    let mut args = drill_args("stream-cut", &gw, &node);
+    args.extend(["--model", CONTINUES, "--fallback-models", CONTINUES_TOO]);
+    let report = drill(&gw.cp.url(), &args).await.json();
+    all_hold(
+        &report,
+        &["every_stream_ends_complete", "one_continuation_each", "text_equals_a_healthy_stream"],
+    );
+    // 5 pieces: a cut after 3 would leave 2 and the finish chunk, which the same fault
+    // (counting the finish chunk) cuts again; the drill cuts after 4, so each continuation
+    // (1 piece and the finish) ends the answer.
+    assert_eq!(report["cut_after"], 4, "{report:#}");
+    assert_eq!(report["requests"], 8);
+    // One stream at a time: each cut (a failure of the primary's call) is followed by its
+    // continuation (a success), so the primary's failure rate stays under half and its
+    // breaker (the default policy) never opens during the drill.
+    assert_eq!(report["concurrency"], 1);
+    assert_eq!(report["breaker_transitions"][CONTINUES], 0, "{report:#}");
+    let whole = report["expectations"][2]["detail"].as_str().unwrap();
+    assert_eq!(whole, format!("8 of 8 equal the {} bytes", CUT_TEXT.len()));
+
+    // What the node and the simulator saw, apart from the drill's judgement: one
+    // continuation per stream, and one upstream call for each of them on top of the plain
+    // request and the two healthy streams before the fault and the eight cut streams.
+    let continued = metric(gw.node.addr, "switchyard_stream_continuations_total", "").await;
+    assert_eq!(continued, 8.0);
+    let calls =
+        gw.upstream_requests("continues").await + gw.upstream_requests("continues-too").await;
+    assert_eq!(calls, 1 + 2 + 8 + 8);
+    // The last call was a continuation: the delivered text as a final assistant message.
+    let last =
+        http_get(gw.sim.addr, "/_sim/last_request?model=continues", None).await.unwrap().json();
+    let messages = last["body"]["messages"].as_array().unwrap();
+    let prefill = messages.last().unwrap();
+    assert_eq!(prefill["role"], "assistant", "{last:#}");
+    assert!(CUT_TEXT.starts_with(prefill["content"].as_str().unwrap()), "{last:#}");
+    assert_eq!(faults_in_force(&gw.cp.url()).await, Vec::<Value>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_cut_refuses_a_chain_that_no_model_can_continue_before_injecting() {
+    let gw = Gateway::start().await;
+    let node = gw.node.url();
+    let mut args = drill_args("stream-cut", &gw, &node);
+    args.extend(["--model", PRIMARY, "--fallback-models", SECONDARY]);
+    let out = drill(&gw.cp.url(), &args).await;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("none of {PRIMARY}, {SECONDARY} has `continuation: prefill`")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(faults_in_force(&gw.cp.url()).await, Vec::<Value>::new());
+    assert_eq!(gw.upstream_total().await, 0, "a refused drill sends nothing upstream");
+
+    // --cut-after belongs to stream-cut alone: a usage mistake.
+    let mut args = drill_args("stream-stall", &gw, &node);
+    args.extend(["--model", STALLY, "--cut-after", "2"]);
+    let out = drill(&gw.cp.url(), &args).await;
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--cut-after goes with stream-cut"), "{}", out.stderr);
 }

@@ -36,6 +36,11 @@ pub const ALL_MODELS: [&str; 3] = [PRIMARY, SECONDARY, TERTIARY];
 pub const CTX_SMALL: &str = "sim/ctx-small";
 pub const CTX_SMALLER: &str = "sim/ctx-smaller";
 pub const CTX_LARGE: &str = "sim/ctx-large";
+/// Models whose catalog entry says `continuation: prefill` (docs/catalog.md): the node may
+/// ask them to continue a stream that broke. Upstream `continues` and `continues-too`; no
+/// other model of this catalog continues, so other tests' broken streams end as before.
+pub const CONTINUES: &str = "sim/continues";
+pub const CONTINUES_TOO: &str = "sim/continues-too";
 
 pub struct Gateway {
     pub dir: tempfile::TempDir,
@@ -179,6 +184,14 @@ models:
   - name: nowhere/model
     provider: nowhere
     upstream_model: unreachable
+  - name: {CONTINUES}
+    provider: sim-us
+    upstream_model: continues
+    continuation: prefill
+  - name: {CONTINUES_TOO}
+    provider: sim-us
+    upstream_model: continues-too
+    continuation: prefill
 {policy}"#,
         keys = options.api_keys,
         policy = options.breaker_policy,

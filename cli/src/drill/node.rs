@@ -13,7 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::drill::observe::{Observation, StreamTiming, attempts, error_code};
+use crate::drill::observe::{Observation, StreamTiming, attempts, continued, error_code};
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -269,13 +269,17 @@ impl Node {
                     if observation.attempts.is_empty() {
                         observation.attempts = attempts(&chunk);
                     }
-                    let has_content = chunk
+                    if let Some(n) = continued(&chunk) {
+                        timing.continuations = n;
+                    }
+                    let content = chunk
                         .pointer("/choices/0/delta/content")
                         .and_then(Value::as_str)
-                        .is_some_and(|t| !t.is_empty());
-                    if has_content {
+                        .filter(|t| !t.is_empty());
+                    if let Some(content) = content {
                         timing.content_chunks += 1;
                         timing.last_content = Some(sent.elapsed());
+                        timing.text.push_str(content);
                     }
                 }
             }

@@ -45,6 +45,11 @@ pub struct StreamTiming {
     pub done: bool,
     /// The drill gave up waiting: neither an error frame nor the end came in time.
     pub hung: bool,
+    /// The answer's text: every chunk's content, in order.
+    pub text: String,
+    /// How many continuations the node reported (`secureai.continued` in the final chunk);
+    /// 0 when none did.
+    pub continuations: usize,
 }
 
 /// One request of a drill.
@@ -116,6 +121,14 @@ fn attempt(item: &Value) -> Option<Attempt> {
     })
 }
 
+/// How many continuations a chunk reports (`secureai.continued`), if it reports any: the
+/// models asked to continue. An entry `skipped` (its breaker open, or no time left) asked
+/// nobody, and is not counted.
+pub fn continued(chunk: &Value) -> Option<usize> {
+    let entries = chunk.pointer("/secureai/continued").and_then(Value::as_array)?;
+    Some(entries.iter().filter(|e| e["outcome"] != "skipped").count())
+}
+
 /// The `error.code` of an OpenAI error envelope, if the value is one.
 pub fn error_code(answer: &Value) -> Option<String> {
     let error = answer.get("error")?;
@@ -154,5 +167,18 @@ mod tests {
         assert_eq!(attempts(&answer).len(), 1);
         assert_eq!(error_code(&answer).as_deref(), Some("all_models_failed"));
         assert_eq!(attempts(&json!({"id": "x"})), []);
+    }
+
+    #[test]
+    fn continuations_are_counted_from_the_final_chunk() {
+        let last = json!({"choices": [], "secureai": {"served_model": "a", "requested_model": "a",
+            "continued": [{"model": "a", "reason": "upstream_disconnected", "at_char": 6,
+                           "outcome": "served"}]}});
+        assert_eq!(continued(&last), Some(1));
+        let skipped_then_served = json!({"choices": [], "secureai": {"continued": [
+            {"model": "a", "reason": "upstream_disconnected", "at_char": 6, "outcome": "skipped"},
+            {"model": "b", "reason": "upstream_disconnected", "at_char": 6, "outcome": "served"}]}});
+        assert_eq!(continued(&skipped_then_served), Some(1));
+        assert_eq!(continued(&json!({"choices": [{"delta": {"content": "x"}}]})), None);
     }
 }

@@ -19,6 +19,9 @@ pub enum Scenario {
     StreamStall,
     /// Every model of the chain answers 503.
     AllDown,
+    /// The first model's streams are cut off (the connection drops) after a few content
+    /// chunks; the node continues each one.
+    StreamCut,
 }
 
 impl Scenario {
@@ -28,6 +31,7 @@ impl Scenario {
             Scenario::PrimaryFlaky => "primary-flaky",
             Scenario::StreamStall => "stream-stall",
             Scenario::AllDown => "all-down",
+            Scenario::StreamCut => "stream-cut",
         }
     }
 
@@ -36,7 +40,7 @@ impl Scenario {
             // Enough for the default breaker window (20) to fill and many requests after.
             Scenario::PrimaryDown | Scenario::PrimaryFlaky => 40,
             // Each stalled stream waits out the model's stall timeout.
-            Scenario::StreamStall => 8,
+            Scenario::StreamStall | Scenario::StreamCut => 8,
             Scenario::AllDown => 20,
         }
     }
@@ -50,6 +54,9 @@ pub struct DrillReport {
     pub key_id: String,
     pub chain: Vec<String>,
     pub faults: Vec<String>,
+    /// stream-cut: the content chunks after which the primary's streams are cut.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cut_after: Option<u32>,
     pub requests: usize,
     pub concurrency: u32,
     pub took_ms: f64,

@@ -1,4 +1,5 @@
-//! The drill scenarios judged from what the drill observed (docs/cli.md, "`drill`"): one [`Expectation`] per promise, each with the figures behind its verdict.
+//! The five drill scenarios judged from what the drill observed (docs/cli.md, "`drill`"):
+//! one [`Expectation`] per promise, each with the figures behind its verdict.
 //! Pure functions of the observations, so every verdict is unit-tested without a fleet.
 
 use std::collections::BTreeMap;
@@ -221,6 +222,81 @@ pub fn stream_stall(obs: &[Observation], stall_timeout: Duration) -> Vec<Expecta
     ]
 }
 
+/// What the drill's healthy streams, sent before the fault, answered: the text every cut
+/// stream must come to, or why there is none to compare with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reference {
+    Text(String),
+    /// Two healthy streams of the same request differed (a model that does not answer the
+    /// same way twice): a byte comparison would judge the model, not the continuation.
+    NotJudged(String),
+}
+
+/// `stream-cut`: the primary's streams drop after a few content chunks, and the node
+/// continues each one.
+pub fn stream_cut(obs: &[Observation], reference: &Reference) -> Vec<Expectation> {
+    let streams: Vec<_> = obs.iter().map(|o| (o, o.stream.as_ref())).collect();
+    let complete = streams
+        .iter()
+        .filter(|(o, s)| {
+            o.status == Some(200)
+                && o.error.is_none()
+                && s.is_some_and(|s| s.done && s.error_code.is_none() && !s.hung)
+        })
+        .count();
+    let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
+    for (_, s) in &streams {
+        *counts.entry(s.map_or(0, |s| s.continuations)).or_default() += 1;
+    }
+    let once = counts.get(&1).copied().unwrap_or(0);
+    let counted = counts
+        .iter()
+        .map(|(n, streams)| format!("{n} continuation(s) ×{streams}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let whole = match reference {
+        Reference::NotJudged(why) => Expectation::new(
+            "text_equals_a_healthy_stream",
+            "every stream's text equals a healthy stream's, byte for byte",
+            None,
+            format!("not judged: {why}"),
+        ),
+        Reference::Text(text) => {
+            let equal = streams.iter().filter(|(_, s)| s.is_some_and(|s| s.text == *text)).count();
+            let first_bad = streams.iter().filter_map(|(_, s)| *s).find(|s| s.text != *text);
+            let mut detail = format!("{equal} of {} equal the {} bytes", obs.len(), text.len());
+            if let Some(bad) = first_bad {
+                let at = bad.text.bytes().zip(text.bytes()).take_while(|(a, b)| a == b).count();
+                detail.push_str(&format!(
+                    "; the first that differs has {} bytes and parts from it at byte {at}",
+                    bad.text.len()
+                ));
+            }
+            Expectation::new(
+                "text_equals_a_healthy_stream",
+                "every stream's text equals a healthy stream's, byte for byte",
+                Some(equal == obs.len()),
+                detail,
+            )
+        }
+    };
+    vec![
+        Expectation::new(
+            "every_stream_ends_complete",
+            "every cut stream ends with [DONE] and no error frame",
+            Some(complete == obs.len()),
+            format!("{complete} of {}: {}", obs.len(), outcomes(obs)),
+        ),
+        Expectation::new(
+            "one_continuation_each",
+            "every stream's final chunk reports exactly one continuation",
+            Some(once == obs.len()),
+            format!("{once} of {}: {counted}", obs.len()),
+        ),
+        whole,
+    ]
+}
+
 /// An answer the all-down scenario accepts: the designed degraded answer, or the chain's
 /// own `all_models_failed` (429 or 502).
 fn all_down_answer(o: &Observation) -> bool {
@@ -397,6 +473,7 @@ mod tests {
             error_at: error_at.map(at),
             done: false,
             hung,
+            ..StreamTiming::default()
         });
         o
     }
@@ -411,6 +488,57 @@ mod tests {
         let hung = vec![stream(10, Some(1010), false), stream(10, None, true)];
         assert_eq!(holds(&stream_stall(&hung, stall)), [Some(false), Some(true)]);
         assert_eq!(holds(&stream_stall(&[stream(10, None, true)], stall)), [Some(false), None]);
+    }
+
+    /// A stream that ended with `[DONE]`, this text and this many continuations.
+    fn cut(text: &str, continuations: usize) -> Observation {
+        let mut o = request(0, &[("a", "served")]);
+        o.stream = Some(StreamTiming {
+            content_chunks: 3,
+            done: true,
+            text: text.to_owned(),
+            continuations,
+            ..StreamTiming::default()
+        });
+        o
+    }
+
+    #[test]
+    fn stream_cut_holds_when_every_stream_ends_whole_with_one_continuation() {
+        let reference = Reference::Text("Hello from a.".to_owned());
+        let obs = vec![cut("Hello from a.", 1), cut("Hello from a.", 1)];
+        let found = stream_cut(&obs, &reference);
+        assert_eq!(holds(&found), [Some(true), Some(true), Some(true)], "{found:#?}");
+        assert_eq!(found[2].detail, "2 of 2 equal the 13 bytes");
+    }
+
+    #[test]
+    fn stream_cut_fails_an_error_frame_a_second_continuation_or_a_text_that_differs() {
+        let reference = Reference::Text("Hello from a.".to_owned());
+        let mut framed = cut("Hello", 1);
+        if let Some(s) = framed.stream.as_mut() {
+            s.done = false;
+            s.error_code = Some("upstream_disconnected".to_owned());
+        }
+        let found = stream_cut(&[cut("Hello from a.", 1), framed], &reference);
+        assert_eq!(holds(&found), [Some(false), Some(true), Some(false)], "{found:#?}");
+        assert!(found[2].detail.ends_with("parts from it at byte 5"), "{}", found[2].detail);
+
+        let twice = stream_cut(&[cut("Hello from a.", 2), cut("Hello from a.", 0)], &reference);
+        assert_eq!(holds(&twice), [Some(true), Some(false), Some(true)]);
+        assert_eq!(twice[1].detail, "0 of 2: 0 continuation(s) ×1, 2 continuation(s) ×1");
+
+        // A spliced answer: the whole answer again after the cut.
+        let spliced = stream_cut(&[cut("Hello frHello from a.", 1)], &reference);
+        assert_eq!(spliced[2].holds, Some(false));
+    }
+
+    #[test]
+    fn stream_cut_does_not_judge_the_text_when_healthy_streams_differ() {
+        let reference = Reference::NotJudged("two healthy streams differ".to_owned());
+        let found = stream_cut(&[cut("anything", 1)], &reference);
+        assert_eq!(holds(&found), [Some(true), Some(true), None]);
+        assert_eq!(found[2].detail, "not judged: two healthy streams differ");
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub fn drill_report(r: &DrillReport) -> String {
     ));
     out.push_str(&format!("  chain:     {}\n", r.chain.join(" → ")));
     out.push_str(&format!("  faults:    {}\n", r.faults.join(", ")));
+    if let Some(k) = r.cut_after {
+        out.push_str(&format!("  cut:       the primary's streams after {k} content chunks\n"));
+    }
     out.push_str(&format!(
         "  requests:  {} ({} at a time) in {}; latency p50 {:.1} ms, p99 {:.1} ms\n",
         r.requests,

@@ -16,7 +16,7 @@ use super::response::{
 };
 use super::state::{State, lock};
 use crate::anthropic::{self, MessagesRequest};
-use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, sleep_ms};
+use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, continues_at, sleep_ms};
 use crate::body::Aborted;
 use crate::openai::{self, ApiError};
 use crate::stream::{self, StreamPlan, StreamWire};
@@ -91,19 +91,28 @@ async fn respond(
     let tool_call = request.tool_call.as_ref();
     match behaviour {
         Behaviour::Ok(reply) => {
+            if reply.rejects_prefill && request.prefill.is_some() {
+                return Ok(error_response(&anthropic::prefill_unsupported(), &request_id));
+            }
             sleep_ms(reply.delay_ms).await;
             if let Some(window) = reply.too_long(request.prompt_tokens) {
                 let err = anthropic::context_length(window, request.prompt_tokens);
                 return Ok(error_response(&err, &request_id));
             }
             let text = reply_text(reply.text.as_deref(), &request.model);
+            // A tool call is not text a prefill can be the start of.
+            let skip = match tool_call {
+                Some(_) => 0,
+                None => continues_at(&text, request.prefill.as_deref()),
+            };
             if request.stream {
                 let wire = message().stream(tool_call);
                 let text = wire.text(text);
-                let plan = StreamPlan::new(Box::new(wire), text, reply, None);
+                let plan = StreamPlan::new(Box::new(wire), text, reply, None).continuing(skip);
                 Ok(stream_response(plan.spawn(), REQUEST_ID, &request_id))
             } else {
-                Ok(ok(message().body(&text, tool_call), &request_id))
+                let rest = text.get(skip..).unwrap_or_default();
+                Ok(ok(message().body(rest, tool_call), &request_id))
             }
         }
         Behaviour::Status(status) => {

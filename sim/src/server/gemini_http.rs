@@ -16,7 +16,7 @@ use super::response::{
     HttpResponse, insert_header, json_response, reply_text, status, stream_response,
 };
 use super::state::{State, lock};
-use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, sleep_ms};
+use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, continues_at, sleep_ms};
 use crate::body::Aborted;
 use crate::gemini::{self, ApiError, GenerateRequest, ResponseStream};
 use crate::stream::{self, StreamPlan};
@@ -87,12 +87,16 @@ async fn respond(
     };
     match behaviour {
         Behaviour::Ok(reply) => {
+            if reply.rejects_prefill && request.prefill.is_some() {
+                return Ok(error_response(&ApiError::prefill_unsupported(), &request_id));
+            }
             sleep_ms(reply.delay_ms).await;
             if let Some(window) = reply.too_long(request.prompt_tokens) {
                 let err = ApiError::context_length(window, request.prompt_tokens);
                 return Ok(error_response(&err, &request_id));
             }
             let text = reply_text(reply.text.as_deref(), &request.model);
+            let skip = continues_at(&text, request.prefill.as_deref());
             let w = wire();
             match (&request.call, request.stream) {
                 (Some(call), true) => {
@@ -103,10 +107,13 @@ async fn respond(
                     Ok(ok(w.response().call_body(call, w.prompt_tokens), &request_id))
                 }
                 (None, true) => {
-                    let plan = StreamPlan::new(Box::new(w), text, reply, None);
+                    let plan = StreamPlan::new(Box::new(w), text, reply, None).continuing(skip);
                     Ok(stream_response(plan.spawn(), REQUEST_ID, &request_id))
                 }
-                (None, false) => Ok(ok(w.response().body(&text, w.prompt_tokens), &request_id)),
+                (None, false) => {
+                    let rest = text.get(skip..).unwrap_or_default();
+                    Ok(ok(w.response().body(rest, w.prompt_tokens), &request_id))
+                }
             }
         }
         Behaviour::Status(status) => {

@@ -16,7 +16,7 @@ use super::response::{
     HttpResponse, insert_header, json_response, reply_text, status, stream_response,
 };
 use super::state::{State, lock};
-use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, StatusReply, sleep_ms};
+use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, StatusReply, continues_at, sleep_ms};
 use crate::body::Aborted;
 use crate::openai::{self, ApiError, ChatRequest, Completion, CompletionStream};
 use crate::stream::{self, StreamPlan};
@@ -120,21 +120,26 @@ async fn respond(
 ) -> Result<HttpResponse, Aborted> {
     match behaviour {
         Behaviour::Ok(reply) => {
+            if reply.rejects_prefill && request.prefill.is_some() {
+                return Ok(error_response(&ApiError::prefill_unsupported(), &request_id));
+            }
             sleep_ms(reply.delay_ms).await;
             if let Some(window) = reply.too_long(request.prompt_tokens) {
                 let err = ApiError::context_length(window, request.prompt_tokens);
                 return Ok(error_response(&err, &request_id));
             }
             let text = reply_text(reply.text.as_deref(), &request.model);
+            let skip = continues_at(&text, request.prefill.as_deref());
             let id = state.completion_id();
             let completion =
                 Completion { id: &id, created: switchyard_time::now_secs(), model: &request.model };
             if request.stream {
                 let wire = CompletionStream::new(&completion, request);
-                let plan = StreamPlan::new(Box::new(wire), text, reply, None);
+                let plan = StreamPlan::new(Box::new(wire), text, reply, None).continuing(skip);
                 Ok(stream_response(plan.spawn(), REQUEST_ID, &request_id))
             } else {
-                Ok(ok(completion.body(&text, request.prompt_tokens), &request_id))
+                let rest = text.get(skip..).unwrap_or_default();
+                Ok(ok(completion.body(rest, request.prompt_tokens), &request_id))
             }
         }
         Behaviour::Status(status) => {
