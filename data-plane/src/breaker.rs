@@ -316,7 +316,9 @@ impl Breaker {
     /// The permit reports itself as a probe in every case, as the attempt report does.
     pub fn force_probe(self: &Arc<Self>, now: Instant) -> Option<(Permit, Option<Transition>)> {
         let mut inner = self.lock();
-        if inner.state == State::HalfOpen && inner.probes_in_flight > 0 {
+        // The prober owns this breaker's test (it may have since the request was turned
+        // away), or a probe is in flight: concurrent forced probes are one probe.
+        if inner.probed || (inner.state == State::HalfOpen && inner.probes_in_flight > 0) {
             return None;
         }
         let mut transition = None;
@@ -473,6 +475,10 @@ impl Breaker {
         let mut inner = self.lock();
         if kind == Kind::Probe && inner.generation == generation && inner.state == State::HalfOpen {
             inner.probes_in_flight = inner.probes_in_flight.saturating_sub(1);
+            // A forced probe that went away: the next test is an ordinary half-open test.
+            if inner.probes_in_flight == 0 {
+                inner.forced_early = None;
+            }
         }
     }
 

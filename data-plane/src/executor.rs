@@ -36,7 +36,7 @@ use crate::telemetry::Telemetry;
 /// An attempt is not started with less than `min(1000 ms, its timeout)` left of the
 /// chain's `deadline_ms`: it could not do useful work (docs/http-api.md,
 /// "Chain-wide options: `redundancy`").
-const FAIR_MINIMUM: Duration = Duration::from_millis(1000);
+pub const FAIR_MINIMUM: Duration = Duration::from_millis(1000);
 
 pub struct Served {
     pub output: Output,

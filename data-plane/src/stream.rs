@@ -43,6 +43,7 @@ use crate::providers::{CallError, StreamError, StreamEvent, UpstreamStream, Usag
 use crate::report::AttemptReport;
 use crate::report::FailoverReport;
 use crate::request::ChatRequest;
+use crate::retry;
 
 pub struct Context {
     pub key_id: String,
@@ -320,21 +321,24 @@ impl Pump {
             Some(delivered) if !candidates.is_empty() && self.within_deadline() => delivered.text(),
             _ => None,
         };
+        let broken = self.ctx.model.name.clone();
+        // A continuation that served so far broke too.
+        if let Some(last) = self.continued.last_mut()
+            && last.outcome == "served"
+        {
+            last.outcome = "broken".to_owned();
+            self.count_continuation(&broken, "broken");
+        }
         let Some(text) = text else {
             let frame = self.fail(&failure, &message);
             self.report_continued(false);
             return Some(frame);
         };
         let (outcome, code) = failure::after_commit(&failure);
-        let broken = self.ctx.model.name.clone();
         let request_id = self.ctx.request_id.to_str().unwrap_or_default().to_owned();
         tracing::info!(model = %broken, request_id, code = code.as_str(), %message, "stream broke after its first token; continuing it");
         // The part the broken model sent is over: its breaker hears of it, and it is billed.
         self.end_part(outcome);
-        if let Some(last) = self.continued.last_mut() {
-            last.outcome = "broken".to_owned();
-            self.count_continuation(&broken, "broken");
-        }
         let at_char = u64::try_from(text.chars().count()).unwrap_or(u64::MAX);
         for i in candidates {
             let outcome = self.open(i, &text).await;
@@ -388,8 +392,22 @@ impl Pump {
         if let Some(deadline) = rescue.deadline {
             timeout = timeout.min(deadline.saturating_duration_since(now));
         }
-        if timeout.is_zero() {
+        // As for an attempt: no call with less time than it could use (a call cut short by
+        // the chain's deadline would count as the model's timeout).
+        if timeout < executor::FAIR_MINIMUM.min(entry.timeout) {
             return Some("skipped");
+        }
+        // The same model again is a retry: the node's retry budget pays for it, so that an
+        // upstream blip breaking many streams does not send as many calls straight back.
+        if Arc::ptr_eq(&entry.model, &self.ctx.model) {
+            let policy = retry::Policy::resolve(
+                config.catalog.retry_policy.as_ref(),
+                entry.model.retry.as_ref(),
+                None,
+            );
+            if !config.retry_budget.try_withdraw(policy.budget, now) {
+                return Some("skipped");
+            }
         }
         let Some(provider) = config.providers.get(&entry.model.provider) else {
             return Some("failed");
@@ -637,6 +655,8 @@ impl Drop for Pump {
             self.settled = true;
             self.count_skipped();
             self.bill();
+            // A continued stream the client left still called and billed the models.
+            self.report_continued(false);
         }
     }
 }
