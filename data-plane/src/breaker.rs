@@ -1283,6 +1283,28 @@ mod tests {
         assert!(b.force_probe(t0 + ms(14)).is_some());
     }
 
+    #[test]
+    fn a_breaker_the_prober_owns_is_never_forced_onto_a_request() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        b.set_probed(true, Some(ms(5_000)), t0);
+        assert!(b.force_probe(t0 + ms(10)).is_none());
+        assert_eq!(state(&b), State::Open);
+    }
+
+    #[test]
+    fn an_abandoned_forced_probe_leaves_the_next_failed_test_to_double_the_cooldown() {
+        let t0 = Instant::now();
+        let b = opened(t0);
+        // Forced early, then the client went away: the permit is dropped unsettled.
+        let (probe, _) = b.force_probe(t0 + ms(10)).expect("admitted");
+        drop(probe);
+        // The next test fails after the cool-down: an ordinary failed half-open test.
+        let (probe, _) = b.force_probe(t0 + ms(1_000)).expect("admitted");
+        let t = probe.record(Outcome::Failure, t0 + ms(1_000)).expect("re-opens");
+        assert_eq!((t.cause, t.cooldown), (Cause::ProbeFailed, ms(2_000)));
+    }
+
     fn open_probed(t0: Instant, interval: Duration) -> Arc<Breaker> {
         let b = Breaker::new("openai", "gpt-5-nano", policy());
         b.set_probed(true, Some(interval), t0);
