@@ -88,6 +88,51 @@ enum Called {
     Stream(Vec<StreamEvent>, UpstreamStream),
 }
 
+/// What the failed attempts of a chain said so far.
+#[derive(Default)]
+struct Tally {
+    last_failure: Option<(FailoverReason, Code)>,
+    /// The soonest any upstream said it would take calls again: the chain's `Retry-After`
+    /// when every failure was a rate limit.
+    retry_at: Option<Instant>,
+}
+
+/// Where a chain goes after an attempt.
+enum Next {
+    /// The answer, served or the client's own error: the chain ends here.
+    Answer(Result<Served, Failed>),
+    /// Failed over for this reason: on to the next entry.
+    GoOn(FailoverReason),
+    /// Failed for a reason outside the chain's `on`: no entry is tried after it.
+    Stop,
+}
+
+impl Tally {
+    /// Takes in how `entry`'s attempt went (`attempts` go with the answer, when there is one).
+    fn after(
+        &mut self,
+        chain: &Chain,
+        entry: &Entry,
+        result: AttemptResult,
+        attempts: &mut Vec<AttemptReport>,
+    ) -> Next {
+        match result {
+            AttemptResult::Served(output) => {
+                let attempts = std::mem::take(attempts);
+                Next::Answer(Ok(Served { output, model: Arc::clone(&entry.model), attempts }))
+            }
+            AttemptResult::ClientError(status, error) => {
+                Next::Answer(Err(client_error(chain, status, error, std::mem::take(attempts))))
+            }
+            AttemptResult::Failover(reason, code, at) => {
+                self.last_failure = Some((reason, code));
+                self.retry_at = soonest(self.retry_at, at);
+                if chain.fails_over_on(reason) { Next::GoOn(reason) } else { Next::Stop }
+            }
+        }
+    }
+}
+
 enum AttemptResult {
     Served(Output),
     /// With when the upstream said it would take calls again, if its last answer had a
@@ -113,10 +158,7 @@ impl Executor {
         // Entries skipped on an open breaker, with when each is due for a probe.
         let mut skipped: Vec<(usize, Instant)> = Vec::new();
         let mut tried = false;
-        let mut last_failure: Option<(FailoverReason, Code)> = None;
-        // The soonest any upstream said it would take calls again: the chain's `Retry-After`
-        // when every failure was a rate limit.
-        let mut retry_at: Option<Instant> = None;
+        let mut tally = Tally::default();
         // After a context-length refusal: the window the prompt did not fit in. Only a model
         // with a larger one can take it (docs/http-api.md, "Failover").
         let mut too_long_for: Option<u64> = None;
@@ -165,23 +207,13 @@ impl Executor {
                 request_id,
                 &mut attempts,
             );
-            match result.await {
-                AttemptResult::Served(output) => {
-                    return Ok(Served { output, model: Arc::clone(&entry.model), attempts });
+            match tally.after(chain, entry, result.await, &mut attempts) {
+                Next::Answer(answer) => return answer,
+                Next::Stop => break,
+                Next::GoOn(FailoverReason::ContextLength) => {
+                    too_long_for = entry.model.context_window;
                 }
-                AttemptResult::ClientError(status, error) => {
-                    return Err(client_error(chain, status, error, attempts));
-                }
-                AttemptResult::Failover(reason, code, at) => {
-                    last_failure = Some((reason, code));
-                    retry_at = soonest(retry_at, at);
-                    if !chain.fails_over_on(reason) {
-                        break;
-                    }
-                    if reason == FailoverReason::ContextLength {
-                        too_long_for = entry.model.context_window;
-                    }
-                }
+                Next::GoOn(_) => {}
             }
         }
 
@@ -205,7 +237,8 @@ impl Executor {
         // a dead one being tried again and again. A breaker with a probe in flight is left to
         // it (concurrent forced probes are one probe), and a forced probe that fails never
         // lengthens a cool-down.
-        let chain_goes_on = last_failure.is_none_or(|(reason, _)| chain.fails_over_on(reason));
+        let chain_goes_on =
+            tally.last_failure.is_none_or(|(reason, _)| chain.fails_over_on(reason));
         if chain_goes_on {
             skipped.sort_by_key(|(_, ready_at)| *ready_at);
         } else {
@@ -237,24 +270,14 @@ impl Executor {
                 report.probe = true;
                 attempts[i] = report;
             }
-            match result {
-                AttemptResult::Served(output) => {
-                    return Ok(Served { output, model: Arc::clone(&entry.model), attempts });
-                }
-                AttemptResult::ClientError(status, error) => {
-                    return Err(client_error(chain, status, error, attempts));
-                }
-                AttemptResult::Failover(reason, code, at) => {
-                    last_failure = Some((reason, code));
-                    retry_at = soonest(retry_at, at);
-                    if !chain.fails_over_on(reason) {
-                        break;
-                    }
-                }
+            match tally.after(chain, entry, result, &mut attempts) {
+                Next::Answer(answer) => return answer,
+                Next::Stop => break,
+                Next::GoOn(_) => {}
             }
         }
 
-        Err(all_failed(chain, attempts, last_failure, retry_at))
+        Err(all_failed(chain, attempts, tally.last_failure, tally.retry_at))
     }
 
     /// The breaker of `model`'s (provider, upstream model), with the catalog's policy and

@@ -87,9 +87,9 @@ impl Rescue {
         deadline: Option<Instant>,
     ) -> Option<Self> {
         let at = entries.iter().position(|e| Arc::ptr_eq(&e.model, served))?;
-        let entries = entries[at..].to_vec();
-        let any = entries.iter().any(|e| !e.model.continuation.is_none());
-        any.then_some(Self { body, config, entries, deadline })
+        // Most chains have no model that can continue: they copy nothing.
+        let able = entries[at..].iter().any(|e| !e.model.continuation.is_none());
+        able.then(|| Self { body, config, entries: entries[at..].to_vec(), deadline })
     }
 }
 
@@ -592,14 +592,8 @@ impl Pump {
         if let Some(permit) = self.permit.take() {
             self.app.executor.report_transition(permit.record(outcome, Instant::now()));
         }
-        let usage = self
-            .usage
-            .take()
-            .unwrap_or(Usage { prompt_tokens: 0, completion_tokens: self.content_chunks });
-        self.ctx.gen_ai.tokens(usage.prompt_tokens, usage.completion_tokens);
-        record_usage(&self.app, &self.ctx.key_id, &self.ctx.model, usage);
+        self.bill_part();
         self.content_chunks = 0;
-        self.part_billed = true;
     }
 
     /// Counts the frames that did not parse, and warns of them (at most once a minute per
@@ -630,20 +624,25 @@ impl Pump {
         self.bill();
     }
 
+    /// The stream is over: the part not billed yet is, and its duration observed.
     fn bill(&mut self) {
-        if self.part_billed {
-            // Nothing was sent since the last part was billed (no model continued it).
-            self.ctx.gen_ai.duration.observe(self.ctx.started.elapsed().as_secs_f64());
-            return;
+        // Nothing was sent since a broken part was billed when no model continued it.
+        if !self.part_billed {
+            self.bill_part();
         }
-        // Without the upstream's usage chunk, count one token per content chunk.
+        self.ctx.gen_ai.duration.observe(self.ctx.started.elapsed().as_secs_f64());
+    }
+
+    /// Bills what the model streaming now sent, to it: its usage, or without the upstream's
+    /// usage chunk one token per content chunk.
+    fn bill_part(&mut self) {
         let usage = self
             .usage
             .take()
             .unwrap_or(Usage { prompt_tokens: 0, completion_tokens: self.content_chunks });
         self.ctx.gen_ai.tokens(usage.prompt_tokens, usage.completion_tokens);
-        self.ctx.gen_ai.duration.observe(self.ctx.started.elapsed().as_secs_f64());
         record_usage(&self.app, &self.ctx.key_id, &self.ctx.model, usage);
+        self.part_billed = true;
     }
 }
 

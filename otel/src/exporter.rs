@@ -50,10 +50,5 @@ fn client(export: &Export) -> HyperClient<hyper_rustls::HttpsConnector<HttpConne
     // The connector below decides between http and https by the URL's scheme.
     http.enforce_http(false);
     http.set_nodelay(true);
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_all_versions()
-        .wrap_connector(http);
-    HyperClient::new(https, export.timeout, None)
+    HyperClient::new(switchyard_tls::connect::public_web(http), export.timeout, None)
 }

@@ -502,22 +502,7 @@ async fn primary_breaker(control: &str, node_id: &str) -> Option<serde_json::Val
 /// Sends four chat requests that fail over from the primary (answering 503), which opens
 /// the primary's breaker on `node`.
 async fn open_the_primary(node: &Proc, key: &str) {
-    use switchyard_e2e::gateway::{PRIMARY, SECONDARY};
-    let body = serde_json::json!({"model": PRIMARY, "fallback_models": [SECONDARY],
-        "messages": [{"role": "user", "content": "hi"}]})
-    .to_string();
-    for _ in 0..4 {
-        let r = http_request(
-            node.addr,
-            "POST",
-            "/v1/chat/completions",
-            Some(key),
-            Some(body.as_bytes()),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
-    }
+    switchyard_e2e::gateway::fail_over(node.addr, key, 4).await;
 }
 
 /// A restarted node (same `--data-dir`, so the same node id) starts with closed breakers:

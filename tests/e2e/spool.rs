@@ -20,26 +20,6 @@ fn spool_files(node_dir: &std::path::Path) -> usize {
     std::fs::read_dir(node_dir.join("event-spool")).map_or(0, |d| d.count())
 }
 
-/// Sends `n` chat requests that fail over (the primary answers 503), each served: one
-/// failover event each.
-async fn fail_over(addr: std::net::SocketAddr, key: &str, n: u64) {
-    let body = json!({"model": PRIMARY, "fallback_models": [SECONDARY],
-        "messages": [{"role": "user", "content": "hi"}]})
-    .to_string();
-    for _ in 0..n {
-        let r = switchyard_e2e::http_request(
-            addr,
-            "POST",
-            "/v1/chat/completions",
-            Some(key),
-            Some(body.as_bytes()),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
-    }
-}
-
 /// The node restarts on its last-known-good config: waits until it is on disk.
 async fn config_persisted(node_dir: &std::path::Path) {
     eventually(Duration::from_secs(10), "the node's config persisted", || async {
@@ -75,7 +55,7 @@ async fn failover_events_survive_an_absent_control_plane_and_a_node_restart() {
     cp.kill().await;
 
     // Every request fails over while no control plane takes the events.
-    fail_over(node.addr, &key, REQUESTS as u64).await;
+    switchyard_e2e::gateway::fail_over(node.addr, &key, REQUESTS as u64).await;
 
     // Stopped: no control plane is connected, so the events go to the spool and the node
     // exits once its requests are done (none here), not after the drain timeout.
@@ -257,7 +237,7 @@ async fn failover_events_are_not_lost_silently_when_a_node_is_killed_while_its_c
     config_persisted(&node_dir).await;
     cp.kill().await;
 
-    fail_over(node.addr, &key, REQUESTS).await;
+    switchyard_e2e::gateway::fail_over(node.addr, &key, REQUESTS).await;
     // With no control plane connected, every event reaches the spool's files within a tick
     // (250 ms); the bound for any event is a second.
     eventually(Duration::from_secs(5), "every event in the spool on disk", || async {
@@ -298,7 +278,7 @@ async fn events_a_killed_node_held_in_memory_only_are_counted_lost_by_its_next_s
     let (cp_url, data) = (outage.cp_url(), node_dir.display().to_string());
     let args = outage.args(&cp_url, &data, &[]);
     let mut node = outage.node(&args, "node2.log").await;
-    fail_over(node.addr, key, REQUESTS).await;
+    switchyard_e2e::gateway::fail_over(node.addr, key, REQUESTS).await;
     let at_risk = node_dir.join("events-at-risk");
     eventually(Duration::from_secs(5), "the count of events at risk recorded", || async {
         // Never sent, sent and not acked.
@@ -357,7 +337,7 @@ async fn an_unwritable_spool_keeps_the_node_serving_counts_each_lost_event_and_t
     assert!(node.log_text().contains("cannot open the event spool"), "{}", node.log_text());
 
     // Every request fails over and is served while no control plane takes the events.
-    fail_over(addr, key, REQUESTS).await;
+    switchyard_e2e::gateway::fail_over(addr, key, REQUESTS).await;
     let lost = REQUESTS - BUFFER;
 
     // Counted, said in /readyz (still ready) and in the metrics and the log.
@@ -412,7 +392,7 @@ async fn a_node_stopped_before_any_control_plane_recorded_its_losses_reports_the
         outage.args(&cp_url, &data, &["--event-buffer-events", "4", "--drain-timeout", "1s"]);
     let mut node = outage.node(&args, "node2.log").await;
     let addr = node.addr;
-    fail_over(addr, key, REQUESTS).await;
+    switchyard_e2e::gateway::fail_over(addr, key, REQUESTS).await;
 
     // Stopped with no control plane: the 4 held are lost too (no spool), and every count
     // is kept in the data dir.

@@ -551,3 +551,23 @@ impl EtcdPair {
         node
     }
 }
+
+/// Sends `n` chat requests for the primary with the secondary as fallback to the node at
+/// `addr`, each answered 200: with the primary scripted to fail, each one fails over.
+pub async fn fail_over(addr: std::net::SocketAddr, key: &str, n: u64) {
+    let body = serde_json::json!({"model": PRIMARY, "fallback_models": [SECONDARY],
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    for _ in 0..n {
+        let r = crate::http_request(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(key),
+            Some(body.as_bytes()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+}

@@ -24,6 +24,18 @@ use crate::config;
 use crate::files::{Source, TlsError};
 use crate::words;
 
+/// The connector for HTTP clients that call public endpoints (providers, webhook receivers,
+/// OpenTelemetry collectors): `http://` URLs as they are, `https://` ones checked against
+/// the public web's CAs, HTTP/1.1 or HTTP/2 as the server offers. `http` is the caller's
+/// TCP connector, with its own timeouts and resolver; it must not enforce `http://`.
+pub fn public_web<H>(http: H) -> hyper_rustls::HttpsConnector<H> {
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(http)
+}
+
 /// Whether a URL (a control plane's, an etcd member's) asks for TLS: its scheme is
 /// `https`, in any case.
 pub fn is_https(url: &str) -> bool {

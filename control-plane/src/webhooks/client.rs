@@ -85,12 +85,9 @@ pub fn build(internal: bool) -> WebhookClient {
     http.enforce_http(false);
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
     http.set_nodelay(true);
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_all_versions()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(https)
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .build(switchyard_tls::connect::public_web(http))
 }
 
 /// How one delivery attempt ended.

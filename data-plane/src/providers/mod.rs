@@ -296,15 +296,10 @@ fn build_client() -> HttpsClient {
     http.enforce_http(false);
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
     http.set_nodelay(true);
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_all_versions()
-        .wrap_connector(http);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .pool_max_idle_per_host(1024)
-        .build(https)
+        .build(switchyard_tls::connect::public_web(http))
 }
 
 #[cfg(test)]
