@@ -29,6 +29,11 @@ const MODELS: &str = "  - name: cont/a
     upstream_model: cont-stally
     stall_timeout_ms: 1000
     continuation: prefill
+  - name: cont/claude
+    provider: sim-anthropic
+    upstream_model: cont-claude
+    max_tokens: 512
+    continuation: prefill
 ";
 
 /// A gateway whose catalog has [`MODELS`] too, every one answering [`ANSWER`].
@@ -44,7 +49,7 @@ async fn gateway() -> Gateway {
     let out = gw.admin(&["apply", "-f", &file.display().to_string(), "--json"]).await;
     assert!(out.success, "{}", out.stderr);
     gw.wait_for(out.json()["version"].as_i64().unwrap()).await;
-    for m in ["cont-a", "cont-b", "cont-none", "cont-stally"] {
+    for m in ["cont-a", "cont-b", "cont-none", "cont-stally", "cont-claude"] {
         gw.script(m, json!({"kind": "ok", "text": ANSWER})).await;
     }
     gw
@@ -188,4 +193,31 @@ async fn the_official_openai_python_sdk_reads_a_rescued_stream_whole_without_an_
     let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["text"], ANSWER, "{v}");
     assert_eq!(v["continued"][0]["model"], "cont/a", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_inside_a_tool_calls_arguments_ends_with_an_error_frame_and_is_not_continued() {
+    let gw = gateway().await;
+    // The Anthropic simulator streams the tool's input JSON in pieces: cut after two of them.
+    gw.script("cont-claude", json!({"kind": "ok", "text": ANSWER, "drop_after": 2})).await;
+    let mut body = ask(&["cont/claude", "cont/b"]);
+    body["tools"] = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let s = gw.stream(body).await;
+    let args: String = s
+        .chunks()
+        .iter()
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert!(!args.is_empty(), "part of the arguments reached the client: {:?}", s.frames);
+    let error = s.error_frame().expect("an error frame");
+    assert_eq!(error["error"]["code"], "upstream_disconnected", "{error}");
+    assert_eq!(gw.upstream_requests("cont-claude").await, 1, "not asked to continue");
+    assert_eq!(gw.upstream_requests("cont-b").await, 0, "nor the fallback");
+    assert_eq!(continuations(&gw, "cont/claude", "served").await, 0.0);
 }
