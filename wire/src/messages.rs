@@ -512,6 +512,570 @@ fn read_tool(request: &mut core::Request, tool: WireTool, i: usize) -> Result<To
     Ok(Tool { name, description: tool.description, parameters: schema.get().to_owned() })
 }
 
+// === Request: writing ===
+
+#[derive(Serialize)]
+struct OutRequest<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<OutSystem<'a>>,
+    messages: Vec<OutTurn<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<OutTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<OutToolChoice<'a>>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    stop_sequences: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_k: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<OutMetadata<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<OutThinking>,
+    stream: bool,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OutSystem<'a> {
+    Text(&'a str),
+    Blocks(Vec<OutBlock<'a>>),
+}
+
+#[derive(Serialize)]
+struct OutTurn<'a> {
+    role: &'static str,
+    content: OutTurnContent<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OutTurnContent<'a> {
+    Text(&'a str),
+    Blocks(Vec<OutInBlock<'a>>),
+}
+
+/// A content block of a request (what a client sends, as opposed to [`OutBlock`], what a
+/// model answers).
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum OutInBlock<'a> {
+    Text {
+        text: &'a str,
+    },
+    Image {
+        source: OutSource<'a>,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Box<RawValue>,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: Vec<OutInBlock<'a>>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum OutSource<'a> {
+    Base64 { media_type: &'a str, data: &'a str },
+    Url { url: &'a str },
+}
+
+#[derive(Serialize)]
+struct OutTool<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    input_schema: Box<RawValue>,
+}
+
+#[derive(Serialize)]
+struct OutToolChoice<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disable_parallel_tool_use: Option<bool>,
+}
+
+#[derive(Serialize)]
+struct OutMetadata<'a> {
+    user_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct OutThinking {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    budget_tokens: u32,
+}
+
+/// Thinking budgets for an effort, where a request names an effort and Anthropic takes a
+/// budget.
+fn budget(effort: Effort) -> u32 {
+    match effort {
+        Effort::Low => 2048,
+        Effort::Medium => 8192,
+        Effort::High => 16384,
+    }
+}
+
+fn in_block(part: &Part) -> Option<OutInBlock<'_>> {
+    Some(match part {
+        // Anthropic refuses empty text blocks.
+        Part::Text(text) if text.is_empty() => return None,
+        Part::Text(text) => OutInBlock::Text { text },
+        Part::Image(Image::Url(url)) => OutInBlock::Image { source: OutSource::Url { url } },
+        Part::Image(Image::Base64 { media_type, data }) => {
+            OutInBlock::Image { source: OutSource::Base64 { media_type, data } }
+        }
+        Part::ToolCall { id, name, arguments } => {
+            OutInBlock::ToolUse { id, name, input: de::object(arguments) }
+        }
+        Part::ToolResult { call_id, content, is_error } => OutInBlock::ToolResult {
+            tool_use_id: call_id,
+            content: content.iter().filter_map(in_block).collect(),
+            is_error: *is_error,
+        },
+        // Anthropic takes back only the thinking it signed.
+        Part::Thinking { text, signature: Some(signature) } => {
+            OutInBlock::Thinking { thinking: text, signature }
+        }
+        Part::Thinking { .. } => return None,
+    })
+}
+
+/// The core request as an Anthropic Messages body for `upstream_model`.
+///
+/// - `max_tokens`: the request's, else `default_max_tokens` (Anthropic requires one);
+/// - `system`: a string when it is one entry, else text blocks;
+/// - a user turn's tool results come first in it (Anthropic requires it); empty text
+///   blocks and turns left empty are dropped; thinking without a signature is dropped;
+/// - `temperature` is capped into Anthropic's 0–1;
+/// - `reasoning` becomes `thinking` (an effort as a budget of 2,048, 8,192 or 16,384
+///   tokens), kept below `max_tokens` as Anthropic requires, and left out when `max_tokens`
+///   leaves no room for the smallest budget; with thinking on, Anthropic takes no
+///   `temperature` or `top_k`, so they are left out. A caller serving a model without
+///   extended thinking clears `reasoning` first.
+///
+/// Refused: a tool call whose arguments are not a JSON object
+/// (`messages[i].parts[j].arguments`, in core terms: the parsers refuse it first).
+pub fn request_body(
+    request: &core::Request,
+    upstream_model: &str,
+    default_max_tokens: u32,
+) -> Result<Vec<u8>, Refusal> {
+    let max_tokens = request.max_tokens.unwrap_or(default_max_tokens).max(1);
+    let system = match request.system.as_slice() {
+        [] => None,
+        [one] => Some(OutSystem::Text(one)),
+        many => Some(OutSystem::Blocks(many.iter().map(|text| OutBlock::Text { text }).collect())),
+    };
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for (i, message) in request.messages.iter().enumerate() {
+        for (j, part) in message.parts.iter().enumerate() {
+            if let Part::ToolCall { arguments, .. } = part
+                && !arguments.trim().is_empty()
+                && !serde_json::from_str::<&RawValue>(arguments)
+                    .is_ok_and(|raw| raw.get().starts_with('{'))
+            {
+                return Err(Refusal::at(
+                    format!("messages[{i}].parts[{j}].arguments"),
+                    "a tool call's arguments must be a JSON object",
+                ));
+            }
+        }
+        let (role, mut blocks): (&'static str, Vec<OutInBlock>) = match message.role {
+            Role::User => ("user", message.parts.iter().filter_map(in_block).collect()),
+            Role::Assistant => ("assistant", message.parts.iter().filter_map(in_block).collect()),
+        };
+        if message.role == Role::User {
+            // Stable: results keep their order, and so does the rest.
+            blocks.sort_by_key(|b| !matches!(b, OutInBlock::ToolResult { .. }));
+        }
+        if blocks.is_empty() {
+            continue;
+        }
+        let content = match blocks.as_slice() {
+            // A lone text block goes as the plain string a client would write.
+            [OutInBlock::Text { text }] => OutTurnContent::Text(text),
+            _ => OutTurnContent::Blocks(blocks),
+        };
+        messages.push(OutTurn { role, content });
+    }
+    let tools: Vec<OutTool> = request
+        .tools
+        .iter()
+        .map(|tool| OutTool {
+            name: &tool.name,
+            description: tool.description.as_deref(),
+            input_schema: de::object(&tool.parameters),
+        })
+        .collect();
+    // Anthropic refuses a `tool_choice` without tools.
+    let tool_choice = request.tool_choice.as_ref().filter(|_| !tools.is_empty()).map(|choice| {
+        let (kind, name) = match &choice.mode {
+            ToolMode::Auto => ("auto", None),
+            ToolMode::None => ("none", None),
+            ToolMode::Any => ("any", None),
+            ToolMode::Tool(name) => ("tool", Some(name.as_str())),
+        };
+        OutToolChoice {
+            kind,
+            name,
+            // `none` takes no such field.
+            disable_parallel_tool_use: choice.parallel.filter(|_| kind != "none").map(|p| !p),
+        }
+    });
+    let thinking = request.reasoning.and_then(|reasoning| {
+        let wanted = match reasoning {
+            Reasoning::Budget(budget) => budget,
+            Reasoning::Effort(effort) => budget(effort),
+        };
+        let budget = wanted.max(MIN_THINKING_BUDGET).min(max_tokens.saturating_sub(1));
+        (budget >= MIN_THINKING_BUDGET)
+            .then_some(OutThinking { kind: "enabled", budget_tokens: budget })
+    });
+    let body = OutRequest {
+        model: upstream_model,
+        max_tokens,
+        system,
+        messages,
+        tools,
+        tool_choice,
+        stop_sequences: &request.stop,
+        temperature: request.temperature.filter(|_| thinking.is_none()).map(|t| t.clamp(0.0, 1.0)),
+        top_p: request.top_p,
+        top_k: request.top_k.filter(|_| thinking.is_none()),
+        metadata: request.user.as_deref().map(|user_id| OutMetadata { user_id }),
+        thinking,
+        stream: request.stream,
+    };
+    Ok(de::to_vec(&body))
+}
+
+// === Response: reading ===
+
+#[derive(Deserialize)]
+struct WireResponse {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    model: String,
+    #[serde(default)]
+    content: Vec<WireOutBlock>,
+    stop_reason: Option<String>,
+    stop_sequence: Option<String>,
+    usage: Option<WireUsage>,
+    error: Option<WireError>,
+}
+
+/// A block of an answer (or of a stream's `content_block_start`).
+#[derive(Deserialize)]
+struct WireOutBlock {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+    id: Option<String>,
+    name: Option<String>,
+    input: Option<Box<RawValue>>,
+    thinking: Option<String>,
+    signature: Option<String>,
+}
+
+#[derive(Deserialize, Clone, Copy, Default)]
+struct WireUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    /// Later reports (a stream's `message_delta`) replace what they carry.
+    fn update(&mut self, later: WireUsage) {
+        self.input_tokens = later.input_tokens.or(self.input_tokens);
+        self.output_tokens = later.output_tokens.or(self.output_tokens);
+        self.cache_creation_input_tokens =
+            later.cache_creation_input_tokens.or(self.cache_creation_input_tokens);
+        self.cache_read_input_tokens =
+            later.cache_read_input_tokens.or(self.cache_read_input_tokens);
+    }
+
+    /// The core counts cached input as input; sums saturate (the counts are the
+    /// upstream's, and none may wrap).
+    fn core(self) -> Usage {
+        Usage {
+            input_tokens: self
+                .input_tokens
+                .unwrap_or(0)
+                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
+                .saturating_add(self.cache_read_input_tokens.unwrap_or(0)),
+            output_tokens: self.output_tokens.unwrap_or(0),
+            cache_read_tokens: self.cache_read_input_tokens,
+            cache_write_tokens: self.cache_creation_input_tokens,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    message: String,
+}
+
+/// An error Anthropic sent: its `error.type` and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub kind: String,
+    pub message: String,
+}
+
+/// An Anthropic error body (`{"type":"error","error":{...}}`, also a stream's `error`
+/// event), if the body is one.
+pub fn parse_error(body: &[u8]) -> Option<ApiError> {
+    #[derive(Deserialize)]
+    struct Body {
+        error: WireError,
+    }
+    serde_json::from_slice::<Body>(body)
+        .ok()
+        .map(|b| ApiError { kind: b.error.kind, message: b.error.message })
+}
+
+/// Anthropic's `stop_reason` as a finish (`pause_turn` and anything newer read as a stop).
+pub fn finish(stop_reason: Option<&str>, stop_sequence: Option<String>) -> Finish {
+    match stop_reason {
+        Some("max_tokens" | "model_context_window_exceeded") => Finish::Length,
+        Some("tool_use") => Finish::ToolCalls,
+        Some("stop_sequence") => Finish::StopSequence(stop_sequence),
+        Some("refusal") => Finish::Refusal,
+        _ => Finish::Stop,
+    }
+}
+
+/// An Anthropic `message` as a core answer. Blocks the core has no place for (redacted
+/// thinking, server tool blocks) are left out. An error body is refused as `error`.
+pub fn parse_response(body: &[u8]) -> Result<core::Response, Refusal> {
+    let wire: WireResponse = de::read(body)?;
+    if wire.kind.as_deref() == Some("error") || wire.error.is_some() {
+        let error = wire.error.unwrap_or(WireError { kind: String::new(), message: String::new() });
+        return Err(Refusal::at(
+            "error",
+            format!("the answer is an error ({}): {}", error.kind, error.message),
+        ));
+    }
+    let mut parts = Vec::with_capacity(wire.content.len());
+    for (i, block) in wire.content.into_iter().enumerate() {
+        let at = format!("content[{i}]");
+        match block.kind.as_str() {
+            "text" => parts.push(Part::Text(required(block.text, &at, "text")?)),
+            "tool_use" => parts.push(Part::ToolCall {
+                id: required(block.id, &at, "id")?,
+                name: required(block.name, &at, "name")?,
+                arguments: block
+                    .input
+                    .map_or_else(|| "{}".to_owned(), |input| input.get().to_owned()),
+            }),
+            "thinking" => parts.push(Part::Thinking {
+                text: required(block.thinking, &at, "thinking")?,
+                signature: block.signature,
+            }),
+            _ => {}
+        }
+    }
+    Ok(core::Response {
+        id: wire.id,
+        model: wire.model,
+        parts,
+        finish: finish(wire.stop_reason.as_deref(), wire.stop_sequence),
+        usage: wire.usage.unwrap_or_default().core(),
+    })
+}
+
+// === Streams: reading ===
+
+#[derive(Deserialize)]
+struct WireEvent {
+    message: Option<WireResponse>,
+    index: Option<u32>,
+    content_block: Option<WireOutBlock>,
+    delta: Option<WireEventDelta>,
+    usage: Option<WireUsage>,
+    error: Option<WireError>,
+}
+
+#[derive(Deserialize)]
+struct WireEventDelta {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    text: Option<String>,
+    thinking: Option<String>,
+    signature: Option<String>,
+    partial_json: Option<String>,
+    stop_reason: Option<String>,
+    stop_sequence: Option<String>,
+}
+
+/// Anthropic's stream events → core events. Tool calls are numbered in the order they
+/// start (their core `index`), whatever their block index.
+#[derive(Default)]
+pub struct Decoder {
+    usage: WireUsage,
+    /// The core index of each tool call, by block index.
+    tools: Vec<(u32, u32)>,
+}
+
+impl Decoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The events of one SSE event (its `event:` name and `data:` payload). `ping`,
+    /// `content_block_stop`, `message_stop` and event types Anthropic may add carry none; an
+    /// `error` event is refused as `error`, with Anthropic's type and message
+    /// ([`parse_error`] reads them apart).
+    pub fn decode(&mut self, event: &str, data: &[u8]) -> Result<Vec<Event>, Refusal> {
+        let mut events = Vec::new();
+        match event {
+            "message_start"
+            | "content_block_start"
+            | "content_block_delta"
+            | "message_delta"
+            | "error" => {}
+            _ => return Ok(events),
+        }
+        let wire: WireEvent = de::read(data)?;
+        match event {
+            "message_start" => {
+                let message =
+                    wire.message.ok_or_else(|| Refusal::at("message", "field required"))?;
+                if let Some(usage) = message.usage {
+                    self.usage.update(usage);
+                }
+                events.push(Event::Start { id: message.id, model: message.model });
+            }
+            "content_block_start" => {
+                let index = wire.index.ok_or_else(|| Refusal::at("index", "field required"))?;
+                let block = wire
+                    .content_block
+                    .ok_or_else(|| Refusal::at("content_block", "field required"))?;
+                match block.kind.as_str() {
+                    "text" => {
+                        if let Some(text) = block.text.filter(|t| !t.is_empty()) {
+                            events.push(Event::TextDelta(text));
+                        }
+                    }
+                    "thinking" => {
+                        if let Some(text) = block.thinking.filter(|t| !t.is_empty()) {
+                            events.push(Event::ThinkingDelta { text, signature: None });
+                        }
+                    }
+                    "tool_use" => {
+                        let call = self.tools.len() as u32;
+                        self.tools.push((index, call));
+                        events.push(Event::ToolCallStart {
+                            index: call,
+                            id: required(block.id, "content_block", "id")?,
+                            name: required(block.name, "content_block", "name")?,
+                        });
+                        // A start normally carries `input: {}` and the arguments follow as
+                        // deltas; a non-empty input is the whole arguments.
+                        if let Some(input) = block.input
+                            && input.get() != "{}"
+                        {
+                            events.push(Event::ToolCallDelta {
+                                index: call,
+                                arguments: input.get().to_owned(),
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_delta" => {
+                let index = wire.index.ok_or_else(|| Refusal::at("index", "field required"))?;
+                let delta = wire.delta.ok_or_else(|| Refusal::at("delta", "field required"))?;
+                match delta.kind.as_deref() {
+                    Some("text_delta") => {
+                        if let Some(text) = delta.text.filter(|t| !t.is_empty()) {
+                            events.push(Event::TextDelta(text));
+                        }
+                    }
+                    Some("thinking_delta") => events.push(Event::ThinkingDelta {
+                        text: delta.thinking.unwrap_or_default(),
+                        signature: None,
+                    }),
+                    Some("signature_delta") => events.push(Event::ThinkingDelta {
+                        text: String::new(),
+                        signature: delta.signature,
+                    }),
+                    Some("input_json_delta") => {
+                        let call = self
+                            .tools
+                            .iter()
+                            .find(|(block, _)| *block == index)
+                            .map(|(_, call)| *call)
+                            .ok_or_else(|| {
+                                Refusal::at(
+                                    "index",
+                                    "an input_json_delta for a block that is not a tool_use",
+                                )
+                            })?;
+                        if let Some(arguments) = delta.partial_json.filter(|a| !a.is_empty()) {
+                            events.push(Event::ToolCallDelta { index: call, arguments });
+                        }
+                    }
+                    // citations_delta and newer kinds have no core form.
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(usage) = wire.usage {
+                    self.usage.update(usage);
+                }
+                if let Some(delta) = wire.delta
+                    && delta.stop_reason.is_some()
+                {
+                    events.push(Event::Finish(finish(
+                        delta.stop_reason.as_deref(),
+                        delta.stop_sequence,
+                    )));
+                }
+                events.push(Event::Usage(self.usage.core()));
+            }
+            _ => {
+                let error =
+                    wire.error.unwrap_or(WireError { kind: String::new(), message: String::new() });
+                return Err(Refusal::at(
+                    "error",
+                    format!("the stream ended in an error ({}): {}", error.kind, error.message),
+                ));
+            }
+        }
+        Ok(events)
+    }
+}
+
 // === Response: writing ===
 
 #[derive(Serialize)]
@@ -1299,6 +1863,317 @@ mod tests {
                 description: Some("d".into()),
                 parameters: r#"{"type":"object"}"#.into()
             }]
+        );
+    }
+
+    fn user_turn(parts: Vec<Part>) -> Message {
+        Message { role: Role::User, parts }
+    }
+
+    #[test]
+    fn a_core_request_becomes_a_messages_body() {
+        let request = core::Request {
+            system: vec!["only".into()],
+            messages: vec![
+                user_turn(vec![Part::Text("hi".into())]),
+                Message {
+                    role: Role::Assistant,
+                    parts: vec![
+                        Part::Thinking { text: "unsigned".into(), signature: None },
+                        Part::Thinking { text: "signed".into(), signature: Some("sig".into()) },
+                        Part::Text(String::new()),
+                        Part::ToolCall {
+                            id: "call_1".into(),
+                            name: "get".into(),
+                            arguments: r#"{"a":1}"#.into(),
+                        },
+                    ],
+                },
+                user_turn(vec![
+                    Part::Text("and".into()),
+                    Part::ToolResult {
+                        call_id: "call_1".into(),
+                        is_error: true,
+                        content: vec![
+                            Part::Text("bad".into()),
+                            Part::Image(Image::Base64 {
+                                media_type: "image/png".into(),
+                                data: "iVBO".into(),
+                            }),
+                        ],
+                    },
+                ]),
+                Message { role: Role::Assistant, parts: vec![Part::Text(String::new())] },
+            ],
+            tools: vec![Tool {
+                name: "get".into(),
+                description: Some("d".into()),
+                parameters: r#"{"type":"object"}"#.into(),
+            }],
+            tool_choice: Some(ToolChoice {
+                mode: ToolMode::Tool("get".into()),
+                parallel: Some(false),
+            }),
+            temperature: Some(1.7),
+            top_p: Some(0.9),
+            top_k: Some(3),
+            stop: vec!["END".into()],
+            user: Some("u".into()),
+            stream: true,
+            ..core::Request::default()
+        };
+        assert_eq!(
+            body(&request_body(&request, "claude-x", 4096).unwrap()),
+            json!({
+                "model": "claude-x", "max_tokens": 4096, "system": "only",
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [
+                        {"type": "thinking", "thinking": "signed", "signature": "sig"},
+                        {"type": "tool_use", "id": "call_1", "name": "get", "input": {"a": 1}}]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "call_1", "is_error": true, "content": [
+                            {"type": "text", "text": "bad"},
+                            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}]},
+                        {"type": "text", "text": "and"}]}
+                ],
+                "tools": [{"name": "get", "description": "d", "input_schema": {"type": "object"}}],
+                "tool_choice": {"type": "tool", "name": "get", "disable_parallel_tool_use": true},
+                "stop_sequences": ["END"], "temperature": 1.0, "top_p": 0.9, "top_k": 3,
+                "metadata": {"user_id": "u"}, "stream": true
+            })
+        );
+    }
+
+    #[test]
+    fn reasoning_becomes_a_thinking_budget_below_max_tokens() {
+        let thinking = |reasoning: Reasoning, max_tokens: Option<u32>| {
+            let request = core::Request {
+                messages: vec![user_turn(vec![Part::Text("hi".into())])],
+                reasoning: Some(reasoning),
+                max_tokens,
+                temperature: Some(0.5),
+                top_k: Some(5),
+                system: vec!["a".into(), "b".into()],
+                ..core::Request::default()
+            };
+            body(&request_body(&request, "m", 4096).unwrap())
+        };
+        let b = thinking(Reasoning::Budget(31999), Some(64000));
+        assert_eq!(b["thinking"], json!({"type": "enabled", "budget_tokens": 31999}));
+        // Anthropic takes no temperature or top_k with thinking on.
+        assert!(b.get("temperature").is_none() && b.get("top_k").is_none());
+        assert_eq!(
+            b["system"],
+            json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
+        );
+        assert_eq!(
+            thinking(Reasoning::Effort(Effort::Medium), None)["thinking"]["budget_tokens"],
+            4095
+        );
+        assert_eq!(
+            thinking(Reasoning::Effort(Effort::Low), Some(10000))["thinking"]["budget_tokens"],
+            2048
+        );
+        let b = thinking(Reasoning::Effort(Effort::High), Some(1024));
+        assert!(b.get("thinking").is_none());
+        assert_eq!(b["temperature"], 0.5);
+    }
+
+    #[test]
+    fn a_tool_call_whose_arguments_are_not_an_object_is_refused() {
+        let request = core::Request {
+            messages: vec![
+                user_turn(vec![Part::Text("hi".into())]),
+                Message {
+                    role: Role::Assistant,
+                    parts: vec![
+                        Part::Text("x".into()),
+                        Part::ToolCall {
+                            id: "c".into(),
+                            name: "n".into(),
+                            arguments: "[1]".into(),
+                        },
+                    ],
+                },
+            ],
+            ..core::Request::default()
+        };
+        assert_eq!(
+            request_body(&request, "m", 1).unwrap_err().field,
+            "messages[1].parts[1].arguments"
+        );
+    }
+
+    #[test]
+    fn a_message_reads_into_a_response_with_cached_input_counted() {
+        let message = json!({
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+            "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "zzz"},
+                {"type": "text", "text": "Let me check."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get", "input": {"city": "Paris"}}
+            ],
+            "stop_reason": "tool_use", "stop_sequence": null,
+            "usage": {"input_tokens": 10, "cache_creation_input_tokens": 5, "cache_read_input_tokens": 20, "output_tokens": 7}
+        });
+        assert_eq!(
+            parse_response(message.to_string().as_bytes()).unwrap(),
+            core::Response {
+                id: "msg_1".into(),
+                model: "claude-x".into(),
+                parts: vec![
+                    Part::Thinking { text: "hmm".into(), signature: Some("sig".into()) },
+                    Part::Text("Let me check.".into()),
+                    Part::ToolCall {
+                        id: "toolu_1".into(),
+                        name: "get".into(),
+                        arguments: r#"{"city":"Paris"}"#.into()
+                    },
+                ],
+                finish: Finish::ToolCalls,
+                usage: Usage {
+                    input_tokens: 35,
+                    output_tokens: 7,
+                    cache_read_tokens: Some(20),
+                    cache_write_tokens: Some(5)
+                },
+            }
+        );
+        let stopped = json!({"id": "m", "content": [], "stop_reason": "stop_sequence", "stop_sequence": "END"});
+        assert_eq!(
+            parse_response(stopped.to_string().as_bytes()).unwrap().finish,
+            Finish::StopSequence(Some("END".into()))
+        );
+        let error =
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+        let refusal = parse_response(error).unwrap_err();
+        assert_eq!(refusal.field, "error");
+        assert!(refusal.message.contains("overloaded_error"));
+        assert_eq!(
+            parse_error(error),
+            Some(ApiError { kind: "overloaded_error".into(), message: "Overloaded".into() })
+        );
+        assert_eq!(parse_error(b"{}"), None);
+        assert_eq!(
+            parse_response(br#"{"content": [{"type": "text"}]}"#).unwrap_err().field,
+            "content[0].text"
+        );
+    }
+
+    #[test]
+    fn stop_reasons_map_to_finishes() {
+        assert_eq!(finish(Some("end_turn"), None), Finish::Stop);
+        assert_eq!(finish(Some("pause_turn"), None), Finish::Stop);
+        assert_eq!(finish(Some("max_tokens"), None), Finish::Length);
+        assert_eq!(finish(Some("model_context_window_exceeded"), None), Finish::Length);
+        assert_eq!(finish(Some("tool_use"), None), Finish::ToolCalls);
+        assert_eq!(finish(Some("refusal"), None), Finish::Refusal);
+        assert_eq!(finish(None, None), Finish::Stop);
+    }
+
+    #[test]
+    fn an_event_stream_decodes_into_core_events() {
+        let stream = [
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                "content": [], "model": "claude-x", "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": 25, "cache_read_input_tokens": 5, "output_tokens": 1}}}),
+            ),
+            ("ping", json!({"type": "ping"})),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hmm"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}}),
+            ),
+            ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Hi"}}),
+            ),
+            ("content_block_stop", json!({"type": "content_block_stop", "index": 1})),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "get", "input": {}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": ""}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"a\":1}"}}),
+            ),
+            ("content_block_stop", json!({"type": "content_block_stop", "index": 2})),
+            (
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 30}}),
+            ),
+            ("message_stop", json!({"type": "message_stop"})),
+            ("something_new", json!({"type": "something_new"})),
+        ];
+        let mut decoder = Decoder::new();
+        let events: Vec<Event> = stream
+            .iter()
+            .flat_map(|(event, data)| decoder.decode(event, data.to_string().as_bytes()).unwrap())
+            .collect();
+        assert_eq!(
+            events,
+            vec![
+                Event::Start { id: "msg_1".into(), model: "claude-x".into() },
+                Event::ThinkingDelta { text: "hmm".into(), signature: None },
+                Event::ThinkingDelta { text: String::new(), signature: Some("sig".into()) },
+                Event::TextDelta("Hi".into()),
+                Event::ToolCallStart { index: 0, id: "toolu_1".into(), name: "get".into() },
+                Event::ToolCallDelta { index: 0, arguments: r#"{"a":1}"#.into() },
+                Event::Finish(Finish::ToolCalls),
+                Event::Usage(Usage {
+                    input_tokens: 30,
+                    output_tokens: 30,
+                    cache_read_tokens: Some(5),
+                    cache_write_tokens: None
+                }),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_error_event_is_refused_and_bad_events_name_their_field() {
+        let mut decoder = Decoder::new();
+        let error =
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+        let refusal = decoder.decode("error", error).unwrap_err();
+        assert_eq!(refusal.field, "error");
+        assert!(
+            refusal.message.contains("overloaded_error") && refusal.message.contains("Overloaded")
+        );
+        assert_eq!(decoder.decode("message_start", b"{}").unwrap_err().field, "message");
+        assert_eq!(
+            decoder
+                .decode(
+                    "content_block_delta",
+                    br#"{"index": 0, "delta": {"type": "input_json_delta", "partial_json": "{"}}"#
+                )
+                .unwrap_err()
+                .field,
+            "index"
+        );
+        assert_eq!(
+            decoder.decode("content_block_start", br#"{"index": "x"}"#).unwrap_err().field,
+            "index"
         );
     }
 
