@@ -527,6 +527,25 @@ struct OutName<'a> {
     name: &'a str,
 }
 
+/// An assistant's text parts joined, and its tool calls as Chat `tool_calls` (other parts
+/// have no place in an assistant message).
+fn text_and_calls(parts: &[Part]) -> (String, Vec<OutToolCall<'_>>) {
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for part in parts {
+        match part {
+            Part::Text(t) => text.push_str(t),
+            Part::ToolCall { id, name, arguments } => calls.push(OutToolCall {
+                id,
+                kind: "function",
+                function: OutFunctionCall { name, arguments },
+            }),
+            _ => {}
+        }
+    }
+    (text, calls)
+}
+
 /// An image as Chat's `image_url.url`: http(s) URLs as they are, base64 as a `data:` URL.
 fn image_url(image: &Image) -> String {
     match image {
@@ -619,26 +638,7 @@ pub fn request_body(
                 }
             }
             Role::Assistant => {
-                let text: String = message
-                    .parts
-                    .iter()
-                    .filter_map(|p| match p {
-                        Part::Text(t) => Some(t.as_str()),
-                        _ => None,
-                    })
-                    .collect();
-                let tool_calls: Vec<OutToolCall> = message
-                    .parts
-                    .iter()
-                    .filter_map(|p| match p {
-                        Part::ToolCall { id, name, arguments } => Some(OutToolCall {
-                            id,
-                            kind: "function",
-                            function: OutFunctionCall { name, arguments },
-                        }),
-                        _ => None,
-                    })
-                    .collect();
+                let (text, tool_calls) = text_and_calls(&message.parts);
                 if text.is_empty() && tool_calls.is_empty() {
                     continue;
                 }
@@ -993,26 +993,7 @@ pub fn completion_body(response: &core::Response, model: &str) -> Vec<u8> {
 
 /// [`completion_body`] with `created` given.
 pub fn completion_body_at(response: &core::Response, model: &str, created: u64) -> Vec<u8> {
-    let text: String = response
-        .parts
-        .iter()
-        .filter_map(|p| match p {
-            Part::Text(t) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect();
-    let tool_calls: Vec<OutToolCall> = response
-        .parts
-        .iter()
-        .filter_map(|p| match p {
-            Part::ToolCall { id, name, arguments } => Some(OutToolCall {
-                id,
-                kind: "function",
-                function: OutFunctionCall { name, arguments },
-            }),
-            _ => None,
-        })
-        .collect();
+    let (text, tool_calls) = text_and_calls(&response.parts);
     de::to_vec(&OutCompletion {
         id: &response.id,
         object: "chat.completion",
