@@ -75,10 +75,12 @@ struct WireBlock {
     citations: Option<IgnoredAny>,
 }
 
+/// An image's source. Every field is optional so that a block of a type the gateway does
+/// not take (a `document`, whose source has other fields) is refused for its `type`.
 #[derive(Deserialize)]
 struct WireSource {
     #[serde(rename = "type")]
-    kind: String,
+    kind: Option<String>,
     media_type: Option<String>,
     data: Option<String>,
     url: Option<String>,
@@ -438,7 +440,9 @@ fn required(value: Option<String>, at: &str, name: &str) -> Result<String, Refus
 
 fn image(source: Option<WireSource>, at: &str) -> Result<Image, Refusal> {
     let source = source.ok_or_else(|| Refusal::at(format!("{at}.source"), "field required"))?;
-    match source.kind.as_str() {
+    let kind =
+        source.kind.ok_or_else(|| Refusal::at(format!("{at}.source.type"), "field required"))?;
+    match kind.as_str() {
         "base64" => {
             let media_type = source
                 .media_type
