@@ -575,9 +575,16 @@ fn content<'a>(parts: &[&'a Part]) -> Option<OutContent<'a>> {
 }
 
 /// Hints the Chat body drops, besides those the request already carries: a `top_k` (Chat
-/// has no such sampling parameter), reasoning where the model takes none.
+/// has no such sampling parameter), reasoning where the model takes none, a `user` longer
+/// than OpenAI takes.
 pub const HINT_TOP_K: &str = "top_k";
 pub const HINT_THINKING: &str = "thinking";
+pub const HINT_USER: &str = "user";
+
+/// The longest `user` OpenAI accepts (characters); a longer one (Claude Code's
+/// `metadata.user_id` is a JSON object in a string) is refused by OpenAI with a 400, so it
+/// is not sent.
+pub const MAX_USER_CHARS: usize = 64;
 
 /// The core request as an OpenAI Chat body without `model` (the caller adds the upstream
 /// model), and every hint this translation drops (the request's own and its own ones).
@@ -590,7 +597,9 @@ pub const HINT_THINKING: &str = "thinking";
 /// - assistant tool calls become `tool_calls`; thinking parts are dropped (Chat has no
 ///   place for them in a request);
 /// - `reasoning` becomes `reasoning_effort` when `reasoning_allowed`, else it is dropped
-///   (hint `thinking`).
+///   (hint `thinking`);
+/// - `user` is sent when it has at most [`MAX_USER_CHARS`] characters, else dropped (hint
+///   `user`).
 pub fn request_body(
     request: &core::Request,
     reasoning_allowed: bool,
@@ -674,6 +683,13 @@ pub fn request_body(
     // OpenAI refuses `parallel_tool_calls` in a request without tools.
     let parallel_tool_calls =
         request.tool_choice.as_ref().and_then(|c| c.parallel).filter(|_| !tools.is_empty());
+    let user = match request.user.as_deref() {
+        Some(user) if user.chars().count() > MAX_USER_CHARS => {
+            hint(HINT_USER);
+            None
+        }
+        user => user,
+    };
     if request.top_k.is_some() {
         hint(HINT_TOP_K);
     }
@@ -694,7 +710,7 @@ pub fn request_body(
         temperature: request.temperature,
         top_p: request.top_p,
         stop: &request.stop,
-        user: request.user.as_deref(),
+        user,
         reasoning_effort,
         stream: request.stream,
         stream_options: request.stream.then_some(StreamOptions { include_usage: true }),
@@ -1620,6 +1636,12 @@ mod tests {
         let (bytes, hints) = request_body(&request, false);
         assert!(body(&bytes).get("reasoning_effort").is_none());
         assert_eq!(hints, vec!["cache_control", "context_management", "top_k", "thinking"]);
+        let long = Request { user: Some("u".repeat(MAX_USER_CHARS + 1)), ..Request::default() };
+        let (bytes, hints) = request_body(&long, false);
+        assert!(body(&bytes).get("user").is_none());
+        assert_eq!(hints, vec!["user"]);
+        let fits = Request { user: Some("é".repeat(MAX_USER_CHARS)), ..Request::default() };
+        assert_eq!(body(&request_body(&fits, false).0)["user"], "é".repeat(MAX_USER_CHARS));
         let low = Request { reasoning: Some(Reasoning::Effort(Effort::Low)), ..Request::default() };
         assert_eq!(body(&request_body(&low, true).0)["reasoning_effort"], "low");
     }

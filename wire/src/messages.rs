@@ -1270,9 +1270,20 @@ struct OutBlockStart<'a> {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum OutStartBlock<'a> {
-    Text { text: &'static str },
-    Thinking { thinking: &'static str },
-    ToolUse { id: &'a str, name: &'a str, input: Box<RawValue> },
+    Text {
+        text: &'static str,
+    },
+    /// As Anthropic starts one: empty, with an empty `signature` that a `signature_delta`
+    /// fills in.
+    Thinking {
+        thinking: &'static str,
+        signature: &'static str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Box<RawValue>,
+    },
 }
 
 #[derive(Serialize)]
@@ -1485,7 +1496,7 @@ impl Encoder {
         self.next_index += 1;
         self.open = Some((kind, index));
         let content_block = match kind {
-            Open::Thinking => OutStartBlock::Thinking { thinking: "" },
+            Open::Thinking => OutStartBlock::Thinking { thinking: "", signature: "" },
             _ => OutStartBlock::Text { text: "" },
         };
         out.push(Frame::new(
@@ -2370,7 +2381,7 @@ mod tests {
             vec![
                 "message_start",
                 "ping",
-                r#"start 0 {"thinking":"","type":"thinking"}"#,
+                r#"start 0 {"signature":"","thinking":"","type":"thinking"}"#,
                 r#"delta 0 {"thinking":"think","type":"thinking_delta"}"#,
                 r#"delta 0 {"signature":"sig","type":"signature_delta"}"#,
                 "stop 0",
