@@ -13,6 +13,8 @@
 //!   `chat.completion.chunk`.
 //! - [`messages`]: Anthropic Messages (`/v1/messages`): requests, `message`, the event
 //!   stream (`message_start` … `message_stop`), errors.
+//! - [`gemini`]: Google Gemini (`generateContent`), as a provider: request bodies from the
+//!   core, answers, stream frames and errors into it.
 //!
 //! ## The internal form
 //! [`core`] holds a [`core::Request`] (system instructions, user/assistant turns made of
@@ -38,6 +40,7 @@
 pub mod chat;
 pub mod core;
 mod de;
+pub mod gemini;
 pub mod messages;
 mod refusal;
 

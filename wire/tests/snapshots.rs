@@ -1,6 +1,7 @@
-//! Snapshot tests of every translation, per format pair and both directions: each snapshot
-//! holds the core form in the middle and what the other format gets, so a changed
-//! translation shows up as a reviewed diff (tests/snapshots/*.snap).
+//! Snapshot tests of every translation, per format pair and both directions (Gemini, a
+//! provider format only, from the core and into it): each snapshot holds the core form in
+//! the middle and what the other format gets, so a changed translation shows up as a
+//! reviewed diff (tests/snapshots/*.snap).
 //!
 //! To accept changed snapshots, review the diff the failing test prints, then run
 //! `INSTA_UPDATE=always cargo nextest run -p switchyard-wire --test snapshots` and review
@@ -13,7 +14,7 @@ use insta::assert_json_snapshot;
 use serde_json::{Value, json};
 
 use switchyard_wire::core::{Event, Request};
-use switchyard_wire::{Refusal, chat, messages};
+use switchyard_wire::{Refusal, chat, gemini, messages};
 
 fn value(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap()
@@ -433,4 +434,100 @@ fn messages_errors_and_stream_errors() {
     assert_json_snapshot!(
         json!({"error_bodies": bodies, "in_band_error": {"field": in_band.field, "message": in_band.message}})
     );
+}
+
+// === Gemini (a provider): requests from Messages and Chat, answers and streams back ===
+
+fn to_gemini(core: &Request) -> Value {
+    value(&gemini::request_body(core, 8192).unwrap())
+}
+
+#[test]
+fn messages_request_to_gemini_claude_code() {
+    let body: Value =
+        serde_json::from_str(include_str!("fixtures/claude_code_request.json")).unwrap();
+    let core = messages::parse_request(&bytes(&body)).unwrap();
+    assert_json_snapshot!(to_gemini(&core));
+}
+
+#[test]
+fn chat_request_to_gemini_tools_round_trip_and_images() {
+    let body = json!({"model": "gemini-2.5-flash", "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": [{"type": "text", "text": "What is this, and what's the weather in Paris?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_r1_0__thought__CiQBjz1rX-_a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_r1_0__thought__CiQBjz1rX-_a", "content": "15 C"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+        "tool_choice": "auto", "max_tokens": 500, "temperature": 0.4, "reasoning_effort": "low"});
+    let core = chat::parse_request(&bytes(&body)).unwrap();
+    assert_json_snapshot!(json!({"core": core, "gemini": to_gemini(&core)}));
+}
+
+fn gemini_response() -> Value {
+    json!({"candidates": [{"content": {"role": "model", "parts": [
+            {"text": "I'll look that up.", "thoughtSignature": "CiQBjz1rX+/a"},
+            {"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}, "thoughtSignature": "CiQBjz1rX+/a"}]},
+        "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 52, "candidatesTokenCount": 14, "totalTokenCount": 120, "thoughtsTokenCount": 54},
+        "modelVersion": "gemini-2.5-flash", "responseId": "fVEkaPHtNOmXz7IPzaOd4Ag"})
+}
+
+#[test]
+fn gemini_response_to_messages_and_chat() {
+    let core = gemini::parse_response(&bytes(&gemini_response())).unwrap();
+    let message = messages::response_body(&core, "gemini-flash");
+    let completion = chat::completion_body_at(&core, "gemini-flash", 1_700_000_000);
+    assert_json_snapshot!(
+        json!({"core": core, "messages": value(&message), "chat": value(&completion)})
+    );
+}
+
+#[test]
+fn gemini_stream_to_messages_frames_and_chat_chunks() {
+    let stream = [
+        json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "The weather"}]}, "index": 0}],
+            "usageMetadata": {"promptTokenCount": 8, "totalTokenCount": 8}, "modelVersion": "gemini-2.5-flash", "responseId": "r1"}),
+        json!({"candidates": [{"content": {"role": "model", "parts": [{"text": " needs a lookup."},
+            {"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}, "thoughtSignature": "Zm9v"}]}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 8, "candidatesTokenCount": 12, "totalTokenCount": 20}, "modelVersion": "gemini-2.5-flash", "responseId": "r1"}),
+    ];
+    let mut decoder = gemini::Decoder::new();
+    let mut frames_out = Vec::new();
+    let mut chunks_out = Vec::new();
+    let mut anthropic = messages::Encoder::new("gemini-flash");
+    let mut openai = chat::Encoder::at("gemini-flash", true, 1_700_000_000);
+    let mut events = Vec::new();
+    for data in &stream {
+        for event in decoder.decode(&bytes(data)).unwrap() {
+            events.push(event.clone());
+            anthropic.push(event.clone(), &mut frames_out);
+            openai.push(event, &mut chunks_out);
+        }
+    }
+    anthropic.finish(&mut frames_out);
+    assert!(decoder.finished());
+    let chunks: Vec<Value> = chunks_out.iter().map(|c| value(c)).collect();
+    assert_json_snapshot!(json!({"core": events, "messages": frames(&frames_out), "chat": chunks}));
+}
+
+#[test]
+fn gemini_errors() {
+    let blocked =
+        gemini::parse_response(br#"{"promptFeedback": {"blockReason": "PROHIBITED_CONTENT"}}"#)
+            .unwrap_err();
+    let error = br#"[{"error": {"code": 429, "message": "Resource has been exhausted (e.g. check quota).", "status": "RESOURCE_EXHAUSTED"}}]"#;
+    let parsed = gemini::parse_error(error).unwrap();
+    let web_image = chat::parse_request(
+        br#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}]}]}"#,
+    )
+    .unwrap();
+    let unfetchable = gemini::request_body(&web_image, 100).unwrap_err();
+    assert_json_snapshot!(json!({
+        "blocked": {"field": blocked.field, "message": blocked.message},
+        "error": {"code": parsed.code, "status": parsed.status, "message": parsed.message},
+        "web_image": {"field": unfetchable.field, "message": unfetchable.message},
+    }));
 }
