@@ -12,8 +12,8 @@ use serde_json::value::RawValue;
 
 use crate::Refusal;
 use crate::core::{
-    self, Effort, Event, Finish, Image, Message, Part, Reasoning, Role, Tool, ToolChoice, ToolMode,
-    Usage,
+    self, Effort, Event, Finish, Image, Message, Part, RawJson, Reasoning, Role, Tool, ToolChoice,
+    ToolMode, Usage,
 };
 use crate::de::{self, OneOrList};
 
@@ -216,10 +216,16 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
             name: function.name,
             description: function.description,
             // A function without parameters takes none: an empty object schema.
-            parameters: function.parameters.map_or_else(
-                || r#"{"type":"object","properties":{}}"#.to_owned(),
-                |p| p.get().to_owned(),
-            ),
+            parameters: match function.parameters.map(RawJson::from) {
+                None => RawJson::from(de::empty_object_schema()),
+                Some(schema) if schema.is_object() => schema,
+                Some(_) => {
+                    return Err(Refusal::at(
+                        format!("tools[{i}].function.parameters"),
+                        "must be a JSON schema object",
+                    ));
+                }
+            },
         });
     }
 
@@ -508,7 +514,7 @@ struct OutFunction<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<&'a str>,
-    parameters: Box<RawValue>,
+    parameters: &'a RawValue,
 }
 
 #[derive(Serialize)]
@@ -668,7 +674,7 @@ pub fn request_body(
             function: OutFunction {
                 name: &tool.name,
                 description: tool.description.as_deref(),
-                parameters: de::object(&tool.parameters),
+                parameters: tool.parameters.raw(),
             },
         })
         .collect();
@@ -1258,7 +1264,7 @@ mod tests {
                 ]),
             ]
         );
-        assert_eq!(request.tools[1].parameters, r#"{"type":"object","properties":{}}"#);
+        assert_eq!(request.tools[1].parameters.get(), r#"{"type":"object","properties":{}}"#);
         assert_eq!(
             request.tool_choice,
             Some(ToolChoice { mode: ToolMode::Any, parallel: Some(false) })
@@ -1355,6 +1361,12 @@ mod tests {
         );
         assert_refuses(chat(json!({"tools": [{"type": "custom", "custom": {}}]})), "tools[0].type");
         assert_refuses(chat(json!({"tools": [{"type": "function"}]})), "tools[0].function");
+        assert_refuses(
+            chat(
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}),
+            ),
+            "tools[0].function.parameters",
+        );
         assert_refuses(
             chat(json!({"tools": [{"type": "function", "function": {}}]})),
             "tools[0].function",
@@ -1586,7 +1598,7 @@ mod tests {
         let tools = vec![Tool {
             name: "get".into(),
             description: None,
-            parameters: r#"{"type":"object"}"#.into(),
+            parameters: RawJson::new(r#"{"type":"object"}"#.into()).unwrap(),
         }];
         let choice = |mode: ToolMode, parallel: Option<bool>, tools: Vec<Tool>| {
             let request = Request {

@@ -61,6 +61,17 @@ pub(crate) fn object(text: &str) -> Box<serde_json::value::RawValue> {
     }
 }
 
+/// Raw JSON as its text, without copying it.
+pub(crate) fn text(raw: Box<serde_json::value::RawValue>) -> String {
+    Box::<str>::from(raw).into()
+}
+
+/// The schema of a function without parameters.
+pub(crate) fn empty_object_schema() -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(r#"{"type":"object","properties":{}}"#.to_owned())
+        .unwrap_or_else(|_| empty_object())
+}
+
 pub(crate) fn empty_object() -> Box<serde_json::value::RawValue> {
     // `{}` is valid JSON: the fallback never runs, and keeps this free of panics.
     serde_json::value::RawValue::from_string("{}".to_owned())

@@ -105,7 +105,7 @@ struct OutDeclaration<'a> {
     description: Option<&'a str>,
     /// The schema as JSON Schema, which Gemini reads in full here (unlike `parameters`,
     /// an OpenAPI 3.0 subset).
-    parameters_json_schema: Box<RawValue>,
+    parameters_json_schema: &'a RawValue,
 }
 
 #[derive(Serialize)]
@@ -291,7 +291,7 @@ pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<
         .map(|tool| OutDeclaration {
             name: &tool.name,
             description: tool.description.as_deref(),
-            parameters_json_schema: de::object(&tool.parameters),
+            parameters_json_schema: tool.parameters.raw(),
         })
         .collect();
     let tool_config =
@@ -527,7 +527,7 @@ fn parts(content: Option<WireContent>, response_id: &str, calls: &mut u32) -> Ve
             out.push(Part::ToolCall {
                 id: call_id(call.id, response_id, *calls, part.thought_signature.as_deref()),
                 name: call.name,
-                arguments: call.args.map_or_else(|| "{}".to_owned(), |a| a.get().to_owned()),
+                arguments: call.args.map_or_else(|| "{}".to_owned(), de::text),
             });
             *calls += 1;
         } else if let Some(text) = part.text.filter(|t| !t.is_empty()) {
@@ -712,7 +712,10 @@ mod tests {
             tools: vec![Tool {
                 name: "get".into(),
                 description: Some("d".into()),
-                parameters: r#"{"type":"object","additionalProperties":false}"#.into(),
+                parameters: core::RawJson::new(
+                    r#"{"type":"object","additionalProperties":false}"#.into(),
+                )
+                .unwrap(),
             }],
             tool_choice: Some(ToolChoice {
                 mode: ToolMode::Tool("get".into()),

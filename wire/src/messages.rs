@@ -367,7 +367,7 @@ fn message_parts(
                     return Err(Refusal::at(format!("{at}.input"), "must be a JSON object"));
                 }
                 call_ids.insert(id.clone());
-                Part::ToolCall { id, name, arguments: input.get().to_owned() }
+                Part::ToolCall { id, name, arguments: de::text(input) }
             }
             "tool_result" => {
                 only(Role::User)?;
@@ -513,7 +513,7 @@ fn read_tool(request: &mut core::Request, tool: WireTool, i: usize) -> Result<To
             "must be a JSON schema object",
         ));
     }
-    Ok(Tool { name, description: tool.description, parameters: schema.get().to_owned() })
+    Ok(Tool { name, description: tool.description, parameters: schema.into() })
 }
 
 // === Request: writing ===
@@ -604,7 +604,7 @@ struct OutTool<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<&'a str>,
-    input_schema: Box<RawValue>,
+    input_schema: &'a RawValue,
 }
 
 #[derive(Serialize)]
@@ -728,7 +728,7 @@ pub fn request_body(
         .map(|tool| OutTool {
             name: &tool.name,
             description: tool.description.as_deref(),
-            input_schema: de::object(&tool.parameters),
+            input_schema: tool.parameters.raw(),
         })
         .collect();
     // Anthropic refuses a `tool_choice` without tools.
@@ -896,9 +896,7 @@ pub fn parse_response(body: &[u8]) -> Result<core::Response, Refusal> {
             "tool_use" => parts.push(Part::ToolCall {
                 id: required(block.id, &at, "id")?,
                 name: required(block.name, &at, "name")?,
-                arguments: block
-                    .input
-                    .map_or_else(|| "{}".to_owned(), |input| input.get().to_owned()),
+                arguments: block.input.map_or_else(|| "{}".to_owned(), de::text),
             }),
             "thinking" => parts.push(Part::Thinking {
                 text: required(block.thinking, &at, "thinking")?,
@@ -1009,7 +1007,7 @@ impl Decoder {
                         {
                             events.push(Event::ToolCallDelta {
                                 index: call,
-                                arguments: input.get().to_owned(),
+                                arguments: de::text(input),
                             });
                         }
                     }
@@ -1876,7 +1874,7 @@ mod tests {
             vec![Tool {
                 name: "get_weather".into(),
                 description: Some("d".into()),
-                parameters: r#"{"type":"object"}"#.into()
+                parameters: core::RawJson::new(r#"{"type":"object"}"#.into()).unwrap()
             }]
         );
     }
@@ -1923,7 +1921,7 @@ mod tests {
             tools: vec![Tool {
                 name: "get".into(),
                 description: Some("d".into()),
-                parameters: r#"{"type":"object"}"#.into(),
+                parameters: core::RawJson::new(r#"{"type":"object"}"#.into()).unwrap(),
             }],
             tool_choice: Some(ToolChoice {
                 mode: ToolMode::Tool("get".into()),
