@@ -1,5 +1,5 @@
 //! OpenAI's Chat Completions (`POST /v1/chat/completions`): requests, completions and
-//! stream chunks, to and from the [core](crate::core) form.
+//! stream chunks, to and from the [core] form.
 //!
 //! Refusals name fields as a Chat client wrote them
 //! (`messages[1].tool_calls[0].function.arguments`, `choices[0].message`).

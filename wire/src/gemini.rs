@@ -1,5 +1,5 @@
 //! Google's Gemini API (`models/{model}:generateContent`, `:streamGenerateContent?alt=sse`):
-//! request bodies from the [core](crate::core) form, and answers, stream frames and errors
+//! request bodies from the [core] form, and answers, stream frames and errors
 //! into it. Gemini is a provider format only (no client sends it), so there is no
 //! `parse_request`.
 //!

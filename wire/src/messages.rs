@@ -1,5 +1,5 @@
 //! Anthropic's Messages API (`POST /v1/messages`): requests, answers, stream events and
-//! errors, to and from the [core](crate::core) form.
+//! errors, to and from the [core] form.
 //!
 //! Refusals name fields as a Messages client wrote them (`messages[3].content[0].tool_use_id`).
 
