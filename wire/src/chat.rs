@@ -15,7 +15,7 @@ use crate::core::{
     self, Effort, Event, Finish, Image, Message, Part, RawJson, Reasoning, Role, Tool, ToolChoice,
     ToolMode, Usage,
 };
-use crate::de::{self, OneOrList};
+use crate::de::{self, OneOrList, OneOrObject};
 
 // === Request: reading ===
 
@@ -25,7 +25,7 @@ use crate::de::{self, OneOrList};
 struct WireRequest {
     messages: Option<Vec<WireMessage>>,
     tools: Option<Vec<WireTool>>,
-    tool_choice: Option<WireToolChoice>,
+    tool_choice: Option<OneOrObject<WireNamedChoice>>,
     parallel_tool_calls: Option<bool>,
     max_completion_tokens: Option<u32>,
     max_tokens: Option<u32>,
@@ -87,13 +87,6 @@ struct WireFunction {
     name: String,
     description: Option<String>,
     parameters: Option<Box<RawValue>>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum WireToolChoice {
-    Mode(String),
-    Named(WireNamedChoice),
 }
 
 #[derive(Deserialize)]
@@ -231,7 +224,7 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
 
     let mode = match wire.tool_choice {
         None => None,
-        Some(WireToolChoice::Mode(mode)) => Some(match mode.as_str() {
+        Some(OneOrObject::One(mode)) => Some(match mode.as_str() {
             "auto" => ToolMode::Auto,
             "none" => ToolMode::None,
             "required" => ToolMode::Any,
@@ -242,7 +235,7 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
                 ));
             }
         }),
-        Some(WireToolChoice::Named(named)) => {
+        Some(OneOrObject::Object(named)) => {
             if named.kind != "function" {
                 return Err(Refusal::at(
                     "tool_choice.type",
@@ -734,6 +727,56 @@ struct WireCompletion {
     model: String,
     choices: Option<Vec<WireChoice>>,
     usage: Option<WireUsage>,
+    error: Option<WireError>,
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    #[serde(default)]
+    message: String,
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+}
+
+/// An error an OpenAI-compatible API sent: `error.type`, `error.code` (a string, or a number
+/// some compatible servers send, as text) and the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub kind: Option<String>,
+    pub code: Option<String>,
+    pub message: String,
+}
+
+impl From<WireError> for ApiError {
+    fn from(error: WireError) -> Self {
+        ApiError {
+            kind: error.kind,
+            code: error.code.and_then(|code| match code {
+                serde_json::Value::String(code) => Some(code),
+                serde_json::Value::Null => None,
+                other => Some(other.to_string()),
+            }),
+            message: error.message,
+        }
+    }
+}
+
+/// OpenAI's error envelope `{"error": {"message", "type", "param", "code"}}`, if the body is
+/// one (an error status's body, or an error frame in a stream).
+pub fn parse_error(body: &[u8]) -> Option<ApiError> {
+    #[derive(Deserialize)]
+    struct Body {
+        error: WireError,
+    }
+    serde_json::from_slice::<Body>(body).ok().map(|b| b.error.into())
+}
+
+fn error_refusal(error: WireError, what: &str) -> Refusal {
+    let error = ApiError::from(error);
+    let kind = error.code.or(error.kind).unwrap_or_default();
+    Refusal::at("error", format!("{what} is an error ({kind}): {}", error.message))
 }
 
 #[derive(Deserialize)]
@@ -804,6 +847,9 @@ pub fn finish(reason: &str) -> Finish {
 /// A `chat.completion` (the first choice) as a core answer.
 pub fn parse_completion(body: &[u8]) -> Result<core::Response, Refusal> {
     let wire: WireCompletion = de::read(body)?;
+    if let Some(error) = wire.error {
+        return Err(error_refusal(error, "the answer"));
+    }
     let choice = wire
         .choices
         .and_then(|choices| choices.into_iter().next())
@@ -858,6 +904,7 @@ struct WireChunk {
     #[serde(default)]
     choices: Vec<WireChunkChoice>,
     usage: Option<WireUsage>,
+    error: Option<WireError>,
 }
 
 #[derive(Deserialize)]
@@ -886,9 +933,13 @@ impl ChunkDecoder {
         Self::default()
     }
 
-    /// The events of one chunk (an SSE `data:` payload other than `[DONE]`).
+    /// The events of one chunk (an SSE `data:` payload other than `[DONE]`). An error frame
+    /// (`{"error": {...}}`) is refused as `error`; [`parse_error`] reads it apart.
     pub fn decode(&mut self, data: &[u8]) -> Result<Vec<Event>, Refusal> {
         let chunk: WireChunk = de::read(data)?;
+        if let Some(error) = chunk.error {
+            return Err(error_refusal(error, "the stream's frame"));
+        }
         let mut events = Vec::new();
         if !self.started && !chunk.id.is_empty() {
             self.started = true;
@@ -1367,9 +1418,10 @@ mod tests {
             ),
             "tools[0].function.parameters",
         );
+        // A missing field is named itself, not the object that lacks it.
         assert_refuses(
             chat(json!({"tools": [{"type": "function", "function": {}}]})),
-            "tools[0].function",
+            "tools[0].function.name",
         );
         assert_refuses(chat(json!({"tool_choice": "sometimes"})), "tool_choice");
         assert_refuses(
@@ -1377,6 +1429,16 @@ mod tests {
             "tool_choice.function.name",
         );
         assert_refuses(chat(json!({"tool_choice": {"type": "allowed_tools"}})), "tool_choice.type");
+        // An error inside the object form keeps its path.
+        assert_refuses(
+            chat(json!({"tool_choice": {"type": "function", "function": {}}})),
+            "tool_choice.function.name",
+        );
+        assert_refuses(
+            chat(json!({"tool_choice": {"type": "function", "function": {"name": 7}}})),
+            "tool_choice.function.name",
+        );
+        assert_refuses(chat(json!({"tool_choice": 3})), "tool_choice");
         assert_refuses(chat(json!({"temperature": 2.5})), "temperature");
         assert_refuses(chat(json!({"top_p": -1})), "top_p");
         assert_refuses(chat(json!({"stop": 5})), "stop");
@@ -1780,5 +1842,37 @@ mod tests {
                 .field,
             "choices[0].delta.tool_calls[0].index"
         );
+    }
+
+    #[test]
+    fn an_error_envelope_is_refused_as_error_and_read_by_parse_error() {
+        let error = br#"{"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}"#;
+        let refusal = parse_completion(error).unwrap_err();
+        assert_eq!(refusal.field, "error");
+        assert_eq!(
+            refusal.message,
+            "`error`: the answer is an error (rate_limit_exceeded): Rate limit reached"
+        );
+        let refusal = ChunkDecoder::new().decode(error).unwrap_err();
+        assert_eq!(refusal.field, "error");
+        assert_eq!(
+            refusal.message,
+            "`error`: the stream's frame is an error (rate_limit_exceeded): Rate limit reached"
+        );
+        assert_eq!(
+            parse_error(error),
+            Some(ApiError {
+                kind: Some("requests".into()),
+                code: Some("rate_limit_exceeded".into()),
+                message: "Rate limit reached".into(),
+            })
+        );
+        // Some OpenAI-compatible servers send a numeric code.
+        assert_eq!(
+            parse_error(br#"{"error": {"message": "busy", "code": 503}}"#),
+            Some(ApiError { kind: None, code: Some("503".into()), message: "busy".into() })
+        );
+        assert_eq!(parse_error(b"{}"), None);
+        assert_eq!(parse_error(br#"{"id": "chatcmpl-1", "choices": []}"#), None);
     }
 }
