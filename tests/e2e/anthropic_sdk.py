@@ -144,10 +144,12 @@ def count_tokens():
 
 def missing_max_tokens():
     try:
-        # NOT_GIVEN leaves the field out of the body, as a hand-built request would.
+        # NOT_GIVEN leaves the field out of the body, as a hand-built request would; a
+        # timeout of our own, as the SDK otherwise derives one from max_tokens.
         client().messages.create(
             model=primary,
             max_tokens=anthropic.NOT_GIVEN,
+            timeout=30,
             messages=[{"role": "user", "content": "Say hello"}],
             extra_body=CHAIN,
         )
