@@ -136,17 +136,30 @@ async fn plain(serving: Serving) {
     assert_eq!(out["text"], serving.canned(), "{out}");
     assert_eq!(out["dropped_hints"], Value::Null, "nothing to drop: {out}");
     serving.assert_upstream_plain(&gw, false).await;
-    // The failover is an event like any other, labelled with the surface it came through.
-    let event = eventually(PATIENCE, "the api:model_failover event", || async {
+    // The failover is an event like any other.
+    let event = failover_event(&gw).await;
+    assert_eq!(event["served_model"], serving.fallback, "{event}");
+    assert_eq!(event["request_id"], out["request_id"], "{event}");
+}
+
+/// The first `api:model_failover` event stored.
+async fn failover_event(gw: &Gateway) -> Value {
+    eventually(PATIENCE, "the api:model_failover event", || async {
         let out = cli(&gw.cp.url(), &["events", "--json"]).await;
         out.stdout
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .find(|e| e["type"] == "api:model_failover")
     })
-    .await;
-    assert_eq!(event["served_model"], serving.fallback, "{event}");
-    assert_eq!(event["request_id"], out["request_id"], "{event}");
+    .await
+}
+
+#[tokio::test]
+async fn a_failover_through_messages_is_an_event_labelled_with_its_surface() {
+    let serving = BY_OPENAI;
+    let gw = serving.gateway().await;
+    serving.sdk(&gw, "plain").await;
+    let event = failover_event(&gw).await;
     assert_eq!(event["surface"], "messages", "{event}");
 }
 
