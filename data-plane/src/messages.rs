@@ -180,6 +180,8 @@ pub fn degraded(text: &str, model: &str, report: &Value, stream: bool) -> Vec<u8
 pub struct Framing {
     /// The served model's gateway name, which `message_start` carries.
     model: String,
+    /// The failover report, which `message_start`'s message carries as `secureai`.
+    report: Option<Box<RawValue>>,
     decoder: chat::ChunkDecoder,
     encoder: messages::Encoder,
     /// The stream passed an Anthropic model's events on.
@@ -189,9 +191,10 @@ pub struct Framing {
 }
 
 impl Framing {
-    pub fn new(model: &str) -> Self {
+    pub fn new(model: &str, report: Option<Box<RawValue>>) -> Self {
         Self {
             model: model.to_owned(),
+            report,
             decoder: chat::ChunkDecoder::default(),
             encoder: messages::Encoder::new(model),
             native: false,
@@ -207,7 +210,7 @@ impl Framing {
             let kind = kind.to_owned();
             self.native = true;
             match kind.as_str() {
-                "message_start" => self.name_model(fields),
+                "message_start" => self.start(fields),
                 "message_stop" => self.stopped = true,
                 _ => {}
             }
@@ -219,6 +222,14 @@ impl Framing {
         let mut frames = Vec::new();
         for event in events {
             self.encoder.push(event, &mut frames);
+        }
+        if let Some(report) = &self.report
+            && let Some(start) = frames.iter_mut().find(|f| f.event == "message_start")
+            && let Ok(mut fields) =
+                serde_json::from_slice::<BTreeMap<String, Box<RawValue>>>(&start.data)
+        {
+            with_report(&mut fields, report);
+            start.data = serde_json::to_vec(&fields).unwrap_or_else(|_| start.data.clone());
         }
         join(&frames)
     }
@@ -243,17 +254,36 @@ impl Framing {
         frame("error", body.to_string().as_bytes())
     }
 
-    /// `message_start` names the served model by its gateway name.
-    fn name_model(&self, fields: &mut BTreeMap<String, Box<RawValue>>) {
+    /// `message_start` names the served model by its gateway name, and carries the report.
+    fn start(&self, fields: &mut BTreeMap<String, Box<RawValue>>) {
         let Some(message) = fields.get("message") else { return };
-        let Ok(mut message) = serde_json::from_str::<serde_json::Map<String, Value>>(message.get())
+        let Ok(mut message) =
+            serde_json::from_str::<BTreeMap<String, Box<RawValue>>>(message.get())
         else {
             return;
         };
-        message.insert("model".into(), Value::String(self.model.clone()));
+        if let Ok(name) = serde_json::value::to_raw_value(&self.model) {
+            message.insert("model".into(), name);
+        }
+        if let Some(report) = &self.report {
+            message.insert("secureai".into(), report.clone());
+        }
         if let Ok(raw) = serde_json::value::to_raw_value(&message) {
             fields.insert("message".into(), raw);
         }
+    }
+}
+
+/// Puts the report in a `message_start` event's message.
+fn with_report(fields: &mut BTreeMap<String, Box<RawValue>>, report: &RawValue) {
+    let Some(message) = fields.get("message") else { return };
+    let Ok(mut message) = serde_json::from_str::<BTreeMap<String, Box<RawValue>>>(message.get())
+    else {
+        return;
+    };
+    message.insert("secureai".into(), report.to_owned());
+    if let Ok(raw) = serde_json::value::to_raw_value(&message) {
+        fields.insert("message".into(), raw);
     }
 }
 

@@ -98,11 +98,12 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
     let CommittedStream { mut buffered, upstream, permit, deadline, timeout, stall } = stream;
     let asked = ctx.rescue.as_ref().map_or(0, |r| r.entries.len());
     let delivered = ctx.rescue.as_ref().map(|_| Delivered::default());
-    if ctx.multi
-        && let Some(report) = raw(&ctx.report)
-    {
-        let key = ctx.flavor.report_field();
-        carry_report(&mut buffered, key, report);
+    let report = if ctx.multi { raw(&ctx.report) } else { None };
+    // A Messages stream carries the report in `message_start`'s message (docs/messages.md).
+    let messages =
+        (ctx.flavor == Flavor::Anthropic).then(|| Framing::new(&ctx.model.name, report.clone()));
+    if let Some(report) = report.filter(|_| messages.is_none()) {
+        carry_report(&mut buffered, ctx.flavor.report_field(), report);
     }
     // The head is written while `ctx` is at hand; the body, which takes it, comes after.
     let mut response = Response::new(Body::empty());
@@ -110,7 +111,6 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     model_headers(headers, &ctx.model.name, &ctx.report.requested_model);
-    let messages = (ctx.flavor == Flavor::Anthropic).then(|| Framing::new(&ctx.model.name));
     let pump = Pump {
         app: Arc::clone(app),
         messages,
