@@ -160,7 +160,10 @@ async fn a_failover_through_messages_is_an_event_labelled_with_its_surface() {
     let gw = serving.gateway().await;
     serving.sdk(&gw, "plain").await;
     let event = failover_event(&gw).await;
-    assert_eq!(event["surface"], "messages", "{event}");
+    assert_eq!(
+        event["surface"], "messages",
+        "the event names the surface it came through: {event}"
+    );
 }
 
 #[tokio::test]
