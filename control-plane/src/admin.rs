@@ -1581,6 +1581,7 @@ mod tests {
             request_id: String::new(),
             lost: None,
             continued: vec![],
+            surface: String::new(),
         }
     }
 

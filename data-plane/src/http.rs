@@ -324,6 +324,7 @@ async fn serve(
         let mut event = failover_event(
             app,
             request.stream,
+            flavor,
             &key,
             &chain,
             &failed.attempts,
@@ -358,9 +359,20 @@ async fn serve(
             Ok(s) => (s.model.name.clone(), 200),
             Err(f) => (String::new(), u32::from(f.error.status().as_u16())),
         };
-        app.executor.metrics.model(chain.requested_model()).failover(&served_model);
-        let mut event =
-            failover_event(app, request.stream, &key, &chain, attempts, served_model, status);
+        app.executor
+            .metrics
+            .model(chain.requested_model())
+            .failover(&served_model, flavor.surface());
+        let mut event = failover_event(
+            app,
+            request.stream,
+            flavor,
+            &key,
+            &chain,
+            attempts,
+            served_model,
+            status,
+        );
         event.request_id = id_text.to_owned();
         otel::failover_log(&event);
         app.executor.telemetry.push_event(event);
@@ -500,9 +512,11 @@ fn report(chain: &Chain, attempts: &[AttemptReport]) -> FailoverReport {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn failover_event(
     app: &App,
     stream: bool,
+    flavor: Flavor,
     key: &Key,
     chain: &Chain,
     attempts: &[AttemptReport],
@@ -524,6 +538,7 @@ fn failover_event(
         // Only the admin listing sets it.
         lost: None,
         continued: vec![],
+        surface: flavor.surface().to_owned(),
     }
 }
 
@@ -641,7 +656,8 @@ mod tests {
             attempt("a", AttemptStatus::Failed, Some("drill")),
             attempt("b", AttemptStatus::Served, None),
         ];
-        let event = failover_event(&app, false, &key, &chain, &attempts, "b".into(), 200);
+        let event =
+            failover_event(&app, false, Flavor::OpenAi, &key, &chain, &attempts, "b".into(), 200);
         assert_eq!(event.attempts[0].injected, "drill");
         assert_eq!(event.attempts[1].injected, "");
         let report = serde_json::to_value(&attempts).unwrap();
