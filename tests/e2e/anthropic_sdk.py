@@ -2,8 +2,9 @@
 app or an agent would.
 
 Usage: anthropic_sdk.py BASE_URL API_KEY CHECK PRIMARY FALLBACK
-CHECK is one of plain, stream, tools, count_tokens, missing_max_tokens, chain_failed; the
-chain is PRIMARY then FALLBACK (sent as the gateway's `fallback_models` body field). Prints
+CHECK is one of plain, stream, tools, stream_tools, count_tokens, missing_max_tokens,
+chain_failed; the chain is PRIMARY then FALLBACK (sent as the gateway's `fallback_models`
+body field). Prints
 one JSON line with what the SDK returned (the Rust test checks it, and what the provider
 got, against the simulator); exits non-zero on the first failed assertion.
 """
@@ -126,6 +127,35 @@ def tools():
     }
 
 
+def stream_tools():
+    with client().messages.stream(
+        model=primary,
+        max_tokens=64,
+        system=SYSTEM,
+        tools=[WEATHER],
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        extra_body=CHAIN,
+    ) as s:
+        headers = s.response.headers
+        partial_json = "".join(
+            e.delta.partial_json
+            for e in s
+            if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+        )
+        final = s.get_final_message()
+    calls = [b for b in final.content if b.type == "tool_use"]
+    assert len(calls) == 1, final
+    # The SDK builds the call's input from the streamed JSON pieces: they must agree.
+    assert json.loads(partial_json) == calls[0].input, (partial_json, final)
+    return {
+        **report_of(headers, final),
+        "stop_reason": final.stop_reason,
+        "tool": calls[0].name,
+        "tool_use_id": calls[0].id,
+        "input": calls[0].input,
+    }
+
+
 def count_tokens():
     raw = client().messages.with_raw_response.count_tokens(
         model=primary,
@@ -187,6 +217,7 @@ CHECKS = {
     "plain": plain,
     "stream": stream,
     "tools": tools,
+    "stream_tools": stream_tools,
     "count_tokens": count_tokens,
     "missing_max_tokens": missing_max_tokens,
     "chain_failed": chain_failed,

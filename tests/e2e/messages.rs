@@ -236,10 +236,13 @@ async fn a_tool_call_and_its_result_round_trip_through_an_anthropic_fallback() {
 async fn a_tool_call_and_its_result_round_trip_through_an_openai_fallback() {
     let serving = BY_OPENAI;
     let gw = serving.gateway().await;
+    // The simulated OpenAI model calls the tool it is offered (until it gets the result).
+    gw.script(serving.fallback_upstream, json!({"kind": "ok", "call_tools": true})).await;
     let out = serving.sdk(&gw, "tools").await;
-    // The simulated OpenAI model answers in text: the script then continues a conversation
-    // in which the tool was called (`toolu_sdk_1`), as an app resuming one would.
-    assert_eq!(out["first_tool"], Value::Null, "{out}");
+    // Its `tool_calls` answer comes back as Anthropic's tool_use block.
+    assert_eq!(out["first_stop_reason"], "tool_use", "{out}");
+    assert_eq!(out["first_tool"], "get_weather", "{out}");
+    assert_eq!(out["first_input"], json!({"city": "sim"}), "{out}");
     serving.assert_failed_over(&out);
     assert_eq!(out["text"], serving.canned(), "{out}");
     // The second call, as OpenAI takes it: the tool as a function, the tool_use as the
@@ -259,9 +262,25 @@ async fn a_tool_call_and_its_result_round_trip_through_an_openai_fallback() {
     assert_eq!(call["function"]["name"], "get_weather", "{body}");
     let arguments: Value =
         serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-    assert_eq!(arguments, json!({"city": "Paris"}), "{body}");
+    assert_eq!(arguments, json!({"city": "sim"}), "{body}");
     assert_eq!(turns[3]["tool_call_id"], id, "{body}");
     assert_eq!(text(&turns[3]["content"]), "sunny, 21 degrees", "{body}");
+}
+
+#[tokio::test]
+async fn a_streamed_tool_call_from_an_openai_fallback_is_a_tool_use_block() {
+    let serving = BY_OPENAI;
+    let gw = serving.gateway().await;
+    gw.script(serving.fallback_upstream, json!({"kind": "ok", "call_tools": true})).await;
+    // The script checks that the input_json_delta pieces spell the final message's input.
+    let out = serving.sdk(&gw, "stream_tools").await;
+    assert_eq!(out["stop_reason"], "tool_use", "{out}");
+    assert_eq!(out["tool"], "get_weather", "{out}");
+    assert_eq!(out["input"], json!({"city": "sim"}), "{out}");
+    assert!(out["tool_use_id"].as_str().is_some_and(|id| !id.is_empty()), "{out}");
+    serving.assert_failed_over(&out);
+    let body = serving.assert_upstream_plain(&gw, true).await;
+    assert_eq!(body["tools"][0]["function"]["name"], "get_weather", "{body}");
 }
 
 // === count_tokens ===
