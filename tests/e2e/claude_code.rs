@@ -16,9 +16,10 @@ const PROMPT: &str = "say hi";
 
 /// Runs `claude -p PROMPT --model MODEL` against the node, offline and in a throwaway home.
 ///
-/// `--tools Read` offers one tool: the simulated Anthropic model calls the first tool it is
-/// offered, and Read (of the placeholder path `sim`, which does not exist) comes back as an
-/// error tool_result, so the run is one real tool round trip and ends in the canned text.
+/// `--tools Read` offers one tool: the simulated Anthropic model (and an OpenAI one scripted
+/// with `call_tools`) calls the first tool it is offered, and Read (of the placeholder path
+/// `sim`, which does not exist) comes back as an error tool_result, so the run is one real
+/// tool round trip and ends in the canned text.
 /// Claude Code's default first tool, Agent, would start sub-agents against the simulator.
 /// `CLAUDE_CODE_MAX_RETRIES=0`: a failing node fails the test at once instead of after
 /// Claude Code's own ten retries.
@@ -131,14 +132,16 @@ async fn claude_code_answers_through_a_failover_to_an_anthropic_model() {
 async fn claude_code_answers_through_a_failover_to_an_openai_model() {
     let gw = Gateway::start().await;
     gw.script(ANTHROPIC_UPSTREAM, json!({"kind": "status", "status": 529})).await;
+    // The simulated OpenAI model calls the tool it is offered, as the Anthropic one does.
+    gw.script("secondary", json!({"kind": "ok", "call_tools": true})).await;
     gw.set_defaults(&["--models", &format!("{ANTHROPIC},{SECONDARY}")]).await;
 
     let out = claude(&gw, ANTHROPIC).await;
     assert_eq!(printed(&out), "Hello from secondary.");
 
-    // The simulated OpenAI model answers in text: one call, failed over.
-    assert_eq!(gw.upstream_requests(ANTHROPIC_UPSTREAM).await, 1);
-    assert_eq!(gw.upstream_requests("secondary").await, 1);
+    // Two calls, each failed over: the one that called Read, and the one with its result.
+    assert_eq!(gw.upstream_requests(ANTHROPIC_UPSTREAM).await, 2);
+    assert_eq!(gw.upstream_requests("secondary").await, 2);
     let last = gw.last_upstream_request("secondary").await;
     let body = &last["body"];
     // Translated to Chat Completions: the system blocks as a system message, the tools as
@@ -154,10 +157,23 @@ async fn claude_code_answers_through_a_failover_to_an_openai_model() {
     for hint in ["cache_control", "context_management", "\"thinking\"", "anthropic-beta"] {
         assert!(!last.to_string().contains(hint), "{hint} reached an OpenAI model: {last}");
     }
+    // The round trip: the model's tool_calls reached Claude Code as a tool_use, which it
+    // ran and sent back; they come back to the model as its tool_calls and a `tool` message.
+    let turns = body["messages"].as_array().unwrap();
+    let call = turns
+        .iter()
+        .find_map(|m| m["tool_calls"].get(0))
+        .unwrap_or_else(|| panic!("no assistant tool_calls: {body}"));
+    assert_eq!(call["function"]["name"], "Read", "{body}");
+    let last_turn = turns.last().unwrap();
+    assert_eq!(last_turn["role"], "tool", "{body}");
+    assert_eq!(last_turn["tool_call_id"], call["id"], "{body}");
 
-    let events = failover_events(&gw, 1).await;
-    assert_eq!(events[0]["requested_model"], ANTHROPIC, "{}", events[0]);
-    assert_eq!(events[0]["served_model"], SECONDARY, "{}", events[0]);
+    let events = failover_events(&gw, 2).await;
+    for event in &events {
+        assert_eq!(event["requested_model"], ANTHROPIC, "{event}");
+        assert_eq!(event["served_model"], SECONDARY, "{event}");
+    }
 }
 
 /// What Claude Code 2.1.197 sends (recorded against a recorder, docs/clients.md), cut down:
