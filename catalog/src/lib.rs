@@ -15,9 +15,10 @@ pub mod file;
 pub mod keys;
 
 pub use catalog::{
-    BreakerOverride, BreakerPolicy, Catalog, Model, Price, ProbeOverride, ProbePolicy, Provider,
-    ProviderKind, RetryOverride, RetryPolicy, Webhook,
+    BreakerOverride, BreakerPolicy, Catalog, Model, ModelType, Price, ProbeOverride, ProbePolicy,
+    Provider, ProviderKind, RetryOverride, RetryPolicy, Webhook,
 };
+pub use catalog::{model_allowed, wildcard_prefix};
 pub use credential::CredentialRef;
 pub use error::{FieldError, ValidationErrors};
 pub use fault::{Fault, FaultKind, FaultTarget};
