@@ -48,7 +48,8 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(crate::models::list))
+        .route("/v1/models/{*id}", get(crate::models::one))
         .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(|s, r| chat(s, r, Flavor::OpenAi)))
         .route("/chat/completions", post(|s, r| chat(s, r, Flavor::Classic)))
@@ -138,34 +139,6 @@ pub fn authenticate(config: &NodeConfig, headers: &HeaderMap) -> Result<Arc<Key>
 fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then_some(token)
-}
-
-async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let Some(config) = app.state.current() else {
-        return ApiError::NotReady.render(Flavor::OpenAi);
-    };
-    let key = match authenticate(&config, &headers) {
-        Ok(key) => key,
-        Err(e) => return e.render(Flavor::OpenAi),
-    };
-    let data: Vec<_> = config
-        .catalog
-        .models
-        .iter()
-        .filter(|m| {
-            key.settings.allowed_models.is_empty() || key.settings.allowed_models.contains(&m.name)
-        })
-        .filter(|m| {
-            key.settings.allowed_regions.is_empty()
-                || config
-                    .catalog
-                    .provider(&m.provider)
-                    .and_then(|p| p.region.as_ref())
-                    .is_some_and(|r| key.settings.allowed_regions.contains(r))
-        })
-        .map(|m| json!({"id": m.name, "object": "model", "created": 0, "owned_by": m.provider}))
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn chat(

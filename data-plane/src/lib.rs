@@ -31,6 +31,7 @@ pub mod keys;
 pub mod limits;
 pub mod loss;
 pub mod metrics;
+pub mod models;
 pub mod node;
 pub mod otel;
 pub mod persist;
