@@ -13,6 +13,7 @@ use crate::address;
 use crate::credential::CredentialRef;
 use crate::error::{FieldError, ValidationErrors};
 use crate::keys::FailoverReason;
+use crate::wildcard::{rest_under, wildcard_prefix};
 
 pub const STALL_TIMEOUT_MS_DEFAULT: u32 = 30_000;
 pub const STALL_TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 600_000);
@@ -135,7 +136,7 @@ pub struct Model {
     pub context_window: Option<u64>,
 }
 
-/// What a model serves (docs/catalog.md, "`type`"): a chat surface takes only `chat`
+/// What a model serves (docs/catalog.md, "`models`"): a chat surface takes only `chat`
 /// models, and an `embedding` model carries its `dimensions`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -247,27 +248,6 @@ impl Model {
             ..self.clone()
         })
     }
-}
-
-/// The prefix of a wildcard name (`openai/` of `openai/*`), `None` for any other name.
-/// Validation lets `*` stand only as the whole last path segment, after at least one other.
-pub fn wildcard_prefix(name: &str) -> Option<&str> {
-    name.strip_suffix('*').filter(|prefix| prefix.len() > 1 && prefix.ends_with('/'))
-}
-
-/// What follows `prefix` in `name`, when `name` starts with it and has more.
-fn rest_under<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
-    name.strip_prefix(prefix).filter(|rest| !rest.is_empty())
-}
-
-/// Whether a key whose `allowed_models` is `allowed` may use the model `name`: an empty list
-/// allows every model; an entry allows its own name, and a wildcard entry (`openai/*`) every
-/// name under it (`openai/gpt-5`, `openai/*` itself, a narrower `openai/ft/*`).
-pub fn model_allowed(allowed: &[String], name: &str) -> bool {
-    allowed.is_empty()
-        || allowed
-            .iter()
-            .any(|a| a == name || wildcard_prefix(a).is_some_and(|p| rest_under(p, name).is_some()))
 }
 
 /// Why `name` is not a valid model or wildcard name, if it is not: `*` only as the whole
@@ -1489,6 +1469,7 @@ mod tests {
 
     #[test]
     fn an_allow_list_wildcard_admits_every_name_under_it() {
+        use crate::wildcard::model_allowed;
         let allowed = vec!["openai/*".to_owned(), "router/gpt".to_owned()];
         for name in ["openai/gpt-5", "openai/*", "openai/ft/*", "router/gpt"] {
             assert!(model_allowed(&allowed, name), "{name}");

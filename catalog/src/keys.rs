@@ -169,7 +169,7 @@ impl FailoverDefaults {
             ));
         }
         for (i, model) in models.iter().enumerate() {
-            if crate::catalog::wildcard_prefix(model).is_some() {
+            if crate::wildcard::wildcard_prefix(model).is_some() {
                 // A chain's attempts each call one upstream model; a wildcard names many.
                 errors.push(FieldError::new(
                     format!("failoverDefaults.models[{i}]"),

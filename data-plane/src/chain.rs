@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use switchyard_catalog::keys::MAX_CHAIN_MODELS;
 use switchyard_catalog::{
-    Degraded, FailoverReason, Fault, Model, ModelType, model_allowed, wildcard_prefix,
+    Degraded, FailoverReason, Fault, Model, ModelType, model_allowed, rest_under, wildcard_prefix,
 };
 
 use crate::chaos;
@@ -215,8 +215,8 @@ fn from_defaults(model: &str, key: &Key) -> Vec<EntrySpec> {
 /// The model a chain entry names (`param`): its catalog entry, else the model under the
 /// longest wildcard it falls under (docs/catalog.md, "Wildcard models"). A name under a
 /// wildcard is its own model — its breaker, metric series and events — while the wildcard
-/// has room for it on this node ([`crate::config::WildcardNames`]); past that it is served folded into the
-/// wildcard, named as the wildcard is, its breaker the wildcard's one.
+/// has room for it on this node ([`crate::config::WildcardNames`]); past that it is served
+/// folded into the wildcard, named as the wildcard is, its breaker the wildcard's one.
 ///
 /// Built per request, not cached: a clone of one catalog entry costs less than a shared
 /// cache's lookup and bookkeeping would, and explicit names never come here.
@@ -232,10 +232,10 @@ pub fn lookup(config: &NodeConfig, name: &str, param: &str) -> Result<Arc<Model>
             ),
         ));
     }
-    let found = config.wildcards.iter().find_map(|w| {
-        let rest = wildcard_prefix(&w.name).and_then(|p| name.strip_prefix(p))?;
-        (!rest.is_empty()).then_some((w, rest))
-    });
+    let found = config
+        .wildcards
+        .iter()
+        .find_map(|w| Some((w, wildcard_prefix(&w.name).and_then(|p| rest_under(p, name))?)));
     let Some((wildcard, rest)) = found else {
         return Err(ApiError::ModelNotFound {
             message: format!("The model `{name}` does not exist in this gateway's catalog."),

@@ -7,7 +7,7 @@ use std::time::Instant;
 use switchyard_time::now_ms;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -48,8 +48,8 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
-        .route("/v1/models", get(crate::models::list))
-        .route("/v1/models/{*id}", get(crate::models::one))
+        .route("/v1/models", get(|s, h| models(s, h, None)))
+        .route("/v1/models/{*id}", get(|s, Path(id): Path<String>, h| models(s, h, Some(id))))
         .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(|s, r| chat(s, r, Flavor::OpenAi)))
         .route("/chat/completions", post(|s, r| chat(s, r, Flavor::Classic)))
@@ -139,6 +139,21 @@ pub fn authenticate(config: &NodeConfig, headers: &HeaderMap) -> Result<Arc<Key>
 fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then_some(token)
+}
+
+/// `GET /v1/models` (`id`: none) and `GET /v1/models/{id}`, answered by [`crate::models`].
+async fn models(State(app): State<Arc<App>>, headers: HeaderMap, id: Option<String>) -> Response {
+    let Some(config) = app.state.current() else {
+        return ApiError::NotReady.render(Flavor::OpenAi);
+    };
+    let key = match authenticate(&config, &headers) {
+        Ok(key) => key,
+        Err(e) => return e.render(Flavor::OpenAi),
+    };
+    match id {
+        None => crate::models::list(&config, &key),
+        Some(id) => crate::models::one(&config, &key, &id),
+    }
 }
 
 async fn chat(

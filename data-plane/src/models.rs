@@ -1,31 +1,22 @@
-//! `GET /v1/models` and `GET /v1/models/{id}` (docs/http-api.md, "Models"): the models the
-//! calling key may use, in OpenAI's model-object shape with each model's `type` (and an
-//! embedding model's `dimensions`). Wildcards are listed as written; a name under one is
-//! looked up as the model it names.
-
-use std::sync::Arc;
+//! `GET /v1/models` and `GET /v1/models/{id}` (docs/http-api.md, "`GET /v1/models` and `GET
+//! /v1/models/{id}`"), for a key `http` authenticated: the models it may use, in OpenAI's
+//! model-object shape with each model's `type` (and an embedding model's `dimensions`).
+//! Wildcards are listed as written; a name under one is looked up as the model it names.
 
 use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use switchyard_catalog::{Model, model_allowed};
 
-use crate::app::App;
 use crate::config::NodeConfig;
 use crate::error::{ApiError, Flavor};
-use crate::http::authenticate;
 use crate::keys::Key;
 
 /// Every catalog entry the key may use, in catalog order, then the names its allow-list
 /// holds that are no entry but fall under a wildcard (`openai/gpt-5` under `openai/*`).
-pub async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let (config, key) = match caller(&app, &headers) {
-        Ok(found) => found,
-        Err(e) => return e.render(Flavor::OpenAi),
-    };
+pub fn list(config: &NodeConfig, key: &Key) -> Response {
     let allowed = &key.settings.allowed_models;
     let entries = config
         .catalog
@@ -39,7 +30,7 @@ pub async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         .filter_map(|name| config.catalog.resolve(name));
     let data: Vec<Value> = entries
         .chain(under_wildcards)
-        .filter(|m| in_region(&config, &key, &m.provider))
+        .filter(|m| in_region(config, key, &m.provider))
         .map(|m| object(&m))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
@@ -49,31 +40,16 @@ pub async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 /// wildcard by its own name), or the model a name under a wildcard names. An id the catalog
 /// does not serve, or the key may not use, is the same 404: a key learns nothing of models
 /// kept from it.
-pub async fn one(
-    State(app): State<Arc<App>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let (config, key) = match caller(&app, &headers) {
-        Ok(found) => found,
-        Err(e) => return e.render(Flavor::OpenAi),
-    };
-    match config.catalog.resolve(&id) {
+pub fn one(config: &NodeConfig, key: &Key, id: &str) -> Response {
+    match config.catalog.resolve(id) {
         Some(model)
-            if model_allowed(&key.settings.allowed_models, &id)
-                && in_region(&config, &key, &model.provider) =>
+            if model_allowed(&key.settings.allowed_models, id)
+                && in_region(config, key, &model.provider) =>
         {
             Json(object(&model)).into_response()
         }
-        _ => not_found(&id),
+        _ => not_found(id),
     }
-}
-
-/// The config in force and the key of the request, as every endpoint authenticates.
-fn caller(app: &App, headers: &HeaderMap) -> Result<(Arc<NodeConfig>, Arc<Key>), ApiError> {
-    let config = app.state.current().ok_or(ApiError::NotReady)?;
-    let key = authenticate(&config, headers)?;
-    Ok((config, key))
 }
 
 fn object(model: &Model) -> Value {

@@ -1,7 +1,7 @@
-//! Model types, the models list and wildcard models (docs/catalog.md, "`type`" and "Wildcard
-//! models"; docs/http-api.md, "Models"), on a real control plane, node and simulator. The
-//! simulator answers any model name it is sent, so what a wildcard sends upstream is read
-//! from its per-model request counts.
+//! Model types, the models list and wildcard models (docs/catalog.md, "`models`" and
+//! "Wildcard models"; docs/http-api.md, "`GET /v1/models` and `GET /v1/models/{id}`"), on a
+//! real control plane, node and simulator. The simulator answers any model name it is sent,
+//! so what a wildcard sends upstream is read from its per-model request counts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{Value, json};
