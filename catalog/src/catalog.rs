@@ -134,6 +134,13 @@ pub struct Model {
         deserialize_with = "positive_tokens"
     )]
     pub context_window: Option<u64>,
+    /// The model takes a reasoning effort: a request's reasoning ask (Anthropic's
+    /// `thinking`, OpenAI's `reasoning_effort`) reaches it in its provider's form. Without
+    /// it the ask is dropped, never sent to a model that would refuse it, and named in the
+    /// answer's `x-dropped-hints` (docs/messages.md). Anthropic models served a
+    /// `/v1/messages` request get `thinking` as sent either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reasoning: bool,
 }
 
 /// What a model serves (docs/catalog.md, "`models`"): a chat surface takes only `chat`

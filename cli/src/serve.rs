@@ -421,6 +421,15 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         "    -d '{{\"model\": \"{DEMO_PRIMARY}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
     );
     println!();
+    println!("The same through Anthropic's Messages API (what the Anthropic SDKs and Claude Code");
+    println!("send), with an Anthropic-kind fallback:");
+    println!();
+    println!("  curl -s {url}/v1/messages \\");
+    println!("    -H 'x-api-key: {demo_key}' -H 'Content-Type: application/json' \\");
+    println!(
+        "    -d '{{\"model\": \"{DEMO_PRIMARY}\", \"fallback_models\": [\"{DEMO_CLAUDE}\"], \"max_tokens\": 256, \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+    );
+    println!();
     println!("Admin commands from another terminal:");
     println!("  export SWITCHYARD_CONTROL={control_url}");
     if admin_token_from_env {
@@ -498,6 +507,8 @@ const DEMO_DRILL_PRIMARY: &str = "demo/drill-primary";
 const DEMO_DRILL_FALLBACK: &str = "demo/drill-fallback";
 const DEMO_DRILL_PRIMARY_UPSTREAM: &str = "drill-primary";
 const DEMO_DRILL_FALLBACK_UPSTREAM: &str = "drill-fallback";
+const DEMO_CLAUDE: &str = "demo/claude-fallback";
+const DEMO_CLAUDE_UPSTREAM: &str = "claude-fallback";
 const DEMO_KEY_NAME: &str = "dev-demo";
 
 /// Applies the demo catalog (pointing at this run's simulator, `sim_base_url` being its
@@ -515,7 +526,11 @@ async fn seed_demo(
 ) -> Result<String, String> {
     use switchyard_proto::admin::v1 as admin;
     let catalog = serde_json::json!({
-        "providers": [{"name": "demo", "kind": "openai-compatible", "base_url": sim_base_url, "region": "local"}],
+        "providers": [
+            {"name": "demo", "kind": "openai-compatible", "base_url": sim_base_url, "region": "local"},
+            // The simulator speaks Anthropic's Messages API on the same listener.
+            {"name": "demo-anthropic", "kind": "anthropic", "base_url": sim_base_url, "region": "local"}
+        ],
         "models": [
             {"name": DEMO_PRIMARY, "provider": "demo", "upstream_model": DEMO_PRIMARY_UPSTREAM,
              "price": {"input_per_mtok": 0.05, "output_per_mtok": 0.4}},
@@ -527,7 +542,9 @@ async fn seed_demo(
             // that stalled) is to end with its error frame, not be continued there.
             {"name": DEMO_DRILL_PRIMARY, "provider": "demo", "upstream_model": DEMO_DRILL_PRIMARY_UPSTREAM,
              "stall_timeout_ms": 2000, "continuation": "prefill"},
-            {"name": DEMO_DRILL_FALLBACK, "provider": "demo", "upstream_model": DEMO_DRILL_FALLBACK_UPSTREAM}
+            {"name": DEMO_DRILL_FALLBACK, "provider": "demo", "upstream_model": DEMO_DRILL_FALLBACK_UPSTREAM},
+            {"name": DEMO_CLAUDE, "provider": "demo-anthropic", "upstream_model": DEMO_CLAUDE_UPSTREAM,
+             "reasoning": true}
         ],
         "breaker_policy": {"cooldown_ms": 10000}
     });

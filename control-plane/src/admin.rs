@@ -1583,6 +1583,7 @@ mod tests {
             request_id: String::new(),
             lost: None,
             continued: vec![],
+            surface: String::new(),
         }
     }
 

@@ -64,33 +64,44 @@ pub fn respond(a: Answer<'_>) -> Response {
                          "finish_reason": "stop"}],
         });
         // Where each endpoint's streams carry the report.
-        let field = match a.flavor {
-            Flavor::OpenAi => "secureai",
-            Flavor::Classic => "metadata",
-        };
+        let field = a.flavor.report_field();
         chunk[field] = report(&a);
-        let body = format!("data: {chunk}\n\ndata: [DONE]\n\n");
+        let body = match a.flavor {
+            Flavor::Anthropic => {
+                let frames = crate::messages::degraded(a.message, MODEL, &report(&a), true);
+                String::from_utf8_lossy(&frames).into_owned()
+            }
+            Flavor::OpenAi | Flavor::Classic => format!("data: {chunk}\n\ndata: [DONE]\n\n"),
+        };
         let mut response = (StatusCode::OK, body).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         response
     } else {
-        let completion = json!({
-            "id": id, "object": "chat.completion", "created": created, "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": a.message},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-        });
-        let body = match a.flavor {
-            Flavor::OpenAi => {
-                let mut body = completion;
-                body["secureai"] = report(&a);
-                body
-            }
-            Flavor::Classic => json!({"success": true, "data": completion, "metadata": report(&a)}),
+        let completion = || {
+            json!({
+                "id": id, "object": "chat.completion", "created": created, "model": MODEL,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": a.message},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            })
         };
-        axum::Json(body).into_response()
+        match a.flavor {
+            Flavor::OpenAi => {
+                let mut body = completion();
+                body["secureai"] = report(&a);
+                axum::Json(body).into_response()
+            }
+            Flavor::Classic => {
+                let body = json!({"success": true, "data": completion(), "metadata": report(&a)});
+                axum::Json(body).into_response()
+            }
+            Flavor::Anthropic => {
+                let body = crate::messages::degraded(a.message, MODEL, &report(&a), false);
+                ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+        }
     };
     // Plain or streamed, the answer names what served in its headers as a stream does, for
     // clients that keep no unknown body field (docs/clients.md).

@@ -21,6 +21,42 @@ pub enum Flavor {
     OpenAi,
     /// `/chat/completions`: `{"success", "data" | "error", "metadata"}`.
     Classic,
+    /// `/v1/messages`: Anthropic's Messages API (docs/messages.md).
+    Anthropic,
+}
+
+impl Flavor {
+    /// The API surface a request came through, as metrics and events name it.
+    pub fn surface(self) -> &'static str {
+        match self {
+            Self::OpenAi | Self::Classic => "chat",
+            Self::Anthropic => "messages",
+        }
+    }
+
+    /// The body field a multi-model answer's failover report rides in.
+    pub fn report_field(self) -> &'static str {
+        match self {
+            Self::OpenAi | Self::Anthropic => "secureai",
+            Self::Classic => "metadata",
+        }
+    }
+}
+
+/// Anthropic's `error.type` for an HTTP status, as its API maps them. A failed chain (502)
+/// and a node that cannot take requests now (503) read as `overloaded_error`: the SDKs and
+/// Claude Code treat that as "try later", which is what they mean.
+pub fn anthropic_error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        502 | 503 | 529 => "overloaded_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -242,6 +278,23 @@ impl ApiError {
         let (mut body, attempts) = self.envelope();
         match flavor {
             Flavor::OpenAi => {
+                if let Some(attempts) = attempts {
+                    body["secureai"] = json!({"attempts": attempts});
+                }
+            }
+            Flavor::Anthropic => {
+                // Anthropic's envelope; the gateway's own code and the attempts stay under
+                // `error`, which is what the Anthropic SDKs keep of an error body.
+                let mut error = json!({
+                    "type": anthropic_error_type(self.status()),
+                    "message": self.to_string(),
+                });
+                for field in ["code", "param", "attempts"] {
+                    if let Some(value) = body["error"].get(field).filter(|v| !v.is_null()) {
+                        error[field] = value.clone();
+                    }
+                }
+                body = json!({"type": "error", "error": error});
                 if let Some(attempts) = attempts {
                     body["secureai"] = json!({"attempts": attempts});
                 }

@@ -25,7 +25,8 @@ use crate::metrics::{
 };
 use crate::otel;
 use crate::providers::{
-    CallError, Completion, ProviderRuntime, StreamError, StreamEvent, UpstreamError, UpstreamStream,
+    CallError, Completion, MessagesCall, ProviderRuntime, StreamError, StreamEvent, UpstreamError,
+    UpstreamStream,
 };
 use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_message};
 use crate::request::ChatRequest;
@@ -508,8 +509,16 @@ impl Executor {
             None => provider.body(model, request).map_err(Failure::Call)?,
         };
         if request.stream {
-            let opened =
-                open_until_first_token(provider, model, body, first_token, request_id, injector);
+            let messages = messages_call(request);
+            let opened = open_until_first_token(
+                provider,
+                model,
+                body,
+                first_token,
+                request_id,
+                messages,
+                injector,
+            );
             let (buffered, upstream) = opened.await.map_err(|(failure, skipped)| {
                 // A committed stream counts its own when it ends.
                 if skipped > 0 && self.metrics.malformed_frames(&model.name, skipped, Instant::now()) {
@@ -520,7 +529,8 @@ impl Executor {
             return Ok(Called::Stream(buffered, upstream));
         }
         let deadline = tokio::time::Instant::from_std(deadline);
-        let call = provider.complete(model, body, Some(request_id), injector);
+        let call =
+            provider.complete(model, body, Some(request_id), messages_call(request), injector);
         match tokio::time::timeout_at(deadline, call).await {
             Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
             Ok(Ok(completion)) => {
@@ -809,6 +819,11 @@ fn all_failed(
     Failed { error, attempts, all_open: false }
 }
 
+/// What a call for `request` owes its surface: `Some` for a `/v1/messages` request.
+fn messages_call<'r>(request: &'r ChatRequest<'_>) -> Option<MessagesCall<'r>> {
+    request.native.as_ref().map(|native| MessagesCall { beta: native.beta.as_ref() })
+}
+
 /// Opens the upstream stream and reads it until its first content (or its end), all before
 /// `first_token`: until then the attempt can still fail over and the client has seen nothing.
 /// A failure comes with the number of frames that did not parse before it.
@@ -818,6 +833,7 @@ pub async fn open_until_first_token(
     body: bytes::Bytes,
     first_token: Instant,
     request_id: &HeaderValue,
+    messages: Option<MessagesCall<'_>>,
     injector: &mut Injector<'_>,
 ) -> Result<(Vec<StreamEvent>, UpstreamStream), (Failure, u32)> {
     let started = Instant::now();
@@ -826,7 +842,7 @@ pub async fn open_until_first_token(
     let timed_out = || Failure::Call(CallError::Timeout(waited()));
     let mut upstream = tokio::time::timeout_at(
         deadline,
-        provider.open_stream(model, body, Some(request_id), injector),
+        provider.open_stream(model, body, Some(request_id), messages, injector),
     )
     .await
     .map_err(|_| (timed_out(), 0))?

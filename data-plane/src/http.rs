@@ -30,6 +30,7 @@ use crate::executor::Output;
 use crate::keys::Key;
 use crate::limits::Decision;
 use crate::loss::SpoolState;
+use crate::messages;
 use crate::metrics::{EndpointLabels, RequestLabels, gen_ai_provider_name};
 use crate::otel;
 use crate::providers::Completion;
@@ -44,6 +45,9 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// (configurable with `--header-read-timeout`).
 pub const DEFAULT_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// The Anthropic SDKs' credential header.
+const X_API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
+
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
@@ -53,6 +57,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(|s, r| chat(s, r, Flavor::OpenAi)))
         .route("/chat/completions", post(|s, r| chat(s, r, Flavor::Classic)))
+        .route("/v1/messages", post(|s, r| chat(s, r, Flavor::Anthropic)))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        // Claude Code asks `HEAD /` before its first call; a GET answers it too.
+        .route("/", get(|| async { Json(json!({"service": "switchyard"})) }))
         .fallback(|s, m, u| unknown_url(s, m, u, StatusCode::NOT_FOUND))
         .method_not_allowed_fallback(|s, m, u| unknown_url(s, m, u, StatusCode::METHOD_NOT_ALLOWED))
         .with_state(app)
@@ -120,12 +128,16 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     }
 }
 
-/// The active key presenting `Authorization: Bearer <key>`.
+/// The active key presenting `Authorization: Bearer <key>`, or `x-api-key: <key>` as the
+/// Anthropic SDKs and Claude Code send it.
 pub fn authenticate(config: &NodeConfig, headers: &HeaderMap) -> Result<Arc<Key>, ApiError> {
-    let Some(secret) =
-        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token)
+    let bearer =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
+    let Some(secret) = bearer.or_else(|| headers.get(X_API_KEY).and_then(|v| v.to_str().ok()))
     else {
-        return Err(ApiError::Unauthorized("Missing API key: send `Authorization: Bearer <key>`."));
+        return Err(ApiError::Unauthorized(
+            "Missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`).",
+        ));
     };
     match config.keys_by_hash.get(&secret_digest(secret.trim())) {
         Some(key) if key.is_active() => Ok(Arc::clone(key)),
@@ -168,6 +180,7 @@ async fn chat(
     let endpoint = match flavor {
         Flavor::OpenAi => "/v1/chat/completions",
         Flavor::Classic => "/chat/completions",
+        Flavor::Anthropic => "/v1/messages",
     };
     // A debug span, free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the
     // request path pays nothing for spans nobody collects.
@@ -226,13 +239,13 @@ async fn handle(
     // The key's own limits are decided here, from counts the node holds: no network call,
     // and before anything else is done for the request (docs/limits.md).
     let Some(limits) = key.settings.limits.as_ref().filter(|l| !l.is_empty()) else {
-        return serve(app, &config, &key, body, flavor, id, started).await;
+        return serve(app, &config, &key, headers, body, flavor, id, started).await;
     };
     let telemetry = &app.executor.telemetry;
     let decision = telemetry.limits.admit(&key.id, limits, now_ms(), Instant::now());
     let (mut response, rate) = match decision {
         Decision::Admitted(rate) => {
-            let response = serve(app, &config, &key, body, flavor, id, started).await;
+            let response = serve(app, &config, &key, headers, body, flavor, id, started).await;
             (response.unwrap_or_else(|e| e.render(flavor)), rate)
         }
         Decision::Blocked { limit, retry_after, headers: rate } => {
@@ -259,10 +272,12 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
 }
 
 /// The request once its key is known and admitted: body, chain, executor, answer.
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     app: &Arc<App>,
     config: &Arc<NodeConfig>,
     key: &Arc<Key>,
+    headers: &HeaderMap,
     body: Body,
     flavor: Flavor,
     id: &HeaderValue,
@@ -270,7 +285,15 @@ async fn serve(
 ) -> Result<Response, ApiError> {
     let (config, key) = (Arc::clone(config), Arc::clone(key));
     let bytes = read_body(body, app.max_body_bytes).await?;
-    let request = ChatRequest::parse(&bytes)?;
+    // A `/v1/messages` body is translated into the unified form, its original kept beside it.
+    let translated = match flavor {
+        Flavor::Anthropic => Some(messages::Translated::of(&bytes)?),
+        Flavor::OpenAi | Flavor::Classic => None,
+    };
+    let request = match &translated {
+        Some(translated) => translated.request(&bytes, headers)?,
+        None => ChatRequest::parse(&bytes)?,
+    };
     let chain = chain::resolve(&request, &key, &config)?;
     // The SERVER span when OpenTelemetry is on; otherwise no context is looked up at all.
     let cx = otel::current();
@@ -289,6 +312,7 @@ async fn serve(
         let mut event = failover_event(
             app,
             request.stream,
+            flavor,
             &key,
             &chain,
             &failed.attempts,
@@ -323,9 +347,20 @@ async fn serve(
             Ok(s) => (s.model.name.clone(), 200),
             Err(f) => (String::new(), u32::from(f.error.status().as_u16())),
         };
-        app.executor.metrics.model(chain.requested_model()).failover(&served_model);
-        let mut event =
-            failover_event(app, request.stream, &key, &chain, attempts, served_model, status);
+        app.executor
+            .metrics
+            .model(chain.requested_model())
+            .failover(&served_model, flavor.surface());
+        let mut event = failover_event(
+            app,
+            request.stream,
+            flavor,
+            &key,
+            &chain,
+            attempts,
+            served_model,
+            status,
+        );
         event.request_id = id_text.to_owned();
         otel::failover_log(&event);
         app.executor.telemetry.push_event(event);
@@ -348,7 +383,12 @@ async fn serve(
         let provider = gen_ai_provider(&config, &served.model);
         otel::served(span, provider, &served.model.name, failover_occurred(&served.attempts));
     }
-    Ok(match served.output {
+    let dropped = messages::dropped_hints(
+        &request,
+        config.catalog.provider(&served.model.provider).map(|p| p.kind),
+        &served.model,
+    );
+    let mut response = match served.output {
         Output::Completion(completion) => {
             otel::answered(span, &completion);
             record_usage(app, &key.id, &served.model, completion.usage);
@@ -361,8 +401,9 @@ async fn serve(
             // which goes out with the response head.
             gen_ai.time_to_first_token.observe(started.elapsed().as_secs_f64());
             // A stream that breaks after its first token is continued when the chain allows
-            // it and a model from the serving one on can (docs/http-api.md, "Streaming").
-            let rescue = if chain.continue_streams {
+            // it and a model from the serving one on can (docs/http-api.md, "Streaming"); a
+            // Messages stream ends with an `error` event instead (docs/messages.md).
+            let rescue = if chain.continue_streams && flavor != Flavor::Anthropic {
                 let deadline = chain.deadline.map(|d| started + d);
                 Rescue::of(
                     bytes.clone(),
@@ -391,7 +432,57 @@ async fn serve(
                 },
             )
         }
-    })
+    };
+    if let Some(dropped) = dropped {
+        response.headers_mut().insert(messages::DROPPED_HINTS, dropped);
+    }
+    Ok(response)
+}
+
+/// `POST /v1/messages/count_tokens`: answered by the chain's first Anthropic model, else
+/// estimated by the translation core and marked `"estimated": true`; never a completion
+/// call (docs/messages.md).
+async fn count_tokens(State(app): State<Arc<App>>, request: axum::extract::Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let id = request_id::of(&parts.headers);
+    let mut response =
+        count(&app, &parts.headers, body).await.unwrap_or_else(|e| e.render(Flavor::Anthropic));
+    response.headers_mut().insert(request_id::HEADER, id);
+    let endpoint = "/v1/messages/count_tokens";
+    app.executor
+        .metrics
+        .requests
+        .get_or_create(&RequestLabels { endpoint, status: response.status().as_u16() })
+        .inc();
+    response
+}
+
+async fn count(app: &Arc<App>, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let config = app.state.current().ok_or(ApiError::NotReady)?;
+    let key = authenticate(&config, headers)?;
+    let bytes = read_body(body, app.max_body_bytes).await?;
+    let counted = messages::Counted::of(&bytes)?;
+    let request = counted.translated.request(&bytes, headers)?;
+    let chain = chain::resolve(&request, &key, &config)?;
+    let anthropic = chain.entries.iter().find_map(|entry| {
+        let provider = config.providers.get(&entry.model.provider)?;
+        (provider.def.kind == switchyard_catalog::ProviderKind::Anthropic)
+            .then_some((provider, &entry.model))
+    });
+    if let (Some((provider, model)), Some(native)) = (anthropic, &request.native) {
+        let body = bytes::Bytes::from(crate::providers::anthropic::native::body(model, native));
+        let call = crate::providers::MessagesCall { beta: native.beta.as_ref() };
+        match provider.count_tokens(model, body, call).await {
+            Ok(answer) => {
+                return Ok(([(header::CONTENT_TYPE, "application/json")], answer).into_response());
+            }
+            // The count is advice: an estimate serves where the upstream could not.
+            Err(e) => {
+                tracing::info!(model = %model.name, error = %e, "count_tokens upstream failed; estimating")
+            }
+        }
+    }
+    Ok(Json(json!({"input_tokens": counted.estimate, "estimated": true})).into_response())
 }
 
 /// `gen_ai.provider.name` of the provider serving `model`.
@@ -409,9 +500,11 @@ fn report(chain: &Chain, attempts: &[AttemptReport]) -> FailoverReport {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn failover_event(
     app: &App,
     stream: bool,
+    flavor: Flavor,
     key: &Key,
     chain: &Chain,
     attempts: &[AttemptReport],
@@ -433,6 +526,7 @@ fn failover_event(
         // Only the admin listing sets it.
         lost: None,
         continued: vec![],
+        surface: flavor.surface().to_owned(),
     }
 }
 
@@ -445,12 +539,16 @@ fn render_completion(
 ) -> Response {
     let report = report(chain, &attempts);
     // The response names the model that served, by its gateway name.
-    let body = raw(&model.name).map(|name| match flavor {
-        Flavor::OpenAi => {
+    let body = raw(&model.name).and_then(|name| match flavor {
+        Flavor::Anthropic => {
+            let secureai = if chain.is_multi_model() { raw(&report) } else { None };
+            messages::answer(&completion, &model.name, secureai.as_deref())
+        }
+        Flavor::OpenAi => Some({
             let secureai = if chain.is_multi_model() { raw(&report) } else { None };
             completion.to_json(&name, secureai.as_deref().map(|r| ("secureai", r)))
-        }
-        Flavor::Classic => {
+        }),
+        Flavor::Classic => Some({
             let metadata = if chain.is_multi_model() {
                 json!(report)
             } else {
@@ -462,7 +560,7 @@ fn render_completion(
             let _ = serde_json::to_writer(&mut out, &metadata);
             out.push(b'}');
             out
-        }
+        }),
     });
     match body {
         Some(body) => {
@@ -546,7 +644,8 @@ mod tests {
             attempt("a", AttemptStatus::Failed, Some("drill")),
             attempt("b", AttemptStatus::Served, None),
         ];
-        let event = failover_event(&app, false, &key, &chain, &attempts, "b".into(), 200);
+        let event =
+            failover_event(&app, false, Flavor::OpenAi, &key, &chain, &attempts, "b".into(), 200);
         assert_eq!(event.attempts[0].injected, "drill");
         assert_eq!(event.attempts[1].injected, "");
         let report = serde_json::to_value(&attempts).unwrap();

@@ -30,6 +30,7 @@ pub mod http;
 pub mod keys;
 pub mod limits;
 pub mod loss;
+pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod node;

@@ -190,7 +190,8 @@ async fn call(
         Failure::Call(CallError::Unsupported { message: format!("{e:?}"), param: None })
     })?;
     let body = provider.body(model, &request).map_err(Failure::Call)?;
-    match tokio::time::timeout(timeout, provider.complete(model, body, None, injector)).await {
+    match tokio::time::timeout(timeout, provider.complete(model, body, None, None, injector)).await
+    {
         Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
         Ok(result) => result.map_err(Failure::Call),
     }

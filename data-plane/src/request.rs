@@ -31,6 +31,65 @@ pub struct ChatRequest<'a> {
     pub redundancy: Redundancy,
     pub stream: bool,
     pub include_usage: bool,
+    /// The request as it arrived on another surface than Chat Completions; `None` on
+    /// `/v1/chat/completions`. The fields above are then its translation, which every
+    /// provider kind but the surface's own is sent.
+    pub native: Option<Native<'a>>,
+}
+
+/// A `/v1/messages` request as the client sent it: an Anthropic model gets it as it is, with
+/// only `model` changed, so nothing Anthropic-only (`cache_control`, `thinking` and its
+/// signatures, `context_management`) is lost on the way (docs/messages.md).
+#[derive(Debug)]
+pub struct Native<'a> {
+    /// Every top-level field but `model` and the gateway's own, as the client sent it.
+    pub fields: BTreeMap<FieldName<'a>, &'a RawValue>,
+    /// The client's `anthropic-beta` header, passed to Anthropic providers only.
+    pub beta: Option<http::HeaderValue>,
+    /// Hints in the request that only Anthropic models take (`cache_control`, …): named in
+    /// the answer's `x-dropped-hints` when another kind serves.
+    pub hints: Vec<&'static str>,
+    /// The request asks for reasoning (`thinking`).
+    pub reasoning: bool,
+}
+
+impl<'a> Native<'a> {
+    /// The fields of a Messages body, borrowed from it.
+    pub fn messages(
+        body: &'a [u8],
+        beta: Option<http::HeaderValue>,
+        hints: Vec<&'static str>,
+        reasoning: bool,
+    ) -> Result<Self, ApiError> {
+        let mut fields =
+            serde_json::from_slice::<BorrowedKeys<'a>>(body).map(|f| f.0).map_err(|e| {
+                ApiError::invalid("body", format!("the body is not a JSON object ({e})"))
+            })?;
+        fields.remove("model");
+        for name in GATEWAY_FIELDS {
+            fields.remove(name);
+        }
+        Ok(Self { fields, beta, hints, reasoning })
+    }
+
+    /// The hints dropped when a model of `kind` serves.
+    pub fn dropped(
+        &self,
+        kind: switchyard_catalog::ProviderKind,
+        model_reasons: bool,
+    ) -> Vec<&'static str> {
+        if kind == switchyard_catalog::ProviderKind::Anthropic {
+            return Vec::new();
+        }
+        let mut dropped = self.hints.clone();
+        if self.reasoning && !model_reasons {
+            dropped.push("thinking");
+        }
+        if self.beta.is_some() {
+            dropped.push("anthropic-beta");
+        }
+        dropped
+    }
 }
 
 /// A top-level field name, borrowed from the body unless it has escapes (a JSON object key
@@ -184,7 +243,16 @@ impl<'a> ChatRequest<'a> {
         for name in GATEWAY_FIELDS {
             passthrough.remove(name);
         }
-        Ok(Self { passthrough, model, models, fallback_models, redundancy, stream, include_usage })
+        Ok(Self {
+            passthrough,
+            model,
+            models,
+            fallback_models,
+            redundancy,
+            stream,
+            include_usage,
+            native: None,
+        })
     }
 }
 

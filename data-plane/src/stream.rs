@@ -37,6 +37,7 @@ use crate::continuation::{self, Delivered};
 use crate::error::Flavor;
 use crate::executor::{self, CommittedStream};
 use crate::failure::{self, Failure, Verdict};
+use crate::messages::Framing;
 use crate::metrics::ContinuationLabels;
 use crate::metrics::GenAiSeries;
 use crate::providers::{CallError, StreamError, StreamEvent, UpstreamStream, Usage};
@@ -97,14 +98,12 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
     let CommittedStream { mut buffered, upstream, permit, deadline, timeout, stall } = stream;
     let asked = ctx.rescue.as_ref().map_or(0, |r| r.entries.len());
     let delivered = ctx.rescue.as_ref().map(|_| Delivered::default());
-    if ctx.multi
-        && let Some(report) = raw(&ctx.report)
-    {
-        let key = match ctx.flavor {
-            Flavor::OpenAi => "secureai",
-            Flavor::Classic => "metadata",
-        };
-        carry_report(&mut buffered, key, report);
+    let report = if ctx.multi { raw(&ctx.report) } else { None };
+    // A Messages stream carries the report in `message_start`'s message (docs/messages.md).
+    let messages =
+        (ctx.flavor == Flavor::Anthropic).then(|| Framing::new(&ctx.model.name, report.clone()));
+    if let Some(report) = report.filter(|_| messages.is_none()) {
+        carry_report(&mut buffered, ctx.flavor.report_field(), report);
     }
     // The head is written while `ctx` is at hand; the body, which takes it, comes after.
     let mut response = Response::new(Body::empty());
@@ -114,6 +113,7 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
     model_headers(headers, &ctx.model.name, &ctx.report.requested_model);
     let pump = Pump {
         app: Arc::clone(app),
+        messages,
         ctx,
         buffered: buffered.into(),
         upstream,
@@ -159,6 +159,8 @@ fn carry_report(buffered: &mut [StreamEvent], key: &str, report: Box<RawValue>) 
 
 struct Pump {
     app: Arc<App>,
+    /// How a `/v1/messages` stream's events are written; `None` for Chat Completions.
+    messages: Option<Framing>,
     ctx: Context,
     buffered: VecDeque<StreamEvent>,
     upstream: UpstreamStream,
@@ -225,6 +227,9 @@ impl Pump {
                 Some(Ok(StreamEvent::Done)) => {
                     self.settle(Outcome::Success);
                     self.report_continued(true);
+                    if let Some(messages) = &mut self.messages {
+                        return messages.done();
+                    }
                     let done = Bytes::from_static(b"data: [DONE]\n\n");
                     // Skipped frames and continuations are reported in a chunk of the node's
                     // own, the last before `[DONE]`: which upstream chunk was the last is known
@@ -241,11 +246,17 @@ impl Pump {
                     if usage.is_some() {
                         self.usage = usage;
                     }
-                    if usage_only && !self.ctx.include_usage {
-                        continue;
-                    }
                     if commits {
                         self.content_chunks += 1;
+                    }
+                    if let Some(messages) = &mut self.messages {
+                        match messages.chunk(&mut fields) {
+                            Some(frame) => return Some(frame),
+                            None => continue,
+                        }
+                    }
+                    if usage_only && !self.ctx.include_usage {
+                        continue;
                     }
                     if let Some(delivered) = &mut self.delivered {
                         delivered.keep(&fields);
@@ -439,6 +450,8 @@ impl Pump {
             upstream_body,
             first_token,
             &request_id,
+            // Continuations are for Chat Completions streams (docs/messages.md).
+            None,
             &mut injector,
         )
         .await;
@@ -529,6 +542,7 @@ impl Pump {
             request_id: self.ctx.request_id.to_str().unwrap_or_default().to_owned(),
             lost: None,
             continued: self.continued.clone(),
+            surface: self.ctx.flavor.surface().to_owned(),
         };
         self.app.executor.telemetry.push_event(event);
     }
@@ -539,6 +553,9 @@ impl Pump {
         let request_id = self.ctx.request_id.to_str().unwrap_or_default();
         tracing::warn!(model = %self.ctx.model.name, request_id, code, %message, "stream ended with an error frame");
         self.settle(outcome);
+        if let Some(messages) = &self.messages {
+            return messages.error(http::StatusCode::BAD_GATEWAY, message, code);
+        }
         let body = json!({"error": {"message": message, "type": "server_error", "code": code, "param": null}});
         sse_frame(body.to_string().as_bytes())
     }
@@ -551,10 +568,7 @@ impl Pump {
         if skipped == 0 && self.continued.is_empty() {
             return None;
         }
-        let key = match self.ctx.flavor {
-            Flavor::OpenAi => "secureai",
-            Flavor::Classic => "metadata",
-        };
+        let key = self.ctx.flavor.report_field();
         let (id, created) = match &self.identity {
             Some((id, created)) => (json!(id), json!(created)),
             None => (json!("chatcmpl-switchyard"), json!(switchyard_time::now_secs())),

@@ -71,6 +71,7 @@ fn model() -> Model {
         probe: None,
         continuation: Default::default(),
         context_window: None,
+        reasoning: false,
     }
 }
 

@@ -84,6 +84,19 @@ struct RawTool {
     input_schema: Option<Value>,
 }
 
+/// The input tokens of a `count_tokens` body (a Messages body without `max_tokens`), counted
+/// as [`parse_request`] counts them.
+pub fn count_tokens(body: &[u8]) -> Result<u64, ApiError> {
+    let raw: RawRequest<'_> = serde_json::from_slice(body)
+        .map_err(|_| invalid("There was an issue with the format or content of your request."))?;
+    if raw.model.is_none() {
+        return Err(invalid("model: Field required"));
+    }
+    let Some(messages) = raw.messages else { return Err(invalid("messages: Field required")) };
+    Ok(raw.system.as_ref().map_or(0, words)
+        + messages.iter().filter_map(|m| m.content.as_ref()).map(words).sum::<u64>())
+}
+
 /// Parses a Messages body, rejecting it the way Anthropic does (400
 /// `invalid_request_error` naming the field, as in the API reference's example errors).
 pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {

@@ -39,7 +39,7 @@
 //! - `POST /_sim/script` body `{"model": "...", "behaviour": {...}}` or `{"<model>": {...}, ...}`.
 //! - `PUT /_sim/keys` body `["k1", ...]` (`[]` accepts any request); `GET /_sim/keys`.
 //! - `GET /_sim/stats` → [`Stats`]: `{"models": {"<model>": {"requests": N}},
-//!   "connections": {"opened": N, "closed": N, "open": N}, "requests": N}`.
+//!   "connections": {"opened": N, "closed": N, "open": N}, "requests": N, "token_counts": N}`.
 //! - `GET /_sim/last_request?model=<m>` → `{"model", "path", "headers": {...}, "body": <json>}`
 //!   or 404 when that model has had no request.
 //! - `POST /_sim/reset`: scripts, keys, request counters and last requests are forgotten;

@@ -66,6 +66,19 @@ pub trait Adapter: Send + Sync {
         status
     }
 
+    /// A 200 body in Anthropic's Messages format, for a `/v1/messages` request, when this kind
+    /// speaks that format: the upstream's own body, usage read from it. `None` for kinds that
+    /// answer in the unified shape, which the surface translates.
+    fn messages_completion(&self, _body: &Bytes) -> Option<Result<Completion, CallError>> {
+        None
+    }
+
+    /// Like [`Adapter::messages_completion`], for a stream: a decoder that passes the
+    /// upstream's events on as they are.
+    fn messages_decoder(&self) -> Option<Box<dyn StreamDecoder>> {
+        None
+    }
+
     /// A decoder for one streamed response (providers whose events refer back to earlier
     /// ones, such as Anthropic's content blocks, keep that state in it).
     fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder>;

@@ -59,6 +59,8 @@ use super::sse::Frame;
 use super::unified::{Completion, Fields, StreamEvent, Usage};
 use crate::request::ChatRequest;
 
+pub mod native;
+
 /// Output tokens asked for when neither the request nor the catalog sets a limit. Anthropic
 /// requires one; 4096 is the largest every current Claude model accepts.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
@@ -74,6 +76,9 @@ pub struct Anthropic;
 
 impl Adapter for Anthropic {
     fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
+        if let Some(native) = &request.native {
+            return Ok(Bytes::from(native::body(model, native)));
+        }
         let unsupported = |message| CallError::Unsupported { message, param: None };
         refusals(request).map_err(unsupported)?;
         let fields = client_fields(request).map_err(unsupported)?;
@@ -122,6 +127,14 @@ impl Adapter for Anthropic {
 
     fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder> {
         Box::new(MessageDecoder::new(upstream_model))
+    }
+
+    fn messages_completion(&self, body: &Bytes) -> Option<Result<Completion, CallError>> {
+        Some(native::completion(body))
+    }
+
+    fn messages_decoder(&self) -> Option<Box<dyn StreamDecoder>> {
+        Some(Box::<native::EventDecoder>::default())
     }
 }
 

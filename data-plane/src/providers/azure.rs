@@ -25,7 +25,7 @@ const FALLBACK_API_VERSION: &str = "2024-10-21";
 
 impl Adapter for Azure {
     fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
-        Ok(Bytes::from(openai::body(&model.upstream_model, request)))
+        Ok(Bytes::from(openai::body(model, request)))
     }
 
     fn request(

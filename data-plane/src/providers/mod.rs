@@ -46,12 +46,33 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Upstream bodies larger than this are refused (a completion is kilobytes).
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
+/// The client's Anthropic beta flags, sent on to Anthropic providers.
+const ANTHROPIC_BETA: http::HeaderName = http::HeaderName::from_static("anthropic-beta");
+
+/// A call made for a request that arrived on Anthropic's Messages surface: a provider that
+/// speaks that format answers in it, as the upstream sent it (docs/messages.md).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MessagesCall<'r> {
+    /// The client's `anthropic-beta` header.
+    pub beta: Option<&'r HeaderValue>,
+}
+
 pub type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// A 2xx answer with its body unread: the upstream's, or one an injected fault made.
 enum Answer {
     Upstream(http::Response<hyper::body::Incoming>),
     Injected(Bytes),
+}
+
+/// What one upstream exchange carries besides its body and credential.
+#[derive(Clone, Copy)]
+struct Exchange<'a> {
+    model: &'a Model,
+    stream: bool,
+    request_id: Option<&'a HeaderValue>,
+    messages: Option<MessagesCall<'a>>,
+    fault: Option<&'a Fault>,
 }
 
 /// A provider as this node uses it: its definition, resolved credentials, its connection pool.
@@ -124,13 +145,20 @@ impl ProviderRuntime {
         model: &Model,
         body: Bytes,
         request_id: Option<&HeaderValue>,
+        messages: Option<MessagesCall<'_>>,
         injector: &mut Injector<'_>,
     ) -> Result<Completion, CallError> {
         let fault = injector.draw(false);
-        let body = match self.respond(model, false, body, request_id, fault).await? {
+        let exchange = Exchange { model, stream: false, request_id, messages, fault };
+        let body = match self.respond(exchange, body).await? {
             Answer::Upstream(response) => read_body(response).await?,
             Answer::Injected(body) => body,
         };
+        if messages.is_some()
+            && let Some(native) = self.adapter.messages_completion(&body)
+        {
+            return native;
+        }
         self.adapter.completion_bytes(body)
     }
 
@@ -141,37 +169,72 @@ impl ProviderRuntime {
         model: &Model,
         body: Bytes,
         request_id: Option<&HeaderValue>,
+        messages: Option<MessagesCall<'_>>,
         injector: &mut Injector<'_>,
     ) -> Result<UpstreamStream, CallError> {
         let fault = injector.draw(true);
-        let source = match self.respond(model, true, body, request_id, fault).await? {
+        let exchange = Exchange { model, stream: true, request_id, messages, fault };
+        let source = match self.respond(exchange, body).await? {
             Answer::Upstream(response) => stream::Source::Upstream(response.into_body()),
             Answer::Injected(body) => stream::Source::Injected(Some(body)),
         };
-        let mut upstream =
-            UpstreamStream::new(source, self.adapter.stream_decoder(&model.upstream_model));
+        let decoder = messages
+            .and_then(|_| self.adapter.messages_decoder())
+            .unwrap_or_else(|| self.adapter.stream_decoder(&model.upstream_model));
+        let mut upstream = UpstreamStream::new(source, decoder);
         if let Some(cut) = fault.and_then(Cut::of) {
             upstream.cut(cut);
         }
         Ok(upstream)
     }
 
+    /// Anthropic's `count_tokens` for a Messages `body` (the client's, `model` the upstream's
+    /// name): the upstream's JSON answer. Sent once with the primary credential; it is no
+    /// completion, so no breaker, retry or fault touches it.
+    pub async fn count_tokens(
+        &self,
+        model: &Model,
+        body: Bytes,
+        messages: MessagesCall<'_>,
+    ) -> Result<Bytes, CallError> {
+        let credential = self.credentials.iter().find_map(|c| c.as_ref().ok());
+        let mut upstream = self.adapter.request(&self.def, model, false, body, credential)?;
+        let mut parts = upstream.uri().clone().into_parts();
+        let path = parts.path_and_query.as_ref().map_or("", |p| p.path());
+        parts.path_and_query = Some(
+            format!("{path}/count_tokens")
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| CallError::Transport(e.to_string()))?,
+        );
+        *upstream.uri_mut() = http::Uri::from_parts(parts)
+            .map_err(|e| CallError::Transport(format!("the count_tokens URL: {e}")))?;
+        if let Some(beta) = messages.beta {
+            upstream.headers_mut().insert(ANTHROPIC_BETA, beta.clone());
+        }
+        if let Some(basic) = &self.basic_auth
+            && !upstream.headers().contains_key(header::AUTHORIZATION)
+        {
+            upstream.headers_mut().insert(header::AUTHORIZATION, basic.clone());
+        }
+        let response = self
+            .client
+            .request(upstream)
+            .await
+            .map_err(|e| CallError::Transport(error::error_chain(&e)))?;
+        let status = response.status();
+        let body = read_body(response).await?;
+        if status.is_success() { Ok(body) } else { Err(self.http_error(status, &body, None)) }
+    }
+
     /// Sends with the primary credential and, when the provider refuses it, with each
     /// reserve in order before the call counts as failed; returns a 2xx answer with its
     /// body unread.
-    async fn respond(
-        &self,
-        model: &Model,
-        stream: bool,
-        body: Bytes,
-        request_id: Option<&HeaderValue>,
-        fault: Option<&Fault>,
-    ) -> Result<Answer, CallError> {
-        if let Some(Fault { kind: FaultKind::Delay { ms }, .. }) = fault {
+    async fn respond(&self, exchange: Exchange<'_>, body: Bytes) -> Result<Answer, CallError> {
+        if let Some(Fault { kind: FaultKind::Delay { ms }, .. }) = exchange.fault {
             tokio::time::sleep(Duration::from_millis(*ms)).await;
         }
         if self.credentials.is_empty() {
-            return self.send(model, stream, body, None, request_id, fault).await;
+            return self.send(exchange, body, None).await;
         }
         let mut last = CallError::NoCredential("no credential resolved".into());
         for credential in &self.credentials {
@@ -182,7 +245,7 @@ impl ProviderRuntime {
                     continue;
                 }
             };
-            match self.send(model, stream, body.clone(), Some(secret), request_id, fault).await {
+            match self.send(exchange, body.clone(), Some(secret)).await {
                 Err(e @ CallError::Http { status, .. }) if failure::refuses_credential(status) => {
                     warn!(provider = %self.def.name, %status, "provider refused a credential; trying the next");
                     last = e;
@@ -197,14 +260,18 @@ impl ProviderRuntime {
     /// the network exchange only: the request is built, and the answer parsed, as always.
     async fn send(
         &self,
-        model: &Model,
-        stream: bool,
+        exchange: Exchange<'_>,
         body: Bytes,
         credential: Option<&Secret>,
-        request_id: Option<&HeaderValue>,
-        fault: Option<&Fault>,
     ) -> Result<Answer, CallError> {
+        let Exchange { model, stream, request_id, messages, fault } = exchange;
         let mut upstream = self.adapter.request(&self.def, model, stream, body, credential)?;
+        // The client's betas go to the kind they are for; other kinds would refuse them.
+        if self.def.kind == ProviderKind::Anthropic
+            && let Some(beta) = messages.and_then(|m| m.beta)
+        {
+            upstream.headers_mut().insert(ANTHROPIC_BETA, beta.clone());
+        }
         // A provider's own credential, where it sends one as `Authorization`, wins.
         if let Some(basic) = &self.basic_auth
             && !upstream.headers().contains_key(header::AUTHORIZATION)
@@ -529,9 +596,12 @@ mod tests {
             for stream in [false, true] {
                 let mut injector = Injector::new(&faults);
                 let injected = if stream {
-                    provider.open_stream(&model(), streamed(), None, &mut injector).await.err()
+                    provider
+                        .open_stream(&model(), streamed(), None, None, &mut injector)
+                        .await
+                        .err()
                 } else {
-                    provider.complete(&model(), plain(), None, &mut injector).await.err()
+                    provider.complete(&model(), plain(), None, None, &mut injector).await.err()
                 };
                 let injected = injected.unwrap_or_else(|| panic!("{kind} {status}: no error"));
                 let code = StatusCode::from_u16(*status).unwrap();
@@ -546,7 +616,10 @@ mod tests {
     async fn an_injected_status_carries_its_retry_after() {
         let provider = runtime("anthropic", "http://127.0.0.1:9");
         let faults = [fault(FaultKind::Status { status: 429, retry_after_secs: Some(7) })];
-        let e = provider.complete(&model(), plain(), None, &mut Injector::new(&faults)).await.err();
+        let e = provider
+            .complete(&model(), plain(), None, None, &mut Injector::new(&faults))
+            .await
+            .err();
         let Some(CallError::Http { status, error, retry_after }) = e else { panic!("{e:?}") };
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(error.code.as_deref(), Some("rate_limit_error"));
@@ -558,7 +631,7 @@ mod tests {
         let provider = runtime("anthropic", "http://127.0.0.1:9");
         let faults = [fault(FaultKind::Status { status: 529, retry_after_secs: None })];
         let e = provider
-            .complete(&model(), plain(), None, &mut Injector::new(&faults))
+            .complete(&model(), plain(), None, None, &mut Injector::new(&faults))
             .await
             .unwrap_err();
         let CallError::Http { error, .. } = &e else { panic!("{e:?}") };
@@ -572,12 +645,12 @@ mod tests {
         let provider = runtime("openai", &up.url);
         let faults = [fault(FaultKind::Reset)];
         let e = provider
-            .complete(&model(), plain(), None, &mut Injector::new(&faults))
+            .complete(&model(), plain(), None, None, &mut Injector::new(&faults))
             .await
             .unwrap_err();
         assert_eq!(verdict(e), "failover connection_error Some(Failure) upstream_disconnected");
         let e = provider
-            .open_stream(&model(), streamed(), None, &mut Injector::new(&faults))
+            .open_stream(&model(), streamed(), None, None, &mut Injector::new(&faults))
             .await
             .err();
         assert_eq!(
@@ -592,12 +665,13 @@ mod tests {
         let faults = [fault(FaultKind::Malformed)];
         for kind in ["openai", "openai-compatible", "azure-openai", "anthropic", "gemini"] {
             let provider = runtime(kind, "http://127.0.0.1:9/v1");
-            let e = provider.complete(&model(), plain(), None, &mut Injector::new(&faults)).await;
+            let e =
+                provider.complete(&model(), plain(), None, None, &mut Injector::new(&faults)).await;
             let e = e.err().unwrap_or_else(|| panic!("{kind}: parsed"));
             assert!(matches!(e, CallError::Malformed(_)), "{kind}: {e:?}");
             assert_eq!(verdict(e), "failover server_error Some(Failure) upstream_malformed");
             let mut stream = provider
-                .open_stream(&model(), streamed(), None, &mut Injector::new(&faults))
+                .open_stream(&model(), streamed(), None, None, &mut Injector::new(&faults))
                 .await
                 .unwrap_or_else(|e| panic!("{kind}: the head is a 200: {e:?}"));
             let first = stream.next().await;
@@ -613,10 +687,10 @@ mod tests {
         let wait = Duration::from_millis(300);
         let model = model();
         let mut injector = Injector::new(&faults);
-        let plain_call = provider.complete(&model, plain(), None, &mut injector);
+        let plain_call = provider.complete(&model, plain(), None, None, &mut injector);
         assert!(tokio::time::timeout(wait, plain_call).await.is_err(), "answered");
         let mut injector = Injector::new(&faults);
-        let stream_call = provider.open_stream(&model, streamed(), None, &mut injector);
+        let stream_call = provider.open_stream(&model, streamed(), None, None, &mut injector);
         assert!(tokio::time::timeout(wait, stream_call).await.is_err(), "answered");
         assert_eq!(injector.first().map(|f| f.name.as_str()), Some("drill"));
         assert_eq!(up.requests.load(Ordering::SeqCst), 0);
@@ -628,8 +702,10 @@ mod tests {
         let provider = runtime("openai", &up.url);
         let faults = [fault(FaultKind::Delay { ms: 300 })];
         let started = Instant::now();
-        let completion =
-            provider.complete(&model(), plain(), None, &mut Injector::new(&faults)).await.unwrap();
+        let completion = provider
+            .complete(&model(), plain(), None, None, &mut Injector::new(&faults))
+            .await
+            .unwrap();
         assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
         assert_eq!(completion.usage.completion_tokens, 1);
         assert_eq!(up.requests.load(Ordering::SeqCst), 1);
@@ -665,7 +741,7 @@ mod tests {
         let provider = runtime("openai", &up.url);
         let faults = [fault(FaultKind::StallAfter { chunks: 3 })];
         let mut stream = provider
-            .open_stream(&model(), streamed(), None, &mut Injector::new(&faults))
+            .open_stream(&model(), streamed(), None, None, &mut Injector::new(&faults))
             .await
             .unwrap();
         let got = content_before_the_cut(&mut stream).await;
@@ -680,7 +756,7 @@ mod tests {
         let provider = runtime("openai", &up.url);
         let faults = [fault(FaultKind::DropAfter { chunks: 2 })];
         let mut stream = provider
-            .open_stream(&model(), streamed(), None, &mut Injector::new(&faults))
+            .open_stream(&model(), streamed(), None, None, &mut Injector::new(&faults))
             .await
             .unwrap();
         let got = content_before_the_cut(&mut stream).await;
@@ -695,7 +771,7 @@ mod tests {
         let provider = runtime("openai", &up.url);
         let faults = [fault(FaultKind::DropAfter { chunks: 0 })];
         let mut injector = Injector::new(&faults);
-        assert!(provider.complete(&model(), plain(), None, &mut injector).await.is_ok());
+        assert!(provider.complete(&model(), plain(), None, None, &mut injector).await.is_ok());
         assert!(injector.first().is_none());
     }
 
@@ -708,7 +784,7 @@ mod tests {
         let faults = [Arc::new(never)];
         let mut injector = Injector::new(&faults);
         for _ in 0..20 {
-            assert!(provider.complete(&model(), plain(), None, &mut injector).await.is_ok());
+            assert!(provider.complete(&model(), plain(), None, None, &mut injector).await.is_ok());
         }
         assert!(injector.first().is_none());
         assert_eq!(up.requests.load(Ordering::SeqCst), 20);
@@ -734,7 +810,7 @@ mod tests {
         for kind in ["openai", "azure-openai", "anthropic", "gemini"] {
             let provider = runtime(kind, &url);
             let (model, mut injector) = (model(), Injector::default());
-            let call = provider.complete(&model, plain(), Some(&id), &mut injector).await;
+            let call = provider.complete(&model, plain(), Some(&id), None, &mut injector).await;
             assert!(call.is_err(), "{kind}: the upstream answers 503");
         }
         let probe = provider_without_id(&url).await;
@@ -746,7 +822,9 @@ mod tests {
     }
 
     async fn provider_without_id(url: &str) -> Result<Completion, CallError> {
-        runtime("openai", url).complete(&model(), plain(), None, &mut Injector::default()).await
+        runtime("openai", url)
+            .complete(&model(), plain(), None, None, &mut Injector::default())
+            .await
     }
 
     #[tokio::test]
@@ -754,7 +832,7 @@ mod tests {
         let up = upstream().await;
         let provider = runtime("openai", &up.url);
         let mut stream = provider
-            .open_stream(&model(), streamed(), None, &mut Injector::default())
+            .open_stream(&model(), streamed(), None, None, &mut Injector::default())
             .await
             .unwrap();
         let got = content_before_the_cut(&mut stream).await;

@@ -23,7 +23,7 @@ pub struct OpenAi;
 
 impl Adapter for OpenAi {
     fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
-        Ok(Bytes::from(body(&model.upstream_model, request)))
+        Ok(Bytes::from(body(model, request)))
     }
 
     fn request(
@@ -248,7 +248,11 @@ fn default_kind(status: StatusCode) -> &'static str {
 }
 
 /// The client's body with `model` set to the upstream name.
-pub fn body(upstream_model: &str, request: &ChatRequest<'_>) -> Vec<u8> {
+pub fn body(model: &Model, request: &ChatRequest<'_>) -> Vec<u8> {
+    let upstream_model = &model.upstream_model;
+    // A request translated from another surface asks for reasoning in this format's terms;
+    // a model the catalog does not mark `reasoning` would refuse the field (docs/messages.md).
+    let drop_reasoning = request.native.is_some() && !model.reasoning;
     let mut out = Vec::with_capacity(
         256 + request.passthrough.values().map(|v| v.get().len() + 24).sum::<usize>(),
     );
@@ -270,7 +274,9 @@ pub fn body(upstream_model: &str, request: &ChatRequest<'_>) -> Vec<u8> {
         let _ = serde_json::to_writer(&mut out, &options);
     }
     for (key, value) in &request.passthrough {
-        if request.stream && key == "stream_options" {
+        if (request.stream && key == "stream_options")
+            || (drop_reasoning && key == "reasoning_effort")
+        {
             continue;
         }
         out.push(b',');
@@ -292,7 +298,11 @@ mod tests {
             br#"{"model":"openai/gpt-5-nano","fallback_models":["x"],"messages":[{"role":"user","content":"h\u00e9"}],"temperature":0.2,"tools":[{"type":"function"}]}"#,
         )
         .unwrap();
-        let sent: serde_json::Value = serde_json::from_slice(&body("gpt-5-nano", &req)).unwrap();
+        let model: Model = serde_json::from_value(serde_json::json!({
+            "name": "openai/gpt-5-nano", "provider": "openai", "upstream_model": "gpt-5-nano",
+        }))
+        .unwrap();
+        let sent: serde_json::Value = serde_json::from_slice(&body(&model, &req)).unwrap();
         assert_eq!(
             sent,
             serde_json::json!({"model":"gpt-5-nano","messages":[{"role":"user","content":"hé"}],"temperature":0.2,"tools":[{"type":"function"}]})

@@ -24,6 +24,9 @@ pub struct Completion {
     /// [`Completion::finish_reasons`], read once: the call's span and the request's both
     /// carry them, and reading them scans the whole body.
     finish_reasons: OnceLock<Vec<String>>,
+    /// The body is an Anthropic `message`, not a `chat.completion`: an Anthropic model's
+    /// own answer to a `/v1/messages` request, passed on as it came.
+    pub messages: bool,
 }
 
 /// A completion's top-level fields.
@@ -39,7 +42,12 @@ pub enum Fields {
 impl Completion {
     /// A completion whose finish reasons are read when first asked for.
     pub fn new(fields: Fields, usage: Usage) -> Self {
-        Self { fields, usage, finish_reasons: OnceLock::new() }
+        Self { fields, usage, finish_reasons: OnceLock::new(), messages: false }
+    }
+
+    /// An Anthropic `message` passed on as it came (see [`Completion::messages`]).
+    pub fn messages(fields: Fields, usage: Usage) -> Self {
+        Self { messages: true, ..Self::new(fields, usage) }
     }
 
     /// The completion's `choices`, raw: for a check of what the answer says (structured

@@ -25,6 +25,7 @@ use crate::stream::{self, StreamPlan, StreamWire};
 const REQUEST_ID: &str = "request-id";
 
 pub const MESSAGES_PATH: &str = "/v1/messages";
+pub const COUNT_TOKENS_PATH: &str = "/v1/messages/count_tokens";
 
 /// A path (or a method on `/v1/messages`) Anthropic does not serve: its `not_found_error`.
 pub fn not_found(state: &State, method: &str, path: &str) -> HttpResponse {
@@ -73,6 +74,25 @@ pub async fn messages(
     let (script, position) = step.unwrap_or((None, 0));
     let behaviour = script.as_deref().unwrap_or(&default).at(position);
     respond(state, conn, behaviour, &request, request_id).await
+}
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, counted as the simulated model
+/// counts a prompt; not a completion (no script step is taken, `/_sim/stats` counts it apart).
+pub async fn count_tokens(state: &State, req: Request<Incoming>) -> Result<HttpResponse, Aborted> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(|_| Aborted)?.to_bytes();
+    state.token_counts.fetch_add(1, Ordering::Relaxed);
+    let request_id = state.request_id();
+    if let Err(err) = authorize(state, &parts.headers) {
+        return Ok(error_response(&err, &request_id));
+    }
+    match anthropic::count_tokens(&body) {
+        Ok(tokens) => {
+            let body = serde_json::json!({"input_tokens": tokens}).to_string();
+            Ok(ok(Bytes::from(body), &request_id))
+        }
+        Err(err) => Ok(error_response(&err, &request_id)),
+    }
 }
 
 /// A scripted behaviour in Anthropic's wire format (the same behaviours as for OpenAI).

@@ -20,6 +20,9 @@ pub struct Stats {
     pub connections: ConnectionStats,
     /// Provider requests of any model (chat completions and model lists).
     pub requests: u64,
+    /// Anthropic `count_tokens` requests (not in `requests`).
+    #[serde(default)]
+    pub token_counts: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +92,8 @@ pub struct State {
     connections: Mutex<ConnectionStats>,
     /// Provider requests of any model.
     pub requests: AtomicU64,
+    /// `count_tokens` requests, which are not completions.
+    pub token_counts: AtomicU64,
     next_id: AtomicU64,
     /// Unix seconds at start: the `created` of listed models, and a seed for ids.
     pub started: u64,
@@ -115,6 +120,7 @@ impl State {
             keys: Mutex::new(Vec::new()),
             connections: Mutex::new(ConnectionStats::default()),
             requests: AtomicU64::new(0),
+            token_counts: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             started: switchyard_time::now_secs(),
         }
@@ -144,6 +150,7 @@ impl State {
         lock(&self.models).clear();
         lock(&self.keys).clear();
         self.requests.store(0, Ordering::Relaxed);
+        self.token_counts.store(0, Ordering::Relaxed);
         let mut conns = lock(&self.connections);
         *conns = ConnectionStats { opened: conns.open, closed: 0, open: conns.open };
     }
@@ -158,6 +165,7 @@ impl State {
             models,
             connections: *lock(&self.connections),
             requests: self.requests.load(Ordering::Relaxed),
+            token_counts: self.token_counts.load(Ordering::Relaxed),
         }
     }
 
