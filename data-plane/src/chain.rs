@@ -228,7 +228,7 @@ pub fn lookup(config: &NodeConfig, name: &str, param: &str) -> Result<Arc<Model>
         return Err(ApiError::invalid(
             param,
             format!(
-                "`{name}` is a wildcard: a request names one model under it, e.g. `{prefix}<model>`."
+                "The model `{name}` is a wildcard: a request names one model under it, e.g. `{prefix}<model>`."
             ),
         ));
     }

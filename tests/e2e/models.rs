@@ -206,7 +206,8 @@ async fn a_default_chain_names_models_under_a_wildcard_but_never_the_wildcard() 
 }
 
 #[tokio::test]
-async fn an_embedding_model_in_a_chat_chain_is_refused_naming_its_field_before_any_call() {
+async fn an_embedding_model_in_a_chat_or_messages_chain_is_refused_naming_its_field_before_any_call()
+ {
     let gw = gateway().await;
     let before = gw.upstream_total().await;
     let r = gw
@@ -220,6 +221,17 @@ async fn an_embedding_model_in_a_chat_chain_is_refused_naming_its_field_before_a
     assert!(message.contains("`sim/embed`") && message.contains("embedding"), "{message}");
     let r = gw.chat(body("sim/embed")).await;
     assert_eq!((r.status, &r.json()["error"]["param"]), (400, &json!("model")), "{}", r.body);
+    // /v1/messages forms the same chain: the same refusal, in Anthropic's envelope.
+    let messages = json!({"model": "sim/embed", "max_tokens": 16,
+                          "messages": [{"role": "user", "content": "hi"}]});
+    let r = gw.post("/v1/messages", Some(&gw.key), messages.to_string().as_bytes()).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let error = &r.json()["error"];
+    assert_eq!(
+        (&error["type"], &error["param"]),
+        (&json!("invalid_request_error"), &json!("model"))
+    );
+    assert!(error["message"].as_str().unwrap().contains("`sim/embed`"), "{}", r.body);
     assert_eq!(gw.upstream_total().await, before, "nothing went upstream");
 }
 
