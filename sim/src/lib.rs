@@ -60,6 +60,7 @@ pub mod gemini;
 pub mod openai;
 mod server;
 mod stream;
+pub mod tool;
 
 pub use behaviour::{Behaviour, Reply, Script, SequenceReply, StatusReply, StreamErrorReply};
 pub use error::SimError;

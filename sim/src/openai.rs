@@ -20,8 +20,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::anthropic::{ToolCall, placeholder_input};
 use crate::stream::StreamWire;
+use crate::tool::{ToolCall, placeholder_input};
 
 /// A fixed fingerprint: real responses carry one, and clients sometimes log or require it.
 const SYSTEM_FINGERPRINT: &str = "fp_5151sim0d1";

@@ -474,7 +474,8 @@ async fn drills_run_through_the_messages_surface_as_an_anthropic_client_sends_th
     assert_eq!(report["surface"], "messages", "{report:#}");
     // The requests really came through /v1/messages: the node counts their failovers under
     // that surface, and none under Chat Completions.
-    let messages = metric(gw.node.addr, "switchyard_failovers_total", r#"surface="messages""#).await;
+    let messages =
+        metric(gw.node.addr, "switchyard_failovers_total", r#"surface="messages""#).await;
     assert_eq!(messages, report["requests"].as_f64().unwrap(), "every request failed over");
     assert_eq!(metric(gw.node.addr, "switchyard_failovers_total", r#"surface="chat""#).await, 0.0);
 
