@@ -122,16 +122,7 @@ pub fn resolve(
     for s in distinct {
         let model = lookup(config, &s.model, &s.param)?;
         check_policy(key, config, &model, &s.model, &s.param)?;
-        if model.model_type != ModelType::Chat {
-            return Err(ApiError::invalid(
-                s.param.clone(),
-                format!(
-                    "The model `{}` is an embedding model (type: {}): it cannot serve a chat request.",
-                    s.model,
-                    model.model_type.as_str()
-                ),
-            ));
-        }
+        check_type(request, config, &model, &s, entries.first())?;
         // A provider that cannot honour the request (a strict schema it has no mechanism
         // for) is refused here, before any upstream call, rather than silently ignored: its
         // translation fails, and the body translated here is the one every attempt sends.
@@ -174,8 +165,15 @@ pub fn resolve(
         .or_else(|| defaults.and_then(|d| d.on.clone()))
         .unwrap_or_else(|| FailoverReason::ALL.to_vec());
     let deadline = request.redundancy.deadline_ms.map(|ms| Duration::from_millis(ms.into()));
-    let degraded =
-        request.redundancy.degraded.clone().or_else(|| defaults.and_then(|d| d.degraded.clone()));
+    // A designed answer is text: an embeddings request has no use for one.
+    let degraded = match request.embeddings {
+        Some(_) => None,
+        None => request
+            .redundancy
+            .degraded
+            .clone()
+            .or_else(|| defaults.and_then(|d| d.degraded.clone())),
+    };
     // Streams are not checked: their content reaches the client as it comes.
     let output = if on.contains(&FailoverReason::InvalidOutput) && !request.stream {
         config
@@ -248,6 +246,62 @@ pub fn lookup(config: &NodeConfig, name: &str, param: &str) -> Result<Arc<Model>
         wildcard.name.clone()
     };
     Ok(Arc::new(Model { name, upstream_model: rest.to_owned(), ..Model::clone(wildcard) }))
+}
+
+/// A chat request takes chat models only, an embeddings request embedding models only, all
+/// of one `dimensions` (a vector from a fallback must be usable where the first model's
+/// are: docs/http-api.md, "`POST /v1/embeddings`"); and each model's provider must be able
+/// to take the embeddings request as it is. `first` is the chain's first entry, if this is
+/// not it.
+fn check_type(
+    request: &ChatRequest<'_>,
+    config: &NodeConfig,
+    model: &Model,
+    spec: &EntrySpec,
+    first: Option<&Entry>,
+) -> Result<(), ApiError> {
+    let name = &spec.model;
+    let Some(embeddings) = &request.embeddings else {
+        if model.model_type == ModelType::Chat {
+            return Ok(());
+        }
+        return Err(ApiError::invalid(
+            spec.param.clone(),
+            format!(
+                "The model `{name}` is an embedding model (type: {}): it cannot serve a chat request.",
+                model.model_type.as_str()
+            ),
+        ));
+    };
+    if model.model_type != ModelType::Embedding {
+        return Err(ApiError::invalid(
+            spec.param.clone(),
+            format!(
+                "The model `{name}` is a chat model (type: {}): it cannot serve an embeddings request.",
+                model.model_type.as_str()
+            ),
+        ));
+    }
+    if let Some(first) = first
+        && first.model.dimensions != model.dimensions
+    {
+        let dims = |d: Option<u32>| d.map_or_else(|| "unknown".to_owned(), |d| d.to_string());
+        return Err(ApiError::invalid(
+            spec.param.clone(),
+            format!(
+                "The model `{name}` makes vectors of {} dimensions and `{}` of {}: a chain fails over only between embedding models of the same dimensions.",
+                dims(model.dimensions),
+                first.model.name,
+                dims(first.model.dimensions)
+            ),
+        ));
+    }
+    let kind = config.catalog.provider(&model.provider).map(|p| p.kind);
+    match kind {
+        Some(kind) => embeddings.check(model, kind, &spec.param),
+        // An unconfigured provider fails the attempt, as on chat.
+        None => Ok(()),
+    }
 }
 
 /// The key's allow-list (for the name the client sent: a name folded into its wildcard is

@@ -71,7 +71,9 @@ pub fn respond(a: Answer<'_>) -> Response {
                 let frames = crate::messages::degraded(a.message, MODEL, &report(&a), true);
                 String::from_utf8_lossy(&frames).into_owned()
             }
-            Flavor::OpenAi | Flavor::Classic => format!("data: {chunk}\n\ndata: [DONE]\n\n"),
+            Flavor::OpenAi | Flavor::Classic | Flavor::Embeddings => {
+                format!("data: {chunk}\n\ndata: [DONE]\n\n")
+            }
         };
         let mut response = (StatusCode::OK, body).into_response();
         let headers = response.headers_mut();
@@ -88,7 +90,8 @@ pub fn respond(a: Answer<'_>) -> Response {
             })
         };
         match a.flavor {
-            Flavor::OpenAi => {
+            // An embeddings chain has no degraded answer (`chain::resolve`): never here.
+            Flavor::OpenAi | Flavor::Embeddings => {
                 let mut body = completion();
                 body["secureai"] = report(&a);
                 axum::Json(body).into_response()

@@ -529,6 +529,14 @@ impl Executor {
             return Ok(Called::Stream(buffered, upstream));
         }
         let deadline = tokio::time::Instant::from_std(deadline);
+        if let Some(embeddings) = &request.embeddings {
+            let call = provider.embed(model, body, embeddings, Some(request_id), injector);
+            return match tokio::time::timeout_at(deadline, call).await {
+                Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
+                Ok(Ok(answer)) => Ok(Called::Completion(answer)),
+                Ok(Err(e)) => Err(Failure::Call(e)),
+            };
+        }
         let call =
             provider.complete(model, body, Some(request_id), messages_call(request), injector);
         match tokio::time::timeout_at(deadline, call).await {

@@ -59,6 +59,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/chat/completions", post(|s, r| chat(s, r, Flavor::Classic)))
         .route("/v1/messages", post(|s, r| chat(s, r, Flavor::Anthropic)))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/embeddings", post(|s, r| chat(s, r, Flavor::Embeddings)))
         // Claude Code asks `HEAD /` before its first call; a GET answers it too.
         .route("/", get(|| async { Json(json!({"service": "switchyard"})) }))
         .fallback(|s, m, u| unknown_url(s, m, u, StatusCode::NOT_FOUND))
@@ -181,6 +182,7 @@ async fn chat(
         Flavor::OpenAi => "/v1/chat/completions",
         Flavor::Classic => "/chat/completions",
         Flavor::Anthropic => "/v1/messages",
+        Flavor::Embeddings => "/v1/embeddings",
     };
     // A debug span, free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the
     // request path pays nothing for spans nobody collects.
@@ -288,11 +290,12 @@ async fn serve(
     // A `/v1/messages` body is translated into the unified form, its original kept beside it.
     let translated = match flavor {
         Flavor::Anthropic => Some(messages::Translated::of(&bytes)?),
-        Flavor::OpenAi | Flavor::Classic => None,
+        Flavor::OpenAi | Flavor::Classic | Flavor::Embeddings => None,
     };
-    let request = match &translated {
-        Some(translated) => translated.request(&bytes, headers)?,
-        None => ChatRequest::parse(&bytes)?,
+    let request = match (&translated, flavor) {
+        (Some(translated), _) => translated.request(&bytes, headers)?,
+        (None, Flavor::Embeddings) => ChatRequest::embeddings(&bytes)?,
+        (None, _) => ChatRequest::parse(&bytes)?,
     };
     let chain = chain::resolve(&request, &key, &config)?;
     // The SERVER span when OpenTelemetry is on; otherwise no context is looked up at all.
@@ -544,7 +547,7 @@ fn render_completion(
             let secureai = if chain.is_multi_model() { raw(&report) } else { None };
             messages::answer(&completion, &model.name, secureai.as_deref())
         }
-        Flavor::OpenAi => Some({
+        Flavor::OpenAi | Flavor::Embeddings => Some({
             let secureai = if chain.is_multi_model() { raw(&report) } else { None };
             completion.to_json(&name, secureai.as_deref().map(|r| ("secureai", r)))
         }),
@@ -567,7 +570,9 @@ fn render_completion(
             let mut response = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
             // Clients that drop unknown body fields (LangChain, the Vercel AI SDK) see a
             // failover only here (docs/clients.md); a single model adds nothing to `model`.
-            if chain.is_multi_model() {
+            // An embeddings answer always names them: a vector is only comparable with
+            // vectors of the model that made it.
+            if chain.is_multi_model() || flavor == Flavor::Embeddings {
                 let (served, requested) = (&report.served_model, chain.requested_model());
                 model_headers(response.headers_mut(), served, requested);
             }

@@ -23,6 +23,7 @@ pub mod continuation;
 pub mod custody;
 pub mod degraded;
 pub mod dir_lock;
+pub mod embeddings;
 pub mod error;
 pub mod executor;
 pub mod failure;

@@ -11,6 +11,7 @@ use switchyard_catalog::catalog::MAX_RETRIES;
 use switchyard_catalog::keys::{FIRST_TOKEN_TIMEOUT_MS_RANGE, TIMEOUT_MS_RANGE};
 use switchyard_catalog::{Degraded, FailoverReason};
 
+use crate::embeddings::Embeddings;
 use crate::error::ApiError;
 use crate::structured;
 
@@ -35,6 +36,10 @@ pub struct ChatRequest<'a> {
     /// `/v1/chat/completions`. The fields above are then its translation, which every
     /// provider kind but the surface's own is sent.
     pub native: Option<Native<'a>>,
+    /// What an `/v1/embeddings` request asks (docs/http-api.md, "`POST /v1/embeddings`"):
+    /// its chain then takes embedding models only, and each adapter makes an embeddings
+    /// call. `None` on the chat surfaces.
+    pub embeddings: Option<Embeddings>,
 }
 
 /// A `/v1/messages` request as the client sent it: an Anthropic model gets it as it is, with
@@ -173,6 +178,17 @@ pub struct Redundancy {
 
 impl<'a> ChatRequest<'a> {
     pub fn parse(body: &'a [u8]) -> Result<Self, ApiError> {
+        Self::read(body, None)
+    }
+
+    /// An `/v1/embeddings` body: OpenAI's embeddings fields checked, the gateway's chain
+    /// fields read as on chat; nothing of a chat request (`messages`, `stream`) applies.
+    pub fn embeddings(body: &'a [u8]) -> Result<Self, ApiError> {
+        let embeddings = Embeddings::parse(body)?;
+        Self::read(body, Some(embeddings))
+    }
+
+    fn read(body: &'a [u8], embeddings: Option<Embeddings>) -> Result<Self, ApiError> {
         let fields: BTreeMap<FieldName<'a>, &'a RawValue> =
             serde_json::from_slice::<BorrowedKeys<'a>>(body).map(|f| f.0).map_err(|e| ApiError::InvalidRequest {
                 message: format!(
@@ -201,7 +217,9 @@ impl<'a> ChatRequest<'a> {
             None | Some(Value::Null) => Redundancy::default(),
             Some(v) => redundancy(v)?,
         };
-        check_messages(fields.get("messages").map(|raw| raw.get()))?;
+        if embeddings.is_none() {
+            check_messages(fields.get("messages").map(|raw| raw.get()))?;
+        }
         let stream = match value("stream")? {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => b,
@@ -252,6 +270,7 @@ impl<'a> ChatRequest<'a> {
             stream,
             include_usage,
             native: None,
+            embeddings,
         })
     }
 }

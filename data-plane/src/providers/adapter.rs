@@ -10,6 +10,7 @@ use super::error::{CallError, UpstreamError};
 use super::secret::Secret;
 use super::sse;
 use super::unified::{Completion, StreamEvent};
+use crate::embeddings::Embeddings;
 use crate::request::ChatRequest;
 
 /// A provider kind's wire format.
@@ -79,9 +80,45 @@ pub trait Adapter: Send + Sync {
         None
     }
 
+    /// The upstream body of an embeddings request (docs/http-api.md, "`POST /v1/embeddings`").
+    /// Kinds without an embeddings API refuse it (the chain refuses such a model first).
+    fn embeddings_body(
+        &self,
+        model: &Model,
+        _request: &ChatRequest<'_>,
+        _embeddings: &Embeddings,
+    ) -> Result<Bytes, CallError> {
+        Err(no_embeddings(model))
+    }
+
+    /// The upstream HTTP request of an embeddings call carrying `body`.
+    fn embeddings_request(
+        &self,
+        _provider: &Provider,
+        model: &Model,
+        _embeddings: &Embeddings,
+        _body: Bytes,
+        _credential: Option<&Secret>,
+    ) -> Result<http::Request<Full<Bytes>>, CallError> {
+        Err(no_embeddings(model))
+    }
+
+    /// A 200 embeddings body as OpenAI's embeddings list, in a [`Completion`] (whose `model`
+    /// the node replaces, as for a chat answer), usage counting the input's tokens.
+    fn embeddings(&self, _body: Bytes, _embeddings: &Embeddings) -> Result<Completion, CallError> {
+        Err(CallError::Malformed("this provider kind has no embeddings API".into()))
+    }
+
     /// A decoder for one streamed response (providers whose events refer back to earlier
     /// ones, such as Anthropic's content blocks, keep that state in it).
     fn stream_decoder(&self, upstream_model: &str) -> Box<dyn StreamDecoder>;
+}
+
+fn no_embeddings(model: &Model) -> CallError {
+    CallError::Unsupported {
+        message: format!("the model `{}`'s provider kind has no embeddings API", model.name),
+        param: None,
+    }
 }
 
 /// Turns one response's SSE frames into unified events, in order.

@@ -16,6 +16,7 @@ use super::openai;
 use super::secret::Secret;
 use super::sse::Frame;
 use super::unified::{Completion, StreamEvent};
+use crate::embeddings::Embeddings;
 use crate::request::ChatRequest;
 
 pub struct Azure;
@@ -36,19 +37,7 @@ impl Adapter for Azure {
         body: Bytes,
         credential: Option<&Secret>,
     ) -> Result<http::Request<Full<Bytes>>, CallError> {
-        let url = format!(
-            "{}/openai/deployments/{}/chat/completions?api-version={}",
-            provider.base_url.trim_end_matches('/'),
-            model.upstream_model,
-            provider.api_version.as_deref().unwrap_or(FALLBACK_API_VERSION),
-        );
-        let mut builder = http::Request::post(url)
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(header::ACCEPT, "application/json");
-        if let Some(secret) = credential {
-            builder = builder.header("api-key", secret.expose());
-        }
-        builder.body(Full::new(body)).map_err(CallError::Build)
+        deployment_request(provider, model, "chat/completions", body, credential)
     }
 
     fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {
@@ -62,6 +51,55 @@ impl Adapter for Azure {
     fn stream_decoder(&self, _upstream_model: &str) -> Box<dyn StreamDecoder> {
         Box::new(AzureChunks::default())
     }
+
+    fn embeddings_body(
+        &self,
+        model: &Model,
+        request: &ChatRequest<'_>,
+        _embeddings: &Embeddings,
+    ) -> Result<Bytes, CallError> {
+        Ok(Bytes::from(openai::body(model, request)))
+    }
+
+    /// `{base_url}/openai/deployments/{deployment}/embeddings?api-version=…` (Azure OpenAI
+    /// REST reference, "Embeddings").
+    fn embeddings_request(
+        &self,
+        provider: &Provider,
+        model: &Model,
+        _embeddings: &Embeddings,
+        body: Bytes,
+        credential: Option<&Secret>,
+    ) -> Result<http::Request<Full<Bytes>>, CallError> {
+        deployment_request(provider, model, "embeddings", body, credential)
+    }
+
+    fn embeddings(&self, body: Bytes, embeddings: &Embeddings) -> Result<Completion, CallError> {
+        openai::embeddings_answer(body, embeddings)
+    }
+}
+
+/// A POST to one of the deployment's operations (`chat/completions`, `embeddings`).
+fn deployment_request(
+    provider: &Provider,
+    model: &Model,
+    operation: &str,
+    body: Bytes,
+    credential: Option<&Secret>,
+) -> Result<http::Request<Full<Bytes>>, CallError> {
+    let url = format!(
+        "{}/openai/deployments/{}/{operation}?api-version={}",
+        provider.base_url.trim_end_matches('/'),
+        model.upstream_model,
+        provider.api_version.as_deref().unwrap_or(FALLBACK_API_VERSION),
+    );
+    let mut builder = http::Request::post(url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json");
+    if let Some(secret) = credential {
+        builder = builder.header("api-key", secret.expose());
+    }
+    builder.body(Full::new(body)).map_err(CallError::Build)
 }
 
 #[derive(Default)]

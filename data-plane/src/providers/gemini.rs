@@ -53,7 +53,9 @@ use super::secret::Secret;
 use super::sse::Frame;
 use super::unified::{Completion, Fields, StreamEvent, Usage};
 
+mod embed;
 mod schema;
+use crate::embeddings::Embeddings;
 use crate::request::ChatRequest;
 
 pub struct Gemini;
@@ -104,6 +106,39 @@ impl Adapter for Gemini {
             builder = builder.header(API_KEY_HEADER, secret.expose());
         }
         builder.body(Full::new(body)).map_err(CallError::Build)
+    }
+
+    fn embeddings_body(
+        &self,
+        model: &Model,
+        _request: &ChatRequest<'_>,
+        embeddings: &Embeddings,
+    ) -> Result<Bytes, CallError> {
+        embed::body(model, embeddings)
+    }
+
+    fn embeddings_request(
+        &self,
+        provider: &Provider,
+        model: &Model,
+        embeddings: &Embeddings,
+        body: Bytes,
+        credential: Option<&Secret>,
+    ) -> Result<http::Request<Full<Bytes>>, CallError> {
+        let upstream = model.upstream_model.trim_start_matches("models/");
+        let base = provider.base_url.trim_end_matches('/');
+        let url = format!("{base}/v1beta/models/{upstream}:{}", embed::method(embeddings));
+        let mut builder = http::Request::post(url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json");
+        if let Some(secret) = credential {
+            builder = builder.header(API_KEY_HEADER, secret.expose());
+        }
+        builder.body(Full::new(body)).map_err(CallError::Build)
+    }
+
+    fn embeddings(&self, body: Bytes, embeddings: &Embeddings) -> Result<Completion, CallError> {
+        embed::answer(&body, "", embeddings)
     }
 
     fn completion(&self, body: &[u8]) -> Result<Completion, CallError> {

@@ -20,6 +20,7 @@ use tracing::warn;
 use switchyard_catalog::{Fault, FaultKind, Model, Provider, ProviderKind};
 
 use crate::chaos::{self, Cut, Injector};
+use crate::embeddings::Embeddings;
 use crate::failure;
 use crate::request::ChatRequest;
 use crate::request_id;
@@ -72,6 +73,8 @@ struct Exchange<'a> {
     stream: bool,
     request_id: Option<&'a HeaderValue>,
     messages: Option<MessagesCall<'a>>,
+    /// An embeddings call, to the provider's embeddings endpoint.
+    embeddings: Option<&'a Embeddings>,
     fault: Option<&'a Fault>,
 }
 
@@ -128,7 +131,10 @@ impl ProviderRuntime {
 
     /// The upstream body of one attempt (see [`Adapter::body`]).
     pub fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
-        self.adapter.body(model, request)
+        match &request.embeddings {
+            Some(embeddings) => self.adapter.embeddings_body(model, request, embeddings),
+            None => self.adapter.body(model, request),
+        }
     }
 
     /// See [`Adapter::translates`].
@@ -149,7 +155,8 @@ impl ProviderRuntime {
         injector: &mut Injector<'_>,
     ) -> Result<Completion, CallError> {
         let fault = injector.draw(false);
-        let exchange = Exchange { model, stream: false, request_id, messages, fault };
+        let exchange =
+            Exchange { model, stream: false, request_id, messages, embeddings: None, fault };
         let body = match self.respond(exchange, body).await? {
             Answer::Upstream(response) => read_body(response).await?,
             Answer::Injected(body) => body,
@@ -160,6 +167,33 @@ impl ProviderRuntime {
             return native;
         }
         self.adapter.completion_bytes(body)
+    }
+
+    /// One attempt's embeddings call with its `body`, as [`ProviderRuntime::complete`] makes a
+    /// chat call: the same credentials, faults and error reading; the answer in OpenAI's
+    /// embeddings list shape.
+    pub async fn embed(
+        &self,
+        model: &Model,
+        body: Bytes,
+        embeddings: &Embeddings,
+        request_id: Option<&HeaderValue>,
+        injector: &mut Injector<'_>,
+    ) -> Result<Completion, CallError> {
+        let fault = injector.draw(false);
+        let exchange = Exchange {
+            model,
+            stream: false,
+            request_id,
+            messages: None,
+            embeddings: Some(embeddings),
+            fault,
+        };
+        let body = match self.respond(exchange, body).await? {
+            Answer::Upstream(response) => read_body(response).await?,
+            Answer::Injected(body) => body,
+        };
+        self.adapter.embeddings(body, embeddings)
     }
 
     /// Opens a streamed call; returns once the upstream answered 2xx (an error status is
@@ -173,7 +207,8 @@ impl ProviderRuntime {
         injector: &mut Injector<'_>,
     ) -> Result<UpstreamStream, CallError> {
         let fault = injector.draw(true);
-        let exchange = Exchange { model, stream: true, request_id, messages, fault };
+        let exchange =
+            Exchange { model, stream: true, request_id, messages, embeddings: None, fault };
         let source = match self.respond(exchange, body).await? {
             Answer::Upstream(response) => stream::Source::Upstream(response.into_body()),
             Answer::Injected(body) => stream::Source::Injected(Some(body)),
@@ -264,8 +299,13 @@ impl ProviderRuntime {
         body: Bytes,
         credential: Option<&Secret>,
     ) -> Result<Answer, CallError> {
-        let Exchange { model, stream, request_id, messages, fault } = exchange;
-        let mut upstream = self.adapter.request(&self.def, model, stream, body, credential)?;
+        let Exchange { model, stream, request_id, messages, embeddings, fault } = exchange;
+        let mut upstream = match embeddings {
+            Some(embeddings) => {
+                self.adapter.embeddings_request(&self.def, model, embeddings, body, credential)?
+            }
+            None => self.adapter.request(&self.def, model, stream, body, credential)?,
+        };
         // The client's betas go to the kind they are for; other kinds would refuse them.
         if self.def.kind == ProviderKind::Anthropic
             && let Some(beta) = messages.and_then(|m| m.beta)

@@ -17,6 +17,7 @@ use super::error::{CONTEXT_LENGTH_EXCEEDED, CallError, UpstreamError};
 use super::secret::Secret;
 use super::sse::Frame;
 use super::unified::{Completion, Fields, StreamEvent, Usage};
+use crate::embeddings::Embeddings;
 use crate::request::ChatRequest;
 
 pub struct OpenAi;
@@ -82,6 +83,93 @@ impl Adapter for OpenAi {
     fn stream_decoder(&self, _upstream_model: &str) -> Box<dyn StreamDecoder> {
         Box::new(ChunkDecoder::default())
     }
+
+    /// OpenAI's embeddings body is the client's, `model` swapped, as for chat.
+    fn embeddings_body(
+        &self,
+        model: &Model,
+        request: &ChatRequest<'_>,
+        _embeddings: &Embeddings,
+    ) -> Result<Bytes, CallError> {
+        Ok(Bytes::from(body(model, request)))
+    }
+
+    fn embeddings_request(
+        &self,
+        provider: &Provider,
+        _model: &Model,
+        _embeddings: &Embeddings,
+        body: Bytes,
+        credential: Option<&Secret>,
+    ) -> Result<http::Request<Full<Bytes>>, CallError> {
+        let url = format!("{}/embeddings", provider.base_url.trim_end_matches('/'));
+        let mut builder = http::Request::post(url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json");
+        if let Some(secret) = credential {
+            builder = builder.header(header::AUTHORIZATION, format!("Bearer {}", secret.expose()));
+        }
+        builder.body(Full::new(body)).map_err(CallError::Build)
+    }
+
+    fn embeddings(&self, body: Bytes, embeddings: &Embeddings) -> Result<Completion, CallError> {
+        embeddings_answer(body, embeddings)
+    }
+}
+
+/// An OpenAI-format embeddings answer, kept as it came (`model` swapped later); a server that
+/// reports no usage is billed the input's estimate.
+pub fn embeddings_answer(body: Bytes, embeddings: &Embeddings) -> Result<Completion, CallError> {
+    #[derive(Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow)]
+        data: Option<&'a RawValue>,
+        #[serde(borrow)]
+        model: Option<&'a RawValue>,
+        usage: Option<WireUsage>,
+    }
+    let (model, prompt_tokens) = {
+        let top: Top<'_> = serde_json::from_slice(&body)
+            .map_err(|e| CallError::Malformed(format!("not an embeddings list: {e}")))?;
+        let count = match top.data {
+            Some(data) => serde_json::from_str::<Vec<serde::de::IgnoredAny>>(data.get())
+                .map_err(|e| CallError::Malformed(format!("`data`: {e}")))?
+                .len(),
+            None => return Err(CallError::Malformed("no `data` in the embeddings list".into())),
+        };
+        if count != embeddings.input.len() {
+            return Err(CallError::Malformed(format!(
+                "{count} vectors for {} inputs",
+                embeddings.input.len()
+            )));
+        }
+        let start = body.as_ptr() as usize;
+        let model = top.model.map(|raw| {
+            let at = raw.get().as_ptr() as usize - start;
+            at..at + raw.get().len()
+        });
+        let tokens = top
+            .usage
+            .map(|u| u.prompt_tokens)
+            .filter(|t| *t > 0)
+            .unwrap_or_else(|| embeddings.input.estimated_tokens());
+        (model, tokens)
+    };
+    let usage = Usage { prompt_tokens, completion_tokens: 0 };
+    // Asked for base64, a server that answered floats (one that ignores `encoding_format`)
+    // has its vectors encoded here, as OpenAI encodes them; floats pass as they came.
+    if embeddings.base64 {
+        let mut fields: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(&body)
+            .map_err(|e| CallError::Malformed(format!("not an embeddings list: {e}")))?;
+        if let Some(data) = fields.get("data")
+            && let Some(encoded) =
+                crate::embeddings::reencoded(data, true).map_err(CallError::Malformed)?
+        {
+            fields.insert("data".into(), encoded);
+            return Ok(Completion::new(Fields::Map(fields), usage));
+        }
+    }
+    Ok(Completion::new(Fields::Verbatim { bytes: body, model }, usage))
 }
 
 /// OpenAI chunks are already in the unified shape; the decoder only follows which choices
