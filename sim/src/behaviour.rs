@@ -100,6 +100,8 @@ pub struct Reply {
     /// formats always answer. Off by default: tests that send tools to check what passes
     /// through still get text.
     pub call_tools: bool,
+    /// Embeddings: the length of the vectors when the request asks none (default 8).
+    pub dimensions: Option<u32>,
 }
 
 impl Default for Reply {
@@ -117,6 +119,7 @@ impl Default for Reply {
             context_window: None,
             rejects_prefill: false,
             call_tools: false,
+            dimensions: None,
         }
     }
 }

@@ -24,6 +24,10 @@
 //!   declaring functions gets a `functionCall` (see [`gemini`]). With accepted keys set,
 //!   `x-goog-api-key` (or `?key=`) must be one: none is Google's 403, a wrong one its 400
 //!   `API_KEY_INVALID`.
+//! - `POST /v1/embeddings` (and Azure OpenAI's `/openai/deployments/{name}/embeddings`),
+//!   `POST /v1beta/models/{model}:embedContent` and `:batchEmbedContents`: the same scripted
+//!   behaviours (an `ok` answers a deterministic vector per model and input, of the request's
+//!   dimensions, else the reply's `dimensions`, else 8; see [`embed`]).
 //! - A request whose last message is the assistant's (Anthropic: `assistant`; Gemini: a
 //!   `model` content) continues an answer (a prefill): when its text is a prefix of what the
 //!   model would answer, only the rest is sent (streamed: the whole answer cut into its
@@ -55,6 +59,7 @@ use std::path::Path;
 pub mod anthropic;
 pub mod behaviour;
 mod body;
+pub mod embed;
 mod error;
 pub mod gemini;
 pub mod openai;

@@ -189,6 +189,12 @@ async fn handle(
         if let Some((model, stream)) = gemini::route(path) {
             return gemini_http::generate(&state, &conn, req, model, stream).await;
         }
+        if openai_http::is_embeddings_path(path) {
+            return openai_http::embeddings(&state, &conn, req).await;
+        }
+        if let Some((model, batch)) = crate::embed::gemini_route(path) {
+            return gemini_http::embed(&state, &conn, req, model, batch).await;
+        }
     } else if method == Method::GET && path == "/v1/models" {
         return Ok(openai_http::models(&state, req.headers()));
     }

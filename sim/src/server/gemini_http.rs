@@ -18,6 +18,7 @@ use super::response::{
 use super::state::{State, lock};
 use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, continues_at, sleep_ms};
 use crate::body::Aborted;
+use crate::embed;
 use crate::gemini::{self, ApiError, GenerateRequest, ResponseStream};
 use crate::stream::{self, StreamPlan};
 
@@ -70,6 +71,62 @@ pub async fn generate(
     let default = Behaviour::default();
     let behaviour = script.as_deref().unwrap_or(&default).at(position);
     respond(state, conn, behaviour, &request, request_id).await
+}
+
+/// `POST /v1beta/models/{model}:embedContent` / `:batchEmbedContents`: the model's scripted
+/// behaviour, an `ok` answering vectors ([`crate::embed`]).
+pub async fn embed(
+    state: &State,
+    conn: &ConnFlags,
+    req: Request<Incoming>,
+    model: String,
+    batch: bool,
+) -> Result<HttpResponse, Aborted> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(|_| Aborted)?.to_bytes();
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    let request_id = state.request_id();
+    let parsed = embed::parse_gemini(&model, batch, &body);
+    let authorized = authorize(state, &parts);
+    let advance = authorized.is_ok() && parsed.is_ok();
+    let (script, position) = state.take_step(Cow::Borrowed(&model), &parts, &body, advance);
+    if let Err(err) = authorized {
+        return Ok(error_response(&err, &request_id));
+    }
+    let request = match parsed {
+        Ok(request) => request,
+        Err(err) => return Ok(error_response(&err, &request_id)),
+    };
+    let default = Behaviour::default();
+    let behaviour = script.as_deref().unwrap_or(&default).at(position);
+    match behaviour {
+        Behaviour::Ok(reply) => {
+            sleep_ms(reply.delay_ms).await;
+            Ok(ok(embed::gemini_body(&request, batch, reply.dimensions), &request_id))
+        }
+        Behaviour::Status(status) => {
+            sleep_ms(status.delay_ms).await;
+            let err = gemini::status_error(
+                status.status,
+                &request.model,
+                status.message.as_deref(),
+                status.retry_after,
+            );
+            Ok(error_response(&err, &request_id))
+        }
+        Behaviour::Hang => std::future::pending().await,
+        Behaviour::Reset => {
+            conn.reset_on_close();
+            Err(Aborted)
+        }
+        Behaviour::Malformed => Ok(ok(Bytes::from_static(gemini::MALFORMED_BODY), &request_id)),
+        Behaviour::StreamError(e) => {
+            let message = e.message.as_deref().unwrap_or("An internal error has occurred.");
+            let err = gemini::status_error(500, &request.model, Some(message), None);
+            Ok(error_response(&err, &request_id))
+        }
+        Behaviour::Sequence(_) => Ok(ok(embed::gemini_body(&request, batch, None), &request_id)),
+    }
 }
 
 async fn respond(

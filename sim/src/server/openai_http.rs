@@ -18,6 +18,7 @@ use super::response::{
 use super::state::{State, lock};
 use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, StatusReply, continues_at, sleep_ms};
 use crate::body::Aborted;
+use crate::embed;
 use crate::openai::{self, ApiError, ChatRequest, Completion, CompletionStream};
 use crate::stream::{self, StreamPlan};
 
@@ -31,6 +32,79 @@ pub fn is_chat_path(path: &str) -> bool {
             .strip_prefix("/openai/deployments/")
             .and_then(|rest| rest.strip_suffix("/chat/completions"))
             .is_some_and(|deployment| !deployment.is_empty() && !deployment.contains('/'))
+}
+
+/// Whether `path` is an embeddings endpoint: OpenAI's, or an Azure deployment's.
+pub fn is_embeddings_path(path: &str) -> bool {
+    path == "/v1/embeddings"
+        || path
+            .strip_prefix("/openai/deployments/")
+            .and_then(|rest| rest.strip_suffix("/embeddings"))
+            .is_some_and(|deployment| !deployment.is_empty() && !deployment.contains('/'))
+}
+
+/// `POST /v1/embeddings`: the model's scripted behaviour, an `ok` answering vectors
+/// ([`crate::embed`]).
+pub async fn embeddings(
+    state: &State,
+    conn: &ConnFlags,
+    req: Request<Incoming>,
+) -> Result<HttpResponse, Aborted> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(|_| Aborted)?.to_bytes();
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    let request_id = state.request_id();
+    let parsed = embed::parse_openai(&body);
+    let model = match &parsed {
+        Ok(request) => Some(Cow::Borrowed(request.model.as_str())),
+        Err(_) => openai::request_model(&body).map(Cow::Owned),
+    };
+    let authorized = authorize(state, &parts.headers);
+    let step = model
+        .map(|model| state.take_step(model, &parts, &body, authorized.is_ok() && parsed.is_ok()));
+    if let Err(err) = authorized {
+        return Ok(error_response(&err, &request_id));
+    }
+    let request = match parsed {
+        Ok(request) => request,
+        Err(err) => return Ok(error_response(&err, &request_id)),
+    };
+    let default = Behaviour::default();
+    let (script, position) = step.unwrap_or((None, 0));
+    let behaviour = script.as_deref().unwrap_or(&default).at(position);
+    let api_key = bearer(&parts.headers);
+    let failed = |status: &StatusReply| {
+        openai::status_error(
+            status.status,
+            &request.model,
+            status.message.as_deref(),
+            api_key,
+            &request_id,
+            status.retry_after,
+        )
+    };
+    match behaviour {
+        Behaviour::Ok(reply) => {
+            sleep_ms(reply.delay_ms).await;
+            Ok(ok(embed::openai_body(&request, reply.dimensions), &request_id))
+        }
+        Behaviour::Status(status) => {
+            sleep_ms(status.delay_ms).await;
+            Ok(error_response(&failed(status), &request_id))
+        }
+        Behaviour::Hang => std::future::pending().await,
+        Behaviour::Reset => {
+            conn.reset_on_close();
+            Err(Aborted)
+        }
+        Behaviour::Malformed => Ok(ok(Bytes::from_static(openai::MALFORMED_BODY), &request_id)),
+        // An embeddings answer is never streamed: a stream error is the 500 a plain call gets.
+        Behaviour::StreamError(e) => {
+            let status = StatusReply { message: e.message.clone(), ..StatusReply::new(500) };
+            Ok(error_response(&failed(&status), &request_id))
+        }
+        Behaviour::Sequence(_) => Ok(ok(embed::openai_body(&request, None), &request_id)),
+    }
 }
 
 /// `GET /v1/models`: every model scripted or seen, in OpenAI's list format.
