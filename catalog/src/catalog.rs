@@ -153,6 +153,16 @@ pub enum ModelType {
     Embedding,
 }
 
+impl Model {
+    /// What this model shares with the others of a chain it can fail over within.
+    pub fn chain_kind(&self) -> crate::keys::ChainKind {
+        match self.model_type {
+            ModelType::Chat => crate::keys::ChainKind::Chat,
+            ModelType::Embedding => crate::keys::ChainKind::Embedding(self.dimensions),
+        }
+    }
+}
+
 impl ModelType {
     pub fn is_chat(&self) -> bool {
         *self == ModelType::Chat

@@ -225,6 +225,53 @@ impl FailoverDefaults {
     }
 }
 
+impl FailoverDefaults {
+    /// Whether the chain's models can fail over to each other: all chat models, or all
+    /// embedding models of one `dimensions` (a fallback's vectors must be comparable with the
+    /// first model's). `kind_of` gives a model's type and dimensions (`None`: not in the
+    /// catalog, reported elsewhere). The first model that differs from the first is named.
+    pub fn check_kinds(
+        &self,
+        kind_of: impl Fn(&str) -> Option<ChainKind>,
+    ) -> Result<(), FieldError> {
+        let mut models = self.models.iter().enumerate();
+        let Some((first, kind)) = models.find_map(|(_, m)| Some((m, kind_of(m)?))) else {
+            return Ok(());
+        };
+        for (i, model) in models {
+            let Some(other) = kind_of(model) else { continue };
+            if other != kind {
+                return Err(FieldError::new(
+                    format!("failoverDefaults.models[{i}]"),
+                    format!(
+                        "model {model:?} is {other} and {first:?} is {kind}: a chain's models are all chat models, or all embedding models of one dimensions"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a chain's models must share to fail over to each other (see
+/// [`FailoverDefaults::check_kinds`]); `Model::chain_kind` gives a model's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainKind {
+    Chat,
+    /// An embedding model, of these dimensions.
+    Embedding(Option<u32>),
+}
+
+impl std::fmt::Display for ChainKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Chat => f.write_str("a chat model"),
+            Self::Embedding(Some(d)) => write!(f, "an embedding model of {d} dimensions"),
+            Self::Embedding(None) => f.write_str("an embedding model"),
+        }
+    }
+}
+
 fn clamp(field: &str, value: u32, (lo, hi): (u32, u32), warnings: &mut Vec<String>) -> u32 {
     let clamped = value.clamp(lo, hi);
     if clamped != value {
@@ -543,5 +590,30 @@ mod tests {
         assert!(
             errors[0].message.contains("wildcard") && errors[0].message.contains("openai/<model>")
         );
+    }
+
+    #[test]
+    fn a_chain_mixing_types_or_dimensions_is_refused_naming_the_model() {
+        let kind = |m: &str| match m {
+            "chat" => Some(ChainKind::Chat),
+            "e8" | "e8b" => Some(ChainKind::Embedding(Some(8))),
+            "e16" => Some(ChainKind::Embedding(Some(16))),
+            _ => None,
+        };
+        let chain = |models: &[&str]| FailoverDefaults {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            ..FailoverDefaults::default()
+        };
+        assert!(chain(&["e8", "e8b"]).check_kinds(kind).is_ok());
+        assert!(chain(&["chat"]).check_kinds(kind).is_ok());
+        assert!(
+            chain(&["unknown", "e8"]).check_kinds(kind).is_ok(),
+            "unknown names are not this check's"
+        );
+        let e = chain(&["e8", "e8b", "e16"]).check_kinds(kind).unwrap_err();
+        assert_eq!(e.path, "failoverDefaults.models[2]");
+        assert!(e.message.contains("16 dimensions") && e.message.contains("of 8"), "{}", e.message);
+        let e = chain(&["chat", "e8"]).check_kinds(kind).unwrap_err();
+        assert_eq!(e.path, "failoverDefaults.models[1]");
     }
 }

@@ -217,7 +217,13 @@ impl AdminService {
                     None
                 }
                 Ok(d) => match d.normalize(|m| catalog.resolve(m).is_some()) {
-                    Ok(ok) => Some(ok),
+                    Ok(ok) => match ok.0.check_kinds(|m| Some(catalog.resolve(m)?.chain_kind())) {
+                        Ok(()) => Some(ok),
+                        Err(e) => {
+                            errors.push(e);
+                            None
+                        }
+                    },
                     Err(e) => {
                         errors.extend(e.0);
                         None
@@ -574,6 +580,13 @@ impl Admin for AdminService {
                 "the catalog changed since it was read (version {expected}, now {old_rev}); nothing was applied, try again"
             ))
             .into());
+        }
+        // A change that makes a key's default chain mix chat and embedding models, or
+        // dimensions, is refused naming the key: no key is left with a chain no request can
+        // use (docs/catalog.md, "`models`").
+        let broken = self.keys_broken_by(&old, &new).await?;
+        if !broken.is_empty() {
+            return Err(AdminError::from(ValidationErrors(broken)).into());
         }
         let changes = old.diff(&new);
         if request.dry_run || changes.is_empty() {
@@ -1220,6 +1233,58 @@ impl AdminService {
         Ok(limited)
     }
 }
+
+impl AdminService {
+    /// The keys whose `failoverDefaults` chain `new` would make mix model kinds or
+    /// dimensions, each as the error that names it (at most [`BROKEN_SHOWN`]). Keys are
+    /// read only when some name's kind changes, a slice at a time.
+    async fn keys_broken_by(
+        &self,
+        old: &Catalog,
+        new: &Catalog,
+    ) -> Result<Vec<FieldError>, AdminError> {
+        let kind = |c: &Catalog, name: &str| c.resolve(name).map(|m| m.chain_kind());
+        let changed = old.models.iter().chain(&new.models).any(|m| {
+            switchyard_catalog::wildcard_prefix(&m.name).is_none()
+                && kind(old, &m.name).is_some()
+                && kind(old, &m.name) != kind(new, &m.name)
+        });
+        if !changed {
+            return Ok(Vec::new());
+        }
+        let prefix = self.layout.keys_prefix();
+        let mut from = prefix.clone();
+        let mut broken = Vec::new();
+        loop {
+            let slice = self.store.list_page(&prefix, &from, LIMITS_SLICE).await?;
+            let Some(last) = slice.kvs.last() else { break };
+            from = format!("{}\0", last.key);
+            for kv in &slice.kvs {
+                let record: ApiKeyRecord = decode(&kv.value, "API key")?;
+                let Some(defaults) = &record.failover_defaults else { continue };
+                if record.status != KeyStatus::Active {
+                    continue;
+                }
+                if let Err(e) = defaults.check_kinds(|m| kind(new, m)) {
+                    broken.push(FieldError::new(
+                        format!("key {} ({}): {}", record.id, record.name, e.path),
+                        format!(
+                            "{} after this change; change the key's defaults first (switchyard keys set-defaults {})",
+                            e.message, record.id
+                        ),
+                    ));
+                    if broken.len() == BROKEN_SHOWN {
+                        return Ok(broken);
+                    }
+                }
+            }
+        }
+        Ok(broken)
+    }
+}
+
+/// The most keys a refused apply names.
+const BROKEN_SHOWN: usize = 10;
 
 /// Keys read at a time while looking for the limited ones.
 const LIMITS_SLICE: usize = 1_000;

@@ -245,6 +245,61 @@ async fn a_chain_of_mixed_dimensions_or_a_chat_model_is_refused_before_any_call(
 }
 
 #[tokio::test]
+async fn set_defaults_and_apply_refuse_a_key_chain_that_mixes_dimensions_or_types() {
+    let gw = gateway().await;
+    let set = |models: String| {
+        let gw = &gw;
+        async move { gw.admin(&["keys", "set-defaults", &gw.key_id, "--models", &models]).await }
+    };
+    let out = set(format!("{EMBED_A},{EMBED_WIDE}")).await;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("failoverDefaults.models[1]"), "{}", out.stderr);
+    assert!(out.stderr.contains("16 dimensions"), "{}", out.stderr);
+    let out = set(format!("{EMBED_A},{PRIMARY}")).await;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("failoverDefaults.models[1]"), "{}", out.stderr);
+    assert!(out.stderr.contains("a chat model"), "{}", out.stderr);
+
+    // A chain that holds, then a catalog change that would break it: refused, naming the key.
+    let out = set(format!("{EMBED_A},{EMBED_B}")).await;
+    assert!(out.success, "{}", out.stderr);
+    let file = gw.path().join("catalog.yaml");
+    let good = std::fs::read_to_string(&file).unwrap();
+    let from = "    upstream_model: embed-b
+    type: embedding
+    dimensions: 8
+";
+    let bad = good.replacen(
+        from,
+        "    upstream_model: embed-b
+    type: embedding
+    dimensions: 16
+",
+        1,
+    );
+    assert_ne!(bad, good, "the fixture changed");
+    let path = gw.path().join("wider.yaml");
+    std::fs::write(&path, bad).unwrap();
+    let out = gw.admin(&["apply", "-f", &path.display().to_string()]).await;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains(&gw.key_id), "{}", out.stderr);
+    assert!(out.stderr.contains("set-defaults"), "{}", out.stderr);
+    let stored = gw.admin(&["catalog", "--json"]).await.json();
+    let b = stored["models"].as_array().unwrap().iter().find(|m| m["name"] == EMBED_B).unwrap();
+    assert_eq!(b["dimensions"], 8, "nothing was applied");
+    // A change no key's chain minds applies as before.
+    let fine = good.replacen(
+        "    upstream_model: embed-wide\n    type: embedding\n    dimensions: 16\n",
+        "    upstream_model: embed-wide\n    type: embedding\n    dimensions: 32\n",
+        1,
+    );
+    assert_ne!(fine, good);
+    std::fs::write(&path, fine).unwrap();
+    let out = gw.admin(&["apply", "-f", &path.display().to_string()]).await;
+    assert!(out.success, "{}", out.stderr);
+}
+
+#[tokio::test]
 async fn bad_input_is_a_400_naming_the_field_and_nothing_goes_upstream() {
     let gw = gateway().await;
     let before = gw.upstream_total().await;
