@@ -35,6 +35,8 @@ const TICK: Duration = Duration::from_millis(250);
 /// The probe's request: one user message, at most one output token. `max_tokens` is the
 /// field every adapter maps (Anthropic's and Gemini's translations included).
 const PROBE_BODY: &[u8] = br#"{"messages":[{"role":"user","content":"ping"}],"max_tokens":1}"#;
+/// An embedding model's probe: one short input.
+const EMBEDDINGS_PROBE_BODY: &[u8] = br#"{"input":"ping"}"#;
 
 /// One breaker the prober watches, with the probe of the model that names it.
 #[derive(Clone)]
@@ -186,12 +188,30 @@ async fn call(
     let Some(provider) = config.providers.get(&model.provider) else {
         return Err(Failure::Unconfigured(model.provider.clone()));
     };
-    let request = ChatRequest::parse(PROBE_BODY).map_err(|e| {
+    // An embedding model is probed with an embeddings call: a chat call would fail however
+    // healthy the model is.
+    let embedding = model.model_type == switchyard_catalog::ModelType::Embedding;
+    let probe_body = if embedding { EMBEDDINGS_PROBE_BODY } else { PROBE_BODY };
+    let parsed = if embedding {
+        ChatRequest::embeddings(probe_body)
+    } else {
+        ChatRequest::parse(probe_body)
+    };
+    let request = parsed.map_err(|e| {
         Failure::Call(CallError::Unsupported { message: format!("{e:?}"), param: None })
     })?;
     let body = provider.body(model, &request).map_err(Failure::Call)?;
-    match tokio::time::timeout(timeout, provider.complete(model, body, None, None, injector)).await
-    {
+    let called = match &request.embeddings {
+        Some(embeddings) => {
+            let call = provider.embed(model, body, embeddings, None, injector);
+            tokio::time::timeout(timeout, call).await
+        }
+        None => {
+            tokio::time::timeout(timeout, provider.complete(model, body, None, None, injector))
+                .await
+        }
+    };
+    match called {
         Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
         Ok(result) => result.map_err(Failure::Call),
     }
