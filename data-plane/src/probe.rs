@@ -275,6 +275,20 @@ mod tests {
                 }
             }),
         );
+        let embedded = Arc::clone(&bodies);
+        let app = app.route(
+            "/v1/embeddings",
+            post(move |body: String| {
+                let kept = Arc::clone(&embedded);
+                async move {
+                    kept.lock().unwrap().push(serde_json::from_str::<Value>(&body).unwrap());
+                    let body = json!({"object": "list", "model": "up",
+                        "data": [{"object": "embedding", "index": 0, "embedding": [0.6, 0.8]}],
+                        "usage": {"prompt_tokens": 1, "total_tokens": 1}});
+                    ([(http::header::CONTENT_TYPE, "application/json")], body.to_string())
+                }
+            }),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -297,6 +311,11 @@ mod tests {
         if let Some(probe) = probe {
             catalog["probe"] = probe;
         }
+        app_of(&catalog)
+    }
+
+    /// A node's shared state with this catalog.
+    fn app_of(catalog: &Value) -> App {
         let change = Change::Snapshot {
             version: 1,
             resources: vec![("catalog".into(), serde_json::to_vec(&catalog).unwrap())],
@@ -357,6 +376,26 @@ mod tests {
             app.executor.breaker(&config, &config.models["m"]).snapshot().state,
             State::Open
         );
+    }
+
+    #[tokio::test]
+    async fn an_embedding_model_is_probed_with_an_embeddings_call() {
+        let up = upstream().await;
+        let catalog = json!({
+            "providers": [{"name": "p", "kind": "openai-compatible", "base_url": up.url}],
+            "models": [{"name": "m", "provider": "p", "upstream_model": "up",
+                        "type": "embedding", "dimensions": 2}],
+            "probe": {"interval_ms": 1000, "timeout_ms": 500}
+        });
+        let app = app_of(&catalog);
+        let config = app.state.current().unwrap();
+        let targets = plan(&app, &config, Instant::now());
+        let target = &targets[0];
+        let later = Instant::now() + Duration::from_secs(2);
+        let (permit, due, _) = target.breaker.acquire_probe(later, target.idle).unwrap();
+        probe(&app, &config, target, permit, due).await;
+        assert_eq!(*up.bodies.lock().unwrap(), [json!({"model": "up", "input": "ping"})]);
+        assert_eq!(probes(&app, "success"), 1);
     }
 
     #[tokio::test]
