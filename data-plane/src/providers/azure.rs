@@ -157,6 +157,22 @@ mod tests {
     }
 
     #[test]
+    fn embeddings_go_to_the_deployments_embeddings_path() {
+        let request =
+            ChatRequest::embeddings(br#"{"model":"azure/te3","input":["a","b"]}"#).unwrap();
+        let embeddings = request.embeddings.clone().unwrap();
+        let body = Azure.embeddings_body(&model(), &request, &embeddings).unwrap();
+        let built = Azure
+            .embeddings_request(&provider(), &model(), &embeddings, body, Some(&Secret::new("k")))
+            .unwrap();
+        assert_eq!(
+            built.uri().to_string(),
+            "https://contoso.openai.azure.com/openai/deployments/gpt4o-prod/embeddings?api-version=2024-10-21"
+        );
+        assert_eq!(built.headers()["api-key"], "k");
+    }
+
+    #[test]
     fn the_prompt_filter_chunk_is_dropped() {
         // Azure's first streamed chunk: empty id/object/model, `choices: []`, only the prompt's
         // filter results. Shape as documented in MicrosoftDocs/azure-ai-docs,

@@ -380,6 +380,55 @@ pub fn body(model: &Model, request: &ChatRequest<'_>) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    fn asked(body: &[u8]) -> Embeddings {
+        Embeddings::parse(body).unwrap()
+    }
+
+    /// OpenAI's embeddings answer, as its API reference shows it.
+    const LIST: &[u8] = br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[1.0,-0.5]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":5,"total_tokens":5}}"#;
+
+    #[test]
+    fn an_embeddings_answer_passes_as_it_came_named_by_the_gateway() {
+        let answer =
+            embeddings_answer(Bytes::from_static(LIST), &asked(br#"{"input":"a"}"#)).unwrap();
+        assert_eq!(answer.usage, Usage { prompt_tokens: 5, completion_tokens: 0 });
+        let name = serde_json::value::to_raw_value("openai/te3").unwrap();
+        let out: serde_json::Value = serde_json::from_slice(&answer.to_json(&name, None)).unwrap();
+        assert_eq!(out["model"], "openai/te3");
+        assert_eq!(out["data"][0]["embedding"], serde_json::json!([1.0, -0.5]));
+    }
+
+    #[test]
+    fn floats_answered_to_a_base64_ask_are_encoded_and_a_short_answer_is_malformed() {
+        let base64 = asked(br#"{"input":"a","encoding_format":"base64"}"#);
+        let answer = embeddings_answer(Bytes::from_static(LIST), &base64).unwrap();
+        let name = serde_json::value::to_raw_value("openai/te3").unwrap();
+        let out: serde_json::Value = serde_json::from_slice(&answer.to_json(&name, None)).unwrap();
+        assert_eq!(out["data"][0]["embedding"], "AACAPwAAAL8=");
+        assert_eq!(out["model"], "openai/te3");
+        let two = asked(br#"{"input":["a","b"]}"#);
+        let short = embeddings_answer(Bytes::from_static(LIST), &two);
+        assert!(matches!(short, Err(CallError::Malformed(_))), "{short:?}");
+    }
+
+    #[test]
+    fn embeddings_go_to_the_providers_embeddings_path() {
+        let provider: Provider = serde_json::from_value(serde_json::json!({
+            "name": "o", "kind": "openai", "base_url": "https://api.openai.com/v1/"}))
+        .unwrap();
+        let model: Model = serde_json::from_value(serde_json::json!({
+            "name": "o/te3", "provider": "o", "upstream_model": "text-embedding-3-small",
+            "type": "embedding", "dimensions": 1536}))
+        .unwrap();
+        let body = br#"{"model":"o/te3","input":"a","fallback_models":["x"]}"#;
+        let request = ChatRequest::embeddings(body).unwrap();
+        let embeddings = request.embeddings.clone().unwrap();
+        let sent = OpenAi.embeddings_body(&model, &request, &embeddings).unwrap();
+        assert_eq!(&sent[..], br#"{"model":"text-embedding-3-small","input":"a"}"#);
+        let built = OpenAi.embeddings_request(&provider, &model, &embeddings, sent, None).unwrap();
+        assert_eq!(built.uri().to_string(), "https://api.openai.com/v1/embeddings");
+    }
+
     #[test]
     fn the_body_keeps_every_client_field_and_swaps_the_model() {
         let req = ChatRequest::parse(
