@@ -213,6 +213,28 @@ async fn a_failing_model_fails_over_to_one_of_the_same_dimensions() {
 }
 
 #[tokio::test]
+async fn a_reset_connection_or_a_hung_model_fails_over_like_chat() {
+    let gw = gateway().await;
+    gw.script("embed-a", json!({"kind": "reset"})).await;
+    let ask = json!({"model": EMBED_A, "fallback_models": [EMBED_B], "input": "a"});
+    let r = embed(&gw, ask).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        attempts(&r.json()),
+        [triple(EMBED_A, "failed", "connection_error"), triple(EMBED_B, "served", "")]
+    );
+    gw.script("embed-a", json!({"kind": "hang"})).await;
+    let ask = json!({"model": EMBED_A, "fallback_models": [GEMINI_EMBED], "input": "a",
+        "redundancy": {"timeout_ms": 1000}});
+    let r = embed(&gw, ask).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        attempts(&r.json()),
+        [triple(EMBED_A, "failed", "timeout"), triple(GEMINI_EMBED, "served", "")]
+    );
+}
+
+#[tokio::test]
 async fn a_chain_of_mixed_dimensions_or_a_chat_model_is_refused_before_any_call() {
     let gw = gateway().await;
     let before = gw.upstream_total().await;
