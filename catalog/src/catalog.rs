@@ -802,6 +802,18 @@ impl Catalog {
                 )),
                 _ => {}
             }
+            // Anthropic's API has no embeddings: such a model could never serve.
+            if m.model_type == ModelType::Embedding
+                && self.provider(&m.provider).is_some_and(|p| p.kind == ProviderKind::Anthropic)
+            {
+                errors.push(FieldError::new(
+                    format!("{path}.type"),
+                    format!(
+                        "model {:?} has type: embedding, but its provider {:?} is of kind anthropic, which has no embeddings API",
+                        m.name, m.provider
+                    ),
+                ));
+            }
             if let Some(price) = &m.price {
                 for (field, v) in [
                     ("input_per_mtok", price.input_per_mtok),
@@ -1392,6 +1404,19 @@ mod tests {
         let bad = serde_json::from_value::<Model>(serde_json::json!({"name": "m", "provider": "p",
             "upstream_model": "u", "type": "image"}));
         assert!(bad.unwrap_err().to_string().contains("image"));
+    }
+
+    #[test]
+    fn an_embedding_model_on_an_anthropic_provider_is_refused_naming_its_type() {
+        let c: Catalog = serde_json::from_value(serde_json::json!({
+            "providers": [{"name": "a", "kind": "anthropic", "base_url": "https://api.anthropic.com"}],
+            "models": [{"name": "a/e", "provider": "a", "upstream_model": "e",
+                        "type": "embedding", "dimensions": 8}]}))
+        .unwrap();
+        let errors = c.validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "models[0].type");
+        assert!(errors[0].message.contains("\"a/e\""), "{}", errors[0].message);
     }
 
     #[test]
