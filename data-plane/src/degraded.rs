@@ -71,6 +71,11 @@ pub fn respond(a: Answer<'_>) -> Response {
                 let frames = crate::messages::degraded(a.message, MODEL, &report(&a), true);
                 String::from_utf8_lossy(&frames).into_owned()
             }
+            Flavor::Responses => {
+                let report = crate::app::raw(&report(&a)).unwrap_or_default();
+                let frames = crate::responses::degraded(a.message, MODEL, &report, true);
+                String::from_utf8_lossy(&frames).into_owned()
+            }
             Flavor::OpenAi | Flavor::Classic => format!("data: {chunk}\n\ndata: [DONE]\n\n"),
         };
         let mut response = (StatusCode::OK, body).into_response();
@@ -99,6 +104,11 @@ pub fn respond(a: Answer<'_>) -> Response {
             }
             Flavor::Anthropic => {
                 let body = crate::messages::degraded(a.message, MODEL, &report(&a), false);
+                ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Flavor::Responses => {
+                let report = crate::app::raw(&report(&a)).unwrap_or_default();
+                let body = crate::responses::degraded(a.message, MODEL, &report, false);
                 ([(header::CONTENT_TYPE, "application/json")], body).into_response()
             }
         }

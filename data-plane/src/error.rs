@@ -23,6 +23,8 @@ pub enum Flavor {
     Classic,
     /// `/v1/messages`: Anthropic's Messages API (docs/messages.md).
     Anthropic,
+    /// `/v1/responses`: OpenAI's Responses API (docs/responses.md); errors in OpenAI's shape.
+    Responses,
 }
 
 impl Flavor {
@@ -31,13 +33,14 @@ impl Flavor {
         match self {
             Self::OpenAi | Self::Classic => "chat",
             Self::Anthropic => "messages",
+            Self::Responses => "responses",
         }
     }
 
     /// The body field a multi-model answer's failover report rides in.
     pub fn report_field(self) -> &'static str {
         match self {
-            Self::OpenAi | Self::Anthropic => "secureai",
+            Self::OpenAi | Self::Anthropic | Self::Responses => "secureai",
             Self::Classic => "metadata",
         }
     }
@@ -277,7 +280,7 @@ impl ApiError {
     pub fn render(&self, flavor: Flavor) -> Response {
         let (mut body, attempts) = self.envelope();
         match flavor {
-            Flavor::OpenAi => {
+            Flavor::OpenAi | Flavor::Responses => {
                 if let Some(attempts) = attempts {
                     body["secureai"] = json!({"attempts": attempts});
                 }

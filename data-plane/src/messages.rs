@@ -18,6 +18,7 @@ use switchyard_catalog::{Model, ProviderKind};
 use switchyard_wire::core::Event;
 use switchyard_wire::{chat, messages};
 
+use crate::app::with_fields;
 use crate::error::{ApiError, anthropic_error_type};
 use crate::providers::Completion;
 use crate::request::{ChatRequest, Native};
@@ -67,6 +68,7 @@ impl Translated {
         let beta = headers.get(ANTHROPIC_BETA).cloned();
         request.native =
             Some(Native::messages(original, beta, self.hints.clone(), self.reasoning)?);
+        request.translated = true;
         Ok(request)
     }
 }
@@ -97,31 +99,6 @@ impl Counted {
 
 fn refused(refusal: switchyard_wire::Refusal) -> ApiError {
     ApiError::invalid(refusal.field.clone(), refusal.to_string())
-}
-
-/// `body`, a JSON object, with `fields` added at its end.
-fn with_fields<'v>(
-    mut body: Vec<u8>,
-    fields: impl Iterator<Item = (&'v str, &'v RawValue)>,
-) -> Vec<u8> {
-    while body.last().is_some_and(|b| b.is_ascii_whitespace()) {
-        body.pop();
-    }
-    if body.last() != Some(&b'}') {
-        return body;
-    }
-    body.pop();
-    let mut empty = body.last() == Some(&b'{');
-    for (key, value) in fields {
-        if !std::mem::take(&mut empty) {
-            body.push(b',');
-        }
-        let _ = serde_json::to_writer(&mut body, key);
-        body.push(b':');
-        body.extend_from_slice(value.get().as_bytes());
-    }
-    body.push(b'}');
-    body
 }
 
 /// The `x-dropped-hints` of an answer `model` (of `kind`) gave, if any were dropped.

@@ -35,6 +35,10 @@ pub struct ChatRequest<'a> {
     /// `/v1/chat/completions`. The fields above are then its translation, which every
     /// provider kind but the surface's own is sent.
     pub native: Option<Native<'a>>,
+    /// The fields above are a translation from another surface (`/v1/messages`,
+    /// `/v1/responses`): what the client asked for in its own terms, so a field a model
+    /// cannot take (`reasoning_effort`) is left out for it rather than refused.
+    pub translated: bool,
 }
 
 /// A `/v1/messages` request as the client sent it: an Anthropic model gets it as it is, with
@@ -252,6 +256,7 @@ impl<'a> ChatRequest<'a> {
             stream,
             include_usage,
             native: None,
+            translated: false,
         })
     }
 }
