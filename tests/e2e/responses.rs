@@ -395,3 +395,115 @@ async fn built_in_tools_are_dropped_and_named_not_refused() {
     assert_eq!(tools.len(), 1, "{sent}");
     assert_eq!(tools[0]["function"]["name"], "mcp__docs__search", "{sent}");
 }
+
+// === The chain's other rules, on this surface ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_answer_comes_in_the_responses_shape_plain_and_streamed() {
+    let gw = Gateway::start().await;
+    for upstream in ["primary", "secondary"] {
+        gw.script(upstream, json!({"kind": "status", "status": 503})).await;
+    }
+    let mut request = json!({"model": PRIMARY, "fallback_models": [SECONDARY], "input": "Hello",
+        "redundancy": {"degraded": {"message": "Back in a minute."}}});
+
+    let r = responses(&gw, request.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-switchyard-degraded").as_deref(), Some("true"));
+    let v = r.json();
+    assert_eq!(v["object"], "response", "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
+    assert_eq!(v["model"], "switchyard/degraded", "{v}");
+    assert_eq!(v["output"][0]["content"][0]["text"], "Back in a minute.", "{v}");
+    assert_eq!(v["secureai"]["degraded"]["reason"], "all_models_failed", "{v}");
+
+    request["stream"] = json!(true);
+    let r = responses(&gw, request).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = sse_events(&r);
+    assert_eq!(names(&events).first(), Some(&"response.created"), "{}", r.body);
+    assert_eq!(names(&events).last(), Some(&"response.completed"), "{}", r.body);
+    assert_eq!(events[0].1["response"]["model"], "switchyard/degraded", "{}", r.body);
+    let report = &events[0].1["response"]["secureai"];
+    assert_eq!(report["degraded"]["reason"], "all_models_failed", "{}", r.body);
+    assert_eq!(streamed_text(&events), "Back in a minute.");
+}
+
+#[tokio::test]
+async fn a_json_schema_text_format_fails_over_on_invalid_output() {
+    let gw = Gateway::start().await;
+    let valid = r#"{"name": "Ada", "age": 36}"#;
+    gw.script("primary", json!({"kind": "ok", "text": "Sure! Ada is 36."})).await;
+    gw.script("secondary", json!({"kind": "ok", "text": valid})).await;
+    let schema = json!({"type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"], "additionalProperties": false});
+    let request = json!({"model": PRIMARY, "fallback_models": [SECONDARY], "input": "Who?",
+        "text": {"format": {"type": "json_schema", "name": "person", "strict": true, "schema": schema}},
+        "redundancy": {"on": ["server_error", "invalid_output"]}});
+    let r = responses(&gw, request).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], SECONDARY, "{v}");
+    assert_eq!(v["output"][0]["content"][0]["text"], valid, "{v}");
+    assert_eq!(
+        attempts(&v),
+        [triple(PRIMARY, "failed", "invalid_output"), triple(SECONDARY, "served", "")],
+        "{v}"
+    );
+    // The model was asked for the schema in its own terms.
+    let sent = gw.last_upstream_request("secondary").await["body"].clone();
+    assert_eq!(sent["response_format"]["type"], "json_schema", "{sent}");
+    assert_eq!(sent["response_format"]["json_schema"]["schema"], schema, "{sent}");
+}
+
+/// The answer the continuation test's models give, cut into five pieces by the simulator.
+const ANSWER: &str = "The quick brown fox jumps over the lazy dog, twice.";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_after_its_commit_is_continued_and_the_client_reads_one_response() {
+    let gw = Gateway::start().await;
+    // Two models that can continue an answer (`continuation: prefill`).
+    let models = "  - name: cont/a
+    provider: sim-us
+    upstream_model: cont-a
+    continuation: prefill
+  - name: cont/b
+    provider: sim-us
+    upstream_model: cont-b
+    continuation: prefill
+";
+    let yaml = catalog_yaml(&gw.sim.url(), &GatewayOptions::default()).replacen(
+        "models:\n",
+        &format!("models:\n{models}"),
+        1,
+    );
+    let file = gw.dir.path().join("continuation.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = gw.admin(&["apply", "-f", &file.display().to_string(), "--json"]).await;
+    assert!(out.success, "{}", out.stderr);
+    gw.wait_for(out.json()["version"].as_i64().unwrap()).await;
+    // cont/a breaks after two chunks once, then answers whole; the continuation gets the rest.
+    let once = json!({"kind": "sequence",
+        "steps": [{"kind": "ok", "text": ANSWER, "drop_after": 2}],
+        "then": {"kind": "ok", "text": ANSWER}});
+    gw.script("cont-a", once).await;
+    gw.script("cont-b", json!({"kind": "ok", "text": ANSWER})).await;
+
+    let request = json!({"models": ["cont/a", "cont/b"], "input": "Say it.", "stream": true});
+    let r = responses(&gw, request).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = sse_events(&r);
+    let names = names(&events);
+    assert_eq!(names.iter().filter(|n| **n == "response.created").count(), 1, "{}", r.body);
+    assert_eq!(names.last(), Some(&"response.completed"), "{}", r.body);
+    assert_eq!(streamed_text(&events), ANSWER, "{}", r.body);
+    let (_, completed) = events.last().unwrap();
+    assert_eq!(completed["response"]["output"][0]["content"][0]["text"], ANSWER, "{completed}");
+    // The continuation asked for the rest: the translated request, the text so far last.
+    let last = gw.last_upstream_request("cont-a").await["body"].clone();
+    let messages = last["messages"].as_array().unwrap();
+    assert_eq!(messages.last().unwrap()["role"], "assistant", "{last}");
+    assert_eq!(gw.upstream_requests("cont-a").await, 2, "the break, then the continuation");
+    assert_eq!(gw.upstream_requests("cont-b").await, 0, "the fallback was not needed");
+}
