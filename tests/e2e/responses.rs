@@ -383,7 +383,11 @@ async fn bad_input_is_refused_naming_the_field_with_nothing_sent_upstream() {
 #[tokio::test]
 async fn built_in_tools_are_dropped_and_named_not_refused() {
     let gw = Gateway::start().await;
-    let body = json!({"model": SECONDARY, "input": "hi",
+    // Codex offers some tools in an `additional_tools` input item; they join `tools`.
+    let input = json!([{"type": "additional_tools", "tools": [{"type": "function",
+            "name": "update_plan", "parameters": {"type": "object", "properties": {}}}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]);
+    let body = json!({"model": SECONDARY, "input": input,
         "tools": [{"type": "web_search"}, {"type": "custom", "name": "apply_patch"},
             {"type": "namespace", "name": "mcp__docs", "tools": [
                 {"type": "function", "name": "mcp__docs__search", "parameters": {"type": "object", "properties": {}}}]}]});
@@ -392,8 +396,9 @@ async fn built_in_tools_are_dropped_and_named_not_refused() {
     assert_eq!(r.header("x-dropped-hints").as_deref(), Some("web_search, custom"), "{}", r.body);
     let sent = gw.last_upstream_request("secondary").await;
     let tools = sent["body"]["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), 1, "{sent}");
-    assert_eq!(tools[0]["function"]["name"], "mcp__docs__search", "{sent}");
+    let names: Vec<&str> =
+        tools.iter().map(|t| t["function"]["name"].as_str().unwrap_or_default()).collect();
+    assert_eq!(names, ["update_plan", "mcp__docs__search"], "{sent}");
 }
 
 // === The chain's other rules, on this surface ===

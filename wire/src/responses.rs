@@ -62,6 +62,8 @@ struct WireItem {
     name: Option<String>,
     arguments: Option<String>,
     output: Option<OneOrList<WireContent>>,
+    /// An `additional_tools` item's tools.
+    tools: Option<Vec<WireTool>>,
 }
 
 #[derive(Deserialize)]
@@ -131,7 +133,8 @@ const STATELESS: &str =
 ///   results, whose `call_id` must name a call earlier in `input`;
 /// - `reasoning` items (the provider's encrypted reasoning) are dropped (hint
 ///   `reasoning_items`), as no other model can read them;
-/// - `function` tools are tools, a `namespace`'s function tools too; built-in tools
+/// - `function` tools are tools, a `namespace`'s function tools too, and those of
+///   `additional_tools` items in `input` (Codex's way), each name once; built-in tools
 ///   (`web_search`, `custom`, `tool_search`, ...) are dropped, each named as a hint;
 /// - `text.format` becomes the core's format; `reasoning.effort` an effort (`minimal` reads
 ///   as low, `xhigh` as high, `none` as no reasoning).
@@ -294,6 +297,14 @@ fn read_items(request: &mut core::Request, items: Vec<WireItem>) -> Result<(), R
                 };
                 (Role::User, Part::ToolResult { call_id, content, is_error: false })
             }
+            // Tools offered in `input` rather than in `tools`, as Codex sends them (and again
+            // in each replayed turn): they join `tools`, once per name.
+            "additional_tools" => {
+                for (k, tool) in item.tools.unwrap_or_default().into_iter().enumerate() {
+                    read_tool(request, tool, &format!("{at}.tools[{k}]"))?;
+                }
+                continue;
+            }
             // The provider's own reasoning, encrypted for it: no other model can read it.
             "reasoning" => {
                 request.hint("reasoning_items");
@@ -303,7 +314,7 @@ fn read_items(request: &mut core::Request, items: Vec<WireItem>) -> Result<(), R
                 return Err(Refusal::at(
                     format!("{at}.type"),
                     format!(
-                        "unknown input item type `{other}`: the gateway takes `message`, `function_call`, `function_call_output` and `reasoning`"
+                        "unknown input item type `{other}`: the gateway takes `message`, `function_call`, `function_call_output`, `additional_tools` and `reasoning`"
                     ),
                 ));
             }
@@ -440,7 +451,9 @@ fn read_tool(request: &mut core::Request, tool: WireTool, at: &str) -> Result<()
                 }
                 None => de::empty_object_schema().into(),
             };
-            request.tools.push(Tool { name, description: tool.description, parameters });
+            if !request.tools.iter().any(|t| t.name == name) {
+                request.tools.push(Tool { name, description: tool.description, parameters });
+            }
         }
         "namespace" => {
             for (k, inner) in tool.tools.unwrap_or_default().into_iter().enumerate() {
