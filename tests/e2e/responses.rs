@@ -512,3 +512,17 @@ async fn a_stream_cut_after_its_commit_is_continued_and_the_client_reads_one_res
     assert_eq!(gw.upstream_requests("cont-a").await, 2, "the break, then the continuation");
     assert_eq!(gw.upstream_requests("cont-b").await, 0, "the fallback was not needed");
 }
+
+#[tokio::test]
+async fn a_gemini_model_serves_a_response_too() {
+    let gw = Gateway::start().await;
+    let request = json!({"model": GEMINI, "instructions": INSTRUCTIONS, "input": "Say hello"});
+    let r = responses(&gw, request).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], GEMINI, "{v}");
+    assert_eq!(v["output"][0]["content"][0]["text"], "Hello from gemini-sim.", "{v}");
+    let sent = gw.last_upstream_request(GEMINI_UPSTREAM).await;
+    assert!(sent["path"].as_str().unwrap().contains("generateContent"), "{sent}");
+    assert!(sent["body"]["systemInstruction"].to_string().contains(INSTRUCTIONS), "{sent}");
+}
