@@ -630,56 +630,9 @@ pub fn response_body(response: &core::Response, model: &str) -> Vec<u8> {
 pub fn response_body_at(response: &core::Response, model: &str, created: u64) -> Vec<u8> {
     let id = response_id(&response.id);
     let (status, incomplete_details) = status(&response.finish);
-    // Consecutive text parts make one message; ids are made first, as items borrow them.
-    let mut texts: Vec<(String, String)> = Vec::new();
-    let mut order: Vec<Result<usize, &Part>> = Vec::new();
-    for part in &response.parts {
-        match part {
-            Part::Text(text) if text.is_empty() => {}
-            Part::Text(text) => match order.last() {
-                Some(Ok(i)) => texts[*i].1.push_str(text),
-                _ => {
-                    order.push(Ok(texts.len()));
-                    texts.push((String::new(), text.clone()));
-                }
-            },
-            Part::ToolCall { .. } => order.push(Err(part)),
-            _ => {}
-        }
-    }
-    let ids: Vec<String> = (0..order.len())
-        .map(|k| match order[k] {
-            Ok(_) => item_id("msg", &id, k),
-            Err(Part::ToolCall { id, .. }) => format!("fc_{id}"),
-            Err(_) => String::new(),
-        })
-        .collect();
-    for (k, entry) in order.iter().enumerate() {
-        if let Ok(i) = entry {
-            texts[*i].0 = ids[k].clone();
-        }
-    }
+    let items = items(&id, &response.parts);
     let item_status = if status == "completed" { "completed" } else { "incomplete" };
-    let output = order
-        .iter()
-        .enumerate()
-        .filter_map(|(k, entry)| match entry {
-            Ok(i) => Some(OutItem::Message {
-                id: &ids[k],
-                status: item_status,
-                role: "assistant",
-                content: vec![OutText::new(&texts[*i].1)],
-            }),
-            Err(Part::ToolCall { id, name, arguments }) => Some(OutItem::FunctionCall {
-                id: &ids[k],
-                call_id: id,
-                name,
-                arguments,
-                status: "completed",
-            }),
-            Err(_) => None,
-        })
-        .collect();
+    let output = items.iter().map(|item| item.out(item_status)).collect();
     de::to_vec(&OutResponse {
         id: &id,
         object: "response",
@@ -695,6 +648,33 @@ pub fn response_body_at(response: &core::Response, model: &str, created: u64) ->
         store: false,
         usage: Some(OutUsage::of(&response.usage)),
     })
+}
+
+/// An answer's parts as output items: consecutive text parts make one `message`, each tool
+/// call a `function_call`; thinking has no item.
+fn items(response_id: &str, parts: &[Part]) -> Vec<Item> {
+    let mut items: Vec<Item> = Vec::new();
+    for part in parts {
+        match part {
+            Part::Text(text) if text.is_empty() => {}
+            Part::Text(text) => match items.last_mut() {
+                Some(Item::Message { text: all, .. }) => all.push_str(text),
+                _ => {
+                    let id = item_id("msg", response_id, items.len());
+                    items.push(Item::Message { id, text: text.clone() });
+                }
+            },
+            Part::ToolCall { id, name, arguments } => items.push(Item::Call {
+                index: 0,
+                id: format!("fc_{id}"),
+                call_id: id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            }),
+            Part::Image(_) | Part::ToolResult { .. } | Part::Thinking { .. } => {}
+        }
+    }
+    items
 }
 
 // === Streams: writing ===
