@@ -742,8 +742,18 @@ struct OutArgumentsDone<'a> {
 
 /// An output item as the stream builds it.
 enum Item {
-    Message { id: String, text: String },
-    Call { index: u32, id: String, call_id: String, name: String, arguments: String },
+    Message {
+        id: String,
+        text: String,
+    },
+    /// `index`: the call's core index, which a stream's deltas name it by.
+    Call {
+        index: u32,
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
 }
 
 impl Item {
@@ -1033,4 +1043,78 @@ impl Encoder {
 
 fn event_frame<T: Serialize>(kind: &'static str, sequence_number: u64, body: T) -> Frame {
     Frame::new(kind, &OutEvent { kind, sequence_number, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<core::Request, Refusal> {
+        parse_request(body.as_bytes())
+    }
+
+    #[test]
+    fn stateful_fields_are_refused_naming_them() {
+        let field = |body: &str| parse(body).unwrap_err().field;
+        assert_eq!(field(r#"{"input":"hi","conversation":"conv_1"}"#), "conversation");
+        assert_eq!(field(r#"{"input":"hi","background":true}"#), "background");
+        // Sent as null (as some SDKs do), they are absent.
+        let request = parse(
+            r#"{"input":"hi","previous_response_id":null,"conversation":null,"background":false}"#,
+        );
+        assert!(request.is_ok(), "{request:?}");
+    }
+
+    #[test]
+    fn instructions_and_developer_messages_are_system_entries_in_order() {
+        let request = parse(
+            r#"{"instructions":"a","input":[{"role":"developer","content":"b"},
+            {"type":"message","role":"system","content":[{"type":"input_text","text":"c"}]},
+            {"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(request.system, ["a", "b", "c"]);
+        assert_eq!(request.messages.len(), 1);
+    }
+
+    #[test]
+    fn reasoning_efforts_map_and_none_asks_for_none() {
+        let effort = |e: &str| {
+            parse(&format!(r#"{{"input":"hi","reasoning":{{"effort":"{e}"}}}}"#)).unwrap().reasoning
+        };
+        assert_eq!(effort("minimal"), Some(Reasoning::Effort(Effort::Low)));
+        assert_eq!(effort("medium"), Some(Reasoning::Effort(Effort::Medium)));
+        assert_eq!(effort("xhigh"), Some(Reasoning::Effort(Effort::High)));
+        assert_eq!(effort("none"), None);
+    }
+
+    #[test]
+    fn a_choice_of_a_built_in_tool_is_a_dropped_hint_and_parallel_alone_is_auto() {
+        let request = parse(
+            r#"{"input":"hi","tool_choice":{"type":"web_search"},"parallel_tool_calls":false}"#,
+        )
+        .unwrap();
+        assert_eq!(request.hints, ["tool_choice"]);
+        assert_eq!(
+            request.tool_choice,
+            Some(ToolChoice { mode: ToolMode::Auto, parallel: Some(false) })
+        );
+    }
+
+    #[test]
+    fn an_item_without_type_or_role_is_refused_at_its_type() {
+        let refusal = parse(r#"{"input":[{"content":"hi"}]}"#).unwrap_err();
+        assert_eq!(refusal.field, "input[0].type");
+        let refusal = parse(r#"{"input":[{"role":"tool","content":"hi"}]}"#).unwrap_err();
+        assert_eq!(refusal.field, "input[0].role");
+        let refusal = parse(r#"{"input":[]}"#).unwrap_err();
+        assert_eq!(refusal.field, "input");
+    }
+
+    #[test]
+    fn response_ids_keep_the_upstream_ids_letters() {
+        assert_eq!(response_id("chatcmpl-B9MBs8"), "resp_B9MBs8");
+        assert_eq!(response_id("msg_01Aq9"), "resp_01Aq9");
+        assert_eq!(response_id(""), "resp_switchyard");
+    }
 }
