@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -35,6 +36,12 @@ pub struct ChatRequest<'a> {
     /// `/v1/chat/completions`. The fields above are then its translation, which every
     /// provider kind but the surface's own is sent.
     pub native: Option<Native<'a>>,
+    /// The body as the client sent it (on `/v1/messages`, its Chat translation).
+    body: &'a [u8],
+    /// The body read into the translation core, on first use: only adapters that translate
+    /// into another format ask for it, so a chain of OpenAI-kind models never pays for it,
+    /// and a chain of several translating models reads it once.
+    core: OnceLock<Result<switchyard_wire::core::Request, switchyard_wire::Refusal>>,
 }
 
 /// A `/v1/messages` request as the client sent it: an Anthropic model gets it as it is, with
@@ -252,7 +259,15 @@ impl<'a> ChatRequest<'a> {
             stream,
             include_usage,
             native: None,
+            body,
+            core: OnceLock::new(),
         })
+    }
+
+    /// The request in the translation core's form, read on first use; a refusal names the
+    /// field in Chat terms (`messages[1].tool_calls[0].function.arguments`).
+    pub fn core(&self) -> Result<&switchyard_wire::core::Request, &switchyard_wire::Refusal> {
+        self.core.get_or_init(|| switchyard_wire::chat::parse_request(self.body)).as_ref()
     }
 }
 
