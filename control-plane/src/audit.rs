@@ -592,6 +592,7 @@ mod tests {
             request_id: String::new(),
             lost: None,
             continued: vec![],
+            surface: String::new(),
         }
     }
 

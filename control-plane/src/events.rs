@@ -70,6 +70,10 @@ pub struct AuditEvent {
     /// Set on an `api:stream_continued` entry: each continuation of the broken stream.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub continued: Vec<AuditContinuation>,
+    /// The API the request came through (`chat`, `messages`); empty, and left out of the
+    /// record, for `events.lost` entries and events from nodes older than the field.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub surface: String,
 }
 
 /// One continuation of a broken stream (the node's `Continuation`).
@@ -132,6 +136,7 @@ impl AuditEvent {
                 last_unix_ms: r.last_unix_ms,
             }),
             continued: vec![],
+            surface: String::new(),
         }
     }
 }
@@ -198,6 +203,7 @@ impl AuditEvent {
                     outcome: c.outcome,
                 })
                 .collect(),
+            surface: e.surface,
         }
     }
 
@@ -247,6 +253,7 @@ impl AuditEvent {
                     outcome: c.outcome.clone(),
                 })
                 .collect(),
+            surface: self.surface.clone(),
         }
     }
 }
@@ -400,6 +407,8 @@ impl OutboxEntry {
         if !event.continued.is_empty() {
             data["continued"] = json!(event.continued);
         }
+        // Events from nodes older than the field came through Chat Completions.
+        data["surface"] = json!(if event.surface.is_empty() { "chat" } else { &event.surface });
         // The id the client got back: a receiver finds the request in the client's logs.
         if !event.request_id.is_empty() {
             data["request_id"] = json!(event.request_id);
@@ -661,6 +670,7 @@ mod tests {
             request_id: "req-1".into(),
             lost: None,
             continued: vec![],
+            surface: String::new(),
         };
         let event = AuditEvent::from_pb(pb_event.clone(), "n1");
         assert_eq!(event.request_id, "req-1");
@@ -695,6 +705,7 @@ mod tests {
             request_id: String::new(),
             lost: None,
             continued: vec![],
+            surface: String::new(),
         };
         let stored = serde_json::to_value(&event).unwrap();
         assert_eq!(stored["attempts"][0]["injected"], "drill-1");

@@ -26,6 +26,14 @@ pub enum Flavor {
 }
 
 impl Flavor {
+    /// The API surface a request came through, as metrics and events name it.
+    pub fn surface(self) -> &'static str {
+        match self {
+            Self::OpenAi | Self::Classic => "chat",
+            Self::Anthropic => "messages",
+        }
+    }
+
     /// The body field a multi-model answer's failover report rides in.
     pub fn report_field(self) -> &'static str {
         match self {

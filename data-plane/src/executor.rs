@@ -288,7 +288,9 @@ impl Executor {
             Some(o) => config.catalog.breaker_policy.with_override(o),
             None => config.catalog.breaker_policy,
         };
-        self.breakers.get(&model.provider, &model.upstream_model, policy)
+        // Names folded into their wildcard (chain::lookup) share its one breaker, `*`.
+        let upstream = if model.is_wildcard() { "*" } else { model.upstream_model.as_str() };
+        self.breakers.get(&model.provider, upstream, policy)
     }
 
     /// One attempt: a call to the entry's model and, when its retry policy, the time left,

@@ -7,7 +7,7 @@ use std::time::Instant;
 use switchyard_time::now_ms;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -52,7 +52,8 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(|s, h| models(s, h, None)))
+        .route("/v1/models/{*id}", get(|s, Path(id): Path<String>, h| models(s, h, Some(id))))
         .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(|s, r| chat(s, r, Flavor::OpenAi)))
         .route("/chat/completions", post(|s, r| chat(s, r, Flavor::Classic)))
@@ -152,7 +153,8 @@ fn bearer_token(value: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
-async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+/// `GET /v1/models` (`id`: none) and `GET /v1/models/{id}`, answered by [`crate::models`].
+async fn models(State(app): State<Arc<App>>, headers: HeaderMap, id: Option<String>) -> Response {
     let Some(config) = app.state.current() else {
         return ApiError::NotReady.render(Flavor::OpenAi);
     };
@@ -160,24 +162,10 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         Ok(key) => key,
         Err(e) => return e.render(Flavor::OpenAi),
     };
-    let data: Vec<_> = config
-        .catalog
-        .models
-        .iter()
-        .filter(|m| {
-            key.settings.allowed_models.is_empty() || key.settings.allowed_models.contains(&m.name)
-        })
-        .filter(|m| {
-            key.settings.allowed_regions.is_empty()
-                || config
-                    .catalog
-                    .provider(&m.provider)
-                    .and_then(|p| p.region.as_ref())
-                    .is_some_and(|r| key.settings.allowed_regions.contains(r))
-        })
-        .map(|m| json!({"id": m.name, "object": "model", "created": 0, "owned_by": m.provider}))
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
+    match id {
+        None => crate::models::list(&config, &key),
+        Some(id) => crate::models::one(&config, &key, &id),
+    }
 }
 
 async fn chat(
@@ -324,6 +312,7 @@ async fn serve(
         let mut event = failover_event(
             app,
             request.stream,
+            flavor,
             &key,
             &chain,
             &failed.attempts,
@@ -358,9 +347,20 @@ async fn serve(
             Ok(s) => (s.model.name.clone(), 200),
             Err(f) => (String::new(), u32::from(f.error.status().as_u16())),
         };
-        app.executor.metrics.model(chain.requested_model()).failover(&served_model);
-        let mut event =
-            failover_event(app, request.stream, &key, &chain, attempts, served_model, status);
+        app.executor
+            .metrics
+            .model(chain.requested_model())
+            .failover(&served_model, flavor.surface());
+        let mut event = failover_event(
+            app,
+            request.stream,
+            flavor,
+            &key,
+            &chain,
+            attempts,
+            served_model,
+            status,
+        );
         event.request_id = id_text.to_owned();
         otel::failover_log(&event);
         app.executor.telemetry.push_event(event);
@@ -500,9 +500,11 @@ fn report(chain: &Chain, attempts: &[AttemptReport]) -> FailoverReport {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn failover_event(
     app: &App,
     stream: bool,
+    flavor: Flavor,
     key: &Key,
     chain: &Chain,
     attempts: &[AttemptReport],
@@ -524,6 +526,7 @@ fn failover_event(
         // Only the admin listing sets it.
         lost: None,
         continued: vec![],
+        surface: flavor.surface().to_owned(),
     }
 }
 
@@ -641,7 +644,8 @@ mod tests {
             attempt("a", AttemptStatus::Failed, Some("drill")),
             attempt("b", AttemptStatus::Served, None),
         ];
-        let event = failover_event(&app, false, &key, &chain, &attempts, "b".into(), 200);
+        let event =
+            failover_event(&app, false, Flavor::OpenAi, &key, &chain, &attempts, "b".into(), 200);
         assert_eq!(event.attempts[0].injected, "drill");
         assert_eq!(event.attempts[1].injected, "");
         let report = serde_json::to_value(&attempts).unwrap();

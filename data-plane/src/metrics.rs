@@ -37,6 +37,8 @@ pub struct ModelLabels {
 pub struct FailoverLabels {
     pub requested_model: String,
     pub served_model: String,
+    /// The API the request came through: `chat` (Chat Completions) or `messages`.
+    pub surface: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -208,15 +210,17 @@ pub struct ModelMetrics {
     pub duration: Histogram,
     /// Failovers of requests that asked for this model, by the model that served ("" when
     /// none did).
-    failovers_to: std::sync::RwLock<std::collections::HashMap<String, Counter>>,
+    failovers_to: std::sync::RwLock<std::collections::HashMap<(String, &'static str), Counter>>,
     failovers: Family<FailoverLabels, Counter>,
     name: String,
 }
 
 impl ModelMetrics {
-    /// Counts a failover of a request for this model, served by `served` ("" when none was).
-    pub fn failover(&self, served: &str) {
-        if let Some(c) = self.failovers_to.read().unwrap_or_else(|e| e.into_inner()).get(served) {
+    /// Counts a failover of a request for this model that came through `surface`, served by
+    /// `served` ("" when none was).
+    pub fn failover(&self, served: &str, surface: &'static str) {
+        let key = (served.to_owned(), surface);
+        if let Some(c) = self.failovers_to.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
             c.inc();
             return;
         }
@@ -225,13 +229,11 @@ impl ModelMetrics {
             .get_or_create(&FailoverLabels {
                 requested_model: self.name.clone(),
                 served_model: served.to_owned(),
+                surface,
             })
             .clone();
         counter.inc();
-        self.failovers_to
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(served.to_owned(), counter);
+        self.failovers_to.write().unwrap_or_else(|e| e.into_inner()).insert(key, counter);
     }
 
     const REASONS: [&'static str; 8] = [

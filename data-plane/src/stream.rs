@@ -542,6 +542,7 @@ impl Pump {
             request_id: self.ctx.request_id.to_str().unwrap_or_default().to_owned(),
             lost: None,
             continued: self.continued.clone(),
+            surface: self.ctx.flavor.surface().to_owned(),
         };
         self.app.executor.telemetry.push_event(event);
     }

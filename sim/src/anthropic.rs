@@ -173,7 +173,7 @@ fn words(content: &Value) -> u64 {
 }
 
 /// Each required property of a JSON Schema object, set to a value of its type.
-fn placeholder_input(schema: Option<&Value>) -> Value {
+pub(crate) fn placeholder_input(schema: Option<&Value>) -> Value {
     let mut input = serde_json::Map::new();
     let Some(schema) = schema else { return Value::Object(input) };
     let required = schema.get("required").and_then(Value::as_array).cloned().unwrap_or_default();

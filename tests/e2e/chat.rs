@@ -629,7 +629,7 @@ async fn an_open_breaker_skips_its_entry_then_the_nodes_probe_closes_it_when_the
     );
     assert!(
         metrics.contains(
-            "switchyard_failovers_total{requested_model=\"sim/primary\",served_model=\"sim/secondary\"} 9"
+            "switchyard_failovers_total{requested_model=\"sim/primary\",served_model=\"sim/secondary\",surface=\"chat\"} 9"
         ),
         "four failed + five skipped, all served by the fallback: {metrics}"
     );

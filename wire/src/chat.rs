@@ -1,5 +1,5 @@
 //! OpenAI's Chat Completions (`POST /v1/chat/completions`): requests, completions and
-//! stream chunks, to and from the [core](crate::core) form.
+//! stream chunks, to and from the [core] form.
 //!
 //! Refusals name fields as a Chat client wrote them
 //! (`messages[1].tool_calls[0].function.arguments`, `choices[0].message`).
@@ -12,10 +12,10 @@ use serde_json::value::RawValue;
 
 use crate::Refusal;
 use crate::core::{
-    self, Effort, Event, Finish, Image, Message, Part, Reasoning, Role, Tool, ToolChoice, ToolMode,
-    Usage,
+    self, Effort, Event, Finish, Image, Message, Part, RawJson, Reasoning, Role, Tool, ToolChoice,
+    ToolMode, Usage,
 };
-use crate::de::{self, OneOrList};
+use crate::de::{self, OneOrList, OneOrObject};
 
 // === Request: reading ===
 
@@ -25,7 +25,7 @@ use crate::de::{self, OneOrList};
 struct WireRequest {
     messages: Option<Vec<WireMessage>>,
     tools: Option<Vec<WireTool>>,
-    tool_choice: Option<WireToolChoice>,
+    tool_choice: Option<OneOrObject<WireNamedChoice>>,
     parallel_tool_calls: Option<bool>,
     max_completion_tokens: Option<u32>,
     max_tokens: Option<u32>,
@@ -87,13 +87,6 @@ struct WireFunction {
     name: String,
     description: Option<String>,
     parameters: Option<Box<RawValue>>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum WireToolChoice {
-    Mode(String),
-    Named(WireNamedChoice),
 }
 
 #[derive(Deserialize)]
@@ -216,16 +209,22 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
             name: function.name,
             description: function.description,
             // A function without parameters takes none: an empty object schema.
-            parameters: function.parameters.map_or_else(
-                || r#"{"type":"object","properties":{}}"#.to_owned(),
-                |p| p.get().to_owned(),
-            ),
+            parameters: match function.parameters.map(RawJson::from) {
+                None => RawJson::from(de::empty_object_schema()),
+                Some(schema) if schema.is_object() => schema,
+                Some(_) => {
+                    return Err(Refusal::at(
+                        format!("tools[{i}].function.parameters"),
+                        "must be a JSON schema object",
+                    ));
+                }
+            },
         });
     }
 
     let mode = match wire.tool_choice {
         None => None,
-        Some(WireToolChoice::Mode(mode)) => Some(match mode.as_str() {
+        Some(OneOrObject::One(mode)) => Some(match mode.as_str() {
             "auto" => ToolMode::Auto,
             "none" => ToolMode::None,
             "required" => ToolMode::Any,
@@ -236,7 +235,7 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
                 ));
             }
         }),
-        Some(WireToolChoice::Named(named)) => {
+        Some(OneOrObject::Object(named)) => {
             if named.kind != "function" {
                 return Err(Refusal::at(
                     "tool_choice.type",
@@ -508,7 +507,7 @@ struct OutFunction<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<&'a str>,
-    parameters: Box<RawValue>,
+    parameters: &'a RawValue,
 }
 
 #[derive(Serialize)]
@@ -525,6 +524,25 @@ enum OutToolChoice<'a> {
 #[derive(Serialize)]
 struct OutName<'a> {
     name: &'a str,
+}
+
+/// An assistant's text parts joined, and its tool calls as Chat `tool_calls` (other parts
+/// have no place in an assistant message).
+fn text_and_calls(parts: &[Part]) -> (String, Vec<OutToolCall<'_>>) {
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for part in parts {
+        match part {
+            Part::Text(t) => text.push_str(t),
+            Part::ToolCall { id, name, arguments } => calls.push(OutToolCall {
+                id,
+                kind: "function",
+                function: OutFunctionCall { name, arguments },
+            }),
+            _ => {}
+        }
+    }
+    (text, calls)
 }
 
 /// An image as Chat's `image_url.url`: http(s) URLs as they are, base64 as a `data:` URL.
@@ -556,9 +574,16 @@ fn content<'a>(parts: &[&'a Part]) -> Option<OutContent<'a>> {
 }
 
 /// Hints the Chat body drops, besides those the request already carries: a `top_k` (Chat
-/// has no such sampling parameter), reasoning where the model takes none.
+/// has no such sampling parameter), reasoning where the model takes none, a `user` longer
+/// than OpenAI takes.
 pub const HINT_TOP_K: &str = "top_k";
 pub const HINT_THINKING: &str = "thinking";
+pub const HINT_USER: &str = "user";
+
+/// The longest `user` OpenAI accepts (characters); a longer one (Claude Code's
+/// `metadata.user_id` is a JSON object in a string) is refused by OpenAI with a 400, so it
+/// is not sent.
+pub const MAX_USER_CHARS: usize = 64;
 
 /// The core request as an OpenAI Chat body without `model` (the caller adds the upstream
 /// model), and every hint this translation drops (the request's own and its own ones).
@@ -571,7 +596,9 @@ pub const HINT_THINKING: &str = "thinking";
 /// - assistant tool calls become `tool_calls`; thinking parts are dropped (Chat has no
 ///   place for them in a request);
 /// - `reasoning` becomes `reasoning_effort` when `reasoning_allowed`, else it is dropped
-///   (hint `thinking`).
+///   (hint `thinking`);
+/// - `user` is sent when it has at most [`MAX_USER_CHARS`] characters, else dropped (hint
+///   `user`).
 pub fn request_body(
     request: &core::Request,
     reasoning_allowed: bool,
@@ -619,26 +646,7 @@ pub fn request_body(
                 }
             }
             Role::Assistant => {
-                let text: String = message
-                    .parts
-                    .iter()
-                    .filter_map(|p| match p {
-                        Part::Text(t) => Some(t.as_str()),
-                        _ => None,
-                    })
-                    .collect();
-                let tool_calls: Vec<OutToolCall> = message
-                    .parts
-                    .iter()
-                    .filter_map(|p| match p {
-                        Part::ToolCall { id, name, arguments } => Some(OutToolCall {
-                            id,
-                            kind: "function",
-                            function: OutFunctionCall { name, arguments },
-                        }),
-                        _ => None,
-                    })
-                    .collect();
+                let (text, tool_calls) = text_and_calls(&message.parts);
                 if text.is_empty() && tool_calls.is_empty() {
                     continue;
                 }
@@ -659,7 +667,7 @@ pub fn request_body(
             function: OutFunction {
                 name: &tool.name,
                 description: tool.description.as_deref(),
-                parameters: de::object(&tool.parameters),
+                parameters: tool.parameters.raw(),
             },
         })
         .collect();
@@ -674,6 +682,13 @@ pub fn request_body(
     // OpenAI refuses `parallel_tool_calls` in a request without tools.
     let parallel_tool_calls =
         request.tool_choice.as_ref().and_then(|c| c.parallel).filter(|_| !tools.is_empty());
+    let user = match request.user.as_deref() {
+        Some(user) if user.chars().count() > MAX_USER_CHARS => {
+            hint(HINT_USER);
+            None
+        }
+        user => user,
+    };
     if request.top_k.is_some() {
         hint(HINT_TOP_K);
     }
@@ -694,7 +709,7 @@ pub fn request_body(
         temperature: request.temperature,
         top_p: request.top_p,
         stop: &request.stop,
-        user: request.user.as_deref(),
+        user,
         reasoning_effort,
         stream: request.stream,
         stream_options: request.stream.then_some(StreamOptions { include_usage: true }),
@@ -712,6 +727,56 @@ struct WireCompletion {
     model: String,
     choices: Option<Vec<WireChoice>>,
     usage: Option<WireUsage>,
+    error: Option<WireError>,
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    #[serde(default)]
+    message: String,
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+}
+
+/// An error an OpenAI-compatible API sent: `error.type`, `error.code` (a string, or a number
+/// some compatible servers send, as text) and the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub kind: Option<String>,
+    pub code: Option<String>,
+    pub message: String,
+}
+
+impl From<WireError> for ApiError {
+    fn from(error: WireError) -> Self {
+        ApiError {
+            kind: error.kind,
+            code: error.code.and_then(|code| match code {
+                serde_json::Value::String(code) => Some(code),
+                serde_json::Value::Null => None,
+                other => Some(other.to_string()),
+            }),
+            message: error.message,
+        }
+    }
+}
+
+/// OpenAI's error envelope `{"error": {"message", "type", "param", "code"}}`, if the body is
+/// one (an error status's body, or an error frame in a stream).
+pub fn parse_error(body: &[u8]) -> Option<ApiError> {
+    #[derive(Deserialize)]
+    struct Body {
+        error: WireError,
+    }
+    serde_json::from_slice::<Body>(body).ok().map(|b| b.error.into())
+}
+
+fn error_refusal(error: WireError, what: &str) -> Refusal {
+    let error = ApiError::from(error);
+    let kind = error.code.or(error.kind).unwrap_or_default();
+    Refusal::at("error", format!("{what} is an error ({kind}): {}", error.message))
 }
 
 #[derive(Deserialize)]
@@ -782,6 +847,9 @@ pub fn finish(reason: &str) -> Finish {
 /// A `chat.completion` (the first choice) as a core answer.
 pub fn parse_completion(body: &[u8]) -> Result<core::Response, Refusal> {
     let wire: WireCompletion = de::read(body)?;
+    if let Some(error) = wire.error {
+        return Err(error_refusal(error, "the answer"));
+    }
     let choice = wire
         .choices
         .and_then(|choices| choices.into_iter().next())
@@ -836,6 +904,7 @@ struct WireChunk {
     #[serde(default)]
     choices: Vec<WireChunkChoice>,
     usage: Option<WireUsage>,
+    error: Option<WireError>,
 }
 
 #[derive(Deserialize)]
@@ -864,9 +933,13 @@ impl ChunkDecoder {
         Self::default()
     }
 
-    /// The events of one chunk (an SSE `data:` payload other than `[DONE]`).
+    /// The events of one chunk (an SSE `data:` payload other than `[DONE]`). An error frame
+    /// (`{"error": {...}}`) is refused as `error`; [`parse_error`] reads it apart.
     pub fn decode(&mut self, data: &[u8]) -> Result<Vec<Event>, Refusal> {
         let chunk: WireChunk = de::read(data)?;
+        if let Some(error) = chunk.error {
+            return Err(error_refusal(error, "the stream's frame"));
+        }
         let mut events = Vec::new();
         if !self.started && !chunk.id.is_empty() {
             self.started = true;
@@ -993,26 +1066,7 @@ pub fn completion_body(response: &core::Response, model: &str) -> Vec<u8> {
 
 /// [`completion_body`] with `created` given.
 pub fn completion_body_at(response: &core::Response, model: &str, created: u64) -> Vec<u8> {
-    let text: String = response
-        .parts
-        .iter()
-        .filter_map(|p| match p {
-            Part::Text(t) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect();
-    let tool_calls: Vec<OutToolCall> = response
-        .parts
-        .iter()
-        .filter_map(|p| match p {
-            Part::ToolCall { id, name, arguments } => Some(OutToolCall {
-                id,
-                kind: "function",
-                function: OutFunctionCall { name, arguments },
-            }),
-            _ => None,
-        })
-        .collect();
+    let (text, tool_calls) = text_and_calls(&response.parts);
     de::to_vec(&OutCompletion {
         id: &response.id,
         object: "chat.completion",
@@ -1261,7 +1315,7 @@ mod tests {
                 ]),
             ]
         );
-        assert_eq!(request.tools[1].parameters, r#"{"type":"object","properties":{}}"#);
+        assert_eq!(request.tools[1].parameters.get(), r#"{"type":"object","properties":{}}"#);
         assert_eq!(
             request.tool_choice,
             Some(ToolChoice { mode: ToolMode::Any, parallel: Some(false) })
@@ -1359,8 +1413,15 @@ mod tests {
         assert_refuses(chat(json!({"tools": [{"type": "custom", "custom": {}}]})), "tools[0].type");
         assert_refuses(chat(json!({"tools": [{"type": "function"}]})), "tools[0].function");
         assert_refuses(
+            chat(
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}),
+            ),
+            "tools[0].function.parameters",
+        );
+        // A missing field is named itself, not the object that lacks it.
+        assert_refuses(
             chat(json!({"tools": [{"type": "function", "function": {}}]})),
-            "tools[0].function",
+            "tools[0].function.name",
         );
         assert_refuses(chat(json!({"tool_choice": "sometimes"})), "tool_choice");
         assert_refuses(
@@ -1368,6 +1429,16 @@ mod tests {
             "tool_choice.function.name",
         );
         assert_refuses(chat(json!({"tool_choice": {"type": "allowed_tools"}})), "tool_choice.type");
+        // An error inside the object form keeps its path.
+        assert_refuses(
+            chat(json!({"tool_choice": {"type": "function", "function": {}}})),
+            "tool_choice.function.name",
+        );
+        assert_refuses(
+            chat(json!({"tool_choice": {"type": "function", "function": {"name": 7}}})),
+            "tool_choice.function.name",
+        );
+        assert_refuses(chat(json!({"tool_choice": 3})), "tool_choice");
         assert_refuses(chat(json!({"temperature": 2.5})), "temperature");
         assert_refuses(chat(json!({"top_p": -1})), "top_p");
         assert_refuses(chat(json!({"stop": 5})), "stop");
@@ -1589,7 +1660,7 @@ mod tests {
         let tools = vec![Tool {
             name: "get".into(),
             description: None,
-            parameters: r#"{"type":"object"}"#.into(),
+            parameters: RawJson::new(r#"{"type":"object"}"#.into()).unwrap(),
         }];
         let choice = |mode: ToolMode, parallel: Option<bool>, tools: Vec<Tool>| {
             let request = Request {
@@ -1639,6 +1710,12 @@ mod tests {
         let (bytes, hints) = request_body(&request, false);
         assert!(body(&bytes).get("reasoning_effort").is_none());
         assert_eq!(hints, vec!["cache_control", "context_management", "top_k", "thinking"]);
+        let long = Request { user: Some("u".repeat(MAX_USER_CHARS + 1)), ..Request::default() };
+        let (bytes, hints) = request_body(&long, false);
+        assert!(body(&bytes).get("user").is_none());
+        assert_eq!(hints, vec!["user"]);
+        let fits = Request { user: Some("é".repeat(MAX_USER_CHARS)), ..Request::default() };
+        assert_eq!(body(&request_body(&fits, false).0)["user"], "é".repeat(MAX_USER_CHARS));
         let low = Request { reasoning: Some(Reasoning::Effort(Effort::Low)), ..Request::default() };
         assert_eq!(body(&request_body(&low, true).0)["reasoning_effort"], "low");
     }
@@ -1765,5 +1842,37 @@ mod tests {
                 .field,
             "choices[0].delta.tool_calls[0].index"
         );
+    }
+
+    #[test]
+    fn an_error_envelope_is_refused_as_error_and_read_by_parse_error() {
+        let error = br#"{"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}"#;
+        let refusal = parse_completion(error).unwrap_err();
+        assert_eq!(refusal.field, "error");
+        assert_eq!(
+            refusal.message,
+            "`error`: the answer is an error (rate_limit_exceeded): Rate limit reached"
+        );
+        let refusal = ChunkDecoder::new().decode(error).unwrap_err();
+        assert_eq!(refusal.field, "error");
+        assert_eq!(
+            refusal.message,
+            "`error`: the stream's frame is an error (rate_limit_exceeded): Rate limit reached"
+        );
+        assert_eq!(
+            parse_error(error),
+            Some(ApiError {
+                kind: Some("requests".into()),
+                code: Some("rate_limit_exceeded".into()),
+                message: "Rate limit reached".into(),
+            })
+        );
+        // Some OpenAI-compatible servers send a numeric code.
+        assert_eq!(
+            parse_error(br#"{"error": {"message": "busy", "code": 503}}"#),
+            Some(ApiError { kind: None, code: Some("503".into()), message: "busy".into() })
+        );
+        assert_eq!(parse_error(b"{}"), None);
+        assert_eq!(parse_error(br#"{"id": "chatcmpl-1", "choices": []}"#), None);
     }
 }

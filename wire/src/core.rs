@@ -7,6 +7,7 @@
 //! can say what was dropped; what would change the answer is refused by the parser instead.
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 /// A request for one answer.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
@@ -90,8 +91,60 @@ pub enum Image {
 pub struct Tool {
     pub name: String,
     pub description: Option<String>,
-    /// The JSON schema of the arguments, as JSON text, passed on unchanged.
-    pub parameters: String,
+    /// The JSON schema of the arguments (an object), passed on unchanged.
+    pub parameters: RawJson,
+}
+
+/// JSON text known to be valid — read by a parser, or checked by [`RawJson::new`] — and
+/// written out as it is, without being parsed again.
+#[derive(Debug, Clone)]
+pub struct RawJson(Box<RawValue>);
+
+impl RawJson {
+    /// Checks that `text` is JSON.
+    pub fn new(text: String) -> Result<Self, serde_json::Error> {
+        RawValue::from_string(text).map(Self)
+    }
+
+    /// `{}`.
+    pub fn empty_object() -> Self {
+        Self(crate::de::empty_object())
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    pub fn raw(&self) -> &RawValue {
+        &self.0
+    }
+
+    /// Whether the JSON is an object.
+    pub fn is_object(&self) -> bool {
+        self.get().trim_start().starts_with('{')
+    }
+}
+
+impl From<Box<RawValue>> for RawJson {
+    fn from(raw: Box<RawValue>) -> Self {
+        Self(raw)
+    }
+}
+
+/// Two values are equal when their texts are (as sent: `{"a":1}` is not `{ "a": 1 }`).
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for RawJson {}
+
+impl Serialize for RawJson {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
 }
 
 /// Which tools the model may or must call.
@@ -256,7 +309,7 @@ pub fn estimate_tokens(request: &Request) -> u64 {
         if let Some(description) = &tool.description {
             count(description);
         }
-        count(&tool.parameters);
+        count(tool.parameters.get());
     }
     chars.div_ceil(4).saturating_add(images.saturating_mul(IMAGE_TOKENS))
 }
@@ -281,9 +334,9 @@ mod tests {
                 ],
             }],
             tools: vec![Tool {
-                name: "get".into(),              // 3
-                description: Some("d".into()),   // 1
-                parameters: r#"{"a":1}"#.into(), // 7
+                name: "get".into(),                                     // 3
+                description: Some("d".into()),                          // 1
+                parameters: RawJson::new(r#"{"a":1}"#.into()).unwrap(), // 7
             }],
             ..Request::default()
         };

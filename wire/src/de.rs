@@ -4,7 +4,8 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use serde::de::{DeserializeOwned, SeqAccess, Visitor};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::Refusal;
@@ -44,6 +45,36 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOrList<T> {
     }
 }
 
+/// A field that is a string or an object `T` (Chat's `tool_choice`), read with a visitor so
+/// that an error inside the object keeps its path.
+#[derive(Debug, Clone)]
+pub(crate) enum OneOrObject<T> {
+    One(String),
+    Object(T),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOrObject<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = OneOrObject<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an object")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(OneOrObject::One(v.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(OneOrObject::One(v))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map)).map(OneOrObject::Object)
+            }
+        }
+        deserializer.deserialize_any(V(PhantomData))
+    }
+}
+
 /// Reads a JSON body into `T`, refusing with the path of the first bad field.
 pub(crate) fn read<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
     let mut de = serde_json::Deserializer::from_slice(body);
@@ -59,6 +90,17 @@ pub(crate) fn object(text: &str) -> Box<serde_json::value::RawValue> {
         Ok(raw) if raw.get().trim_start().starts_with('{') => raw,
         _ => empty_object(),
     }
+}
+
+/// Raw JSON as its text, without copying it.
+pub(crate) fn text(raw: Box<serde_json::value::RawValue>) -> String {
+    Box::<str>::from(raw).into()
+}
+
+/// The schema of a function without parameters.
+pub(crate) fn empty_object_schema() -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(r#"{"type":"object","properties":{}}"#.to_owned())
+        .unwrap_or_else(|_| empty_object())
 }
 
 pub(crate) fn empty_object() -> Box<serde_json::value::RawValue> {

@@ -1,5 +1,5 @@
 //! Anthropic's Messages API (`POST /v1/messages`): requests, answers, stream events and
-//! errors, to and from the [core](crate::core) form.
+//! errors, to and from the [core] form.
 //!
 //! Refusals name fields as a Messages client wrote them (`messages[3].content[0].tool_use_id`).
 
@@ -53,6 +53,9 @@ struct WireMessage {
 enum WireRole {
     User,
     Assistant,
+    /// Instructions in the middle of a conversation, as Claude Code sends them (after the
+    /// first message, text only).
+    System,
 }
 
 /// A content block of any type; which fields it needs depends on `type`, checked when it is
@@ -75,10 +78,12 @@ struct WireBlock {
     citations: Option<IgnoredAny>,
 }
 
+/// An image's source. Every field is optional so that a block of a type the gateway does
+/// not take (a `document`, whose source has other fields) is refused for its `type`.
 #[derive(Deserialize)]
 struct WireSource {
     #[serde(rename = "type")]
-    kind: String,
+    kind: Option<String>,
     media_type: Option<String>,
     data: Option<String>,
     url: Option<String>,
@@ -172,6 +177,16 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
         let role = match message.role {
             WireRole::User => Role::User,
             WireRole::Assistant => Role::Assistant,
+            WireRole::System if i > 0 => {
+                system_message(&mut request, message.content, i)?;
+                continue;
+            }
+            WireRole::System => {
+                return Err(Refusal::at(
+                    "messages[0].role",
+                    "the first message must use the `user` role",
+                ));
+            }
         };
         if i == 0 && role != Role::User {
             return Err(Refusal::at(
@@ -314,6 +329,38 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
     Ok(request)
 }
 
+/// A `system` message after the first: its text joins the request's instructions, in order
+/// (the core keeps instructions apart from the turns; a format that has no mid-conversation
+/// instructions could not place it anyway).
+fn system_message(
+    request: &mut core::Request,
+    content: OneOrList<WireBlock>,
+    i: usize,
+) -> Result<(), Refusal> {
+    let blocks = match content {
+        OneOrList::One(text) => {
+            request.system.push(text);
+            return Ok(());
+        }
+        OneOrList::List(blocks) => blocks,
+    };
+    for (j, block) in blocks.into_iter().enumerate() {
+        let at = format!("messages[{i}].content[{j}]");
+        if block.kind != "text" {
+            return Err(Refusal::at(
+                format!("{at}.type"),
+                format!("a `system` message takes `text` blocks only, not `{}`", block.kind),
+            ));
+        }
+        if block.cache_control.is_some() {
+            request.hint("cache_control");
+        }
+        let text = block.text.ok_or_else(|| Refusal::at(format!("{at}.text"), "field required"))?;
+        request.system.push(text);
+    }
+    Ok(())
+}
+
 fn message_parts(
     request: &mut core::Request,
     content: OneOrList<WireBlock>,
@@ -365,7 +412,7 @@ fn message_parts(
                     return Err(Refusal::at(format!("{at}.input"), "must be a JSON object"));
                 }
                 call_ids.insert(id.clone());
-                Part::ToolCall { id, name, arguments: input.get().to_owned() }
+                Part::ToolCall { id, name, arguments: de::text(input) }
             }
             "tool_result" => {
                 only(Role::User)?;
@@ -438,7 +485,9 @@ fn required(value: Option<String>, at: &str, name: &str) -> Result<String, Refus
 
 fn image(source: Option<WireSource>, at: &str) -> Result<Image, Refusal> {
     let source = source.ok_or_else(|| Refusal::at(format!("{at}.source"), "field required"))?;
-    match source.kind.as_str() {
+    let kind =
+        source.kind.ok_or_else(|| Refusal::at(format!("{at}.source.type"), "field required"))?;
+    match kind.as_str() {
         "base64" => {
             let media_type = source
                 .media_type
@@ -509,7 +558,7 @@ fn read_tool(request: &mut core::Request, tool: WireTool, i: usize) -> Result<To
             "must be a JSON schema object",
         ));
     }
-    Ok(Tool { name, description: tool.description, parameters: schema.get().to_owned() })
+    Ok(Tool { name, description: tool.description, parameters: schema.into() })
 }
 
 // === Request: writing ===
@@ -600,7 +649,7 @@ struct OutTool<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<&'a str>,
-    input_schema: Box<RawValue>,
+    input_schema: &'a RawValue,
 }
 
 #[derive(Serialize)]
@@ -724,7 +773,7 @@ pub fn request_body(
         .map(|tool| OutTool {
             name: &tool.name,
             description: tool.description.as_deref(),
-            input_schema: de::object(&tool.parameters),
+            input_schema: tool.parameters.raw(),
         })
         .collect();
     // Anthropic refuses a `tool_choice` without tools.
@@ -892,9 +941,7 @@ pub fn parse_response(body: &[u8]) -> Result<core::Response, Refusal> {
             "tool_use" => parts.push(Part::ToolCall {
                 id: required(block.id, &at, "id")?,
                 name: required(block.name, &at, "name")?,
-                arguments: block
-                    .input
-                    .map_or_else(|| "{}".to_owned(), |input| input.get().to_owned()),
+                arguments: block.input.map_or_else(|| "{}".to_owned(), de::text),
             }),
             "thinking" => parts.push(Part::Thinking {
                 text: required(block.thinking, &at, "thinking")?,
@@ -1005,7 +1052,7 @@ impl Decoder {
                         {
                             events.push(Event::ToolCallDelta {
                                 index: call,
-                                arguments: input.get().to_owned(),
+                                arguments: de::text(input),
                             });
                         }
                     }
@@ -1266,9 +1313,20 @@ struct OutBlockStart<'a> {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum OutStartBlock<'a> {
-    Text { text: &'static str },
-    Thinking { thinking: &'static str },
-    ToolUse { id: &'a str, name: &'a str, input: Box<RawValue> },
+    Text {
+        text: &'static str,
+    },
+    /// As Anthropic starts one: empty, with an empty `signature` that a `signature_delta`
+    /// fills in.
+    Thinking {
+        thinking: &'static str,
+        signature: &'static str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Box<RawValue>,
+    },
 }
 
 #[derive(Serialize)]
@@ -1481,7 +1539,7 @@ impl Encoder {
         self.next_index += 1;
         self.open = Some((kind, index));
         let content_block = match kind {
-            Open::Thinking => OutStartBlock::Thinking { thinking: "" },
+            Open::Thinking => OutStartBlock::Thinking { thinking: "", signature: "" },
             _ => OutStartBlock::Text { text: "" },
         };
         out.push(Frame::new(
@@ -1737,6 +1795,26 @@ mod tests {
     }
 
     #[test]
+    fn a_system_message_after_the_first_joins_the_instructions_in_order() {
+        // Claude Code sends one between user turns when it offers its Agent tool.
+        let request = parse(with(json!({"system": "first", "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "system", "content": "agent types: x"},
+            {"role": "user", "content": [{"type": "text", "text": "b"}]},
+        ]})))
+        .unwrap();
+        assert_eq!(request.system, vec!["first".to_owned(), "agent types: x".to_owned()]);
+        let roles: Vec<(Role, usize)> =
+            request.messages.iter().map(|m| (m.role, m.parts.len())).collect();
+        assert_eq!(roles, vec![(Role::User, 2)]);
+        assert_refuses(
+            with(json!({"messages": [{"role": "user", "content": "a"},
+                {"role": "system", "content": [{"type": "image"}]}]})),
+            "messages[1].content[0].type",
+        );
+    }
+
+    #[test]
     fn tool_use_and_tool_result_become_calls_and_results() {
         let mut turns = tool_turns();
         turns.push(json!({"role": "user", "content": [
@@ -1861,7 +1939,7 @@ mod tests {
             vec![Tool {
                 name: "get_weather".into(),
                 description: Some("d".into()),
-                parameters: r#"{"type":"object"}"#.into()
+                parameters: core::RawJson::new(r#"{"type":"object"}"#.into()).unwrap()
             }]
         );
     }
@@ -1908,7 +1986,7 @@ mod tests {
             tools: vec![Tool {
                 name: "get".into(),
                 description: Some("d".into()),
-                parameters: r#"{"type":"object"}"#.into(),
+                parameters: core::RawJson::new(r#"{"type":"object"}"#.into()).unwrap(),
             }],
             tool_choice: Some(ToolChoice {
                 mode: ToolMode::Tool("get".into()),
@@ -2366,7 +2444,7 @@ mod tests {
             vec![
                 "message_start",
                 "ping",
-                r#"start 0 {"thinking":"","type":"thinking"}"#,
+                r#"start 0 {"signature":"","thinking":"","type":"thinking"}"#,
                 r#"delta 0 {"thinking":"think","type":"thinking_delta"}"#,
                 r#"delta 0 {"signature":"sig","type":"signature_delta"}"#,
                 "stop 0",

@@ -36,6 +36,13 @@ impl Refusal {
         if inner.is_syntax() || inner.is_eof() {
             return Self::at("body", format!("the body is not valid JSON ({what})"));
         }
+        // A missing field is named itself, not the object that lacks it.
+        if let Some(name) =
+            what.strip_prefix("missing field `").and_then(|rest| rest.strip_suffix('`'))
+        {
+            let field = if path == "." { name.to_owned() } else { format!("{path}.{name}") };
+            return Self::at(field, "field required");
+        }
         // `.` is the path of the body itself (a body that is not a JSON object).
         let field = if path == "." { "body".to_string() } else { path };
         Self::at(field, what)

@@ -53,6 +53,10 @@ pub struct EventView {
     /// The request's `x-request-id`; absent for an event from a node older than the field.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub request_id: String,
+    /// The API the request came through (`chat`, `messages`); absent for an event from a
+    /// node older than the field and for `events.lost`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub surface: String,
     /// `api:model_failover`, `api:degraded_response`, `api:stream_continued` or
     /// `events.lost`.
     #[serde(rename = "type")]
@@ -119,6 +123,7 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
             status: e.status,
             degraded: e.degraded,
             request_id: e.request_id,
+            surface: e.surface,
             continued: e
                 .continued
                 .into_iter()
@@ -218,11 +223,15 @@ pub fn event_line(e: &EventView) -> String {
     attempts.extend(e.continued.iter().map(|c| {
         format!("{} continued({} at_char={} {})", c.model, c.reason, c.at_char, c.outcome)
     }));
-    let request_id = if e.request_id.is_empty() {
+    let mut request_id = if e.request_id.is_empty() {
         String::new()
     } else {
         format!("  request_id={}", e.request_id)
     };
+    // Chat Completions is the default surface: only another one is named.
+    if !e.surface.is_empty() && e.surface != "chat" {
+        request_id = format!("  surface={}{request_id}", e.surface);
+    }
     format!(
         "{}  {key}  {} → {served}  {}{request_id}\n",
         utc(e.at_unix_ms),

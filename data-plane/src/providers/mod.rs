@@ -65,6 +65,16 @@ enum Answer {
     Injected(Bytes),
 }
 
+/// What one upstream exchange carries besides its body and credential.
+#[derive(Clone, Copy)]
+struct Exchange<'a> {
+    model: &'a Model,
+    stream: bool,
+    request_id: Option<&'a HeaderValue>,
+    messages: Option<MessagesCall<'a>>,
+    fault: Option<&'a Fault>,
+}
+
 /// A provider as this node uses it: its definition, resolved credentials, its connection pool.
 pub struct ProviderRuntime {
     pub def: Provider,
@@ -139,7 +149,8 @@ impl ProviderRuntime {
         injector: &mut Injector<'_>,
     ) -> Result<Completion, CallError> {
         let fault = injector.draw(false);
-        let body = match self.respond(model, false, body, request_id, messages, fault).await? {
+        let exchange = Exchange { model, stream: false, request_id, messages, fault };
+        let body = match self.respond(exchange, body).await? {
             Answer::Upstream(response) => read_body(response).await?,
             Answer::Injected(body) => body,
         };
@@ -162,7 +173,8 @@ impl ProviderRuntime {
         injector: &mut Injector<'_>,
     ) -> Result<UpstreamStream, CallError> {
         let fault = injector.draw(true);
-        let source = match self.respond(model, true, body, request_id, messages, fault).await? {
+        let exchange = Exchange { model, stream: true, request_id, messages, fault };
+        let source = match self.respond(exchange, body).await? {
             Answer::Upstream(response) => stream::Source::Upstream(response.into_body()),
             Answer::Injected(body) => stream::Source::Injected(Some(body)),
         };
@@ -217,20 +229,12 @@ impl ProviderRuntime {
     /// Sends with the primary credential and, when the provider refuses it, with each
     /// reserve in order before the call counts as failed; returns a 2xx answer with its
     /// body unread.
-    async fn respond(
-        &self,
-        model: &Model,
-        stream: bool,
-        body: Bytes,
-        request_id: Option<&HeaderValue>,
-        messages: Option<MessagesCall<'_>>,
-        fault: Option<&Fault>,
-    ) -> Result<Answer, CallError> {
-        if let Some(Fault { kind: FaultKind::Delay { ms }, .. }) = fault {
+    async fn respond(&self, exchange: Exchange<'_>, body: Bytes) -> Result<Answer, CallError> {
+        if let Some(Fault { kind: FaultKind::Delay { ms }, .. }) = exchange.fault {
             tokio::time::sleep(Duration::from_millis(*ms)).await;
         }
         if self.credentials.is_empty() {
-            return self.send(model, stream, body, None, request_id, messages, fault).await;
+            return self.send(exchange, body, None).await;
         }
         let mut last = CallError::NoCredential("no credential resolved".into());
         for credential in &self.credentials {
@@ -241,10 +245,7 @@ impl ProviderRuntime {
                     continue;
                 }
             };
-            match self
-                .send(model, stream, body.clone(), Some(secret), request_id, messages, fault)
-                .await
-            {
+            match self.send(exchange, body.clone(), Some(secret)).await {
                 Err(e @ CallError::Http { status, .. }) if failure::refuses_credential(status) => {
                     warn!(provider = %self.def.name, %status, "provider refused a credential; trying the next");
                     last = e;
@@ -259,14 +260,11 @@ impl ProviderRuntime {
     /// the network exchange only: the request is built, and the answer parsed, as always.
     async fn send(
         &self,
-        model: &Model,
-        stream: bool,
+        exchange: Exchange<'_>,
         body: Bytes,
         credential: Option<&Secret>,
-        request_id: Option<&HeaderValue>,
-        messages: Option<MessagesCall<'_>>,
-        fault: Option<&Fault>,
     ) -> Result<Answer, CallError> {
+        let Exchange { model, stream, request_id, messages, fault } = exchange;
         let mut upstream = self.adapter.request(&self.def, model, stream, body, credential)?;
         // The client's betas go to the kind they are for; other kinds would refuse them.
         if self.def.kind == ProviderKind::Anthropic
