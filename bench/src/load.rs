@@ -11,7 +11,8 @@ use hyper::{Request, header};
 
 use crate::error::Result;
 
-/// Which path a target measures: the default run has all four; `translate` drives the node.
+/// Which path a target measures: the default run has the first five; `--surfaces` adds the
+/// Messages ones, `--baseline-switchyard` a node of another build; `translate` drives the node.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
     Direct,
@@ -21,11 +22,36 @@ pub enum Kind {
     /// Healthy, with a key that has all four limits (too high to bind): what deciding and
     /// counting them costs.
     NodeLimited,
+    /// Healthy, on a node of the `--baseline-switchyard` build: the same request before and
+    /// after a change, in one run.
+    NodeBaseline,
+    /// The pass-through forwarding a Messages body to the simulator's `/v1/messages`: the
+    /// floor of the two Messages targets below.
+    MessagesPassthrough,
+    /// `/v1/messages` served by an Anthropic-kind model: the body goes on as sent.
+    MessagesAnthropic,
+    /// `/v1/messages` served by an OpenAI-kind model: translated to Chat and back.
+    MessagesOpenAi,
+    /// The three Messages targets above, streamed (`"stream": true`).
+    MessagesStreamPassthrough,
+    MessagesStreamAnthropic,
+    MessagesStreamOpenAi,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] =
+    /// The default run's targets.
+    pub const DEFAULT: [Kind; 5] =
         [Kind::Direct, Kind::Passthrough, Kind::NodeHealthy, Kind::NodeFailing, Kind::NodeLimited];
+
+    /// What `--surfaces` adds, each floor before the targets measured against it.
+    pub const SURFACES: [Kind; 6] = [
+        Kind::MessagesPassthrough,
+        Kind::MessagesAnthropic,
+        Kind::MessagesOpenAi,
+        Kind::MessagesStreamPassthrough,
+        Kind::MessagesStreamAnthropic,
+        Kind::MessagesStreamOpenAi,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -34,15 +60,67 @@ impl Kind {
             Kind::NodeHealthy => "node, primary healthy",
             Kind::NodeFailing => "node, primary failing",
             Kind::NodeLimited => "node, healthy, key with limits",
+            Kind::NodeBaseline => "node (baseline), primary healthy",
+            Kind::MessagesPassthrough => "hyper pass-through, Messages",
+            Kind::MessagesAnthropic => "node, messages → anthropic",
+            Kind::MessagesOpenAi => "node, messages → openai",
+            Kind::MessagesStreamPassthrough => "hyper pass-through, Messages streamed",
+            Kind::MessagesStreamAnthropic => "node, messages → anthropic, streamed",
+            Kind::MessagesStreamOpenAi => "node, messages → openai, streamed",
         }
     }
+
+    /// Whether the target speaks Anthropic's Messages API rather than Chat Completions.
+    pub fn is_messages(self) -> bool {
+        self.floor() != Kind::Passthrough
+    }
+
+    /// Whether the target is a Switchyard node (its CPU is the node's).
+    pub fn is_node(self) -> bool {
+        !matches!(
+            self,
+            Kind::Direct
+                | Kind::Passthrough
+                | Kind::MessagesPassthrough
+                | Kind::MessagesStreamPassthrough
+        )
+    }
+
+    /// The pass-through forwarding what this target is sent: the floor its ratios are taken
+    /// against.
+    pub fn floor(self) -> Kind {
+        match self {
+            Kind::Direct
+            | Kind::Passthrough
+            | Kind::NodeHealthy
+            | Kind::NodeFailing
+            | Kind::NodeLimited
+            | Kind::NodeBaseline => Kind::Passthrough,
+            Kind::MessagesPassthrough | Kind::MessagesAnthropic | Kind::MessagesOpenAi => {
+                Kind::MessagesPassthrough
+            }
+            Kind::MessagesStreamPassthrough
+            | Kind::MessagesStreamAnthropic
+            | Kind::MessagesStreamOpenAi => Kind::MessagesStreamPassthrough,
+        }
+    }
+
+    /// The endpoint the target is sent to.
+    pub fn path(self) -> &'static str {
+        if self.is_messages() { "/v1/messages" } else { "/v1/chat/completions" }
+    }
 }
+
+/// The version header Anthropic's SDKs send with every Messages request.
+const ANTHROPIC_VERSION: (&str, &str) = ("anthropic-version", "2023-06-01");
 
 /// What one target is sent: every request of a run is the same bytes.
 pub struct Target {
     pub kind: Kind,
     pub addr: SocketAddr,
     pub host: String,
+    /// The credential: `Bearer KEY` for Chat targets (`Authorization`), the key itself for
+    /// Messages targets (`x-api-key`, as Anthropic's SDKs send it).
     pub auth: Option<String>,
     pub body: Bytes,
     /// The process whose CPU and RSS are the proxy's (none for the simulator itself).
@@ -52,12 +130,25 @@ pub struct Target {
 }
 
 impl Target {
+    /// The request's headers beside `Host` and `Content-Type`, as its API's clients send them.
+    pub fn headers(&self) -> Vec<(&'static str, &str)> {
+        let mut headers = Vec::with_capacity(2);
+        if self.kind.is_messages() {
+            headers.push(ANTHROPIC_VERSION);
+        }
+        if let Some(auth) = &self.auth {
+            let name = if self.kind.is_messages() { "x-api-key" } else { "authorization" };
+            headers.push((name, auth.as_str()));
+        }
+        headers
+    }
+
     fn request(&self) -> Result<Request<Full<Bytes>>> {
-        let mut req = Request::post("/v1/chat/completions")
+        let mut req = Request::post(self.kind.path())
             .header(header::HOST, &self.host)
             .header(header::CONTENT_TYPE, "application/json");
-        if let Some(auth) = &self.auth {
-            req = req.header(header::AUTHORIZATION, auth);
+        for (name, value) in self.headers() {
+            req = req.header(name, value);
         }
         req.body(Full::new(self.body.clone())).map_err(|e| format!("request: {e}"))
     }

@@ -4,6 +4,7 @@
 //! [`Catalog::validate`] then checks what serde cannot: references between sections,
 //! uniqueness, ranges.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -12,6 +13,7 @@ use crate::address;
 use crate::credential::CredentialRef;
 use crate::error::{FieldError, ValidationErrors};
 use crate::keys::FailoverReason;
+use crate::wildcard::{rest_under, wildcard_prefix};
 
 pub const STALL_TIMEOUT_MS_DEFAULT: u32 = 30_000;
 pub const STALL_TIMEOUT_MS_RANGE: (u32, u32) = (1_000, 600_000);
@@ -81,10 +83,26 @@ pub struct Provider {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Model {
-    /// The gateway name clients send, e.g. `openai/gpt-5-nano`.
+    /// The gateway name clients send, e.g. `openai/gpt-5-nano`; or a wildcard, `openai/*`,
+    /// that admits every `openai/<rest>` and sends `<rest>` upstream (docs/catalog.md,
+    /// "Wildcard models").
     pub name: String,
     pub provider: String,
+    /// The provider's name for the model. Required, except on a wildcard, which takes none:
+    /// the rest of the requested name is the upstream model.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub upstream_model: String,
+    /// What the model serves: chat (the default) or embeddings.
+    #[serde(rename = "type", default, skip_serializing_if = "ModelType::is_chat")]
+    pub model_type: ModelType,
+    /// The length of an embedding model's vectors: required for `type: embedding`, refused
+    /// on a chat model.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "positive_dimensions"
+    )]
+    pub dimensions: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price: Option<Price>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -125,6 +143,29 @@ pub struct Model {
     pub reasoning: bool,
 }
 
+/// What a model serves (docs/catalog.md, "`models`"): a chat surface takes only `chat`
+/// models, and an `embedding` model carries its `dimensions`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelType {
+    #[default]
+    Chat,
+    Embedding,
+}
+
+impl ModelType {
+    pub fn is_chat(&self) -> bool {
+        *self == ModelType::Chat
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Embedding => "embedding",
+        }
+    }
+}
+
 /// How a model continues an answer: `prefill` takes the text so far as the start of its own
 /// answer (a trailing assistant message, in the form its provider's API takes it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,43 +185,91 @@ impl Continuation {
 /// `context_window`: a whole number of tokens above zero. Read by hand so that `-5`, `1.5`
 /// and `"8k"` get one message saying what the field takes, as `0` does from `validate`.
 fn positive_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    struct Tokens;
-    impl serde::de::Visitor<'_> for Tokens {
-        type Value = Option<u64>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a positive integer (tokens)")
+    d.deserialize_any(Positive(MUST_BE_TOKENS))
+}
+
+/// `dimensions`: as `context_window`, and at most `u32::MAX`.
+fn positive_dimensions<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    match d.deserialize_any(Positive(MUST_BE_DIMENSIONS))? {
+        Some(v) => {
+            u32::try_from(v).map(Some).map_err(|_| serde::de::Error::custom(MUST_BE_DIMENSIONS))
         }
-        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
-            Ok(Some(v))
-        }
-        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
-            u64::try_from(v).map(Some).map_err(|_| E::custom(MUST_BE_TOKENS))
-        }
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-            Err(E::custom(MUST_BE_TOKENS))
-        }
-        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
-            Err(E::custom(MUST_BE_TOKENS))
-        }
-        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-            Err(E::custom(MUST_BE_TOKENS))
-        }
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
+        None => Ok(None),
     }
-    d.deserialize_any(Tokens)
+}
+
+/// A whole number ≥ 0 (`validate` refuses 0 with the same message), else the message held.
+struct Positive(&'static str);
+
+impl serde::de::Visitor<'_> for Positive {
+    type Value = Option<u64>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.trim_start_matches("must be "))
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Some(v))
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        u64::try_from(v).map(Some).map_err(|_| E::custom(self.0))
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Err(E::custom(self.0))
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Err(E::custom(self.0))
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Err(E::custom(self.0))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
 }
 
 const MUST_BE_TOKENS: &str = "must be a positive integer (tokens)";
+const MUST_BE_DIMENSIONS: &str = "must be a positive integer (the length of the model's vectors)";
 
 impl Model {
     pub fn stall_timeout_ms(&self) -> u32 {
         self.stall_timeout_ms.unwrap_or(STALL_TIMEOUT_MS_DEFAULT)
     }
+
+    /// Whether this entry is a wildcard (`openai/*`) rather than one model.
+    pub fn is_wildcard(&self) -> bool {
+        wildcard_prefix(&self.name).is_some()
+    }
+
+    /// The model `name` names under this wildcard: this entry's settings, `name` as its
+    /// gateway name, and the rest of `name` after the prefix as its upstream model (none when
+    /// `name` is itself a narrower wildcard, `openrouter/anthropic/*` under `openrouter/*`).
+    /// `None` when this is no wildcard or `name` is not under it.
+    pub fn under(&self, name: &str) -> Option<Model> {
+        let rest = wildcard_prefix(&self.name).and_then(|prefix| rest_under(prefix, name))?;
+        let upstream_model = if wildcard_prefix(name).is_some() { "" } else { rest };
+        Some(Model {
+            name: name.to_owned(),
+            upstream_model: upstream_model.to_owned(),
+            ..self.clone()
+        })
+    }
+}
+
+/// Why `name` is not a valid model or wildcard name, if it is not: `*` only as the whole
+/// last path segment after at least one other (`openai/*`, `openrouter/anthropic/*`).
+fn wildcard_rule(name: &str) -> Option<&'static str> {
+    if !name.contains('*') {
+        return None;
+    }
+    let ok = wildcard_prefix(name).is_some_and(|prefix| {
+        !prefix.contains('*') && prefix.split('/').rev().skip(1).all(|segment| !segment.is_empty())
+    });
+    (!ok).then_some(
+        "`*` may only be a wildcard's whole last path segment, after at least one other \
+         (e.g. openai/*)",
+    )
 }
 
 /// US dollars per million tokens.
@@ -572,8 +661,28 @@ impl Catalog {
         self.providers.iter().find(|p| p.name == name)
     }
 
+    /// The entry named exactly `name` (a wildcard only by its own name, `openai/*`).
     pub fn model(&self, name: &str) -> Option<&Model> {
         self.models.iter().find(|m| m.name == name)
+    }
+
+    /// The wildcard that admits `name`: of those whose prefix `name` extends, the longest.
+    pub fn wildcard_for(&self, name: &str) -> Option<&Model> {
+        self.models
+            .iter()
+            .filter_map(|m| wildcard_prefix(&m.name).map(|prefix| (prefix, m)))
+            .filter(|(prefix, _)| rest_under(prefix, name).is_some())
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map(|(_, m)| m)
+    }
+
+    /// The model a client naming `name` gets: the entry of that name (explicit entries win
+    /// over wildcards), else the concrete model under the longest matching wildcard.
+    pub fn resolve(&self, name: &str) -> Option<Cow<'_, Model>> {
+        if let Some(model) = self.model(name) {
+            return Some(Cow::Borrowed(model));
+        }
+        self.wildcard_for(name).and_then(|w| w.under(name)).map(Cow::Owned)
     }
 
     /// [`Catalog::validate`], and no URL whose credentials are still hidden (`***`): what the
@@ -634,8 +743,54 @@ impl Catalog {
                     format!("unknown provider {:?}: not in providers", m.provider),
                 ));
             }
-            if m.upstream_model.trim().is_empty() {
-                errors.push(FieldError::new(format!("{path}.upstream_model"), "must not be empty"));
+            if let Some(why) = wildcard_rule(&m.name) {
+                errors.push(FieldError::new(format!("{path}.name"), why));
+            }
+            if m.is_wildcard() {
+                // The upstream name is the rest of each requested name; a probe has no
+                // model to call.
+                if !m.upstream_model.is_empty() {
+                    errors.push(FieldError::new(
+                        format!("{path}.upstream_model"),
+                        format!(
+                            "wildcard {:?} sends the rest of each requested name upstream; \
+                             leave upstream_model out",
+                            m.name
+                        ),
+                    ));
+                }
+                if m.probe.is_some() {
+                    errors.push(FieldError::new(
+                        format!("{path}.probe"),
+                        format!("wildcard {:?} names no upstream model to probe", m.name),
+                    ));
+                }
+            } else if m.upstream_model.trim().is_empty() {
+                errors.push(FieldError::new(
+                    format!("{path}.upstream_model"),
+                    "required: the provider's name for the model (only a wildcard leaves it out)",
+                ));
+            }
+            match (m.model_type, m.dimensions) {
+                (ModelType::Embedding, None) => errors.push(FieldError::new(
+                    format!("{path}.dimensions"),
+                    format!(
+                        "model {:?} has type: embedding and needs dimensions (the length of its vectors)",
+                        m.name
+                    ),
+                )),
+                (ModelType::Chat, Some(_)) => errors.push(FieldError::new(
+                    format!("{path}.dimensions"),
+                    format!(
+                        "model {:?} is a chat model (type: chat, the default): dimensions is only for type: embedding",
+                        m.name
+                    ),
+                )),
+                (ModelType::Embedding, Some(0)) => errors.push(FieldError::new(
+                    format!("{path}.dimensions"),
+                    format!("model {:?}: {MUST_BE_DIMENSIONS}", m.name),
+                )),
+                _ => {}
             }
             if let Some(price) = &m.price {
                 for (field, v) in [
@@ -1194,5 +1349,141 @@ mod tests {
             open_interval_ms: None,
         });
         assert_eq!(old.diff(&per_model), ["~ models/openai/gpt-5-nano: probe"]);
+    }
+
+    fn with_models(models: serde_json::Value) -> Catalog {
+        let mut c = sample();
+        c.providers.push(serde_json::from_value(serde_json::json!({
+            "name": "router", "kind": "openai-compatible", "base_url": "https://router.example.com/v1"
+        })).unwrap());
+        c.models = serde_json::from_value(models).unwrap();
+        c
+    }
+
+    fn paths(c: &Catalog) -> Vec<String> {
+        c.validate().err().map(|e| e.0.into_iter().map(|e| e.path).collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn type_defaults_to_chat_and_is_written_only_when_embedding() {
+        let c = sample();
+        assert_eq!(c.models[0].model_type, ModelType::Chat);
+        assert_eq!((c.models[0].dimensions, c.validate()), (None, Ok(())));
+        let written = serde_json::to_value(&c.models[0]).unwrap();
+        assert!(written.get("type").is_none() && written.get("dimensions").is_none(), "{written}");
+        let c = with_models(serde_json::json!([{"name": "openai/te3", "provider": "openai",
+            "upstream_model": "text-embedding-3-small", "type": "embedding", "dimensions": 1536}]));
+        assert_eq!(c.validate(), Ok(()));
+        let written = serde_json::to_value(&c.models[0]).unwrap();
+        assert_eq!(
+            (&written["type"], &written["dimensions"]),
+            (&serde_json::json!("embedding"), &serde_json::json!(1536))
+        );
+        let bad = serde_json::from_value::<Model>(serde_json::json!({"name": "m", "provider": "p",
+            "upstream_model": "u", "type": "image"}));
+        assert!(bad.unwrap_err().to_string().contains("image"));
+    }
+
+    #[test]
+    fn an_embedding_model_needs_dimensions_and_a_chat_model_takes_none_each_named() {
+        let c = with_models(serde_json::json!([
+            {"name": "e", "provider": "openai", "upstream_model": "te3", "type": "embedding"},
+            {"name": "c", "provider": "openai", "upstream_model": "gpt", "dimensions": 8},
+            {"name": "z", "provider": "openai", "upstream_model": "te3", "type": "embedding", "dimensions": 0}
+        ]));
+        let errors = c.validate().unwrap_err().0;
+        let got: Vec<(&str, &str)> =
+            errors.iter().map(|e| (e.path.as_str(), e.message.as_str())).collect();
+        assert_eq!(
+            got.iter().map(|g| g.0).collect::<Vec<_>>(),
+            ["models[0].dimensions", "models[1].dimensions", "models[2].dimensions"]
+        );
+        assert!(got[0].1.contains("\"e\"") && got[0].1.contains("type: embedding"), "{}", got[0].1);
+        assert!(got[1].1.contains("\"c\"") && got[1].1.contains("chat model"), "{}", got[1].1);
+        assert!(
+            got[2].1.contains("\"z\"") && got[2].1.contains("positive integer"),
+            "{}",
+            got[2].1
+        );
+        for bad in [
+            serde_json::json!(-3),
+            serde_json::json!(1.5),
+            serde_json::json!("1536"),
+            serde_json::json!(5_000_000_000u64),
+        ] {
+            let err =
+                serde_json::from_value::<Model>(serde_json::json!({"name": "m", "provider": "p",
+                "upstream_model": "u", "type": "embedding", "dimensions": bad}))
+                .unwrap_err();
+            assert!(err.to_string().contains("must be a positive integer"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_wildcard_takes_no_upstream_model_and_star_only_as_the_whole_last_segment() {
+        let c = with_models(serde_json::json!([
+            {"name": "openai/*", "provider": "openai"},
+            {"name": "router/anthropic/*", "provider": "router"}
+        ]));
+        assert_eq!(c.validate(), Ok(()));
+        assert!(c.models[0].is_wildcard() && !sample().models[0].is_wildcard());
+        let written = serde_json::to_value(&c.models[0]).unwrap();
+        assert!(written.get("upstream_model").is_none(), "written as it was: {written}");
+        for name in ["*", "/*", "openai/gpt-*", "openai/*/x", "a//*", "a*/*", "openai/**"] {
+            let c = with_models(serde_json::json!([{"name": name, "provider": "openai"}]));
+            let errors = c.validate().unwrap_err().0;
+            assert_eq!(errors[0].path, "models[0].name", "{name}: {errors:?}");
+            assert!(errors[0].message.contains("whole last path segment"), "{name}");
+        }
+        let c = with_models(serde_json::json!([
+            {"name": "openai/*", "provider": "openai", "upstream_model": "gpt-5"},
+            {"name": "router/*", "provider": "router", "probe": {"interval_ms": 60000}},
+            {"name": "plain", "provider": "openai"}
+        ]));
+        assert_eq!(
+            paths(&c),
+            ["models[0].upstream_model", "models[1].probe", "models[2].upstream_model"]
+        );
+    }
+
+    #[test]
+    fn explicit_entries_win_over_wildcards_and_the_longest_prefix_wins_between_them() {
+        let c = with_models(serde_json::json!([
+            {"name": "router/*", "provider": "router", "max_tokens": 100},
+            {"name": "router/anthropic/*", "provider": "router", "max_tokens": 200},
+            {"name": "router/anthropic/claude-x", "provider": "openai", "upstream_model": "pinned"}
+        ]));
+        c.validate().unwrap();
+        let explicit = c.resolve("router/anthropic/claude-x").unwrap();
+        assert_eq!(
+            (explicit.upstream_model.as_str(), explicit.provider.as_str()),
+            ("pinned", "openai")
+        );
+        let longest = c.resolve("router/anthropic/claude-y").unwrap();
+        assert_eq!(longest.name, "router/anthropic/claude-y");
+        assert_eq!((longest.upstream_model.as_str(), longest.max_tokens), ("claude-y", Some(200)));
+        let short = c.resolve("router/meta/llama").unwrap();
+        assert_eq!((short.upstream_model.as_str(), short.max_tokens), ("meta/llama", Some(100)));
+        assert!(!short.is_wildcard() && matches!(short, Cow::Owned(_)));
+        // The wildcard itself by its own name; a narrower wildcard under it stays one.
+        assert!(c.resolve("router/*").unwrap().is_wildcard());
+        let narrower = c.resolve("router/meta/*").unwrap();
+        assert!(narrower.is_wildcard() && narrower.upstream_model.is_empty());
+        for unknown in ["router/", "routers/x", "openai/gpt-5", "router"] {
+            assert!(c.resolve(unknown).is_none(), "{unknown}");
+        }
+    }
+
+    #[test]
+    fn an_allow_list_wildcard_admits_every_name_under_it() {
+        use crate::wildcard::model_allowed;
+        let allowed = vec!["openai/*".to_owned(), "router/gpt".to_owned()];
+        for name in ["openai/gpt-5", "openai/*", "openai/ft/*", "router/gpt"] {
+            assert!(model_allowed(&allowed, name), "{name}");
+        }
+        for name in ["openai/", "openai", "router/gpt-5", "router/*", "anthropic/claude"] {
+            assert!(!model_allowed(&allowed, name), "{name}");
+        }
+        assert!(model_allowed(&[], "anything"), "an empty list allows every model");
     }
 }

@@ -169,7 +169,16 @@ impl FailoverDefaults {
             ));
         }
         for (i, model) in models.iter().enumerate() {
-            if !model_exists(model) {
+            if crate::wildcard::wildcard_prefix(model).is_some() {
+                // A chain's attempts each call one upstream model; a wildcard names many.
+                errors.push(FieldError::new(
+                    format!("failoverDefaults.models[{i}]"),
+                    format!(
+                        "{model:?} is a wildcard: a chain names models, e.g. {}<model>",
+                        model.trim_end_matches('*')
+                    ),
+                ));
+            } else if !model_exists(model) {
                 errors.push(FieldError::new(
                     format!("failoverDefaults.models[{i}]"),
                     format!("unknown model {model:?}: not in the catalog"),
@@ -520,5 +529,19 @@ mod tests {
             assert_eq!(parse_digest(bad), None, "{bad:?}");
         }
         assert_eq!(parse_digest(&format!("+{}", &hex[1..])), None, "a sign is not a digit");
+    }
+
+    #[test]
+    fn a_wildcard_is_no_default_chain_member_but_a_name_under_one_is() {
+        let d = FailoverDefaults {
+            models: vec!["openai/gpt-5".into(), "openai/*".into()],
+            ..FailoverDefaults::default()
+        };
+        let errors = d.normalize(|m| m.starts_with("openai/")).unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "failoverDefaults.models[1]");
+        assert!(
+            errors[0].message.contains("wildcard") && errors[0].message.contains("openai/<model>")
+        );
     }
 }

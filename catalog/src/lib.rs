@@ -13,12 +13,14 @@ pub mod error;
 pub mod fault;
 pub mod file;
 pub mod keys;
+pub mod wildcard;
 
 pub use catalog::{
-    BreakerOverride, BreakerPolicy, Catalog, Model, Price, ProbeOverride, ProbePolicy, Provider,
-    ProviderKind, RetryOverride, RetryPolicy, Webhook,
+    BreakerOverride, BreakerPolicy, Catalog, Model, ModelType, Price, ProbeOverride, ProbePolicy,
+    Provider, ProviderKind, RetryOverride, RetryPolicy, Webhook,
 };
 pub use credential::CredentialRef;
 pub use error::{FieldError, ValidationErrors};
 pub use fault::{Fault, FaultKind, FaultTarget};
 pub use keys::{ApiKeyRecord, Degraded, FailoverDefaults, FailoverReason, KeyStatus, Limits};
+pub use wildcard::{model_allowed, rest_under, wildcard_prefix};

@@ -34,7 +34,7 @@ use crate::token::Secret;
 use error::DrillError;
 use node::{Ask, Node, NodeError};
 use observe::Observation;
-use report::{DrillReport, Latency, Scenario};
+use report::{DrillReport, Latency, Scenario, Surface};
 use verdict::Reference;
 
 #[derive(Debug, Args)]
@@ -59,6 +59,10 @@ pub struct DrillArgs {
     /// failoverDefaults form the chain.
     #[arg(long, value_name = "M,...", value_delimiter = ',')]
     pub fallback_models: Vec<String>,
+    /// The API the requests come through: `chat` (/v1/chat/completions) or `messages`
+    /// (/v1/messages, Anthropic's shape).
+    #[arg(long, value_enum, default_value_t = Surface::Chat)]
+    pub surface: Surface,
     /// How many requests to send [default: 40; stream-stall and stream-cut 8; all-down 20].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub requests: Option<u32>,
@@ -148,10 +152,18 @@ pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
             scenario.name()
         )));
     }
+    // Continuation (what stream-cut judges) is built for Chat Completions streams only; a
+    // broken /v1/messages stream ends with an `error` event (docs/messages.md).
+    if scenario == Scenario::StreamCut && args.surface == Surface::Messages {
+        return Err(CliError::Usage(
+            "--surface messages: stream-cut judges stream continuation, which /v1/messages does not do (a broken Messages stream ends with an error event); run it with --surface chat"
+                .to_owned(),
+        ));
+    }
     // Listening for Ctrl-C from the start: one pressed while the drill injects still clears.
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
-    let node = Node::new(&args.node, &args.key.0, args.node_ca.as_deref())
+    let node = Node::new(&args.node, &args.key.0, args.node_ca.as_deref(), args.surface)
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let mut admin = Admin::connect(&args.opts).await?;
     let plan = tokio::select! {
@@ -378,7 +390,7 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
         for candidate in usable.take(3) {
             let ask = Ask { models: Some(vec![candidate.name.clone()]), ..ask.clone() };
             let answer = node
-                .chat(
+                .send(
                     &ask,
                     "Switchyard drill: a model outside the chain",
                     Instant::now(),
@@ -415,7 +427,7 @@ async fn references(node: &Node, ask: &Ask, model: &str) -> Result<(u32, Referen
     let content = drill_content(Scenario::StreamCut);
     let mut healthy = Vec::new();
     for _ in 0..2 {
-        let answer = node.chat(&ask, &content, Instant::now(), PLAIN_GIVE_UP).await;
+        let answer = node.send(&ask, &content, Instant::now(), PLAIN_GIVE_UP).await;
         let whole = answer.served() && answer.served_model.as_deref() == Some(model);
         match answer.stream {
             Some(stream) if whole && stream.error_code.is_none() => healthy.push(stream),
@@ -452,7 +464,7 @@ async fn settled(node: &Node, ask: &Ask, model: &str, scenario: Scenario) -> Obs
     let mut said = false;
     loop {
         let first = node
-            .chat(
+            .send(
                 ask,
                 "Switchyard drill: a request before the fault",
                 Instant::now(),
@@ -620,7 +632,7 @@ async fn run(
         workers.spawn(async move {
             let mut mine = Vec::new();
             while next.fetch_add(1, Ordering::Relaxed) < requests {
-                mine.push(node.chat(&ask, &content, epoch, give_up).await);
+                mine.push(node.send(&ask, &content, epoch, give_up).await);
             }
             mine
         });
@@ -639,7 +651,7 @@ async fn run(
         let ask = Ask { models: Some(vec![model.clone()]), ..ask };
         for _ in 0..OUTSIDE_REQUESTS {
             outside.push(
-                node.chat(
+                node.send(
                     &ask,
                     "Switchyard drill: a model outside the chain",
                     epoch,
@@ -712,6 +724,7 @@ fn report(
     let passed = j.cleared && expectations.iter().all(|e| e.holds != Some(false));
     DrillReport {
         scenario,
+        surface: args.surface,
         node: args.node.clone(),
         key_id: plan.key_id.clone(),
         chain: plan.chain.clone(),

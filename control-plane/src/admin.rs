@@ -194,11 +194,13 @@ impl AdminService {
     ) -> Result<(Option<FailoverDefaults>, Vec<String>), AdminError> {
         let (catalog, _) = self.load_catalog().await?;
         let mut errors = Vec::new();
+        // A name the catalog serves: an entry (a wildcard too, by its own name), or a name
+        // under a wildcard (`openai/gpt-5`, a narrower `openai/ft/*`).
         for (i, model) in allowed_models.iter().enumerate() {
-            if catalog.model(model).is_none() {
+            if catalog.resolve(model).is_none() {
                 errors.push(FieldError::new(
                     format!("allowed_models[{i}]"),
-                    format!("unknown model {model:?}: not in the catalog"),
+                    format!("unknown model {model:?}: not in the catalog nor under a wildcard"),
                 ));
             }
         }
@@ -214,7 +216,7 @@ impl AdminService {
                     errors.extend(e.0);
                     None
                 }
-                Ok(d) => match d.normalize(|m| catalog.model(m).is_some()) {
+                Ok(d) => match d.normalize(|m| catalog.resolve(m).is_some()) {
                     Ok(ok) => Some(ok),
                     Err(e) => {
                         errors.extend(e.0);

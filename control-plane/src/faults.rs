@@ -124,7 +124,7 @@ async fn check_names(
     };
     match &fault.target {
         // An empty name is `validate`'s to report.
-        FaultTarget::Model(m) if !m.trim().is_empty() && catalog.model(m).is_none() => errors
+        FaultTarget::Model(m) if !m.trim().is_empty() && catalog.resolve(m).is_none() => errors
             .push(FieldError::new("model", format!("unknown model {m:?}: not in the catalog"))),
         FaultTarget::Provider(p) if !p.trim().is_empty() && catalog.provider(p).is_none() => errors
             .push(FieldError::new(

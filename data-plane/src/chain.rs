@@ -2,12 +2,15 @@
 //! `model` + `fallback_models`, or from the key's `failoverDefaults`; checked against the
 //! catalog and the key's policy before any upstream call.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use switchyard_catalog::keys::MAX_CHAIN_MODELS;
-use switchyard_catalog::{Degraded, FailoverReason, Fault, Model};
+use switchyard_catalog::{
+    Degraded, FailoverReason, Fault, Model, ModelType, model_allowed, rest_under, wildcard_prefix,
+};
 
 use crate::chaos;
 use crate::config::NodeConfig;
@@ -117,15 +120,18 @@ pub fn resolve(
         .or(defaults.and_then(|d| d.first_token_timeout_ms));
     let mut entries = Vec::with_capacity(distinct.len());
     for s in distinct {
-        let model =
-            config.models.get(&s.model).cloned().ok_or_else(|| ApiError::ModelNotFound {
-                message: format!(
-                    "The model `{}` does not exist in this gateway's catalog.",
-                    s.model
+        let model = lookup(config, &s.model, &s.param)?;
+        check_policy(key, config, &model, &s.model, &s.param)?;
+        if model.model_type != ModelType::Chat {
+            return Err(ApiError::invalid(
+                s.param.clone(),
+                format!(
+                    "The model `{}` is an embedding model (type: {}): it cannot serve a chat request.",
+                    s.model,
+                    model.model_type.as_str()
                 ),
-                param: s.param.clone(),
-            })?;
-        check_policy(key, config, &model, &s.param)?;
+            ));
+        }
         // A provider that cannot honour the request (a strict schema it has no mechanism
         // for) is refused here, before any upstream call, rather than silently ignored: its
         // translation fails, and the body translated here is the one every attempt sends.
@@ -206,18 +212,58 @@ fn from_defaults(model: &str, key: &Key) -> Vec<EntrySpec> {
     }
 }
 
-/// The key's allow-list and allowed regions, checked for every model of the chain (each
+/// The model a chain entry names (`param`): its catalog entry, else the model under the
+/// longest wildcard it falls under (docs/catalog.md, "Wildcard models"). A name under a
+/// wildcard is its own model — its breaker, metric series and events — while the wildcard
+/// has room for it on this node ([`crate::config::WildcardNames`]); past that it is served
+/// folded into the wildcard, named as the wildcard is, its breaker the wildcard's one.
+///
+/// Built per request, not cached: a clone of one catalog entry costs less than a shared
+/// cache's lookup and bookkeeping would, and explicit names never come here.
+pub fn lookup(config: &NodeConfig, name: &str, param: &str) -> Result<Arc<Model>, ApiError> {
+    if let Some(model) = config.models.get(name) {
+        return Ok(Arc::clone(model));
+    }
+    if let Some(prefix) = wildcard_prefix(name) {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "The model `{name}` is a wildcard: a request names one model under it, e.g. `{prefix}<model>`."
+            ),
+        ));
+    }
+    let found = config
+        .wildcards
+        .iter()
+        .find_map(|w| Some((w, wildcard_prefix(&w.name).and_then(|p| rest_under(p, name))?)));
+    let Some((wildcard, rest)) = found else {
+        return Err(ApiError::ModelNotFound {
+            message: format!("The model `{name}` does not exist in this gateway's catalog."),
+            param: param.to_owned(),
+        });
+    };
+    let name = if config.wildcard_names.admit(&wildcard.name, name) {
+        name.to_owned()
+    } else {
+        wildcard.name.clone()
+    };
+    Ok(Arc::new(Model { name, upstream_model: rest.to_owned(), ..Model::clone(wildcard) }))
+}
+
+/// The key's allow-list (for the name the client sent: a name folded into its wildcard is
+/// still allowed by its own) and allowed regions, checked for every model of the chain (each
 /// attempt is a full, independent call under the same policy).
 fn check_policy(
     key: &Key,
     config: &NodeConfig,
     model: &Model,
+    requested: &str,
     param: &str,
 ) -> Result<(), ApiError> {
     let settings = &key.settings;
-    if !settings.allowed_models.is_empty() && !settings.allowed_models.contains(&model.name) {
+    if !model_allowed(&settings.allowed_models, requested) {
         return Err(ApiError::ModelNotAllowed {
-            message: format!("This API key may not use the model `{}`.", model.name),
+            message: format!("This API key may not use the model `{requested}`."),
             param: param.to_owned(),
         });
     }
@@ -236,4 +282,84 @@ fn check_policy(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::config::{CATALOG, Change, WILDCARD_NAMES_MAX};
+
+    fn config() -> NodeConfig {
+        let catalog = serde_json::json!({
+            "providers": [{"name": "p", "kind": "openai", "base_url": "https://api.example.com/v1"}],
+            "models": [
+                {"name": "p/*", "provider": "p", "max_tokens": 10},
+                {"name": "p/pinned", "provider": "p", "upstream_model": "pinned-2025"},
+                {"name": "p/long/*", "provider": "p", "max_tokens": 20}
+            ]
+        });
+        NodeConfig::default()
+            .apply(Change::Snapshot {
+                version: 1,
+                resources: vec![(CATALOG.into(), serde_json::to_vec(&catalog).unwrap())],
+            })
+            .unwrap()
+    }
+
+    fn names(m: &Model) -> (&str, &str, Option<u32>) {
+        (&m.name, &m.upstream_model, m.max_tokens)
+    }
+
+    #[test]
+    fn an_explicit_entry_wins_then_the_longest_wildcard_sends_the_rest_upstream() {
+        let config = config();
+        assert_eq!(config.models.len(), 1, "wildcards are not in the map of names");
+        let pinned = lookup(&config, "p/pinned", "model").unwrap();
+        assert_eq!(names(&pinned), ("p/pinned", "pinned-2025", None));
+        let long = lookup(&config, "p/long/x", "model").unwrap();
+        assert_eq!(names(&long), ("p/long/x", "x", Some(20)));
+        let short = lookup(&config, "p/other/x", "model").unwrap();
+        assert_eq!(names(&short), ("p/other/x", "other/x", Some(10)));
+    }
+
+    #[test]
+    fn a_wildcard_or_a_name_under_none_is_refused_naming_the_field() {
+        let config = config();
+        let ApiError::InvalidRequest { message, param, .. } =
+            lookup(&config, "p/*", "fallback_models[1]").unwrap_err()
+        else {
+            panic!("a wildcard is a bad request")
+        };
+        assert_eq!(param.as_deref(), Some("fallback_models[1]"));
+        assert!(message.contains("`p/*` is a wildcard") && message.contains("`p/<model>`"));
+        for unknown in ["q/x", "p/", "p"] {
+            assert!(
+                matches!(lookup(&config, unknown, "model"), Err(ApiError::ModelNotFound { .. })),
+                "{unknown}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_past_the_most_a_wildcard_tracks_are_folded_into_it() {
+        let config = config();
+        for i in 0..WILDCARD_NAMES_MAX {
+            let m = lookup(&config, &format!("p/m{i}"), "model").unwrap();
+            assert_eq!(m.name, format!("p/m{i}"));
+        }
+        let folded = lookup(&config, "p/one-too-many", "model").unwrap();
+        assert_eq!(names(&folded), ("p/*", "one-too-many", Some(10)));
+        assert!(folded.is_wildcard(), "its breaker is the wildcard's one");
+        let known = lookup(&config, "p/m0", "model").unwrap();
+        assert_eq!(known.name, "p/m0", "an admitted name keeps its own");
+        let other = lookup(&config, "p/long/x", "model").unwrap();
+        assert_eq!(other.name, "p/long/x", "each wildcard has its own room");
+        // A new config version keeps what the node admitted: the series it bounds stay.
+        let next = config.apply(Change::Update { version: 2, upserts: vec![], deletes: vec![] });
+        let next = next.unwrap();
+        assert_eq!(lookup(&next, "p/another", "model").unwrap().name, "p/*");
+        let resync = next.begin_snapshot(3).finish();
+        assert!(Arc::ptr_eq(&resync.wildcard_names, &config.wildcard_names));
+    }
 }

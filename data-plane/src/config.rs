@@ -1,9 +1,10 @@
 //! The node's config: an immutable snapshot, built from the control plane's resources and
 //! swapped in whole. Requests read it without taking a lock.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
+use arc_swap::ArcSwap;
 use serde::Deserialize;
 
 use switchyard_catalog::{Catalog, Fault, Model};
@@ -35,8 +36,14 @@ pub struct NodeConfig {
     pub keys: ShardedMap<Box<str>, Arc<Key>>,
     /// By SHA-256 of the secret: the lookup each request makes.
     pub keys_by_hash: ShardedMap<[u8; 32], Arc<Key>>,
-    /// The catalog's models by gateway name.
+    /// The catalog's models by gateway name; wildcards are in `wildcards`, not here.
     pub models: HashMap<String, Arc<Model>>,
+    /// The catalog's wildcard models (`openai/*`), the longest prefix first: the first that
+    /// a name falls under is the one that serves it (docs/catalog.md, "Wildcard models").
+    pub wildcards: Arc<[Arc<Model>]>,
+    /// The names under wildcards that have their own breakers and metric series. Like those,
+    /// it lives as long as the node: every version shares the one the node started with.
+    pub wildcard_names: Arc<WildcardNames>,
     /// Providers with their connection pools and resolved credentials, by name.
     pub providers: HashMap<String, Arc<ProviderRuntime>>,
     /// The node's retry budget. It counts traffic, not config, so every version shares
@@ -166,6 +173,7 @@ impl NodeConfig {
             providers: self.providers.clone(),
             retry_budget: Arc::clone(&self.retry_budget),
             schemas: Arc::clone(&self.schemas),
+            wildcard_names: Arc::clone(&self.wildcard_names),
             ..Default::default()
         };
         SnapshotBuilder {
@@ -216,8 +224,13 @@ impl NodeConfig {
     /// Installs a catalog, keeping the connection pool of every provider whose definition
     /// did not change (a catalog edit must not drop warm connections).
     fn set_catalog(&mut self, catalog: Catalog) {
-        self.models =
-            catalog.models.iter().map(|m| (m.name.clone(), Arc::new(m.clone()))).collect();
+        let (wildcards, models): (Vec<&Model>, Vec<&Model>) =
+            catalog.models.iter().partition(|m| m.is_wildcard());
+        self.models = models.into_iter().map(|m| (m.name.clone(), Arc::new(m.clone()))).collect();
+        let mut wildcards: Vec<Arc<Model>> =
+            wildcards.into_iter().map(|m| Arc::new(m.clone())).collect();
+        wildcards.sort_by_key(|m| std::cmp::Reverse(m.name.len()));
+        self.wildcards = wildcards.into();
         let old = std::mem::take(&mut self.providers);
         self.providers = catalog
             .providers
@@ -244,6 +257,67 @@ impl NodeConfig {
             Some(key) => key.to_json().map(Some),
             None => Ok(None),
         }
+    }
+}
+
+/// The most names under one wildcard that get their own breaker and metric series on a node;
+/// the names past it are served folded into the wildcard (docs/catalog.md, "Wildcard
+/// models"). A client choosing names must not grow the node's breakers, the breaker states
+/// it reports and its metric series without bound.
+pub const WILDCARD_NAMES_MAX: usize = 256;
+
+/// Which names under wildcards this node has admitted, up to [`WILDCARD_NAMES_MAX`] per
+/// wildcard, first come first kept. A request reads it without a lock; only a name seen for
+/// the first time takes the writers' mutex (at most `WILDCARD_NAMES_MAX` times a wildcard).
+#[derive(Debug, Default)]
+pub struct WildcardNames {
+    admitted: ArcSwap<Admitted>,
+    writer: Mutex<()>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Admitted {
+    names: HashSet<Box<str>>,
+    /// How many names each wildcard (by its catalog name) admitted.
+    per_wildcard: HashMap<Box<str>, usize>,
+}
+
+impl WildcardNames {
+    /// Whether `name`, under `wildcard`, has its own breaker and metric series: it had
+    /// already, or `wildcard` has room for one more.
+    pub fn admit(&self, wildcard: &str, name: &str) -> bool {
+        let full = |admitted: &Admitted| {
+            admitted.per_wildcard.get(wildcard).is_some_and(|n| *n >= WILDCARD_NAMES_MAX)
+        };
+        let current = self.admitted.load();
+        if current.names.contains(name) {
+            return true;
+        }
+        if full(&current) {
+            return false;
+        }
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.admitted.load_full();
+        if current.names.contains(name) {
+            return true;
+        }
+        if full(&current) {
+            return false;
+        }
+        let mut next = Admitted::clone(&current);
+        next.names.insert(name.into());
+        let count = next.per_wildcard.entry(wildcard.into()).or_default();
+        *count += 1;
+        if *count == WILDCARD_NAMES_MAX {
+            tracing::warn!(
+                wildcard,
+                max = WILDCARD_NAMES_MAX,
+                "a wildcard admitted the most names a node tracks: new names under it are \
+                 served folded into it, under its own name"
+            );
+        }
+        self.admitted.store(Arc::new(next));
+        true
     }
 }
 

@@ -288,7 +288,9 @@ impl Executor {
             Some(o) => config.catalog.breaker_policy.with_override(o),
             None => config.catalog.breaker_policy,
         };
-        self.breakers.get(&model.provider, &model.upstream_model, policy)
+        // Names folded into their wildcard (chain::lookup) share its one breaker, `*`.
+        let upstream = if model.is_wildcard() { "*" } else { model.upstream_model.as_str() };
+        self.breakers.get(&model.provider, upstream, policy)
     }
 
     /// One attempt: a call to the entry's model and, when its retry policy, the time left,
@@ -533,7 +535,11 @@ impl Executor {
             Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
             Ok(Ok(completion)) => {
                 if let Some(output) = output {
-                    output.check(completion.choices()).map_err(Failure::InvalidOutput)?;
+                    let checked = match completion.messages {
+                        true => output.check_message(completion.verbatim()),
+                        false => output.check(completion.choices()),
+                    };
+                    checked.map_err(Failure::InvalidOutput)?;
                 }
                 Ok(Called::Completion(completion))
             }

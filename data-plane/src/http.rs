@@ -7,7 +7,7 @@ use std::time::Instant;
 use switchyard_time::now_ms;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -52,7 +52,8 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(|s, h| models(s, h, None)))
+        .route("/v1/models/{*id}", get(|s, Path(id): Path<String>, h| models(s, h, Some(id))))
         .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(|s, r| chat(s, r, Flavor::OpenAi)))
         .route("/chat/completions", post(|s, r| chat(s, r, Flavor::Classic)))
@@ -152,7 +153,8 @@ fn bearer_token(value: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
-async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+/// `GET /v1/models` (`id`: none) and `GET /v1/models/{id}`, answered by [`crate::models`].
+async fn models(State(app): State<Arc<App>>, headers: HeaderMap, id: Option<String>) -> Response {
     let Some(config) = app.state.current() else {
         return ApiError::NotReady.render(Flavor::OpenAi);
     };
@@ -160,24 +162,10 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         Ok(key) => key,
         Err(e) => return e.render(Flavor::OpenAi),
     };
-    let data: Vec<_> = config
-        .catalog
-        .models
-        .iter()
-        .filter(|m| {
-            key.settings.allowed_models.is_empty() || key.settings.allowed_models.contains(&m.name)
-        })
-        .filter(|m| {
-            key.settings.allowed_regions.is_empty()
-                || config
-                    .catalog
-                    .provider(&m.provider)
-                    .and_then(|p| p.region.as_ref())
-                    .is_some_and(|r| key.settings.allowed_regions.contains(r))
-        })
-        .map(|m| json!({"id": m.name, "object": "model", "created": 0, "owned_by": m.provider}))
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
+    match id {
+        None => crate::models::list(&config, &key),
+        Some(id) => crate::models::one(&config, &key, &id),
+    }
 }
 
 async fn chat(

@@ -32,6 +32,7 @@ pub mod limits;
 pub mod loss;
 pub mod messages;
 pub mod metrics;
+pub mod models;
 pub mod node;
 pub mod otel;
 pub mod persist;

@@ -232,6 +232,7 @@ pub fn failover_log(event: &pb::FailoverEvent) {
         ("switchyard.failover.reason", AnyValue::from(first_reason.to_owned())),
         ("http.response.status_code", AnyValue::from(i64::from(event.status))),
         ("switchyard.stream", AnyValue::from(event.stream)),
+        ("switchyard.surface", AnyValue::from(event.surface.clone())),
         ("switchyard.attempts", AnyValue::ListAny(Box::new(attempts))),
     ];
     if !event.degraded.is_empty() {

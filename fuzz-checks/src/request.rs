@@ -61,6 +61,8 @@ fn model() -> Model {
         name: "gw/model".into(),
         provider: "p".into(),
         upstream_model: "upstream-model".into(),
+        model_type: Default::default(),
+        dimensions: None,
         price: None,
         stall_timeout_ms: None,
         breaker: None,

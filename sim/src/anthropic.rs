@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 
 use crate::openai::{ApiError, tokens};
 use crate::stream::StreamWire;
+use crate::tool::{ToolCall, placeholder_input};
 
 // === Requests ===
 
@@ -43,12 +44,6 @@ pub struct MessagesRequest {
     /// The text of a last `assistant` message: the start of the answer the model is to
     /// continue (Anthropic's prefill).
     pub prefill: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolCall {
-    pub name: String,
-    pub input: Value,
 }
 
 #[derive(Deserialize)]
@@ -170,25 +165,6 @@ fn words(content: &Value) -> u64 {
         }
         _ => 0,
     }
-}
-
-/// Each required property of a JSON Schema object, set to a value of its type.
-fn placeholder_input(schema: Option<&Value>) -> Value {
-    let mut input = serde_json::Map::new();
-    let Some(schema) = schema else { return Value::Object(input) };
-    let required = schema.get("required").and_then(Value::as_array).cloned().unwrap_or_default();
-    for name in required.iter().filter_map(Value::as_str) {
-        let kind = schema.pointer(&format!("/properties/{name}/type")).and_then(Value::as_str);
-        let value = match kind {
-            Some("integer" | "number") => json!(1),
-            Some("boolean") => json!(true),
-            Some("array") => json!([]),
-            Some("object") => json!({}),
-            _ => json!("sim"),
-        };
-        input.insert(name.to_owned(), value);
-    }
-    Value::Object(input)
 }
 
 // === Responses ===

@@ -94,6 +94,12 @@ pub struct Reply {
     /// the provider's 400 for it instead of the answer, whatever else is scripted, as models
     /// and servers without prefill support answer it.
     pub rejects_prefill: bool,
+    /// OpenAI's format: a request offering `tools` (with a `tool_choice` other than `none`,
+    /// and not ending in a `tool` message) gets a call of the named or the first tool, its
+    /// arguments a placeholder of each required property, as the Anthropic and Gemini
+    /// formats always answer. Off by default: tests that send tools to check what passes
+    /// through still get text.
+    pub call_tools: bool,
 }
 
 impl Default for Reply {
@@ -110,6 +116,7 @@ impl Default for Reply {
             bad_frame_after: None,
             context_window: None,
             rejects_prefill: false,
+            call_tools: false,
         }
     }
 }

@@ -8,7 +8,8 @@
 //! Provider endpoints:
 //! - `POST /v1/chat/completions` (and Azure OpenAI's
 //!   `/openai/deployments/{name}/chat/completions`): answers per the request's `model` as
-//!   scripted; `"stream": true` gets `chat.completion.chunk` SSE frames.
+//!   scripted; `"stream": true` gets `chat.completion.chunk` SSE frames. A reply with
+//!   `call_tools` answers a request offering `tools` with a tool call (see [`openai`]).
 //! - `GET /v1/models`: every model scripted or seen, in OpenAI's list format.
 //! - With accepted keys set, a request without `Authorization: Bearer <accepted key>` gets
 //!   OpenAI's 401 (checked first, as OpenAI does; the request is still counted and kept).
@@ -59,6 +60,7 @@ pub mod gemini;
 pub mod openai;
 mod server;
 mod stream;
+pub mod tool;
 
 pub use behaviour::{Behaviour, Reply, Script, SequenceReply, StatusReply, StreamErrorReply};
 pub use error::SimError;

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::stream::StreamWire;
+use crate::tool::{ToolCall, placeholder_input};
 
 /// A fixed fingerprint: real responses carry one, and clients sometimes log or require it.
 const SYSTEM_FINGERPRINT: &str = "fp_5151sim0d1";
@@ -38,6 +39,8 @@ pub struct ChatRequest {
     /// The text of a last message from the assistant: the start of the answer the client
     /// asks the model to continue (a prefill).
     pub prefill: Option<String>,
+    /// The tool a reply with `call_tools` calls, if the request lets the model call one.
+    pub tool_call: Option<ToolCall>,
 }
 
 #[derive(Deserialize)]
@@ -50,6 +53,23 @@ struct RawRequest<'a> {
     stream: Option<bool>,
     #[serde(default)]
     stream_options: Option<RawStreamOptions>,
+    #[serde(default)]
+    tools: Option<Vec<RawTool>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct RawTool {
+    #[serde(default)]
+    function: Option<RawFunction>,
+}
+
+#[derive(Deserialize)]
+struct RawFunction {
+    name: String,
+    #[serde(default)]
+    parameters: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -130,12 +150,32 @@ pub fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
             Some(RawContent::Other(_)) | None => String::new(),
         }
     });
+    let ends_in_tool_result = messages.last().is_some_and(|m| m.role.as_deref() == Some("tool"));
+    let tool_call = match (raw.tools, raw.tool_choice) {
+        (_, Some(Value::String(choice))) if choice == "none" => None,
+        _ if ends_in_tool_result => None,
+        (Some(tools), choice) => {
+            let named =
+                choice.as_ref().and_then(|c| c.pointer("/function/name")).and_then(Value::as_str);
+            let mut functions = tools.iter().filter_map(|t| t.function.as_ref());
+            let function = match named {
+                Some(name) => functions.find(|f| f.name == name),
+                None => functions.next(),
+            };
+            function.map(|f| ToolCall {
+                name: f.name.clone(),
+                input: placeholder_input(f.parameters.as_ref()),
+            })
+        }
+        (None, _) => None,
+    };
     Ok(ChatRequest {
         model: model.into_owned(),
         stream: raw.stream.unwrap_or(false),
         include_usage: raw.stream_options.is_some_and(|o| o.include_usage),
         prompt_tokens,
         prefill,
+        tool_call,
     })
 }
 
@@ -217,9 +257,49 @@ struct Choice<'a> {
 #[derive(Serialize)]
 struct Message<'a> {
     role: &'static str,
-    content: &'a str,
+    /// `null` beside tool calls, as OpenAI sends it.
+    content: Option<&'a str>,
     refusal: Option<()>,
     annotations: [(); 0],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[OutToolCall<'a>; 1]>,
+}
+
+#[derive(Serialize)]
+struct OutToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OutFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+/// A piece of a streamed tool call: the first names the call, the others add arguments.
+#[derive(Serialize)]
+struct DeltaToolCall<'a> {
+    index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: DeltaFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct DeltaFunction<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
+}
+
+/// A tool call's id: `call_` and the completion's unique suffix (OpenAI's look like `call_…`).
+pub fn tool_call_id(completion_id: &str) -> String {
+    format!("call_{}", completion_id.trim_start_matches("chatcmpl-"))
 }
 
 #[derive(Serialize)]
@@ -274,11 +354,39 @@ struct Delta<'a> {
     // OpenAI sends `refusal: null` alongside the role in the first chunk: `Some(None)`.
     #[serde(skip_serializing_if = "Option::is_none")]
     refusal: Option<Option<()>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[DeltaToolCall<'a>; 1]>,
 }
 
 impl Completion<'_> {
     /// The non-streaming `chat.completion` body.
     pub fn body(&self, text: &str, prompt_tokens: u64) -> Bytes {
+        self.answer(Some(text), None, prompt_tokens)
+    }
+
+    /// The non-streaming `chat.completion` body of a call of `call`'s tool.
+    pub fn tool_call_body(&self, call: &ToolCall, prompt_tokens: u64) -> Bytes {
+        let id = tool_call_id(self.id);
+        let arguments = call.input.to_string();
+        let tool_call = OutToolCall {
+            id: &id,
+            kind: "function",
+            function: OutFunction { name: &call.name, arguments: &arguments },
+        };
+        self.answer(None, Some(tool_call), prompt_tokens)
+    }
+
+    fn answer(
+        &self,
+        text: Option<&str>,
+        call: Option<OutToolCall<'_>>,
+        prompt_tokens: u64,
+    ) -> Bytes {
+        let completion_tokens = match (&call, text) {
+            (Some(call), _) => tokens(call.function.arguments),
+            (None, text) => text.map_or(0, tokens),
+        };
+        let finish_reason = if call.is_some() { "tool_calls" } else { "stop" };
         let body = CompletionBody {
             id: self.id,
             object: "chat.completion",
@@ -291,11 +399,12 @@ impl Completion<'_> {
                     content: text,
                     refusal: None,
                     annotations: [],
+                    tool_calls: call.map(|c| [c]),
                 },
                 logprobs: None,
-                finish_reason: "stop",
+                finish_reason,
             }],
-            usage: Usage::new(prompt_tokens, tokens(text)),
+            usage: Usage::new(prompt_tokens, completion_tokens),
             service_tier: "default",
             system_fingerprint: SYSTEM_FINGERPRINT,
         };
@@ -325,22 +434,45 @@ impl Completion<'_> {
 
     /// The first frame: the assistant role with empty content.
     pub fn role_chunk(&self, include_usage: bool) -> Bytes {
-        let delta = Delta { role: Some("assistant"), content: Some(""), refusal: Some(None) };
+        let delta = Delta {
+            role: Some("assistant"),
+            content: Some(""),
+            refusal: Some(None),
+            tool_calls: None,
+        };
         let choice = ChunkChoice { index: 0, delta, logprobs: None, finish_reason: None };
         self.chunk(Some(choice), Self::usage_null(include_usage))
     }
 
     /// One content piece.
     pub fn content_chunk(&self, piece: &str, include_usage: bool) -> Bytes {
-        let delta = Delta { role: None, content: Some(piece), refusal: None };
+        let delta = Delta { role: None, content: Some(piece), refusal: None, tool_calls: None };
         let choice = ChunkChoice { index: 0, delta, logprobs: None, finish_reason: None };
         self.chunk(Some(choice), Self::usage_null(include_usage))
     }
 
     /// The frame carrying `finish_reason: "stop"` and an empty delta.
     pub fn finish_chunk(&self, include_usage: bool) -> Bytes {
-        let delta = Delta { role: None, content: None, refusal: None };
-        let choice = ChunkChoice { index: 0, delta, logprobs: None, finish_reason: Some("stop") };
+        self.finish_chunk_for("stop", include_usage)
+    }
+
+    fn finish_chunk_for(&self, reason: &'static str, include_usage: bool) -> Bytes {
+        let delta = Delta { role: None, content: None, refusal: None, tool_calls: None };
+        let choice = ChunkChoice { index: 0, delta, logprobs: None, finish_reason: Some(reason) };
+        self.chunk(Some(choice), Self::usage_null(include_usage))
+    }
+
+    /// A piece of a streamed tool call: the first (`name` given) opens the call with its id.
+    fn tool_call_chunk(&self, name: Option<&str>, arguments: &str, include_usage: bool) -> Bytes {
+        let id = name.map(|_| tool_call_id(self.id));
+        let call = DeltaToolCall {
+            index: 0,
+            id: id.as_deref(),
+            kind: name.map(|_| "function"),
+            function: DeltaFunction { name, arguments },
+        };
+        let delta = Delta { role: None, content: None, refusal: None, tool_calls: Some([call]) };
+        let choice = ChunkChoice { index: 0, delta, logprobs: None, finish_reason: None };
         self.chunk(Some(choice), Self::usage_null(include_usage))
     }
 
@@ -357,6 +489,8 @@ pub struct CompletionStream {
     model: String,
     include_usage: bool,
     prompt_tokens: u64,
+    /// The tool the stream calls: its pieces are then the arguments' JSON.
+    tool: Option<ToolCall>,
 }
 
 impl CompletionStream {
@@ -367,6 +501,21 @@ impl CompletionStream {
             model: completion.model.to_owned(),
             include_usage: request.include_usage,
             prompt_tokens: request.prompt_tokens,
+            tool: None,
+        }
+    }
+
+    /// The stream calls `call`'s tool instead of answering in text.
+    pub fn calling(mut self, call: Option<&ToolCall>) -> Self {
+        self.tool = call.cloned();
+        self
+    }
+
+    /// What the stream's pieces spell: the text, or the tool's arguments as JSON.
+    pub fn text(&self, text: String) -> String {
+        match &self.tool {
+            Some(call) => call.input.to_string(),
+            None => text,
         }
     }
 
@@ -377,11 +526,19 @@ impl CompletionStream {
 
 impl StreamWire for CompletionStream {
     fn head(&self) -> Vec<Bytes> {
-        vec![self.completion().role_chunk(self.include_usage)]
+        let completion = self.completion();
+        let mut frames = vec![completion.role_chunk(self.include_usage)];
+        if let Some(call) = &self.tool {
+            frames.push(completion.tool_call_chunk(Some(&call.name), "", self.include_usage));
+        }
+        frames
     }
 
     fn content(&self, piece: &str) -> Bytes {
-        self.completion().content_chunk(piece, self.include_usage)
+        match self.tool {
+            Some(_) => self.completion().tool_call_chunk(None, piece, self.include_usage),
+            None => self.completion().content_chunk(piece, self.include_usage),
+        }
     }
 
     fn error(&self, message: &str) -> Bytes {
@@ -394,7 +551,8 @@ impl StreamWire for CompletionStream {
 
     fn tail(&self, text: &str, marker: bool) -> Vec<Bytes> {
         let completion = self.completion();
-        let mut frames = vec![completion.finish_chunk(self.include_usage)];
+        let reason = if self.tool.is_some() { "tool_calls" } else { "stop" };
+        let mut frames = vec![completion.finish_chunk_for(reason, self.include_usage)];
         if self.include_usage {
             frames.push(completion.usage_chunk(self.prompt_tokens, tokens(text)));
         }
@@ -804,6 +962,7 @@ mod tests {
                 include_usage: true,
                 prompt_tokens: 4,
                 prefill: None,
+                tool_call: None,
             }
         );
         assert_eq!(parse_request(b"{nope").unwrap_err().status, 400);

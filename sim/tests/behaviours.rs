@@ -833,3 +833,100 @@ async fn rejects_prefill_answers_a_prefill_with_openais_400_and_other_requests_a
     assert_eq!(status, 200);
     assert_eq!(v["choices"][0]["message"]["content"], "Hello from r.");
 }
+
+fn with_tools(model: &str, stream: bool, last: Value) -> Value {
+    json!({"model": model, "stream": stream, "stream_options": {"include_usage": true},
+           "messages": [{"role": "user", "content": "weather in Paris?"}, last],
+           "tools": [
+               {"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}},
+               {"type": "function", "function": {"name": "weather", "parameters": {
+                   "type": "object",
+                   "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city", "days"]}}}],
+           "tool_choice": {"type": "function", "function": {"name": "weather"}}})
+}
+
+#[tokio::test]
+async fn call_tools_answers_a_request_offering_tools_with_a_call_of_the_chosen_tool() {
+    let sim = sim().await;
+    let user = json!({"role": "user", "content": "please"});
+    // Off by default: the same request gets text.
+    let (_, _, body) = call(
+        sim.local_addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(with_tools("t", false, user.clone())),
+        &[],
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello from t.");
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+
+    sim.set("t", Behaviour::Ok(Reply { call_tools: true, chunks: 2, ..Reply::default() }));
+    let (status, _, body) = call(
+        sim.local_addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(with_tools("t", false, user.clone())),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["content"], Value::Null);
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    let id = v["id"].as_str().unwrap().trim_start_matches("chatcmpl-");
+    let calls = message["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["id"], format!("call_{id}"));
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(calls[0]["function"]["name"], "weather");
+    let arguments: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments, json!({"city": "sim", "days": 1}));
+
+    // Streamed: the call opens with its id and name, then its arguments come in pieces.
+    let resp = Client::connect(sim.local_addr)
+        .await
+        .send("POST", "/v1/chat/completions", Some(with_tools("t", true, user)), &[])
+        .await;
+    let (events, failed) = events(resp).await;
+    assert!(!failed);
+    let frames: Vec<Value> = events.iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
+    let deltas: Vec<&Value> =
+        frames.iter().filter_map(|f| f["choices"][0]["delta"]["tool_calls"].get(0)).collect();
+    assert_eq!(deltas[0]["index"], 0);
+    assert_eq!(deltas[0]["function"]["name"], "weather");
+    assert!(deltas[0]["id"].as_str().unwrap().starts_with("call_"));
+    assert!(
+        deltas[1..].iter().all(|d| d.get("id").is_none() && d["function"].get("name").is_none())
+    );
+    let streamed: String =
+        deltas.iter().filter_map(|d| d["function"]["arguments"].as_str()).collect();
+    assert_eq!(serde_json::from_str::<Value>(&streamed).unwrap(), arguments);
+    assert!(content(&events).is_empty(), "{events:#?}");
+    let finish = frames.iter().find_map(|f| f["choices"][0]["finish_reason"].as_str());
+    assert_eq!(finish, Some("tool_calls"));
+    assert_eq!(events.last().unwrap(), "[DONE]");
+
+    // After the tool's result, and with tool_choice none, the model answers in text.
+    let result = json!({"role": "tool", "tool_call_id": "call_1", "content": "sunny"});
+    let (_, _, body) = call(
+        sim.local_addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(with_tools("t", false, result)),
+        &[],
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello from t.");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let mut none = with_tools("t", false, json!({"role": "user", "content": "please"}));
+    none["tool_choice"] = json!("none");
+    let (_, _, body) = call(sim.local_addr, "POST", "/v1/chat/completions", Some(none), &[]).await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello from t.");
+}

@@ -455,3 +455,48 @@ async fn stream_cut_refuses_a_chain_that_no_model_can_continue_before_injecting(
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("--cut-after goes with stream-cut"), "{}", out.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drills_run_through_the_messages_surface_as_an_anthropic_client_sends_them() {
+    let gw = Gateway::start().await;
+    let node = gw.node.url();
+    let mut args = drill_args("primary-down", &gw, &node);
+    args.extend(["--surface", "messages", "--model", PRIMARY, "--fallback-models", SECONDARY]);
+    let report = drill(&gw.cp.url(), &args).await.json();
+    all_hold(
+        &report,
+        &[
+            "breaker_opened_within_one_window",
+            "no_primary_call_once_open",
+            "served_by_the_next_model",
+        ],
+    );
+    assert_eq!(report["surface"], "messages", "{report:#}");
+    // The requests really came through /v1/messages: the node counts their failovers under
+    // that surface, and none under Chat Completions.
+    let messages =
+        metric(gw.node.addr, "switchyard_failovers_total", r#"surface="messages""#).await;
+    assert_eq!(messages, report["requests"].as_f64().unwrap(), "every request failed over");
+    assert_eq!(metric(gw.node.addr, "switchyard_failovers_total", r#"surface="chat""#).await, 0.0);
+
+    // A stalled Messages stream ends with Anthropic's `error` event, which the drill reads.
+    let mut args = drill_args("stream-stall", &gw, &node);
+    args.extend(["--surface", "messages", "--model", STALLY, "--requests", "2"]);
+    let report = drill(&gw.cp.url(), &args).await.json();
+    all_hold(
+        &report,
+        &["every_stream_ends_with_an_error_frame", "error_frame_within_stall_timeout"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_cut_through_the_messages_surface_is_a_usage_mistake_that_injects_nothing() {
+    let gw = Gateway::start().await;
+    let node = gw.node.url();
+    let mut args = drill_args("stream-cut", &gw, &node);
+    args.extend(["--surface", "messages", "--model", PRIMARY]);
+    let out = drill(&gw.cp.url(), &args).await;
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--surface messages"), "{}", out.stderr);
+    assert_eq!(faults_in_force(&gw.cp.url()).await, Vec::<Value>::new());
+}

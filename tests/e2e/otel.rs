@@ -412,3 +412,57 @@ async fn queued_are_sent_at_stop(protocol: Protocol) {
     let records = collector.logs();
     assert!(records.iter().any(|(_, l)| l.event_name == "api:model_failover"), "{records:?}");
 }
+
+#[tokio::test]
+async fn a_messages_request_is_a_chat_operation_on_its_own_route_and_its_failover_record_names_the_surface()
+ {
+    let collector = Collector::start_http().await;
+    let gw = Gateway::start_with(GatewayOptions {
+        env: collector_env(&collector),
+        ..GatewayOptions::default()
+    })
+    .await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let trace_id = fresh_id(32);
+    let traceparent = format!("00-{trace_id}-{}-01", fresh_id(16));
+    let body = json!({"model": PRIMARY, "fallback_models": [SECONDARY], "max_tokens": 64,
+                      "messages": [{"role": "user", "content": "hello there"}]})
+    .to_string();
+    let r = switchyard_e2e::http_request_with(
+        gw.node.addr,
+        "POST",
+        "/v1/messages",
+        Some(&gw.key),
+        &[("traceparent", traceparent.as_bytes())],
+        Some(body.as_bytes()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["type"], "message");
+
+    let server = eventually(Duration::from_secs(20), "the request's server span", || {
+        let found = collector
+            .spans()
+            .into_iter()
+            .map(|(_, s)| s)
+            .find(|s| hex(&s.trace_id) == trace_id && s.kind == SpanKind::Server as i32);
+        async move { found }
+    })
+    .await;
+    let a = &server.attributes;
+    assert_eq!(server.name, format!("chat {PRIMARY}"));
+    assert_eq!(str_attr(a, "gen_ai.operation.name").as_deref(), Some("chat"));
+    assert_eq!(str_attr(a, "http.route").as_deref(), Some("/v1/messages"));
+    assert_eq!(str_attr(a, "gen_ai.response.model").as_deref(), Some(SECONDARY));
+
+    let (_, record) = eventually(Duration::from_secs(20), "the failover log record", || {
+        let found = collector
+            .logs()
+            .into_iter()
+            .find(|(_, l)| l.event_name == "api:model_failover" && hex(&l.trace_id) == trace_id);
+        async move { found }
+    })
+    .await;
+    assert_eq!(str_attr(&record.attributes, "switchyard.surface").as_deref(), Some("messages"));
+}

@@ -70,8 +70,8 @@ pub fn switchyard_bin() -> PathBuf {
     bin
 }
 
-/// The Python with the official `openai` SDK: `$SWITCHYARD_PYTHON`, else the repository's
-/// `.venv` that `.ci/run` creates.
+/// The Python with the official `openai` and `anthropic` SDKs: `$SWITCHYARD_PYTHON`, else
+/// the repository's `.venv` that `.ci/run` creates.
 pub fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("SWITCHYARD_PYTHON") {
         return PathBuf::from(p);
@@ -84,6 +84,28 @@ pub fn python() -> PathBuf {
         venv.display()
     );
     venv
+}
+
+/// The Claude Code version `.ci/run` installs and the tests were written against.
+pub const CLAUDE_CODE_VERSION: &str = "2.1.197";
+
+/// Claude Code's `claude` binary: `$SWITCHYARD_CLAUDE`, else the one `.ci/run` installs into
+/// the repository's `.tools/npm`. Missing, it fails the test with how to install it: a test
+/// of Claude Code that skips where it is absent would pass without having run.
+pub fn claude() -> PathBuf {
+    if let Some(p) = std::env::var_os("SWITCHYARD_CLAUDE") {
+        return PathBuf::from(p);
+    }
+    let bin =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/npm/node_modules/.bin/claude");
+    assert!(
+        bin.is_file(),
+        "{} not found: run .ci/run (it installs Claude Code into .tools/npm), or `npm install \
+         --prefix .tools/npm @anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}`, or set \
+         SWITCHYARD_CLAUDE to a `claude` binary",
+        bin.display()
+    );
+    bin
 }
 
 /// A running `switchyard` server process, killed on drop.
@@ -435,7 +457,7 @@ pub fn percentile(samples: &[Duration], p: f64) -> Duration {
 }
 
 /// Runs `tests/e2e/SCRIPT` (a Python check with the official SDKs in `.venv`) with `args`,
-/// without any `OPENAI_*` setting of the environment leaking in; asserts it succeeded and
+/// without any `OPENAI_*` or `ANTHROPIC_*` setting of the environment leaking in; asserts it succeeded and
 /// returns what it printed.
 pub async fn sdk_script(script: &str, args: &[&str]) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e").join(script);
@@ -445,6 +467,9 @@ pub async fn sdk_script(script: &str, args: &[&str]) -> String {
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
         .env_remove("OPENAI_MAX_RETRIES")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("ANTHROPIC_AUTH_TOKEN")
+        .env_remove("ANTHROPIC_BASE_URL")
         .output()
         .await
         .unwrap();

@@ -53,6 +53,9 @@ struct WireMessage {
 enum WireRole {
     User,
     Assistant,
+    /// Instructions in the middle of a conversation, as Claude Code sends them (after the
+    /// first message, text only).
+    System,
 }
 
 /// A content block of any type; which fields it needs depends on `type`, checked when it is
@@ -174,6 +177,16 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
         let role = match message.role {
             WireRole::User => Role::User,
             WireRole::Assistant => Role::Assistant,
+            WireRole::System if i > 0 => {
+                system_message(&mut request, message.content, i)?;
+                continue;
+            }
+            WireRole::System => {
+                return Err(Refusal::at(
+                    "messages[0].role",
+                    "the first message must use the `user` role",
+                ));
+            }
         };
         if i == 0 && role != Role::User {
             return Err(Refusal::at(
@@ -314,6 +327,38 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
         request.hint("mcp_servers");
     }
     Ok(request)
+}
+
+/// A `system` message after the first: its text joins the request's instructions, in order
+/// (the core keeps instructions apart from the turns; a format that has no mid-conversation
+/// instructions could not place it anyway).
+fn system_message(
+    request: &mut core::Request,
+    content: OneOrList<WireBlock>,
+    i: usize,
+) -> Result<(), Refusal> {
+    let blocks = match content {
+        OneOrList::One(text) => {
+            request.system.push(text);
+            return Ok(());
+        }
+        OneOrList::List(blocks) => blocks,
+    };
+    for (j, block) in blocks.into_iter().enumerate() {
+        let at = format!("messages[{i}].content[{j}]");
+        if block.kind != "text" {
+            return Err(Refusal::at(
+                format!("{at}.type"),
+                format!("a `system` message takes `text` blocks only, not `{}`", block.kind),
+            ));
+        }
+        if block.cache_control.is_some() {
+            request.hint("cache_control");
+        }
+        let text = block.text.ok_or_else(|| Refusal::at(format!("{at}.text"), "field required"))?;
+        request.system.push(text);
+    }
+    Ok(())
 }
 
 fn message_parts(
@@ -1760,6 +1805,26 @@ mod tests {
         assert_eq!(
             roles,
             vec![(Role::User, 2), (Role::Assistant, 2), (Role::User, 1), (Role::Assistant, 0)]
+        );
+    }
+
+    #[test]
+    fn a_system_message_after_the_first_joins_the_instructions_in_order() {
+        // Claude Code sends one between user turns when it offers its Agent tool.
+        let request = parse(with(json!({"system": "first", "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "system", "content": "agent types: x"},
+            {"role": "user", "content": [{"type": "text", "text": "b"}]},
+        ]})))
+        .unwrap();
+        assert_eq!(request.system, vec!["first".to_owned(), "agent types: x".to_owned()]);
+        let roles: Vec<(Role, usize)> =
+            request.messages.iter().map(|m| (m.role, m.parts.len())).collect();
+        assert_eq!(roles, vec![(Role::User, 2)]);
+        assert_refuses(
+            with(json!({"messages": [{"role": "user", "content": "a"},
+                {"role": "system", "content": [{"type": "image"}]}]})),
+            "messages[1].content[0].type",
         );
     }
 

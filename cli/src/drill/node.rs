@@ -1,5 +1,5 @@
-//! The drill's side of a node's HTTP API: chat completions as an app sends them (plain and
-//! streamed, timed chunk by chunk), `/readyz` for the applied config version, `/metrics` for
+//! The drill's side of a node's HTTP API: requests as an app sends them, through Chat
+//! Completions or Anthropic's Messages (plain and streamed, timed chunk by chunk), `/readyz` for the applied config version, `/metrics` for
 //! breaker transitions. One pooled client; `http://` and `https://` node URLs.
 
 use std::collections::BTreeMap;
@@ -14,6 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use crate::drill::observe::{Observation, StreamTiming, attempts, continued, error_code};
+use crate::drill::report::Surface;
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -33,6 +34,7 @@ pub struct Node {
     client: Client<Https, Full<Bytes>>,
     base: String,
     key: String,
+    surface: Surface,
 }
 
 /// What a request asks of the chain.
@@ -48,7 +50,12 @@ pub struct Ask {
 
 impl Node {
     /// `ca`: the CA an `https://` node's certificate must be signed by (`--node-ca`).
-    pub fn new(url: &str, key: &str, ca: Option<&std::path::Path>) -> Result<Self, NodeError> {
+    pub fn new(
+        url: &str,
+        key: &str,
+        ca: Option<&std::path::Path>,
+        surface: Surface,
+    ) -> Result<Self, NodeError> {
         let uri: Uri = url
             .parse()
             .map_err(|e: http::uri::InvalidUri| NodeError::Url(url.into(), e.to_string()))?;
@@ -70,7 +77,12 @@ impl Node {
         };
         let https = builder.https_or_http().enable_http1().build();
         let client = Client::builder(TokioExecutor::new()).build(https);
-        Ok(Self { client, base: url.trim_end_matches('/').to_owned(), key: key.to_owned() })
+        Ok(Self {
+            client,
+            base: url.trim_end_matches('/').to_owned(),
+            key: key.to_owned(),
+            surface,
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -136,6 +148,10 @@ impl Node {
         let mut body = serde_json::json!({
             "messages": [{"role": "user", "content": content}],
         });
+        if self.surface == Surface::Messages {
+            // Required on Messages; ample for a drill's short answer.
+            body["max_tokens"] = Value::from(1024);
+        }
         match &ask.models {
             Some(models) => body["models"] = serde_json::json!(models),
             None => {
@@ -151,9 +167,10 @@ impl Node {
         body
     }
 
-    /// Sends one chat completion and records what it came to. A stream is read chunk by
-    /// chunk until `[DONE]`, an error frame or its end, and given up after `give_up`.
-    pub async fn chat(
+    /// Sends one request through the drill's surface and records what it came to. A stream
+    /// is read event by event until its end marker (`[DONE]`, or `message_stop` on
+    /// Messages), an error event or its end, and given up after `give_up`.
+    pub async fn send(
         &self,
         ask: &Ask,
         content: &str,
@@ -173,10 +190,16 @@ impl Node {
             stream: None,
         };
         let body = self.body(ask, content).to_string();
-        let request = Request::post(format!("{}/v1/chat/completions", self.base))
-            .header("authorization", format!("Bearer {}", self.key))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)));
+        let mut request = Request::post(format!("{}{}", self.base, self.surface.path()))
+            .header("content-type", "application/json");
+        request = match self.surface {
+            Surface::Chat => request.header("authorization", format!("Bearer {}", self.key)),
+            // As the Anthropic SDKs send it.
+            Surface::Messages => {
+                request.header("x-api-key", &self.key).header("anthropic-version", "2023-06-01")
+            }
+        };
+        let request = request.body(Full::new(Bytes::from(body)));
         let request = match request {
             Ok(r) => r,
             Err(e) => {
@@ -256,30 +279,9 @@ impl Node {
                         timing.done = true;
                         break 'read;
                     }
-                    let Ok(chunk) = serde_json::from_str::<Value>(payload) else { continue };
-                    if let Some(code) = error_code(&chunk) {
-                        timing.error_code = Some(code);
-                        timing.error_at = Some(sent.elapsed());
+                    let Ok(event) = serde_json::from_str::<Value>(payload) else { continue };
+                    if read_event(self.surface, &event, &mut observation, &mut timing, sent) {
                         break 'read;
-                    }
-                    if observation.served_model.is_none() {
-                        observation.served_model =
-                            chunk.get("model").and_then(Value::as_str).map(str::to_owned);
-                    }
-                    if observation.attempts.is_empty() {
-                        observation.attempts = attempts(&chunk);
-                    }
-                    if let Some(n) = continued(&chunk) {
-                        timing.continuations = n;
-                    }
-                    let content = chunk
-                        .pointer("/choices/0/delta/content")
-                        .and_then(Value::as_str)
-                        .filter(|t| !t.is_empty());
-                    if let Some(content) = content {
-                        timing.content_chunks += 1;
-                        timing.last_content = Some(sent.elapsed());
-                        timing.text.push_str(content);
                     }
                 }
             }
@@ -288,6 +290,59 @@ impl Node {
         observation.finished = epoch.elapsed();
         observation
     }
+}
+
+/// Records one streamed event (a Chat chunk, or a Messages event); true when it ends the
+/// stream (an error event, or Messages' `message_stop`).
+fn read_event(
+    surface: Surface,
+    event: &Value,
+    observation: &mut Observation,
+    timing: &mut StreamTiming,
+    sent: Instant,
+) -> bool {
+    if let Some(code) = error_code(event) {
+        timing.error_code = Some(code);
+        timing.error_at = Some(sent.elapsed());
+        return true;
+    }
+    let content = match surface {
+        Surface::Chat => {
+            if observation.served_model.is_none() {
+                observation.served_model =
+                    event.get("model").and_then(Value::as_str).map(str::to_owned);
+            }
+            if observation.attempts.is_empty() {
+                observation.attempts = attempts(event);
+            }
+            if let Some(n) = continued(event) {
+                timing.continuations = n;
+            }
+            event.pointer("/choices/0/delta/content")
+        }
+        // The model and the report ride in `message_start`'s message; text in text deltas.
+        Surface::Messages => match event.get("type").and_then(Value::as_str) {
+            Some("message_start") => {
+                let message = &event["message"];
+                observation.served_model =
+                    message.get("model").and_then(Value::as_str).map(str::to_owned);
+                observation.attempts = attempts(message);
+                None
+            }
+            Some("message_stop") => {
+                timing.done = true;
+                return true;
+            }
+            Some("content_block_delta") => event.pointer("/delta/text"),
+            _ => None,
+        },
+    };
+    if let Some(content) = content.and_then(Value::as_str).filter(|t| !t.is_empty()) {
+        timing.content_chunks += 1;
+        timing.last_content = Some(sent.elapsed());
+        timing.text.push_str(content);
+    }
+    false
 }
 
 /// The end of the first complete SSE event in `buf` (after its blank line), if any.
@@ -366,8 +421,8 @@ mod tests {
 
     #[test]
     fn node_urls_need_a_scheme_and_a_host() {
-        assert!(Node::new("127.0.0.1:8080", "k", None).is_err());
-        assert!(Node::new("ftp://h", "k", None).is_err());
-        assert!(Node::new("http://127.0.0.1:8080/", "k", None).is_ok());
+        assert!(Node::new("127.0.0.1:8080", "k", None, Surface::Chat).is_err());
+        assert!(Node::new("ftp://h", "k", None, Surface::Chat).is_err());
+        assert!(Node::new("http://127.0.0.1:8080/", "k", None, Surface::Chat).is_ok());
     }
 }

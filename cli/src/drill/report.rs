@@ -46,10 +46,38 @@ impl Scenario {
     }
 }
 
+/// The API the drill's requests come through, as an app's would.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Surface {
+    /// OpenAI's Chat Completions: `POST /v1/chat/completions`.
+    #[default]
+    Chat,
+    /// Anthropic's Messages: `POST /v1/messages`.
+    Messages,
+}
+
+impl Surface {
+    pub fn name(self) -> &'static str {
+        match self {
+            Surface::Chat => "chat",
+            Surface::Messages => "messages",
+        }
+    }
+
+    pub fn path(self) -> &'static str {
+        match self {
+            Surface::Chat => "/v1/chat/completions",
+            Surface::Messages => "/v1/messages",
+        }
+    }
+}
+
 /// Everything a drill prints, and `--json` gives scripts.
 #[derive(Debug, Serialize)]
 pub struct DrillReport {
     pub scenario: Scenario,
+    pub surface: Surface,
     pub node: String,
     pub key_id: String,
     pub chain: Vec<String>,

@@ -1,6 +1,6 @@
 //! `drill`: one verdict per expectation, with the figures behind it.
 
-use crate::drill::report::DrillReport;
+use crate::drill::report::{DrillReport, Surface};
 
 fn verdict(holds: Option<bool>) -> &'static str {
     match holds {
@@ -24,6 +24,10 @@ pub fn drill_report(r: &DrillReport) -> String {
         r.node,
         r.key_id
     ));
+    // Chat Completions is the default: only another surface is named.
+    if r.surface != Surface::Chat {
+        out.push_str(&format!("  surface:   {} ({})\n", r.surface.name(), r.surface.path()));
+    }
     out.push_str(&format!("  chain:     {}\n", r.chain.join(" → ")));
     out.push_str(&format!("  faults:    {}\n", r.faults.join(", ")));
     if let Some(k) = r.cut_after {

@@ -129,14 +129,22 @@ async fn respond(
                 return Ok(error_response(&err, &request_id));
             }
             let text = reply_text(reply.text.as_deref(), &request.model);
-            let skip = continues_at(&text, request.prefill.as_deref());
+            let tool_call = request.tool_call.as_ref().filter(|_| reply.call_tools);
+            // A tool call is not text a prefill can be the start of.
+            let skip = match tool_call {
+                Some(_) => 0,
+                None => continues_at(&text, request.prefill.as_deref()),
+            };
             let id = state.completion_id();
             let completion =
                 Completion { id: &id, created: switchyard_time::now_secs(), model: &request.model };
             if request.stream {
-                let wire = CompletionStream::new(&completion, request);
+                let wire = CompletionStream::new(&completion, request).calling(tool_call);
+                let text = wire.text(text);
                 let plan = StreamPlan::new(Box::new(wire), text, reply, None).continuing(skip);
                 Ok(stream_response(plan.spawn(), REQUEST_ID, &request_id))
+            } else if let Some(call) = tool_call {
+                Ok(ok(completion.tool_call_body(call, request.prompt_tokens), &request_id))
             } else {
                 let rest = text.get(skip..).unwrap_or_default();
                 Ok(ok(completion.body(rest, request.prompt_tokens), &request_id))
