@@ -15,6 +15,10 @@ pub const PREFILL: &str = "sim/prefill";
 /// `/v1/messages`): the models `--surfaces` serves Messages requests with unchanged.
 pub const ANTHROPIC_PRIMARY: &str = "sim-anthropic/primary";
 pub const ANTHROPIC_SECONDARY: &str = "sim-anthropic/secondary";
+/// Two embedding models of the same dimensions (a chain may fail over between them only
+/// then), for the `--surfaces` embeddings targets.
+pub const EMBED: &str = "sim/embed";
+pub const EMBED_SECONDARY: &str = "sim/embed-secondary";
 
 /// A short cool-down so half-open probes do happen inside every measured window: the
 /// attempts-per-request figure is then the steady state of an open breaker that keeps
@@ -63,6 +67,16 @@ models:
   - name: {ANTHROPIC_SECONDARY}
     provider: sim-anthropic
     upstream_model: secondary
+  - name: {EMBED}
+    provider: sim
+    upstream_model: embed
+    type: embedding
+    dimensions: 256
+  - name: {EMBED_SECONDARY}
+    provider: sim
+    upstream_model: embed-secondary
+    type: embedding
+    dimensions: 256
 {BREAKER_POLICY}"#
     )
 }

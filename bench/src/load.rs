@@ -12,7 +12,7 @@ use hyper::{Request, header};
 use crate::error::Result;
 
 /// Which path a target measures: the default run has the first five; `--surfaces` adds the
-/// Messages ones, `--baseline-switchyard` a node of another build; `translate` drives the node.
+/// Messages, Responses and embeddings ones, `--baseline-switchyard` a node of another build; `translate` drives the node.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
     Direct,
@@ -36,6 +36,28 @@ pub enum Kind {
     MessagesStreamPassthrough,
     MessagesStreamAnthropic,
     MessagesStreamOpenAi,
+    /// The pass-through forwarding a streamed Chat body: the floor of the streamed Responses
+    /// target (a Responses request reaches an OpenAI-kind model as a Chat request).
+    StreamPassthrough,
+    /// `/v1/responses` served by an OpenAI-kind model: translated to Chat and back, plain
+    /// and streamed; and by an Anthropic-kind model (translated to Messages and back).
+    ResponsesOpenAi,
+    ResponsesStreamOpenAi,
+    ResponsesAnthropic,
+    /// The pass-through forwarding an embeddings body to the simulator's `/v1/embeddings`:
+    /// the floor of the node's embeddings target.
+    EmbeddingsPassthrough,
+    /// `/v1/embeddings` served by an OpenAI-kind embedding model.
+    EmbeddingsOpenAi,
+}
+
+/// The API a target speaks: its path, its credential header and its answer's shape.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Api {
+    Chat,
+    Messages,
+    Responses,
+    Embeddings,
 }
 
 impl Kind {
@@ -44,13 +66,19 @@ impl Kind {
         [Kind::Direct, Kind::Passthrough, Kind::NodeHealthy, Kind::NodeFailing, Kind::NodeLimited];
 
     /// What `--surfaces` adds, each floor before the targets measured against it.
-    pub const SURFACES: [Kind; 6] = [
+    pub const SURFACES: [Kind; 12] = [
         Kind::MessagesPassthrough,
         Kind::MessagesAnthropic,
         Kind::MessagesOpenAi,
         Kind::MessagesStreamPassthrough,
         Kind::MessagesStreamAnthropic,
         Kind::MessagesStreamOpenAi,
+        Kind::ResponsesOpenAi,
+        Kind::ResponsesAnthropic,
+        Kind::StreamPassthrough,
+        Kind::ResponsesStreamOpenAi,
+        Kind::EmbeddingsPassthrough,
+        Kind::EmbeddingsOpenAi,
     ];
 
     pub fn label(self) -> &'static str {
@@ -67,12 +95,41 @@ impl Kind {
             Kind::MessagesStreamPassthrough => "hyper pass-through, Messages streamed",
             Kind::MessagesStreamAnthropic => "node, messages → anthropic, streamed",
             Kind::MessagesStreamOpenAi => "node, messages → openai, streamed",
+            Kind::StreamPassthrough => "hyper pass-through, streamed",
+            Kind::ResponsesOpenAi => "node, responses → openai",
+            Kind::ResponsesStreamOpenAi => "node, responses → openai, streamed",
+            Kind::ResponsesAnthropic => "node, responses → anthropic",
+            Kind::EmbeddingsPassthrough => "hyper pass-through, embeddings",
+            Kind::EmbeddingsOpenAi => "node, embeddings → openai",
         }
     }
 
-    /// Whether the target speaks Anthropic's Messages API rather than Chat Completions.
+    /// The API the target speaks.
+    pub fn api(self) -> Api {
+        match self {
+            Kind::Direct
+            | Kind::Passthrough
+            | Kind::StreamPassthrough
+            | Kind::NodeHealthy
+            | Kind::NodeFailing
+            | Kind::NodeLimited
+            | Kind::NodeBaseline => Api::Chat,
+            Kind::MessagesPassthrough
+            | Kind::MessagesAnthropic
+            | Kind::MessagesOpenAi
+            | Kind::MessagesStreamPassthrough
+            | Kind::MessagesStreamAnthropic
+            | Kind::MessagesStreamOpenAi => Api::Messages,
+            Kind::ResponsesOpenAi | Kind::ResponsesStreamOpenAi | Kind::ResponsesAnthropic => {
+                Api::Responses
+            }
+            Kind::EmbeddingsPassthrough | Kind::EmbeddingsOpenAi => Api::Embeddings,
+        }
+    }
+
+    /// Whether the target speaks Anthropic's Messages API.
     pub fn is_messages(self) -> bool {
-        self.floor() != Kind::Passthrough
+        self.api() == Api::Messages
     }
 
     /// Whether the target is a Switchyard node (its CPU is the node's).
@@ -83,6 +140,8 @@ impl Kind {
                 | Kind::Passthrough
                 | Kind::MessagesPassthrough
                 | Kind::MessagesStreamPassthrough
+                | Kind::StreamPassthrough
+                | Kind::EmbeddingsPassthrough
         )
     }
 
@@ -95,7 +154,11 @@ impl Kind {
             | Kind::NodeHealthy
             | Kind::NodeFailing
             | Kind::NodeLimited
-            | Kind::NodeBaseline => Kind::Passthrough,
+            | Kind::NodeBaseline
+            | Kind::ResponsesOpenAi
+            | Kind::ResponsesAnthropic => Kind::Passthrough,
+            Kind::StreamPassthrough | Kind::ResponsesStreamOpenAi => Kind::StreamPassthrough,
+            Kind::EmbeddingsPassthrough | Kind::EmbeddingsOpenAi => Kind::EmbeddingsPassthrough,
             Kind::MessagesPassthrough | Kind::MessagesAnthropic | Kind::MessagesOpenAi => {
                 Kind::MessagesPassthrough
             }
@@ -107,7 +170,12 @@ impl Kind {
 
     /// The endpoint the target is sent to.
     pub fn path(self) -> &'static str {
-        if self.is_messages() { "/v1/messages" } else { "/v1/chat/completions" }
+        match self.api() {
+            Api::Chat => "/v1/chat/completions",
+            Api::Messages => "/v1/messages",
+            Api::Responses => "/v1/responses",
+            Api::Embeddings => "/v1/embeddings",
+        }
     }
 }
 
@@ -119,8 +187,8 @@ pub struct Target {
     pub kind: Kind,
     pub addr: SocketAddr,
     pub host: String,
-    /// The credential: `Bearer KEY` for Chat targets (`Authorization`), the key itself for
-    /// Messages targets (`x-api-key`, as Anthropic's SDKs send it).
+    /// The credential: `Bearer KEY` for OpenAI APIs' targets (`Authorization`), the key itself
+    /// for Messages targets (`x-api-key`, as Anthropic's SDKs send it).
     pub auth: Option<String>,
     pub body: Bytes,
     /// The process whose CPU and RSS are the proxy's (none for the simulator itself).

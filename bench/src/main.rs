@@ -7,8 +7,8 @@
 //! `--switchyard PATH`) as sim, control plane and node on loopback with temporary
 //! directories, and re-executes itself as `switchyard-bench passthrough` so the
 //! pass-through's CPU time is measurable from /proc like the node's. `--surfaces` adds
-//! Messages requests (`/v1/messages`, native and translated, with their own pass-through
-//! floor); `--baseline-switchyard PATH` a node of another build beside this one's. See
+//! Messages, Responses and embeddings requests (`/v1/messages`, `/v1/responses`,
+//! `/v1/embeddings`, native and translated, each with its pass-through floor); `--baseline-switchyard PATH` a node of another build beside this one's. See
 //! docs/BENCHMARKS.md for what each column means.
 
 use std::net::SocketAddr;

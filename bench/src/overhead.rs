@@ -1,7 +1,7 @@
 //! The default run: the simulator direct, the bare hyper pass-through and the node (primary
 //! healthy, primary failing) under the same closed-loop load, one concurrency at a time;
-//! with `--surfaces` also Messages requests (native and translated, with the pass-through
-//! forwarding the same body as their floor), with `--baseline-switchyard` a node of another
+//! with `--surfaces` also Messages, Responses and embeddings requests (native and
+//! translated, each with the pass-through forwarding what reaches the simulator as its floor), with `--baseline-switchyard` a node of another
 //! build beside this one's.
 
 use std::net::SocketAddr;
@@ -13,13 +13,14 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::catalog::{
-    ANTHROPIC_PRIMARY, ANTHROPIC_SECONDARY, FAILING, PRIMARY, SECONDARY, catalog_yaml,
+    ANTHROPIC_PRIMARY, ANTHROPIC_SECONDARY, EMBED, EMBED_SECONDARY, FAILING, PRIMARY, SECONDARY,
+    catalog_yaml,
 };
 use crate::client::{connect, http, metrics_text, post};
 use crate::error::Result;
 use crate::fleet::Fleet;
 use crate::host::{clock_ticks, cpu_ticks, ctx_switches, mib, status_kib, steal_ticks};
-use crate::load::{Kind, Target, phase};
+use crate::load::{Api, Kind, Target, phase};
 use crate::proc::Proc;
 use crate::stats::{fmt, median, pct, percentile};
 
@@ -34,7 +35,7 @@ pub struct Options {
     pub duration: Duration,
     pub runs: usize,
     pub max_steal_pct: f64,
-    /// Adds the Messages targets ([`Kind::SURFACES`]).
+    /// Adds the Messages, Responses and embeddings targets ([`Kind::SURFACES`]).
     pub surfaces: bool,
     /// Another build's `switchyard`, whose node is measured beside this build's.
     pub baseline: Option<PathBuf>,
@@ -238,6 +239,18 @@ async fn bench(options: Options) -> Result<()> {
         }
         body.to_string()
     };
+    // The same prompt as a Responses body, and as a streamed Chat body for its floor.
+    let responses_body = |model: &str, fallback: &str, stream: bool| {
+        json!({"model": model, "fallback_models": [fallback], "input": "Say hello.",
+               "max_output_tokens": 256, "store": false, "stream": stream})
+        .to_string()
+    };
+    let stream_body = json!({"model": "primary", "messages": chat, "stream": true}).to_string();
+    // One input to embed, to the simulator's model and to the node's chain of two.
+    let embed_direct = json!({"model": "embed", "input": "Say hello."}).to_string();
+    let embed_body =
+        json!({"model": EMBED, "fallback_models": [EMBED_SECONDARY], "input": "Say hello."})
+            .to_string();
     let bearer = Some(format!("Bearer {key}"));
     let limited_key = fleet
         .limited_key
@@ -283,6 +296,22 @@ async fn bench(options: Options) -> Result<()> {
                 let stream = kind == Kind::MessagesStreamOpenAi;
                 let body = messages_body(PRIMARY, Some(SECONDARY), stream);
                 (node.addr, x_api_key.clone(), body, Some(node.pid()))
+            }
+            Kind::StreamPassthrough => (pass.addr, None, stream_body.clone(), Some(pass.pid())),
+            Kind::ResponsesOpenAi | Kind::ResponsesStreamOpenAi => {
+                let stream = kind == Kind::ResponsesStreamOpenAi;
+                let body = responses_body(PRIMARY, SECONDARY, stream);
+                (node.addr, bearer.clone(), body, Some(node.pid()))
+            }
+            Kind::ResponsesAnthropic => {
+                let body = responses_body(ANTHROPIC_PRIMARY, ANTHROPIC_SECONDARY, false);
+                (node.addr, bearer.clone(), body, Some(node.pid()))
+            }
+            Kind::EmbeddingsPassthrough => {
+                (pass.addr, None, embed_direct.clone(), Some(pass.pid()))
+            }
+            Kind::EmbeddingsOpenAi => {
+                (node.addr, bearer.clone(), embed_body.clone(), Some(node.pid()))
             }
         };
         targets.push(Arc::new(Target {
@@ -389,15 +418,22 @@ fn expected_model(kind: Kind) -> &'static str {
     match kind {
         Kind::Direct
         | Kind::Passthrough
+        | Kind::StreamPassthrough
         | Kind::MessagesPassthrough
         | Kind::MessagesStreamPassthrough => "primary",
         Kind::NodeHealthy
         | Kind::NodeLimited
         | Kind::NodeBaseline
         | Kind::MessagesOpenAi
-        | Kind::MessagesStreamOpenAi => PRIMARY,
+        | Kind::MessagesStreamOpenAi
+        | Kind::ResponsesOpenAi
+        | Kind::ResponsesStreamOpenAi => PRIMARY,
         Kind::NodeFailing => SECONDARY,
-        Kind::MessagesAnthropic | Kind::MessagesStreamAnthropic => ANTHROPIC_PRIMARY,
+        Kind::MessagesAnthropic | Kind::MessagesStreamAnthropic | Kind::ResponsesAnthropic => {
+            ANTHROPIC_PRIMARY
+        }
+        Kind::EmbeddingsPassthrough => "embed",
+        Kind::EmbeddingsOpenAi => EMBED,
     }
 }
 
@@ -408,6 +444,8 @@ fn streamed(kind: Kind) -> bool {
         Kind::MessagesStreamPassthrough
             | Kind::MessagesStreamAnthropic
             | Kind::MessagesStreamOpenAi
+            | Kind::StreamPassthrough
+            | Kind::ResponsesStreamOpenAi
     )
 }
 
@@ -418,27 +456,43 @@ async fn check(t: &Target) -> Result<()> {
     let text = String::from_utf8_lossy(&body);
     let want = expected_model(t.kind);
     let (whole, model) = if streamed(t.kind) {
-        // Messages events: the model is in `message_start`, and `message_stop` ends a
-        // stream that was not cut short.
-        let start = text
+        let events: Vec<serde_json::Value> = text
             .lines()
             .filter_map(|l| l.strip_prefix("data:"))
             .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.trim()).ok())
-            .find(|v| v["type"] == "message_start");
-        let model = start.and_then(|v| v["message"]["model"].as_str().map(str::to_owned));
-        (text.contains("event: message_stop"), model)
+            .collect();
+        // Each API's stream names the model in its first event and ends with its own
+        // last one, which a stream cut short lacks.
+        let (first, end) = match t.kind.api() {
+            Api::Messages => ("message_start", "event: message_stop"),
+            Api::Responses => ("response.created", "event: response.completed"),
+            Api::Chat | Api::Embeddings => ("", "data: [DONE]"),
+        };
+        let model = match t.kind.api() {
+            Api::Messages => events
+                .iter()
+                .find(|v| v["type"] == first)
+                .and_then(|v| v["message"]["model"].as_str()),
+            Api::Responses => events
+                .iter()
+                .find(|v| v["type"] == first)
+                .and_then(|v| v["response"]["model"].as_str()),
+            Api::Chat | Api::Embeddings => events.first().and_then(|v| v["model"].as_str()),
+        };
+        (text.contains(end), model.map(str::to_owned))
     } else {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        let whole = if t.kind.is_messages() {
-            v["type"] == "message"
-        } else {
-            v["object"] == "chat.completion"
+        let whole = match t.kind.api() {
+            Api::Chat => v["object"] == "chat.completion",
+            Api::Messages => v["type"] == "message",
+            Api::Responses => v["object"] == "response" && v["status"] == "completed",
+            Api::Embeddings => v["object"] == "list" && v["data"][0]["embedding"].is_array(),
         };
         (whole, v["model"].as_str().map(str::to_owned))
     };
     // A Messages answer names the model as its API does (an Anthropic model's as the
     // provider sent it); the node says which catalog model served in `x-served-model`.
-    let served = if t.kind.is_messages() && t.kind.is_node() {
+    let served = if t.kind.api() != Api::Chat && t.kind.is_node() {
         headers.get("x-served-model").and_then(|v| v.to_str().ok()).map(str::to_owned)
     } else {
         model
@@ -476,7 +530,7 @@ fn derive(run: &[Sample], s: &Sample) -> Derived {
     let find = |k: Kind| run.iter().find(|x| x.kind == k && x.conns == s.conns);
     // The simulator direct is a Chat request: what a Messages target adds over it would
     // include the simulator's own difference between its two APIs.
-    let direct = find(Kind::Direct).filter(|_| !s.kind.is_messages());
+    let direct = find(Kind::Direct).filter(|_| s.kind.api() == Api::Chat);
     let pass = find(s.kind.floor());
     let chat_pass = find(Kind::Passthrough);
     let proxied = s.kind != Kind::Direct;
