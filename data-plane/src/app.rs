@@ -38,31 +38,6 @@ pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
     );
 }
 
-/// `body`, a JSON object, with `fields` added at its end.
-pub fn with_fields<'v>(
-    mut body: Vec<u8>,
-    fields: impl Iterator<Item = (&'v str, &'v RawValue)>,
-) -> Vec<u8> {
-    while body.last().is_some_and(|b| b.is_ascii_whitespace()) {
-        body.pop();
-    }
-    if body.last() != Some(&b'}') {
-        return body;
-    }
-    body.pop();
-    let mut empty = body.last() == Some(&b'{');
-    for (key, value) in fields {
-        if !std::mem::take(&mut empty) {
-            body.push(b',');
-        }
-        let _ = serde_json::to_writer(&mut body, key);
-        body.push(b':');
-        body.extend_from_slice(value.get().as_bytes());
-    }
-    body.push(b'}');
-    body
-}
-
 /// A value as raw JSON, to splice into a response without building a tree.
 pub fn raw(value: &impl serde::Serialize) -> Option<Box<RawValue>> {
     serde_json::value::to_raw_value(value).ok()

@@ -72,7 +72,7 @@ pub fn respond(a: Answer<'_>) -> Response {
                 String::from_utf8_lossy(&frames).into_owned()
             }
             Flavor::Responses => {
-                let report = crate::app::raw(&report(&a)).unwrap_or_default();
+                let report = serde_json::value::to_raw_value(&report(&a)).unwrap_or_default();
                 let frames = crate::responses::degraded(a.message, MODEL, &report, true);
                 String::from_utf8_lossy(&frames).into_owned()
             }
@@ -107,7 +107,7 @@ pub fn respond(a: Answer<'_>) -> Response {
                 ([(header::CONTENT_TYPE, "application/json")], body).into_response()
             }
             Flavor::Responses => {
-                let report = crate::app::raw(&report(&a)).unwrap_or_default();
+                let report = serde_json::value::to_raw_value(&report(&a)).unwrap_or_default();
                 let body = crate::responses::degraded(a.message, MODEL, &report, false);
                 ([(header::CONTENT_TYPE, "application/json")], body).into_response()
             }

@@ -18,10 +18,9 @@ use switchyard_catalog::{Model, ProviderKind};
 use switchyard_wire::core::{self, Event};
 use switchyard_wire::{chat, responses};
 
-use crate::app::with_fields;
 use crate::error::ApiError;
 use crate::providers::Completion;
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, with_fields};
 
 /// The gateway's own fields a Responses body may carry beside OpenAI's.
 const GATEWAY_FIELDS: [&str; 4] = ["model", "models", "fallback_models", "redundancy"];
