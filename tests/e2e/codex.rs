@@ -2,7 +2,7 @@
 //! in front of `switchyard sim` (docs/clients.md): `codex exec` with a `CODEX_HOME` whose
 //! model provider is the node, the key's chain failing over from a broken primary to an
 //! OpenAI-kind and to an Anthropic-kind fallback, and the answer Codex printed checked.
-//! `.ci/run` installs Codex into `.tools/npm` (`SWITCHYARD_CODEX` names another binary).
+//! `.ci/run` installs Codex into `.tools/codex` (`SWITCHYARD_CODEX` names another binary).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Output;

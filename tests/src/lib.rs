@@ -118,11 +118,11 @@ pub fn codex() -> PathBuf {
         return PathBuf::from(p);
     }
     let bin =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/npm/node_modules/.bin/codex");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/codex/node_modules/.bin/codex");
     assert!(
         bin.is_file(),
-        "{} not found: run .ci/run (it installs Codex into .tools/npm), or `npm install \
-         --prefix .tools/npm @openai/codex@{CODEX_VERSION}`, or set SWITCHYARD_CODEX to a \
+        "{} not found: run .ci/run (it installs Codex into .tools/codex), or `npm install \
+         --prefix .tools/codex @openai/codex@{CODEX_VERSION}`, or set SWITCHYARD_CODEX to a \
          `codex` binary",
         bin.display()
     );
