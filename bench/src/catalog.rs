@@ -11,6 +11,14 @@ pub const SECONDARY: &str = "sim/secondary";
 /// The primary's simulator model as one that can continue an answer (`continuation:
 /// prefill`): its streams keep what they delivered, for `streams --prefill`.
 pub const PREFILL: &str = "sim/prefill";
+/// The primary and secondary again, behind an Anthropic-kind provider (the simulator's
+/// `/v1/messages`): the models `--surfaces` serves Messages requests with unchanged.
+pub const ANTHROPIC_PRIMARY: &str = "sim-anthropic/primary";
+pub const ANTHROPIC_SECONDARY: &str = "sim-anthropic/secondary";
+/// Two embedding models of the same dimensions (a chain may fail over between them only
+/// then), for the `--surfaces` embeddings targets.
+pub const EMBED: &str = "sim/embed";
+pub const EMBED_SECONDARY: &str = "sim/embed-secondary";
 
 /// A short cool-down so half-open probes do happen inside every measured window: the
 /// attempts-per-request figure is then the steady state of an open breaker that keeps
@@ -25,14 +33,19 @@ const BREAKER_POLICY: &str = "breaker_policy:
   half_open_probes: 1
 ";
 
-/// One openai-compatible provider (the simulator at `sim`) serving the three models, with
-/// the bench's breaker policy.
+/// The simulator at `sim` as an openai-compatible provider serving the models above and as
+/// an Anthropic-kind one serving the primary and secondary again, with the bench's breaker
+/// policy.
 pub fn catalog_yaml(sim: SocketAddr) -> String {
     format!(
         r#"providers:
   - name: sim
     kind: openai-compatible
     base_url: http://{sim}/v1
+    region: us
+  - name: sim-anthropic
+    kind: anthropic
+    base_url: http://{sim}
     region: us
 models:
   - name: {PRIMARY}
@@ -48,6 +61,22 @@ models:
     provider: sim
     upstream_model: primary
     continuation: prefill
+  - name: {ANTHROPIC_PRIMARY}
+    provider: sim-anthropic
+    upstream_model: primary
+  - name: {ANTHROPIC_SECONDARY}
+    provider: sim-anthropic
+    upstream_model: secondary
+  - name: {EMBED}
+    provider: sim
+    upstream_model: embed
+    type: embedding
+    dimensions: 256
+  - name: {EMBED_SECONDARY}
+    provider: sim
+    upstream_model: embed-secondary
+    type: embedding
+    dimensions: 256
 {BREAKER_POLICY}"#
     )
 }

@@ -104,6 +104,29 @@ pub async fn http(
     Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
 }
 
+/// One `POST` on a fresh connection with `headers` beside `Host` and `Content-Type`: the
+/// status, the response's headers and its whole body, unparsed (a stream's events too).
+/// Setup and checks only, never in a measured loop.
+pub async fn post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<(u16, hyper::HeaderMap, Bytes)> {
+    let mut sender = connect(addr).await?;
+    let mut req = Request::post(path)
+        .header(header::HOST, addr.to_string())
+        .header(header::CONTENT_TYPE, "application/json");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(Full::new(body)).map_err(|e| format!("request: {e}"))?;
+    let resp = sender.send_request(req).await.map_err(|e| format!("POST {path}: {e}"))?;
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.map_err(|e| format!("POST {path}: {e}"))?.to_bytes();
+    Ok((parts.status.as_u16(), parts.headers, bytes))
+}
+
 /// The node's Prometheus text (not JSON, so not through [`http`]).
 pub async fn metrics_text(addr: SocketAddr) -> Result<String> {
     let mut sender = connect(addr).await?;

@@ -6,7 +6,9 @@
 //! It builds nothing: it starts the release `switchyard` binary found next to itself (or
 //! `--switchyard PATH`) as sim, control plane and node on loopback with temporary
 //! directories, and re-executes itself as `switchyard-bench passthrough` so the
-//! pass-through's CPU time is measurable from /proc like the node's. See
+//! pass-through's CPU time is measurable from /proc like the node's. `--surfaces` adds
+//! Messages, Responses and embeddings requests (`/v1/messages`, `/v1/responses`,
+//! `/v1/embeddings`, native and translated, each with its pass-through floor); `--baseline-switchyard PATH` a node of another build beside this one's. See
 //! docs/BENCHMARKS.md for what each column means.
 
 use std::net::SocketAddr;
@@ -43,7 +45,8 @@ use error::Result;
 use overhead::Options;
 
 const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 1,32] \
-[--warmup-secs 2] [--duration-secs 5] [--runs 3] [--max-steal-pct 5]
+[--warmup-secs 2] [--duration-secs 5] [--runs 3] [--max-steal-pct 5] [--surfaces] \
+[--baseline-switchyard PATH]
        switchyard-bench keys [--count 100000] [--store embedded,etcd] [--runs 3] [--changes 5]
        switchyard-bench fleet [--nodes 1000] [--store embedded,etcd] [--changes 20] [--slow 100] [--keys 0]
        switchyard-bench streams [--streams 2000] [--chunks 200] [--chunk-delay-ms 20] [--runs 3] [--prefill]
@@ -104,6 +107,8 @@ fn parse_options(args: &[String]) -> Result<Options> {
     let mut duration = Duration::from_secs(5);
     let mut runs = 3;
     let mut max_steal_pct = DEFAULT_MAX_STEAL_PCT;
+    let mut surfaces = false;
+    let mut baseline = None;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
@@ -140,6 +145,17 @@ fn parse_options(args: &[String]) -> Result<Options> {
                         format!("--max-steal-pct: expected a percentage in (0, 100], got {v:?}")
                     })?;
             }
+            "--surfaces" => surfaces = true,
+            "--baseline-switchyard" => {
+                let path = PathBuf::from(value()?);
+                if !path.is_file() {
+                    return Err(format!(
+                        "--baseline-switchyard: {} is not a file (the `switchyard` binary of the build to compare with)",
+                        path.display()
+                    ));
+                }
+                baseline = Some(path);
+            }
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
@@ -157,7 +173,16 @@ fn parse_options(args: &[String]) -> Result<Options> {
             switchyard.display()
         ));
     }
-    Ok(Options { switchyard, concurrency, warmup, duration, runs, max_steal_pct })
+    Ok(Options {
+        switchyard,
+        concurrency,
+        warmup,
+        duration,
+        runs,
+        max_steal_pct,
+        surfaces,
+        baseline,
+    })
 }
 
 /// `passthrough --listen ADDR --upstream ADDR`, both on loopback.

@@ -1,5 +1,8 @@
 //! The default run: the simulator direct, the bare hyper pass-through and the node (primary
-//! healthy, primary failing) under the same closed-loop load, one concurrency at a time.
+//! healthy, primary failing) under the same closed-loop load, one concurrency at a time;
+//! with `--surfaces` also Messages, Responses and embeddings requests (native and
+//! translated, each with the pass-through forwarding what reaches the simulator as its floor), with `--baseline-switchyard` a node of another
+//! build beside this one's.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,14 +12,17 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::json;
 
-use crate::catalog::{FAILING, PRIMARY, SECONDARY, catalog_yaml};
-use crate::client::{connect, http, metrics_text};
+use crate::catalog::{
+    ANTHROPIC_PRIMARY, ANTHROPIC_SECONDARY, EMBED, EMBED_SECONDARY, FAILING, PRIMARY, SECONDARY,
+    catalog_yaml,
+};
+use crate::client::{connect, http, metrics_text, post};
 use crate::error::Result;
 use crate::fleet::Fleet;
 use crate::host::{clock_ticks, cpu_ticks, ctx_switches, mib, status_kib, steal_ticks};
-use crate::load::{Kind, Target, phase};
+use crate::load::{Api, Kind, Target, phase};
 use crate::proc::Proc;
-use crate::stats::{fmt, median, percentile};
+use crate::stats::{fmt, median, pct, percentile};
 
 /// Attempts at one concurrency of one run before the least disturbed one is kept.
 const MAX_ATTEMPTS: usize = 4;
@@ -29,6 +35,10 @@ pub struct Options {
     pub duration: Duration,
     pub runs: usize,
     pub max_steal_pct: f64,
+    /// Adds the Messages, Responses and embeddings targets ([`Kind::SURFACES`]).
+    pub surfaces: bool,
+    /// Another build's `switchyard`, whose node is measured beside this build's.
+    pub baseline: Option<PathBuf>,
 }
 
 /// What one target measured in one run at one concurrency.
@@ -205,63 +215,117 @@ async fn bench(options: Options) -> Result<()> {
         &logs("passthrough"),
     )?;
 
-    let messages = json!([{"role": "user", "content": "Say hello."}]);
-    let direct_body = json!({"model": "primary", "messages": messages}).to_string();
-    let node_body = |model: &str| {
-        json!({"model": model, "fallback_models": [SECONDARY], "messages": messages}).to_string()
+    // The baseline node: another build's `switchyard` on the same control plane and
+    // simulator, sent exactly what this build's node is sent.
+    let baseline = match &options.baseline {
+        Some(bin) => Some(fleet.add_node_with_env(bin, d, "node-baseline", &[]).await?),
+        None => None,
     };
-    let auth = Some(format!("Bearer {key}"));
+
+    let chat = json!([{"role": "user", "content": "Say hello."}]);
+    let direct_body = json!({"model": "primary", "messages": chat}).to_string();
+    let node_body = |model: &str| {
+        json!({"model": model, "fallback_models": [SECONDARY], "messages": chat}).to_string()
+    };
+    // The same prompt as a Messages body, with the `max_tokens` that API requires; the node's
+    // also names a fallback, as the Chat bodies do.
+    let messages_body = |model: &str, fallback: Option<&str>, stream: bool| {
+        let mut body = json!({"model": model, "max_tokens": 256, "messages": chat});
+        if let Some(fallback) = fallback {
+            body["fallback_models"] = json!([fallback]);
+        }
+        if stream {
+            body["stream"] = json!(true);
+        }
+        body.to_string()
+    };
+    // The same prompt as a Responses body, and as a streamed Chat body for its floor.
+    let responses_body = |model: &str, fallback: &str, stream: bool| {
+        json!({"model": model, "fallback_models": [fallback], "input": "Say hello.",
+               "max_output_tokens": 256, "store": false, "stream": stream})
+        .to_string()
+    };
+    let stream_body = json!({"model": "primary", "messages": chat, "stream": true}).to_string();
+    // One input to embed, to the simulator's model and to the node's chain of two.
+    let embed_direct = json!({"model": "embed", "input": "Say hello."}).to_string();
+    let embed_body =
+        json!({"model": EMBED, "fallback_models": [EMBED_SECONDARY], "input": "Say hello."})
+            .to_string();
+    let bearer = Some(format!("Bearer {key}"));
     let limited_key = fleet
         .limited_key
         .as_deref()
         .ok_or("this switchyard has no key limits (keys set-limits)")?;
-    let limited_auth = Some(format!("Bearer {limited_key}"));
-    let targets: Vec<Arc<Target>> = Kind::ALL
-        .iter()
-        .map(|&kind| {
-            let (addr, auth, body, proxy_pid) = match kind {
-                Kind::Direct => (sim.addr, None, direct_body.clone(), None),
-                Kind::Passthrough => (pass.addr, None, direct_body.clone(), Some(pass.pid())),
-                Kind::NodeHealthy => {
-                    (node.addr, auth.clone(), node_body(PRIMARY), Some(node.pid()))
-                }
-                Kind::NodeFailing => {
-                    (node.addr, auth.clone(), node_body(FAILING), Some(node.pid()))
-                }
-                Kind::NodeLimited => {
-                    (node.addr, limited_auth.clone(), node_body(PRIMARY), Some(node.pid()))
-                }
-            };
-            Arc::new(Target {
-                kind,
-                addr,
-                host: addr.to_string(),
-                auth,
-                body: Bytes::from(body),
-                proxy_pid,
-                tls: None,
-            })
-        })
-        .collect();
+    let limited_bearer = Some(format!("Bearer {limited_key}"));
+    // Messages clients send the key bare, in `x-api-key`.
+    let x_api_key = Some(key.to_owned());
 
-    // Each target must answer 200 before it is measured, and the node's answers must come
-    // from the model the case means: otherwise the figures measure an error path.
-    for t in &targets {
-        let auth = t.auth.as_deref().and_then(|a| a.strip_prefix("Bearer "));
-        let body = String::from_utf8_lossy(&t.body).into_owned();
-        let (status, v) = http(t.addr, "POST", "/v1/chat/completions", auth, Some(body)).await?;
-        let want = match t.kind {
-            Kind::Direct | Kind::Passthrough => "primary",
-            Kind::NodeHealthy | Kind::NodeLimited => PRIMARY,
-            Kind::NodeFailing => SECONDARY,
+    let mut kinds = Kind::DEFAULT.to_vec();
+    if baseline.is_some() {
+        // Beside this build's node, so the two are measured one after the other.
+        let at = kinds.iter().position(|k| *k == Kind::NodeHealthy).map_or(kinds.len(), |i| i + 1);
+        kinds.insert(at, Kind::NodeBaseline);
+    }
+    if options.surfaces {
+        kinds.extend(Kind::SURFACES);
+    }
+    let mut targets: Vec<Arc<Target>> = Vec::with_capacity(kinds.len());
+    for &kind in &kinds {
+        let (addr, auth, body, proxy_pid) = match kind {
+            Kind::Direct => (sim.addr, None, direct_body.clone(), None),
+            Kind::Passthrough => (pass.addr, None, direct_body.clone(), Some(pass.pid())),
+            Kind::NodeHealthy => (node.addr, bearer.clone(), node_body(PRIMARY), Some(node.pid())),
+            Kind::NodeFailing => (node.addr, bearer.clone(), node_body(FAILING), Some(node.pid())),
+            Kind::NodeLimited => {
+                (node.addr, limited_bearer.clone(), node_body(PRIMARY), Some(node.pid()))
+            }
+            Kind::NodeBaseline => {
+                let base = baseline.as_ref().ok_or("no baseline node")?;
+                (base.addr, bearer.clone(), node_body(PRIMARY), Some(base.pid()))
+            }
+            Kind::MessagesPassthrough | Kind::MessagesStreamPassthrough => {
+                let stream = kind == Kind::MessagesStreamPassthrough;
+                (pass.addr, None, messages_body("primary", None, stream), Some(pass.pid()))
+            }
+            Kind::MessagesAnthropic | Kind::MessagesStreamAnthropic => {
+                let stream = kind == Kind::MessagesStreamAnthropic;
+                let body = messages_body(ANTHROPIC_PRIMARY, Some(ANTHROPIC_SECONDARY), stream);
+                (node.addr, x_api_key.clone(), body, Some(node.pid()))
+            }
+            Kind::MessagesOpenAi | Kind::MessagesStreamOpenAi => {
+                let stream = kind == Kind::MessagesStreamOpenAi;
+                let body = messages_body(PRIMARY, Some(SECONDARY), stream);
+                (node.addr, x_api_key.clone(), body, Some(node.pid()))
+            }
+            Kind::StreamPassthrough => (pass.addr, None, stream_body.clone(), Some(pass.pid())),
+            Kind::ResponsesOpenAi | Kind::ResponsesStreamOpenAi => {
+                let stream = kind == Kind::ResponsesStreamOpenAi;
+                let body = responses_body(PRIMARY, SECONDARY, stream);
+                (node.addr, bearer.clone(), body, Some(node.pid()))
+            }
+            Kind::ResponsesAnthropic => {
+                let body = responses_body(ANTHROPIC_PRIMARY, ANTHROPIC_SECONDARY, false);
+                (node.addr, bearer.clone(), body, Some(node.pid()))
+            }
+            Kind::EmbeddingsPassthrough => {
+                (pass.addr, None, embed_direct.clone(), Some(pass.pid()))
+            }
+            Kind::EmbeddingsOpenAi => {
+                (node.addr, bearer.clone(), embed_body.clone(), Some(node.pid()))
+            }
         };
-        if status != 200 || v["model"] != want {
-            return Err(format!(
-                "{}: check request got {status}, model {} (expected 200 from {want}): {v}",
-                t.kind.label(),
-                v["model"]
-            ));
-        }
+        targets.push(Arc::new(Target {
+            kind,
+            addr,
+            host: addr.to_string(),
+            auth,
+            body: Bytes::from(body),
+            proxy_pid,
+            tls: None,
+        }));
+    }
+    for t in &targets {
+        check(t).await?;
     }
 
     let ticks = clock_ticks();
@@ -288,10 +352,10 @@ async fn bench(options: Options) -> Result<()> {
             let mut kept: Option<(f64, Vec<Sample>)> = None;
             for attempt in 1..=MAX_ATTEMPTS {
                 let mut group = Vec::with_capacity(targets.len());
-                for t in &targets {
+                for t in run_order(&targets, run) {
                     let s = bench.measure(t, conns, options.warmup, options.duration).await?;
                     eprintln!(
-                        "  run {run} c={conns} {:<22} {:>8.0} req/s  p50 {:>7.1} µs  p98 {:>7.1}  p99 {:>7.1}  p99.9 {:>7.1} µs  steal {:>4.1} %",
+                        "  run {run} c={conns} {:<36} {:>8.0} req/s  p50 {:>7.1} µs  p98 {:>7.1}  p99 {:>7.1}  p99.9 {:>7.1} µs  steal {:>4.1} %",
                         t.kind.label(),
                         s.rps,
                         s.p50_us,
@@ -302,6 +366,7 @@ async fn bench(options: Options) -> Result<()> {
                     );
                     group.push(s);
                 }
+                group.sort_by_key(|s| kinds.iter().position(|k| *k == s.kind));
                 let steal = group.iter().map(|s| s.steal_pct).fold(0.0, f64::max);
                 if kept.as_ref().is_none_or(|(k, _)| steal < *k) {
                     kept = Some((steal, group));
@@ -328,7 +393,117 @@ async fn bench(options: Options) -> Result<()> {
     // and counted; a benchmark that fails over on every request must say whether it did.
     let dropped = metrics_text(node.addr).await.ok().and_then(|text| events_dropped(&text));
     print_goals(&runs, &options.concurrency, dropped);
-    drop((pass, node, cp, sim));
+    print_floors(&runs, &options.concurrency);
+    print_baseline(&runs, &options.concurrency);
+    drop((pass, baseline, node, cp, sim));
+    Ok(())
+}
+
+/// The targets in the order run `run` measures them: this build's node and the baseline's
+/// take turns going first, so neither is always the one measured after the other.
+fn run_order(targets: &[Arc<Target>], run: usize) -> Vec<&Arc<Target>> {
+    let mut order: Vec<&Arc<Target>> = targets.iter().collect();
+    let at = |kind: Kind| order.iter().position(|t| t.kind == kind);
+    if run.is_multiple_of(2)
+        && let (Some(node), Some(baseline)) = (at(Kind::NodeHealthy), at(Kind::NodeBaseline))
+    {
+        order.swap(node, baseline);
+    }
+    order
+}
+
+/// The model a target's check answer must come from: the simulator's own name for the
+/// pass-through and direct targets, the catalog model for the node's.
+fn expected_model(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Direct
+        | Kind::Passthrough
+        | Kind::StreamPassthrough
+        | Kind::MessagesPassthrough
+        | Kind::MessagesStreamPassthrough => "primary",
+        Kind::NodeHealthy
+        | Kind::NodeLimited
+        | Kind::NodeBaseline
+        | Kind::MessagesOpenAi
+        | Kind::MessagesStreamOpenAi
+        | Kind::ResponsesOpenAi
+        | Kind::ResponsesStreamOpenAi => PRIMARY,
+        Kind::NodeFailing => SECONDARY,
+        Kind::MessagesAnthropic | Kind::MessagesStreamAnthropic | Kind::ResponsesAnthropic => {
+            ANTHROPIC_PRIMARY
+        }
+        Kind::EmbeddingsPassthrough => "embed",
+        Kind::EmbeddingsOpenAi => EMBED,
+    }
+}
+
+/// Whether a target's requests ask for a stream.
+fn streamed(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::MessagesStreamPassthrough
+            | Kind::MessagesStreamAnthropic
+            | Kind::MessagesStreamOpenAi
+            | Kind::StreamPassthrough
+            | Kind::ResponsesStreamOpenAi
+    )
+}
+
+/// Each target must answer 200 with a whole answer in its API's shape, from the model the
+/// case means, before it is measured: otherwise the figures measure an error path.
+async fn check(t: &Target) -> Result<()> {
+    let (status, headers, body) = post(t.addr, t.kind.path(), &t.headers(), t.body.clone()).await?;
+    let text = String::from_utf8_lossy(&body);
+    let want = expected_model(t.kind);
+    let (whole, model) = if streamed(t.kind) {
+        let events: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.trim()).ok())
+            .collect();
+        // Each API's stream names the model in its first event and ends with its own
+        // last one, which a stream cut short lacks.
+        let (first, end) = match t.kind.api() {
+            Api::Messages => ("message_start", "event: message_stop"),
+            Api::Responses => ("response.created", "event: response.completed"),
+            Api::Chat | Api::Embeddings => ("", "data: [DONE]"),
+        };
+        let model = match t.kind.api() {
+            Api::Messages => events
+                .iter()
+                .find(|v| v["type"] == first)
+                .and_then(|v| v["message"]["model"].as_str()),
+            Api::Responses => events
+                .iter()
+                .find(|v| v["type"] == first)
+                .and_then(|v| v["response"]["model"].as_str()),
+            Api::Chat | Api::Embeddings => events.first().and_then(|v| v["model"].as_str()),
+        };
+        (text.contains(end), model.map(str::to_owned))
+    } else {
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let whole = match t.kind.api() {
+            Api::Chat => v["object"] == "chat.completion",
+            Api::Messages => v["type"] == "message",
+            Api::Responses => v["object"] == "response" && v["status"] == "completed",
+            Api::Embeddings => v["object"] == "list" && v["data"][0]["embedding"].is_array(),
+        };
+        (whole, v["model"].as_str().map(str::to_owned))
+    };
+    // A Messages answer names the model as its API does (an Anthropic model's as the
+    // provider sent it); the node says which catalog model served in `x-served-model`.
+    let served = if t.kind.api() != Api::Chat && t.kind.is_node() {
+        headers.get("x-served-model").and_then(|v| v.to_str().ok()).map(str::to_owned)
+    } else {
+        model
+    };
+    if status != 200 || !whole || served.as_deref() != Some(want) {
+        return Err(format!(
+            "{}: check request got {status}, served by {served:?}, whole answer {whole} \
+             (expected 200 from {want}): {text}",
+            t.kind.label()
+        ));
+    }
     Ok(())
 }
 
@@ -342,21 +517,35 @@ struct Derived {
     /// because on a saturated 2-core host the hop alone can exceed an absolute tail goal.
     over_pass_p50_us: Option<f64>,
     over_pass_p99_us: Option<f64>,
+    /// Against the target's own floor ([`Kind::floor`]): the pass-through forwarding the
+    /// same API's body.
     cpu_vs_pass: Option<f64>,
+    p50_vs_pass: Option<f64>,
+    /// Against the Chat pass-through, whatever the target's API.
+    cpu_vs_chat_pass: Option<f64>,
+    p50_vs_chat_pass: Option<f64>,
 }
 
 fn derive(run: &[Sample], s: &Sample) -> Derived {
     let find = |k: Kind| run.iter().find(|x| x.kind == k && x.conns == s.conns);
-    let direct = find(Kind::Direct);
-    let pass = find(Kind::Passthrough);
+    // The simulator direct is a Chat request: what a Messages target adds over it would
+    // include the simulator's own difference between its two APIs.
+    let direct = find(Kind::Direct).filter(|_| s.kind.api() == Api::Chat);
+    let pass = find(s.kind.floor());
+    let chat_pass = find(Kind::Passthrough);
     let proxied = s.kind != Kind::Direct;
-    let node = matches!(s.kind, Kind::NodeHealthy | Kind::NodeFailing | Kind::NodeLimited);
+    let node = s.kind.is_node();
+    let cpu = |p: &Sample| p.proxy_cpu_us.zip(s.proxy_cpu_us).map(|(p, me)| me / p);
+    let p50 = |p: &Sample| (s.p50_us / p.p50_us).is_finite().then(|| s.p50_us / p.p50_us);
     Derived {
         added_p50_us: direct.filter(|_| proxied).map(|d| s.p50_us - d.p50_us),
         added_p99_us: direct.filter(|_| proxied).map(|d| s.p99_us - d.p99_us),
         over_pass_p50_us: pass.filter(|_| node).map(|p| s.p50_us - p.p50_us),
         over_pass_p99_us: pass.filter(|_| node).map(|p| s.p99_us - p.p99_us),
-        cpu_vs_pass: pass.and_then(|p| p.proxy_cpu_us).zip(s.proxy_cpu_us).map(|(p, me)| me / p),
+        cpu_vs_pass: pass.and_then(cpu),
+        p50_vs_pass: pass.filter(|_| proxied).and_then(p50),
+        cpu_vs_chat_pass: chat_pass.and_then(cpu),
+        p50_vs_chat_pass: chat_pass.filter(|_| proxied).and_then(p50),
     }
 }
 
@@ -378,15 +567,17 @@ fn med_of(
 
 fn print_table(runs: &[Vec<Sample>]) {
     println!(
-        "| target | conns | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy CPU µs/req | CPU × pass-through | proxy ctx switches/req | sim CPU µs/req | control CPU µs/req | proxy peak RSS MiB | primary attempts/req | host steal % | non-200 |"
+        "| target | conns | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy CPU µs/req | CPU × pass-through | p50 × pass-through | proxy ctx switches/req | sim CPU µs/req | control CPU µs/req | proxy peak RSS MiB | primary attempts/req | host steal % | non-200 |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     let Some(first) = runs.first() else { return };
     for s in first {
         let (k, c) = (s.kind, s.conns);
         let m = |f: fn(&[Sample], &Sample) -> Option<f64>| med_of(runs, k, c, f);
         println!(
-            "| {} | {c} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {c} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             k.label(),
             fmt(m(|_, s| Some(s.rps)), 0),
             fmt(m(|_, s| Some(s.p50_us / 1e3)), 3),
@@ -395,6 +586,7 @@ fn print_table(runs: &[Vec<Sample>]) {
             fmt(m(|r, s| derive(r, s).added_p99_us.map(|v| v / 1e3)), 3),
             fmt(m(|_, s| s.proxy_cpu_us), 1),
             fmt(m(|r, s| derive(r, s).cpu_vs_pass), 2),
+            fmt(m(|r, s| derive(r, s).p50_vs_pass), 2),
             fmt(m(|_, s| s.proxy_ctx_per_req), 1),
             fmt(m(|_, s| Some(s.sim_cpu_us)), 1),
             fmt(m(|_, s| Some(s.control_cpu_us)), 1),
@@ -411,6 +603,83 @@ fn print_table(runs: &[Vec<Sample>]) {
     }
     let total: u64 = runs.iter().flatten().map(|s| s.requests).sum();
     println!("\n({total} measured requests in this table)\n");
+}
+
+/// The Messages targets and the baseline node against their own floor and against the Chat
+/// pass-through (only when the run has them).
+fn print_floors(runs: &[Vec<Sample>], concurrency: &[usize]) {
+    let shown = [Kind::NodeHealthy, Kind::NodeBaseline]
+        .into_iter()
+        .chain(Kind::SURFACES)
+        .filter(|k| runs.iter().flatten().any(|s| s.kind == *k))
+        .collect::<Vec<_>>();
+    if !shown.iter().any(|k| *k != Kind::NodeHealthy) {
+        return;
+    }
+    println!("### Against each floor (medians over runs of each run's ratio)\n");
+    println!(
+        "| target | conns | its pass-through | proxy CPU µs/req | CPU × its pass-through | CPU × Chat pass-through | p50 ms | p50 × its pass-through | p50 × Chat pass-through |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    for &c in concurrency {
+        for &k in &shown {
+            let m = |f: fn(&[Sample], &Sample) -> Option<f64>| med_of(runs, k, c, f);
+            println!(
+                "| {} | {c} | {} | {} | {} | {} | {} | {} | {} |",
+                k.label(),
+                k.floor().label(),
+                fmt(m(|_, s| s.proxy_cpu_us), 1),
+                fmt(m(|r, s| derive(r, s).cpu_vs_pass), 2),
+                fmt(m(|r, s| derive(r, s).cpu_vs_chat_pass), 2),
+                fmt(m(|_, s| Some(s.p50_us / 1e3)), 3),
+                fmt(m(|r, s| derive(r, s).p50_vs_pass), 2),
+                fmt(m(|r, s| derive(r, s).p50_vs_chat_pass), 2),
+            );
+        }
+    }
+    println!();
+}
+
+/// This build's node against the baseline build's, from each run's pair of rows (only when
+/// the run has a baseline).
+fn print_baseline(runs: &[Vec<Sample>], concurrency: &[usize]) {
+    if !runs.iter().flatten().any(|s| s.kind == Kind::NodeBaseline) {
+        return;
+    }
+    println!("### This build against the baseline, primary healthy (ratios of each run's pair)\n");
+    println!(
+        "| conns | baseline CPU µs/req | this build CPU µs/req | CPU this / baseline (median) | min–max | baseline p50 ms | this build p50 ms | p50 this / baseline (median) | min–max |"
+    );
+    println!("|---:|---:|---:|---:|---|---:|---:|---:|---|");
+    for &c in concurrency {
+        let pairs: Vec<(&Sample, &Sample)> = runs
+            .iter()
+            .filter_map(|run| {
+                let find = |k: Kind| run.iter().find(|s| s.kind == k && s.conns == c);
+                find(Kind::NodeBaseline).zip(find(Kind::NodeHealthy))
+            })
+            .collect();
+        let cpu: Vec<f64> = pairs
+            .iter()
+            .filter_map(|(b, n)| n.proxy_cpu_us.zip(b.proxy_cpu_us).map(|(n, b)| n / b))
+            .collect();
+        let p50: Vec<f64> = pairs.iter().map(|(b, n)| n.p50_us / b.p50_us).collect();
+        let m = |k: Kind, f: fn(&[Sample], &Sample) -> Option<f64>| med_of(runs, k, c, f);
+        println!(
+            "| {c} | {} | {} | {} | {}–{} | {} | {} | {} | {}–{} |",
+            fmt(m(Kind::NodeBaseline, |_, s| s.proxy_cpu_us), 1),
+            fmt(m(Kind::NodeHealthy, |_, s| s.proxy_cpu_us), 1),
+            fmt(median(&cpu), 3),
+            fmt(pct(&cpu, 0.0), 3),
+            fmt(pct(&cpu, 1.0), 3),
+            fmt(m(Kind::NodeBaseline, |_, s| Some(s.p50_us / 1e3)), 3),
+            fmt(m(Kind::NodeHealthy, |_, s| Some(s.p50_us / 1e3)), 3),
+            fmt(median(&p50), 3),
+            fmt(pct(&p50, 0.0), 3),
+            fmt(pct(&p50, 1.0), 3),
+        );
+    }
+    println!();
 }
 
 /// The node's `switchyard_failover_events_dropped_total`, from its `/metrics` text.

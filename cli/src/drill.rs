@@ -154,11 +154,20 @@ pub async fn drill(args: DrillArgs) -> Result<(), CliError> {
     }
     // Continuation (what stream-cut judges) is built for Chat Completions streams only; a
     // broken /v1/messages stream ends with an `error` event (docs/messages.md).
-    if scenario == Scenario::StreamCut && args.surface == Surface::Messages {
-        return Err(CliError::Usage(
-            "--surface messages: stream-cut judges stream continuation, which /v1/messages does not do (a broken Messages stream ends with an error event); run it with --surface chat"
-                .to_owned(),
-        ));
+    match (scenario, args.surface) {
+        (Scenario::StreamCut, Surface::Messages) => {
+            return Err(CliError::Usage(
+                "--surface messages: stream-cut judges stream continuation, which /v1/messages does not do (a broken Messages stream ends with an error event); run it with --surface chat"
+                    .to_owned(),
+            ));
+        }
+        (Scenario::StreamCut, Surface::Responses) => {
+            return Err(CliError::Usage(
+                "--surface responses: stream-cut counts continuations by the report a continued Chat stream carries, which a Responses stream does not carry; run it with --surface chat"
+                    .to_owned(),
+            ));
+        }
+        _ => {}
     }
     // Listening for Ctrl-C from the start: one pressed while the drill injects still clears.
     let interrupted = tokio::signal::ctrl_c();

@@ -430,6 +430,15 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         "    -d '{{\"model\": \"{DEMO_PRIMARY}\", \"fallback_models\": [\"{DEMO_CLAUDE}\"], \"max_tokens\": 256, \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
     );
     println!();
+    println!("And through OpenAI's Responses API (client.responses in the OpenAI SDKs, the Agents");
+    println!("SDK; stateless: the whole conversation in `input`):");
+    println!();
+    println!("  curl -s {url}/v1/responses \\");
+    println!("    -H 'Authorization: Bearer {demo_key}' -H 'Content-Type: application/json' \\");
+    println!(
+        "    -d '{{\"model\": \"{DEMO_PRIMARY}\", \"fallback_models\": [\"{DEMO_CLAUDE}\"], \"input\": \"Hello\", \"store\": false}}'"
+    );
+    println!();
     println!("Admin commands from another terminal:");
     println!("  export SWITCHYARD_CONTROL={control_url}");
     if admin_token_from_env {

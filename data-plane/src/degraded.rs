@@ -71,6 +71,11 @@ pub fn respond(a: Answer<'_>) -> Response {
                 let frames = crate::messages::degraded(a.message, MODEL, &report(&a), true);
                 String::from_utf8_lossy(&frames).into_owned()
             }
+            Flavor::Responses => {
+                let report = serde_json::value::to_raw_value(&report(&a)).unwrap_or_default();
+                let frames = crate::responses::degraded(a.message, MODEL, &report, true);
+                String::from_utf8_lossy(&frames).into_owned()
+            }
             Flavor::OpenAi | Flavor::Classic | Flavor::Embeddings => {
                 format!("data: {chunk}\n\ndata: [DONE]\n\n")
             }
@@ -102,6 +107,11 @@ pub fn respond(a: Answer<'_>) -> Response {
             }
             Flavor::Anthropic => {
                 let body = crate::messages::degraded(a.message, MODEL, &report(&a), false);
+                ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Flavor::Responses => {
+                let report = serde_json::value::to_raw_value(&report(&a)).unwrap_or_default();
+                let body = crate::responses::degraded(a.message, MODEL, &report, false);
                 ([(header::CONTENT_TYPE, "application/json")], body).into_response()
             }
         }

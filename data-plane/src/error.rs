@@ -23,6 +23,8 @@ pub enum Flavor {
     Classic,
     /// `/v1/messages`: Anthropic's Messages API (docs/messages.md).
     Anthropic,
+    /// `/v1/responses`: OpenAI's Responses API (docs/responses.md); errors in OpenAI's shape.
+    Responses,
     /// `/v1/embeddings`: OpenAI's embeddings API, its errors in OpenAI's shape.
     Embeddings,
 }
@@ -33,6 +35,7 @@ impl Flavor {
         match self {
             Self::OpenAi | Self::Classic => "chat",
             Self::Anthropic => "messages",
+            Self::Responses => "responses",
             Self::Embeddings => "embeddings",
         }
     }
@@ -40,7 +43,7 @@ impl Flavor {
     /// The body field a multi-model answer's failover report rides in.
     pub fn report_field(self) -> &'static str {
         match self {
-            Self::OpenAi | Self::Anthropic | Self::Embeddings => "secureai",
+            Self::OpenAi | Self::Anthropic | Self::Responses | Self::Embeddings => "secureai",
             Self::Classic => "metadata",
         }
     }
@@ -280,7 +283,7 @@ impl ApiError {
     pub fn render(&self, flavor: Flavor) -> Response {
         let (mut body, attempts) = self.envelope();
         match flavor {
-            Flavor::OpenAi | Flavor::Embeddings => {
+            Flavor::OpenAi | Flavor::Responses | Flavor::Embeddings => {
                 if let Some(attempts) = attempts {
                     body["secureai"] = json!({"attempts": attempts});
                 }

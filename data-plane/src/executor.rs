@@ -543,7 +543,11 @@ impl Executor {
             Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
             Ok(Ok(completion)) => {
                 if let Some(output) = output {
-                    output.check(completion.choices()).map_err(Failure::InvalidOutput)?;
+                    let checked = match completion.messages {
+                        true => output.check_message(completion.verbatim()),
+                        false => output.check(completion.choices()),
+                    };
+                    checked.map_err(Failure::InvalidOutput)?;
                 }
                 Ok(Called::Completion(completion))
             }

@@ -37,7 +37,14 @@ use crate::providers::Completion;
 use crate::report::{AttemptReport, Failover, FailoverReport, failover_occurred};
 use crate::request::ChatRequest;
 use crate::request_id;
+use crate::responses;
 use crate::stream::Rescue;
+
+/// The translation of a request that arrived on another surface than Chat Completions.
+enum Surface {
+    Messages(messages::Translated),
+    Responses(responses::Translated),
+}
 
 /// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -59,6 +66,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/chat/completions", post(|s, r| chat(s, r, Flavor::Classic)))
         .route("/v1/messages", post(|s, r| chat(s, r, Flavor::Anthropic)))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(|s, r| chat(s, r, Flavor::Responses)))
         .route("/v1/embeddings", post(|s, r| chat(s, r, Flavor::Embeddings)))
         // Claude Code asks `HEAD /` before its first call; a GET answers it too.
         .route("/", get(|| async { Json(json!({"service": "switchyard"})) }))
@@ -182,6 +190,7 @@ async fn chat(
         Flavor::OpenAi => "/v1/chat/completions",
         Flavor::Classic => "/chat/completions",
         Flavor::Anthropic => "/v1/messages",
+        Flavor::Responses => "/v1/responses",
         Flavor::Embeddings => "/v1/embeddings",
     };
     // A debug span, free unless enabled (`RUST_LOG=switchyard_data_plane=debug`), so the
@@ -287,15 +296,18 @@ async fn serve(
 ) -> Result<Response, ApiError> {
     let (config, key) = (Arc::clone(config), Arc::clone(key));
     let bytes = read_body(body, app.max_body_bytes).await?;
-    // A `/v1/messages` body is translated into the unified form, its original kept beside it.
-    let translated = match flavor {
-        Flavor::Anthropic => Some(messages::Translated::of(&bytes)?),
+    // A `/v1/messages` or `/v1/responses` body is translated into the unified form (a
+    // Messages body's original kept beside it, for Anthropic models).
+    let surface = match flavor {
+        Flavor::Anthropic => Some(Surface::Messages(messages::Translated::of(&bytes)?)),
+        Flavor::Responses => Some(Surface::Responses(responses::Translated::of(&bytes)?)),
         Flavor::OpenAi | Flavor::Classic | Flavor::Embeddings => None,
     };
-    let request = match (&translated, flavor) {
-        (Some(translated), _) => translated.request(&bytes, headers)?,
-        (None, Flavor::Embeddings) => ChatRequest::embeddings(&bytes)?,
-        (None, _) => ChatRequest::parse(&bytes)?,
+    let request = match &surface {
+        Some(Surface::Messages(translated)) => translated.request(&bytes, headers)?,
+        Some(Surface::Responses(translated)) => translated.request()?,
+        None if flavor == Flavor::Embeddings => ChatRequest::embeddings(&bytes)?,
+        None => ChatRequest::parse(&bytes)?,
     };
     let chain = chain::resolve(&request, &key, &config)?;
     // The SERVER span when OpenTelemetry is on; otherwise no context is looked up at all.
@@ -386,11 +398,11 @@ async fn serve(
         let provider = gen_ai_provider(&config, &served.model);
         otel::served(span, provider, &served.model.name, failover_occurred(&served.attempts));
     }
-    let dropped = messages::dropped_hints(
-        &request,
-        config.catalog.provider(&served.model.provider).map(|p| p.kind),
-        &served.model,
-    );
+    let kind = config.catalog.provider(&served.model.provider).map(|p| p.kind);
+    let dropped = match &surface {
+        Some(Surface::Responses(translated)) => translated.dropped(kind, &served.model),
+        _ => messages::dropped_hints(&request, kind, &served.model),
+    };
     let mut response = match served.output {
         Output::Completion(completion) => {
             otel::answered(span, &completion);
@@ -406,15 +418,15 @@ async fn serve(
             // A stream that breaks after its first token is continued when the chain allows
             // it and a model from the serving one on can (docs/http-api.md, "Streaming"); a
             // Messages stream ends with an `error` event instead (docs/messages.md).
-            let rescue = if chain.continue_streams && flavor != Flavor::Anthropic {
+            // A Responses stream is continued from its translation, a chat request like any.
+            let body = match &surface {
+                None => Some(bytes.clone()),
+                Some(Surface::Responses(translated)) => Some(translated.body.clone()),
+                Some(Surface::Messages(_)) => None,
+            };
+            let rescue = if let Some(body) = body.filter(|_| chain.continue_streams) {
                 let deadline = chain.deadline.map(|d| started + d);
-                Rescue::of(
-                    bytes.clone(),
-                    Arc::clone(&config),
-                    &chain.entries,
-                    &served.model,
-                    deadline,
-                )
+                Rescue::of(body, Arc::clone(&config), &chain.entries, &served.model, deadline)
             } else {
                 None
             };
@@ -551,6 +563,10 @@ fn render_completion(
             let secureai = if chain.is_multi_model() { raw(&report) } else { None };
             completion.to_json(&name, secureai.as_deref().map(|r| ("secureai", r)))
         }),
+        Flavor::Responses => {
+            let secureai = if chain.is_multi_model() { raw(&report) } else { None };
+            responses::answer(&completion, &model.name, secureai.as_deref())
+        }
         Flavor::Classic => Some({
             let metadata = if chain.is_multi_model() {
                 json!(report)

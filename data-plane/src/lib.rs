@@ -42,6 +42,7 @@ pub mod providers;
 pub mod report;
 pub mod request;
 pub mod request_id;
+pub mod responses;
 pub mod retry;
 pub mod serve;
 pub mod shards;

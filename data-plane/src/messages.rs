@@ -20,7 +20,7 @@ use switchyard_wire::{chat, messages};
 
 use crate::error::{ApiError, anthropic_error_type};
 use crate::providers::Completion;
-use crate::request::{ChatRequest, Native};
+use crate::request::{ChatRequest, Native, with_fields};
 
 /// Names the request's hints the serving model could not take (docs/messages.md).
 pub const DROPPED_HINTS: HeaderName = HeaderName::from_static("x-dropped-hints");
@@ -50,11 +50,21 @@ impl Translated {
         let gateway: BTreeMap<&str, &RawValue> = serde_json::from_slice(body).map_err(|e| {
             ApiError::invalid("body", format!("the body is not a JSON object ({e})"))
         })?;
+        let format = response_format(gateway.get("output_config").copied())?;
         let body = with_fields(
             unified,
-            GATEWAY_FIELDS.iter().filter_map(|name| gateway.get(name).map(|v| (*name, *v))),
+            GATEWAY_FIELDS
+                .iter()
+                .filter_map(|name| gateway.get(name).map(|v| (*name, *v)))
+                .chain(format.as_deref().map(|f| ("response_format", f))),
         );
-        Ok(Self { body, hints: request.hints, reasoning: request.reasoning.is_some() })
+        let mut hints = request.hints;
+        // A JSON schema every kind is asked for (as Chat's `response_format`) is no hint:
+        // no model drops it, and `invalid_output` checks the answer against it.
+        if format.is_some() {
+            hints.retain(|hint| *hint != "output_config");
+        }
+        Ok(Self { body, hints, reasoning: request.reasoning.is_some() })
     }
 
     /// The chain's request: the translation, with the original body kept for Anthropic models.
@@ -67,6 +77,7 @@ impl Translated {
         let beta = headers.get(ANTHROPIC_BETA).cloned();
         request.native =
             Some(Native::messages(original, beta, self.hints.clone(), self.reasoning)?);
+        request.translated = true;
         Ok(request)
     }
 }
@@ -95,33 +106,46 @@ impl Counted {
     }
 }
 
-fn refused(refusal: switchyard_wire::Refusal) -> ApiError {
-    ApiError::invalid(refusal.field.clone(), refusal.to_string())
+/// `output_config.format` (Anthropic's structured outputs) as Chat's `response_format`, when
+/// it asks for a JSON schema.
+fn response_format(output_config: Option<&RawValue>) -> Result<Option<Box<RawValue>>, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct OutputConfig<'a> {
+        #[serde(borrow)]
+        format: Option<Format<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Format<'a> {
+        #[serde(rename = "type")]
+        kind: std::borrow::Cow<'a, str>,
+        #[serde(borrow)]
+        schema: Option<&'a RawValue>,
+    }
+    #[derive(serde::Serialize)]
+    struct ResponseFormat<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        json_schema: JsonSchema<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct JsonSchema<'a> {
+        name: &'static str,
+        schema: &'a RawValue,
+    }
+    let Some(raw) = output_config else { return Ok(None) };
+    let config: OutputConfig<'_> = serde_json::from_str(raw.get())
+        .map_err(|e| ApiError::invalid("output_config", format!("not readable ({e})")))?;
+    let Some(Format { kind, schema: Some(schema) }) = config.format else { return Ok(None) };
+    if kind != "json_schema" {
+        return Ok(None);
+    }
+    let format =
+        ResponseFormat { kind: "json_schema", json_schema: JsonSchema { name: "output", schema } };
+    serde_json::value::to_raw_value(&format).map(Some).map_err(|_| ApiError::Internal)
 }
 
-/// `body`, a JSON object, with `fields` added at its end.
-fn with_fields<'v>(
-    mut body: Vec<u8>,
-    fields: impl Iterator<Item = (&'v str, &'v RawValue)>,
-) -> Vec<u8> {
-    while body.last().is_some_and(|b| b.is_ascii_whitespace()) {
-        body.pop();
-    }
-    if body.last() != Some(&b'}') {
-        return body;
-    }
-    body.pop();
-    let mut empty = body.last() == Some(&b'{');
-    for (key, value) in fields {
-        if !std::mem::take(&mut empty) {
-            body.push(b',');
-        }
-        let _ = serde_json::to_writer(&mut body, key);
-        body.push(b':');
-        body.extend_from_slice(value.get().as_bytes());
-    }
-    body.push(b'}');
-    body
+fn refused(refusal: switchyard_wire::Refusal) -> ApiError {
+    ApiError::invalid(refusal.field.clone(), refusal.to_string())
 }
 
 /// The `x-dropped-hints` of an answer `model` (of `kind`) gave, if any were dropped.
@@ -328,6 +352,21 @@ mod tests {
         assert!(
             matches!(&e, ApiError::InvalidRequest { param: Some(p), .. } if p == "max_tokens"),
             "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_json_schema_output_config_becomes_the_chains_response_format_and_no_hint() {
+        let body = br#"{"model":"claude","max_tokens":10,"messages":[{"role":"user","content":"hi"}],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}}}"#;
+        let translated = Translated::of(body).unwrap();
+        assert!(translated.hints.is_empty(), "{:?}", translated.hints);
+        let request = translated.request(body, &HeaderMap::new()).unwrap();
+        let format: Value =
+            serde_json::from_str(request.passthrough["response_format"].get()).unwrap();
+        assert_eq!(
+            format,
+            json!({"type": "json_schema",
+                   "json_schema": {"name": "output", "schema": {"type": "object"}}})
         );
     }
 

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -36,6 +37,16 @@ pub struct ChatRequest<'a> {
     /// `/v1/chat/completions`. The fields above are then its translation, which every
     /// provider kind but the surface's own is sent.
     pub native: Option<Native<'a>>,
+    /// The fields above are a translation from another surface (`/v1/messages`,
+    /// `/v1/responses`): what the client asked for in its own terms, so a field a model
+    /// cannot take (`reasoning_effort`) is left out for it rather than refused.
+    pub translated: bool,
+    /// The body as the client sent it (on `/v1/messages`, its Chat translation).
+    body: &'a [u8],
+    /// The body read into the translation core, on first use: only adapters that translate
+    /// into another format ask for it, so a chain of OpenAI-kind models never pays for it,
+    /// and a chain of several translating models reads it once.
+    core: OnceLock<Result<switchyard_wire::core::Request, switchyard_wire::Refusal>>,
     /// What an `/v1/embeddings` request asks (docs/http-api.md, "`POST /v1/embeddings`"):
     /// its chain then takes embedding models only, and each adapter makes an embeddings
     /// call. `None` on the chat surfaces.
@@ -270,8 +281,17 @@ impl<'a> ChatRequest<'a> {
             stream,
             include_usage,
             native: None,
+            translated: false,
+            body,
+            core: OnceLock::new(),
             embeddings,
         })
+    }
+
+    /// The request in the translation core's form, read on first use; a refusal names the
+    /// field in Chat terms (`messages[1].tool_calls[0].function.arguments`).
+    pub fn core(&self) -> Result<&switchyard_wire::core::Request, &switchyard_wire::Refusal> {
+        self.core.get_or_init(|| switchyard_wire::chat::parse_request(self.body)).as_ref()
     }
 }
 
@@ -481,6 +501,31 @@ fn ranged(v: &Value, path: &str, (lo, hi): (u32, u32)) -> Result<u32, ApiError> 
         Some(n) if (u64::from(lo)..=u64::from(hi)).contains(&n) => Ok(n as u32),
         _ => Err(ApiError::invalid(path, format!("{path} must be an integer from {lo} to {hi}"))),
     }
+}
+
+/// `body`, a JSON object, with `fields` added at its end.
+pub fn with_fields<'v>(
+    mut body: Vec<u8>,
+    fields: impl Iterator<Item = (&'v str, &'v RawValue)>,
+) -> Vec<u8> {
+    while body.last().is_some_and(|b| b.is_ascii_whitespace()) {
+        body.pop();
+    }
+    if body.last() != Some(&b'}') {
+        return body;
+    }
+    body.pop();
+    let mut empty = body.last() == Some(&b'{');
+    for (key, value) in fields {
+        if !std::mem::take(&mut empty) {
+            body.push(b',');
+        }
+        let _ = serde_json::to_writer(&mut body, key);
+        body.push(b':');
+        body.extend_from_slice(value.get().as_bytes());
+    }
+    body.push(b'}');
+    body
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ use crate::providers::{CallError, StreamError, StreamEvent, UpstreamStream, Usag
 use crate::report::AttemptReport;
 use crate::report::FailoverReport;
 use crate::request::ChatRequest;
+use crate::responses;
 use crate::retry;
 
 pub struct Context {
@@ -102,7 +103,10 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
     // A Messages stream carries the report in `message_start`'s message (docs/messages.md).
     let messages =
         (ctx.flavor == Flavor::Anthropic).then(|| Framing::new(&ctx.model.name, report.clone()));
-    if let Some(report) = report.filter(|_| messages.is_none()) {
+    // A Responses stream carries it in `response.created`'s response (docs/responses.md).
+    let responses = (ctx.flavor == Flavor::Responses)
+        .then(|| responses::Framing::new(&ctx.model.name, report.clone()));
+    if let Some(report) = report.filter(|_| messages.is_none() && responses.is_none()) {
         carry_report(&mut buffered, ctx.flavor.report_field(), report);
     }
     // The head is written while `ctx` is at hand; the body, which takes it, comes after.
@@ -114,6 +118,7 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
     let pump = Pump {
         app: Arc::clone(app),
         messages,
+        responses,
         ctx,
         buffered: buffered.into(),
         upstream,
@@ -161,6 +166,8 @@ struct Pump {
     app: Arc<App>,
     /// How a `/v1/messages` stream's events are written; `None` for Chat Completions.
     messages: Option<Framing>,
+    /// How a `/v1/responses` stream's events are written; `None` for the other surfaces.
+    responses: Option<responses::Framing>,
     ctx: Context,
     buffered: VecDeque<StreamEvent>,
     upstream: UpstreamStream,
@@ -230,6 +237,9 @@ impl Pump {
                     if let Some(messages) = &mut self.messages {
                         return messages.done();
                     }
+                    if let Some(responses) = &mut self.responses {
+                        return responses.done();
+                    }
                     let done = Bytes::from_static(b"data: [DONE]\n\n");
                     // Skipped frames and continuations are reported in a chunk of the node's
                     // own, the last before `[DONE]`: which upstream chunk was the last is known
@@ -251,6 +261,16 @@ impl Pump {
                     }
                     if let Some(messages) = &mut self.messages {
                         match messages.chunk(&mut fields) {
+                            Some(frame) => return Some(frame),
+                            None => continue,
+                        }
+                    }
+                    if let Some(responses) = &mut self.responses {
+                        // Kept as it came: a continuation reads the unified chunks.
+                        if let Some(delivered) = &mut self.delivered {
+                            delivered.keep(&fields);
+                        }
+                        match responses.chunk(&fields) {
                             Some(frame) => return Some(frame),
                             None => continue,
                         }
@@ -555,6 +575,9 @@ impl Pump {
         self.settle(outcome);
         if let Some(messages) = &self.messages {
             return messages.error(http::StatusCode::BAD_GATEWAY, message, code);
+        }
+        if let Some(responses) = &mut self.responses {
+            return responses.error(message, code);
         }
         let body = json!({"error": {"message": message, "type": "server_error", "code": code, "param": null}});
         sse_frame(body.to_string().as_bytes())

@@ -149,22 +149,60 @@ impl OutputCheck {
                     });
                 }
             };
-            let value: Value = match serde_json::from_str(content) {
-                Ok(value) => value,
-                Err(e) if c.finish_reason.as_deref() == Some("length") => {
-                    return Err(Invalid::Truncated { choice, error: e.to_string() });
-                }
-                Err(e) => return Err(Invalid::NotJson { choice, error: e.to_string() }),
-            };
-            if let Some(schema) = &self.schema
-                && let Err(e) = schema.validate(&value)
-            {
-                return Err(Invalid::Schema {
-                    choice,
-                    at: e.instance_path().to_string(),
-                    message: e.to_string(),
-                });
-            }
+            self.check_content(choice, content, c.finish_reason.as_deref() == Some("length"))?;
+        }
+        Ok(())
+    }
+
+    /// [`OutputCheck::check`] for an Anthropic `message`, a Messages answer passed on as it
+    /// came: its text blocks, joined, are the content. An answer that calls a tool or
+    /// refuses carries none to check, and passes.
+    pub fn check_message(&self, message: Option<&[u8]>) -> Result<(), Invalid> {
+        #[derive(Deserialize)]
+        struct Message<'a> {
+            #[serde(borrow, default)]
+            content: Vec<Block<'a>>,
+            #[serde(borrow, default)]
+            stop_reason: Option<Cow<'a, str>>,
+        }
+        #[derive(Deserialize)]
+        struct Block<'a> {
+            #[serde(borrow, rename = "type")]
+            kind: Cow<'a, str>,
+            #[serde(borrow, default)]
+            text: Option<Cow<'a, str>>,
+        }
+        let message = message.ok_or_else(|| Invalid::Unreadable("no message".into()))?;
+        let message: Message<'_> =
+            serde_json::from_slice(message).map_err(|e| Invalid::Unreadable(e.to_string()))?;
+        if matches!(message.stop_reason.as_deref(), Some("tool_use" | "refusal")) {
+            return Ok(());
+        }
+        let text: String = message
+            .content
+            .iter()
+            .filter(|b| b.kind == "text")
+            .filter_map(|b| b.text.as_deref())
+            .collect();
+        self.check_content(0, &text, message.stop_reason.as_deref() == Some("max_tokens"))
+    }
+
+    /// One answer's `content`: JSON, valid against the schema; `truncated` when the model
+    /// ran out of tokens, so unparsable JSON is named as cut short.
+    fn check_content(&self, choice: usize, content: &str, truncated: bool) -> Result<(), Invalid> {
+        let value: Value = match serde_json::from_str(content) {
+            Ok(value) => value,
+            Err(e) if truncated => return Err(Invalid::Truncated { choice, error: e.to_string() }),
+            Err(e) => return Err(Invalid::NotJson { choice, error: e.to_string() }),
+        };
+        if let Some(schema) = &self.schema
+            && let Err(e) = schema.validate(&value)
+        {
+            return Err(Invalid::Schema {
+                choice,
+                at: e.instance_path().to_string(),
+                message: e.to_string(),
+            });
         }
         Ok(())
     }
@@ -439,6 +477,32 @@ pub(crate) mod tests {
         assert_eq!(e.kind(), "truncated");
         // Cut where the JSON happens to be whole: judged like any answer.
         assert!(check(&format, json!(r#"{"name": "Ada", "age": 3}"#), "length").is_ok());
+    }
+
+    #[test]
+    fn an_anthropic_message_is_judged_by_its_text_blocks() {
+        let check = OutputCheck::compile(Some(&schema_format(person()))).unwrap().unwrap();
+        let message = |content: Value, stop: &str| {
+            json!({"type": "message", "role": "assistant", "content": content,
+                   "stop_reason": stop})
+            .to_string()
+        };
+        let split = json!([{"type": "text", "text": "{\"name\": \"Ada\", "},
+                           {"type": "text", "text": "\"age\": 36}"}]);
+        assert!(check.check_message(Some(message(split, "end_turn").as_bytes())).is_ok());
+        let prose = json!([{"type": "text", "text": "Ada is 36."}]);
+        let e = check.check_message(Some(message(prose, "end_turn").as_bytes())).unwrap_err();
+        assert_eq!(e.kind(), "not_json");
+        let off = json!([{"type": "text", "text": "{\"name\": \"Ada\"}"}]);
+        let e = check.check_message(Some(message(off, "end_turn").as_bytes())).unwrap_err();
+        assert_eq!(e.kind(), "schema");
+        let cut = json!([{"type": "text", "text": "{\"name\": \"Ada\", \"ag"}]);
+        let e = check.check_message(Some(message(cut, "max_tokens").as_bytes())).unwrap_err();
+        assert_eq!(e.kind(), "truncated");
+        // A tool call carries no answer to judge.
+        let tool = json!([{"type": "tool_use", "id": "t", "name": "f", "input": {}}]);
+        assert!(check.check_message(Some(message(tool, "tool_use").as_bytes())).is_ok());
+        assert!(check.check_message(None).is_err());
     }
 
     #[test]

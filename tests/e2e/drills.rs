@@ -490,6 +490,45 @@ async fn drills_run_through_the_messages_surface_as_an_anthropic_client_sends_th
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drills_run_through_the_responses_surface_as_an_openai_client_sends_them() {
+    let gw = Gateway::start().await;
+    let node = gw.node.url();
+    let mut args = drill_args("primary-down", &gw, &node);
+    args.extend(["--surface", "responses", "--model", PRIMARY, "--fallback-models", SECONDARY]);
+    let report = drill(&gw.cp.url(), &args).await.json();
+    all_hold(
+        &report,
+        &[
+            "breaker_opened_within_one_window",
+            "no_primary_call_once_open",
+            "served_by_the_next_model",
+        ],
+    );
+    assert_eq!(report["surface"], "responses", "{report:#}");
+    let responses =
+        metric(gw.node.addr, "switchyard_failovers_total", r#"surface="responses""#).await;
+    assert_eq!(responses, report["requests"].as_f64().unwrap(), "every request failed over");
+    assert_eq!(metric(gw.node.addr, "switchyard_failovers_total", r#"surface="chat""#).await, 0.0);
+
+    // A stalled Responses stream ends with `response.failed`, which the drill reads.
+    let mut args = drill_args("stream-stall", &gw, &node);
+    args.extend(["--surface", "responses", "--model", STALLY, "--requests", "2"]);
+    let report = drill(&gw.cp.url(), &args).await.json();
+    all_hold(
+        &report,
+        &["every_stream_ends_with_an_error_frame", "error_frame_within_stall_timeout"],
+    );
+
+    // stream-cut counts continuations by a report Responses streams do not carry.
+    let mut args = drill_args("stream-cut", &gw, &node);
+    args.extend(["--surface", "responses", "--model", PRIMARY]);
+    let out = drill(&gw.cp.url(), &args).await;
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--surface responses"), "{}", out.stderr);
+    assert_eq!(faults_in_force(&gw.cp.url()).await, Vec::<Value>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_cut_through_the_messages_surface_is_a_usage_mistake_that_injects_nothing() {
     let gw = Gateway::start().await;
     let node = gw.node.url();

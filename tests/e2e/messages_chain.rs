@@ -153,3 +153,32 @@ async fn a_keys_token_limit_counts_what_the_served_model_reported_and_refuses_in
     }
     assert_eq!(admitted, 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_answer_that_breaks_the_asked_json_schema_fails_over_to_a_model_asked_for_the_same_schema()
+ {
+    let gw = Gateway::start().await;
+    gw.script(ANTHROPIC_UPSTREAM, json!({"kind": "ok", "text": "Ada is 36."})).await;
+    gw.script("secondary", json!({"kind": "ok", "text": r#"{"name": "Ada", "age": 36}"#})).await;
+    let schema = json!({"type": "object", "required": ["name", "age"],
+                        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}});
+    let mut request = body(ANTHROPIC, &[SECONDARY]);
+    request["output_config"] = json!({"format": {"type": "json_schema", "schema": schema}});
+    request["redundancy"] = json!({"on": ["invalid_output"]});
+
+    let r = messages(&gw, request).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-dropped-hints"), None, "the schema is no hint: {}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], SECONDARY, "{v}");
+    assert_eq!(v["content"][0]["text"], r#"{"name": "Ada", "age": 36}"#, "{v}");
+    let attempts = &v["secureai"]["failover"]["attempts"];
+    assert_eq!(attempts[0]["model"], ANTHROPIC, "{v}");
+    assert_eq!(attempts[0]["reason"], "invalid_output", "{v}");
+    // The Anthropic model got its own output_config; the OpenAI-kind one, the same schema
+    // as Chat's response_format.
+    let native = gw.last_upstream_request(ANTHROPIC_UPSTREAM).await;
+    assert_eq!(native["body"]["output_config"]["format"]["schema"], schema, "{native}");
+    let sent = gw.last_upstream_request("secondary").await;
+    assert_eq!(sent["body"]["response_format"]["json_schema"]["schema"], schema, "{sent}");
+}

@@ -108,6 +108,27 @@ pub fn claude() -> PathBuf {
     bin
 }
 
+/// The Codex CLI version `.ci/run` installs and the tests were written against.
+pub const CODEX_VERSION: &str = "0.171.0";
+
+/// The Codex CLI's `codex` binary: `$SWITCHYARD_CODEX`, else the one `.ci/run` installs into
+/// the repository's `.tools/npm`. Missing, it fails the test with how to install it.
+pub fn codex() -> PathBuf {
+    if let Some(p) = std::env::var_os("SWITCHYARD_CODEX") {
+        return PathBuf::from(p);
+    }
+    let bin =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/codex/node_modules/.bin/codex");
+    assert!(
+        bin.is_file(),
+        "{} not found: run .ci/run (it installs Codex into .tools/codex), or `npm install \
+         --prefix .tools/codex @openai/codex@{CODEX_VERSION}`, or set SWITCHYARD_CODEX to a \
+         `codex` binary",
+        bin.display()
+    );
+    bin
+}
+
 /// A running `switchyard` server process, killed on drop.
 pub struct Proc {
     pub child: Child,

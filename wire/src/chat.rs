@@ -12,8 +12,8 @@ use serde_json::value::RawValue;
 
 use crate::Refusal;
 use crate::core::{
-    self, Effort, Event, Finish, Image, Message, Part, RawJson, Reasoning, Role, Tool, ToolChoice,
-    ToolMode, Usage,
+    self, Effort, Event, Finish, Format, Image, Message, Part, RawJson, Reasoning, Role, Tool,
+    ToolChoice, ToolMode, Usage,
 };
 use crate::de::{self, OneOrList, OneOrObject};
 
@@ -435,9 +435,46 @@ struct OutRequest<'a> {
     user: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reasoning_effort: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<OutResponseFormat<'a>>,
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum OutResponseFormat<'a> {
+    JsonObject,
+    JsonSchema { json_schema: OutJsonSchema<'a> },
+}
+
+#[derive(Serialize)]
+struct OutJsonSchema<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    schema: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    strict: Option<bool>,
+}
+
+impl<'a> OutResponseFormat<'a> {
+    fn of(format: &'a Format) -> Self {
+        match format {
+            Format::JsonObject => OutResponseFormat::JsonObject,
+            Format::JsonSchema { name, description, schema, strict } => {
+                OutResponseFormat::JsonSchema {
+                    json_schema: OutJsonSchema {
+                        name,
+                        description: description.as_deref(),
+                        schema: schema.raw(),
+                        strict: *strict,
+                    },
+                }
+            }
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -598,7 +635,9 @@ pub const MAX_USER_CHARS: usize = 64;
 /// - `reasoning` becomes `reasoning_effort` when `reasoning_allowed`, else it is dropped
 ///   (hint `thinking`);
 /// - `user` is sent when it has at most [`MAX_USER_CHARS`] characters, else dropped (hint
-///   `user`).
+///   `user`);
+/// - `format` becomes `response_format` (`json_object`, or `json_schema` with the schema as
+///   sent).
 pub fn request_body(
     request: &core::Request,
     reasoning_allowed: bool,
@@ -711,6 +750,7 @@ pub fn request_body(
         stop: &request.stop,
         user,
         reasoning_effort,
+        response_format: request.format.as_ref().map(OutResponseFormat::of),
         stream: request.stream,
         stream_options: request.stream.then_some(StreamOptions { include_usage: true }),
     };

@@ -27,6 +27,10 @@ pub struct Request {
     /// Who the end user is: Messages' `metadata.user_id`, Chat's `user`.
     pub user: Option<String>,
     pub reasoning: Option<Reasoning>,
+    /// The shape the answer's text must take (structured outputs), where the client's format
+    /// asks for one (Responses' `text.format`); `None`: free text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<Format>,
     /// Provider-only hints seen in the request that a translation to another format drops
     /// (`cache_control`, `context_management`, ...), each once, in the order first seen.
     pub hints: Vec<&'static str>,
@@ -165,6 +169,15 @@ pub enum ToolMode {
     Any,
     /// A call of this tool.
     Tool(String),
+}
+
+/// The shape an answer's text must take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum Format {
+    /// A JSON object, any.
+    JsonObject,
+    /// JSON valid against `schema`, passed on unchanged.
+    JsonSchema { name: String, description: Option<String>, schema: RawJson, strict: Option<bool> },
 }
 
 /// How much the model reasons before it answers.

@@ -15,6 +15,9 @@
 //! - [`messages`]: Anthropic Messages (`/v1/messages`), both ways too: requests, `message`,
 //!   the event stream (`message_start` … `message_stop`), errors and Anthropic's status
 //!   mapping.
+//! - [`responses`]: OpenAI Responses (`/v1/responses`), a client format only: requests into
+//!   the core (stateless: the whole conversation in `input`), Response objects and the
+//!   Responses event stream (`response.created` … `response.completed`) out of it.
 //! - [`gemini`]: Google Gemini (`generateContent`), a provider format only: request bodies
 //!   from the core; answers, stream frames and errors into it.
 //!
@@ -64,5 +67,7 @@ mod de;
 pub mod gemini;
 pub mod messages;
 mod refusal;
+pub mod responses;
+mod sse;
 
 pub use refusal::Refusal;

@@ -16,6 +16,7 @@ use crate::core::{
     Usage,
 };
 use crate::de::{self, OneOrList};
+pub use crate::sse::Frame;
 
 // === Request: wire types ===
 
@@ -627,7 +628,7 @@ enum OutInBlock<'a> {
     },
     ToolResult {
         tool_use_id: &'a str,
-        content: Vec<OutInBlock<'a>>,
+        content: OutResultContent<'a>,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
     },
@@ -635,6 +636,15 @@ enum OutInBlock<'a> {
         thinking: &'a str,
         signature: &'a str,
     },
+}
+
+/// A tool result's content: one text as the plain string a client would write (Chat's tool
+/// messages are text), else blocks.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OutResultContent<'a> {
+    Text(&'a str),
+    Blocks(Vec<OutInBlock<'a>>),
 }
 
 #[derive(Serialize)]
@@ -698,7 +708,10 @@ fn in_block(part: &Part) -> Option<OutInBlock<'_>> {
         }
         Part::ToolResult { call_id, content, is_error } => OutInBlock::ToolResult {
             tool_use_id: call_id,
-            content: content.iter().filter_map(in_block).collect(),
+            content: match content.as_slice() {
+                [Part::Text(text)] => OutResultContent::Text(text),
+                _ => OutResultContent::Blocks(content.iter().filter_map(in_block).collect()),
+            },
             is_error: *is_error,
         },
         // Anthropic takes back only the thinking it signed.
@@ -828,8 +841,9 @@ struct WireResponse {
     id: String,
     #[serde(default)]
     model: String,
-    #[serde(default)]
-    content: Vec<WireOutBlock>,
+    /// Required in an answer (an answer without it is not a `message`); a stream's
+    /// `message_start` carries it empty.
+    content: Option<Vec<WireOutBlock>>,
     stop_reason: Option<String>,
     stop_sequence: Option<String>,
     usage: Option<WireUsage>,
@@ -933,8 +947,9 @@ pub fn parse_response(body: &[u8]) -> Result<core::Response, Refusal> {
             format!("the answer is an error ({}): {}", error.kind, error.message),
         ));
     }
-    let mut parts = Vec::with_capacity(wire.content.len());
-    for (i, block) in wire.content.into_iter().enumerate() {
+    let content = wire.content.ok_or_else(|| Refusal::at("content", "field required"))?;
+    let mut parts = Vec::with_capacity(content.len());
+    for (i, block) in content.into_iter().enumerate() {
         let at = format!("content[{i}]");
         match block.kind.as_str() {
             "text" => parts.push(Part::Text(required(block.text, &at, "text")?)),
@@ -1263,30 +1278,6 @@ pub fn error_body(status: u16, message: &str) -> Vec<u8> {
 }
 
 // === Streams: writing ===
-
-/// One server-sent event: `event: {event}\ndata: {data}\n\n`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
-    pub event: &'static str,
-    pub data: Vec<u8>,
-}
-
-impl Frame {
-    fn new<T: Serialize>(event: &'static str, data: &T) -> Self {
-        Frame { event, data: de::to_vec(data) }
-    }
-
-    /// The frame as it goes on the wire.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.event.len() + self.data.len() + 16);
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(self.event.as_bytes());
-        out.extend_from_slice(b"\ndata: ");
-        out.extend_from_slice(&self.data);
-        out.extend_from_slice(b"\n\n");
-        out
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Open {

@@ -14,7 +14,7 @@ use insta::assert_json_snapshot;
 use serde_json::{Value, json};
 
 use switchyard_wire::core::{Event, Request};
-use switchyard_wire::{Refusal, chat, gemini, messages};
+use switchyard_wire::{Refusal, chat, gemini, messages, responses};
 
 fn value(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap()
@@ -530,4 +530,175 @@ fn gemini_errors() {
         "error": {"code": parsed.code, "status": parsed.status, "message": parsed.message},
         "web_image": {"field": unfetchable.field, "message": unfetchable.message},
     }));
+}
+
+// === Responses request → core → Chat body ===
+
+fn responses_to_chat(body: &Value) -> Value {
+    let core = responses::parse_request(&bytes(body)).unwrap();
+    let (chat, hints) = chat::request_body(&core, true);
+    json!({"core": core, "chat": value(&chat), "dropped": hints})
+}
+
+#[test]
+fn responses_request_to_chat_plain() {
+    let body = json!({"model": "gpt-4.1", "instructions": "Talk like a pirate.",
+        "input": "Are semicolons optional in JavaScript?", "max_output_tokens": 200,
+        "temperature": 0.5, "top_p": 0.9, "user": "user-1234", "metadata": {"team": "web"}, "store": false});
+    assert_json_snapshot!(responses_to_chat(&body));
+}
+
+#[test]
+fn responses_request_to_chat_tools_round_trip_and_images() {
+    let body = json!({"model": "gpt-4.1", "stream": true,
+    "tools": [{"type": "function", "name": "get_weather", "description": "Get current temperature for a given location.",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"], "additionalProperties": false},
+        "strict": true}],
+    "tool_choice": {"type": "function", "name": "get_weather"},
+    "input": [
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "What's the weather where this photo was taken?"},
+            {"type": "input_image", "image_url": "https://upload.wikimedia.org/wikipedia/commons/a/a7/Camponotus_flavomarginatus_ant.jpg"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]},
+        {"type": "function_call", "id": "fc_12345xyz", "call_id": "call_12345xyz", "name": "get_weather", "arguments": "{\"location\":\"Paris, France\"}"},
+        {"type": "function_call_output", "call_id": "call_12345xyz", "output": "18 degrees"}
+    ]});
+    assert_json_snapshot!(responses_to_chat(&body));
+}
+
+#[test]
+fn responses_request_to_chat_structured_output() {
+    let body = json!({"model": "gpt-4o-2024-08-06", "input": [
+            {"role": "system", "content": "Extract the event information."},
+            {"role": "user", "content": "Alice and Bob are going to a science fair on Friday."}],
+        "text": {"format": {"type": "json_schema", "name": "calendar_event", "strict": true,
+            "schema": {"type": "object", "properties": {"name": {"type": "string"}, "date": {"type": "string"},
+                "participants": {"type": "array", "items": {"type": "string"}}},
+                "required": ["name", "date", "participants"], "additionalProperties": false}}}});
+    assert_json_snapshot!(responses_to_chat(&body));
+}
+
+#[test]
+fn responses_request_to_chat_codex() {
+    let body: Value = serde_json::from_str(include_str!("fixtures/codex_request.json")).unwrap();
+    assert_json_snapshot!(responses_to_chat(&body));
+}
+
+#[test]
+fn responses_request_to_messages_codex() {
+    let body: Value = serde_json::from_str(include_str!("fixtures/codex_request.json")).unwrap();
+    let core = responses::parse_request(&bytes(&body)).unwrap();
+    let out = messages::request_body(&core, "claude-sonnet-4-5", 4096).unwrap();
+    assert_json_snapshot!(value(&out));
+}
+
+#[test]
+fn responses_request_refusals() {
+    let bodies = [
+        json!({"model": "m", "input": "hi", "previous_response_id": "resp_123"}),
+        json!({"model": "m"}),
+        json!({"model": "m", "input": [{"role": "user", "content": "a"}, {"type": "item_reference", "id": "msg_1"}]}),
+        json!({"model": "m", "input": [{"role": "user", "content": "a"},
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_2", "output": "x"}]}),
+        json!({"model": "m", "input": "hi", "max_output_tokens": 0}),
+        json!({"model": "m", "input": "hi", "text": {"format": {"type": "grammar"}}}),
+        json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}),
+        json!({"model": "m", "input": "hi", "tool_choice": {"type": "function", "name": "nope"}}),
+        json!({"model": "m", "input": "hi", "reasoning": {"effort": "extreme"}}),
+        json!({"model": "m", "input": "hi", "temperature": 2.5}),
+    ];
+    assert_json_snapshot!(refusals(responses::parse_request, &bodies));
+}
+
+// === Chat completion → core → Response object ===
+
+#[test]
+fn chat_completion_to_response_plain_and_tools() {
+    let plain = json!({"id": "chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT", "object": "chat.completion",
+        "created": 1741569952, "model": "gpt-4o-2024-08-06",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello! How can I help?", "refusal": null},
+            "logprobs": null, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 19, "completion_tokens": 10, "total_tokens": 29,
+            "prompt_tokens_details": {"cached_tokens": 4}}});
+    let tools = json!({"id": "chatcmpl-abc123", "object": "chat.completion", "created": 1699896916, "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "call_abc123", "type": "function", "function": {"name": "get_current_weather", "arguments": "{\"location\": \"Boston, MA\"}"}}]},
+            "logprobs": null, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 82, "completion_tokens": 17, "total_tokens": 99}});
+    let cut = json!({"id": "chatcmpl-cut", "object": "chat.completion", "created": 1699896916, "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Once upon a"},
+            "logprobs": null, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}});
+    let out: Vec<Value> = [plain, tools, cut]
+        .iter()
+        .map(|body| {
+            let core = chat::parse_completion(&bytes(body)).unwrap();
+            value(&responses::response_body_at(&core, "openai/gpt-4o", 1_700_000_000))
+        })
+        .collect();
+    assert_json_snapshot!(out);
+}
+
+// === Chat chunk stream → core → Responses events ===
+
+fn chunks_to_responses(chunks: &[Value]) -> Value {
+    let mut decoder = chat::ChunkDecoder::new();
+    let mut encoder = responses::Encoder::at("openai/gpt-4o", 1_700_000_000);
+    let mut out = Vec::new();
+    for chunk in chunks {
+        for event in decoder.decode(&bytes(chunk)).unwrap() {
+            encoder.push(event, &mut out);
+        }
+    }
+    encoder.finish(&mut out);
+    json!(frames(&out))
+}
+
+#[test]
+fn chat_chunks_to_responses_events_plain() {
+    let chunks = [
+        chunk(json!({"role": "assistant", "content": "", "refusal": null}), Value::Null),
+        chunk(json!({"content": "Hello"}), Value::Null),
+        chunk(json!({"content": " there"}), Value::Null),
+        chunk(json!({}), json!("stop")),
+        usage_chunk(),
+    ];
+    assert_json_snapshot!(chunks_to_responses(&chunks));
+}
+
+#[test]
+fn chat_chunks_to_responses_events_tools() {
+    let chunks = [
+        chunk(json!({"role": "assistant", "content": "Let me look."}), Value::Null),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_DdmO9pD3xa9XTPNJ32zg2hcA",
+            "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"location\""}}]}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": ": \"Paris\"}"}}]}),
+            Value::Null,
+        ),
+        chunk(json!({}), json!("tool_calls")),
+        usage_chunk(),
+    ];
+    assert_json_snapshot!(chunks_to_responses(&chunks));
+}
+
+#[test]
+fn a_responses_stream_that_breaks_ends_with_response_failed() {
+    let mut encoder = responses::Encoder::at("openai/gpt-4o", 1_700_000_000);
+    let mut out = Vec::new();
+    encoder.push(Event::Start { id: "chatcmpl-1".into(), model: "gpt-4o".into() }, &mut out);
+    encoder.push(Event::TextDelta("Hel".into()), &mut out);
+    // A continuation's start adds no second `response.created`.
+    encoder.push(Event::Start { id: "chatcmpl-2".into(), model: "gpt-4o".into() }, &mut out);
+    encoder.fail("stream_broken", "The upstream model failed mid-stream.", &mut out);
+    encoder.finish(&mut out);
+    assert_json_snapshot!(frames(&out));
 }

@@ -145,13 +145,17 @@ impl Node {
     }
 
     fn body(&self, ask: &Ask, content: &str) -> Value {
-        let mut body = serde_json::json!({
-            "messages": [{"role": "user", "content": content}],
-        });
-        if self.surface == Surface::Messages {
-            // Required on Messages; ample for a drill's short answer.
-            body["max_tokens"] = Value::from(1024);
-        }
+        let mut body = match self.surface {
+            Surface::Chat => serde_json::json!({
+                "messages": [{"role": "user", "content": content}],
+            }),
+            // `max_tokens` is required on Messages; ample for a drill's short answer.
+            Surface::Messages => serde_json::json!({
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": 1024,
+            }),
+            Surface::Responses => serde_json::json!({"input": content, "store": false}),
+        };
         match &ask.models {
             Some(models) => body["models"] = serde_json::json!(models),
             None => {
@@ -193,7 +197,9 @@ impl Node {
         let mut request = Request::post(format!("{}{}", self.base, self.surface.path()))
             .header("content-type", "application/json");
         request = match self.surface {
-            Surface::Chat => request.header("authorization", format!("Bearer {}", self.key)),
+            Surface::Chat | Surface::Responses => {
+                request.header("authorization", format!("Bearer {}", self.key))
+            }
             // As the Anthropic SDKs send it.
             Surface::Messages => {
                 request.header("x-api-key", &self.key).header("anthropic-version", "2023-06-01")
@@ -292,8 +298,8 @@ impl Node {
     }
 }
 
-/// Records one streamed event (a Chat chunk, or a Messages event); true when it ends the
-/// stream (an error event, or Messages' `message_stop`).
+/// Records one streamed event (a Chat chunk, a Messages or a Responses event); true when it
+/// ends the stream (an error event, Messages' `message_stop`, Responses' last event).
 fn read_event(
     surface: Surface,
     event: &Value,
@@ -334,6 +340,38 @@ fn read_event(
                 return true;
             }
             Some("content_block_delta") => event.pointer("/delta/text"),
+            _ => None,
+        },
+        // The model and the report ride in `response.created`'s response; a failure after
+        // the commit point ends the stream with `response.failed` (or an `error` event).
+        Surface::Responses => match event.get("type").and_then(Value::as_str) {
+            Some("response.created") => {
+                let response = &event["response"];
+                observation.served_model =
+                    response.get("model").and_then(Value::as_str).map(str::to_owned);
+                observation.attempts = attempts(response);
+                None
+            }
+            Some("response.completed" | "response.incomplete") => {
+                timing.done = true;
+                return true;
+            }
+            Some("response.failed") => {
+                timing.error_code =
+                    error_code(&event["response"]).or_else(|| Some("failed".to_owned()));
+                timing.error_at = Some(sent.elapsed());
+                return true;
+            }
+            Some("error") => {
+                timing.error_code = event
+                    .get("code")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .or_else(|| Some("error".to_owned()));
+                timing.error_at = Some(sent.elapsed());
+                return true;
+            }
+            Some("response.output_text.delta") => event.get("delta"),
             _ => None,
         },
     };

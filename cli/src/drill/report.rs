@@ -55,6 +55,8 @@ pub enum Surface {
     Chat,
     /// Anthropic's Messages: `POST /v1/messages`.
     Messages,
+    /// OpenAI's Responses: `POST /v1/responses`.
+    Responses,
 }
 
 impl Surface {
@@ -62,6 +64,7 @@ impl Surface {
         match self {
             Surface::Chat => "chat",
             Surface::Messages => "messages",
+            Surface::Responses => "responses",
         }
     }
 
@@ -69,6 +72,7 @@ impl Surface {
         match self {
             Surface::Chat => "/v1/chat/completions",
             Surface::Messages => "/v1/messages",
+            Surface::Responses => "/v1/responses",
         }
     }
 }

@@ -1,76 +1,65 @@
 //! Anthropic's Messages API (`POST {base_url}/v1/messages`, headers `x-api-key` and
-//! `anthropic-version`), translated both ways from and to OpenAI's chat completions.
+//! `anthropic-version`), for requests in OpenAI's chat-completion shape: translated both ways
+//! through the wire core (`switchyard_wire::messages`), which holds the format's rules.
 //!
-//! Request (OpenAI → Anthropic):
-//! - `system`/`developer` messages, wherever they are, become the top-level `system` (a
-//!   string, or text blocks when there are several): Anthropic has no system role in
-//!   `messages`.
-//! - `max_tokens` is required by Anthropic: the request's `max_tokens`, else its
-//!   `max_completion_tokens`, else the catalog model's `max_tokens`, else
-//!   [`DEFAULT_MAX_TOKENS`].
+//! Request (Chat → core → Messages), with what the gateway adds for Anthropic:
+//! - `max_tokens` is required by Anthropic: the request's `max_completion_tokens` (else its
+//!   `max_tokens`), else the catalog model's `max_tokens`, else [`DEFAULT_MAX_TOKENS`];
 //! - `temperature` is capped into Anthropic's 0–1 (1.8 is sent as 1.0; docs/catalog.md,
-//!   "Provider kinds"); `top_p` as is;
-//!   `stop` (string or array) → `stop_sequences`; `user` → `metadata.user_id`.
-//! - function `tools` → `{name, description, input_schema}`; `tool_choice` auto/none/required/
-//!   {function} → `{type: auto|none|any|tool}`; `parallel_tool_calls: false` →
-//!   `disable_parallel_tool_use`.
-//! - assistant `tool_calls` → `tool_use` blocks (the arguments string parsed into `input`);
-//!   `tool` messages → `tool_result` blocks in a user message. Consecutive messages of one
-//!   role are merged into one turn, so consecutive tool results share one user message and a
-//!   user's text after them follows the results, as Anthropic requires.
-//! - `image_url` parts: `data:` URLs → a base64 source, http(s) URLs → a url source.
+//!   "Provider kinds");
+//! - `reasoning_effort` becomes `thinking` for a model with `reasoning` in the catalog, and
+//!   is dropped for any other;
 //! - `response_format`: Anthropic has no JSON mode. `json_schema` with `strict: true` is
-//!   refused by [`Adapter::body`] (a guarantee we cannot give); `json_object` and
-//!   non-strict `json_schema` become an instruction appended to `system` (with the schema),
-//!   the best-effort equivalent; clients that need a guarantee ask for `strict`.
+//!   refused (a guarantee we cannot give); `json_object` and non-strict `json_schema`
+//!   become an instruction appended to `system` (with the schema), the best-effort
+//!   equivalent; clients that need a guarantee ask for `strict`.
 //!
-//! Refused by [`Adapter::body`] (the client would silently get less than it asked for):
-//! `n` > 1, `logprobs: true`, `top_logprobs` > 0, strict `json_schema`, tools that are not
-//! functions, content parts other than text and images, the legacy `function` role.
+//! Refused by [`Adapter::body`], naming the field (the client would silently get less than
+//! it asked for): `n` > 1, `logprobs: true`, `top_logprobs` > 0, strict `json_schema`, and
+//! whatever the core refuses (tools that are not functions, content parts other than text
+//! and images, the legacy `function` role, a call's arguments that are not a JSON object).
 //! Dropped silently (sampling hints and bookkeeping with no Anthropic equivalent, which do
 //! not change the answer's shape): `frequency_penalty`, `presence_penalty`, `seed`,
-//! `logit_bias`, `service_tier`, `store`, `metadata`, `prediction`, `reasoning_effort`,
-//! `modalities: ["text"]`, `stream_options` (usage is always asked for), tools' `strict`,
-//! message `name`s.
+//! `logit_bias`, `service_tier`, `store`, `metadata`, `prediction`, `modalities`,
+//! `stream_options` (usage is always reported), tools' `strict`, message `name`s.
 //!
-//! Response (Anthropic → OpenAI): `chat.completion` with text blocks joined as `content`,
-//! `tool_use` blocks as `tool_calls` (input serialised back into a JSON string), finish
-//! reasons mapped ([`finish_reason`]), usage with cache reads/writes counted as prompt
-//! tokens. Thinking blocks are not exposed (chat completions have no place for them).
-//! Streams: Anthropic's events become `chat.completion.chunk`s ([`MessageDecoder`]).
-//! Errors: `{"type":"error","error":{"type","message"}}` → [`UpstreamError`] with the OpenAI
-//! error type as `kind` and Anthropic's own type kept as `code` ([`parse_error`]).
+//! Response (Messages → core → Chat): a `chat.completion` with text joined as `content`,
+//! tool calls with their input as a JSON string, finish reasons mapped, usage with cache
+//! reads and writes counted as prompt tokens; thinking is not exposed (a chat completion has
+//! no place for it). Streams: [`MessageDecoder`]. Errors: `{"type":"error","error":{"type",
+//! "message"}}` → [`UpstreamError`] with the OpenAI error type as `kind` and Anthropic's own
+//! type kept as `code` ([`parse_error`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Cow;
 
 use bytes::Bytes;
 use http::{StatusCode, header};
 use http_body_util::Full;
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
-use serde_json::{Value, json};
+use serde::Deserialize;
 
 use switchyard_catalog::{Model, Provider};
+use switchyard_wire::messages;
 
 use super::adapter::{Adapter, StreamDecoder};
-use super::error::{CONTEXT_LENGTH_EXCEEDED, CallError, UpstreamError};
+use super::error::{CallError, UpstreamError};
 use super::secret::Secret;
 use super::sse::Frame;
-use super::unified::{Completion, Fields, StreamEvent, Usage};
+use super::translated::{self, Chunks, ResponseFormat};
+use super::unified::{Completion, StreamEvent};
 use crate::request::ChatRequest;
 
+mod error;
 pub mod native;
+
+use error::parse_error;
 
 /// Output tokens asked for when neither the request nor the catalog sets a limit. Anthropic
 /// requires one; 4096 is the largest every current Claude model accepts.
-pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// The `anthropic-version` header when the provider sets no `api_version` (the only stable
 /// version of the Messages API).
 pub const DEFAULT_VERSION: &str = "2023-06-01";
-
-/// Anthropic's sampling temperature range is 0–1 (OpenAI's is 0–2).
-const MAX_TEMPERATURE: f64 = 1.0;
 
 pub struct Anthropic;
 
@@ -79,13 +68,26 @@ impl Adapter for Anthropic {
         if let Some(native) = &request.native {
             return Ok(Bytes::from(native::body(model, native)));
         }
-        let unsupported = |message| CallError::Unsupported { message, param: None };
-        refusals(request).map_err(unsupported)?;
-        let fields = client_fields(request).map_err(unsupported)?;
-        // `translate` itself refuses content it cannot carry (audio, files, unknown roles).
-        let body = translate(&model.upstream_model, model.max_tokens, &fields, request.stream)
-            .map_err(unsupported)?;
-        serde_json::to_vec(&body).map(Bytes::from).map_err(CallError::Encode)
+        let core = translated::core(request)?;
+        let instruction = refusals(request)?;
+        // The core is the client's; what this provider gets besides (or without) is added to
+        // a copy, made only when there is something to change.
+        let drop_reasoning = core.reasoning.is_some() && !model.reasoning;
+        let core = match (instruction, drop_reasoning) {
+            (None, false) => Cow::Borrowed(core),
+            (instruction, _) => {
+                let mut core = core.clone();
+                core.system.extend(instruction);
+                if drop_reasoning {
+                    core.reasoning = None;
+                }
+                Cow::Owned(core)
+            }
+        };
+        let max_tokens = model.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        messages::request_body(&core, &model.upstream_model, max_tokens)
+            .map(Bytes::from)
+            .map_err(|refusal| translated::unsupported(&refusal))
     }
 
     fn translates(&self) -> bool {
@@ -138,223 +140,62 @@ impl Adapter for Anthropic {
     }
 }
 
-/// The request features Anthropic has no equivalent for, checked without translating.
-fn refusals(request: &ChatRequest<'_>) -> Result<(), String> {
-    {
-        let get = |name: &str| {
-            request
-                .passthrough
-                .get(name)
-                .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
-        };
-        if let Some(n) = get("n").and_then(|v| v.as_u64())
-            && n > 1
-        {
-            return Err(format!(
-                "The provider Anthropic returns one choice per request; `n` = {n} is not supported by this model."
-            ));
-        }
-        if get("logprobs").and_then(|v| v.as_bool()) == Some(true)
-            || get("top_logprobs").and_then(|v| v.as_u64()).is_some_and(|n| n > 0)
-        {
-            return Err("The provider Anthropic does not return log probabilities; `logprobs` is not supported by this model.".into());
-        }
-        if let Some(format) = get("response_format")
-            && format.get("type").and_then(Value::as_str) == Some("json_schema")
-            && format.pointer("/json_schema/strict").and_then(Value::as_bool) == Some(true)
-        {
-            return Err("The provider Anthropic has no strict structured-output mode; `response_format` json_schema with `strict: true` is not supported by this model (send `strict: false` for a best-effort JSON answer).".into());
-        }
-        if let Some(Value::Array(tools)) = get("tools")
-            && let Some(other) = tools
-                .iter()
-                .filter_map(|t| t.get("type").and_then(Value::as_str))
-                .find(|kind| *kind != "function")
-        {
-            return Err(format!(
-                "The provider Anthropic supports only function tools; a `{other}` tool is not supported by this model."
-            ));
-        }
-        Ok(())
-    }
-}
-
 // === Request ===
 
-/// The Messages API request body (Anthropic API reference, "Create a Message"), borrowing
-/// from the client's request where it can.
-#[derive(Serialize)]
-struct MessagesRequest<'a> {
-    model: &'a str,
-    max_tokens: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    system: Option<System>,
-    messages: Vec<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_p: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stop_sequences: Option<StopSequences<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metadata: Option<Metadata<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<Vec<Value>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_choice: Option<ToolChoice<'a>>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    stream: bool,
-}
-
-/// `system`: a string, or text blocks when the client sent several system messages.
-#[derive(Serialize)]
-#[serde(untagged)]
-enum System {
-    Text(String),
-    Blocks(Vec<TextBlock>),
-}
-
-#[derive(Serialize)]
-struct TextBlock {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: String,
-}
-
-/// OpenAI's `stop` is a string or an array; Anthropic's `stop_sequences` always an array.
-#[derive(Serialize)]
-#[serde(untagged)]
-enum StopSequences<'a> {
-    One([&'a str; 1]),
-    Many(&'a [Value]),
-}
-
-#[derive(Serialize)]
-struct Metadata<'a> {
-    user_id: &'a str,
-}
-
-#[derive(Serialize)]
-struct ToolChoice<'a> {
-    /// `auto`, `none`, `any` (OpenAI's `required`) or `tool` (a named function).
-    #[serde(rename = "type")]
-    kind: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<&'a str>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    disable_parallel_tool_use: bool,
-}
-
-/// The client's top-level fields as JSON values, keyed by name.
-type ClientFields<'a> = BTreeMap<&'a str, Value>;
-
-fn client_fields<'a>(request: &'a ChatRequest<'_>) -> Result<ClientFields<'a>, String> {
-    request
-        .passthrough
-        .iter()
-        .map(|(k, raw)| {
-            serde_json::from_str::<Value>(raw.get())
-                .map(|v| (k.as_ref(), v))
-                .map_err(|e| format!("{k}: {e}"))
-        })
-        .collect()
-}
-
-/// The Anthropic request body for an OpenAI-shaped request.
-fn translate<'a>(
-    upstream_model: &'a str,
-    model_max_tokens: Option<u32>,
-    fields: &'a ClientFields<'_>,
-    stream: bool,
-) -> Result<MessagesRequest<'a>, String> {
-    let get = |name: &str| fields.get(name).filter(|v| !v.is_null());
-
-    let max_tokens = get("max_tokens")
-        .or_else(|| get("max_completion_tokens"))
-        .and_then(Value::as_u64)
-        .or(model_max_tokens.map(u64::from))
-        .unwrap_or(DEFAULT_MAX_TOKENS);
-
-    let (mut system, messages) = match get("messages") {
-        Some(Value::Array(messages)) => messages_to_anthropic(messages)?,
-        _ => return Err("messages must be an array".into()),
+/// Refuses what Anthropic has no equivalent for among the Chat fields the core leaves to
+/// the adapter; returns the system instruction that stands in for a JSON mode, if any.
+fn refusals(request: &ChatRequest<'_>) -> Result<Option<String>, CallError> {
+    let refuse = |param: &str, what: String| CallError::Unsupported {
+        message: format!("`{param}`: {what}"),
+        param: Some(param.to_owned()),
     };
-    if let Some(instruction) = get("response_format").and_then(json_instruction) {
-        system.push(instruction);
+    if let Some(n) = translated::field::<u64>(request, "n")?
+        && n > 1
+    {
+        return Err(refuse(
+            "n",
+            format!(
+                "the provider Anthropic returns one choice per request; {n} choices are not supported by this model."
+            ),
+        ));
     }
-    let system = match system.len() {
-        0 => None,
-        1 => Some(System::Text(system.remove(0))),
-        _ => Some(System::Blocks(
-            system.into_iter().map(|text| TextBlock { kind: "text", text }).collect(),
-        )),
-    };
-
-    let stop_sequences = match get("stop") {
-        Some(Value::String(s)) => Some(StopSequences::One([s.as_str()])),
-        Some(Value::Array(list)) if !list.is_empty() => Some(StopSequences::Many(list)),
-        _ => None,
-    };
-    let metadata = match get("user") {
-        Some(Value::String(user)) => Some(Metadata { user_id: user }),
-        _ => None,
-    };
-    let tools = match get("tools") {
-        Some(Value::Array(tools)) if !tools.is_empty() => {
-            Some(tools.iter().map(tool_to_anthropic).collect::<Result<Vec<_>, _>>()?)
-        }
-        _ => None,
-    };
-    let mut tool_choice = None;
-    if tools.is_some() {
-        let choice = |kind| ToolChoice { kind, name: None, disable_parallel_tool_use: false };
-        tool_choice = match get("tool_choice") {
-            None => None,
-            Some(Value::String(s)) => Some(match s.as_str() {
-                "auto" => choice("auto"),
-                "none" => choice("none"),
-                "required" => choice("any"),
-                other => return Err(format!("tool_choice: unknown value {other:?}")),
-            }),
-            Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
-                Some(name) => Some(ToolChoice { name: Some(name), ..choice("tool") }),
-                None => return Err("tool_choice must be auto, none, required or a function".into()),
-            },
-        };
-        if get("parallel_tool_calls").and_then(Value::as_bool) == Some(false) {
-            let c = tool_choice.get_or_insert_with(|| choice("auto"));
-            c.disable_parallel_tool_use = c.kind != "none";
+    for (name, asked) in [
+        ("logprobs", translated::field::<bool>(request, "logprobs")? == Some(true)),
+        ("top_logprobs", translated::field::<u64>(request, "top_logprobs")?.is_some_and(|n| n > 0)),
+    ] {
+        if asked {
+            return Err(refuse(
+                name,
+                "the provider Anthropic does not return log probabilities; logprobs are not supported by this model.".into(),
+            ));
         }
     }
-    Ok(MessagesRequest {
-        model: upstream_model,
-        max_tokens,
-        system,
-        messages,
-        temperature: get("temperature")
-            .and_then(Value::as_f64)
-            .map(|t| t.clamp(0.0, MAX_TEMPERATURE)),
-        top_p: get("top_p").and_then(Value::as_f64),
-        stop_sequences,
-        metadata,
-        tools,
-        tool_choice,
-        stream,
-    })
+    let Some(format) = translated::field::<ResponseFormat<'_>>(request, "response_format")? else {
+        return Ok(None);
+    };
+    if format.strict() {
+        return Err(refuse(
+            "response_format.json_schema.strict",
+            "the provider Anthropic has no strict structured-output mode; a json_schema with `strict: true` is not supported by this model (send `strict: false` for a best-effort JSON answer).".into(),
+        ));
+    }
+    Ok(json_instruction(&format))
 }
 
 /// The system instruction that stands in for OpenAI's JSON modes.
-fn json_instruction(format: &Value) -> Option<String> {
-    match format.get("type").and_then(Value::as_str)? {
+fn json_instruction(format: &ResponseFormat<'_>) -> Option<String> {
+    match format.kind.as_ref() {
         "json_object" => Some(
             "Respond with a single valid JSON object and nothing else: no prose, no code fences."
                 .into(),
         ),
         "json_schema" => {
-            let spec = format.get("json_schema");
-            let schema = spec.and_then(|s| s.get("schema")).cloned().unwrap_or(json!({}));
-            let name = spec.and_then(|s| s.get("name")).and_then(Value::as_str);
-            let named = name.map(|n| format!(" (`{n}`)")).unwrap_or_default();
+            let spec = format.json_schema.as_ref();
+            let schema = spec.and_then(|s| s.schema).map_or("{}", |s| s.get());
+            let named = spec
+                .and_then(|s| s.name.as_deref())
+                .map(|n| format!(" (`{n}`)"))
+                .unwrap_or_default();
             Some(format!(
                 "Respond with a single valid JSON value and nothing else (no prose, no code fences) that conforms to this JSON Schema{named}: {schema}"
             ))
@@ -363,641 +204,88 @@ fn json_instruction(format: &Value) -> Option<String> {
     }
 }
 
-/// System texts, and the conversation as Anthropic turns.
-fn messages_to_anthropic(messages: &[Value]) -> Result<(Vec<String>, Vec<Value>), String> {
-    let mut system = Vec::new();
-    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for (i, message) in messages.iter().enumerate() {
-        let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
-        let content = message.get("content").filter(|c| !c.is_null());
-        let (role, blocks) = match role {
-            "system" | "developer" => {
-                let text = text_of(content).map_err(|e| format!("messages[{i}].content: {e}"))?;
-                if !text.is_empty() {
-                    system.push(text);
-                }
-                continue;
-            }
-            "user" => {
-                ("user", user_blocks(content).map_err(|e| format!("messages[{i}].content: {e}"))?)
-            }
-            "assistant" => {
-                ("assistant", assistant_blocks(message).map_err(|e| format!("messages[{i}]: {e}"))?)
-            }
-            "tool" => {
-                let id = message.get("tool_call_id").and_then(Value::as_str).unwrap_or_default();
-                let result = match content {
-                    Some(Value::String(s)) => Value::String(s.clone()),
-                    Some(Value::Array(_)) => Value::String(
-                        text_of(content).map_err(|e| format!("messages[{i}].content: {e}"))?,
-                    ),
-                    _ => Value::String(String::new()),
-                };
-                ("user", vec![json!({"type": "tool_result", "tool_use_id": id, "content": result})])
-            }
-            other => {
-                return Err(format!(
-                    "messages[{i}].role {other:?} is not supported by the provider Anthropic"
-                ));
-            }
-        };
-        if blocks.is_empty() {
-            continue;
-        }
-        // Anthropic wants one turn per role change: tool results of one assistant turn in one
-        // user message, before any text the user adds.
-        match turns.last_mut() {
-            Some((last, existing)) if *last == role => existing.extend(blocks),
-            _ => turns.push((role, blocks)),
-        }
-    }
-    let messages = turns
-        .into_iter()
-        .map(|(role, blocks)| {
-            // A lone text block is sent as the plain string the client wrote.
-            let content = match blocks.as_slice() {
-                [only] if only["type"] == "text" => only["text"].clone(),
-                _ => Value::Array(blocks),
-            };
-            json!({"role": role, "content": content})
-        })
-        .collect();
-    Ok((system, messages))
-}
-
-/// The text of a string content or of an array of text parts.
-fn text_of(content: Option<&Value>) -> Result<String, String> {
-    match content {
-        None => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for part in parts {
-                match part.get("type").and_then(Value::as_str) {
-                    Some("text") => text.push_str(part["text"].as_str().unwrap_or_default()),
-                    other => return Err(format!("a {other:?} part is not supported here")),
-                }
-            }
-            Ok(text)
-        }
-        Some(_) => Err("must be a string or an array of parts".into()),
-    }
-}
-
-fn user_blocks(content: Option<&Value>) -> Result<Vec<Value>, String> {
-    match content {
-        None => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![json!({"type": "text", "text": s})]),
-        Some(Value::Array(parts)) => parts.iter().map(part_to_block).collect(),
-        Some(_) => Err("must be a string or an array of parts".into()),
-    }
-}
-
-fn part_to_block(part: &Value) -> Result<Value, String> {
-    match part.get("type").and_then(Value::as_str) {
-        Some("text") => {
-            Ok(json!({"type": "text", "text": part["text"].as_str().unwrap_or_default()}))
-        }
-        Some("image_url") => {
-            let url = part
-                .pointer("/image_url/url")
-                .or_else(|| part.get("image_url"))
-                .and_then(Value::as_str)
-                .ok_or("an image_url part needs image_url.url")?;
-            image_block(url)
-        }
-        other => {
-            Err(format!("a {other:?} content part is not supported by the provider Anthropic"))
-        }
-    }
-}
-
-/// `data:image/png;base64,…` → a base64 source; `https://…` → a url source.
-fn image_block(url: &str) -> Result<Value, String> {
-    if let Some(rest) = url.strip_prefix("data:") {
-        let (meta, data) = rest.split_once(',').ok_or("a data: URL without data")?;
-        let media_type = meta.strip_suffix(";base64").ok_or("image data: URLs must be base64")?;
-        return Ok(
-            json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}),
-        );
-    }
-    if url.starts_with("https://") || url.starts_with("http://") {
-        return Ok(json!({"type": "image", "source": {"type": "url", "url": url}}));
-    }
-    Err("image URLs must be data: or http(s): URLs".into())
-}
-
-fn assistant_blocks(message: &Value) -> Result<Vec<Value>, String> {
-    let content = message.get("content").filter(|c| !c.is_null());
-    let mut blocks = Vec::new();
-    let text = text_of(content).map_err(|e| format!("content: {e}"))?;
-    if !text.is_empty() {
-        blocks.push(json!({"type": "text", "text": text}));
-    }
-    if let Some(Value::Array(calls)) = message.get("tool_calls") {
-        for (j, call) in calls.iter().enumerate() {
-            let arguments =
-                call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("");
-            let input: Value = if arguments.trim().is_empty() {
-                json!({})
-            } else {
-                serde_json::from_str(arguments)
-                    .map_err(|e| format!("tool_calls[{j}].function.arguments is not JSON: {e}"))?
-            };
-            blocks.push(json!({
-                "type": "tool_use",
-                "id": call.get("id").and_then(Value::as_str).unwrap_or_default(),
-                "name": call.pointer("/function/name").and_then(Value::as_str).unwrap_or_default(),
-                "input": input,
-            }));
-        }
-    }
-    Ok(blocks)
-}
-
-fn tool_to_anthropic(tool: &Value) -> Result<Value, String> {
-    let function = tool.get("function").ok_or("a tool needs a function")?;
-    let name =
-        function.get("name").and_then(Value::as_str).ok_or("a tool function needs a name")?;
-    let mut out = json!({
-        "name": name,
-        // Anthropic requires a schema; a function without parameters takes an empty object.
-        "input_schema": function
-            .get("parameters")
-            .filter(|p| !p.is_null())
-            .cloned()
-            .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-    });
-    if let Some(description) = function.get("description").and_then(Value::as_str) {
-        out["description"] = Value::String(description.to_owned());
-    }
-    Ok(out)
-}
-
 // === Response ===
 
-#[derive(Deserialize)]
-struct WireMessage {
-    #[serde(default)]
-    id: String,
-    #[serde(default)]
-    model: String,
-    #[serde(default)]
-    content: Vec<WireBlock>,
-    #[serde(default)]
-    stop_reason: Option<String>,
-    #[serde(default)]
-    usage: WireUsage,
-}
-
-#[derive(Deserialize)]
-struct WireBlock {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    input: Option<Value>,
-}
-
-#[derive(Clone, Copy, Default, Deserialize)]
-struct WireUsage {
-    #[serde(default)]
-    input_tokens: Option<u64>,
-    #[serde(default)]
-    output_tokens: Option<u64>,
-    #[serde(default)]
-    cache_creation_input_tokens: Option<u64>,
-    #[serde(default)]
-    cache_read_input_tokens: Option<u64>,
-}
-
-impl WireUsage {
-    /// Later reports (a stream's `message_delta`) replace what they carry.
-    fn update(&mut self, later: WireUsage) {
-        self.input_tokens = later.input_tokens.or(self.input_tokens);
-        self.output_tokens = later.output_tokens.or(self.output_tokens);
-        self.cache_creation_input_tokens =
-            later.cache_creation_input_tokens.or(self.cache_creation_input_tokens);
-        self.cache_read_input_tokens =
-            later.cache_read_input_tokens.or(self.cache_read_input_tokens);
-    }
-
-    /// Cache writes and reads are input too: billed as prompt tokens. Sums saturate: the
-    /// counts are the upstream's, and no count it sends may wrap or panic the node (found by
-    /// the `anthropic` fuzz target, docs/fuzzing.md).
-    fn usage(&self) -> Usage {
-        Usage {
-            prompt_tokens: self
-                .input_tokens
-                .unwrap_or(0)
-                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
-                .saturating_add(self.cache_read_input_tokens.unwrap_or(0)),
-            completion_tokens: self.output_tokens.unwrap_or(0),
-        }
-    }
-
-    fn openai(&self) -> Value {
-        let u = self.usage();
-        json!({
-            "prompt_tokens": u.prompt_tokens,
-            "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
-            "prompt_tokens_details": {"cached_tokens": self.cache_read_input_tokens.unwrap_or(0)},
-        })
-    }
-}
-
-/// Anthropic's `stop_reason` as OpenAI's `finish_reason`.
-pub fn finish_reason(stop_reason: Option<&str>) -> &'static str {
-    match stop_reason {
-        Some("max_tokens" | "model_context_window_exceeded") => "length",
-        Some("tool_use") => "tool_calls",
-        Some("refusal") => "content_filter",
-        // end_turn, stop_sequence, pause_turn, and anything newer.
-        _ => "stop",
-    }
-}
-
 fn completion(body: &[u8]) -> Result<Completion, CallError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| CallError::Malformed(e.to_string()))?;
-    // An error object in a 200 (seen from proxies in front of Anthropic) is that error.
-    if value.get("type").and_then(Value::as_str) == Some("error") {
-        let error = parse_error(StatusCode::OK, body);
-        let status = error.code.as_deref().map_or(StatusCode::INTERNAL_SERVER_ERROR, status_of);
-        return Err(CallError::http(status, error));
+    match messages::parse_response(body) {
+        Ok(response) => translated::completion(&response),
+        // An error object in a 200 (seen from proxies in front of Anthropic) is that error.
+        Err(refusal) if refusal.field == "error" => Err(error::in_ok(body)),
+        Err(refusal) => Err(CallError::Malformed(refusal.message)),
     }
-    if value.get("content").is_none() {
-        return Err(CallError::Malformed("no `content` in the message".into()));
-    }
-    let message: WireMessage =
-        serde_json::from_value(value).map_err(|e| CallError::Malformed(e.to_string()))?;
-    let mut text = String::new();
-    let mut tool_calls = Vec::new();
-    for block in &message.content {
-        match block.kind.as_str() {
-            "text" => text.push_str(block.text.as_deref().unwrap_or_default()),
-            "tool_use" => tool_calls.push(json!({
-                "id": block.id.as_deref().unwrap_or_default(),
-                "type": "function",
-                "function": {
-                    "name": block.name.as_deref().unwrap_or_default(),
-                    "arguments": arguments(block.input.as_ref()),
-                },
-            })),
-            // Thinking and server-tool blocks have no place in a chat completion.
-            _ => {}
-        }
-    }
-    let mut reply = json!({"role": "assistant", "content": null, "refusal": null});
-    if !text.is_empty() || tool_calls.is_empty() {
-        reply["content"] = Value::String(text);
-    }
-    if !tool_calls.is_empty() {
-        reply["tool_calls"] = Value::Array(tool_calls);
-    }
-    let fields = [
-        ("id", json!(message.id)),
-        ("object", json!("chat.completion")),
-        ("created", json!(switchyard_time::now_secs())),
-        ("model", json!(message.model)),
-        (
-            "choices",
-            json!([{
-                "index": 0,
-                "message": reply,
-                "logprobs": null,
-                "finish_reason": finish_reason(message.stop_reason.as_deref()),
-            }]),
-        ),
-        ("usage", message.usage.openai()),
-    ];
-    Ok(Completion::new(Fields::Map(raw_fields(fields)?), message.usage.usage()))
-}
-
-/// A tool's input as OpenAI's arguments string.
-fn arguments(input: Option<&Value>) -> String {
-    match input {
-        None | Some(Value::Null) => "{}".to_owned(),
-        Some(v) => v.to_string(),
-    }
-}
-
-fn raw_fields<const N: usize>(
-    fields: [(&str, Value); N],
-) -> Result<BTreeMap<String, Box<RawValue>>, CallError> {
-    fields
-        .into_iter()
-        .map(|(k, v)| {
-            serde_json::value::to_raw_value(&v)
-                .map(|raw| (k.to_owned(), raw))
-                .map_err(|e| CallError::Malformed(e.to_string()))
-        })
-        .collect()
-}
-
-// === Errors ===
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    #[serde(default)]
-    message: String,
-}
-
-/// Anthropic's error body `{"type":"error","error":{"type","message"},"request_id"}` (API
-/// reference, "Errors"). `kind` is the OpenAI error type the same failure has there (what
-/// OpenAI clients and the in-band classifier understand); `code` keeps Anthropic's type.
-/// Anything else becomes a generic message for its status (raw bodies are not shown).
-pub fn parse_error(status: StatusCode, body: &[u8]) -> UpstreamError {
-    match serde_json::from_slice::<ErrorBody>(body) {
-        Ok(ErrorBody { error }) => {
-            let anthropic = error.kind.unwrap_or_default();
-            // Anthropic's refusal of a prompt longer than the model's context is a 400
-            // `invalid_request_error` whose message says "prompt is too long: N tokens > M
-            // maximum" (its API reference, "Errors"; the messages quoted by SDK users).
-            let code = if anthropic == "invalid_request_error"
-                && error.message.to_ascii_lowercase().starts_with("prompt is too long")
-            {
-                Some(CONTEXT_LENGTH_EXCEEDED.to_owned())
-            } else {
-                (!anthropic.is_empty()).then_some(anthropic.clone())
-            };
-            UpstreamError {
-                kind: openai_kind(&anthropic, status).to_owned(),
-                message: error.message,
-                code,
-                param: None,
-            }
-        }
-        Err(_) => UpstreamError {
-            message: format!("The upstream provider returned HTTP {}.", status.as_u16()),
-            kind: openai_kind("", status).to_owned(),
-            code: None,
-            param: None,
-        },
-    }
-}
-
-/// Anthropic's error types (API reference, "Errors": 400 invalid_request_error, 401
-/// authentication_error, 403 permission_error, 404 not_found_error, 413 request_too_large,
-/// 429 rate_limit_error, 500 api_error, 529 overloaded_error) as OpenAI's. Authentication
-/// and permission keep their names: they are the gateway's credential failing, and must not
-/// read as the client's `invalid_request_error`.
-fn openai_kind(anthropic: &str, status: StatusCode) -> &'static str {
-    match anthropic {
-        "invalid_request_error" | "not_found_error" | "request_too_large" => {
-            "invalid_request_error"
-        }
-        "authentication_error" => "authentication_error",
-        "permission_error" => "permission_error",
-        "rate_limit_error" => "rate_limit_error",
-        "api_error" | "overloaded_error" | "timeout_error" => "server_error",
-        _ if status.is_server_error() || status == StatusCode::OK => "server_error",
-        _ if status == StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-        _ => "invalid_request_error",
-    }
-}
-
-/// The HTTP status Anthropic sends with an error type, for errors that arrive in a 200.
-fn status_of(anthropic: &str) -> StatusCode {
-    let code = match anthropic {
-        "invalid_request_error" => 400,
-        "authentication_error" => 401,
-        "permission_error" => 403,
-        "not_found_error" => 404,
-        "request_too_large" => 413,
-        "rate_limit_error" => 429,
-        "overloaded_error" => 529,
-        _ => 500,
-    };
-    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 // === Streaming ===
 
-/// Anthropic's stream events as OpenAI chunks. Content blocks are announced by index and
-/// referred to by it afterwards, so the decoder remembers which blocks are tool calls and
-/// which OpenAI `tool_calls[].index` each got.
+/// Anthropic's stream events as OpenAI chunks: read into core events by the wire's
+/// decoder (which keeps which content blocks are tool calls), written as chunks by
+/// [`Chunks`]. `message_stop` ends the stream with the usage chunk.
 pub struct MessageDecoder {
-    id: String,
-    model: String,
-    created: u64,
-    usage: WireUsage,
-    /// Anthropic content-block index → OpenAI tool-call index.
-    tools: HashMap<u64, u64>,
-    role_sent: bool,
-    /// `message_delta` brought the stop reason: the answer is whole.
-    stopped: bool,
-}
-
-#[derive(Deserialize)]
-struct WireEvent {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    #[serde(default)]
-    message: Option<StartMessage>,
-    #[serde(default)]
-    index: Option<u64>,
-    #[serde(default)]
-    content_block: Option<WireBlock>,
-    #[serde(default)]
-    delta: Option<WireDelta>,
-    #[serde(default)]
-    usage: Option<WireUsage>,
-}
-
-#[derive(Deserialize)]
-struct StartMessage {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    usage: Option<WireUsage>,
-}
-
-#[derive(Deserialize)]
-struct WireDelta {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    partial_json: Option<String>,
-    #[serde(default)]
-    stop_reason: Option<String>,
+    decoder: messages::Decoder,
+    chunks: Chunks,
 }
 
 impl MessageDecoder {
     pub fn new(upstream_model: &str) -> Self {
-        Self {
-            id: String::new(),
-            model: upstream_model.to_owned(),
-            created: switchyard_time::now_secs(),
-            usage: WireUsage::default(),
-            tools: HashMap::new(),
-            role_sent: false,
-            stopped: false,
-        }
+        Self { decoder: messages::Decoder::new(), chunks: Chunks::new(upstream_model) }
     }
+}
 
-    /// One chunk with a single choice whose delta is `delta`.
-    fn chunk(
-        &mut self,
-        mut delta: Value,
-        finish: Option<&str>,
-        commits: bool,
-    ) -> Result<StreamEvent, String> {
-        if !self.role_sent {
-            // OpenAI's first chunk names the role; clients (the SDKs' stream accumulators)
-            // read it from there.
-            self.role_sent = true;
-            delta["role"] = json!("assistant");
-        }
-        let fields = [
-            ("id", json!(self.id)),
-            ("object", json!("chat.completion.chunk")),
-            ("created", json!(self.created)),
-            ("model", json!(self.model)),
-            (
-                "choices",
-                json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]),
-            ),
-        ];
-        let fields = raw_fields(fields).map_err(|e| e.to_string())?;
-        let finished = self.stopped;
-        Ok(StreamEvent::Chunk { fields, commits, usage: None, usage_only: false, finished })
+/// The event's name: the frame's `event:`, else the `type` its data names (both are sent;
+/// proxies have dropped the first).
+fn event_name(frame: &Frame) -> Result<Cow<'_, str>, String> {
+    if let Some(event) = &frame.event {
+        return Ok(Cow::Borrowed(event));
     }
-
-    fn usage_chunk(&self) -> Result<StreamEvent, String> {
-        let fields = [
-            ("id", json!(self.id)),
-            ("object", json!("chat.completion.chunk")),
-            ("created", json!(self.created)),
-            ("model", json!(self.model)),
-            ("choices", json!([])),
-            ("usage", self.usage.openai()),
-        ];
-        let fields = raw_fields(fields).map_err(|e| e.to_string())?;
-        Ok(StreamEvent::Chunk {
-            fields,
-            commits: false,
-            usage: Some(self.usage.usage()),
-            usage_only: true,
-            finished: self.stopped,
-        })
+    #[derive(Deserialize)]
+    struct Typed<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<Cow<'a, str>>,
     }
+    let typed: Typed<'_> = serde_json::from_str(frame.data.trim())
+        .map_err(|e| format!("an event is not JSON: {e}"))?;
+    Ok(typed.kind.unwrap_or_default())
 }
 
 impl StreamDecoder for MessageDecoder {
     fn decode(&mut self, frame: &Frame) -> Result<Vec<StreamEvent>, String> {
-        let event: WireEvent = serde_json::from_str(frame.data.trim())
-            .map_err(|e| format!("an event is not JSON: {e}"))?;
-        let kind = event.kind.as_deref().or(frame.event.as_deref()).unwrap_or_default();
-        Ok(match kind {
-            "message_start" => {
-                if let Some(message) = event.message {
-                    if let Some(id) = message.id {
-                        self.id = id;
-                    }
-                    if let Some(model) = message.model {
-                        self.model = model;
-                    }
-                    if let Some(usage) = message.usage {
-                        self.usage.update(usage);
-                    }
-                }
-                vec![self.chunk(json!({"content": ""}), None, false)?]
+        let event = event_name(frame)?;
+        match event.as_ref() {
+            "message_stop" => return Ok(vec![self.chunks.usage_chunk()?, StreamEvent::Done]),
+            "error" => {
+                return Ok(vec![StreamEvent::Error(parse_error(
+                    StatusCode::OK,
+                    frame.data.as_bytes(),
+                ))]);
             }
-            "content_block_start" => {
-                let index = event.index.unwrap_or(0);
-                match event.content_block {
-                    Some(block) if block.kind == "tool_use" => {
-                        let ordinal = self.tools.len() as u64;
-                        self.tools.insert(index, ordinal);
-                        let call = json!({
-                            "index": ordinal,
-                            "id": block.id.unwrap_or_default(),
-                            "type": "function",
-                            "function": {"name": block.name.unwrap_or_default(), "arguments": ""},
-                        });
-                        vec![self.chunk(json!({"tool_calls": [call]}), None, true)?]
-                    }
-                    Some(block) if block.kind == "text" => {
-                        match block.text.filter(|t| !t.is_empty()) {
-                            Some(text) => vec![self.chunk(json!({"content": text}), None, true)?],
-                            None => Vec::new(),
-                        }
-                    }
-                    _ => Vec::new(),
-                }
-            }
-            "content_block_delta" => {
-                let index = event.index.unwrap_or(0);
-                let Some(delta) = event.delta else { return Ok(Vec::new()) };
-                match delta.kind.as_deref() {
-                    Some("text_delta") => match delta.text.filter(|t| !t.is_empty()) {
-                        Some(text) => vec![self.chunk(json!({"content": text}), None, true)?],
-                        None => Vec::new(),
-                    },
-                    Some("input_json_delta") => {
-                        let partial = delta.partial_json.unwrap_or_default();
-                        match self.tools.get(&index).copied() {
-                            Some(ordinal) if !partial.is_empty() => {
-                                let call =
-                                    json!({"index": ordinal, "function": {"arguments": partial}});
-                                vec![self.chunk(json!({"tool_calls": [call]}), None, true)?]
-                            }
-                            _ => Vec::new(),
-                        }
-                    }
-                    // thinking, signature and citation deltas have no chat-completion form.
-                    _ => Vec::new(),
-                }
-            }
-            "message_delta" => {
-                if let Some(usage) = event.usage {
-                    self.usage.update(usage);
-                }
-                match event.delta.and_then(|d| d.stop_reason) {
-                    Some(reason) => {
-                        self.stopped = true;
-                        vec![self.chunk(json!({}), Some(finish_reason(Some(&reason))), true)?]
-                    }
-                    None => Vec::new(),
-                }
-            }
-            "message_stop" => vec![self.usage_chunk()?, StreamEvent::Done],
-            "error" => vec![StreamEvent::Error(parse_error(StatusCode::OK, frame.data.as_bytes()))],
-            // ping, content_block_stop, and event types added later (Anthropic's streaming
-            // docs ask clients to ignore unknown events).
-            _ => Vec::new(),
-        })
+            _ => {}
+        }
+        let events = self
+            .decoder
+            .decode(&event, frame.data.trim().as_bytes())
+            .map_err(|refusal| refusal.message)?;
+        let mut out = Vec::with_capacity(events.len());
+        for event in events {
+            self.chunks.push(event, &mut out)?;
+        }
+        Ok(out)
     }
 
     /// `message_stop` did not come after the stop reason: what it brings, the usage chunk
     /// and the end.
     fn close(&mut self) -> Vec<StreamEvent> {
-        self.usage_chunk().into_iter().chain([StreamEvent::Done]).collect()
+        self.chunks.usage_chunk().into_iter().chain([StreamEvent::Done]).collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::value::RawValue;
+    use serde_json::{Value, json};
+
     use super::*;
     use crate::failure::{Failure, Verdict, classify};
+    use crate::providers::unified::Usage;
     use switchyard_catalog::FailoverReason;
 
     /// Token counts near `u64::MAX` (as a fuzzer or a broken upstream sends them) saturate
@@ -1253,6 +541,44 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_names_the_field_in_chat_terms() {
+        let body = json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [{"id": "t1", "type": "function",
+                "function": {"name": "get", "arguments": "[1]"}}]}]});
+        let Err(CallError::Unsupported { message, param }) =
+            Anthropic.body(&model(None), &req(body))
+        else {
+            panic!("not refused")
+        };
+        assert_eq!(param.as_deref(), Some("messages[1].tool_calls[0].function.arguments"));
+        assert!(message.contains("`messages[1].tool_calls[0].function.arguments`"), "{message}");
+        let Err(CallError::Unsupported { param, .. }) = Anthropic.body(
+            &model(None),
+            &req(json!({"messages": [{"role": "user", "content": "hi"}], "n": 3})),
+        ) else {
+            panic!("not refused")
+        };
+        assert_eq!(param.as_deref(), Some("n"));
+    }
+
+    #[test]
+    fn reasoning_effort_becomes_thinking_only_for_a_reasoning_model() {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}],
+            "reasoning_effort": "low", "temperature": 0.5, "max_tokens": 8000});
+        let plain = sent(body.clone());
+        assert!(plain.get("thinking").is_none(), "{plain}");
+        assert_eq!(plain["temperature"], 0.5);
+        let mut reasoning = model(None);
+        reasoning.reasoning = true;
+        let built = Anthropic.body(&reasoning, &req(body)).unwrap();
+        let b: Value = serde_json::from_slice(&built).unwrap();
+        assert_eq!(b["thinking"], json!({"type": "enabled", "budget_tokens": 2048}));
+        // Anthropic takes no temperature with thinking on.
+        assert!(b.get("temperature").is_none(), "{b}");
+    }
+
+    #[test]
     fn a_text_message_becomes_a_chat_completion() {
         // The example response of Anthropic's "Handling stop reasons" guide
         // (https://platform.claude.com/docs/en/build-with-claude/handling-stop-reasons), with
@@ -1293,11 +619,18 @@ mod tests {
 
     #[test]
     fn stop_reasons_map_to_finish_reasons() {
-        assert_eq!(finish_reason(Some("end_turn")), "stop");
-        assert_eq!(finish_reason(Some("stop_sequence")), "stop");
-        assert_eq!(finish_reason(Some("max_tokens")), "length");
-        assert_eq!(finish_reason(Some("tool_use")), "tool_calls");
-        assert_eq!(finish_reason(Some("refusal")), "content_filter");
+        let finish = |stop_reason: &str| {
+            let body = json!({"id": "msg", "type": "message", "role": "assistant", "model": "claude",
+                "content": [{"type": "text", "text": "hi"}], "stop_reason": stop_reason,
+                "usage": {"input_tokens": 1, "output_tokens": 1}});
+            let c = Anthropic.completion(body.to_string().as_bytes()).unwrap();
+            c.finish_reasons()[0].clone()
+        };
+        assert_eq!(finish("end_turn"), "stop");
+        assert_eq!(finish("stop_sequence"), "stop");
+        assert_eq!(finish("max_tokens"), "length");
+        assert_eq!(finish("tool_use"), "tool_calls");
+        assert_eq!(finish("refusal"), "content_filter");
     }
 
     /// Frames of a recorded SSE body, as the node's parser yields them.

@@ -34,6 +34,7 @@ pub mod openai;
 pub mod secret;
 pub mod sse;
 pub mod stream;
+pub mod translated;
 pub mod unified;
 
 pub use adapter::{Adapter, StreamDecoder};

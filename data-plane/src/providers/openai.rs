@@ -340,7 +340,7 @@ pub fn body(model: &Model, request: &ChatRequest<'_>) -> Vec<u8> {
     let upstream_model = &model.upstream_model;
     // A request translated from another surface asks for reasoning in this format's terms;
     // a model the catalog does not mark `reasoning` would refuse the field (docs/messages.md).
-    let drop_reasoning = request.native.is_some() && !model.reasoning;
+    let drop_reasoning = request.translated && !model.reasoning;
     let mut out = Vec::with_capacity(
         256 + request.passthrough.values().map(|v| v.get().len() + 24).sum::<usize>(),
     );

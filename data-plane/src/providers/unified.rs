@@ -50,6 +50,14 @@ impl Completion {
         Self { messages: true, ..Self::new(fields, usage) }
     }
 
+    /// The body as the upstream sent it, when it is passed on verbatim.
+    pub fn verbatim(&self) -> Option<&[u8]> {
+        match &self.fields {
+            Fields::Verbatim { bytes, .. } => Some(bytes),
+            Fields::Map(_) => None,
+        }
+    }
+
     /// The completion's `choices`, raw: for a check of what the answer says (structured
     /// outputs), without building a tree of the whole body.
     pub fn choices(&self) -> Option<&RawValue> {

@@ -12,12 +12,51 @@ use serde_json::value::RawValue;
 
 use switchyard_catalog::Model;
 
-use super::{WireUsage, parse_error, status_of};
+use super::error::{self, parse_error};
 use crate::providers::adapter::StreamDecoder;
 use crate::providers::error::CallError;
 use crate::providers::sse::Frame;
-use crate::providers::unified::{Completion, Fields, StreamEvent};
+use crate::providers::unified::{Completion, Fields, StreamEvent, Usage};
 use crate::request::Native;
+
+/// Usage as Anthropic reports it.
+#[derive(Clone, Copy, Default, Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    /// Later reports (a stream's `message_delta`) replace what they carry.
+    fn update(&mut self, later: WireUsage) {
+        self.input_tokens = later.input_tokens.or(self.input_tokens);
+        self.output_tokens = later.output_tokens.or(self.output_tokens);
+        self.cache_creation_input_tokens =
+            later.cache_creation_input_tokens.or(self.cache_creation_input_tokens);
+        self.cache_read_input_tokens =
+            later.cache_read_input_tokens.or(self.cache_read_input_tokens);
+    }
+
+    /// Cache writes and reads are input too: billed as prompt tokens. Sums saturate: the
+    /// counts are the upstream's, and no count it sends may wrap or panic the node (found by
+    /// the `anthropic` fuzz target, docs/fuzzing.md).
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self
+                .input_tokens
+                .unwrap_or(0)
+                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
+                .saturating_add(self.cache_read_input_tokens.unwrap_or(0)),
+            completion_tokens: self.output_tokens.unwrap_or(0),
+        }
+    }
+}
 
 /// The client's body for `model`: its fields as sent, `model` the upstream's name.
 pub fn body(model: &Model, native: &Native<'_>) -> Vec<u8> {
@@ -52,9 +91,7 @@ pub fn completion(body: &Bytes) -> Result<Completion, CallError> {
         serde_json::from_slice(body).map_err(|e| CallError::Malformed(e.to_string()))?;
     // An error object in a 200 (seen from proxies in front of Anthropic) is that error.
     if top.kind == Some("error") {
-        let error = parse_error(StatusCode::OK, body);
-        let status = error.code.as_deref().map_or(StatusCode::INTERNAL_SERVER_ERROR, status_of);
-        return Err(CallError::http(status, error));
+        return Err(error::in_ok(body));
     }
     if top.kind != Some("message") {
         return Err(CallError::Malformed("the body is not a Messages `message`".into()));
