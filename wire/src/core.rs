@@ -23,12 +23,20 @@ pub struct Request {
     pub top_p: Option<f64>,
     pub top_k: Option<u32>,
     pub stop: Vec<String>,
+    /// Sampling seed, penalties for tokens already present and for their frequency (Chat's
+    /// names); formats without them (Messages) drop them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
     pub stream: bool,
     /// Who the end user is: Messages' `metadata.user_id`, Chat's `user`.
     pub user: Option<String>,
     pub reasoning: Option<Reasoning>,
     /// The shape the answer's text must take (structured outputs), where the client's format
-    /// asks for one (Responses' `text.format`); `None`: free text.
+    /// asks for one (Responses' `text.format`, Chat's `response_format`); `None`: free text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub format: Option<Format>,
     /// Provider-only hints seen in the request that a translation to another format drops

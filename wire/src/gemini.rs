@@ -15,8 +15,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::Refusal;
-use crate::core::{self, Effort, Event, Finish, Image, Part, Reasoning, Role, ToolMode, Usage};
+use crate::core::{
+    self, Effort, Event, Finish, Format, Image, Part, Reasoning, Role, ToolMode, Usage,
+};
 use crate::de;
+
+pub mod schema;
 
 /// Between a tool call's id and the thought signature it carries.
 pub const SIGNATURE_SEPARATOR: &str = "__thought__";
@@ -135,7 +139,45 @@ struct OutGenerationConfig<'a> {
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     stop_sequences: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_mime_type: Option<&'static str>,
+    /// In Gemini's OpenAPI 3.0 subset ([`schema::sanitize`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_schema: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     thinking_config: Option<OutThinking>,
+}
+
+/// The format as `responseMimeType` and `responseSchema`. A strict schema that uses what
+/// Gemini's subset cannot express is refused: strict is a promise Gemini could not keep
+/// (a schema that is not strict loses what the subset lacks).
+fn response_format(
+    format: Option<&Format>,
+) -> Result<(Option<&'static str>, Option<serde_json::Value>), Refusal> {
+    let Some(format) = format else { return Ok((None, None)) };
+    let Format::JsonSchema { schema, strict, .. } = format else {
+        return Ok((Some("application/json"), None));
+    };
+    let schema: serde_json::Value = serde_json::from_str(schema.get()).map_err(|e| {
+        Refusal::at("response_format.json_schema.schema", format!("not JSON ({e})"))
+    })?;
+    let mut lost = Vec::new();
+    let sanitized = schema::sanitize(&schema, "#", &mut lost);
+    if strict.unwrap_or(false) && !lost.is_empty() {
+        return Err(Refusal {
+            field: "response_format.json_schema".into(),
+            message: format!(
+                "The Gemini provider cannot enforce this strict JSON schema: {} not in Gemini's schema subset (OpenAPI 3.0 Schema). Drop strict, or simplify the schema.",
+                lost.join(", ")
+            ),
+        });
+    }
+    Ok((Some("application/json"), Some(sanitized)))
 }
 
 #[derive(Serialize)]
@@ -203,7 +245,9 @@ fn from_url_safe(signature: &str) -> String {
 ///   parts named after the earlier call with that id (`{"output": text}`, or `{"error":
 ///   text}` for an error result); thinking parts are dropped;
 /// - `max_tokens` (else `default_max_tokens`) → `maxOutputTokens`; `temperature` clamped
-///   into 0–2; `top_p`, `top_k`, `stop`; `reasoning` → `thinkingConfig.thinkingBudget` (an
+///   into 0–2; `top_p`, `top_k`, `stop`, `seed` and the penalties; `format` →
+///   `responseMimeType` and `responseSchema` (a strict schema Gemini's subset cannot
+///   express is refused as `response_format.json_schema`); `reasoning` → `thinkingConfig.thinkingBudget` (an
 ///   effort as 1,024, 8,192 or 24,576 tokens, at most [`MAX_THINKING_BUDGET`]); `user` and
 ///   `parallel` have no Gemini equivalent.
 ///
@@ -306,6 +350,7 @@ pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<
                 function_calling_config: OutCallingConfig { mode, allowed_function_names },
             }
         });
+    let (response_mime_type, response_schema) = response_format(request.format.as_ref())?;
     let body = OutRequest {
         system_instruction,
         contents,
@@ -321,6 +366,11 @@ pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<
             top_p: request.top_p,
             top_k: request.top_k,
             stop_sequences: &request.stop,
+            presence_penalty: request.presence_penalty,
+            frequency_penalty: request.frequency_penalty,
+            seed: request.seed,
+            response_mime_type,
+            response_schema,
             thinking_config: request.reasoning.map(|reasoning| OutThinking {
                 thinking_budget: match reasoning {
                     Reasoning::Budget(budget) => budget,
@@ -753,6 +803,49 @@ mod tests {
                     "stopSequences": ["END"], "thinkingConfig": {"thinkingBudget": 8192}}
             })
         );
+    }
+
+    #[test]
+    fn seed_penalties_and_a_format_go_into_the_generation_config() {
+        let schema = r#"{"type":"object","properties":{"a":{"type":["string","null"]}},"additionalProperties":false}"#;
+        let request = Request {
+            messages: vec![turn(Role::User, vec![Part::Text("hi".into())])],
+            seed: Some(7),
+            presence_penalty: Some(0.5),
+            frequency_penalty: Some(-0.5),
+            format: Some(Format::JsonSchema {
+                name: "x".into(),
+                description: None,
+                schema: core::RawJson::new(schema.into()).unwrap(),
+                strict: Some(true),
+            }),
+            ..Request::default()
+        };
+        assert_eq!(
+            body(&request_body(&request, 10).unwrap())["generationConfig"],
+            json!({"maxOutputTokens": 10, "presencePenalty": 0.5, "frequencyPenalty": -0.5,
+                "seed": 7, "responseMimeType": "application/json",
+                "responseSchema": {"type": "OBJECT",
+                    "properties": {"a": {"type": "STRING", "nullable": true}}}})
+        );
+        let object = Request { format: Some(Format::JsonObject), ..request.clone() };
+        let config = body(&request_body(&object, 10).unwrap())["generationConfig"].clone();
+        assert_eq!(config["responseMimeType"], "application/json");
+        assert!(config.get("responseSchema").is_none());
+        let refs = r##"{"type":"object","properties":{"a":{"$ref":"#/$defs/a"}},"$defs":{"a":{"type":"string"}}}"##;
+        let strict = |strict| Request {
+            format: Some(Format::JsonSchema {
+                name: "x".into(),
+                description: None,
+                schema: core::RawJson::new(refs.into()).unwrap(),
+                strict: Some(strict),
+            }),
+            ..Request::default()
+        };
+        let refusal = request_body(&strict(true), 10).unwrap_err();
+        assert_eq!(refusal.field, "response_format.json_schema");
+        assert!(refusal.message.starts_with("The Gemini provider cannot enforce"), "{refusal:?}");
+        assert!(request_body(&strict(false), 10).is_ok(), "best effort when not strict");
     }
 
     #[test]

@@ -53,8 +53,8 @@ use super::secret::Secret;
 use super::sse::Frame;
 use super::unified::{Completion, Fields, StreamEvent, Usage};
 
-mod schema;
 use crate::request::ChatRequest;
+use switchyard_wire::gemini::schema;
 
 pub struct Gemini;
 
