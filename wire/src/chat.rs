@@ -84,6 +84,19 @@ struct WirePart {
     text: Option<String>,
     refusal: Option<String>,
     image_url: Option<WireImageUrl>,
+    input_audio: Option<WireAudio>,
+    file: Option<WireFile>,
+}
+
+#[derive(Deserialize)]
+struct WireAudio {
+    data: String,
+    format: String,
+}
+
+#[derive(Deserialize)]
+struct WireFile {
+    file_data: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -427,10 +440,28 @@ fn user_parts(content: Option<OneOrList<WirePart>>, at: &str) -> Result<Vec<Part
                     .url;
                 Part::Image(read_image_url(url, &format!("{at}.image_url.url"))?)
             }
+            "input_audio" => {
+                let audio = part
+                    .input_audio
+                    .ok_or_else(|| Refusal::at(format!("{at}.input_audio"), "field required"))?;
+                Part::Audio { format: audio.format, data: audio.data }
+            }
+            "file" => {
+                let at = format!("{at}.file.file_data");
+                let data = part.file.and_then(|f| f.file_data).ok_or_else(|| {
+                    Refusal::at(
+                        &at,
+                        "the gateway takes files only inline, as file_data (a data: URL); file_id refers to OpenAI's storage",
+                    )
+                })?;
+                Part::File(read_image_url(data, &at)?)
+            }
             other => {
                 return Err(Refusal::at(
                     format!("{at}.type"),
-                    format!("the gateway takes `text` and `image_url` parts, not `{other}`"),
+                    format!(
+                        "the gateway takes `text`, `image_url`, `input_audio` and `file` parts, not `{other}`"
+                    ),
                 ));
             }
         });
@@ -438,7 +469,8 @@ fn user_parts(content: Option<OneOrList<WirePart>>, at: &str) -> Result<Vec<Part
     Ok(out)
 }
 
-/// `data:<media type>;base64,<data>` → base64 image; http(s) URLs as they are.
+/// `data:<media type>;base64,<data>` → base64 image; http(s) and `gs://` URLs as they are
+/// (the provider's writer refuses what its provider cannot fetch).
 fn read_image_url(url: String, at: &str) -> Result<Image, Refusal> {
     if let Some(rest) = url.strip_prefix("data:") {
         let (meta, data) = rest
@@ -449,10 +481,10 @@ fn read_image_url(url: String, at: &str) -> Result<Image, Refusal> {
             .ok_or_else(|| Refusal::at(at, "image data: URLs must be base64"))?;
         return Ok(Image::Base64 { media_type: media_type.to_owned(), data: data.to_owned() });
     }
-    if url.starts_with("https://") || url.starts_with("http://") {
+    if url.starts_with("https://") || url.starts_with("http://") || url.starts_with("gs://") {
         return Ok(Image::Url(url));
     }
-    Err(Refusal::at(at, "image URLs must be data: or http(s): URLs"))
+    Err(Refusal::at(at, "image URLs must be data:, http(s): or gs:// URLs"))
 }
 
 // === Request: writing ===
@@ -560,6 +592,19 @@ enum OutContent<'a> {
 enum OutPart<'a> {
     Text { text: &'a str },
     ImageUrl { image_url: OutImageUrl },
+    InputAudio { input_audio: OutAudio<'a> },
+    File { file: OutFile },
+}
+
+#[derive(Serialize)]
+struct OutAudio<'a> {
+    data: &'a str,
+    format: &'a str,
+}
+
+#[derive(Serialize)]
+struct OutFile {
+    file_data: String,
 }
 
 #[derive(Serialize)]
@@ -652,6 +697,12 @@ fn content<'a>(parts: &[&'a Part]) -> Option<OutContent<'a>> {
                     Part::Image(image) => {
                         Some(OutPart::ImageUrl { image_url: OutImageUrl { url: image_url(image) } })
                     }
+                    Part::Audio { format, data } => {
+                        Some(OutPart::InputAudio { input_audio: OutAudio { data, format } })
+                    }
+                    Part::File(file) => {
+                        Some(OutPart::File { file: OutFile { file_data: image_url(file) } })
+                    }
                     _ => None,
                 })
                 .collect(),
@@ -724,7 +775,9 @@ pub fn request_body(
                             tool.tool_call_id = Some(call_id);
                             messages.push(tool);
                         }
-                        Part::Text(_) | Part::Image(_) => rest.push(part),
+                        Part::Text(_) | Part::Image(_) | Part::Audio { .. } | Part::File(_) => {
+                            rest.push(part)
+                        }
                         Part::ToolCall { .. } | Part::Thinking { .. } => {}
                     }
                 }
@@ -1453,9 +1506,21 @@ mod tests {
         assert_refuses(chat(json!({"messages": [{"role": "user"}]})), "messages[0].content");
         assert_refuses(
             chat(
-                json!({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}),
+                json!({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}]}),
             ),
             "messages[0].content[0].type",
+        );
+        assert_refuses(
+            chat(
+                json!({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}),
+            ),
+            "messages[0].content[0].input_audio.data",
+        );
+        assert_refuses(
+            chat(
+                json!({"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "file-1"}}]}]}),
+            ),
+            "messages[0].content[0].file.file_data",
         );
         assert_refuses(
             chat(

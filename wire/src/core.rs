@@ -71,6 +71,15 @@ pub enum Role {
 pub enum Part {
     Text(String),
     Image(Image),
+    /// Audio (Chat's `input_audio`): base64 `data` in `format` (`wav`, `mp3`). Only Gemini
+    /// takes it; other writers refuse it.
+    Audio {
+        format: String,
+        data: String,
+    },
+    /// A document (Chat's `file`: a PDF, ...) in either of an image's forms. Only Gemini
+    /// takes it; other writers refuse it.
+    File(Image),
     /// A call the assistant made; `arguments` is JSON text (an object).
     ToolCall {
         id: String,
@@ -92,7 +101,7 @@ pub enum Part {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub enum Image {
-    /// An http(s) URL the provider fetches.
+    /// An http(s) URL the provider fetches (or a Gemini Files API or `gs://` URI).
     Url(String),
     /// The image's bytes, base64-encoded, and their media type (`image/png`).
     Base64 { media_type: String, data: String },
@@ -312,7 +321,11 @@ pub fn estimate_tokens(request: &Request) -> u64 {
         for part in parts {
             match part {
                 Part::Text(text) => count(text),
-                Part::Image(_) => *images = images.saturating_add(1),
+                // Audio and documents are counted as an image: no better guess without
+                // decoding them.
+                Part::Image(_) | Part::Audio { .. } | Part::File(_) => {
+                    *images = images.saturating_add(1)
+                }
                 Part::ToolCall { name, arguments, .. } => {
                     count(name);
                     count(arguments);
