@@ -65,14 +65,23 @@ impl Translated {
 
     /// The `x-dropped-hints` of an answer `model` (of `kind`) gave, if anything was dropped:
     /// what no model takes, and the reasoning ask where the model takes none (only
-    /// OpenAI-kind models marked `reasoning` get `reasoning_effort`).
+    /// OpenAI-kind and Gemini models marked `reasoning` get `reasoning_effort`, Gemini's as
+    /// a thinking budget).
     pub fn dropped(&self, kind: Option<ProviderKind>, model: &Model) -> Option<HeaderValue> {
-        let openai = matches!(
+        let takes_effort = matches!(
             kind,
-            Some(ProviderKind::Openai | ProviderKind::AzureOpenai | ProviderKind::OpenaiCompatible)
+            Some(
+                ProviderKind::Openai
+                    | ProviderKind::AzureOpenai
+                    | ProviderKind::OpenaiCompatible
+                    | ProviderKind::Gemini
+            )
         );
         let mut dropped = self.hints.clone();
-        if self.reasoning && !(openai && model.reasoning) && !dropped.contains(&HINT_REASONING) {
+        if self.reasoning
+            && !(takes_effort && model.reasoning)
+            && !dropped.contains(&HINT_REASONING)
+        {
             dropped.push(HINT_REASONING);
         }
         (!dropped.is_empty()).then(|| HeaderValue::from_str(&dropped.join(", ")).ok()).flatten()

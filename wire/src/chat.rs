@@ -36,11 +36,11 @@ struct WireRequest {
     user: Option<String>,
     reasoning_effort: Option<String>,
     n: Option<u32>,
+    response_format: Option<WireResponseFormat>,
+    seed: Option<i64>,
+    frequency_penalty: Option<f64>,
+    presence_penalty: Option<f64>,
     // Fields the core does not carry: named in `hints` when present.
-    response_format: Option<IgnoredAny>,
-    seed: Option<IgnoredAny>,
-    frequency_penalty: Option<IgnoredAny>,
-    presence_penalty: Option<IgnoredAny>,
     logit_bias: Option<IgnoredAny>,
     logprobs: Option<IgnoredAny>,
     top_logprobs: Option<IgnoredAny>,
@@ -51,6 +51,22 @@ struct WireRequest {
     modalities: Option<IgnoredAny>,
     audio: Option<IgnoredAny>,
     web_search_options: Option<IgnoredAny>,
+}
+
+/// `response_format`: `{"type": "text" | "json_object" | "json_schema", "json_schema"}`.
+#[derive(Deserialize)]
+struct WireResponseFormat {
+    #[serde(rename = "type")]
+    kind: String,
+    json_schema: Option<WireJsonSchema>,
+}
+
+#[derive(Deserialize)]
+struct WireJsonSchema {
+    name: Option<String>,
+    description: Option<String>,
+    schema: Option<Box<RawValue>>,
+    strict: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -68,6 +84,19 @@ struct WirePart {
     text: Option<String>,
     refusal: Option<String>,
     image_url: Option<WireImageUrl>,
+    input_audio: Option<WireAudio>,
+    file: Option<WireFile>,
+}
+
+#[derive(Deserialize)]
+struct WireAudio {
+    data: String,
+    format: String,
+}
+
+#[derive(Deserialize)]
+struct WireFile {
+    file_data: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -112,7 +141,9 @@ const MAX_TEMPERATURE: f64 = 2.0;
 /// - `max_completion_tokens` (else the legacy `max_tokens`) becomes `max_tokens`;
 /// - `parallel_tool_calls` without a `tool_choice` is a `tool_choice` of `auto`;
 /// - `reasoning_effort` becomes an effort (`minimal` reads as low);
-/// - fields the core has no place for (`response_format`, `seed`, `n`, `logprobs`, ...) are
+/// - `response_format` becomes the format (`text` is none; a `json_schema` without a schema
+///   asks only for JSON, as a `json_object`); `seed` and the penalties are carried;
+/// - fields the core has no place for (`n`, `logprobs`, ...) are
 ///   named in `hints` for the caller to honour or refuse for the model that serves.
 pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
     let wire: WireRequest = de::read(body)?;
@@ -295,11 +326,14 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
     if wire.n.is_some_and(|n| n != 1) {
         request.hint("n");
     }
-    let present: [(&'static str, bool); 14] = [
-        ("response_format", wire.response_format.is_some()),
-        ("seed", wire.seed.is_some()),
-        ("frequency_penalty", wire.frequency_penalty.is_some()),
-        ("presence_penalty", wire.presence_penalty.is_some()),
+    request.seed = wire.seed;
+    request.presence_penalty = wire.presence_penalty;
+    request.frequency_penalty = wire.frequency_penalty;
+    request.format = match wire.response_format {
+        None => None,
+        Some(format) => read_format(format)?,
+    };
+    let present: [(&'static str, bool); 10] = [
         ("logit_bias", wire.logit_bias.is_some()),
         ("logprobs", wire.logprobs.is_some()),
         ("top_logprobs", wire.top_logprobs.is_some()),
@@ -317,6 +351,28 @@ pub fn parse_request(body: &[u8]) -> Result<core::Request, Refusal> {
         }
     }
     Ok(request)
+}
+
+/// `response_format` as the core's format; `text` is none.
+fn read_format(format: WireResponseFormat) -> Result<Option<Format>, Refusal> {
+    match format.kind.as_str() {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(Format::JsonObject)),
+        "json_schema" => {
+            let Some(spec) = format.json_schema else { return Ok(Some(Format::JsonObject)) };
+            let Some(schema) = spec.schema else { return Ok(Some(Format::JsonObject)) };
+            Ok(Some(Format::JsonSchema {
+                name: spec.name.unwrap_or_default(),
+                description: spec.description,
+                schema: RawJson::from(schema),
+                strict: spec.strict,
+            }))
+        }
+        other => Err(Refusal::at(
+            "response_format.type",
+            format!("must be `text`, `json_object` or `json_schema`, not `{other}`"),
+        )),
+    }
 }
 
 /// A call's arguments: JSON text (an empty string reads as `{}`, as OpenAI models sometimes
@@ -384,10 +440,28 @@ fn user_parts(content: Option<OneOrList<WirePart>>, at: &str) -> Result<Vec<Part
                     .url;
                 Part::Image(read_image_url(url, &format!("{at}.image_url.url"))?)
             }
+            "input_audio" => {
+                let audio = part
+                    .input_audio
+                    .ok_or_else(|| Refusal::at(format!("{at}.input_audio"), "field required"))?;
+                Part::Audio { format: audio.format, data: audio.data }
+            }
+            "file" => {
+                let at = format!("{at}.file.file_data");
+                let data = part.file.and_then(|f| f.file_data).ok_or_else(|| {
+                    Refusal::at(
+                        &at,
+                        "the gateway takes files only inline, as file_data (a data: URL); file_id refers to OpenAI's storage",
+                    )
+                })?;
+                Part::File(read_image_url(data, &at)?)
+            }
             other => {
                 return Err(Refusal::at(
                     format!("{at}.type"),
-                    format!("the gateway takes `text` and `image_url` parts, not `{other}`"),
+                    format!(
+                        "the gateway takes `text`, `image_url`, `input_audio` and `file` parts, not `{other}`"
+                    ),
                 ));
             }
         });
@@ -395,7 +469,8 @@ fn user_parts(content: Option<OneOrList<WirePart>>, at: &str) -> Result<Vec<Part
     Ok(out)
 }
 
-/// `data:<media type>;base64,<data>` → base64 image; http(s) URLs as they are.
+/// `data:<media type>;base64,<data>` → base64 image; http(s) and `gs://` URLs as they are
+/// (the provider's writer refuses what its provider cannot fetch).
 fn read_image_url(url: String, at: &str) -> Result<Image, Refusal> {
     if let Some(rest) = url.strip_prefix("data:") {
         let (meta, data) = rest
@@ -406,10 +481,10 @@ fn read_image_url(url: String, at: &str) -> Result<Image, Refusal> {
             .ok_or_else(|| Refusal::at(at, "image data: URLs must be base64"))?;
         return Ok(Image::Base64 { media_type: media_type.to_owned(), data: data.to_owned() });
     }
-    if url.starts_with("https://") || url.starts_with("http://") {
+    if url.starts_with("https://") || url.starts_with("http://") || url.starts_with("gs://") {
         return Ok(Image::Url(url));
     }
-    Err(Refusal::at(at, "image URLs must be data: or http(s): URLs"))
+    Err(Refusal::at(at, "image URLs must be data:, http(s): or gs:// URLs"))
 }
 
 // === Request: writing ===
@@ -437,6 +512,12 @@ struct OutRequest<'a> {
     reasoning_effort: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<OutResponseFormat<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f64>,
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
@@ -511,6 +592,19 @@ enum OutContent<'a> {
 enum OutPart<'a> {
     Text { text: &'a str },
     ImageUrl { image_url: OutImageUrl },
+    InputAudio { input_audio: OutAudio<'a> },
+    File { file: OutFile },
+}
+
+#[derive(Serialize)]
+struct OutAudio<'a> {
+    data: &'a str,
+    format: &'a str,
+}
+
+#[derive(Serialize)]
+struct OutFile {
+    file_data: String,
 }
 
 #[derive(Serialize)]
@@ -603,6 +697,12 @@ fn content<'a>(parts: &[&'a Part]) -> Option<OutContent<'a>> {
                     Part::Image(image) => {
                         Some(OutPart::ImageUrl { image_url: OutImageUrl { url: image_url(image) } })
                     }
+                    Part::Audio { format, data } => {
+                        Some(OutPart::InputAudio { input_audio: OutAudio { data, format } })
+                    }
+                    Part::File(file) => {
+                        Some(OutPart::File { file: OutFile { file_data: image_url(file) } })
+                    }
                     _ => None,
                 })
                 .collect(),
@@ -675,7 +775,9 @@ pub fn request_body(
                             tool.tool_call_id = Some(call_id);
                             messages.push(tool);
                         }
-                        Part::Text(_) | Part::Image(_) => rest.push(part),
+                        Part::Text(_) | Part::Image(_) | Part::Audio { .. } | Part::File(_) => {
+                            rest.push(part)
+                        }
                         Part::ToolCall { .. } | Part::Thinking { .. } => {}
                     }
                 }
@@ -751,6 +853,9 @@ pub fn request_body(
         user,
         reasoning_effort,
         response_format: request.format.as_ref().map(OutResponseFormat::of),
+        seed: request.seed,
+        presence_penalty: request.presence_penalty,
+        frequency_penalty: request.frequency_penalty,
         stream: request.stream,
         stream_options: request.stream.then_some(StreamOptions { include_usage: true }),
     };
@@ -1366,7 +1471,9 @@ mod tests {
         assert!(request.stream);
         assert_eq!(request.user.as_deref(), Some("u"));
         assert_eq!(request.reasoning, Some(Reasoning::Effort(Effort::Low)));
-        assert_eq!(request.hints, vec!["response_format", "seed"]);
+        assert_eq!(request.seed, Some(1));
+        assert_eq!(request.format, Some(Format::JsonObject));
+        assert!(request.hints.is_empty(), "{:?}", request.hints);
     }
 
     #[test]
@@ -1399,9 +1506,21 @@ mod tests {
         assert_refuses(chat(json!({"messages": [{"role": "user"}]})), "messages[0].content");
         assert_refuses(
             chat(
-                json!({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}),
+                json!({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}]}),
             ),
             "messages[0].content[0].type",
+        );
+        assert_refuses(
+            chat(
+                json!({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}),
+            ),
+            "messages[0].content[0].input_audio.data",
+        );
+        assert_refuses(
+            chat(
+                json!({"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "file-1"}}]}]}),
+            ),
+            "messages[0].content[0].file.file_data",
         );
         assert_refuses(
             chat(

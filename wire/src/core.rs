@@ -23,12 +23,20 @@ pub struct Request {
     pub top_p: Option<f64>,
     pub top_k: Option<u32>,
     pub stop: Vec<String>,
+    /// Sampling seed, penalties for tokens already present and for their frequency (Chat's
+    /// names); formats without them (Messages) drop them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
     pub stream: bool,
     /// Who the end user is: Messages' `metadata.user_id`, Chat's `user`.
     pub user: Option<String>,
     pub reasoning: Option<Reasoning>,
     /// The shape the answer's text must take (structured outputs), where the client's format
-    /// asks for one (Responses' `text.format`); `None`: free text.
+    /// asks for one (Responses' `text.format`, Chat's `response_format`); `None`: free text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub format: Option<Format>,
     /// Provider-only hints seen in the request that a translation to another format drops
@@ -63,6 +71,15 @@ pub enum Role {
 pub enum Part {
     Text(String),
     Image(Image),
+    /// Audio (Chat's `input_audio`): base64 `data` in `format` (`wav`, `mp3`). Only Gemini
+    /// takes it; other writers refuse it.
+    Audio {
+        format: String,
+        data: String,
+    },
+    /// A document (Chat's `file`: a PDF, ...) in either of an image's forms. Only Gemini
+    /// takes it; other writers refuse it.
+    File(Image),
     /// A call the assistant made; `arguments` is JSON text (an object).
     ToolCall {
         id: String,
@@ -84,7 +101,7 @@ pub enum Part {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub enum Image {
-    /// An http(s) URL the provider fetches.
+    /// An http(s) URL the provider fetches (or a Gemini Files API or `gs://` URI).
     Url(String),
     /// The image's bytes, base64-encoded, and their media type (`image/png`).
     Base64 { media_type: String, data: String },
@@ -304,7 +321,11 @@ pub fn estimate_tokens(request: &Request) -> u64 {
         for part in parts {
             match part {
                 Part::Text(text) => count(text),
-                Part::Image(_) => *images = images.saturating_add(1),
+                // Audio and documents are counted as an image: no better guess without
+                // decoding them.
+                Part::Image(_) | Part::Audio { .. } | Part::File(_) => {
+                    *images = images.saturating_add(1)
+                }
                 Part::ToolCall { name, arguments, .. } => {
                     count(name);
                     count(arguments);

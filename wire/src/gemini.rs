@@ -9,14 +9,19 @@
 //! only the id). The signature is written in base64's URL-safe alphabet without padding, so
 //! the id stays within the letters, digits, `_` and `-` that Anthropic's tool ids allow.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::Refusal;
-use crate::core::{self, Effort, Event, Finish, Image, Part, Reasoning, Role, ToolMode, Usage};
+use crate::core::{
+    self, Effort, Event, Finish, Format, Image, Part, Reasoning, Role, ToolMode, Usage,
+};
 use crate::de;
+
+pub mod schema;
 
 /// Between a tool call's id and the thought signature it carries.
 pub const SIGNATURE_SEPARATOR: &str = "__thought__";
@@ -40,6 +45,7 @@ struct OutRequest<'a> {
     tools: Vec<OutTools<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_config: Option<OutToolConfig<'a>>,
+    #[serde(skip_serializing_if = "OutGenerationConfig::is_empty")]
     generation_config: OutGenerationConfig<'a>,
 }
 
@@ -56,7 +62,7 @@ enum OutPart<'a> {
     Text(&'a str),
     InlineData {
         #[serde(rename = "mimeType")]
-        mime_type: &'a str,
+        mime_type: Cow<'a, str>,
         data: &'a str,
     },
     FileData {
@@ -83,12 +89,35 @@ struct OutCall<'a> {
     args: Box<RawValue>,
 }
 
-/// Google's FunctionResponse reference names `output` and `error` as the keys it reads.
+/// A tool result: a JSON object as it is, anything else under `output` (as JSON where it
+/// is JSON), an error's text under `error` (Google's FunctionResponse reference names
+/// `output` and `error` as the keys it reads).
 #[derive(Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(untagged)]
 enum OutResponse<'a> {
-    Output(&'a str),
-    Error(&'a str),
+    Object(Box<RawValue>),
+    Output { output: OutValue<'a> },
+    Error { error: Cow<'a, str> },
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OutValue<'a> {
+    Json(Box<RawValue>),
+    Text(Cow<'a, str>),
+}
+
+impl<'a> OutResponse<'a> {
+    fn of(text: Cow<'a, str>, is_error: bool) -> Self {
+        if is_error {
+            return OutResponse::Error { error: text };
+        }
+        match serde_json::from_str::<Box<RawValue>>(&text) {
+            Ok(json) if json.get().starts_with('{') => OutResponse::Object(json),
+            Ok(json) => OutResponse::Output { output: OutValue::Json(json) },
+            Err(_) => OutResponse::Output { output: OutValue::Text(text) },
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -103,9 +132,26 @@ struct OutDeclaration<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<&'a str>,
-    /// The schema as JSON Schema, which Gemini reads in full here (unlike `parameters`,
-    /// an OpenAPI 3.0 subset).
-    parameters_json_schema: &'a RawValue,
+    /// The schema in Gemini's OpenAPI 3.0 subset ([`schema::sanitize`]: tool schemas are
+    /// best effort); none for a function without parameters, since Gemini refuses an
+    /// `OBJECT` without properties.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<serde_json::Value>,
+}
+
+/// A tool's parameters in Gemini's subset, or none when they declare no property.
+fn parameters(schema: &core::RawJson) -> Option<serde_json::Value> {
+    let schema: serde_json::Value = serde_json::from_str(schema.get()).ok()?;
+    if !schema.is_object() {
+        return None;
+    }
+    let sanitized = schema::sanitize(&schema, "#", &mut Vec::new());
+    let empty_object = sanitized.get("type").and_then(serde_json::Value::as_str) == Some("OBJECT")
+        && sanitized
+            .get("properties")
+            .and_then(serde_json::Value::as_object)
+            .is_none_or(|p| p.is_empty());
+    (!empty_object).then_some(sanitized)
 }
 
 #[derive(Serialize)]
@@ -125,7 +171,8 @@ struct OutCallingConfig<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct OutGenerationConfig<'a> {
-    max_output_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -135,7 +182,65 @@ struct OutGenerationConfig<'a> {
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     stop_sequences: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    candidate_count: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_mime_type: Option<&'static str>,
+    /// In Gemini's OpenAPI 3.0 subset ([`schema::sanitize`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_schema: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     thinking_config: Option<OutThinking>,
+}
+
+impl OutGenerationConfig<'_> {
+    /// Nothing set: the config is left out, as Gemini's defaults apply anyway.
+    fn is_empty(&self) -> bool {
+        self.max_output_tokens.is_none()
+            && self.temperature.is_none()
+            && self.top_p.is_none()
+            && self.top_k.is_none()
+            && self.stop_sequences.is_empty()
+            && self.presence_penalty.is_none()
+            && self.frequency_penalty.is_none()
+            && self.seed.is_none()
+            && self.candidate_count.is_none()
+            && self.response_mime_type.is_none()
+            && self.response_schema.is_none()
+            && self.thinking_config.is_none()
+    }
+}
+
+/// The format as `responseMimeType` and `responseSchema`. A strict schema that uses what
+/// Gemini's subset cannot express is refused: strict is a promise Gemini could not keep
+/// (a schema that is not strict loses what the subset lacks).
+fn response_format(
+    format: Option<&Format>,
+) -> Result<(Option<&'static str>, Option<serde_json::Value>), Refusal> {
+    let Some(format) = format else { return Ok((None, None)) };
+    let Format::JsonSchema { schema, strict, .. } = format else {
+        return Ok((Some("application/json"), None));
+    };
+    let schema: serde_json::Value = serde_json::from_str(schema.get()).map_err(|e| {
+        Refusal::at("response_format.json_schema.schema", format!("not JSON ({e})"))
+    })?;
+    let mut lost = Vec::new();
+    let sanitized = schema::sanitize(&schema, "#", &mut lost);
+    if strict.unwrap_or(false) && !lost.is_empty() {
+        return Err(Refusal {
+            field: "response_format.json_schema".into(),
+            message: format!(
+                "The Gemini provider cannot enforce this strict JSON schema: {} not in Gemini's schema subset (OpenAPI 3.0 Schema). Drop strict, or simplify the schema.",
+                lost.join(", ")
+            ),
+        });
+    }
+    Ok((Some("application/json"), Some(sanitized)))
 }
 
 #[derive(Serialize)]
@@ -195,21 +300,30 @@ fn from_url_safe(signature: &str) -> String {
 /// The core request as a `GenerateContentRequest` (the model goes in the URL).
 ///
 /// - `system` → `systemInstruction`; user turns → role `user`, assistant → `model`;
-/// - images: base64 → `inlineData`; Gemini Files API and `gs://` URIs → `fileData`; other
+/// - images and files: base64 → `inlineData`; audio → `inlineData` (`audio/<format>`); Gemini Files API and `gs://` URIs → `fileData`; other
 ///   URLs are refused (Gemini does not fetch them, and fetching on the node would make it an
 ///   open proxy);
 /// - tool calls → `functionCall` parts (with their thought signature, or Google's
 ///   placeholder on a turn's first call that has none); tool results → `functionResponse`
-///   parts named after the earlier call with that id (`{"output": text}`, or `{"error":
-///   text}` for an error result); thinking parts are dropped;
-/// - `max_tokens` (else `default_max_tokens`) → `maxOutputTokens`; `temperature` clamped
-///   into 0–2; `top_p`, `top_k`, `stop`; `reasoning` → `thinkingConfig.thinkingBudget` (an
+///   parts named after the earlier call with that id (text that is a JSON object as it is,
+///   other text under `output`, as JSON where it is JSON; `{"error": text}` for an error
+///   result); thinking parts are dropped;
+/// - tools → one `functionDeclarations` tool, parameters in Gemini's schema subset;
+/// - `max_tokens` (else `default_max_tokens`, else none) → `maxOutputTokens`; `candidates`
+///   above 1 → `candidateCount`; `temperature` clamped
+///   into 0–2; `top_p`, `top_k`, `stop`, `seed` and the penalties; `format` →
+///   `responseMimeType` and `responseSchema` (a strict schema Gemini's subset cannot
+///   express is refused as `response_format.json_schema`); `reasoning` → `thinkingConfig.thinkingBudget` (an
 ///   effort as 1,024, 8,192 or 24,576 tokens, at most [`MAX_THINKING_BUDGET`]); `user` and
 ///   `parallel` have no Gemini equivalent.
 ///
 /// Refusals name fields in core terms (`messages[i].parts[j]`): the parsers have already
 /// checked what a client wrote.
-pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<Vec<u8>, Refusal> {
+pub fn request_body(
+    request: &core::Request,
+    default_max_tokens: Option<u32>,
+    candidates: Option<u32>,
+) -> Result<Vec<u8>, Refusal> {
     let system_instruction = (!request.system.is_empty()).then(|| OutContent {
         role: None,
         parts: request.system.iter().map(|text| OutPart::Text(text)).collect(),
@@ -224,7 +338,11 @@ pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<
             match part {
                 Part::Text(text) if text.is_empty() => {}
                 Part::Text(text) => parts.push(OutPart::Text(text)),
-                Part::Image(image) => parts.push(media(image, &at())?),
+                Part::Image(image) | Part::File(image) => parts.push(media(image, &at())?),
+                Part::Audio { format, data } => parts.push(OutPart::InlineData {
+                    mime_type: Cow::Owned(format!("audio/{format}")),
+                    data,
+                }),
                 Part::ToolCall { id, name, arguments } => {
                     names.insert(id, name);
                     let (_, signature) = split_id(id);
@@ -248,18 +366,22 @@ pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<
                             ),
                         )
                     })?;
-                    let text = content.iter().find_map(|p| match p {
+                    let mut texts = content.iter().filter_map(|p| match p {
                         Part::Text(t) => Some(t.as_str()),
                         _ => None,
                     });
-                    let text = text.unwrap_or("");
+                    let text = match (texts.next(), texts.next()) {
+                        (None, _) => Cow::Borrowed(""),
+                        (Some(one), None) => Cow::Borrowed(one),
+                        (Some(first), Some(second)) => {
+                            let mut all = format!("{first}{second}");
+                            all.extend(texts);
+                            Cow::Owned(all)
+                        }
+                    };
                     parts.push(OutPart::FunctionResponse {
                         name,
-                        response: if *is_error {
-                            OutResponse::Error(text)
-                        } else {
-                            OutResponse::Output(text)
-                        },
+                        response: OutResponse::of(text, *is_error),
                     });
                     // Images a tool returned follow as parts of the same turn.
                     for image in content.iter().filter_map(|p| match p {
@@ -291,7 +413,7 @@ pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<
         .map(|tool| OutDeclaration {
             name: &tool.name,
             description: tool.description.as_deref(),
-            parameters_json_schema: tool.parameters.raw(),
+            parameters: parameters(&tool.parameters),
         })
         .collect();
     let tool_config =
@@ -306,6 +428,7 @@ pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<
                 function_calling_config: OutCallingConfig { mode, allowed_function_names },
             }
         });
+    let (response_mime_type, response_schema) = response_format(request.format.as_ref())?;
     let body = OutRequest {
         system_instruction,
         contents,
@@ -316,11 +439,17 @@ pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<
         },
         tool_config,
         generation_config: OutGenerationConfig {
-            max_output_tokens: request.max_tokens.unwrap_or(default_max_tokens),
+            max_output_tokens: request.max_tokens.or(default_max_tokens),
             temperature: request.temperature.map(|t| t.clamp(0.0, MAX_TEMPERATURE)),
             top_p: request.top_p,
             top_k: request.top_k,
             stop_sequences: &request.stop,
+            presence_penalty: request.presence_penalty,
+            frequency_penalty: request.frequency_penalty,
+            seed: request.seed,
+            candidate_count: candidates.filter(|n| *n > 1),
+            response_mime_type,
+            response_schema,
             thinking_config: request.reasoning.map(|reasoning| OutThinking {
                 thinking_budget: match reasoning {
                     Reasoning::Budget(budget) => budget,
@@ -335,9 +464,14 @@ pub fn request_body(request: &core::Request, default_max_tokens: u32) -> Result<
 
 fn media<'a>(image: &'a Image, at: &str) -> Result<OutPart<'a>, Refusal> {
     match image {
-        Image::Base64 { media_type, data } => {
-            Ok(OutPart::InlineData { mime_type: media_type, data })
-        }
+        Image::Base64 { media_type, data } => Ok(OutPart::InlineData {
+            mime_type: Cow::Borrowed(if media_type.is_empty() {
+                "application/octet-stream"
+            } else {
+                media_type
+            }),
+            data,
+        }),
         Image::Url(url)
             if url.starts_with("gs://")
                 || url.starts_with("https://generativelanguage.googleapis.com/") =>
@@ -620,7 +754,7 @@ impl Decoder {
                     events.push(Event::ToolCallStart { index, id, name });
                     events.push(Event::ToolCallDelta { index, arguments });
                 }
-                Part::Image(_) | Part::ToolResult { .. } => {}
+                Part::Image(_) | Part::Audio { .. } | Part::File(_) | Part::ToolResult { .. } => {}
             }
         }
         if let Some(reason) = candidate.finish_reason
@@ -729,7 +863,7 @@ mod tests {
             ..Request::default()
         };
         assert_eq!(
-            body(&request_body(&request, 8192).unwrap()),
+            body(&request_body(&request, Some(8192), None).unwrap()),
             json!({
                 "systemInstruction": {"parts": [{"text": "be brief"}, {"text": "be kind"}]},
                 "contents": [
@@ -746,12 +880,134 @@ mod tests {
                     {"role": "model", "parts": [
                         {"functionCall": {"name": "get", "args": {}}, "thoughtSignature": SKIP_SIGNATURE}]}
                 ],
-                "tools": [{"functionDeclarations": [{"name": "get", "description": "d",
-                    "parametersJsonSchema": {"type": "object", "additionalProperties": false}}]}],
+                "tools": [{"functionDeclarations": [{"name": "get", "description": "d"}]}],
                 "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["get"]}},
                 "generationConfig": {"maxOutputTokens": 8192, "temperature": 2.0, "topK": 4,
                     "stopSequences": ["END"], "thinkingConfig": {"thinkingBudget": 8192}}
             })
+        );
+    }
+
+    #[test]
+    fn audio_files_json_tool_results_and_candidates_take_gemini_shapes() {
+        let request = Request {
+            messages: vec![
+                turn(
+                    Role::User,
+                    vec![
+                        Part::Audio { format: "wav".into(), data: "UklG".into() },
+                        Part::File(Image::Base64 {
+                            media_type: "application/pdf".into(),
+                            data: "JVBE".into(),
+                        }),
+                        Part::File(Image::Base64 { media_type: String::new(), data: "AA".into() }),
+                    ],
+                ),
+                turn(
+                    Role::Assistant,
+                    vec![
+                        Part::ToolCall { id: "a".into(), name: "f".into(), arguments: "{}".into() },
+                        Part::ToolCall { id: "b".into(), name: "g".into(), arguments: "{}".into() },
+                        Part::ToolCall { id: "c".into(), name: "h".into(), arguments: "{}".into() },
+                    ],
+                ),
+                turn(
+                    Role::User,
+                    vec![
+                        Part::ToolResult {
+                            call_id: "a".into(),
+                            content: vec![Part::Text(r#"{"temp_c": "#.into()), Part::Text("21}".into())],
+                            is_error: false,
+                        },
+                        Part::ToolResult {
+                            call_id: "b".into(),
+                            content: vec![Part::Text("[1,2]".into())],
+                            is_error: false,
+                        },
+                        Part::ToolResult {
+                            call_id: "c".into(),
+                            content: vec![Part::Text("sunny".into())],
+                            is_error: false,
+                        },
+                    ],
+                ),
+            ],
+            tools: vec![Tool {
+                name: "f".into(),
+                description: None,
+                parameters: core::RawJson::new(
+                    r#"{"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":false}"#.into(),
+                )
+                .unwrap(),
+            }],
+            ..Request::default()
+        };
+        let sent = body(&request_body(&request, None, Some(2)).unwrap());
+        assert_eq!(
+            sent["contents"][0]["parts"],
+            json!([{"inlineData": {"mimeType": "audio/wav", "data": "UklG"}},
+                   {"inlineData": {"mimeType": "application/pdf", "data": "JVBE"}},
+                   {"inlineData": {"mimeType": "application/octet-stream", "data": "AA"}}])
+        );
+        assert_eq!(
+            sent["contents"][2]["parts"],
+            json!([{"functionResponse": {"name": "f", "response": {"temp_c": 21}}},
+                   {"functionResponse": {"name": "g", "response": {"output": [1, 2]}}},
+                   {"functionResponse": {"name": "h", "response": {"output": "sunny"}}}])
+        );
+        assert_eq!(
+            sent["tools"][0]["functionDeclarations"][0]["parameters"],
+            json!({"type": "OBJECT", "properties": {"a": {"type": "STRING"}}})
+        );
+        assert_eq!(sent["generationConfig"], json!({"candidateCount": 2}), "no maxOutputTokens");
+        let one = body(&request_body(&request, None, Some(1)).unwrap());
+        assert!(one.get("generationConfig").is_none(), "one candidate is the default");
+    }
+
+    #[test]
+    fn seed_penalties_and_a_format_go_into_the_generation_config() {
+        let schema = r#"{"type":"object","properties":{"a":{"type":["string","null"]}},"additionalProperties":false}"#;
+        let request = Request {
+            messages: vec![turn(Role::User, vec![Part::Text("hi".into())])],
+            seed: Some(7),
+            presence_penalty: Some(0.5),
+            frequency_penalty: Some(-0.5),
+            format: Some(Format::JsonSchema {
+                name: "x".into(),
+                description: None,
+                schema: core::RawJson::new(schema.into()).unwrap(),
+                strict: Some(true),
+            }),
+            ..Request::default()
+        };
+        assert_eq!(
+            body(&request_body(&request, Some(10), None).unwrap())["generationConfig"],
+            json!({"maxOutputTokens": 10, "presencePenalty": 0.5, "frequencyPenalty": -0.5,
+                "seed": 7, "responseMimeType": "application/json",
+                "responseSchema": {"type": "OBJECT",
+                    "properties": {"a": {"type": "STRING", "nullable": true}}}})
+        );
+        let object = Request { format: Some(Format::JsonObject), ..request.clone() };
+        let config =
+            body(&request_body(&object, Some(10), None).unwrap())["generationConfig"].clone();
+        assert_eq!(config["responseMimeType"], "application/json");
+        assert!(config.get("responseSchema").is_none());
+        let refs = r##"{"type":"object","properties":{"a":{"$ref":"#/$defs/a"}},"$defs":{"a":{"type":"string"}}}"##;
+        let strict = |strict| Request {
+            format: Some(Format::JsonSchema {
+                name: "x".into(),
+                description: None,
+                schema: core::RawJson::new(refs.into()).unwrap(),
+                strict: Some(strict),
+            }),
+            ..Request::default()
+        };
+        let refusal = request_body(&strict(true), Some(10), None).unwrap_err();
+        assert_eq!(refusal.field, "response_format.json_schema");
+        assert!(refusal.message.starts_with("The Gemini provider cannot enforce"), "{refusal:?}");
+        assert!(
+            request_body(&strict(false), Some(10), None).is_ok(),
+            "best effort when not strict"
         );
     }
 
@@ -764,7 +1020,7 @@ mod tests {
             )],
             ..Request::default()
         };
-        assert_eq!(request_body(&web, 1).unwrap_err().field, "messages[0].parts[1]");
+        assert_eq!(request_body(&web, Some(1), None).unwrap_err().field, "messages[0].parts[1]");
         let orphan = Request {
             messages: vec![turn(
                 Role::User,
@@ -772,7 +1028,7 @@ mod tests {
             )],
             ..Request::default()
         };
-        let refusal = request_body(&orphan, 1).unwrap_err();
+        let refusal = request_body(&orphan, Some(1), None).unwrap_err();
         assert_eq!(refusal.field, "messages[0].parts[0].call_id");
         assert!(refusal.message.contains("`messages[0].parts[0].call_id`"));
     }

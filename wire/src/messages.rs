@@ -719,7 +719,28 @@ fn in_block(part: &Part) -> Option<OutInBlock<'_>> {
             OutInBlock::Thinking { thinking: text, signature }
         }
         Part::Thinking { .. } => return None,
+        // Refused by `request_body` before any block is made.
+        Part::Audio { .. } | Part::File(_) => return None,
     })
+}
+
+/// The first part Anthropic cannot take in any form: audio, a document, a `gs://` URL.
+fn unsupported_media(request: &core::Request) -> Result<(), Refusal> {
+    for (i, message) in request.messages.iter().enumerate() {
+        for (j, part) in message.parts.iter().enumerate() {
+            let what = match part {
+                Part::Audio { .. } => "audio",
+                Part::File(_) => "files",
+                Part::Image(Image::Url(url)) if url.starts_with("gs://") => "gs:// image URLs",
+                _ => continue,
+            };
+            return Err(Refusal::at(
+                format!("messages[{i}].parts[{j}]"),
+                format!("the provider Anthropic takes no {what}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The core request as an Anthropic Messages body for `upstream_model`.
@@ -742,6 +763,7 @@ pub fn request_body(
     upstream_model: &str,
     default_max_tokens: u32,
 ) -> Result<Vec<u8>, Refusal> {
+    unsupported_media(request)?;
     let max_tokens = request.max_tokens.unwrap_or(default_max_tokens).max(1);
     let system = match request.system.as_slice() {
         [] => None,

@@ -671,7 +671,11 @@ fn items(response_id: &str, parts: &[Part]) -> Vec<Item> {
                 name: name.clone(),
                 arguments: arguments.clone(),
             }),
-            Part::Image(_) | Part::ToolResult { .. } | Part::Thinking { .. } => {}
+            Part::Image(_)
+            | Part::Audio { .. }
+            | Part::File(_)
+            | Part::ToolResult { .. }
+            | Part::Thinking { .. } => {}
         }
     }
     items

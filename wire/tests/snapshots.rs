@@ -439,7 +439,7 @@ fn messages_errors_and_stream_errors() {
 // === Gemini (a provider): requests from Messages and Chat, answers and streams back ===
 
 fn to_gemini(core: &Request) -> Value {
-    value(&gemini::request_body(core, 8192).unwrap())
+    value(&gemini::request_body(core, Some(8192), None).unwrap())
 }
 
 #[test]
@@ -524,7 +524,7 @@ fn gemini_errors() {
         br#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}]}]}"#,
     )
     .unwrap();
-    let unfetchable = gemini::request_body(&web_image, 100).unwrap_err();
+    let unfetchable = gemini::request_body(&web_image, Some(100), None).unwrap_err();
     assert_json_snapshot!(json!({
         "blocked": {"field": blocked.field, "message": blocked.message},
         "error": {"code": parsed.code, "status": parsed.status, "message": parsed.message},

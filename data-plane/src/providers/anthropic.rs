@@ -85,9 +85,12 @@ impl Adapter for Anthropic {
             }
         };
         let max_tokens = model.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-        messages::request_body(&core, &model.upstream_model, max_tokens)
-            .map(Bytes::from)
-            .map_err(|refusal| translated::unsupported(&refusal))
+        messages::request_body(&core, &model.upstream_model, max_tokens).map(Bytes::from).map_err(
+            |refusal| match unsupported_media(request) {
+                Some(error) if refusal.field.starts_with("messages[") => error,
+                _ => translated::unsupported(&refusal),
+            },
+        )
     }
 
     fn translates(&self) -> bool {
@@ -144,6 +147,22 @@ impl Adapter for Anthropic {
 
 /// Refuses what Anthropic has no equivalent for among the Chat fields the core leaves to
 /// the adapter; returns the system instruction that stands in for a JSON mode, if any.
+/// A content part Anthropic cannot take (audio, a file, a `gs://` image), named in Chat
+/// terms as the gateway named it before such parts reached the core (the writer names core
+/// parts, whose indexes are not the client's).
+fn unsupported_media(request: &ChatRequest<'_>) -> Option<CallError> {
+    let (at, kind) = translated::chat_part(request, |part| match part.kind.as_str() {
+        "input_audio" | "file" => Some("type"),
+        _ => part.url().filter(|(_, url)| url.starts_with("gs://")).map(|(field, _)| field),
+    })?;
+    let what = if at.ends_with(".type") {
+        format!("the provider Anthropic takes `text` and `image_url` parts, not `{kind}`")
+    } else {
+        "image URLs must be data: or http(s): URLs".to_owned()
+    };
+    Some(CallError::Unsupported { message: format!("`{at}`: {what}"), param: Some(at) })
+}
+
 fn refusals(request: &ChatRequest<'_>) -> Result<Option<String>, CallError> {
     let refuse = |param: &str, what: String| CallError::Unsupported {
         message: format!("`{param}`: {what}"),
@@ -533,6 +552,32 @@ mod tests {
                 .contains("custom")
         );
         assert!(refused(json!({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]})).is_some());
+        // Audio, files and gs:// images reach the core (Gemini takes them) and are refused
+        // here in Chat terms, at the client's indexes (the system message counts).
+        for (part, field) in [
+            (
+                json!({"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}}),
+                "messages[1].content[1].type",
+            ),
+            (
+                json!({"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBE"}}),
+                "messages[1].content[1].type",
+            ),
+            (
+                json!({"type": "image_url", "image_url": {"url": "gs://bucket/a.png"}}),
+                "messages[1].content[1].image_url.url",
+            ),
+        ] {
+            let body = json!({"messages": [{"role": "system", "content": "s"},
+                {"role": "user", "content": [{"type": "text", "text": "look"}, part]}]});
+            match Anthropic.body(&model(None), &req(body)) {
+                Err(CallError::Unsupported { param, message }) => {
+                    assert_eq!(param.as_deref(), Some(field), "{message}");
+                    assert!(message.starts_with(&format!("`{field}`")), "{message}");
+                }
+                other => panic!("expected a refusal of {field}, got {other:?}"),
+            }
+        }
         assert_eq!(refused(json!({"n": 1, "logprobs": false, "seed": 1, "user": "u"})), None);
         assert_eq!(
             sent(json!({"messages": msgs, "user": "u-1"}))["metadata"],

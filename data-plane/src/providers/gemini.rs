@@ -4,44 +4,36 @@
 //! (Gemini API reference, "Generating content"; `base_url` is the bare host, e.g.
 //! `https://generativelanguage.googleapis.com`.)
 //!
-//! The OpenAI-shaped request is translated field by field:
-//! - `system`/`developer` messages → `systemInstruction.parts`; `user` → role `user`;
-//!   `assistant` → role `model`; consecutive turns of one role are merged (Gemini wants all
-//!   `functionResponse` parts answering one turn's calls in one content).
-//! - content parts: `text`; `image_url`, `input_audio` and `file` as `data:` URLs →
-//!   `inlineData`; Gemini Files API URIs (and `gs://`) → `fileData`. Other http(s) URLs are
-//!   **refused**: Gemini does not fetch arbitrary URLs, and fetching them on the node would
-//!   make it an open proxy with unbounded latency inside the attempt's budget.
-//! - assistant `tool_calls` → `functionCall` parts (arguments JSON string → `args` object);
-//!   `tool` messages → `functionResponse` parts named after the earlier call with that id,
-//!   the content as a JSON object, or `{"output": …}` otherwise (Google's FunctionResponse
-//!   reference names `output`/`error` as the keys it reads).
-//! - `max_completion_tokens` / `max_tokens` / the catalog's `max_tokens` → `maxOutputTokens`;
-//!   `temperature` clamped into Gemini's 0–2 (1.8 stays 1.8; docs/catalog.md, "Provider
-//!   kinds"); `top_p` → `topP`;
-//!   `stop` → `stopSequences`; `n` → `candidateCount`; `seed`, `presence_penalty`,
-//!   `frequency_penalty` → their Gemini names.
-//! - `tools` → one `functionDeclarations` tool; `tool_choice` → `toolConfig`
-//!   (`none`/`auto`/`required` → NONE/AUTO/ANY, a named function → ANY +
-//!   `allowedFunctionNames`).
-//! - `response_format` `json_object` → `responseMimeType: application/json`; `json_schema`
-//!   → also `responseSchema`, in Gemini's OpenAPI-3.0 subset (see [`schema::sanitize`]).
-//!   A *strict* schema using what that subset cannot express is refused by
-//!   [`Adapter::body`].
+//! The request is read into the wire core once ([`ChatRequest::core`]) and written by
+//! [`switchyard_wire::gemini::request_body`], which documents the mapping: system and
+//! developer messages → `systemInstruction`; turns → `contents` (consecutive turns of one role
+//! merged); images, `input_audio` and `file` parts → `inlineData` (or `fileData` for Gemini
+//! Files API and `gs://` URIs); tool calls and results → `functionCall` / `functionResponse`;
+//! tools → `functionDeclarations` in Gemini's schema subset; `response_format` →
+//! `responseMimeType` / `responseSchema` (a *strict* schema the subset cannot express is
+//! refused); sampling fields → `generationConfig`. What the core leaves to the adapter:
+//! - `n` → `candidateCount` (the answer side reads several candidates as several choices);
+//! - the catalog's `max_tokens` when the client sets none;
+//! - `reasoning_effort` → `thinkingConfig` only for a model the catalog marks `reasoning`,
+//!   else dropped (docs/catalog.md);
+//! - http(s) media URLs are **refused**, named in Chat terms: Gemini does not fetch
+//!   arbitrary URLs, and fetching them on the node would make it an open proxy with
+//!   unbounded latency inside the attempt's budget.
 //!
 //! Ignored (no Gemini equivalent): `parallel_tool_calls`, `logit_bias`, `user`, `store`,
-//! `metadata`, `service_tier`, `logprobs`, `reasoning_effort`, `stream_options`.
+//! `metadata`, `service_tier`, `logprobs`, `stream_options`.
 //!
 //! Gemini's stream has no end marker: the decoder counts a clean end of body after every
 //! candidate's `finishReason` as the end ([`StreamDecoder::finish`]) and emits the last
 //! `usageMetadata` as OpenAI's usage-only chunk, then `Done`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use http::{StatusCode, header};
 use http_body_util::Full;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
@@ -51,10 +43,10 @@ use super::adapter::{Adapter, StreamDecoder};
 use super::error::{CONTEXT_LENGTH_EXCEEDED, CallError, UpstreamError};
 use super::secret::Secret;
 use super::sse::Frame;
+use super::translated;
 use super::unified::{Completion, Fields, StreamEvent, Usage};
 
 mod embed;
-mod schema;
 use crate::embeddings::Embeddings;
 use crate::request::ChatRequest;
 
@@ -65,16 +57,11 @@ const API_KEY_HEADER: &str = "x-goog-api-key";
 /// A tool call id carries Gemini's thought signature after this separator: Gemini 2.5+/3
 /// return a `thoughtSignature` on function call parts and Gemini 3 refuses a later turn whose
 /// function calls lack it, while OpenAI clients round-trip only the id.
-const SIGNATURE_SEPARATOR: &str = "__thought__";
-
-/// The placeholder Google documents ("Thought signatures") for function calls Gemini did not
-/// generate, e.g. history from another provider before a failover.
-const SKIP_SIGNATURE: &str = "skip_thought_signature_validator";
+use switchyard_wire::gemini::SIGNATURE_SEPARATOR;
 
 impl Adapter for Gemini {
     fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
-        let body = body(model, request).map_err(Refused::into_call_error)?;
-        serde_json::to_vec(&body).map(Bytes::from).map_err(CallError::Encode)
+        body(model, request)
     }
 
     fn translates(&self) -> bool {
@@ -168,534 +155,45 @@ impl Adapter for Gemini {
 
 // === Request ===
 
-/// A request Gemini cannot take as it is: the client's 400, naming the field.
-#[derive(Debug)]
-struct Refused {
-    message: String,
-    param: Option<String>,
-}
-
-fn refused(param: impl Into<String>, message: impl Into<String>) -> Refused {
-    Refused { message: message.into(), param: Some(param.into()) }
-}
-
-impl Refused {
-    fn into_call_error(self) -> CallError {
-        CallError::Unsupported { message: self.message, param: self.param }
-    }
-}
-
-/// A client field as JSON; `null` counts as absent.
-fn field(request: &ChatRequest<'_>, name: &str) -> Result<Option<Value>, Refused> {
-    match request.passthrough.get(name) {
-        None => Ok(None),
-        Some(raw) => serde_json::from_str::<Value>(raw.get())
-            .map(|v| (!v.is_null()).then_some(v))
-            .map_err(|e| refused(name, format!("{name}: {e}"))),
-    }
-}
-
-/// The `GenerateContentRequest` for an OpenAI-shaped request.
-fn body(model: &Model, request: &ChatRequest<'_>) -> Result<GenerateContentRequest, Refused> {
-    let (system, contents) = contents(field(request, "messages")?)?;
-    let (tools, tool_config) = match tools(request)? {
-        Some((tools, tool_config)) => (Some(tools), tool_config),
-        None => (None, None),
+/// The request through the core ([`switchyard_wire::gemini::request_body`]), with what the
+/// core leaves to the adapter: `n` (→ `candidateCount`), the catalog's `max_tokens`, and
+/// reasoning only for a model the catalog marks `reasoning` (docs/catalog.md).
+fn body(model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
+    let core = translated::core(request)?;
+    let candidates = translated::field::<u32>(request, "n")?;
+    let core = if core.reasoning.is_some() && !model.reasoning {
+        let mut core = core.clone();
+        core.reasoning = None;
+        Cow::Owned(core)
+    } else {
+        Cow::Borrowed(core)
     };
-    Ok(GenerateContentRequest {
-        system_instruction: (!system.is_empty()).then_some(Parts { parts: system }),
-        contents,
-        generation_config: generation_config(model, request)?,
-        tools,
-        tool_config,
-    })
+    switchyard_wire::gemini::request_body(&core, model.max_tokens, candidates)
+        .map(Bytes::from)
+        .map_err(|refusal| match unfetchable(request) {
+            Some(error) if refusal.field.starts_with("messages[") => error,
+            _ => translated::unsupported(&refusal),
+        })
 }
 
-/// A `GenerateContentRequest` (Gemini API reference, "models.generateContent").
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct GenerateContentRequest {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    system_instruction: Option<Parts>,
-    contents: Vec<Value>,
-    #[serde(skip_serializing_if = "GenerationConfig::is_empty")]
-    generation_config: GenerationConfig,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_config: Option<Value>,
-}
-
-#[derive(Serialize)]
-struct Parts {
-    parts: Vec<Value>,
-}
-
-/// `generationConfig`: only what the client set (or the catalog's `max_tokens`).
-#[derive(Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct GenerationConfig {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_output_tokens: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_p: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    presence_penalty: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    frequency_penalty: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    seed: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stop_sequences: Option<Vec<Value>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    candidate_count: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    response_mime_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    response_schema: Option<Value>,
-}
-
-impl GenerationConfig {
-    fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
-/// `systemInstruction` parts and `contents` from `messages`.
-fn contents(messages: Option<Value>) -> Result<(Vec<Value>, Vec<Value>), Refused> {
-    let Some(Value::Array(messages)) = messages else {
-        return Err(refused("messages", "messages must be an array"));
+/// A media URL Gemini cannot take, named in Chat terms (the writer names core parts): Gemini
+/// does not fetch arbitrary URLs, and fetching them on the node would make it an open proxy
+/// with unbounded latency inside the attempt's budget.
+fn unfetchable(request: &ChatRequest<'_>) -> Option<CallError> {
+    let gemini_hosted = |url: &str| {
+        url.starts_with("data:")
+            || url.starts_with("gs://")
+            || url.starts_with("https://generativelanguage.googleapis.com/")
     };
-    let mut system = Vec::new();
-    let mut contents: Vec<Value> = Vec::new();
-    // Tool call id → function name: a `tool` message names its call only by id.
-    let mut call_names: HashMap<String, String> = HashMap::new();
-    for (i, message) in messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
-        let content = message.get("content");
-        match role {
-            "system" | "developer" => system.extend(text_parts(content, &at)?),
-            "user" => push(&mut contents, "user", user_parts(content, &at)?),
-            "assistant" => {
-                let mut parts = text_parts(content, &at)?;
-                if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
-                    for (j, call) in calls.iter().enumerate() {
-                        let at = format!("{at}.tool_calls[{j}]");
-                        let (id, name, part) = function_call(call, j == 0, &at)?;
-                        call_names.insert(id, name);
-                        parts.push(part);
-                    }
-                }
-                push(&mut contents, "model", parts);
-            }
-            "tool" => {
-                let id = message.get("tool_call_id").and_then(Value::as_str).ok_or_else(|| {
-                    refused(format!("{at}.tool_call_id"), format!("{at}.tool_call_id is required"))
-                })?;
-                let name = call_names.get(id).ok_or_else(|| {
-                    refused(
-                        format!("{at}.tool_call_id"),
-                        format!(
-                            "{at}.tool_call_id {id:?} matches no earlier assistant tool call; Gemini needs the function's name for a tool result"
-                        ),
-                    )
-                })?;
-                let part = json!({"functionResponse": {
-                    "name": name, "response": function_response(content)
-                }});
-                push(&mut contents, "user", vec![part]);
-            }
-            other => {
-                return Err(refused(
-                    format!("{at}.role"),
-                    format!(
-                        "{at}.role {other:?} is not supported by the Gemini provider; expected system, developer, user, assistant or tool"
-                    ),
-                ));
-            }
-        }
-    }
-    Ok((system, contents))
-}
-
-/// Appends parts to the last content if it has the same role, else as a new content.
-fn push(contents: &mut Vec<Value>, role: &str, parts: Vec<Value>) {
-    if parts.is_empty() {
-        // Gemini refuses a content without parts (an assistant turn with neither text nor
-        // tool calls carries nothing anyway).
-        return;
-    }
-    if let Some(last) = contents.last_mut()
-        && last.get("role").and_then(Value::as_str) == Some(role)
-        && let Some(Value::Array(existing)) = last.get_mut("parts")
-    {
-        existing.extend(parts);
-        return;
-    }
-    contents.push(json!({"role": role, "parts": parts}));
-}
-
-/// Text-only content (system and assistant messages): a string or `text`/`refusal` parts.
-fn text_parts(content: Option<&Value>, at: &str) -> Result<Vec<Value>, Refused> {
-    match content {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        // Gemini refuses empty text parts.
-        Some(Value::String(s)) if s.is_empty() => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![json!({ "text": s })]),
-        Some(Value::Array(parts)) => {
-            let mut out = Vec::new();
-            for (j, part) in parts.iter().enumerate() {
-                let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
-                let text = match kind {
-                    "text" => part.get("text"),
-                    "refusal" => part.get("refusal"),
-                    other => {
-                        return Err(refused(
-                            format!("{at}.content[{j}].type"),
-                            format!(
-                                "{at}.content[{j}]: a {other:?} part is not supported in this message by the Gemini provider"
-                            ),
-                        ));
-                    }
-                };
-                match text.and_then(Value::as_str) {
-                    Some("") => {}
-                    Some(t) => out.push(json!({ "text": t })),
-                    None => {
-                        return Err(refused(
-                            format!("{at}.content[{j}].text"),
-                            format!("{at}.content[{j}].text must be a string"),
-                        ));
-                    }
-                }
-            }
-            Ok(out)
-        }
-        Some(_) => Err(refused(
-            format!("{at}.content"),
-            format!("{at}.content must be a string or an array of parts"),
-        )),
-    }
-}
-
-/// A user message's content: text, images, audio and files.
-fn user_parts(content: Option<&Value>, at: &str) -> Result<Vec<Value>, Refused> {
-    let Some(Value::Array(parts)) = content else { return text_parts(content, at) };
-    let mut out = Vec::new();
-    for (j, part) in parts.iter().enumerate() {
-        let at = format!("{at}.content[{j}]");
-        let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
-        match kind {
-            "text" | "refusal" => {
-                out.extend(text_parts(Some(&Value::Array(vec![part.clone()])), &at)?);
-            }
-            "image_url" => {
-                // `image_url` is an object `{url, detail}`; some clients send the bare string.
-                let url = part
-                    .get("image_url")
-                    .and_then(|i| i.get("url").or(Some(i)))
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| {
-                        refused(
-                            format!("{at}.image_url.url"),
-                            format!("{at}.image_url.url is required"),
-                        )
-                    })?;
-                out.push(media(url, &format!("{at}.image_url.url"))?);
-            }
-            "input_audio" => {
-                let audio = part.get("input_audio");
-                let data = audio.and_then(|a| a.get("data")).and_then(Value::as_str);
-                let format = audio.and_then(|a| a.get("format")).and_then(Value::as_str);
-                let (Some(data), Some(format)) = (data, format) else {
-                    return Err(refused(
-                        format!("{at}.input_audio"),
-                        format!("{at}.input_audio needs data and format"),
-                    ));
-                };
-                out.push(
-                    json!({"inlineData": {"mimeType": format!("audio/{format}"), "data": data}}),
-                );
-            }
-            "file" => {
-                let data =
-                    part.get("file").and_then(|f| f.get("file_data")).and_then(Value::as_str);
-                let Some(data) = data else {
-                    return Err(refused(
-                        format!("{at}.file.file_data"),
-                        format!(
-                            "{at}.file: the Gemini provider takes files only inline, as file_data (a data: URL); file_id refers to OpenAI's storage"
-                        ),
-                    ));
-                };
-                out.push(media(data, &format!("{at}.file.file_data"))?);
-            }
-            other => {
-                return Err(refused(
-                    format!("{at}.type"),
-                    format!("{at}: a {other:?} part is not supported by the Gemini provider"),
-                ));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// A media reference as a Gemini part: `data:` URLs inline, Files API / `gs://` URIs by
-/// reference; anything else is refused (see the module docs).
-fn media(url: &str, at: &str) -> Result<Value, Refused> {
-    if let Some(rest) = url.strip_prefix("data:") {
-        let Some((meta, data)) = rest.split_once(',') else {
-            return Err(refused(at, format!("{at}: a data: URL needs a comma before its data")));
-        };
-        let Some(mime) = meta.strip_suffix(";base64") else {
-            return Err(refused(at, format!("{at}: only base64 data: URLs are supported")));
-        };
-        let mime = if mime.is_empty() { "application/octet-stream" } else { mime };
-        return Ok(json!({"inlineData": {"mimeType": mime, "data": data}}));
-    }
-    if url.starts_with("gs://") || url.starts_with("https://generativelanguage.googleapis.com/") {
-        return Ok(json!({"fileData": {"fileUri": url}}));
-    }
-    Err(refused(
-        at,
-        format!(
+    let (at, _) = translated::chat_part(request, |part| {
+        part.url().filter(|(_, url)| !gemini_hosted(url)).map(|(field, _)| field)
+    })?;
+    Some(CallError::Unsupported {
+        message: format!(
             "{at}: the Gemini provider does not fetch URLs; send the media inline as a base64 data: URL (data:image/png;base64,…) or as a Gemini Files API URI"
         ),
-    ))
-}
-
-/// An assistant tool call as a `functionCall` part: (id, name, part).
-fn function_call(call: &Value, first: bool, at: &str) -> Result<(String, String, Value), Refused> {
-    let function = call.get("function");
-    let name = function.and_then(|f| f.get("name")).and_then(Value::as_str).ok_or_else(|| {
-        refused(format!("{at}.function.name"), format!("{at}.function.name is required"))
-    })?;
-    let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
-    let arguments = function.and_then(|f| f.get("arguments"));
-    let args = match arguments {
-        None | Some(Value::Null) => json!({}),
-        Some(Value::String(s)) if s.trim().is_empty() => json!({}),
-        Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| {
-            refused(
-                format!("{at}.function.arguments"),
-                format!("{at}.function.arguments is not valid JSON ({e}); Gemini takes arguments as an object"),
-            )
-        })?,
-        Some(other) => other.clone(),
-    };
-    if !args.is_object() {
-        return Err(refused(
-            format!("{at}.function.arguments"),
-            format!("{at}.function.arguments must encode a JSON object for Gemini"),
-        ));
-    }
-    let mut part = json!({"functionCall": {"name": name, "args": args}});
-    // Only the first call of a turn carries a signature (Google's "Thought signatures").
-    let signature = id.split_once(SIGNATURE_SEPARATOR).map(|(_, s)| s);
-    match signature {
-        Some(signature) => part["thoughtSignature"] = json!(signature),
-        None if first => part["thoughtSignature"] = json!(SKIP_SIGNATURE),
-        None => {}
-    }
-    Ok((id.to_owned(), name.to_owned(), part))
-}
-
-/// A tool message's content as a `functionResponse.response` object.
-fn function_response(content: Option<&Value>) -> Value {
-    let text = match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
-        Some(Value::Object(o)) => return Value::Object(o.clone()),
-        None | Some(Value::Null) => String::new(),
-        Some(other) => return json!({ "output": other }),
-    };
-    match serde_json::from_str::<Value>(&text) {
-        Ok(Value::Object(o)) => Value::Object(o),
-        Ok(other) => json!({ "output": other }),
-        Err(_) => json!({ "output": text }),
-    }
-}
-
-fn generation_config(
-    model: &Model,
-    request: &ChatRequest<'_>,
-) -> Result<GenerationConfig, Refused> {
-    let mut config = GenerationConfig::default();
-    let max_tokens = match field(request, "max_completion_tokens")? {
-        Some(v) => Some(("max_completion_tokens", v)),
-        None => field(request, "max_tokens")?.map(|v| ("max_tokens", v)),
-    };
-    config.max_output_tokens = match max_tokens {
-        Some((name, v)) => Some(
-            v.as_u64()
-                .ok_or_else(|| refused(name, format!("{name} must be a non-negative integer")))?,
-        ),
-        None => model.max_tokens.map(u64::from),
-    };
-    if let Some(v) = field(request, "temperature")? {
-        let t = v.as_f64().ok_or_else(|| refused("temperature", "temperature must be a number"))?;
-        // Gemini's range is OpenAI's, 0–2: values inside pass unchanged.
-        config.temperature = Some(t.clamp(0.0, 2.0));
-    }
-    for (ours, theirs) in [
-        ("top_p", &mut config.top_p),
-        ("presence_penalty", &mut config.presence_penalty),
-        ("frequency_penalty", &mut config.frequency_penalty),
-    ] {
-        if let Some(v) = field(request, ours)? {
-            let x = v.as_f64().ok_or_else(|| refused(ours, format!("{ours} must be a number")))?;
-            *theirs = Some(x);
-        }
-    }
-    if let Some(v) = field(request, "seed")? {
-        config.seed = Some(v.as_i64().ok_or_else(|| refused("seed", "seed must be an integer"))?);
-    }
-    match field(request, "stop")? {
-        None => {}
-        Some(Value::String(s)) => config.stop_sequences = Some(vec![Value::String(s)]),
-        Some(Value::Array(items)) if items.is_empty() => {}
-        Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
-            config.stop_sequences = Some(items);
-        }
-        Some(_) => return Err(refused("stop", "stop must be a string or an array of strings")),
-    }
-    if let Some(v) = field(request, "n")? {
-        let n = v.as_u64().ok_or_else(|| refused("n", "n must be a positive integer"))?;
-        if n > 1 {
-            config.candidate_count = Some(n);
-        }
-    }
-    match field(request, "response_format")? {
-        None => {}
-        Some(format) => match format.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some("json_object") => config.response_mime_type = Some("application/json"),
-            Some("json_schema") => {
-                config.response_mime_type = Some("application/json");
-                config.response_schema = strict_schema(request)?;
-            }
-            _ => {
-                return Err(refused(
-                    "response_format.type",
-                    "response_format.type must be text, json_object or json_schema",
-                ));
-            }
-        },
-    }
-    Ok(config)
-}
-
-/// `response_format.json_schema.schema` in Gemini's subset; refused when it is `strict` and
-/// uses what the subset cannot express (a strict schema is a promise Gemini could not keep).
-fn strict_schema(request: &ChatRequest<'_>) -> Result<Option<Value>, Refused> {
-    let Some(format) = field(request, "response_format")? else { return Ok(None) };
-    if format.get("type").and_then(Value::as_str) != Some("json_schema") {
-        return Ok(None);
-    }
-    let spec = format.get("json_schema");
-    let Some(schema) = spec.and_then(|s| s.get("schema")) else { return Ok(None) };
-    let strict = spec.and_then(|s| s.get("strict")).and_then(Value::as_bool).unwrap_or(false);
-    let mut lost = Vec::new();
-    let sanitized = schema::sanitize(schema, "#", &mut lost);
-    if strict && !lost.is_empty() {
-        return Err(refused(
-            "response_format.json_schema",
-            format!(
-                "The Gemini provider cannot enforce this strict JSON schema: {} not in Gemini's schema subset (OpenAPI 3.0 Schema). Drop strict, or simplify the schema.",
-                lost.join(", ")
-            ),
-        ));
-    }
-    Ok(Some(sanitized))
-}
-
-/// `tools` and `toolConfig` from `tools` and `tool_choice`.
-fn tools(request: &ChatRequest<'_>) -> Result<Option<(Value, Option<Value>)>, Refused> {
-    let Some(tools) = field(request, "tools")? else { return Ok(None) };
-    let Value::Array(tools) = tools else {
-        return Err(refused("tools", "tools must be an array"));
-    };
-    let mut declarations = Vec::new();
-    for (i, tool) in tools.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("function");
-        if kind != "function" {
-            return Err(refused(
-                format!("{at}.type"),
-                format!(
-                    "{at}: {kind:?} tools are not supported by the Gemini provider; only function tools"
-                ),
-            ));
-        }
-        let function = tool.get("function").unwrap_or(&Value::Null);
-        let Some(name) = function.get("name").and_then(Value::as_str) else {
-            return Err(refused(
-                format!("{at}.function.name"),
-                format!("{at}.function.name is required"),
-            ));
-        };
-        let mut declaration = Map::new();
-        declaration.insert("name".into(), json!(name));
-        if let Some(description) = function.get("description").filter(|d| d.is_string()) {
-            declaration.insert("description".into(), description.clone());
-        }
-        if let Some(parameters) = function.get("parameters").filter(|p| p.is_object()) {
-            // Tool schemas are best effort: what Gemini cannot express is dropped.
-            let parameters = schema::sanitize(parameters, "#", &mut Vec::new());
-            // Gemini refuses an OBJECT without properties ("should be non-empty for OBJECT
-            // type"); a function without parameters is declared with none.
-            let empty_object = parameters.get("type").and_then(Value::as_str) == Some("OBJECT")
-                && parameters
-                    .get("properties")
-                    .and_then(Value::as_object)
-                    .is_none_or(|p| p.is_empty());
-            if !empty_object {
-                declaration.insert("parameters".into(), parameters);
-            }
-        }
-        declarations.push(Value::Object(declaration));
-    }
-    if declarations.is_empty() {
-        return Ok(None);
-    }
-    let tool_config = match field(request, "tool_choice")? {
-        None => None,
-        Some(Value::String(choice)) => {
-            let mode = match choice.as_str() {
-                "auto" => "AUTO",
-                "none" => "NONE",
-                "required" => "ANY",
-                other => {
-                    return Err(refused(
-                        "tool_choice",
-                        format!(
-                            "tool_choice {other:?}: expected none, auto, required or a function"
-                        ),
-                    ));
-                }
-            };
-            Some(json!({"functionCallingConfig": {"mode": mode}}))
-        }
-        Some(choice) => {
-            let name = choice.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
-            let Some(name) = name else {
-                return Err(refused(
-                    "tool_choice",
-                    "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": …}}",
-                ));
-            };
-            Some(json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [name]}}))
-        }
-    };
-    Ok(Some((json!([{ "functionDeclarations": declarations }]), tool_config)))
+        param: Some(at),
+    })
 }
 
 // === Response ===
@@ -1179,10 +677,18 @@ mod tests {
         try_translate(request).unwrap()
     }
 
-    fn try_translate(request: Value) -> Result<Value, Refused> {
+    fn try_translate(request: Value) -> Result<Value, CallError> {
         let text = request.to_string();
         let req = ChatRequest::parse(text.as_bytes()).unwrap();
-        body(&model(None), &req).map(|b| serde_json::to_value(b).unwrap())
+        body(&model(None), &req).map(|b| serde_json::from_slice(&b).unwrap())
+    }
+
+    /// A refusal's message and field.
+    fn unsupported(error: &CallError) -> (&str, Option<&str>) {
+        match error {
+            CallError::Unsupported { message, param } => (message, param.as_deref()),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 
     fn parse(request: Value) -> ChatRequest<'static> {
@@ -1263,14 +769,20 @@ mod tests {
                    "stopSequences": ["END", "STOP"], "candidateCount": 2, "seed": 7})
         );
         let sent = translate(json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
-            "max_tokens": 100, "temperature": 3.5, "stop": "END"}));
+            "max_tokens": 100, "temperature": 2.0, "stop": "END"}));
         assert_eq!(
             sent["generationConfig"],
             json!({"maxOutputTokens": 100, "temperature": 2.0, "stopSequences": ["END"]})
         );
+        // Outside Chat's own 0–2 the request is refused, as for every translated provider.
+        let hot =
+            try_translate(json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "temperature": 3.5}))
+            .unwrap_err();
+        assert_eq!(unsupported(&hot).1, Some("temperature"));
         // Without a client value the catalog's max_tokens applies.
         let req = parse(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}));
-        let sent = serde_json::to_value(body(&model(Some(512)), &req).unwrap()).unwrap();
+        let sent: Value = serde_json::from_slice(&body(&model(Some(512)), &req).unwrap()).unwrap();
         assert_eq!(sent["generationConfig"], json!({"maxOutputTokens": 512}));
     }
 
@@ -1346,7 +858,10 @@ mod tests {
                  "function": {"name": "f", "arguments": "{}"}}]},
             {"role": "tool", "tool_call_id": "toolu_1", "content": "[1,2]"}
         ]}));
-        assert_eq!(sent["contents"][1]["parts"][0]["thoughtSignature"], SKIP_SIGNATURE);
+        assert_eq!(
+            sent["contents"][1]["parts"][0]["thoughtSignature"],
+            switchyard_wire::gemini::SKIP_SIGNATURE
+        );
         assert_eq!(
             sent["contents"][2]["parts"][0]["functionResponse"]["response"],
             json!({"output": [1, 2]})
@@ -1354,7 +869,46 @@ mod tests {
         let orphan = try_translate(json!({"model": "m", "messages": [
             {"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "nope", "content": "1"}]}))
         .unwrap_err();
-        assert_eq!(orphan.param.as_deref(), Some("messages[1].tool_call_id"));
+        assert_eq!(unsupported(&orphan).1, Some("messages[1].tool_call_id"));
+    }
+
+    #[test]
+    fn audio_and_files_go_inline_and_a_file_id_is_refused() {
+        // Target shape: Gemini API "Audio understanding" and "Document understanding",
+        // inline data REST examples: inlineData {mimeType, data}.
+        let sent = translate(json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+            {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0=", "filename": "a.pdf"}}
+        ]}]}));
+        assert_eq!(
+            sent["contents"][0]["parts"],
+            json!([
+                {"inlineData": {"mimeType": "audio/wav", "data": "UklGRg=="}},
+                {"inlineData": {"mimeType": "application/pdf", "data": "JVBERi0="}}
+            ])
+        );
+        let refused =
+            try_translate(json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "file", "file": {"file_id": "file-abc"}}]}]}))
+            .unwrap_err();
+        assert_eq!(unsupported(&refused).1, Some("messages[0].content[0].file.file_data"));
+        let web = try_translate(json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "read"},
+            {"type": "file", "file": {"file_data": "https://example.com/a.pdf"}}]}]}))
+        .unwrap_err();
+        assert_eq!(unsupported(&web).1, Some("messages[0].content[1].file.file_data"));
+    }
+
+    #[test]
+    fn reasoning_effort_becomes_a_thinking_budget_only_for_a_reasoning_model() {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "reasoning_effort": "medium"});
+        assert!(translate(body.clone()).get("generationConfig").is_none(), "dropped");
+        let mut reasoning = model(None);
+        reasoning.reasoning = true;
+        let req = parse(body);
+        let sent: Value = serde_json::from_slice(&Gemini.body(&reasoning, &req).unwrap()).unwrap();
+        assert_eq!(sent["generationConfig"], json!({"thinkingConfig": {"thinkingBudget": 8192}}));
     }
 
     #[test]
@@ -1378,8 +932,8 @@ mod tests {
             try_translate(json!({"model": "m", "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}))
             .unwrap_err();
-        assert_eq!(refused.param.as_deref(), Some("messages[0].content[0].image_url.url"));
-        assert!(refused.message.contains("data: URL"), "{}", refused.message);
+        assert_eq!(unsupported(&refused).1, Some("messages[0].content[0].image_url.url"));
+        assert!(unsupported(&refused).0.contains("data: URL"), "{}", unsupported(&refused).0);
     }
 
     #[test]

@@ -42,6 +42,62 @@ pub fn field<'r, T: Deserialize<'r>>(
     }
 }
 
+/// One content part of a Chat message, as much as naming it in Chat terms needs.
+#[derive(Deserialize)]
+pub struct ChatPart {
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    image_url: Option<ChatUrl>,
+    file: Option<ChatFile>,
+}
+
+#[derive(Deserialize)]
+struct ChatUrl {
+    url: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatFile {
+    file_data: Option<String>,
+}
+
+impl ChatPart {
+    /// The part's URL (`image_url.url`, `file.file_data`) and its field below the part.
+    pub fn url(&self) -> Option<(&'static str, &str)> {
+        if let Some(url) = self.image_url.as_ref().and_then(|i| i.url.as_deref()) {
+            return Some(("image_url.url", url));
+        }
+        self.file.as_ref().and_then(|f| f.file_data.as_deref()).map(|data| ("file.file_data", data))
+    }
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    content: Option<Box<RawValue>>,
+}
+
+/// The first content part of the Chat request's messages that `pick` names a field of, as
+/// (`messages[i].content[j].<field>`, the part's type): the writers name core parts
+/// (`messages[i].parts[j]`), whose indexes are not the client's, so an adapter that wants
+/// a refusal in Chat terms finds the part again. Only for a request being refused.
+pub fn chat_part(
+    request: &ChatRequest<'_>,
+    pick: impl Fn(&ChatPart) -> Option<&'static str>,
+) -> Option<(String, String)> {
+    let messages: Vec<ChatMessage> =
+        serde_json::from_str(request.passthrough.get("messages")?.get()).ok()?;
+    for (i, message) in messages.iter().enumerate() {
+        let Some(content) = &message.content else { continue };
+        let Ok(parts) = serde_json::from_str::<Vec<ChatPart>>(content.get()) else { continue };
+        for (j, part) in parts.iter().enumerate() {
+            if let Some(field) = pick(part) {
+                return Some((format!("messages[{i}].content[{j}].{field}"), part.kind.clone()));
+            }
+        }
+    }
+    None
+}
+
 /// serde_json's " at line L column C" names no field and means nothing to a client.
 fn strip_position(text: &str) -> &str {
     text.rfind(" at line ").map_or(text, |cut| &text[..cut])
