@@ -303,7 +303,7 @@ async fn serve(
     };
     let request = match &surface {
         Some(Surface::Messages(translated)) => translated.request(&bytes, headers)?,
-        Some(Surface::Responses(translated)) => translated.request()?,
+        Some(Surface::Responses(translated)) => translated.request(&bytes)?,
         None => ChatRequest::parse(&bytes)?,
     };
     let chain = chain::resolve(&request, &key, &config)?;
@@ -415,9 +415,11 @@ async fn serve(
             // A stream that breaks after its first token is continued when the chain allows
             // it and a model from the serving one on can (docs/http-api.md, "Streaming"); a
             // Messages stream ends with an `error` event instead (docs/messages.md).
-            // A Responses stream is continued from its translation, a chat request like any.
+            // A Responses stream is continued from its translation, a chat request like any,
+            // unless an OpenAI model sent its own events: those end with `response.failed`.
             let body = match &surface {
                 None => Some(bytes.clone()),
+                Some(Surface::Responses(_)) if responses::native(kind) => None,
                 Some(Surface::Responses(translated)) => Some(translated.body.clone()),
                 Some(Surface::Messages(_)) => None,
             };
