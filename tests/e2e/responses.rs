@@ -652,3 +652,26 @@ async fn an_openai_models_stream_breaking_after_its_first_content_ends_with_resp
     assert_eq!(failed["sequence_number"].as_u64(), Some(before + 1), "{}", r.body);
     assert_eq!(gw.upstream_requests("secondary").await, 0, "no second model after the commit");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_reads_an_openai_kind_fallbacks_own_answers_plain_and_streamed() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    for check in ["plain", "stream", "stream_helper"] {
+        let out = sdk(&gw, check, PRIMARY, OPENAI).await;
+        assert_eq!(out["text"], "Hello from gpt-sim.", "{check}: {out}");
+        assert_eq!(out["model"], OPENAI, "{check}: {out}");
+        if check != "stream_helper" {
+            assert_eq!(out["served_header"], OPENAI, "{check}: {out}");
+            assert_eq!(out["dropped_hints"], Value::Null, "{check}: {out}");
+            assert_eq!(out["secureai"]["served_model"], OPENAI, "{check}: {out}");
+        }
+        let sent = gw.last_upstream_request(OPENAI_UPSTREAM).await;
+        assert_eq!(sent["path"], "/v1/responses", "{check}: {sent}");
+        assert_eq!(sent["body"]["instructions"], INSTRUCTIONS, "{check}: {sent}");
+        assert!(sent["body"].get("fallback_models").is_none(), "{check}: {sent}");
+        if check == "stream" {
+            assert_eq!(out["created"], 1, "{out}");
+        }
+    }
+}
