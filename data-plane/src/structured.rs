@@ -573,4 +573,26 @@ pub(crate) mod tests {
         assert!(matches!(check.check(Some(&raw(json!([])))), Err(Invalid::Unreadable(_))));
         assert!(matches!(check.check(None), Err(Invalid::Unreadable(_))));
     }
+
+    #[test]
+    fn a_responses_answer_is_judged_by_its_output_text_and_calls_pass() {
+        let check = OutputCheck::compile(Some(&schema_format(person()))).unwrap().unwrap();
+        let response = |output: Value| {
+            serde_json::to_vec(
+                &json!({"object": "response", "status": "completed", "output": output}),
+            )
+            .unwrap()
+        };
+        let text = |t: &str| {
+            json!([{"type": "reasoning", "summary": []},
+                {"type": "message", "content": [{"type": "output_text", "text": t}]}])
+        };
+        let good = response(text("{\"name\": \"A\", \"age\": 1}"));
+        assert!(check.check_response(Some(&good)).is_ok());
+        let bad = response(text("{\"name\": \"A\"}"));
+        assert!(matches!(check.check_response(Some(&bad)), Err(Invalid::Schema { .. })));
+        let call = response(json!([{"type": "function_call", "name": "f", "arguments": "{}"}]));
+        assert!(check.check_response(Some(&call)).is_ok());
+        assert!(matches!(check.check_response(None), Err(Invalid::Unreadable(_))));
+    }
 }

@@ -470,6 +470,26 @@ mod tests {
         assert!(runtime("openai", "https://api.openai.com/v1").basic_auth.is_none());
     }
 
+    #[test]
+    fn a_responses_request_goes_as_sent_to_openai_and_azure_and_translated_to_the_rest() {
+        let original = br#"{"model":"m","fallback_models":["n"],"input":"hi","tools":[{"type":"web_search"}],"store":false}"#;
+        let translated = crate::responses::Translated::of(original).unwrap();
+        let request = translated.request(original).unwrap();
+        for kind in ["openai", "azure-openai"] {
+            let rt = runtime(kind, "http://127.0.0.1:9/v1");
+            assert!(matches!(rt.native_call(&request), Some(NativeCall::Responses)), "{kind}");
+            let body: serde_json::Value =
+                serde_json::from_slice(&rt.body(&model(), &request).unwrap()).unwrap();
+            let expected = json!({"model": "up", "input": "hi", "tools": [{"type": "web_search"}], "store": false});
+            assert_eq!(body, expected, "{kind}");
+        }
+        let rt = runtime("openai-compatible", "http://127.0.0.1:9/v1");
+        assert!(rt.native_call(&request).is_none());
+        let body: serde_json::Value =
+            serde_json::from_slice(&rt.body(&model(), &request).unwrap()).unwrap();
+        assert!(body.get("messages").is_some() && body.get("input").is_none(), "{body}");
+    }
+
     fn model() -> Model {
         serde_json::from_value(json!({"name": "m", "provider": "p", "upstream_model": "up"}))
             .unwrap()
