@@ -294,8 +294,8 @@ async fn serve(
 ) -> Result<Response, ApiError> {
     let (config, key) = (Arc::clone(config), Arc::clone(key));
     let bytes = read_body(body, app.max_body_bytes).await?;
-    // A `/v1/messages` or `/v1/responses` body is translated into the unified form (a
-    // Messages body's original kept beside it, for Anthropic models).
+    // A `/v1/messages` or `/v1/responses` body is translated into the unified form, its
+    // original kept beside it for the kinds that speak it (Anthropic; OpenAI, Azure OpenAI).
     let surface = match flavor {
         Flavor::Anthropic => Some(Surface::Messages(messages::Translated::of(&bytes)?)),
         Flavor::Responses => Some(Surface::Responses(responses::Translated::of(&bytes)?)),
