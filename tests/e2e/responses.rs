@@ -675,3 +675,19 @@ async fn the_openai_sdk_reads_an_openai_kind_fallbacks_own_answers_plain_and_str
         }
     }
 }
+
+#[tokio::test]
+async fn an_azure_openai_model_gets_the_body_as_sent_on_its_v1_responses_path() {
+    let gw = Gateway::start().await;
+    let request = codex_shaped(AZURE, &[], false);
+    let r = responses(&gw, request.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-dropped-hints"), None, "{}", r.body);
+    assert_eq!(r.json()["model"], AZURE, "{}", r.body);
+    let sent = gw.last_upstream_request(AZURE_DEPLOYMENT).await;
+    assert_eq!(sent["path"], "/openai/v1/responses", "{sent}");
+    let mut expected = request;
+    expected["model"] = json!(AZURE_DEPLOYMENT);
+    expected.as_object_mut().unwrap().remove("fallback_models");
+    assert_eq!(sent["body"], expected, "the deployment is the body's model");
+}
