@@ -25,7 +25,7 @@ use crate::metrics::{
 };
 use crate::otel;
 use crate::providers::{
-    CallError, Completion, MessagesCall, ProviderRuntime, StreamError, StreamEvent, UpstreamError,
+    CallError, Completion, NativeCall, ProviderRuntime, StreamError, StreamEvent, UpstreamError,
     UpstreamStream,
 };
 use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_message};
@@ -509,14 +509,14 @@ impl Executor {
             None => provider.body(model, request).map_err(Failure::Call)?,
         };
         if request.stream {
-            let messages = messages_call(request);
+            let native = provider.native_call(request);
             let opened = open_until_first_token(
                 provider,
                 model,
                 body,
                 first_token,
                 request_id,
-                messages,
+                native,
                 injector,
             );
             let (buffered, upstream) = opened.await.map_err(|(failure, skipped)| {
@@ -537,15 +537,21 @@ impl Executor {
                 Ok(Err(e)) => Err(Failure::Call(e)),
             };
         }
-        let call =
-            provider.complete(model, body, Some(request_id), messages_call(request), injector);
+        let call = provider.complete(
+            model,
+            body,
+            Some(request_id),
+            provider.native_call(request),
+            injector,
+        );
         match tokio::time::timeout_at(deadline, call).await {
             Err(_elapsed) => Err(Failure::Call(CallError::Timeout(timeout))),
             Ok(Ok(completion)) => {
                 if let Some(output) = output {
-                    let checked = match completion.messages {
-                        true => output.check_message(completion.verbatim()),
-                        false => output.check(completion.choices()),
+                    let checked = match (completion.messages, completion.responses) {
+                        (true, _) => output.check_message(completion.verbatim()),
+                        (_, true) => output.check_response(completion.verbatim()),
+                        _ => output.check(completion.choices()),
                     };
                     checked.map_err(Failure::InvalidOutput)?;
                 }
@@ -831,11 +837,6 @@ fn all_failed(
     Failed { error, attempts, all_open: false }
 }
 
-/// What a call for `request` owes its surface: `Some` for a `/v1/messages` request.
-fn messages_call<'r>(request: &'r ChatRequest<'_>) -> Option<MessagesCall<'r>> {
-    request.native.as_ref().map(|native| MessagesCall { beta: native.beta.as_ref() })
-}
-
 /// Opens the upstream stream and reads it until its first content (or its end), all before
 /// `first_token`: until then the attempt can still fail over and the client has seen nothing.
 /// A failure comes with the number of frames that did not parse before it.
@@ -845,7 +846,7 @@ pub async fn open_until_first_token(
     body: bytes::Bytes,
     first_token: Instant,
     request_id: &HeaderValue,
-    messages: Option<MessagesCall<'_>>,
+    native: Option<NativeCall<'_>>,
     injector: &mut Injector<'_>,
 ) -> Result<(Vec<StreamEvent>, UpstreamStream), (Failure, u32)> {
     let started = Instant::now();
@@ -854,7 +855,7 @@ pub async fn open_until_first_token(
     let timed_out = || Failure::Call(CallError::Timeout(waited()));
     let mut upstream = tokio::time::timeout_at(
         deadline,
-        provider.open_stream(model, body, Some(request_id), messages, injector),
+        provider.open_stream(model, body, Some(request_id), native, injector),
     )
     .await
     .map_err(|_| (timed_out(), 0))?

@@ -296,8 +296,8 @@ async fn serve(
 ) -> Result<Response, ApiError> {
     let (config, key) = (Arc::clone(config), Arc::clone(key));
     let bytes = read_body(body, app.max_body_bytes).await?;
-    // A `/v1/messages` or `/v1/responses` body is translated into the unified form (a
-    // Messages body's original kept beside it, for Anthropic models).
+    // A `/v1/messages` or `/v1/responses` body is translated into the unified form, its
+    // original kept beside it for the kinds that speak it (Anthropic; OpenAI, Azure OpenAI).
     let surface = match flavor {
         Flavor::Anthropic => Some(Surface::Messages(messages::Translated::of(&bytes)?)),
         Flavor::Responses => Some(Surface::Responses(responses::Translated::of(&bytes)?)),
@@ -305,7 +305,7 @@ async fn serve(
     };
     let request = match &surface {
         Some(Surface::Messages(translated)) => translated.request(&bytes, headers)?,
-        Some(Surface::Responses(translated)) => translated.request()?,
+        Some(Surface::Responses(translated)) => translated.request(&bytes)?,
         None if flavor == Flavor::Embeddings => ChatRequest::embeddings(&bytes)?,
         None => ChatRequest::parse(&bytes)?,
     };
@@ -418,9 +418,11 @@ async fn serve(
             // A stream that breaks after its first token is continued when the chain allows
             // it and a model from the serving one on can (docs/http-api.md, "Streaming"); a
             // Messages stream ends with an `error` event instead (docs/messages.md).
-            // A Responses stream is continued from its translation, a chat request like any.
+            // A Responses stream is continued from its translation, a chat request like any,
+            // unless an OpenAI model sent its own events: those end with `response.failed`.
             let body = match &surface {
                 None => Some(bytes.clone()),
+                Some(Surface::Responses(_)) if responses::native(kind) => None,
                 Some(Surface::Responses(translated)) => Some(translated.body.clone()),
                 Some(Surface::Messages(_)) => None,
             };

@@ -53,11 +53,16 @@ pub struct ChatRequest<'a> {
     pub embeddings: Option<Embeddings>,
 }
 
-/// A `/v1/messages` request as the client sent it: an Anthropic model gets it as it is, with
-/// only `model` changed, so nothing Anthropic-only (`cache_control`, `thinking` and its
-/// signatures, `context_management`) is lost on the way (docs/messages.md).
+/// A request as the client sent it on a surface some provider kind speaks itself: a
+/// `/v1/messages` request goes to an Anthropic model as it is, with only `model` changed, so
+/// nothing Anthropic-only (`cache_control`, `thinking` and its signatures,
+/// `context_management`) is lost on the way (docs/messages.md); a `/v1/responses` request
+/// likewise to an OpenAI or Azure OpenAI model, built-in tools, reasoning items and all
+/// (docs/responses.md).
 #[derive(Debug)]
 pub struct Native<'a> {
+    /// The API the body is written for.
+    pub format: Format,
     /// Every top-level field but `model` and the gateway's own, as the client sent it.
     pub fields: BTreeMap<FieldName<'a>, &'a RawValue>,
     /// The client's `anthropic-beta` header, passed to Anthropic providers only.
@@ -69,6 +74,15 @@ pub struct Native<'a> {
     pub reasoning: bool,
 }
 
+/// The API a [`Native`] body is written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Anthropic's Messages API (`/v1/messages`).
+    Messages,
+    /// OpenAI's Responses API (`/v1/responses`).
+    Responses,
+}
+
 impl<'a> Native<'a> {
     /// The fields of a Messages body, borrowed from it.
     pub fn messages(
@@ -77,15 +91,40 @@ impl<'a> Native<'a> {
         hints: Vec<&'static str>,
         reasoning: bool,
     ) -> Result<Self, ApiError> {
-        let mut fields =
-            serde_json::from_slice::<BorrowedKeys<'a>>(body).map(|f| f.0).map_err(|e| {
-                ApiError::invalid("body", format!("the body is not a JSON object ({e})"))
-            })?;
-        fields.remove("model");
-        for name in GATEWAY_FIELDS {
-            fields.remove(name);
+        let fields = native_fields(body)?;
+        Ok(Self { format: Format::Messages, fields, beta, hints, reasoning })
+    }
+
+    /// The fields of a Responses body, borrowed from it. What other kinds drop of it is the
+    /// surface's to say (`responses::Translated::dropped`).
+    pub fn responses(body: &'a [u8]) -> Result<Self, ApiError> {
+        let fields = native_fields(body)?;
+        Ok(Self {
+            format: Format::Responses,
+            fields,
+            beta: None,
+            hints: Vec::new(),
+            reasoning: false,
+        })
+    }
+
+    /// The client's body for `upstream_model`: its fields as sent, `model` the upstream's
+    /// name.
+    pub fn body(&self, upstream_model: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(
+            64 + self.fields.values().map(|v| v.get().len() + 24).sum::<usize>(),
+        );
+        out.extend_from_slice(b"{\"model\":");
+        // Serialising a &str into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, upstream_model);
+        for (key, value) in &self.fields {
+            out.push(b',');
+            let _ = serde_json::to_writer(&mut out, key);
+            out.push(b':');
+            out.extend_from_slice(value.get().as_bytes());
         }
-        Ok(Self { fields, beta, hints, reasoning })
+        out.push(b'}');
+        out
     }
 
     /// The hints dropped when a model of `kind` serves.
@@ -106,6 +145,17 @@ impl<'a> Native<'a> {
         }
         dropped
     }
+}
+
+/// A body's top-level fields but `model` and the gateway's own, borrowed from it.
+fn native_fields(body: &[u8]) -> Result<BTreeMap<FieldName<'_>, &RawValue>, ApiError> {
+    let mut fields = serde_json::from_slice::<BorrowedKeys<'_>>(body)
+        .map(|f| f.0)
+        .map_err(|e| ApiError::invalid("body", format!("the body is not a JSON object ({e})")))?;
+    for name in GATEWAY_FIELDS {
+        fields.remove(name);
+    }
+    Ok(fields)
 }
 
 /// A top-level field name, borrowed from the body unless it has escapes (a JSON object key

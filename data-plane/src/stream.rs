@@ -270,7 +270,7 @@ impl Pump {
                         if let Some(delivered) = &mut self.delivered {
                             delivered.keep(&fields);
                         }
-                        match responses.chunk(&fields) {
+                        match responses.chunk(&mut fields) {
                             Some(frame) => return Some(frame),
                             None => continue,
                         }

@@ -187,6 +187,46 @@ impl OutputCheck {
         self.check_content(0, &text, message.stop_reason.as_deref() == Some("max_tokens"))
     }
 
+    /// [`OutputCheck::check`] for an OpenAI `response`, a Responses answer passed on as it
+    /// came: its messages' `output_text` parts, joined, are the content. An answer that calls
+    /// a tool or refuses carries none to check, and passes.
+    pub fn check_response(&self, response: Option<&[u8]>) -> Result<(), Invalid> {
+        #[derive(Deserialize)]
+        struct Response<'a> {
+            #[serde(borrow, default)]
+            output: Vec<Item<'a>>,
+            #[serde(borrow, default)]
+            status: Option<Cow<'a, str>>,
+        }
+        #[derive(Deserialize)]
+        struct Item<'a> {
+            #[serde(borrow, rename = "type")]
+            kind: Cow<'a, str>,
+            #[serde(borrow, default)]
+            content: Vec<Part<'a>>,
+        }
+        #[derive(Deserialize)]
+        struct Part<'a> {
+            #[serde(borrow, rename = "type")]
+            kind: Cow<'a, str>,
+            #[serde(borrow, default)]
+            text: Option<Cow<'a, str>>,
+        }
+        let response = response.ok_or_else(|| Invalid::Unreadable("no response".into()))?;
+        let response: Response<'_> =
+            serde_json::from_slice(response).map_err(|e| Invalid::Unreadable(e.to_string()))?;
+        let parts = || {
+            response.output.iter().filter(|i| i.kind == "message").flat_map(|i| i.content.iter())
+        };
+        let calls_tools = response.output.iter().any(|i| i.kind.ends_with("_call"));
+        if calls_tools || parts().any(|p| p.kind == "refusal") {
+            return Ok(());
+        }
+        let text: String =
+            parts().filter(|p| p.kind == "output_text").filter_map(|p| p.text.as_deref()).collect();
+        self.check_content(0, &text, response.status.as_deref() == Some("incomplete"))
+    }
+
     /// One answer's `content`: JSON, valid against the schema; `truncated` when the model
     /// ran out of tokens, so unparsable JSON is named as cut short.
     fn check_content(&self, choice: usize, content: &str, truncated: bool) -> Result<(), Invalid> {
@@ -532,5 +572,27 @@ pub(crate) mod tests {
         assert!(check.check(Some(&refusal)).is_ok());
         assert!(matches!(check.check(Some(&raw(json!([])))), Err(Invalid::Unreadable(_))));
         assert!(matches!(check.check(None), Err(Invalid::Unreadable(_))));
+    }
+
+    #[test]
+    fn a_responses_answer_is_judged_by_its_output_text_and_calls_pass() {
+        let check = OutputCheck::compile(Some(&schema_format(person()))).unwrap().unwrap();
+        let response = |output: Value| {
+            serde_json::to_vec(
+                &json!({"object": "response", "status": "completed", "output": output}),
+            )
+            .unwrap()
+        };
+        let text = |t: &str| {
+            json!([{"type": "reasoning", "summary": []},
+                {"type": "message", "content": [{"type": "output_text", "text": t}]}])
+        };
+        let good = response(text("{\"name\": \"A\", \"age\": 1}"));
+        assert!(check.check_response(Some(&good)).is_ok());
+        let bad = response(text("{\"name\": \"A\"}"));
+        assert!(matches!(check.check_response(Some(&bad)), Err(Invalid::Schema { .. })));
+        let call = response(json!([{"type": "function_call", "name": "f", "arguments": "{}"}]));
+        assert!(check.check_response(Some(&call)).is_ok());
+        assert!(matches!(check.check_response(None), Err(Invalid::Unreadable(_))));
     }
 }

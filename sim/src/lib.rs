@@ -10,6 +10,8 @@
 //!   `/openai/deployments/{name}/chat/completions`): answers per the request's `model` as
 //!   scripted; `"stream": true` gets `chat.completion.chunk` SSE frames. A reply with
 //!   `call_tools` answers a request offering `tools` with a tool call (see [`openai`]).
+//! - `POST /v1/responses` (and Azure OpenAI's `/openai/v1/responses`): the same behaviours
+//!   as a Responses `response` object or event stream ([`responses`]).
 //! - `GET /v1/models`: every model scripted or seen, in OpenAI's list format.
 //! - With accepted keys set, a request without `Authorization: Bearer <accepted key>` gets
 //!   OpenAI's 401 (checked first, as OpenAI does; the request is still counted and kept).
@@ -63,6 +65,7 @@ pub mod embed;
 mod error;
 pub mod gemini;
 pub mod openai;
+pub mod responses;
 mod server;
 mod stream;
 pub mod tool;

@@ -180,6 +180,9 @@ async fn handle(
         if openai_http::is_chat_path(path) {
             return openai_http::chat(&state, &conn, req).await;
         }
+        if openai_http::is_responses_path(path) {
+            return openai_http::responses(&state, &conn, req).await;
+        }
         if path == anthropic_http::COUNT_TOKENS_PATH {
             return anthropic_http::count_tokens(&state, req).await;
         }

@@ -1,7 +1,8 @@
 //! The Codex CLI (`@openai/codex`, which speaks only the Responses API) through a real node
 //! in front of `switchyard sim` (docs/clients.md): `codex exec` with a `CODEX_HOME` whose
 //! model provider is the node, the key's chain failing over from a broken primary to an
-//! OpenAI-kind and to an Anthropic-kind fallback, and the answer Codex printed checked.
+//! OpenAI-compatible and to an Anthropic-kind fallback (each sent a translation), and to an
+//! OpenAI-kind one (sent Codex's request as it was), and the answer Codex printed checked.
 //! `.ci/run` installs Codex into `.tools/codex` (`SWITCHYARD_CODEX` names another binary).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -126,4 +127,27 @@ async fn codex_answers_through_a_failover_to_an_anthropic_model() {
     let event = failover_event(&gw).await;
     assert_eq!(event["surface"], "responses", "{event}");
     assert_eq!(event["served_model"], ANTHROPIC, "{event}");
+}
+
+#[tokio::test]
+async fn codex_answers_through_a_failover_to_an_openai_kind_model_that_gets_its_request_as_sent() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    gw.set_defaults(&["--models", &format!("{PRIMARY},{OPENAI}")]).await;
+    let out = codex(&gw, PRIMARY).await;
+    assert!(printed(&out).ends_with("Hello from gpt-sim."), "{}", printed(&out));
+    // What Codex sent reached the OpenAI-kind fallback on its Responses API as Codex wrote
+    // it: its input items and every tool, built-in ones included, `store: false`.
+    let last = gw.last_upstream_request(OPENAI_UPSTREAM).await;
+    assert_eq!(last["path"], "/v1/responses", "{last}");
+    let sent = &last["body"];
+    assert_eq!(sent["model"], OPENAI_UPSTREAM, "{sent}");
+    assert_eq!(sent["store"], false, "{sent}");
+    assert_eq!(sent["stream"], true, "{sent}");
+    assert!(sent["input"].to_string().contains("Say hello"), "{sent}");
+    let tools = sent["tools"].as_array().unwrap_or_else(|| panic!("no tools: {sent}"));
+    assert!(tools.iter().any(|t| t["type"] != "function"), "built-in tools as sent: {sent}");
+    let event = failover_event(&gw).await;
+    assert_eq!(event["surface"], "responses", "{event}");
+    assert_eq!(event["served_model"], OPENAI, "{event}");
 }

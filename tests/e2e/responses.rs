@@ -526,3 +526,168 @@ async fn a_gemini_model_serves_a_response_too() {
     assert!(sent["path"].as_str().unwrap().contains("generateContent"), "{sent}");
     assert!(sent["body"]["systemInstruction"].to_string().contains(INSTRUCTIONS), "{sent}");
 }
+
+// === OpenAI-kind models: the body as sent, the answer as it came ===
+
+/// A request shaped as Codex sends it: built-in, namespace and function tools, a reasoning
+/// item with its encrypted content, `include`, `store: false`.
+fn codex_shaped(model: &str, fallback: &[&str], stream: bool) -> Value {
+    json!({"model": model, "fallback_models": fallback, "instructions": INSTRUCTIONS,
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA-opaque"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Again"}]}],
+        "tools": [{"type": "web_search"},
+            {"type": "namespace", "name": "mcp__docs", "description": "Docs", "tools": [
+                {"type": "function", "name": "mcp__docs__search", "parameters": {"type": "object", "properties": {}}}]},
+            {"type": "function", "name": "shell", "strict": false,
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}],
+        "tool_choice": "auto", "parallel_tool_calls": true,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "include": ["reasoning.encrypted_content"], "store": false, "stream": stream,
+        "prompt_cache_key": "session-1"})
+}
+
+/// What the OpenAI-kind provider must get for `sent`: the same body, but `model` its
+/// upstream name and the gateway's fields left out.
+fn as_sent_upstream(mut sent: Value) -> Value {
+    let fields = sent.as_object_mut().unwrap();
+    fields.remove("fallback_models");
+    fields.insert("model".into(), json!(OPENAI_UPSTREAM));
+    sent
+}
+
+#[tokio::test]
+async fn a_codex_shaped_request_reaches_an_openai_model_unchanged_and_is_answered() {
+    let gw = Gateway::start().await;
+    let request = codex_shaped(OPENAI, &[], false);
+    let r = responses(&gw, request.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-dropped-hints"), None, "nothing is dropped: {}", r.body);
+    let v = r.json();
+    assert_eq!((v["object"].as_str(), v["model"].as_str()), (Some("response"), Some(OPENAI)));
+    assert_eq!(v["output"][0]["content"][0]["text"], "Hello from gpt-sim.", "{v}");
+    let sent = gw.last_upstream_request(OPENAI_UPSTREAM).await;
+    assert_eq!(sent["path"], "/v1/responses", "{sent}");
+    assert_eq!(sent["body"], as_sent_upstream(request), "the body as the client sent it");
+}
+
+#[tokio::test]
+async fn an_openai_model_failing_over_to_anthropic_drops_the_built_in_tools_and_names_them() {
+    let gw = Gateway::start().await;
+    gw.script(OPENAI_UPSTREAM, json!({"kind": "status", "status": 503})).await;
+    let r = responses(&gw, codex_shaped(OPENAI, &[ANTHROPIC], false)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], ANTHROPIC, "{v}");
+    assert_eq!(v["secureai"]["failover"]["attempts"][0]["status"], "failed", "{v}");
+    let dropped = r.header("x-dropped-hints").unwrap_or_default();
+    assert!(dropped.split(", ").any(|h| h == "web_search"), "{dropped}");
+    assert_eq!(gw.upstream_requests(OPENAI_UPSTREAM).await, 1, "the primary was tried once");
+    let sent = gw.last_upstream_request(ANTHROPIC_UPSTREAM).await;
+    assert_eq!(sent["path"], "/v1/messages", "{sent}");
+    let tools: Vec<&str> = sent["body"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(tools, ["mcp__docs__search", "shell"], "{sent}");
+}
+
+#[tokio::test]
+async fn an_openai_models_stream_passes_as_it_came_under_the_gateway_name() {
+    let gw = Gateway::start().await;
+    let request = codex_shaped(OPENAI, &[], true);
+    let r = responses(&gw, request.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = sse_events(&r);
+    for (i, (name, data)) in events.iter().enumerate() {
+        assert_eq!(data["type"], name.as_str(), "{}", r.body);
+        assert_eq!(data["sequence_number"], i as u64, "the upstream's numbering: {}", r.body);
+    }
+    let names = names(&events);
+    assert_eq!(names.first(), Some(&"response.created"), "{}", r.body);
+    assert_eq!(names.last(), Some(&"response.completed"), "{}", r.body);
+    assert_eq!(streamed_text(&events), "Hello from gpt-sim.", "{}", r.body);
+    for (_, data) in events.iter().filter(|(_, d)| d.get("response").is_some()) {
+        assert_eq!(data["response"]["model"], OPENAI, "{data}");
+    }
+    let sent = gw.last_upstream_request(OPENAI_UPSTREAM).await;
+    assert_eq!(sent["body"], as_sent_upstream(request));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_models_stream_failing_before_its_first_content_fails_over_with_one_response_created()
+ {
+    let gw = Gateway::start().await;
+    // The stream opens (its response.created sent), then fails in-band before any text.
+    gw.script(OPENAI_UPSTREAM, json!({"kind": "stream_error", "after": 0})).await;
+    let r = responses(&gw, codex_shaped(OPENAI, &[SECONDARY], true)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = sse_events(&r);
+    let created: Vec<&Value> =
+        events.iter().filter(|(n, _)| n == "response.created").map(|(_, d)| d).collect();
+    assert_eq!(created.len(), 1, "{}", r.body);
+    assert_eq!(created[0]["response"]["model"], SECONDARY, "{}", r.body);
+    assert_eq!(streamed_text(&events), "Hello from secondary.", "{}", r.body);
+    assert_eq!(names(&events).last(), Some(&"response.completed"), "{}", r.body);
+    assert_eq!(gw.upstream_requests(OPENAI_UPSTREAM).await, 1);
+    assert_eq!(gw.upstream_requests("secondary").await, 1);
+}
+
+#[tokio::test]
+async fn an_openai_models_stream_breaking_after_its_first_content_ends_with_response_failed() {
+    let gw = Gateway::start().await;
+    gw.script(OPENAI_UPSTREAM, json!({"kind": "ok", "chunks": 5, "drop_after": 2})).await;
+    let r = responses(&gw, codex_shaped(OPENAI, &[SECONDARY], true)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = sse_events(&r);
+    assert!(!streamed_text(&events).is_empty(), "content came before the break: {}", r.body);
+    let (last, failed) = events.last().unwrap();
+    assert_eq!(last, "response.failed", "{}", r.body);
+    assert_eq!(failed["response"]["status"], "failed", "{failed}");
+    assert_eq!(failed["response"]["model"], OPENAI, "{failed}");
+    let before = events[events.len() - 2].1["sequence_number"].as_u64().unwrap();
+    assert_eq!(failed["sequence_number"].as_u64(), Some(before + 1), "{}", r.body);
+    assert_eq!(gw.upstream_requests("secondary").await, 0, "no second model after the commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_reads_an_openai_kind_fallbacks_own_answers_plain_and_streamed() {
+    let gw = Gateway::start().await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    for check in ["plain", "stream", "stream_helper"] {
+        let out = sdk(&gw, check, PRIMARY, OPENAI).await;
+        assert_eq!(out["text"], "Hello from gpt-sim.", "{check}: {out}");
+        assert_eq!(out["model"], OPENAI, "{check}: {out}");
+        if check != "stream_helper" {
+            assert_eq!(out["served_header"], OPENAI, "{check}: {out}");
+            assert_eq!(out["dropped_hints"], Value::Null, "{check}: {out}");
+            assert_eq!(out["secureai"]["served_model"], OPENAI, "{check}: {out}");
+        }
+        let sent = gw.last_upstream_request(OPENAI_UPSTREAM).await;
+        assert_eq!(sent["path"], "/v1/responses", "{check}: {sent}");
+        assert_eq!(sent["body"]["instructions"], INSTRUCTIONS, "{check}: {sent}");
+        assert!(sent["body"].get("fallback_models").is_none(), "{check}: {sent}");
+        if check == "stream" {
+            assert_eq!(out["created"], 1, "{out}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_azure_openai_model_gets_the_body_as_sent_on_its_v1_responses_path() {
+    let gw = Gateway::start().await;
+    let request = codex_shaped(AZURE, &[], false);
+    let r = responses(&gw, request.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-dropped-hints"), None, "{}", r.body);
+    assert_eq!(r.json()["model"], AZURE, "{}", r.body);
+    let sent = gw.last_upstream_request(AZURE_DEPLOYMENT).await;
+    assert_eq!(sent["path"], "/openai/v1/responses", "{sent}");
+    let mut expected = request;
+    expected["model"] = json!(AZURE_DEPLOYMENT);
+    expected.as_object_mut().unwrap().remove("fallback_models");
+    assert_eq!(sent["body"], expected, "the deployment is the body's model");
+}

@@ -29,6 +29,12 @@ pub const GEMINI_UPSTREAM: &str = "gemini-sim";
 /// A model of an Azure OpenAI provider (`sim-azure`): the node calls the simulator at
 /// `/openai/deployments/azure-deployment/chat/completions?api-version=2024-10-21`.
 pub const AZURE: &str = "azure/gpt";
+/// A model of an OpenAI-kind provider (`sim-openai`): the node speaks Chat Completions to
+/// the simulator for it, and sends `/v1/responses` requests to its `/v1/responses` as they
+/// came (docs/responses.md).
+pub const OPENAI: &str = "openai/gpt";
+/// Its upstream model name at the simulator.
+pub const OPENAI_UPSTREAM: &str = "gpt-sim";
 pub const AZURE_DEPLOYMENT: &str = "azure-deployment";
 pub const ALL_MODELS: [&str; 3] = [PRIMARY, SECONDARY, TERTIARY];
 /// Models with a catalog `context_window` (docs/catalog.md): 8, 4 and 100 tokens (the
@@ -125,6 +131,11 @@ pub fn catalog_yaml(sim_url: &str, options: &GatewayOptions) -> String {
     base_url: {sim_url}
     api_keys: {keys}
     region: us
+  - name: sim-openai
+    kind: openai
+    base_url: {sim_url}/v1
+    api_keys: {keys}
+    region: us
   - name: sim-azure
     kind: azure-openai
     base_url: {sim_url}
@@ -178,6 +189,9 @@ models:
     provider: sim-us
     upstream_model: ctx-large
     context_window: 100
+  - name: {OPENAI}
+    provider: sim-openai
+    upstream_model: {OPENAI_UPSTREAM}
   - name: {AZURE}
     provider: sim-azure
     upstream_model: {AZURE_DEPLOYMENT}

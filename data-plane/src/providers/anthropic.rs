@@ -46,7 +46,7 @@ use super::secret::Secret;
 use super::sse::Frame;
 use super::translated::{self, Chunks, ResponseFormat};
 use super::unified::{Completion, StreamEvent};
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, Format};
 
 mod error;
 pub mod native;
@@ -65,7 +65,7 @@ pub struct Anthropic;
 
 impl Adapter for Anthropic {
     fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
-        if let Some(native) = &request.native {
+        if let Some(native) = request.native.as_ref().filter(|n| n.format == Format::Messages) {
             return Ok(Bytes::from(native::body(model, native)));
         }
         let core = translated::core(request)?;

@@ -22,7 +22,7 @@ use switchyard_catalog::{Fault, FaultKind, Model, Provider, ProviderKind};
 use crate::chaos::{self, Cut, Injector};
 use crate::embeddings::Embeddings;
 use crate::failure;
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, Format};
 use crate::request_id;
 
 pub mod adapter;
@@ -31,6 +31,7 @@ pub mod azure;
 pub mod error;
 pub mod gemini;
 pub mod openai;
+pub mod responses;
 pub mod secret;
 pub mod sse;
 pub mod stream;
@@ -59,6 +60,17 @@ pub struct MessagesCall<'r> {
     pub beta: Option<&'r HeaderValue>,
 }
 
+/// A call for a request sent as the client wrote it, in a format the provider speaks itself
+/// ([`crate::request::Native`]): its answer comes back as the upstream sent it.
+#[derive(Clone, Copy, Debug)]
+pub enum NativeCall<'r> {
+    /// Anthropic's Messages API; a provider of another kind answers in the unified shape.
+    Messages(MessagesCall<'r>),
+    /// OpenAI's Responses API, at `{base}/responses` (docs/responses.md); made only to
+    /// providers that serve it ([`ProviderRuntime::native_call`]).
+    Responses,
+}
+
 pub type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// A 2xx answer with its body unread: the upstream's, or one an injected fault made.
@@ -73,7 +85,7 @@ struct Exchange<'a> {
     model: &'a Model,
     stream: bool,
     request_id: Option<&'a HeaderValue>,
-    messages: Option<MessagesCall<'a>>,
+    native: Option<NativeCall<'a>>,
     /// An embeddings call, to the provider's embeddings endpoint.
     embeddings: Option<&'a Embeddings>,
     fault: Option<&'a Fault>,
@@ -130,11 +142,40 @@ impl ProviderRuntime {
         Self { def, credentials, client: build_client(), adapter, basic_auth }
     }
 
-    /// The upstream body of one attempt (see [`Adapter::body`]).
+    /// The upstream body of one attempt (see [`Adapter::body`]); a `/v1/responses` request
+    /// to a provider that serves OpenAI's Responses API is its body as the client sent it.
     pub fn body(&self, model: &Model, request: &ChatRequest<'_>) -> Result<Bytes, CallError> {
-        match &request.embeddings {
-            Some(embeddings) => self.adapter.embeddings_body(model, request, embeddings),
-            None => self.adapter.body(model, request),
+        if let Some(embeddings) = &request.embeddings {
+            return self.adapter.embeddings_body(model, request, embeddings);
+        }
+        if let Some(native) = request.native.as_ref().filter(|n| self.serves(n.format)) {
+            return Ok(Bytes::from(native.body(&model.upstream_model)));
+        }
+        self.adapter.body(model, request)
+    }
+
+    /// Whether this provider's kind takes OpenAI's Responses API: OpenAI and Azure OpenAI do;
+    /// OpenAI-compatible servers often have no `/responses`, so they are sent the Chat
+    /// translation (docs/responses.md, "Per provider kind").
+    pub fn serves_responses(&self) -> bool {
+        matches!(self.def.kind, ProviderKind::Openai | ProviderKind::AzureOpenai)
+    }
+
+    /// Whether this provider is sent a request in `format` as the client wrote it (Messages
+    /// bodies are the Anthropic adapter's to take or translate).
+    fn serves(&self, format: Format) -> bool {
+        format == Format::Responses && self.serves_responses()
+    }
+
+    /// What a call for `request` owes its surface: `Some` for a `/v1/messages` request, and
+    /// for a `/v1/responses` request this provider serves natively.
+    pub fn native_call<'r>(&self, request: &'r ChatRequest<'_>) -> Option<NativeCall<'r>> {
+        let native = request.native.as_ref()?;
+        match native.format {
+            Format::Messages => {
+                Some(NativeCall::Messages(MessagesCall { beta: native.beta.as_ref() }))
+            }
+            Format::Responses => self.serves_responses().then_some(NativeCall::Responses),
         }
     }
 
@@ -152,20 +193,24 @@ impl ProviderRuntime {
         model: &Model,
         body: Bytes,
         request_id: Option<&HeaderValue>,
-        messages: Option<MessagesCall<'_>>,
+        native: Option<NativeCall<'_>>,
         injector: &mut Injector<'_>,
     ) -> Result<Completion, CallError> {
         let fault = injector.draw(false);
         let exchange =
-            Exchange { model, stream: false, request_id, messages, embeddings: None, fault };
+            Exchange { model, stream: false, request_id, native, embeddings: None, fault };
         let body = match self.respond(exchange, body).await? {
             Answer::Upstream(response) => read_body(response).await?,
             Answer::Injected(body) => body,
         };
-        if messages.is_some()
-            && let Some(native) = self.adapter.messages_completion(&body)
-        {
-            return native;
+        match native {
+            Some(NativeCall::Messages(_)) => {
+                if let Some(native) = self.adapter.messages_completion(&body) {
+                    return native;
+                }
+            }
+            Some(NativeCall::Responses) => return responses::completion(&body),
+            None => {}
         }
         self.adapter.completion_bytes(body)
     }
@@ -186,7 +231,7 @@ impl ProviderRuntime {
             model,
             stream: false,
             request_id,
-            messages: None,
+            native: None,
             embeddings: Some(embeddings),
             fault,
         };
@@ -204,19 +249,22 @@ impl ProviderRuntime {
         model: &Model,
         body: Bytes,
         request_id: Option<&HeaderValue>,
-        messages: Option<MessagesCall<'_>>,
+        native: Option<NativeCall<'_>>,
         injector: &mut Injector<'_>,
     ) -> Result<UpstreamStream, CallError> {
         let fault = injector.draw(true);
         let exchange =
-            Exchange { model, stream: true, request_id, messages, embeddings: None, fault };
+            Exchange { model, stream: true, request_id, native, embeddings: None, fault };
         let source = match self.respond(exchange, body).await? {
             Answer::Upstream(response) => stream::Source::Upstream(response.into_body()),
             Answer::Injected(body) => stream::Source::Injected(Some(body)),
         };
-        let decoder = messages
-            .and_then(|_| self.adapter.messages_decoder())
-            .unwrap_or_else(|| self.adapter.stream_decoder(&model.upstream_model));
+        let decoder = match native {
+            Some(NativeCall::Messages(_)) => self.adapter.messages_decoder(),
+            Some(NativeCall::Responses) => Some(responses::decoder()),
+            None => None,
+        };
+        let decoder = decoder.unwrap_or_else(|| self.adapter.stream_decoder(&model.upstream_model));
         let mut upstream = UpstreamStream::new(source, decoder);
         if let Some(cut) = fault.and_then(Cut::of) {
             upstream.cut(cut);
@@ -300,7 +348,7 @@ impl ProviderRuntime {
         body: Bytes,
         credential: Option<&Secret>,
     ) -> Result<Answer, CallError> {
-        let Exchange { model, stream, request_id, messages, embeddings, fault } = exchange;
+        let Exchange { model, stream, request_id, native, embeddings, fault } = exchange;
         let mut upstream = match embeddings {
             Some(embeddings) => {
                 self.adapter.embeddings_request(&self.def, model, embeddings, body, credential)?
@@ -309,9 +357,15 @@ impl ProviderRuntime {
         };
         // The client's betas go to the kind they are for; other kinds would refuse them.
         if self.def.kind == ProviderKind::Anthropic
-            && let Some(beta) = messages.and_then(|m| m.beta)
+            && let Some(NativeCall::Messages(MessagesCall { beta: Some(beta) })) = native
         {
             upstream.headers_mut().insert(ANTHROPIC_BETA, beta.clone());
+        }
+        // The same provider, its Responses endpoint: headers and credential as for Chat.
+        if let Some(NativeCall::Responses) = native {
+            *upstream.uri_mut() = responses::url(&self.def)
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| CallError::Transport(e.to_string()))?;
         }
         // A provider's own credential, where it sends one as `Authorization`, wins.
         if let Some(basic) = &self.basic_auth
@@ -454,6 +508,26 @@ mod tests {
         // base64("urluser:url pass")
         assert_eq!(basic.to_str().unwrap(), "Basic dXJsdXNlcjp1cmwgcGFzcw==");
         assert!(runtime("openai", "https://api.openai.com/v1").basic_auth.is_none());
+    }
+
+    #[test]
+    fn a_responses_request_goes_as_sent_to_openai_and_azure_and_translated_to_the_rest() {
+        let original = br#"{"model":"m","fallback_models":["n"],"input":"hi","tools":[{"type":"web_search"}],"store":false}"#;
+        let translated = crate::responses::Translated::of(original).unwrap();
+        let request = translated.request(original).unwrap();
+        for kind in ["openai", "azure-openai"] {
+            let rt = runtime(kind, "http://127.0.0.1:9/v1");
+            assert!(matches!(rt.native_call(&request), Some(NativeCall::Responses)), "{kind}");
+            let body: serde_json::Value =
+                serde_json::from_slice(&rt.body(&model(), &request).unwrap()).unwrap();
+            let expected = json!({"model": "up", "input": "hi", "tools": [{"type": "web_search"}], "store": false});
+            assert_eq!(body, expected, "{kind}");
+        }
+        let rt = runtime("openai-compatible", "http://127.0.0.1:9/v1");
+        assert!(rt.native_call(&request).is_none());
+        let body: serde_json::Value =
+            serde_json::from_slice(&rt.body(&model(), &request).unwrap()).unwrap();
+        assert!(body.get("messages").is_some() && body.get("input").is_none(), "{body}");
     }
 
     fn model() -> Model {

@@ -27,6 +27,9 @@ pub struct Completion {
     /// The body is an Anthropic `message`, not a `chat.completion`: an Anthropic model's
     /// own answer to a `/v1/messages` request, passed on as it came.
     pub messages: bool,
+    /// The body is an OpenAI `response`: an OpenAI model's own answer to a `/v1/responses`
+    /// request, passed on as it came.
+    pub responses: bool,
 }
 
 /// A completion's top-level fields.
@@ -42,12 +45,17 @@ pub enum Fields {
 impl Completion {
     /// A completion whose finish reasons are read when first asked for.
     pub fn new(fields: Fields, usage: Usage) -> Self {
-        Self { fields, usage, finish_reasons: OnceLock::new(), messages: false }
+        Self { fields, usage, finish_reasons: OnceLock::new(), messages: false, responses: false }
     }
 
     /// An Anthropic `message` passed on as it came (see [`Completion::messages`]).
     pub fn messages(fields: Fields, usage: Usage) -> Self {
         Self { messages: true, ..Self::new(fields, usage) }
+    }
+
+    /// An OpenAI `response` passed on as it came (see [`Completion::responses`]).
+    pub fn responses(fields: Fields, usage: Usage) -> Self {
+        Self { responses: true, ..Self::new(fields, usage) }
     }
 
     /// The body as the upstream sent it, when it is passed on verbatim.

@@ -1,6 +1,7 @@
 //! OpenAI's endpoints on the simulator's listener (`POST /v1/chat/completions`, Azure
-//! OpenAI's `POST /openai/deployments/{name}/chat/completions`, `GET /v1/models`): the scripted
-//! behaviours in OpenAI's wire format ([`crate::openai`]).
+//! OpenAI's `POST /openai/deployments/{name}/chat/completions`, `POST /v1/responses` and
+//! Azure's `POST /openai/v1/responses`, `GET /v1/models`): the scripted behaviours in OpenAI's
+//! wire formats ([`crate::openai`], [`crate::responses`]).
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
@@ -20,7 +21,8 @@ use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, StatusReply, continues_
 use crate::body::Aborted;
 use crate::embed;
 use crate::openai::{self, ApiError, ChatRequest, Completion, CompletionStream};
-use crate::stream::{self, StreamPlan};
+use crate::responses::{self, ResponsesRequest};
+use crate::stream::{self, StreamPlan, StreamWire};
 
 /// OpenAI's request id header.
 const REQUEST_ID: &str = "x-request-id";
@@ -107,6 +109,11 @@ pub async fn embeddings(
     }
 }
 
+/// Whether `path` is a Responses endpoint: OpenAI's, or Azure OpenAI's v1 API's.
+pub fn is_responses_path(path: &str) -> bool {
+    path == "/v1/responses" || path == "/openai/v1/responses"
+}
+
 /// `GET /v1/models`: every model scripted or seen, in OpenAI's list format.
 pub fn models(state: &State, headers: &HeaderMap) -> HttpResponse {
     state.requests.fetch_add(1, Ordering::Relaxed);
@@ -182,6 +189,119 @@ pub async fn chat(
     let behaviour = script.as_deref().unwrap_or(&default).at(position);
     let api_key = bearer(&parts.headers);
     respond(state, conn, behaviour, &request, api_key, request_id).await
+}
+
+/// `POST /v1/responses`: the same scripted behaviours as chat, as a `response` object or the
+/// Responses event stream.
+pub async fn responses(
+    state: &State,
+    conn: &ConnFlags,
+    req: Request<Incoming>,
+) -> Result<HttpResponse, Aborted> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(|_| Aborted)?.to_bytes();
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    let request_id = state.request_id();
+    let parsed = responses::parse_request(&body);
+    let model = match &parsed {
+        Ok(request) => Some(Cow::Borrowed(request.model.as_str())),
+        Err(_) => openai::request_model(&body).map(Cow::Owned),
+    };
+    let authorized = authorize(state, &parts.headers);
+    let step = model
+        .map(|model| state.take_step(model, &parts, &body, authorized.is_ok() && parsed.is_ok()));
+    if let Err(err) = authorized {
+        return Ok(error_response(&err, &request_id));
+    }
+    let request = match parsed {
+        Ok(request) => request,
+        Err(err) => return Ok(error_response(&err, &request_id)),
+    };
+    let default = Behaviour::default();
+    let (script, position) = step.unwrap_or((None, 0));
+    let behaviour = script.as_deref().unwrap_or(&default).at(position);
+    let api_key = bearer(&parts.headers);
+    respond_responses(state, conn, behaviour, &request, api_key, request_id).await
+}
+
+async fn respond_responses(
+    state: &State,
+    conn: &ConnFlags,
+    behaviour: &Behaviour,
+    request: &ResponsesRequest,
+    api_key: Option<&str>,
+    request_id: String,
+) -> Result<HttpResponse, Aborted> {
+    let response = || responses::Response {
+        id: responses::response_id(&state.completion_id()),
+        created: switchyard_time::now_secs(),
+        model: request.model.clone(),
+        prompt_tokens: request.prompt_tokens,
+    };
+    let error = |status: &StatusReply| {
+        openai::status_error(
+            status.status,
+            &request.model,
+            status.message.as_deref(),
+            api_key,
+            &request_id,
+            status.retry_after,
+        )
+    };
+    match behaviour {
+        Behaviour::Ok(reply) => {
+            sleep_ms(reply.delay_ms).await;
+            if let Some(window) = reply.too_long(request.prompt_tokens) {
+                let err = ApiError::context_length(window, request.prompt_tokens);
+                return Ok(error_response(&err, &request_id));
+            }
+            let text = reply_text(reply.text.as_deref(), &request.model);
+            if request.stream {
+                let plan = StreamPlan::new(Box::new(response().stream()), text, reply, None);
+                Ok(stream_response(plan.spawn(), REQUEST_ID, &request_id))
+            } else {
+                Ok(ok(response().body(&text), &request_id))
+            }
+        }
+        Behaviour::Status(status) => {
+            sleep_ms(status.delay_ms).await;
+            Ok(error_response(&error(status), &request_id))
+        }
+        Behaviour::Hang => std::future::pending().await,
+        Behaviour::Reset => {
+            conn.reset_on_close();
+            Err(Aborted)
+        }
+        Behaviour::Malformed => {
+            if request.stream {
+                let mut frames = response().stream().head();
+                frames.push(Bytes::from_static(responses::MALFORMED_FRAME));
+                Ok(stream_response(stream::fixed(frames), REQUEST_ID, &request_id))
+            } else {
+                Ok(ok(Bytes::from_static(openai::MALFORMED_BODY), &request_id))
+            }
+        }
+        Behaviour::StreamError(e) => {
+            let message = e.message.as_deref().unwrap_or(
+                "The server had an error while processing your request. Sorry about that!",
+            );
+            if request.stream {
+                let text = reply_text(None, &request.model);
+                let reply = Reply { chunks: DEFAULT_CHUNKS.max(e.after), ..Reply::default() };
+                let wire = Box::new(response().stream());
+                let plan = StreamPlan::new(wire, text, &reply, Some((e.after, message.to_owned())));
+                Ok(stream_response(plan.spawn(), REQUEST_ID, &request_id))
+            } else {
+                let status =
+                    StatusReply { message: Some(message.to_owned()), ..StatusReply::new(500) };
+                Ok(error_response(&error(&status), &request_id))
+            }
+        }
+        Behaviour::Sequence(_) => {
+            let default = Behaviour::default();
+            Box::pin(respond_responses(state, conn, &default, request, api_key, request_id)).await
+        }
+    }
 }
 
 async fn respond(
@@ -331,5 +451,12 @@ mod tests {
         assert!(!is_chat_path("/v1/v1/chat/completions"));
         assert!(!is_chat_path("/openai/deployments//chat/completions"));
         assert!(!is_chat_path("/openai/deployments/a/b/chat/completions"));
+    }
+
+    #[test]
+    fn responses_paths_are_openais_and_azures_v1() {
+        assert!(is_responses_path("/v1/responses"));
+        assert!(is_responses_path("/openai/v1/responses"));
+        assert!(!is_responses_path("/responses"));
     }
 }

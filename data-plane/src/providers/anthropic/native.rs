@@ -60,19 +60,7 @@ impl WireUsage {
 
 /// The client's body for `model`: its fields as sent, `model` the upstream's name.
 pub fn body(model: &Model, native: &Native<'_>) -> Vec<u8> {
-    let mut out =
-        Vec::with_capacity(64 + native.fields.values().map(|v| v.get().len() + 24).sum::<usize>());
-    out.extend_from_slice(b"{\"model\":");
-    // Serialising a &str into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut out, &model.upstream_model);
-    for (key, value) in &native.fields {
-        out.push(b',');
-        let _ = serde_json::to_writer(&mut out, key);
-        out.push(b':');
-        out.extend_from_slice(value.get().as_bytes());
-    }
-    out.push(b'}');
-    out
+    native.body(&model.upstream_model)
 }
 
 /// A 200 body as it came, with where its `model` is (the gateway's name replaces it) and
