@@ -355,6 +355,8 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
             "Hello from the fallback model: the primary failed and Switchyard moved on.",
         )),
     );
+    // The embeddings demo: the primary fails as the chat one does.
+    sim.set(DEMO_EMBED_PRIMARY_UPSTREAM, Behaviour::Status(StatusReply::new(503)));
     // A healthy chain for `switchyard drill` to break on purpose.
     let drill_reply = |model: &str| Reply {
         chunks: 8,
@@ -439,6 +441,15 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         "    -d '{{\"model\": \"{DEMO_PRIMARY}\", \"fallback_models\": [\"{DEMO_CLAUDE}\"], \"input\": \"Hello\", \"store\": false}}'"
     );
     println!();
+    println!("And embeddings (client.embeddings in the OpenAI SDKs), failing over between two");
+    println!("embedding models of the same dimensions:");
+    println!();
+    println!("  curl -s {url}/v1/embeddings \\");
+    println!("    -H 'Authorization: Bearer {demo_key}' -H 'Content-Type: application/json' \\");
+    println!(
+        "    -d '{{\"model\": \"{DEMO_EMBED_PRIMARY}\", \"fallback_models\": [\"{DEMO_EMBED_FALLBACK}\"], \"input\": [\"Hello\", \"world\"]}}'"
+    );
+    println!();
     println!("Admin commands from another terminal:");
     println!("  export SWITCHYARD_CONTROL={control_url}");
     if admin_token_from_env {
@@ -518,6 +529,12 @@ const DEMO_DRILL_PRIMARY_UPSTREAM: &str = "drill-primary";
 const DEMO_DRILL_FALLBACK_UPSTREAM: &str = "drill-fallback";
 const DEMO_CLAUDE: &str = "demo/claude-fallback";
 const DEMO_CLAUDE_UPSTREAM: &str = "claude-fallback";
+const DEMO_EMBED_PRIMARY: &str = "demo/embed-primary";
+const DEMO_EMBED_FALLBACK: &str = "demo/embed-fallback";
+const DEMO_EMBED_PRIMARY_UPSTREAM: &str = "embed-primary";
+const DEMO_EMBED_FALLBACK_UPSTREAM: &str = "embed-fallback";
+/// The simulator's vectors' length when none is asked for.
+const DEMO_EMBED_DIMENSIONS: u32 = switchyard_sim::embed::DEFAULT_DIMENSIONS;
 const DEMO_KEY_NAME: &str = "dev-demo";
 
 /// Applies the demo catalog (pointing at this run's simulator, `sim_base_url` being its
@@ -553,7 +570,11 @@ async fn seed_demo(
              "stall_timeout_ms": 2000, "continuation": "prefill"},
             {"name": DEMO_DRILL_FALLBACK, "provider": "demo", "upstream_model": DEMO_DRILL_FALLBACK_UPSTREAM},
             {"name": DEMO_CLAUDE, "provider": "demo-anthropic", "upstream_model": DEMO_CLAUDE_UPSTREAM,
-             "reasoning": true}
+             "reasoning": true},
+            {"name": DEMO_EMBED_PRIMARY, "provider": "demo", "upstream_model": DEMO_EMBED_PRIMARY_UPSTREAM,
+             "type": "embedding", "dimensions": DEMO_EMBED_DIMENSIONS},
+            {"name": DEMO_EMBED_FALLBACK, "provider": "demo", "upstream_model": DEMO_EMBED_FALLBACK_UPSTREAM,
+             "type": "embedding", "dimensions": DEMO_EMBED_DIMENSIONS}
         ],
         "breaker_policy": {"cooldown_ms": 10000}
     });

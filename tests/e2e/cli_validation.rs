@@ -300,6 +300,55 @@ async fn dev_serves_the_demo_and_keeps_one_demo_key_across_restarts() {
     second.stop().await;
 }
 
+/// Every curl dev prints (one per surface) runs as printed: its path, its credential header
+/// and its body, answered 200 by the demo chain's fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_prints_a_curl_for_each_surface_that_answers_as_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("dev"), &[]).await;
+    served(dev.node, &dev.demo_key).await;
+    let lines: Vec<&str> = dev.text.lines().map(str::trim).collect();
+    let mut paths = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(url) = line.strip_prefix("curl -s ").and_then(|l| l.strip_suffix(" \\")) else {
+            continue;
+        };
+        let path = url.trim_start_matches(&format!("http://{}", dev.node)).to_owned();
+        let headers = lines[i + 1];
+        let body = lines[i + 2]
+            .strip_prefix("-d '")
+            .and_then(|b| b.strip_suffix('\''))
+            .unwrap_or_else(|| panic!("no body after {line}"));
+        let r = if headers.contains("x-api-key") {
+            let key = dev.demo_key.as_bytes();
+            http_request_with(
+                dev.node,
+                "POST",
+                &path,
+                None,
+                &[("x-api-key", key)],
+                Some(body.as_bytes()),
+            )
+            .await
+        } else {
+            http_request(dev.node, "POST", &path, Some(&dev.demo_key), Some(body.as_bytes())).await
+        }
+        .unwrap();
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        let served = r.header("x-served-model").unwrap_or_default();
+        let requested = r.header("x-requested-model").unwrap_or_default();
+        assert_ne!(served, requested, "{path}: the demo primary fails over");
+        paths.push(path);
+    }
+    assert_eq!(
+        paths,
+        ["/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/embeddings"],
+        "{}",
+        dev.text
+    );
+    dev.stop().await;
+}
+
 /// Tokens from the environment are used and never printed; the join token is required of
 /// every node, dev's own included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
