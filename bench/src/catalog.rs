@@ -67,7 +67,19 @@ models:
   - name: {ANTHROPIC_SECONDARY}
     provider: sim-anthropic
     upstream_model: secondary
-  - name: {EMBED}
+{BREAKER_POLICY}"#
+    )
+}
+
+/// [`catalog_yaml`] with the two embedding models `--surfaces` measures. Kept apart: a build
+/// from before embedding models (a `--baseline-switchyard`) refuses a catalog naming them.
+pub fn catalog_with_embeddings_yaml(sim: SocketAddr) -> String {
+    let mut yaml = catalog_yaml(sim);
+    let at = yaml.find("breaker_policy:").unwrap_or(yaml.len());
+    yaml.insert_str(
+        at,
+        &format!(
+            "  - name: {EMBED}
     provider: sim
     upstream_model: embed
     type: embedding
@@ -77,6 +89,8 @@ models:
     upstream_model: embed-secondary
     type: embedding
     dimensions: 256
-{BREAKER_POLICY}"#
-    )
+"
+        ),
+    );
+    yaml
 }

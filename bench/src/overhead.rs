@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::catalog::{
     ANTHROPIC_PRIMARY, ANTHROPIC_SECONDARY, EMBED, EMBED_SECONDARY, FAILING, PRIMARY, SECONDARY,
-    catalog_yaml,
+    catalog_with_embeddings_yaml, catalog_yaml,
 };
 use crate::client::{connect, http, metrics_text, post};
 use crate::error::Result;
@@ -200,7 +200,8 @@ async fn bench(options: Options) -> Result<()> {
     let d = dir.path();
     let logs = |name: &str| d.join(format!("{name}.log"));
 
-    let fleet = Fleet::start(bin, d, catalog_yaml).await?;
+    let catalog = if options.surfaces { catalog_with_embeddings_yaml } else { catalog_yaml };
+    let fleet = Fleet::start(bin, d, catalog).await?;
     // The failing primary answers 503 to every request the node sends it (it sends none
     // before it is ready).
     fleet.script("failing", json!({"kind": "status", "status": 503})).await?;
