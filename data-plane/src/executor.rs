@@ -1393,4 +1393,117 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+
+    /// A catalog whose model `m` has two deployments, `p/dead` (503s) and `p/a`, and a
+    /// second model `b`; the upstream answers `a` and `b` and counts every call.
+    async fn pool_config(balance: &str, cap: Option<u32>) -> (NodeConfig, Arc<Mutex<Vec<String>>>) {
+        use axum::routing::post;
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&calls);
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            post(move |body: String| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    let body: Value = serde_json::from_str(&body).unwrap();
+                    let model = body["model"].as_str().unwrap().to_owned();
+                    seen.lock().unwrap().push(model.clone());
+                    if model == "dead" {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "down".to_owned());
+                    }
+                    let answer = json!({"id": "c", "object": "chat.completion", "created": 1,
+                        "model": model, "choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "hi"}}]});
+                    (StatusCode::OK, answer.to_string())
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = format!("http://{addr}/v1");
+        let catalog = json!({
+            "providers": [{"name": "p", "kind": "openai-compatible", "base_url": url}],
+            "models": [
+                {"name": "m", "balance": balance, "deployments": [
+                    {"provider": "p", "upstream_model": "dead", "max_concurrency": cap},
+                    {"provider": "p", "upstream_model": "a"}]},
+                {"name": "b", "provider": "p", "upstream_model": "b"}
+            ]
+        });
+        let change = Change::Snapshot {
+            version: 1,
+            resources: vec![("catalog".into(), serde_json::to_vec(&catalog).unwrap())],
+        };
+        (NodeConfig::default().apply(change).unwrap(), calls)
+    }
+
+    fn lines(attempts: &[AttemptReport]) -> Vec<(String, String, String, bool)> {
+        attempts
+            .iter()
+            .map(|a| {
+                let reason = a.reason.map_or("", AttemptReason::as_str).to_owned();
+                let deployment = a.deployment.as_deref().unwrap_or_default().to_owned();
+                (
+                    format!("{}@{deployment}", a.model),
+                    a.status.as_str().to_owned(),
+                    reason,
+                    a.local_limit,
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_failing_deployment_hands_the_attempt_to_the_next_one_and_the_chain_stays() {
+        let (config, calls) = pool_config("weighted", None).await;
+        let executor = executor();
+        let body = br#"{"models":["m","b"],"messages":[{"role":"user","content":"hi"}]}"#;
+        let request = ChatRequest::parse(body).unwrap();
+        let chain = crate::chain::resolve(&request, &key(), &config).unwrap();
+        let id = crate::request_id::generate();
+        // Weights 1:1: the first request is the dead deployment's turn.
+        let Ok(served) = executor.run(&chain, &request, &config, &id).await else {
+            panic!("served by the model's other deployment")
+        };
+        assert_eq!(served.model.name, "m");
+        assert_eq!(served.deployment.as_deref(), Some("p/a"));
+        assert_eq!(
+            lines(&served.attempts),
+            [
+                ("m@p/dead".into(), "failed".into(), "server_error".into(), false),
+                ("m@p/a".into(), "served".into(), String::new(), false),
+            ]
+        );
+        assert_eq!(*calls.lock().unwrap(), ["dead", "a"], "the chain's `b` is never called");
+    }
+
+    #[tokio::test]
+    async fn a_full_cap_fails_over_at_once_without_a_call() {
+        let (config, calls) = pool_config("weighted", Some(1)).await;
+        let executor = executor();
+        let body = br#"{"models":["m","b"],"messages":[{"role":"user","content":"hi"}]}"#;
+        let request = ChatRequest::parse(body).unwrap();
+        let chain = crate::chain::resolve(&request, &key(), &config).unwrap();
+        // The dead deployment's one place is taken.
+        let pool = &chain.entries[0].deployments.as_ref().unwrap().pool;
+        let load = Arc::clone(pool.load(0, &executor.loads));
+        let held = Slot::take(Some((load, Cap::of(Some(1), false))), None).unwrap();
+        let Ok(served) =
+            executor.run(&chain, &request, &config, &crate::request_id::generate()).await
+        else {
+            panic!("served by the deployment with room")
+        };
+        assert_eq!(
+            lines(&served.attempts),
+            [
+                ("m@p/dead".into(), "failed".into(), "rate_limit".into(), true),
+                ("m@p/a".into(), "served".into(), String::new(), false),
+            ]
+        );
+        assert_eq!(*calls.lock().unwrap(), ["a"], "no call to the full one");
+        drop(held);
+        assert_eq!(pool.load(0, &executor.loads).in_flight(), 0);
+        assert_eq!(pool.load(1, &executor.loads).in_flight(), 0, "the served call left");
+    }
 }
