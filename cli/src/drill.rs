@@ -391,10 +391,12 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
             !chain.contains(&m.name)
                 && (key.allowed_models.is_empty() || key.allowed_models.contains(&m.name))
                 && (key.allowed_regions.is_empty()
-                    || catalog
-                        .provider(&m.provider)
-                        .and_then(|p| p.region.as_ref())
-                        .is_some_and(|r| key.allowed_regions.contains(r)))
+                    || m.deployment_models().iter().any(|d| {
+                        catalog
+                            .provider(&d.provider)
+                            .and_then(|p| p.region.as_ref())
+                            .is_some_and(|r| key.allowed_regions.contains(r))
+                    }))
         });
         for candidate in usable.take(3) {
             let ask = Ask { models: Some(vec![candidate.name.clone()]), ..ask.clone() };
@@ -505,7 +507,7 @@ async fn chain_closed(node: &Node, catalog: &Catalog, chain: &[String]) {
         .iter()
         .skip(1)
         .filter_map(|name| catalog.model(name))
-        .map(|m| (m.provider.clone(), m.upstream_model.clone()))
+        .map(|m| breaker_of(m))
         .collect();
     let started = Instant::now();
     let mut said = false;
@@ -695,7 +697,7 @@ fn report(
     let mut transitions = BTreeMap::new();
     for model in &plan.chain {
         if let Some(m) = catalog.model(model) {
-            let breaker = (m.provider.clone(), m.upstream_model.clone());
+            let breaker = breaker_of(m);
             let changed = j
                 .after
                 .get(&breaker)
@@ -771,5 +773,14 @@ mod tests {
         assert_eq!(cut_after(Some(1), 5).ok(), Some(1));
         let refused = cut_after(Some(5), 5).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(refused.starts_with("--cut-after 5: the healthy answer has 5"), "{refused}");
+    }
+}
+
+/// The breaker a drill watches for model `m`: its own, or for a model with deployments its
+/// first deployment's (a drill reads one breaker per model).
+fn breaker_of(m: &switchyard_catalog::Model) -> (String, String) {
+    match m.deployments.first() {
+        Some(d) => (d.provider.clone(), d.upstream_model.clone()),
+        None => (m.provider.clone(), m.upstream_model.clone()),
     }
 }
