@@ -507,7 +507,7 @@ async fn chain_closed(node: &Node, catalog: &Catalog, chain: &[String]) {
         .iter()
         .skip(1)
         .filter_map(|name| catalog.model(name))
-        .map(|m| breaker_of(m))
+        .map(breaker_of)
         .collect();
     let started = Instant::now();
     let mut said = false;
