@@ -503,12 +503,8 @@ async fn settled(node: &Node, ask: &Ask, model: &str, scenario: Scenario) -> Obs
 /// failovers into errors. Their breakers close on the node's own probes, within one
 /// `probe.open_interval_ms` of a recovery. A breaker the node never used reads as closed.
 async fn chain_closed(node: &Node, catalog: &Catalog, chain: &[String]) {
-    let breakers: Vec<(String, String)> = chain
-        .iter()
-        .skip(1)
-        .filter_map(|name| catalog.model(name))
-        .map(breaker_of)
-        .collect();
+    let breakers: Vec<(String, String)> =
+        chain.iter().skip(1).filter_map(|name| catalog.model(name)).map(breaker_of).collect();
     let started = Instant::now();
     let mut said = false;
     while started.elapsed() < SETTLE {
@@ -758,6 +754,15 @@ fn report(
     }
 }
 
+/// The breaker a drill watches for model `m`: its own, or for a model with deployments its
+/// first deployment's (a drill reads one breaker per model).
+fn breaker_of(m: &switchyard_catalog::Model) -> (String, String) {
+    match m.deployments.first() {
+        Some(d) => (d.provider.clone(), d.upstream_model.clone()),
+        None => (m.provider.clone(), m.upstream_model.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -773,14 +778,5 @@ mod tests {
         assert_eq!(cut_after(Some(1), 5).ok(), Some(1));
         let refused = cut_after(Some(5), 5).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(refused.starts_with("--cut-after 5: the healthy answer has 5"), "{refused}");
-    }
-}
-
-/// The breaker a drill watches for model `m`: its own, or for a model with deployments its
-/// first deployment's (a drill reads one breaker per model).
-fn breaker_of(m: &switchyard_catalog::Model) -> (String, String) {
-    match m.deployments.first() {
-        Some(d) => (d.provider.clone(), d.upstream_model.clone()),
-        None => (m.provider.clone(), m.upstream_model.clone()),
     }
 }
