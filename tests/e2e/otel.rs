@@ -357,6 +357,27 @@ async fn an_http_collector_spoken_to_over_grpc_gets_nothing_the_requests_are_ser
     spoken_to_in_the_wrong_protocol(Collector::start_http().await, Some("grpc")).await;
 }
 
+#[tokio::test]
+async fn an_endpoint_on_the_other_protocols_port_is_warned_about_at_start_naming_the_variable() {
+    // Only the start-up lines are read: whether anything listens on these ports is no matter.
+    for (endpoint, protocol, suggested) in [
+        ("http://127.0.0.1:4317", None, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"),
+        ("http://127.0.0.1:4318", Some("grpc"), "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"),
+    ] {
+        let mut env = otel_env(endpoint.into());
+        if let Some(protocol) = protocol {
+            env.push(("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into()));
+        }
+        let gw = Gateway::start_with(GatewayOptions { env, ..GatewayOptions::default() }).await;
+        for (process, log) in [("node", gw.node.log_text()), ("control", gw.cp.log_text())] {
+            let warned: Vec<&str> =
+                log.lines().filter(|l| l.contains("WARN") && l.contains(suggested)).collect();
+            // One warning per signal the process exports.
+            assert_eq!(warned.len(), 2, "{process} {endpoint}: {log}");
+        }
+    }
+}
+
 /// A collector that does not speak the protocol the node exports in: every request is
 /// served, the collector receives nothing, each signal's failed exports are counted on
 /// `/metrics`, and the log says export fails.
