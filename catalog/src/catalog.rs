@@ -420,6 +420,12 @@ pub struct BreakerPolicy {
     pub max_cooldown_ms: u64,
     /// Requests admitted while half-open; all must succeed for the breaker to close.
     pub half_open_probes: u32,
+    /// One breaker view for the fleet: a deployment one node's breaker opens is open on
+    /// every node, and one node probes it for all. `false`: each node goes by its own
+    /// breakers only. Left out of the stored catalog while on, so that a catalog from
+    /// before the field reads (and diffs) the same.
+    #[serde(skip_serializing_if = "is_true")]
+    pub fleet: bool,
 }
 
 impl Default for BreakerPolicy {
@@ -432,6 +438,7 @@ impl Default for BreakerPolicy {
             cooldown_ms: 30_000,
             max_cooldown_ms: 300_000,
             half_open_probes: 1,
+            fleet: true,
         }
     }
 }
@@ -466,6 +473,8 @@ impl BreakerPolicy {
             cooldown_ms: o.cooldown_ms.unwrap_or(self.cooldown_ms),
             max_cooldown_ms: o.max_cooldown_ms.unwrap_or(self.max_cooldown_ms),
             half_open_probes: o.half_open_probes.unwrap_or(self.half_open_probes),
+            // Fleet-wide by nature: no model overrides it.
+            fleet: self.fleet,
         }
     }
 
@@ -1445,6 +1454,29 @@ mod tests {
         assert!(w.wants("breaker.opened", ""));
         w.enabled = false;
         assert!(!w.wants("breaker.opened", ""));
+    }
+
+    #[test]
+    fn the_fleet_breaker_view_is_on_unless_turned_off_and_stored_only_when_off() {
+        let on = sample();
+        assert!(on.breaker_policy.fleet);
+        assert!(serde_json::to_value(&on).unwrap()["breaker_policy"].get("fleet").is_none());
+        let off: Catalog = serde_json::from_value(serde_json::json!({
+            "breaker_policy": {"fleet": false, "cooldown_ms": 1000}
+        }))
+        .unwrap();
+        assert!(!off.breaker_policy.fleet);
+        assert_eq!(serde_json::to_value(&off).unwrap()["breaker_policy"]["fleet"], false);
+        // A model's override keeps the catalog's: the view is the fleet's, not a model's.
+        let o = BreakerOverride { cooldown_ms: Some(500), ..Default::default() };
+        assert!(!off.breaker_policy.with_override(&o).fleet);
+        let mut new = sample();
+        new.breaker_policy.fleet = false;
+        assert_eq!(on.diff(&new), ["~ breaker_policy: fleet"]);
+        let wrong = serde_json::from_value::<Catalog>(serde_json::json!({
+            "breaker_policy": {"fleet": "yes"}
+        }));
+        assert!(wrong.unwrap_err().to_string().contains("invalid type"));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use switchyard_tls::accept::Acceptor;
 use switchyard_tls::connect::ClientTls;
 
+use crate::breaker::Breakers;
 use crate::executor::Executor;
 use crate::http::App;
 use crate::loss::{self, SpoolState};
@@ -248,6 +249,9 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         .local_addr()
         .map_err(|source| NodeError::Listen { addr: options.listen, source })?;
     let (handoff, handoff_rx) = watch::channel(false);
+    // The config stream hears the fleet's breaker view; the prober lays it over the breakers.
+    let (fleet, fleet_view) = watch::channel(None);
+    let breakers = Breakers::new();
     let mut metrics = Metrics::new();
     let sync_options = SyncOptions {
         controls: options.controls,
@@ -260,6 +264,8 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
             connected: metrics.config_stream_connected.clone(),
             rejected: metrics.config_rejected_version.clone(),
         },
+        fleet,
+        breakers: breakers.clone(),
     };
     let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone())
         .with_max_events(options.event_buffer_events);
@@ -315,10 +321,10 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     });
     let app = Arc::new(App {
         state: Arc::clone(&state),
-        executor: Executor::new(Arc::clone(&telemetry), metrics),
+        executor: Executor { breakers, ..Executor::new(Arc::clone(&telemetry), metrics) },
         max_body_bytes: options.max_body_bytes,
     });
-    let prober = tokio::spawn(probe::run(Arc::clone(&app)));
+    let prober = tokio::spawn(probe::run(Arc::clone(&app), fleet_view));
     info!(addr = %local_addr, node = %node_id, tls = options.listen_tls.is_some(), "node listening");
     Ok(Node {
         local_addr,

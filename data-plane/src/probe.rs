@@ -9,18 +9,24 @@
 //! included, is dropped: a probe belongs to no key and is never billed. The request path
 //! pays nothing for any of this: the idle clock is kept by the breaker under the lock a
 //! request takes anyway.
+//!
+//! With a fleet view (docs/operating.md, "The fleet's breaker view") the prober also lays
+//! it over the node's breakers as it arrives, and probes a deployment open for the fleet
+//! only when the control plane named this node its prober; with none (cut off, or
+//! `breaker_policy.fleet: false`) it probes its own open breakers as before.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::debug;
 
 use switchyard_catalog::Model;
 
 use crate::app::App;
-use crate::breaker::{Breaker, Due, Outcome, Permit, ProbeOutcome};
+use crate::breaker::{Breaker, Due, FleetView, Outcome, Permit, ProbeOutcome};
 use crate::chaos::{self, Injector};
 use crate::config::NodeConfig;
 use crate::failure::{self, Failure, Verdict};
@@ -49,18 +55,35 @@ pub struct Target {
 }
 
 /// Runs until the node drains; in-flight probes are dropped with it (their permits free
-/// their half-open slots).
-pub async fn run(app: Arc<App>) {
+/// their half-open slots). `fleet` is the control plane's fleet view (`None` while the node
+/// has none), laid over the breakers as it changes.
+pub async fn run(app: Arc<App>, mut fleet: watch::Receiver<Option<FleetView>>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut version = None;
     let mut targets = Vec::new();
     let mut in_flight = JoinSet::new();
+    let mut fleet_open = true;
     loop {
+        let fleet_changed = async {
+            match fleet_open {
+                true => fleet.changed().await.is_ok(),
+                false => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = tick.tick() => {}
             // A new config: its breakers are marked now, before requests meet them.
             () = app.state.published() => {}
+            // The fleet's word reaches the breakers at once: the bound on calls to a dead
+            // deployment counts from here.
+            changed = fleet_changed => {
+                fleet_open = changed;
+                let view = fleet.borrow_and_update().clone();
+                for t in app.executor.breakers.apply_fleet(view.as_ref(), Instant::now()) {
+                    app.executor.report_transition(Some(t));
+                }
+            }
         }
         while in_flight.try_join_next().is_some() {}
         if app.state.is_draining() {
@@ -73,6 +96,8 @@ pub async fn run(app: Arc<App>) {
         }
         let now = Instant::now();
         for target in &targets {
+            // Named the fleet's prober: its own breaker opens, and is probed from here on.
+            app.executor.report_transition(target.breaker.mirror_fleet(now));
             let Some((permit, due, transition)) = target.breaker.acquire_probe(now, target.idle)
             else {
                 continue;
@@ -530,7 +555,8 @@ mod tests {
     async fn the_prober_probes_on_its_own_and_stops_when_the_node_drains() {
         let up = upstream().await;
         let app = Arc::new(app(&up.url, true));
-        let prober = tokio::spawn(run(Arc::clone(&app)));
+        let (_fleet, view) = watch::channel(None);
+        let prober = tokio::spawn(run(Arc::clone(&app), view));
         // Interval 1 s from the first plan: the first probe within a few ticks after it.
         tokio::time::timeout(Duration::from_secs(5), async {
             while probes(&app, "success") == 0 {
@@ -542,6 +568,78 @@ mod tests {
         app.state.start_draining();
         tokio::time::timeout(TICK * 4, prober).await.expect("stops at the drain").unwrap();
         assert_eq!(up.requests(), 1, "one probe in the interval, none after the drain");
+    }
+
+    /// Polls `done` every 20 ms for up to 5 s.
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    #[tokio::test]
+    async fn the_prober_probes_only_what_the_fleet_names_it_for_and_closes_on_the_fleets_word() {
+        use crate::breaker::{FleetOpen, FleetView};
+        let up = upstream().await;
+        let probe = json!({"interval_ms": 3_600_000, "timeout_ms": 500, "open_interval_ms": 1_000});
+        let app = Arc::new(app_with(&up.url, Some(probe)));
+        let (fleet, view) = watch::channel(None);
+        let prober = tokio::spawn(run(Arc::clone(&app), view));
+        let config = app.state.current().unwrap();
+        let breaker = app.executor.breaker(&config, &config.models["m"]);
+        let key = ("p".to_owned(), "up".to_owned());
+        let word = |probing: bool| FleetOpen {
+            since: std::time::SystemTime::now(),
+            opened_by: "n2".into(),
+            prober: if probing { "n1".into() } else { "n2".into() },
+            probing,
+            until: Instant::now() + Duration::from_secs(60),
+        };
+        let open_for_fleet = |probing: bool| FleetView {
+            open: [(key.clone(), word(probing))].into(),
+            closed: vec![],
+        };
+
+        // Open here too, but another node is the fleet's prober: no probe from this node over
+        // two of its open intervals (a wait: what is shown is that nothing happens).
+        open(&app, &up).await;
+        fleet.send_replace(Some(open_for_fleet(false)));
+        tokio::time::sleep(Duration::from_millis(2_200)).await;
+        assert_eq!(up.requests(), 2, "the two failures, no probe");
+
+        // The prober elsewhere closed it: closed here without a test of its own.
+        let closed = FleetView {
+            open: Default::default(),
+            closed: vec![(key.0.clone(), key.1.clone(), std::time::SystemTime::now())],
+        };
+        fleet.send_replace(Some(closed));
+        until("closed on the fleet's word", || breaker.snapshot().state == State::Closed).await;
+        assert_eq!(breaker.snapshot().cause.map(|c| c.as_str()), Some("fleet_closed"));
+        assert_eq!(up.requests(), 2);
+
+        // Named the prober of a deployment open for the fleet: its own breaker opens and it
+        // probes within one open interval; the upstream is back, so the probe closes it.
+        up.status.store(200, Ordering::SeqCst);
+        fleet.send_replace(Some(open_for_fleet(true)));
+        until("a probe from the fleet's prober", || up.requests() == 3).await;
+        until("closed by its probe", || breaker.snapshot().state == State::Closed).await;
+        assert_eq!(breaker.snapshot().cause.map(|c| c.as_str()), Some("probe_succeeded"));
+        // The view still names it until the control plane hears of the closing: the prober
+        // does not open its breaker again meanwhile (a few of its ticks).
+        tokio::time::sleep(TICK * 3).await;
+        assert_eq!(breaker.snapshot().state, State::Closed);
+
+        // Cut off from the control plane: it probes its own open breaker again.
+        open(&app, &up).await;
+        fleet.send_replace(Some(open_for_fleet(false)));
+        let failed = up.requests();
+        fleet.send_replace(None);
+        until("its own probe once cut off", || up.requests() > failed).await;
+        prober.abort();
     }
 
     #[test]

@@ -19,6 +19,7 @@ use switchyard_tls::connect::{ClientTls, is_https};
 use switchyard_tls::files::TlsError;
 use switchyard_tls::words;
 
+use crate::breaker::{Breakers, FleetOpen, FleetView};
 use crate::config::{Change, ConfigError, NodeConfig, SnapshotBuilder};
 use crate::state::{Changed, NodeState};
 use crate::telemetry::Telemetry;
@@ -77,6 +78,12 @@ pub struct SyncOptions {
     /// [`hand_off`]) and returns.
     pub handoff: watch::Receiver<bool>,
     pub gauges: SyncGauges,
+    /// The control plane's fleet breaker view, as this task last heard it; `None` while no
+    /// stream is open (a node cut off goes by its own breakers) or the fleet view is off.
+    pub fleet: watch::Sender<Option<FleetView>>,
+    /// The node's breakers, whose window reports go up with each flush while the fleet
+    /// view is on.
+    pub breakers: Breakers,
 }
 
 /// What the config stream shows at `/metrics` for the alerts (deploy/prometheus): set here,
@@ -125,6 +132,8 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
     for endpoint in options.controls.iter().cycle() {
         let started = tokio::time::Instant::now();
         let result = session(endpoint, &options, &boot_id, &state, &telemetry).await;
+        // Nobody relays the fleet's word any more: this node's own breakers decide.
+        options.fleet.send_replace(None);
         telemetry.set_connected(false);
         options.gauges.connected.set(0);
         // Whatever was sent but not acked goes out again on the next stream.
@@ -241,6 +250,10 @@ async fn session(
                         forget_unlimited(state, telemetry);
                         continue;
                     }
+                    Some(control_message::Msg::FleetBreakers(view)) => {
+                        options.fleet.send_replace(fleet_view(view, &options.node_id));
+                        continue;
+                    }
                     Some(control_message::Msg::Ping(_)) | None => continue,
                 };
                 let reply = apply(state, update).await;
@@ -251,7 +264,14 @@ async fn session(
             }
             _ = flush.tick() => {
                 telemetry.refill_from_spool().await;
-                for message in outbound(telemetry, false) {
+                let mut messages = outbound(telemetry, false);
+                // Taken even with the fleet view off, so that turning it on does not send
+                // what was counted before.
+                let windows = options.breakers.window_reports();
+                if options.fleet.borrow().is_some() && !windows.is_empty() {
+                    messages.push(node_msg(node_message::Msg::Windows(window_report(windows))));
+                }
+                for message in messages {
                     if tx.send(message).await.is_err() {
                         return Err(SessionError::Closed);
                     }
@@ -474,6 +494,102 @@ fn outbound(telemetry: &Telemetry, usage: bool) -> Vec<pb::NodeMessage> {
     out
 }
 
+fn window_report(windows: Vec<(String, String, u32, u32)>) -> pb::BreakerWindows {
+    let windows = windows
+        .into_iter()
+        .map(|(provider, upstream_model, calls, failures)| pb::BreakerWindow {
+            provider,
+            upstream_model,
+            calls,
+            failures,
+        })
+        .collect();
+    pb::BreakerWindows { windows }
+}
+
+/// The proto's fleet view as the breakers take it (`None` when the fleet view is off).
+/// Times come as Unix milliseconds of the control plane's clock: `until` becomes an instant
+/// of this node's, as far ahead as it was then.
+fn fleet_view(view: pb::FleetBreakers, node_id: &str) -> Option<FleetView> {
+    if !view.enabled {
+        return None;
+    }
+    let (now_ms, now) = (switchyard_time::now_ms(), std::time::Instant::now());
+    let open = view
+        .open
+        .into_iter()
+        .map(|b| {
+            let ahead = u64::try_from(b.until_unix_ms.saturating_sub(now_ms)).unwrap_or(0);
+            let open = FleetOpen {
+                since: switchyard_time::system_time(b.since_unix_ms),
+                probing: b.prober == node_id,
+                opened_by: b.opened_by,
+                prober: b.prober,
+                until: now + Duration::from_millis(ahead),
+            };
+            ((b.provider, b.upstream_model), open)
+        })
+        .collect();
+    let closed = view
+        .closed
+        .into_iter()
+        .map(|c| (c.provider, c.upstream_model, switchyard_time::system_time(c.at_unix_ms)))
+        .collect();
+    Some(FleetView { open, closed })
+}
+
 fn node_msg(msg: node_message::Msg) -> pb::NodeMessage {
     pb::NodeMessage { msg: Some(msg) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fleet_view_names_this_node_prober_and_keeps_the_time_left_on_this_nodes_clock() {
+        let now_ms = switchyard_time::now_ms();
+        let view = pb::FleetBreakers {
+            enabled: true,
+            open: vec![
+                pb::FleetBreaker {
+                    provider: "azure-east".into(),
+                    upstream_model: "gpt-4o".into(),
+                    since_unix_ms: now_ms - 1_000,
+                    opened_by: "n2".into(),
+                    prober: "n1".into(),
+                    until_unix_ms: now_ms + 10_000,
+                    open_on: vec!["n2".into()],
+                },
+                pb::FleetBreaker {
+                    provider: "azure-west".into(),
+                    upstream_model: "gpt-4o".into(),
+                    prober: "n2".into(),
+                    // Already past on the control plane's clock: over at once here.
+                    until_unix_ms: now_ms - 5_000,
+                    ..Default::default()
+                },
+            ],
+            closed: vec![pb::FleetClosing {
+                provider: "openai".into(),
+                upstream_model: "gpt-4o".into(),
+                at_unix_ms: now_ms - 2_000,
+                closed_by: "n3".into(),
+            }],
+        };
+        let before = std::time::Instant::now();
+        let fleet = fleet_view(view.clone(), "n1").expect("on");
+        let east = &fleet.open[&("azure-east".to_owned(), "gpt-4o".to_owned())];
+        assert!(east.probing && east.prober == "n1" && east.opened_by == "n2");
+        assert_eq!(switchyard_time::unix_ms(east.since), now_ms - 1_000);
+        let left = east.until - before;
+        assert!(left > Duration::from_millis(9_000) && left < Duration::from_millis(11_000));
+        let west = &fleet.open[&("azure-west".to_owned(), "gpt-4o".to_owned())];
+        assert!(!west.probing && west.until <= std::time::Instant::now());
+        let (provider, _, at) = &fleet.closed[0];
+        assert_eq!((provider.as_str(), switchyard_time::unix_ms(*at)), ("openai", now_ms - 2_000));
+        // Another node reads the same view as not its own to probe; off is no view at all.
+        assert!(!fleet_view(view.clone(), "n3").unwrap().open.values().any(|o| o.probing));
+        assert!(fleet_view(pb::FleetBreakers { enabled: false, ..view }, "n1").is_none());
+    }
 }
