@@ -414,6 +414,7 @@ async fn seed(url: &str, count: usize, victims: usize) -> Result<Seeded> {
                 on: None,
                 degraded: None,
                 continue_streams: None,
+                session_affinity: None,
             }),
             allowed_models: vec![],
             allowed_regions: vec![],

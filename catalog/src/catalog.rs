@@ -78,6 +78,14 @@ pub struct Provider {
     /// Anthropic's `anthropic-version` header (default `2023-06-01`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_version: Option<String>,
+    /// The most requests a node has in flight to this provider, over all its deployments
+    /// (docs/catalog.md, "Upstream concurrency").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// Lower the cap when the provider answers 429 or slows, raise it again as answers come
+    /// back (AIMD), never above `max_concurrency`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adaptive: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -87,11 +95,27 @@ pub struct Model {
     /// that admits every `openai/<rest>` and sends `<rest>` upstream (docs/catalog.md,
     /// "Wildcard models").
     pub name: String,
+    /// Where the model is served, when one deployment serves it: the other form of
+    /// `deployments`. Empty on a model with `deployments`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub provider: String,
     /// The provider's name for the model. Required, except on a wildcard, which takes none:
     /// the rest of the requested name is the upstream model.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub upstream_model: String,
+    /// Several deployments serving this one model (docs/catalog.md, "Deployments"), in
+    /// place of `provider`/`upstream_model`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deployments: Vec<Deployment>,
+    /// How an attempt picks among `deployments`.
+    #[serde(default, skip_serializing_if = "Balance::is_weighted")]
+    pub balance: Balance,
+    /// A cap on requests in flight to this model's one deployment (the form with
+    /// `provider`); each of `deployments` carries its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adaptive: bool,
     /// What the model serves: chat (the default) or embeddings.
     #[serde(rename = "type", default, skip_serializing_if = "ModelType::is_chat")]
     pub model_type: ModelType,
@@ -141,6 +165,79 @@ pub struct Model {
     /// `/v1/messages` request get `thinking` as sent either way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reasoning: bool,
+}
+
+/// One deployment of a model: a provider and its name for the model (docs/catalog.md,
+/// "Deployments").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deployment {
+    pub provider: String,
+    pub upstream_model: String,
+    /// Its share of the model's requests under `balance: weighted`.
+    #[serde(default = "one", skip_serializing_if = "is_one", deserialize_with = "positive_weight")]
+    pub weight: u32,
+    /// Where it serves from, for keys' `allowed_regions`: else its provider's region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adaptive: bool,
+}
+
+impl Deployment {
+    /// How reports, metrics and the CLI name it: `<provider>/<upstream_model>`, unique within
+    /// a model (two identical deployments are refused) and the key of its breaker.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.provider, self.upstream_model)
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(w: &u32) -> bool {
+    *w == 1
+}
+
+const MUST_BE_CAP: &str = "must be at least 1 (requests in flight)";
+const MUST_BE_WEIGHT: &str = "must be a positive integer (a share of the model's requests)";
+
+/// `weight`: 0 is refused by `validate`; negatives, fractions and text here, with one message.
+fn positive_weight<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match d.deserialize_any(Positive(MUST_BE_WEIGHT))? {
+        Some(v) => u32::try_from(v).map_err(|_| serde::de::Error::custom(MUST_BE_WEIGHT)),
+        None => Err(serde::de::Error::custom(MUST_BE_WEIGHT)),
+    }
+}
+
+/// How an attempt picks one of a model's deployments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// In proportion to `weight`.
+    #[default]
+    Weighted,
+    /// The cheaper of two: a decaying average of time to first byte times requests in flight.
+    LeastLatency,
+    /// Fewest requests in flight.
+    LeastBusy,
+}
+
+impl Balance {
+    pub fn is_weighted(&self) -> bool {
+        *self == Balance::Weighted
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Weighted => "weighted",
+            Self::LeastLatency => "least_latency",
+            Self::LeastBusy => "least_busy",
+        }
+    }
 }
 
 /// What a model serves (docs/catalog.md, "`models`"): a chat surface takes only `chat`
@@ -245,6 +342,25 @@ const MUST_BE_DIMENSIONS: &str = "must be a positive integer (the length of the 
 impl Model {
     pub fn stall_timeout_ms(&self) -> u32 {
         self.stall_timeout_ms.unwrap_or(STALL_TIMEOUT_MS_DEFAULT)
+    }
+
+    /// Each deployment as a model of its own: this entry's settings with the deployment's
+    /// provider, upstream model and cap (one, itself, for the form with `provider`).
+    pub fn deployment_models(&self) -> Vec<Model> {
+        if self.deployments.is_empty() {
+            return vec![self.clone()];
+        }
+        self.deployments
+            .iter()
+            .map(|d| Model {
+                provider: d.provider.clone(),
+                upstream_model: d.upstream_model.clone(),
+                deployments: Vec::new(),
+                max_concurrency: d.max_concurrency,
+                adaptive: d.adaptive,
+                ..self.clone()
+            })
+            .collect()
     }
 
     /// Whether this entry is a wildcard (`openai/*`) rather than one model.
@@ -736,6 +852,9 @@ impl Catalog {
             {
                 errors.push(FieldError::new(format!("{path}.region"), "must not be empty"));
             }
+            if p.max_concurrency == Some(0) {
+                errors.push(FieldError::new(format!("{path}.max_concurrency"), MUST_BE_CAP));
+            }
             if p.kind == ProviderKind::AzureOpenai && p.api_version.is_none() {
                 errors.push(FieldError::new(
                     format!("{path}.api_version"),
@@ -747,11 +866,29 @@ impl Catalog {
         for (i, m) in self.models.iter().enumerate() {
             let path = format!("models[{i}]");
             name_rule(&m.name, &format!("{path}.name"), &mut seen, &mut errors);
-            if self.provider(&m.provider).is_none() {
-                errors.push(FieldError::new(
-                    format!("{path}.provider"),
-                    format!("unknown provider {:?}: not in providers", m.provider),
-                ));
+            if m.deployments.is_empty() {
+                if m.provider.is_empty() {
+                    errors.push(FieldError::new(
+                        format!("{path}.provider"),
+                        "required: the provider serving the model (or a list of deployments)",
+                    ));
+                } else if self.provider(&m.provider).is_none() {
+                    errors.push(FieldError::new(
+                        format!("{path}.provider"),
+                        format!("unknown provider {:?}: not in providers", m.provider),
+                    ));
+                }
+                if m.balance != Balance::Weighted {
+                    errors.push(FieldError::new(
+                        format!("{path}.balance"),
+                        "balances between deployments: this model has none",
+                    ));
+                }
+            } else {
+                self.validate_deployments(m, &path, &mut errors);
+            }
+            if m.max_concurrency == Some(0) {
+                errors.push(FieldError::new(format!("{path}.max_concurrency"), MUST_BE_CAP));
             }
             if let Some(why) = wildcard_rule(&m.name) {
                 errors.push(FieldError::new(format!("{path}.name"), why));
@@ -775,7 +912,7 @@ impl Catalog {
                         format!("wildcard {:?} names no upstream model to probe", m.name),
                     ));
                 }
-            } else if m.upstream_model.trim().is_empty() {
+            } else if m.upstream_model.trim().is_empty() && m.deployments.is_empty() {
                 errors.push(FieldError::new(
                     format!("{path}.upstream_model"),
                     "required: the provider's name for the model (only a wildcard leaves it out)",
@@ -804,7 +941,9 @@ impl Catalog {
             }
             // Anthropic's API has no embeddings: such a model could never serve.
             if m.model_type == ModelType::Embedding
-                && self.provider(&m.provider).is_some_and(|p| p.kind == ProviderKind::Anthropic)
+                && m.deployment_models().iter().any(|d| {
+                    self.provider(&d.provider).is_some_and(|p| p.kind == ProviderKind::Anthropic)
+                })
             {
                 errors.push(FieldError::new(
                     format!("{path}.type"),
@@ -907,6 +1046,72 @@ impl Catalog {
             }
         }
         if errors.is_empty() { Ok(()) } else { Err(ValidationErrors(errors)) }
+    }
+
+    /// `deployments` of model `m` at `path`: the rules of each, and of the list.
+    fn validate_deployments(&self, m: &Model, path: &str, errors: &mut Vec<FieldError>) {
+        if !m.provider.is_empty() || !m.upstream_model.is_empty() {
+            let field = if m.provider.is_empty() { "upstream_model" } else { "provider" };
+            errors.push(FieldError::new(
+                format!("{path}.{field}"),
+                format!(
+                    "model {:?} has deployments: name its provider and upstream_model in each \
+                     deployment, not on the model",
+                    m.name
+                ),
+            ));
+        }
+        if m.is_wildcard() {
+            errors.push(FieldError::new(
+                format!("{path}.deployments"),
+                format!("wildcard {:?} is served by its provider alone: no deployments", m.name),
+            ));
+        }
+        if m.max_concurrency.is_some() || m.adaptive {
+            errors.push(FieldError::new(
+                format!("{path}.max_concurrency"),
+                "a model with deployments caps each deployment: set max_concurrency there",
+            ));
+        }
+        for (j, d) in m.deployments.iter().enumerate() {
+            let path = format!("{path}.deployments[{j}]");
+            if self.provider(&d.provider).is_none() {
+                errors.push(FieldError::new(
+                    format!("{path}.provider"),
+                    format!("unknown provider {:?}: not in providers", d.provider),
+                ));
+            }
+            if d.upstream_model.trim().is_empty() {
+                errors.push(FieldError::new(
+                    format!("{path}.upstream_model"),
+                    "required: the provider's name for the model",
+                ));
+            }
+            if d.weight == 0 {
+                errors.push(FieldError::new(format!("{path}.weight"), MUST_BE_WEIGHT));
+            }
+            if d.max_concurrency == Some(0) {
+                errors.push(FieldError::new(format!("{path}.max_concurrency"), MUST_BE_CAP));
+            }
+            if let Some(region) = &d.region
+                && region.trim().is_empty()
+            {
+                errors.push(FieldError::new(format!("{path}.region"), "must not be empty"));
+            }
+            if let Some(first) = m.deployments[..j]
+                .iter()
+                .position(|e| e.provider == d.provider && e.upstream_model == d.upstream_model)
+            {
+                errors.push(FieldError::new(
+                    path.clone(),
+                    format!(
+                        "the same deployment as deployments[{first}] ({}): each deployment is \
+                         one provider's upstream model, listed once",
+                        d.id()
+                    ),
+                ));
+            }
+        }
     }
 
     /// What applying `new` over `self` changes, one line per resource, in a stable order:
@@ -1065,6 +1270,86 @@ mod tests {
         c.models[0].provider = "nope".into();
         let err = c.validate().unwrap_err();
         assert_eq!(err.0[0].path, "models[0].provider");
+    }
+
+    fn with_deployments(model: serde_json::Value) -> Result<Catalog, String> {
+        let c: Catalog = serde_json::from_value(serde_json::json!({
+            "providers": [
+                {"name": "east", "kind": "openai", "base_url": "https://east.example/v1", "region": "eu"},
+                {"name": "west", "kind": "openai", "base_url": "https://west.example/v1",
+                 "max_concurrency": 10, "adaptive": true}
+            ],
+            "models": [model]
+        }))
+        .map_err(|e| e.to_string())?;
+        c.validate().map(|()| c).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_model_with_deployments_is_one_model_per_deployment_underneath() {
+        let c = with_deployments(serde_json::json!({
+            "name": "gpt", "balance": "least_latency",
+            "deployments": [
+                {"provider": "east", "upstream_model": "gpt-4o", "weight": 3, "region": "eu-west"},
+                {"provider": "west", "upstream_model": "gpt-4o", "max_concurrency": 4, "adaptive": true}
+            ]
+        }))
+        .unwrap();
+        let m = &c.models[0];
+        assert_eq!(m.balance, Balance::LeastLatency);
+        assert_eq!(m.deployments[1].weight, 1, "weight defaults to 1");
+        assert_eq!(m.deployments[0].id(), "east/gpt-4o");
+        let each = m.deployment_models();
+        assert_eq!((each[1].provider.as_str(), each[1].max_concurrency), ("west", Some(4)));
+        assert!(each.iter().all(|d| d.name == "gpt" && d.deployments.is_empty()));
+        // Written back as it was read.
+        let again: Catalog = serde_json::from_value(serde_json::to_value(&c).unwrap()).unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn bad_deployments_are_refused_naming_the_path() {
+        let two = |a: serde_json::Value, b: serde_json::Value| serde_json::json!({"name": "gpt", "deployments": [a, b]});
+        let dep = |p: &str, w: serde_json::Value| serde_json::json!({"provider": p, "upstream_model": "gpt-4o", "weight": w});
+        let cases = [
+            (two(dep("east", 0.into()), dep("west", 1.into())), "models[0].deployments[0].weight"),
+            (
+                two(dep("east", (-2).into()), dep("west", 1.into())),
+                "must be a positive integer (a share",
+            ),
+            (
+                two(dep("east", 1.5.into()), dep("west", 1.into())),
+                "must be a positive integer (a share",
+            ),
+            (
+                two(dep("east", 1.into()), dep("nope", 1.into())),
+                "models[0].deployments[1].provider: unknown provider",
+            ),
+            (
+                two(dep("east", 1.into()), dep("east", 2.into())),
+                "models[0].deployments[1]: the same deployment as deployments[0]",
+            ),
+            (
+                serde_json::json!({"name": "gpt", "balance": "random", "deployments": [dep("east", 1.into())]}),
+                "unknown variant `random`",
+            ),
+            (
+                serde_json::json!({"name": "gpt", "provider": "east", "deployments": [dep("east", 1.into())]}),
+                "models[0].provider: model \"gpt\" has deployments",
+            ),
+            (
+                serde_json::json!({"name": "gpt", "deployments": [{"provider": "east", "upstream_model": "x", "max_concurrency": 0}]}),
+                "models[0].deployments[0].max_concurrency: must be at least 1",
+            ),
+            (serde_json::json!({"name": "gpt", "deployments": []}), "models[0].provider: required"),
+        ];
+        for (model, expected) in cases {
+            let err = with_deployments(model.clone()).unwrap_err();
+            assert!(err.contains(expected), "{model}: {err}");
+        }
+        let mut c = sample();
+        c.providers[0].max_concurrency = Some(0);
+        assert_eq!(c.validate().unwrap_err().0[0].path, "providers[0].max_concurrency");
     }
 
     #[test]

@@ -167,6 +167,21 @@ models:
     }
 
     #[test]
+    fn a_bad_weight_or_balance_is_named_by_its_yaml_path() {
+        let deployments = |extra: &str| {
+            VALID.replace(
+                "    provider: openai\n    upstream_model: gpt-5-nano\n",
+                &format!("{extra}    deployments:\n      - {{provider: openai, upstream_model: a, weight: -1}}\n"),
+            )
+        };
+        let balance = parse_err(&deployments("    balance: fastest\n"));
+        assert_eq!(balance.path, "models[0].balance", "{balance}");
+        let weight = parse_err(&deployments(""));
+        assert_eq!(weight.path, "models[0].deployments[0].weight", "{weight}");
+        assert!(weight.message.contains("must be a positive integer"), "{weight}");
+    }
+
+    #[test]
     fn every_validation_error_is_listed() {
         let text = format!("{VALID}breaker_policy:\n  window_size: 0\nwebhooks:\n  - name: w\n    url: ftp://x\n    events: [nope]\n")
             .replace("provider: openai", "provider: nope");

@@ -114,6 +114,10 @@ pub struct FailoverDefaults {
     /// "Streaming"); `None`: on. A request's `redundancy.continue_streams` replaces it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continue_streams: Option<bool>,
+    /// Send a request that names a session to the session's deployment (docs/catalog.md,
+    /// "Session affinity"); `None`: on. A request's `redundancy.session_affinity` replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity: Option<bool>,
 }
 
 /// The most bytes a degraded answer's message may hold.
@@ -216,6 +220,7 @@ impl FailoverDefaults {
                     on,
                     degraded: self.degraded,
                     continue_streams: self.continue_streams,
+                    session_affinity: self.session_affinity,
                 },
                 warnings,
             ))
@@ -469,6 +474,7 @@ mod tests {
             on: None,
             degraded: None,
             continue_streams: None,
+            session_affinity: None,
         };
         let (saved, warnings) = d.normalize(known).unwrap();
         assert_eq!(saved.timeout_ms, Some(300_000));

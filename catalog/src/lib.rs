@@ -16,8 +16,8 @@ pub mod keys;
 pub mod wildcard;
 
 pub use catalog::{
-    BreakerOverride, BreakerPolicy, Catalog, Model, ModelType, Price, ProbeOverride, ProbePolicy,
-    Provider, ProviderKind, RetryOverride, RetryPolicy, Webhook,
+    Balance, BreakerOverride, BreakerPolicy, Catalog, Deployment, Model, ModelType, Price,
+    ProbeOverride, ProbePolicy, Provider, ProviderKind, RetryOverride, RetryPolicy, Webhook,
 };
 pub use credential::CredentialRef;
 pub use error::{FieldError, ValidationErrors};

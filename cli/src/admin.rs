@@ -438,6 +438,11 @@ pub struct ChainOptions {
     /// instead of continuing the answer with a model that can (the default).
     #[arg(long)]
     pub no_continue_streams: bool,
+    /// Balance requests that name a session (x-session-affinity, Claude Code's and Codex's
+    /// session headers) like any other, instead of keeping each session on one deployment
+    /// (the default).
+    #[arg(long)]
+    pub no_session_affinity: bool,
 }
 
 impl ChainOptions {
@@ -446,6 +451,7 @@ impl ChainOptions {
             || self.first_token_timeout_ms.is_some()
             || self.on.is_some()
             || self.no_continue_streams
+            || self.no_session_affinity
     }
 
     fn defaults(&self, models: Vec<String>) -> pb::FailoverDefaults {
@@ -456,6 +462,7 @@ impl ChainOptions {
             on: self.on.iter().flatten().map(|r| r.as_str().to_owned()).collect(),
             degraded: None,
             continue_streams: self.no_continue_streams.then_some(false),
+            session_affinity: self.no_session_affinity.then_some(false),
         }
     }
 }
@@ -930,6 +937,7 @@ pub async fn keys(args: KeysArgs) -> Result<(), CliError> {
                     defaults.on = given.on;
                 }
                 defaults.continue_streams = given.continue_streams.or(defaults.continue_streams);
+                defaults.session_affinity = given.session_affinity.or(defaults.session_affinity);
                 defaults.degraded = degraded;
                 Some(defaults)
             } else {

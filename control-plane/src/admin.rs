@@ -1342,6 +1342,7 @@ fn defaults_from_pb(d: pb::FailoverDefaults) -> Result<FailoverDefaults, Validat
             .degraded
             .map(|d| Degraded { message: d.message, when_all_open: d.when_all_open }),
         continue_streams: d.continue_streams,
+        session_affinity: d.session_affinity,
     })
 }
 
@@ -1363,6 +1364,7 @@ pub fn key_to_pb(r: &ApiKeyRecord) -> pb::ApiKey {
                 when_all_open: d.when_all_open,
             }),
             continue_streams: d.continue_streams,
+            session_affinity: d.session_affinity,
         }),
         allowed_models: r.allowed_models.clone(),
         allowed_regions: r.allowed_regions.clone(),

@@ -158,6 +158,12 @@ pub struct AuditAttempt {
     /// Extra calls to the same model inside the attempt; left out of the record when 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retries: u32,
+    /// The deployment tried, for a model with `deployments`; left out when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub deployment: String,
+    /// Turned away by the node's cap on requests in flight, without an upstream call.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub local_limit: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -185,6 +191,8 @@ impl AuditEvent {
                     probe: a.probe,
                     injected: a.injected,
                     retries: a.retries,
+                    deployment: a.deployment,
+                    local_limit: a.local_limit,
                 })
                 .collect(),
             stream: e.stream,
@@ -227,6 +235,8 @@ impl AuditEvent {
                     probe: a.probe,
                     injected: a.injected.clone(),
                     retries: a.retries,
+                    deployment: a.deployment.clone(),
+                    local_limit: a.local_limit,
                 })
                 .collect(),
             stream: self.stream,
@@ -663,6 +673,8 @@ mod tests {
                 probe: false,
                 injected: "drill-1".into(),
                 retries: 2,
+                deployment: "p/up".into(),
+                local_limit: true,
             }],
             stream: true,
             status: 200,
@@ -690,6 +702,8 @@ mod tests {
             probe: false,
             injected: injected.into(),
             retries: u32::from(!injected.is_empty()),
+            deployment: String::new(),
+            local_limit: false,
         };
         let event = AuditEvent {
             id: "ev1".into(),

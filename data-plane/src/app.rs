@@ -45,6 +45,9 @@ pub fn raw(value: &impl serde::Serialize) -> Option<Box<RawValue>> {
 
 pub const SERVED_MODEL: HeaderName = HeaderName::from_static("x-served-model");
 pub const REQUESTED_MODEL: HeaderName = HeaderName::from_static("x-requested-model");
+/// The deployment that served, on an answer of a model with `deployments` (docs/catalog.md,
+/// "Deployments").
+pub const SERVED_DEPLOYMENT: HeaderName = HeaderName::from_static("x-served-deployment");
 
 /// `x-served-model` and `x-requested-model` (docs/http-api.md, "Response headers"), on every
 /// stream and on a plain answer of a chain of more than one model; a name that is not a

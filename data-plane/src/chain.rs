@@ -14,6 +14,7 @@ use switchyard_catalog::{
 
 use crate::chaos;
 use crate::config::NodeConfig;
+use crate::deployment::Pool;
 use crate::error::ApiError;
 use crate::keys::Key;
 use crate::providers::CallError;
@@ -36,6 +37,56 @@ pub struct Entry {
     /// The injected faults that match this entry's calls (its model or provider, and the
     /// request's key); empty unless a drill is on.
     pub faults: Vec<std::sync::Arc<Fault>>,
+    /// A model with `deployments`: which of them this request may use, each with its own
+    /// body and faults (`body` and `faults` above are then unused).
+    pub deployments: Option<Deployments>,
+}
+
+/// The deployments of an entry's model that a request may use.
+#[derive(Clone, Debug)]
+pub struct Deployments {
+    pub pool: Arc<Pool>,
+    /// As a bit set over `pool.members`: the key's regions allow them and their provider
+    /// can take the request.
+    pub allowed: u64,
+    /// By member: the upstream body of a translating adapter, and the injected faults.
+    pub bodies: Box<[Option<Bytes>]>,
+    pub faults: Box<[Vec<Arc<Fault>>]>,
+}
+
+/// What one try of an attempt calls: the entry's model, or one of its deployments.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    pub model: &'a Arc<Model>,
+    pub body: Option<&'a Bytes>,
+    pub faults: &'a [Arc<Fault>],
+    /// The deployment's id, for a model with `deployments`.
+    pub deployment: Option<&'a Arc<str>>,
+}
+
+impl Entry {
+    /// The entry's one target, for a model without `deployments`.
+    pub fn target(&self) -> Target<'_> {
+        Target {
+            model: &self.model,
+            body: self.body.as_ref(),
+            faults: &self.faults,
+            deployment: None,
+        }
+    }
+}
+
+impl Deployments {
+    /// Member `i` as a target.
+    pub fn target(&self, i: usize) -> Target<'_> {
+        let member = &self.pool.members[i];
+        Target {
+            model: &member.model,
+            body: self.bodies[i].as_ref(),
+            faults: &self.faults[i],
+            deployment: Some(&member.id),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -54,6 +105,10 @@ pub struct Chain {
     /// Continue a committed stream that breaks (docs/http-api.md, "Streaming"): the
     /// request's `redundancy.continue_streams`, else the key's, else on.
     pub continue_streams: bool,
+    /// The session the request names, when affinity is on for it (docs/catalog.md, "Session
+    /// affinity"): it picks among a model's deployments. Set by the HTTP layer, which has
+    /// the headers.
+    pub session: Option<Box<str>>,
 }
 
 impl Chain {
@@ -121,41 +176,48 @@ pub fn resolve(
     let mut entries = Vec::with_capacity(distinct.len());
     for s in distinct {
         let model = lookup(config, &s.model, &s.param)?;
-        check_policy(key, config, &model, &s.model, &s.param)?;
+        let pool = match model.deployments.is_empty() {
+            true => None,
+            false => config.pools.get(&model.name),
+        };
+        check_policy(key, config, &model, pool.map(|p| &**p), &s.model, &s.param)?;
         check_type(request, config, &model, &s, entries.first())?;
+        let timeout = s
+            .timeout_ms
+            .or(chain_timeout)
+            .map_or(DEFAULT_TIMEOUT, |ms| Duration::from_millis(ms.into()));
+        let first_token_timeout = s
+            .first_token_timeout_ms
+            .or(chain_first_token)
+            .map_or(DEFAULT_FIRST_TOKEN_TIMEOUT, |ms| Duration::from_millis(ms.into()));
+        if let Some(pool) = pool {
+            let deployments = deployments(request, key, config, pool, &s)?;
+            entries.push(Entry {
+                body: None,
+                faults: Vec::new(),
+                timeout,
+                first_token_timeout,
+                model,
+                deployments: Some(deployments),
+            });
+            continue;
+        }
         // A provider that cannot honour the request (a strict schema it has no mechanism
         // for) is refused here, before any upstream call, rather than silently ignored: its
         // translation fails, and the body translated here is the one every attempt sends.
-        let body = match config.providers.get(&model.provider) {
-            Some(provider) if provider.translates() => match provider.body(&model, request) {
-                Ok(body) => Some(body),
-                Err(CallError::Unsupported { message, .. }) => {
-                    return Err(ApiError::invalid(
-                        s.param.clone(),
-                        format!("The model `{}` cannot serve this request: {message}", model.name),
-                    ));
-                }
-                // A bug of ours, not the client's: the attempt meets it again and the
-                // failure classifier fails over to the next model.
-                Err(e) => {
-                    tracing::error!(model = %model.name, error = %e, "translating a request failed");
-                    None
-                }
-            },
-            _ => None,
-        };
+        let body = translate(request, config, &model).map_err(|message| {
+            ApiError::invalid(
+                s.param.clone(),
+                format!("The model `{}` cannot serve this request: {message}", model.name),
+            )
+        })?;
         entries.push(Entry {
             body,
             faults: chaos::matching(&config.faults, &model.name, &model.provider, &key.id),
-            timeout: s
-                .timeout_ms
-                .or(chain_timeout)
-                .map_or(DEFAULT_TIMEOUT, |ms| Duration::from_millis(ms.into())),
-            first_token_timeout: s
-                .first_token_timeout_ms
-                .or(chain_first_token)
-                .map_or(DEFAULT_FIRST_TOKEN_TIMEOUT, |ms| Duration::from_millis(ms.into())),
+            timeout,
+            first_token_timeout,
             model,
+            deployments: None,
         });
     }
     let on = request
@@ -188,7 +250,90 @@ pub fn resolve(
         .continue_streams
         .or_else(|| defaults.and_then(|d| d.continue_streams))
         .unwrap_or(true);
-    Ok(Chain { entries, on, deadline, degraded, output, continue_streams })
+    Ok(Chain { entries, on, deadline, degraded, output, continue_streams, session: None })
+}
+
+/// The upstream body for `model`, when its adapter translates: translated here, once, so a
+/// request the provider cannot take is refused (`Err` says why) before any call.
+fn translate(
+    request: &ChatRequest<'_>,
+    config: &NodeConfig,
+    model: &Model,
+) -> Result<Option<Bytes>, String> {
+    match config.providers.get(&model.provider) {
+        Some(provider) if provider.translates() => match provider.body(model, request) {
+            Ok(body) => Ok(Some(body)),
+            Err(CallError::Unsupported { message, .. }) => Err(message),
+            // A bug of ours, not the client's: the attempt meets it again and the failure
+            // classifier fails over to the next model.
+            Err(e) => {
+                tracing::error!(model = %model.name, error = %e, "translating a request failed");
+                Ok(None)
+            }
+        },
+        _ => Ok(None),
+    }
+}
+
+/// The deployments of `pool` this request may use: those in the key's regions whose
+/// provider can take the request, each with its body and faults. None left is the client's
+/// error, named as a model that cannot serve is.
+fn deployments(
+    request: &ChatRequest<'_>,
+    key: &Key,
+    config: &NodeConfig,
+    pool: &Arc<Pool>,
+    spec: &EntrySpec,
+) -> Result<Deployments, ApiError> {
+    let regions = &key.settings.allowed_regions;
+    let mut allowed = 0u64;
+    let mut bodies = Vec::with_capacity(pool.members.len());
+    let mut faults = Vec::with_capacity(pool.members.len());
+    let mut refusal = None;
+    for (i, member) in pool.members.iter().enumerate() {
+        let in_region = regions.is_empty()
+            || member.region.as_ref().is_some_and(|r| regions.iter().any(|a| a == r));
+        let body = if in_region { translate(request, config, &member.model) } else { Ok(None) };
+        match body {
+            Ok(body) if in_region => {
+                allowed |= 1 << i;
+                bodies.push(body);
+            }
+            Ok(_) => bodies.push(None),
+            Err(message) => {
+                refusal.get_or_insert(message);
+                bodies.push(None);
+            }
+        }
+        faults.push(chaos::matching(
+            &config.faults,
+            &member.model.name,
+            &member.model.provider,
+            &key.id,
+        ));
+    }
+    if allowed == 0 {
+        let name = &spec.model;
+        return Err(match refusal {
+            Some(message) => ApiError::invalid(
+                spec.param.clone(),
+                format!("The model `{name}` cannot serve this request: {message}"),
+            ),
+            None => ApiError::ModelNotAllowed {
+                message: format!(
+                    "The model `{name}` has no deployment in this API key's allowed regions ({}).",
+                    regions.join(", ")
+                ),
+                param: spec.param.clone(),
+            },
+        });
+    }
+    Ok(Deployments {
+        pool: Arc::clone(pool),
+        allowed,
+        bodies: bodies.into(),
+        faults: faults.into(),
+    })
 }
 
 fn spec(model: &str, param: &str) -> EntrySpec {
@@ -311,6 +456,7 @@ fn check_policy(
     key: &Key,
     config: &NodeConfig,
     model: &Model,
+    pool: Option<&Pool>,
     requested: &str,
     param: &str,
 ) -> Result<(), ApiError> {
@@ -321,7 +467,8 @@ fn check_policy(
             param: param.to_owned(),
         });
     }
-    if !settings.allowed_regions.is_empty() {
+    // A pool's regions are checked per deployment (`deployments`).
+    if !settings.allowed_regions.is_empty() && pool.is_none() {
         let region = config.catalog.provider(&model.provider).and_then(|p| p.region.as_deref());
         if !region.is_some_and(|r| settings.allowed_regions.iter().any(|a| a == r)) {
             return Err(ApiError::ModelNotAllowed {

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use switchyard_catalog::{Catalog, Fault, Model};
 
+use crate::deployment::Pool;
 use crate::keys::{Key, KeyParser};
 use crate::providers::ProviderRuntime;
 use crate::retry;
@@ -38,6 +39,10 @@ pub struct NodeConfig {
     pub keys_by_hash: ShardedMap<[u8; 32], Arc<Key>>,
     /// The catalog's models by gateway name; wildcards are in `wildcards`, not here.
     pub models: HashMap<String, Arc<Model>>,
+    /// The deployments of the catalog's models that have several (`deployments`), by gateway
+    /// name. Such a model's entry in `models` is its first deployment, with `deployments`
+    /// kept to say it has a pool here.
+    pub pools: HashMap<String, Arc<Pool>>,
     /// The catalog's wildcard models (`openai/*`), the longest prefix first: the first that
     /// a name falls under is the one that serves it (docs/catalog.md, "Wildcard models").
     pub wildcards: Arc<[Arc<Model>]>,
@@ -59,6 +64,17 @@ pub struct NodeConfig {
     /// Active keys with limits: while there are any, the node reports its limit windows
     /// (kept as a count so a key change costs O(1), not a scan of every key).
     pub limited_keys: usize,
+}
+
+/// A model as `models` holds it: itself, or for one with `deployments` its first deployment
+/// (what code that knows no pools — a stream's continuation, a probe's default — calls).
+fn base(m: &Model) -> Model {
+    match m.deployment_models().into_iter().next() {
+        Some(first) if !m.deployments.is_empty() => {
+            Model { deployments: m.deployments.clone(), ..first }
+        }
+        _ => m.clone(),
+    }
 }
 
 /// A change to apply: a full snapshot replaces everything, an update patches.
@@ -226,7 +242,12 @@ impl NodeConfig {
     fn set_catalog(&mut self, catalog: Catalog) {
         let (wildcards, models): (Vec<&Model>, Vec<&Model>) =
             catalog.models.iter().partition(|m| m.is_wildcard());
-        self.models = models.into_iter().map(|m| (m.name.clone(), Arc::new(m.clone()))).collect();
+        self.models = models.into_iter().map(|m| (m.name.clone(), Arc::new(base(m)))).collect();
+        self.pools = catalog
+            .models
+            .iter()
+            .filter_map(|m| Some((m.name.clone(), Arc::new(Pool::of(&catalog, m)?))))
+            .collect();
         let mut wildcards: Vec<Arc<Model>> =
             wildcards.into_iter().map(|m| Arc::new(m.clone())).collect();
         wildcards.sort_by_key(|m| std::cmp::Reverse(m.name.len()));

@@ -346,6 +346,8 @@ mod tests {
             retries: 0,
             probe: false,
             injected: None,
+            deployment: None,
+            local_limit: false,
         };
         ApiError::AllFailed { status, message: "m".into(), attempts: Some(vec![attempt]), retry_at }
     }

@@ -15,13 +15,15 @@ use switchyard_proto::node::v1 as pb;
 use crate::breaker::{
     Admission, Breakers, LastProbe, Outcome, Permit, Snapshot, State, Transition,
 };
-use crate::chain::{Chain, Entry};
+use crate::chain::{Chain, Deployments, Entry, Target};
 use crate::chaos::Injector;
 use crate::config::NodeConfig;
+use crate::deployment::{Answered, Cap, Full, Loads, Slot};
 use crate::error::ApiError;
 use crate::failure::{self, Code, Failure, Verdict};
 use crate::metrics::{
-    BreakerLabels, InjectedLabels, Metrics, ProviderModelLabels, RetryLabels, TransitionLabels,
+    BreakerLabels, DeploymentAttemptLabels, InjectedLabels, Metrics, ProviderModelLabels,
+    RetryLabels, TransitionLabels,
 };
 use crate::otel;
 use crate::providers::{
@@ -41,7 +43,10 @@ pub const FAIR_MINIMUM: Duration = Duration::from_millis(1000);
 
 pub struct Served {
     pub output: Output,
+    /// The model as the serving deployment serves it (its provider and upstream model).
     pub model: Arc<Model>,
+    /// The serving deployment, for a model with `deployments`.
+    pub deployment: Option<Arc<str>>,
     pub attempts: Vec<AttemptReport>,
 }
 
@@ -65,6 +70,8 @@ pub struct CommittedStream {
     pub timeout: Duration,
     /// The model's `stall_timeout_ms`: the longest gap allowed between two chunks.
     pub stall: Duration,
+    /// The request counted in flight at its deployment and provider while the stream lasts.
+    pub slot: Option<Slot>,
 }
 
 pub struct Failed {
@@ -78,6 +85,8 @@ pub struct Failed {
 /// What is shared by every request of a node.
 pub struct Executor {
     pub breakers: Breakers,
+    /// Requests in flight per deployment and provider, and their caps.
+    pub loads: Loads,
     pub telemetry: Arc<Telemetry>,
     pub metrics: Arc<Metrics>,
 }
@@ -108,19 +117,40 @@ enum Next {
     Stop,
 }
 
+/// A line of the report for a model not called.
+fn skipped(model: &Model, reason: AttemptReason) -> AttemptReport {
+    AttemptReport {
+        model: model.name.clone(),
+        status: AttemptStatus::Skipped,
+        reason: Some(reason),
+        latency_ms: 0,
+        retries: 0,
+        probe: false,
+        injected: None,
+        deployment: None,
+        local_limit: false,
+    }
+}
+
 impl Tally {
-    /// Takes in how `entry`'s attempt went (`attempts` go with the answer, when there is one).
+    /// Takes in how the attempt on `target` went (`attempts` go with the answer, when there
+    /// is one).
     fn after(
         &mut self,
         chain: &Chain,
-        entry: &Entry,
+        target: Target<'_>,
         result: AttemptResult,
         attempts: &mut Vec<AttemptReport>,
     ) -> Next {
         match result {
             AttemptResult::Served(output) => {
                 let attempts = std::mem::take(attempts);
-                Next::Answer(Ok(Served { output, model: Arc::clone(&entry.model), attempts }))
+                Next::Answer(Ok(Served {
+                    output,
+                    model: Arc::clone(target.model),
+                    deployment: target.deployment.cloned(),
+                    attempts,
+                }))
             }
             AttemptResult::ClientError(status, error) => {
                 Next::Answer(Err(client_error(chain, status, error, std::mem::take(attempts))))
@@ -142,7 +172,24 @@ enum AttemptResult {
     ClientError(StatusCode, UpstreamError),
 }
 
+/// Where a chain goes after the attempt on a model with `deployments`.
+enum Step {
+    Next(Next),
+    /// No deployment admitted a call (every breaker open): skipped, with when the first is
+    /// due for a probe (if a prober does not own it).
+    Skipped(Option<Instant>),
+}
+
 impl Executor {
+    pub fn new(telemetry: Arc<Telemetry>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            breakers: Breakers::new(),
+            loads: Loads::new(Arc::clone(&metrics)),
+            telemetry,
+            metrics,
+        }
+    }
+
     /// `request_id` goes upstream with every call (docs/http-api.md, "Response headers").
     pub async fn run(
         &self,
@@ -172,6 +219,41 @@ impl Executor {
                 continue;
             }
             let Some(timeout) = budget(chain, entry, started) else { break };
+            if let Some(deployments) = &entry.deployments {
+                let step = self
+                    .deployments(
+                        chain,
+                        i,
+                        entry,
+                        deployments,
+                        timeout,
+                        request,
+                        config,
+                        request_id,
+                        &mut tally,
+                        &mut attempts,
+                    )
+                    .await;
+                let next = match step {
+                    Step::Next(next) => next,
+                    Step::Skipped(ready_at) => {
+                        if let Some(ready_at) = ready_at {
+                            skipped.push((i, ready_at));
+                        }
+                        continue;
+                    }
+                };
+                tried = true;
+                match next {
+                    Next::Answer(answer) => return answer,
+                    Next::Stop => break,
+                    Next::GoOn(FailoverReason::ContextLength) => {
+                        too_long_for = entry.model.context_window;
+                    }
+                    Next::GoOn(_) => {}
+                }
+                continue;
+            }
             let breaker = self.breaker(config, &entry.model);
             let (admission, transition) = breaker.try_acquire(Instant::now());
             self.report_transition(transition);
@@ -183,32 +265,36 @@ impl Executor {
                     if !probed {
                         skipped.push((i, ready_at));
                     }
-                    self.metrics.model(&entry.model.name).attempt("skipped", "circuit_open").inc();
-                    attempts.push(AttemptReport {
-                        model: entry.model.name.clone(),
-                        status: AttemptStatus::Skipped,
-                        reason: Some(AttemptReason::CircuitOpen),
-                        latency_ms: 0,
-                        retries: 0,
-                        probe: false,
-                        injected: None,
-                    });
+                    self.skip_open(&entry.model, &mut attempts);
                     continue;
                 }
             };
             tried = true;
+            let target = entry.target();
+            let slot = match self.slot(config, target, None) {
+                Ok(slot) => slot,
+                Err(full) => {
+                    drop(permit);
+                    match self.turned_away(chain, target, full, &mut tally, &mut attempts) {
+                        Next::Stop => break,
+                        _ => continue,
+                    }
+                }
+            };
             let result = self.attempt(
                 chain,
                 i,
                 entry,
+                target,
                 timeout,
                 permit,
+                slot,
                 request,
                 config,
                 request_id,
                 &mut attempts,
             );
-            match tally.after(chain, entry, result.await, &mut attempts) {
+            match tally.after(chain, target, result.await, &mut attempts) {
                 Next::Answer(answer) => return answer,
                 Next::Stop => break,
                 Next::GoOn(FailoverReason::ContextLength) => {
@@ -248,19 +334,30 @@ impl Executor {
         for (i, _) in skipped {
             let entry = &chain.entries[i];
             let Some(timeout) = budget(chain, entry, started) else { break };
-            let breaker = self.breaker(config, &entry.model);
+            // A model with deployments is forced on its first one its key may use.
+            let target = match &entry.deployments {
+                Some(d) => d.target(d.allowed.trailing_zeros() as usize),
+                None => entry.target(),
+            };
+            let breaker = self.breaker(config, target.model);
             let Some((permit, transition)) = breaker.force_probe(Instant::now()) else {
                 continue;
             };
             self.report_transition(transition);
             let mut probe_report = Vec::with_capacity(1);
+            let slot = match self.slot(config, target, entry.deployments.as_ref()) {
+                Ok(slot) => slot,
+                Err(_full) => continue,
+            };
             let result = self
                 .attempt(
                     chain,
                     i,
                     entry,
+                    target,
                     timeout,
                     permit,
+                    slot,
                     request,
                     config,
                     request_id,
@@ -269,9 +366,17 @@ impl Executor {
                 .await;
             if let Some(mut report) = probe_report.pop() {
                 report.probe = true;
-                attempts[i] = report;
+                // The skipped line of this entry: entries with deployments push one line
+                // per deployment tried, so it is looked up by model rather than position.
+                let skipped = attempts
+                    .iter()
+                    .position(|a| a.model == report.model && a.status == AttemptStatus::Skipped);
+                match skipped {
+                    Some(at) => attempts[at] = report,
+                    None => attempts.push(report),
+                }
             }
-            match tally.after(chain, entry, result, &mut attempts) {
+            match tally.after(chain, target, result, &mut attempts) {
                 Next::Answer(answer) => return answer,
                 Next::Stop => break,
                 Next::GoOn(_) => {}
@@ -304,14 +409,16 @@ impl Executor {
         chain: &Chain,
         index: usize,
         entry: &Entry,
+        target: Target<'_>,
         timeout: Duration,
         permit: Permit,
+        mut slot: Option<Slot>,
         request: &ChatRequest<'_>,
         config: &NodeConfig,
         request_id: &HeaderValue,
         attempts: &mut Vec<AttemptReport>,
     ) -> AttemptResult {
-        let model = &entry.model;
+        let model = target.model;
         let span = debug_span!("attempt", model = %model.name, provider = %model.provider);
         let started = Instant::now();
         let deadline = started + timeout;
@@ -327,7 +434,7 @@ impl Executor {
         let mut retries = 0;
         // One per attempt: every call of the attempt (retries too) draws its own fault, and
         // the attempt reports the first one that touched it.
-        let mut injector = Injector::new(&entry.faults);
+        let mut injector = Injector::new(target.faults);
         loop {
             let output = chain.output.as_deref();
             // With OpenTelemetry on, each call is a CLIENT span of its own, current while the
@@ -339,9 +446,10 @@ impl Executor {
                 retries,
             );
             let drawn = injector.injected().len();
+            let called_at = Instant::now();
             let call = self
                 .call(
-                    entry,
+                    target,
                     timeout,
                     deadline,
                     first_token,
@@ -358,6 +466,9 @@ impl Executor {
                 Some(cx) => call.with_context(cx.clone()).await,
                 None => call.await,
             };
+            if let (Some(slot), Ok(_)) = (&slot, &called) {
+                slot.answered(Answered::Ok(called_at.elapsed()), Instant::now());
+            }
             let call_span = call_cx.as_ref();
             if let Some(fault) = injector.injected().get(drawn) {
                 otel::injected(call_span, &fault.name);
@@ -367,7 +478,7 @@ impl Executor {
                     otel::call_answered(call_span, Some(&completion));
                     self.report_transition(permit.record(Outcome::Success, Instant::now()));
                     self.finish_attempt(
-                        model,
+                        target,
                         started,
                         AttemptStatus::Served,
                         None,
@@ -380,10 +491,18 @@ impl Executor {
                 Ok(Called::Stream(buffered, upstream)) => {
                     otel::call_answered(call_span, None);
                     let stall = Duration::from_millis(model.stall_timeout_ms().into());
-                    let stream =
-                        CommittedStream { buffered, upstream, permit, deadline, timeout, stall };
+                    let slot = slot.take();
+                    let stream = CommittedStream {
+                        buffered,
+                        upstream,
+                        permit,
+                        deadline,
+                        timeout,
+                        stall,
+                        slot,
+                    };
                     self.finish_attempt(
-                        model,
+                        target,
                         started,
                         AttemptStatus::Served,
                         None,
@@ -405,6 +524,13 @@ impl Executor {
             let (outcome, result, failed) = match failure::classify(failure) {
                 Verdict::Failover { reason, breaker, code } => {
                     otel::call_failed(call_span, reason.as_str(), true);
+                    if let Some(slot) = &slot {
+                        let answered = match reason {
+                            FailoverReason::RateLimit => Answered::RateLimited,
+                            _ => Answered::Other,
+                        };
+                        slot.answered(answered, Instant::now());
+                    }
                     (
                         breaker,
                         AttemptResult::Failover(reason, code, retry_at),
@@ -470,7 +596,7 @@ impl Executor {
                 _ => AttemptReason::ClientError,
             };
             self.finish_attempt(
-                model,
+                target,
                 started,
                 AttemptStatus::Failed,
                 Some(reason),
@@ -488,7 +614,7 @@ impl Executor {
     #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
-        entry: &Entry,
+        target: Target<'_>,
         timeout: Duration,
         deadline: Instant,
         first_token: Instant,
@@ -498,13 +624,13 @@ impl Executor {
         output: Option<&OutputCheck>,
         injector: &mut Injector<'_>,
     ) -> Result<Called, Failure> {
-        let model = &entry.model;
+        let model = target.model;
         let Some(provider) = config.providers.get(&model.provider) else {
             return Err(Failure::Unconfigured(model.provider.clone()));
         };
         // Translating adapters translated when the chain was formed; the others build their
         // pass-through body for this call only.
-        let body = match &entry.body {
+        let body = match target.body {
             Some(body) => body.clone(),
             None => provider.body(model, request).map_err(Failure::Call)?,
         };
@@ -615,22 +741,167 @@ impl Executor {
     /// than the one the prompt did not fit in.
     fn skip_smaller_window(&self, model: &Model, attempts: &mut Vec<AttemptReport>) {
         self.metrics.model(&model.name).attempt("skipped", "context_window").inc();
+        attempts.push(skipped(model, AttemptReason::ContextWindow));
+    }
+
+    /// Reports a model passed over because its breaker (every deployment's) is open.
+    fn skip_open(&self, model: &Model, attempts: &mut Vec<AttemptReport>) {
+        self.metrics.model(&model.name).attempt("skipped", "circuit_open").inc();
+        attempts.push(skipped(model, AttemptReason::CircuitOpen));
+    }
+
+    /// The attempt on a model with `deployments`: its deployments in the order the pool
+    /// gives (balance or session), each tried while its breaker admits and its cap has room;
+    /// a failover-class failure goes on to the next deployment inside the attempt's time,
+    /// anything else ends the attempt as it would on one deployment. Every deployment tried
+    /// is a line of the report.
+    #[allow(clippy::too_many_arguments)]
+    async fn deployments(
+        &self,
+        chain: &Chain,
+        index: usize,
+        entry: &Entry,
+        deployments: &Deployments,
+        timeout: Duration,
+        request: &ChatRequest<'_>,
+        config: &NodeConfig,
+        request_id: &HeaderValue,
+        tally: &mut Tally,
+        attempts: &mut Vec<AttemptReport>,
+    ) -> Step {
+        let started = Instant::now();
+        let end = started + timeout;
+        let pool = &deployments.pool;
+        let order = pool.order(deployments.allowed, chain.session.as_deref(), &self.loads, started);
+        let mut tried = false;
+        let mut ready_at: Option<Instant> = None;
+        let mut last = None;
+        for k in order {
+            let left = end.saturating_duration_since(Instant::now());
+            // A deployment after a failed one gets what is left, if that is enough to work.
+            if tried && left < FAIR_MINIMUM.min(timeout) {
+                break;
+            }
+            let target = deployments.target(k);
+            let breaker = self.breaker(config, target.model);
+            let (admission, transition) = breaker.try_acquire(Instant::now());
+            self.report_transition(transition);
+            let permit = match admission {
+                Admission::Admitted(permit) => permit,
+                Admission::Rejected { ready_at: at, probed } => {
+                    if !probed {
+                        ready_at = Some(ready_at.map_or(at, |r| r.min(at)));
+                    }
+                    continue;
+                }
+            };
+            tried = true;
+            let slot = match self.slot(config, target, Some(deployments)) {
+                Ok(slot) => slot,
+                Err(full) => {
+                    drop(permit);
+                    match self.turned_away(chain, target, full, tally, attempts) {
+                        Next::GoOn(reason) => {
+                            last = Some(reason);
+                            continue;
+                        }
+                        next => return Step::Next(next),
+                    }
+                }
+            };
+            let result = self
+                .attempt(
+                    chain, index, entry, target, left, permit, slot, request, config, request_id,
+                    attempts,
+                )
+                .await;
+            match tally.after(chain, target, result, attempts) {
+                // Another deployment of the model has the same window: on to the next model.
+                Next::GoOn(FailoverReason::ContextLength) => {
+                    return Step::Next(Next::GoOn(FailoverReason::ContextLength));
+                }
+                Next::GoOn(reason) => last = Some(reason),
+                next => return Step::Next(next),
+            }
+        }
+        match last {
+            Some(reason) => Step::Next(Next::GoOn(reason)),
+            None if tried => Step::Next(Next::Stop),
+            None => {
+                self.skip_open(&entry.model, attempts);
+                Step::Skipped(ready_at)
+            }
+        }
+    }
+
+    /// Counts a call to `target` in flight at its deployment and provider, under their caps
+    /// (docs/catalog.md, "Upstream concurrency"). `None` when nothing needs counting: a model
+    /// with one deployment, no cap on it or its provider.
+    fn slot(
+        &self,
+        config: &NodeConfig,
+        target: Target<'_>,
+        deployments: Option<&Deployments>,
+    ) -> Result<Option<Slot>, Full> {
+        let model = target.model;
+        let cap = Cap::of(model.max_concurrency, model.adaptive);
+        let provider = config
+            .providers
+            .get(&model.provider)
+            .and_then(|p| Cap::of(p.def.max_concurrency, p.def.adaptive))
+            .map(|cap| (self.loads.provider(&model.provider), cap));
+        let deployment = match (target.deployment, deployments) {
+            (Some(id), Some(d)) => {
+                let member = d.pool.members.iter().position(|m| Arc::ptr_eq(&m.id, id));
+                let load = match member {
+                    Some(k) => Arc::clone(d.pool.load(k, &self.loads)),
+                    None => self.loads.deployment(&model.provider, id),
+                };
+                Some((load, cap))
+            }
+            _ => cap.map(|cap| {
+                let id = format!("{}/{}", model.provider, model.upstream_model);
+                (self.loads.deployment(&model.provider, &id), Some(cap))
+            }),
+        };
+        if deployment.is_none() && provider.is_none() {
+            return Ok(None);
+        }
+        Slot::take(deployment, provider).map(Some)
+    }
+
+    /// A call a cap turned away: reported as a local rate limit, failed over at once.
+    fn turned_away(
+        &self,
+        chain: &Chain,
+        target: Target<'_>,
+        full: Full,
+        tally: &mut Tally,
+        attempts: &mut Vec<AttemptReport>,
+    ) -> Next {
+        let model = target.model;
+        debug!(model = %model.name, deployment = ?target.deployment, ?full, "over the cap on requests in flight");
+        let reason = FailoverReason::RateLimit;
+        let metrics = self.metrics.model(&model.name);
+        metrics.attempt(AttemptStatus::Failed.as_str(), reason.as_str()).inc();
+        if let Some(deployment) = target.deployment {
+            self.deployment_attempt(model, deployment, AttemptStatus::Failed, reason.as_str());
+        }
         attempts.push(AttemptReport {
-            model: model.name.clone(),
-            status: AttemptStatus::Skipped,
-            reason: Some(AttemptReason::ContextWindow),
-            latency_ms: 0,
-            retries: 0,
-            probe: false,
-            injected: None,
+            status: AttemptStatus::Failed,
+            deployment: target.deployment.cloned(),
+            local_limit: true,
+            ..skipped(model, AttemptReason::Failover(reason))
         });
+        tally.last_failure = Some((reason, Code::RateLimited));
+        if chain.fails_over_on(reason) { Next::GoOn(reason) } else { Next::Stop }
     }
 
     /// Reports an attempt: metrics, and its line in the failover report.
     #[allow(clippy::too_many_arguments)]
     fn finish_attempt(
         &self,
-        model: &Model,
+        target: Target<'_>,
         started: Instant,
         status: AttemptStatus,
         reason: Option<AttemptReason>,
@@ -638,6 +909,7 @@ impl Executor {
         injector: &Injector<'_>,
         attempts: &mut Vec<AttemptReport>,
     ) {
+        let model = target.model;
         for fault in injector.injected() {
             let labels = InjectedLabels {
                 fault: fault.name.clone(),
@@ -646,9 +918,13 @@ impl Executor {
             };
             self.metrics.injected_faults.get_or_create(&labels).inc();
         }
+        let reason_str = reason.map_or("", AttemptReason::as_str);
         let metrics = self.metrics.model(&model.name);
-        metrics.attempt(status.as_str(), reason.map_or("", AttemptReason::as_str)).inc();
+        metrics.attempt(status.as_str(), reason_str).inc();
         metrics.duration.observe(started.elapsed().as_secs_f64());
+        if let Some(deployment) = target.deployment {
+            self.deployment_attempt(model, deployment, status, reason_str);
+        }
         attempts.push(AttemptReport {
             model: model.name.clone(),
             status,
@@ -657,7 +933,25 @@ impl Executor {
             retries,
             probe: false,
             injected: injector.first().map(|f| f.name.clone()),
+            deployment: target.deployment.cloned(),
+            local_limit: false,
         });
+    }
+
+    fn deployment_attempt(
+        &self,
+        model: &Model,
+        deployment: &str,
+        status: AttemptStatus,
+        reason: &'static str,
+    ) {
+        let labels = DeploymentAttemptLabels {
+            model: model.name.clone(),
+            deployment: deployment.to_owned(),
+            status: status.as_str(),
+            reason,
+        };
+        self.metrics.deployment_attempts.get_or_create(&labels).inc();
     }
 
     /// Logs a breaker transition, updates its metrics and queues it for the control plane.
@@ -893,7 +1187,6 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::breaker::Breakers;
     use crate::config::Change;
     use crate::metrics::InvalidOutputLabels;
     use crate::structured;
@@ -950,11 +1243,10 @@ mod tests {
     }
 
     fn executor() -> Executor {
-        Executor {
-            breakers: Breakers::new(),
-            telemetry: Arc::new(Telemetry::new("n".into(), Counter::default())),
-            metrics: Arc::new(crate::metrics::Metrics::new()),
-        }
+        Executor::new(
+            Arc::new(Telemetry::new("n".into(), Counter::default())),
+            Arc::new(crate::metrics::Metrics::new()),
+        )
     }
 
     fn key() -> crate::keys::Key {
@@ -1100,5 +1392,118 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A catalog whose model `m` has two deployments, `p/dead` (503s) and `p/a`, and a
+    /// second model `b`; the upstream answers `a` and `b` and counts every call.
+    async fn pool_config(balance: &str, cap: Option<u32>) -> (NodeConfig, Arc<Mutex<Vec<String>>>) {
+        use axum::routing::post;
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&calls);
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            post(move |body: String| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    let body: Value = serde_json::from_str(&body).unwrap();
+                    let model = body["model"].as_str().unwrap().to_owned();
+                    seen.lock().unwrap().push(model.clone());
+                    if model == "dead" {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "down".to_owned());
+                    }
+                    let answer = json!({"id": "c", "object": "chat.completion", "created": 1,
+                        "model": model, "choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "hi"}}]});
+                    (StatusCode::OK, answer.to_string())
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = format!("http://{addr}/v1");
+        let catalog = json!({
+            "providers": [{"name": "p", "kind": "openai-compatible", "base_url": url}],
+            "models": [
+                {"name": "m", "balance": balance, "deployments": [
+                    {"provider": "p", "upstream_model": "dead", "max_concurrency": cap},
+                    {"provider": "p", "upstream_model": "a"}]},
+                {"name": "b", "provider": "p", "upstream_model": "b"}
+            ]
+        });
+        let change = Change::Snapshot {
+            version: 1,
+            resources: vec![("catalog".into(), serde_json::to_vec(&catalog).unwrap())],
+        };
+        (NodeConfig::default().apply(change).unwrap(), calls)
+    }
+
+    fn lines(attempts: &[AttemptReport]) -> Vec<(String, String, String, bool)> {
+        attempts
+            .iter()
+            .map(|a| {
+                let reason = a.reason.map_or("", AttemptReason::as_str).to_owned();
+                let deployment = a.deployment.as_deref().unwrap_or_default().to_owned();
+                (
+                    format!("{}@{deployment}", a.model),
+                    a.status.as_str().to_owned(),
+                    reason,
+                    a.local_limit,
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_failing_deployment_hands_the_attempt_to_the_next_one_and_the_chain_stays() {
+        let (config, calls) = pool_config("weighted", None).await;
+        let executor = executor();
+        let body = br#"{"models":["m","b"],"messages":[{"role":"user","content":"hi"}]}"#;
+        let request = ChatRequest::parse(body).unwrap();
+        let chain = crate::chain::resolve(&request, &key(), &config).unwrap();
+        let id = crate::request_id::generate();
+        // Weights 1:1: the first request is the dead deployment's turn.
+        let Ok(served) = executor.run(&chain, &request, &config, &id).await else {
+            panic!("served by the model's other deployment")
+        };
+        assert_eq!(served.model.name, "m");
+        assert_eq!(served.deployment.as_deref(), Some("p/a"));
+        assert_eq!(
+            lines(&served.attempts),
+            [
+                ("m@p/dead".into(), "failed".into(), "server_error".into(), false),
+                ("m@p/a".into(), "served".into(), String::new(), false),
+            ]
+        );
+        assert_eq!(*calls.lock().unwrap(), ["dead", "a"], "the chain's `b` is never called");
+    }
+
+    #[tokio::test]
+    async fn a_full_cap_fails_over_at_once_without_a_call() {
+        let (config, calls) = pool_config("weighted", Some(1)).await;
+        let executor = executor();
+        let body = br#"{"models":["m","b"],"messages":[{"role":"user","content":"hi"}]}"#;
+        let request = ChatRequest::parse(body).unwrap();
+        let chain = crate::chain::resolve(&request, &key(), &config).unwrap();
+        // The dead deployment's one place is taken.
+        let pool = &chain.entries[0].deployments.as_ref().unwrap().pool;
+        let load = Arc::clone(pool.load(0, &executor.loads));
+        let held = Slot::take(Some((load, Cap::of(Some(1), false))), None).unwrap();
+        let Ok(served) =
+            executor.run(&chain, &request, &config, &crate::request_id::generate()).await
+        else {
+            panic!("served by the deployment with room")
+        };
+        assert_eq!(
+            lines(&served.attempts),
+            [
+                ("m@p/dead".into(), "failed".into(), "rate_limit".into(), true),
+                ("m@p/a".into(), "served".into(), String::new(), false),
+            ]
+        );
+        assert_eq!(*calls.lock().unwrap(), ["a"], "no call to the full one");
+        drop(held);
+        assert_eq!(pool.load(0, &executor.loads).in_flight(), 0);
+        assert_eq!(pool.load(1, &executor.loads).in_flight(), 0, "the served call left");
     }
 }

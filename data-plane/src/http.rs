@@ -21,7 +21,7 @@ use switchyard_catalog::keys::secret_digest;
 use switchyard_proto::node::v1 as pb;
 
 pub use crate::app::App;
-use crate::app::{model_headers, raw, record_usage};
+use crate::app::{SERVED_DEPLOYMENT, model_headers, raw, record_usage};
 use crate::chain::{self, Chain};
 use crate::config::NodeConfig;
 use crate::degraded::{self, Answer, Reason};
@@ -309,7 +309,15 @@ async fn serve(
         None if flavor == Flavor::Embeddings => ChatRequest::embeddings(&bytes)?,
         None => ChatRequest::parse(&bytes)?,
     };
-    let chain = chain::resolve(&request, &key, &config)?;
+    let mut chain = chain::resolve(&request, &key, &config)?;
+    let affinity = request
+        .redundancy
+        .session_affinity
+        .or_else(|| key.settings.failover_defaults.as_ref().and_then(|d| d.session_affinity))
+        .unwrap_or(true);
+    if affinity {
+        chain.session = crate::deployment::session_key(headers).map(Into::into);
+    }
     // The SERVER span when OpenTelemetry is on; otherwise no context is looked up at all.
     let cx = otel::current();
     let span = cx.as_ref();
@@ -390,7 +398,8 @@ async fn serve(
             return Err(failed.error);
         }
     };
-    tracing::debug!(served = %served.model.name, "served");
+    tracing::debug!(served = %served.model.name, deployment = ?served.deployment, "served");
+    let deployment = served.deployment.as_deref().and_then(|d| HeaderValue::from_str(d).ok());
     let gen_ai = metrics.gen_ai(chain.requested_model(), &served.model.name, || {
         gen_ai_provider(&config, &served.model)
     });
@@ -452,6 +461,9 @@ async fn serve(
     };
     if let Some(dropped) = dropped {
         response.headers_mut().insert(messages::DROPPED_HINTS, dropped);
+    }
+    if let Some(deployment) = deployment {
+        response.headers_mut().insert(SERVED_DEPLOYMENT, deployment);
     }
     Ok(response)
 }
@@ -630,14 +642,10 @@ mod tests {
         use crate::report::AttemptStatus;
         let app = App {
             state: crate::state::NodeState::new(None),
-            executor: Executor {
-                breakers: crate::breaker::Breakers::new(),
-                telemetry: Arc::new(crate::telemetry::Telemetry::new(
-                    "n1".into(),
-                    Default::default(),
-                )),
-                metrics: Arc::new(crate::metrics::Metrics::new()),
-            },
+            executor: Executor::new(
+                Arc::new(crate::telemetry::Telemetry::new("n1".into(), Default::default())),
+                Arc::new(crate::metrics::Metrics::new()),
+            ),
             max_body_bytes: 1,
         };
         let key = Key {
@@ -653,6 +661,7 @@ mod tests {
             degraded: None,
             output: None,
             continue_streams: true,
+            session: None,
         };
         let attempt = |model: &str, status, injected: Option<&str>| AttemptReport {
             model: model.into(),
@@ -662,6 +671,8 @@ mod tests {
             retries: 0,
             probe: false,
             injected: injected.map(Into::into),
+            deployment: None,
+            local_limit: false,
         };
         let attempts = [
             attempt("a", AttemptStatus::Failed, Some("drill")),

@@ -10,6 +10,8 @@
 //! and `custody` moves there those a kill of the process would lose; `probe`
 //! is the node's prober, beside the request path, using the executor's breakers and the
 //! providers.
+//! `deployment` orders a model's deployments for an attempt and counts their requests in
+//! flight (below `chain` and `executor`).
 //! `otel` makes the OpenTelemetry spans and log records (below `executor` and `http`).
 //! `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
 #![forbid(unsafe_code)]
@@ -22,6 +24,7 @@ pub mod config;
 pub mod continuation;
 pub mod custody;
 pub mod degraded;
+pub mod deployment;
 pub mod dir_lock;
 pub mod embeddings;
 pub mod error;

@@ -47,6 +47,22 @@ pub struct BreakerLabels {
     pub upstream_model: String,
 }
 
+/// A deployment (`<provider>/<upstream_model>`) of a provider, or the provider as a whole
+/// (`deployment=""`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabels {
+    pub provider: String,
+    pub deployment: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeploymentAttemptLabels {
+    pub model: String,
+    pub deployment: String,
+    pub status: &'static str,
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TransitionLabels {
     pub provider: String,
@@ -273,6 +289,13 @@ pub struct Metrics {
     /// 0 closed, 1 half-open, 2 open.
     pub breaker_state: Family<BreakerLabels, Gauge>,
     pub breaker_transitions: Family<TransitionLabels, Counter>,
+    /// Requests in flight per deployment of a model with `deployments`, and per capped
+    /// deployment or provider (docs/catalog.md, "Upstream concurrency").
+    pub upstream_in_flight: Family<UpstreamLabels, Gauge>,
+    /// The cap in force (`max_concurrency`, or below it while `adaptive` backs off).
+    pub upstream_concurrency_limit: Family<UpstreamLabels, Gauge>,
+    /// Attempts on models with `deployments`, per deployment tried.
+    pub deployment_attempts: Family<DeploymentAttemptLabels, Counter>,
     /// The prober's calls (docs/catalog.md, "`probe`"), by outcome. Probes are not user
     /// attempts: they are counted here and in `probe_duration`, never in
     /// `upstream_attempts`.
@@ -374,6 +397,24 @@ impl Metrics {
             "breaker_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open",
             breaker_state.clone(),
+        );
+        let upstream_in_flight = Family::<UpstreamLabels, Gauge>::default();
+        registry.register(
+            "upstream_in_flight",
+            "Requests in flight to a deployment (or, deployment=\"\", a provider)",
+            upstream_in_flight.clone(),
+        );
+        let upstream_concurrency_limit = Family::<UpstreamLabels, Gauge>::default();
+        registry.register(
+            "upstream_concurrency_limit",
+            "The cap on requests in flight to a deployment or provider now in force",
+            upstream_concurrency_limit.clone(),
+        );
+        let deployment_attempts = Family::<DeploymentAttemptLabels, Counter>::default();
+        registry.register(
+            "deployment_attempts",
+            "Attempts on models with deployments, by deployment, status and reason",
+            deployment_attempts.clone(),
         );
         let breaker_transitions = Family::<TransitionLabels, Counter>::default();
         registry.register(
@@ -523,6 +564,9 @@ impl Metrics {
             failovers,
             breaker_state,
             breaker_transitions,
+            upstream_in_flight,
+            upstream_concurrency_limit,
+            deployment_attempts,
             probes,
             probe_duration,
             retries,

@@ -20,7 +20,6 @@ use tracing::{info, warn};
 use switchyard_tls::accept::Acceptor;
 use switchyard_tls::connect::ClientTls;
 
-use crate::breaker::Breakers;
 use crate::executor::Executor;
 use crate::http::App;
 use crate::loss::{self, SpoolState};
@@ -316,11 +315,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     });
     let app = Arc::new(App {
         state: Arc::clone(&state),
-        executor: Executor {
-            breakers: Breakers::new(),
-            telemetry: Arc::clone(&telemetry),
-            metrics,
-        },
+        executor: Executor::new(Arc::clone(&telemetry), metrics),
         max_body_bytes: options.max_body_bytes,
     });
     let prober = tokio::spawn(probe::run(Arc::clone(&app)));

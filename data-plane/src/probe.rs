@@ -100,18 +100,25 @@ pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
             (Some(policy), _) => policy.timeout_ms,
             (None, Some((_, timeout))) => timeout,
         };
-        let Some(model) = config.models.get(&model.name) else { continue };
-        if !seen.insert((model.provider.clone(), model.upstream_model.clone())) {
-            continue;
+        // A model with deployments is probed at each of them.
+        let deployments = match config.pools.get(&model.name) {
+            Some(pool) => pool.members.iter().map(|m| &m.model).collect(),
+            None => config.models.get(&model.name).into_iter().collect::<Vec<_>>(),
+        };
+        for model in deployments {
+            if !seen.insert((model.provider.clone(), model.upstream_model.clone())) {
+                continue;
+            }
+            let breaker = app.executor.breaker(config, model);
+            let open = open.map(|(interval, _)| Duration::from_millis(interval));
+            breaker.set_probed(true, open, now);
+            targets.push(Target {
+                model: Arc::clone(model),
+                breaker,
+                idle: idle.map(|p| Duration::from_millis(p.interval_ms)),
+                timeout: Duration::from_millis(timeout),
+            });
         }
-        let breaker = app.executor.breaker(config, model);
-        breaker.set_probed(true, open.map(|(interval, _)| Duration::from_millis(interval)), now);
-        targets.push(Target {
-            model: Arc::clone(model),
-            breaker,
-            idle: idle.map(|p| Duration::from_millis(p.interval_ms)),
-            timeout: Duration::from_millis(timeout),
-        });
     }
     for breaker in app.executor.breakers.all() {
         let key = (breaker.provider().to_owned(), breaker.upstream_model().to_owned());
@@ -229,7 +236,7 @@ mod tests {
     use switchyard_proto::node::v1::node_message::Msg;
 
     use super::*;
-    use crate::breaker::{Breakers, State};
+    use crate::breaker::State;
     use crate::chain::{Chain, Entry};
     use crate::config::Change;
     use crate::executor::Executor;
@@ -323,11 +330,10 @@ mod tests {
         let config = NodeConfig::default().apply(change).unwrap();
         App {
             state: NodeState::new(Some(config)),
-            executor: Executor {
-                breakers: Breakers::new(),
-                telemetry: Arc::new(Telemetry::new("n".into(), Counter::default())),
-                metrics: Arc::new(Metrics::new()),
-            },
+            executor: Executor::new(
+                Arc::new(Telemetry::new("n".into(), Counter::default())),
+                Arc::new(Metrics::new()),
+            ),
             max_body_bytes: 1 << 20,
         }
     }
@@ -347,12 +353,14 @@ mod tests {
                 first_token_timeout: Duration::from_secs(5),
                 body: None,
                 faults: Vec::new(),
+                deployments: None,
             }],
             on: FailoverReason::ALL.to_vec(),
             deadline: None,
             degraded: None,
             output: None,
             continue_streams: true,
+            session: None,
         };
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
         let request = ChatRequest::parse(body).unwrap();

@@ -65,6 +65,8 @@ impl AttemptReport {
             probe: self.probe,
             injected: self.injected.clone().unwrap_or_default(),
             retries: self.retries,
+            deployment: self.deployment.as_deref().unwrap_or_default().to_owned(),
+            local_limit: self.local_limit,
         }
     }
 }
@@ -86,6 +88,21 @@ pub struct AttemptReport {
     /// The injected fault that touched one of the attempt's calls (a drill, not an outage).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub injected: Option<String>,
+    /// The deployment tried (`<provider>/<upstream_model>`), for a model with `deployments`:
+    /// each deployment an attempt tries is a line of its own.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "shared_str")]
+    pub deployment: Option<std::sync::Arc<str>>,
+    /// Turned away by the node's own cap on requests in flight (`max_concurrency`) without
+    /// an upstream call; its reason is `rate_limit`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub local_limit: bool,
+}
+
+fn shared_str<S: serde::Serializer>(
+    v: &Option<std::sync::Arc<str>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    v.as_deref().serialize(s)
 }
 
 fn is_zero(n: &u32) -> bool {

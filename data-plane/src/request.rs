@@ -235,6 +235,8 @@ pub struct Redundancy {
     pub degraded: Option<Degraded>,
     /// Continue a stream that breaks after its first token; replaces the key's.
     pub continue_streams: Option<bool>,
+    /// Send a request that names a session to the session's deployment; replaces the key's.
+    pub session_affinity: Option<bool>,
 }
 
 impl<'a> ChatRequest<'a> {
@@ -471,6 +473,15 @@ fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
                     ));
                 }
             },
+            "session_affinity" => match v {
+                Value::Bool(b) => r.session_affinity = Some(b),
+                _ => {
+                    return Err(ApiError::invalid(
+                        path,
+                        "redundancy.session_affinity must be a boolean",
+                    ));
+                }
+            },
             "on" => {
                 let Value::Array(items) = v else {
                     return Err(ApiError::invalid(
@@ -499,7 +510,7 @@ fn redundancy(value: Value) -> Result<Redundancy, ApiError> {
                 return Err(ApiError::invalid(
                     path.clone(),
                     format!(
-                        "unknown field {path}; expected timeout_ms, first_token_timeout_ms, on, deadline_ms, max_retries, degraded, continue_streams"
+                        "unknown field {path}; expected timeout_ms, first_token_timeout_ms, on, deadline_ms, max_retries, degraded, continue_streams, session_affinity"
                     ),
                 ));
             }

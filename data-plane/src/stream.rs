@@ -96,7 +96,7 @@ impl Rescue {
 }
 
 pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Response {
-    let CommittedStream { mut buffered, upstream, permit, deadline, timeout, stall } = stream;
+    let CommittedStream { mut buffered, upstream, permit, deadline, timeout, stall, slot } = stream;
     let asked = ctx.rescue.as_ref().map_or(0, |r| r.entries.len());
     let delivered = ctx.rescue.as_ref().map(|_| Delivered::default());
     let report = if ctx.multi { raw(&ctx.report) } else { None };
@@ -123,6 +123,7 @@ pub fn respond(app: &Arc<App>, stream: CommittedStream, ctx: Context) -> Respons
         buffered: buffered.into(),
         upstream,
         permit: Some(permit),
+        _slot: slot,
         deadline,
         timeout,
         stall,
@@ -172,6 +173,8 @@ struct Pump {
     buffered: VecDeque<StreamEvent>,
     upstream: UpstreamStream,
     permit: Option<Permit>,
+    /// The stream counted in flight at its deployment and provider until it ends.
+    _slot: Option<crate::deployment::Slot>,
     deadline: Instant,
     timeout: std::time::Duration,
     stall: std::time::Duration,

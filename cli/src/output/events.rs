@@ -19,6 +19,12 @@ pub struct AttemptView {
     /// Extra calls to the same model inside the attempt; absent when none.
     #[serde(skip_serializing_if = "is_zero")]
     pub retries: u32,
+    /// The deployment tried, for a model with deployments; absent otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub deployment: String,
+    /// Turned away by the node's cap on requests in flight; absent when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub local_limit: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -117,6 +123,8 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
                     probe: a.probe,
                     injected: a.injected,
                     retries: a.retries,
+                    deployment: a.deployment,
+                    local_limit: a.local_limit,
                 })
                 .collect(),
             stream: e.stream,
@@ -194,7 +202,11 @@ fn attempt(a: &AttemptView) -> String {
     if !a.injected.is_empty() {
         detail.push(format!("injected={}", a.injected));
     }
-    format!("{} {}({})", a.model, a.status, detail.join(" "))
+    if a.local_limit {
+        detail.push("local_limit".to_owned());
+    }
+    let at = if a.deployment.is_empty() { String::new() } else { format!("@{}", a.deployment) };
+    format!("{}{at} {}({})", a.model, a.status, detail.join(" "))
 }
 
 /// One line: when, which key, requested → served, then each attempt, and the request's id
@@ -261,6 +273,7 @@ mod tests {
                     probe: false,
                     injected: "drill-1".into(),
                     retries: 2,
+                    ..Default::default()
                 },
                 switchyard_proto::node::v1::Attempt {
                     model: "anthropic/claude-sonnet-4".into(),

@@ -33,6 +33,8 @@ pub struct DefaultsView {
     pub degraded: Option<DegradedView>,
     /// Whether a stream that breaks after its first token is continued (the default).
     pub continue_streams: bool,
+    /// Whether a request naming a session goes to the session's deployment (the default).
+    pub session_affinity: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -66,6 +68,7 @@ impl From<pb::ApiKey> for KeyView {
                     .degraded
                     .map(|g| DegradedView { message: g.message, when_all_open: g.when_all_open }),
                 continue_streams: d.continue_streams.unwrap_or(true),
+                session_affinity: d.session_affinity.unwrap_or(true),
             }),
             allowed_models: k.allowed_models,
             allowed_regions: k.allowed_regions,
@@ -183,6 +186,12 @@ pub fn key_details(k: &KeyView, now_ms: i64) -> String {
             if !d.continue_streams {
                 rows.push(("broken streams", "end with an error frame (not continued)".to_owned()));
             }
+            if !d.session_affinity {
+                rows.push((
+                    "session affinity",
+                    "off (sessions balanced like any request)".to_owned(),
+                ));
+            }
             if let Some(g) = &d.degraded {
                 let when = if g.when_all_open {
                     "when no model serves, at once when every breaker is open"
@@ -228,6 +237,7 @@ mod tests {
                 on: vec![],
                 degraded: Some(pb::Degraded { message: "Down.".into(), when_all_open: true }),
                 continue_streams: None,
+                session_affinity: None,
             }),
             allowed_models: vec![],
             allowed_regions: vec!["eu".into()],
