@@ -308,7 +308,7 @@ async fn claude_code_and_codex_session_headers_keep_a_session_on_one_deployment(
 }
 
 #[tokio::test]
-async fn session_affinity_false_spreads_a_sessions_requests_again() {
+async fn session_affinity_false_on_the_request_or_the_key_spreads_a_sessions_requests_again() {
     let gw = gateway(STICKY, "").await;
     let header = [("x-session-affinity", b"conversation-2".as_slice())];
     only(&spread(&gw, 30, &header, json!({})).await);
@@ -317,6 +317,12 @@ async fn session_affinity_false_spreads_a_sessions_requests_again() {
     // Without any session header they spread too.
     let none = spread(&gw, 30, &[], json!({})).await;
     assert!(none.len() >= 2, "{none:?}");
+
+    // Off for the key: spread; a request that asks for it back sticks again.
+    gw.set_defaults(&["--models", "dep/sticky", "--no-session-affinity"]).await;
+    let key_off = spread(&gw, 30, &header, json!({})).await;
+    assert!(key_off.len() >= 2, "the key turned affinity off: {key_off:?}");
+    only(&spread(&gw, 30, &header, json!({"redundancy": {"session_affinity": true}})).await);
 }
 
 // === Upstream concurrency ===
@@ -449,7 +455,6 @@ async fn apply_refuses_bad_deployments_naming_the_path_and_stores_nothing() {
     assert!(!out.success && out.stderr.contains("models[1].provider"), "{}", out.stderr);
     let refused_code = out.code;
 
-    let d0 = "{provider: east, upstream_model: gpt-4o, weight: 3, region: eastus}";
     let d1 = "{provider: west, upstream_model: gpt-4o, max_concurrency: 20, adaptive: true}";
     let cases: Vec<(&str, String, &[&str])> = vec![
         (
@@ -489,7 +494,7 @@ async fn apply_refuses_bad_deployments_naming_the_path_and_stores_nothing() {
         ),
         (
             "model-cap",
-            VALID.replace("max_concurrency: 5", "max_concurrency: 0"),
+            VALID.replace("max_concurrency: 5\n", "max_concurrency: 0\n"),
             &["models[1].max_concurrency"],
         ),
         (
@@ -501,11 +506,6 @@ async fn apply_refuses_bad_deployments_naming_the_path_and_stores_nothing() {
             "with-upstream-model",
             VALID.replace("  - name: gpt\n", "  - name: gpt\n    upstream_model: gpt-4o\n"),
             &["models[0].upstream_model", "models[0].deployments"],
-        ),
-        (
-            "empty",
-            VALID.replace(&format!("\n      - {d0}\n      - {d1}"), " []"),
-            &["models[0].deployments"],
         ),
         (
             "wildcard",
@@ -528,4 +528,24 @@ async fn apply_refuses_bad_deployments_naming_the_path_and_stores_nothing() {
         let now = cli(&cp.url(), &["catalog", "--json"]).await.json();
         assert_eq!(now, stored, "{name}: the stored catalog is unchanged");
     }
+}
+
+/// `deployments: []` is refused by its own path, not taken for a model that forgot its
+/// `provider`.
+#[tokio::test]
+async fn an_empty_deployments_list_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let cp = start_control(&store, "127.0.0.1:0", dir.path(), "cp").await;
+    let empty = "providers:
+  - {name: east, kind: openai-compatible, base_url: http://127.0.0.1:9/v1}
+models:
+  - name: gpt
+    deployments: []
+";
+    let out = cli(&cp.url(), &["apply", "-f", &write(dir.path(), "empty.yaml", empty)]).await;
+    assert!(!out.success, "an empty deployments list was applied");
+    assert!(out.stderr.contains("models[0].deployments:"), "{}", out.stderr);
+    let stored = cli(&cp.url(), &["catalog", "--json"]).await.json();
+    assert_eq!(stored["models"], json!([]), "nothing was applied");
 }
