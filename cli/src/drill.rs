@@ -391,10 +391,12 @@ async fn plan(args: &DrillArgs, admin: &mut Admin, node: &Node) -> Result<Plan, 
             !chain.contains(&m.name)
                 && (key.allowed_models.is_empty() || key.allowed_models.contains(&m.name))
                 && (key.allowed_regions.is_empty()
-                    || catalog
-                        .provider(&m.provider)
-                        .and_then(|p| p.region.as_ref())
-                        .is_some_and(|r| key.allowed_regions.contains(r)))
+                    || m.deployment_models().iter().any(|d| {
+                        catalog
+                            .provider(&d.provider)
+                            .and_then(|p| p.region.as_ref())
+                            .is_some_and(|r| key.allowed_regions.contains(r))
+                    }))
         });
         for candidate in usable.take(3) {
             let ask = Ask { models: Some(vec![candidate.name.clone()]), ..ask.clone() };
@@ -501,12 +503,8 @@ async fn settled(node: &Node, ask: &Ask, model: &str, scenario: Scenario) -> Obs
 /// failovers into errors. Their breakers close on the node's own probes, within one
 /// `probe.open_interval_ms` of a recovery. A breaker the node never used reads as closed.
 async fn chain_closed(node: &Node, catalog: &Catalog, chain: &[String]) {
-    let breakers: Vec<(String, String)> = chain
-        .iter()
-        .skip(1)
-        .filter_map(|name| catalog.model(name))
-        .map(|m| (m.provider.clone(), m.upstream_model.clone()))
-        .collect();
+    let breakers: Vec<(String, String)> =
+        chain.iter().skip(1).filter_map(|name| catalog.model(name)).map(breaker_of).collect();
     let started = Instant::now();
     let mut said = false;
     while started.elapsed() < SETTLE {
@@ -695,7 +693,7 @@ fn report(
     let mut transitions = BTreeMap::new();
     for model in &plan.chain {
         if let Some(m) = catalog.model(model) {
-            let breaker = (m.provider.clone(), m.upstream_model.clone());
+            let breaker = breaker_of(m);
             let changed = j
                 .after
                 .get(&breaker)
@@ -753,6 +751,15 @@ fn report(
         expectations,
         faults_cleared: j.cleared,
         passed,
+    }
+}
+
+/// The breaker a drill watches for model `m`: its own, or for a model with deployments its
+/// first deployment's (a drill reads one breaker per model).
+fn breaker_of(m: &switchyard_catalog::Model) -> (String, String) {
+    match m.deployments.first() {
+        Some(d) => (d.provider.clone(), d.upstream_model.clone()),
+        None => (m.provider.clone(), m.upstream_model.clone()),
     }
 }
 

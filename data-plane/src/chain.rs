@@ -116,9 +116,14 @@ impl Chain {
         self.entries.first().map_or("", |e| e.model.name.as_str())
     }
 
-    /// A chain of one is a legacy request: no failover report.
+    /// A chain of one model with one deployment is a legacy request: no failover report.
+    /// One model with several deployments it may use reports like a chain: its attempts
+    /// can move between deployments.
     pub fn is_multi_model(&self) -> bool {
-        self.entries.len() > 1
+        match self.entries.as_slice() {
+            [one] => one.deployments.as_ref().is_some_and(|d| d.allowed.count_ones() > 1),
+            entries => entries.len() > 1,
+        }
     }
 
     pub fn fails_over_on(&self, reason: FailoverReason) -> bool {

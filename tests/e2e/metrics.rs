@@ -1,7 +1,7 @@
 //! `/metrics` on a real node and control plane: the output passes `promtool check metrics`
 //! (Debian's `prometheus` package; `.ci/run` installs it), the GenAI histograms carry the
-//! semantic conventions' names, labels and buckets, and a scraper that asks for OpenMetrics
-//! gets it.
+//! semantic conventions' names, labels and buckets, a scraper that asks for OpenMetrics
+//! gets it, and a real Prometheus raises deploy/prometheus/alerts.yaml's alerts from them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use switchyard_e2e::gateway::*;
-use switchyard_e2e::{eventually, http_get, promtool};
+use switchyard_e2e::{PATIENCE, ReservedPort, eventually, http_get, promtool};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A GET of `/metrics` with an `Accept` header: (content type, body).
@@ -416,6 +416,145 @@ async fn a_node_shows_its_config_stream_and_its_version_reaches_the_newest_chang
     eventually(Duration::from_secs(15), "the node to show its stream closed", || async {
         let node = scrape(gw.node.addr).await;
         (sample(&node, "switchyard_config_stream_connected") == Some(0.0)).then_some(())
+    })
+    .await;
+}
+
+/// The alerts Prometheus has now (`/api/v1/alerts`): (alert name, state, labels).
+async fn prometheus_alerts(
+    prometheus: SocketAddr,
+) -> Option<Vec<(String, String, serde_json::Value)>> {
+    let response = http_get(prometheus, "/api/v1/alerts", None).await?;
+    let alerts = response.json()["data"]["alerts"].as_array()?.clone();
+    Some(
+        alerts
+            .into_iter()
+            .map(|a| {
+                let name = a["labels"]["alertname"].as_str().unwrap_or_default().to_owned();
+                let state = a["state"].as_str().unwrap_or_default().to_owned();
+                (name, state, a["labels"].clone())
+            })
+            .collect(),
+    )
+}
+
+/// The `label` of each alert named `name` in `state`, sorted.
+fn alerting(
+    alerts: &[(String, String, serde_json::Value)],
+    name: &str,
+    state: &str,
+    label: &str,
+) -> Vec<String> {
+    let mut values: Vec<String> = alerts
+        .iter()
+        .filter(|(n, s, _)| n == name && s == state)
+        .map(|(_, _, labels)| labels[label].as_str().unwrap_or_default().to_owned())
+        .collect();
+    values.sort();
+    values
+}
+
+#[tokio::test]
+async fn a_real_prometheus_raises_the_alerts_from_a_live_node_and_control_plane() {
+    // alerts_test.yaml feeds the rules series written by hand; here Prometheus (the server of
+    // Debian's `prometheus` package, beside promtool) scrapes the processes every second and
+    // evaluates deploy/prometheus/alerts.yaml as shipped, so a query that does not match the
+    // labels the processes really write shows up.
+    let gw = Gateway::start_with(GatewayOptions {
+        // Two failed calls open a breaker, so that the traffic below opens some.
+        breaker_policy: "breaker_policy: {window_size: 2, min_requests: 2, cooldown_ms: 60000}\n",
+        ..GatewayOptions::default()
+    })
+    .await;
+    let rules = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/prometheus/alerts.yaml")
+        .canonicalize()
+        .unwrap();
+    let dir = gw.dir.path().join("prometheus");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             rule_files: ['{}']\n\
+             scrape_configs:\n  - job_name: switchyard\n    static_configs: [{{targets: ['{}', '{}']}}]\n",
+            rules.display(),
+            gw.node.addr,
+            gw.cp.addr
+        ),
+    )
+    .unwrap();
+    let port = ReservedPort::new();
+    let log = dir.join("prometheus.log");
+    let _prometheus = tokio::process::Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address={}", port.addr()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("prometheus (Debian's prometheus package; .ci/run installs it)");
+    let prometheus = port.addr();
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // A counter's first sample is no increase: the series exist, and are scraped, before the
+    // traffic that the rates see.
+    traffic(&gw).await;
+    eventually(PATIENCE, "Prometheus to scrape the node's failovers", || async {
+        let r =
+            http_get(prometheus, "/api/v1/query?query=switchyard_failovers_total", None).await?;
+        (!r.json()["data"]["result"].as_array()?.is_empty()).then_some(())
+    })
+    .await;
+    traffic(&gw).await;
+    let open: Vec<String> = scrape(gw.node.addr)
+        .await
+        .lines()
+        .filter_map(|l| l.strip_prefix("switchyard_breaker_state{")?.split_once("} "))
+        .filter(|(_, value)| value.parse::<f64>().is_ok_and(|v| v > 0.0))
+        .filter_map(|(labels, _)| {
+            let model = labels.split("upstream_model=\"").nth(1)?.split('"').next()?;
+            Some(model.to_owned())
+        })
+        .collect();
+    assert!(open.iter().any(|m| m == "primary"), "primary's breaker is not open: {open:?}");
+
+    // The failover ratio and the open breakers wait out their `for` (pending); answers no
+    // model gave page at once (firing). Everything else stays silent on a healthy fleet.
+    let alerts = eventually(PATIENCE, "the failover, breaker and all-failed alerts", || async {
+        let alerts = prometheus_alerts(prometheus).await?;
+        let ratio = alerting(&alerts, "SwitchyardFailoverRatioHigh", "pending", "model");
+        let failed = alerting(&alerts, "SwitchyardAllModelsFailed", "firing", "model");
+        let breakers = alerting(&alerts, "SwitchyardBreakerOpen", "pending", "upstream_model");
+        (ratio == [PRIMARY, TERTIARY] && failed == [TERTIARY] && breakers.len() == open.len())
+            .then_some(alerts)
+    })
+    .await;
+    let mut breakers = alerting(&alerts, "SwitchyardBreakerOpen", "pending", "upstream_model");
+    let mut expected = open.clone();
+    breakers.sort();
+    expected.sort();
+    assert_eq!(breakers, expected, "{alerts:?}");
+    let names: std::collections::BTreeSet<&str> =
+        alerts.iter().map(|(name, _, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["SwitchyardAllModelsFailed", "SwitchyardBreakerOpen", "SwitchyardFailoverRatioHigh"]
+            .into(),
+        "{alerts:?}\n{}",
+        log_text()
+    );
+
+    // Without its control plane, the node's stream closes.
+    gw.cp.kill().await;
+    let node = gw.node.addr.to_string();
+    eventually(PATIENCE, "the node's control-plane alert", || async {
+        let alerts = prometheus_alerts(prometheus).await?;
+        let cut_off = alerting(&alerts, "SwitchyardControlPlaneUnreachable", "pending", "instance");
+        (cut_off == [node.as_str()]).then_some(())
     })
     .await;
 }

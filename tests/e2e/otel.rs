@@ -5,8 +5,8 @@
 //! upstream sees each call's own span as its `traceparent`, and the failover event arrives as
 //! a log record in the same trace. Each signal can go to its own endpoint in its own protocol,
 //! with the configured headers. A bad endpoint, protocol, header list or timeout stops the
-//! process; a collector that is down or never answers costs requests nothing and the drops
-//! are counted.
+//! process; a collector that is down, never answers or speaks the other protocol costs
+//! requests nothing and the drops are counted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -341,6 +341,73 @@ async fn with_the_collector_down_requests_are_served_and_the_failed_exports_coun
     .await;
     promtool_passes(gw.node.addr).await;
     promtool_passes(gw.cp.addr).await;
+}
+
+#[tokio::test]
+async fn a_grpc_collector_named_without_a_protocol_gets_nothing_the_requests_are_served_and_the_failures_counted()
+ {
+    // A deployment written when gRPC was the default: the endpoint is the collector's gRPC
+    // listener and no protocol is set, so the node now speaks OTLP/HTTP to it.
+    spoken_to_in_the_wrong_protocol(Collector::start().await, None).await;
+}
+
+#[tokio::test]
+async fn an_http_collector_spoken_to_over_grpc_gets_nothing_the_requests_are_served_and_the_failures_counted()
+ {
+    spoken_to_in_the_wrong_protocol(Collector::start_http().await, Some("grpc")).await;
+}
+
+#[tokio::test]
+async fn an_endpoint_on_the_other_protocols_port_is_warned_about_at_start_naming_the_variable() {
+    // Only the start-up lines are read: whether anything listens on these ports is no matter.
+    for (endpoint, protocol, suggested) in [
+        ("http://127.0.0.1:4317", None, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"),
+        ("http://127.0.0.1:4318", Some("grpc"), "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"),
+    ] {
+        let mut env = otel_env(endpoint.into());
+        if let Some(protocol) = protocol {
+            env.push(("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into()));
+        }
+        let gw = Gateway::start_with(GatewayOptions { env, ..GatewayOptions::default() }).await;
+        for (process, log) in [("node", gw.node.log_text()), ("control", gw.cp.log_text())] {
+            let warned: Vec<&str> =
+                log.lines().filter(|l| l.contains("WARN") && l.contains(suggested)).collect();
+            // One warning per signal the process exports.
+            assert_eq!(warned.len(), 2, "{process} {endpoint}: {log}");
+        }
+    }
+}
+
+/// A collector that does not speak the protocol the node exports in: every request is
+/// served, the collector receives nothing, each signal's failed exports are counted on
+/// `/metrics`, and the log says export fails.
+async fn spoken_to_in_the_wrong_protocol(collector: Collector, protocol: Option<&str>) {
+    let mut env = otel_env(collector.endpoint());
+    if let Some(protocol) = protocol {
+        env.push(("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into()));
+    }
+    let gw = Gateway::start_with(GatewayOptions { env, ..GatewayOptions::default() }).await;
+    gw.script("primary", json!({"kind": "status", "status": 503})).await;
+    let r =
+        gw.chat(json!({"model": PRIMARY, "fallback_models": [SECONDARY], "messages": msg()})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    for signal in ["spans", "logs"] {
+        let series =
+            format!(r#"switchyard_otel_dropped_total{{signal="{signal}",reason="export_failed"}}"#);
+        eventually(Duration::from_secs(20), &format!("{series} to count"), || {
+            let series = series.clone();
+            let gw = &gw;
+            async move { node_sample(gw, &series).await.filter(|n| *n > 0.0) }
+        })
+        .await;
+    }
+    assert!(collector.spans().is_empty(), "{:?}", collector.spans());
+    assert!(collector.logs().is_empty(), "{:?}", collector.logs());
+    let log = gw.node.log_text();
+    assert!(log.contains("OpenTelemetry export failed"), "{log}");
+    // The node keeps serving while its exports fail.
+    let r = gw.chat(json!({"model": SECONDARY, "messages": msg()})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
 }
 
 #[tokio::test]
