@@ -15,6 +15,9 @@
 //!   connection's handshake is paid in the warm-up and the figure is the record layer's
 //!   cost per request), and the node's config stream to a control plane over TLS (its own
 //!   simulator and control plane: one embedded store serves one control plane).
+//! - `switchyard-bench deployment-cost`: one node, a model of one deployment (A) against a
+//!   model of three deployments on the same simulator (B, weighted; and again balanced by
+//!   `least_latency`): what picking a deployment, its breaker and its in-flight count cost.
 //! - `switchyard-bench build-cost --baseline PATH`: the request path of two builds — a node
 //!   of `PATH` (A) and one of this build (B), both on this build's control plane — so a
 //!   change's cost per request is measured against the build before it, in one run.
@@ -31,7 +34,10 @@ use switchyard_time::now_ms;
 
 use std::path::Path;
 
-use crate::catalog::{PRIMARY, SECONDARY, catalog_yaml};
+use crate::catalog::{
+    DEPLOYED, DEPLOYED_LEAST_LATENCY, PRIMARY, SECONDARY, catalog_with_deployments_yaml,
+    catalog_yaml,
+};
 use crate::client::{Tls, connect_tls, get_status};
 use crate::error::Result;
 use crate::flags::bounded;
@@ -43,7 +49,7 @@ use crate::pki::Ca;
 use crate::proc::{Proc, default_switchyard};
 use crate::stats::{fmt, median, pct};
 
-const USAGE: &str = "usage: switchyard-bench limit-cost|otel-cost|tls-cost|build-cost [--switchyard PATH] \
+const USAGE: &str = "usage: switchyard-bench limit-cost|otel-cost|tls-cost|deployment-cost|build-cost [--switchyard PATH] \
 [--baseline PATH (build-cost)] [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]";
 
 /// Calls of the limit path timed in-process, per repetition.
@@ -102,6 +108,7 @@ pub enum Compare {
     Otel,
     Tls,
     Build,
+    Deployments,
 }
 
 pub fn main(compare: Compare, args: &[String]) -> Result<()> {
@@ -117,14 +124,18 @@ pub fn main(compare: Compare, args: &[String]) -> Result<()> {
 async fn run(compare: Compare, o: Options) -> Result<()> {
     let path_ns = match compare {
         Compare::Limits => Some(limit_path_ns()?),
-        Compare::Otel | Compare::Tls | Compare::Build => None,
+        Compare::Otel | Compare::Tls | Compare::Build | Compare::Deployments => None,
     };
 
     let dir = tempfile::Builder::new()
         .prefix("switchyard-bench-ab-")
         .tempdir()
         .map_err(|e| format!("temp dir: {e}"))?;
-    let fleet = Fleet::start(&o.switchyard, dir.path(), catalog_yaml).await?;
+    let catalog: fn(std::net::SocketAddr) -> String = match compare {
+        Compare::Deployments => catalog_with_deployments_yaml,
+        _ => catalog_yaml,
+    };
+    let fleet = Fleet::start(&o.switchyard, dir.path(), catalog).await?;
     let body = Bytes::from(
         json!({
             "model": PRIMARY,
@@ -198,6 +209,11 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
                 target(Kind::NodeHealthy, &fleet.node, &fleet.key),
                 ("baseline build", "this build"),
             )
+        }
+        Compare::Deployments => {
+            let [single, weighted, least_latency] = deployment_targets(&fleet);
+            extra.push(("three deployments, least_latency", least_latency));
+            (single, weighted, ("one deployment", "three deployments, weighted"))
         }
         Compare::Tls => {
             tls_nodes(&o.switchyard, dir.path(), &fleet, &mut kept).await?;
@@ -294,6 +310,28 @@ async fn run(compare: Compare, o: Options) -> Result<()> {
     drop(other_node);
     drop(kept);
     Ok(())
+}
+
+/// `deployment-cost`'s targets on `fleet`'s node: the primary (one deployment), then the
+/// models of three deployments, weighted and `least_latency`; each with the secondary as
+/// fallback, as every A/B body has.
+fn deployment_targets(fleet: &Fleet) -> [Arc<Target>; 3] {
+    [PRIMARY, DEPLOYED, DEPLOYED_LEAST_LATENCY].map(|model| {
+        let body = json!({
+            "model": model,
+            "fallback_models": [SECONDARY],
+            "messages": [{"role": "user", "content": "Say hello."}],
+        });
+        Arc::new(Target {
+            kind: Kind::NodeHealthy,
+            addr: fleet.node.addr,
+            host: fleet.node.addr.to_string(),
+            auth: Some(format!("Bearer {}", fleet.key)),
+            body: Bytes::from(body.to_string()),
+            proxy_pid: Some(fleet.node.pid()),
+            tls: None,
+        })
+    })
 }
 
 /// What `tls-cost` starts beside the plaintext fleet, kept alive for the whole run.

@@ -94,3 +94,31 @@ pub fn catalog_with_embeddings_yaml(sim: SocketAddr) -> String {
     );
     yaml
 }
+
+/// A model served by three deployments of the simulator (equal weights), and the same three
+/// balanced by `least_latency`: what `deployment-cost` measures against [`PRIMARY`], a
+/// model of one deployment.
+pub const DEPLOYED: &str = "sim/deployed";
+pub const DEPLOYED_LEAST_LATENCY: &str = "sim/deployed-least-latency";
+
+/// [`catalog_yaml`] with the two models of three deployments. Kept apart, like the
+/// embedding models: a build from before deployments refuses a catalog naming them.
+pub fn catalog_with_deployments_yaml(sim: SocketAddr) -> String {
+    let mut yaml = catalog_yaml(sim);
+    let at = yaml.find("breaker_policy:").unwrap_or(yaml.len());
+    let deployments = "    deployments:
+      - {provider: sim, upstream_model: deployed-1}
+      - {provider: sim, upstream_model: deployed-2}
+      - {provider: sim, upstream_model: deployed-3}
+";
+    yaml.insert_str(
+        at,
+        &format!(
+            "  - name: {DEPLOYED}
+{deployments}  - name: {DEPLOYED_LEAST_LATENCY}
+{deployments}    balance: least_latency
+"
+        ),
+    );
+    yaml
+}

@@ -53,7 +53,7 @@ const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 
        switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] [--conns 1] [--e2e-secs 4]
        switchyard-bench retries [--requests 3000] [--concurrency 8] [--models 16]
        switchyard-bench limits [--nodes 3] [--rpm 6000] [--concurrency 12] [--duration-secs 75]
-       switchyard-bench limit-cost|otel-cost|tls-cost [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]
+       switchyard-bench limit-cost|otel-cost|tls-cost|deployment-cost [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]
        switchyard-bench build-cost --baseline PATH [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]
        switchyard-bench chaos --baseline PATH [--concurrency 1,8] [--runs 3] [--nodes 3] [--changes 20]
        switchyard-bench storm [--concurrency 32] [--duration-secs 60] [--outage-secs 120] [--store embedded,etcd]
@@ -83,6 +83,7 @@ fn main() -> ExitCode {
         Some("limit-cost") => ab::main(ab::Compare::Limits, &args[1..]),
         Some("otel-cost") => ab::main(ab::Compare::Otel, &args[1..]),
         Some("build-cost") => ab::main(ab::Compare::Build, &args[1..]),
+        Some("deployment-cost") => ab::main(ab::Compare::Deployments, &args[1..]),
         Some("tls-cost") => ab::main(ab::Compare::Tls, &args[1..]),
         Some("storm") => storm::main(&args[1..]),
         Some("-h" | "--help") => {

@@ -85,6 +85,9 @@ pub struct GatewayTls {
 pub struct GatewayOptions {
     /// Extra YAML appended to the catalog's top level (e.g. a `breaker_policy:` block).
     pub breaker_policy: &'static str,
+    /// Extra entries of the catalog's `models:` list (items indented by two spaces), after
+    /// the models every test has.
+    pub models: &'static str,
     /// Provider `api_keys` for the simulator providers.
     pub api_keys: &'static str,
     /// Environment for the node (credentials).
@@ -104,6 +107,7 @@ impl Default for GatewayOptions {
     fn default() -> Self {
         Self {
             breaker_policy: "",
+            models: "",
             api_keys: "[]",
             node_env: Vec::new(),
             node_args: Vec::new(),
@@ -206,8 +210,9 @@ models:
     provider: sim-us
     upstream_model: continues-too
     continuation: prefill
-{policy}"#,
+{models}{policy}"#,
         keys = options.api_keys,
+        models = options.models,
         policy = options.breaker_policy,
     )
 }
