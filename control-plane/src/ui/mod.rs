@@ -13,6 +13,7 @@
 
 mod auth;
 pub mod drill;
+mod form;
 mod html;
 mod pages;
 
@@ -35,6 +36,7 @@ use tonic::transport::server::TcpConnectInfo;
 use crate::admin::AdminService;
 use auth::{Credentials, WrongTokens};
 use drill::DrillRun;
+use form::{field, form};
 use html::Page;
 
 /// The console's stylesheet and script, served from the binary.
@@ -70,7 +72,6 @@ pub fn router(admin: AdminService, admin_token: &str, tls: bool) -> Router {
     });
     Router::new()
         .route("/ui", get(home))
-        .route("/ui/", get(home))
         .route("/ui/login", get(login_form).post(login))
         .route("/ui/logout", post(logout))
         .route("/ui/static/console.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
@@ -128,15 +129,6 @@ async fn not_found() -> Response {
 
 fn peer(request: &Request) -> Option<IpAddr> {
     request.extensions().get::<TcpConnectInfo>().and_then(|i| i.remote_addr()).map(|a| a.ip())
-}
-
-/// The fields of a form body, in order.
-fn form(body: &Bytes) -> Vec<(String, String)> {
-    url::form_urlencoded::parse(body).into_owned().collect()
-}
-
-fn field<'f>(fields: &'f [(String, String)], name: &str) -> Option<&'f str> {
-    fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
 }
 
 async fn read_form(request: Request) -> Result<(HeaderMap, Vec<(String, String)>), Response> {
@@ -270,12 +262,12 @@ async fn drills(State(c): Shared, headers: HeaderMap) -> Response {
 async fn drill_run(State(c): Shared, headers: HeaderMap, uri: http::Uri) -> Response {
     let id = uri
         .query()
-        .map(|q| url::form_urlencoded::parse(q.as_bytes()).into_owned().collect::<Vec<_>>())
+        .map(|q| form(q.as_bytes()))
         .and_then(|q| field(&q, "id").and_then(|v| v.parse::<u64>().ok()));
     let run = id.and_then(|id| c.runs().into_iter().find(|r| r.id == id));
     let Some(run) = run else {
         return show(&c, &headers, Page::Drills, async {
-            Ok("<p class=\"error\" role=\"alert\">No such drill on this control plane. <a href=\"/ui/drills\">All drills</a></p>".to_owned())
+            Ok::<_, tonic::Status>("<p class=\"error\" role=\"alert\">No such drill on this control plane. <a href=\"/ui/drills\">All drills</a></p>".to_owned())
         })
         .await;
     };
@@ -293,10 +285,9 @@ async fn start_drill(State(c): Shared, request: Request) -> Response {
     if !c.credentials.form_is_ours(&headers, field(&fields, "csrf")) {
         return forbidden();
     }
-    let id = c.next_drill.load(Ordering::Relaxed);
+    let id = c.next_drill.fetch_add(1, Ordering::Relaxed);
     match pages::start_drill(&c.admin, &fields, id).await {
         Ok(run) => {
-            c.next_drill.fetch_add(1, Ordering::Relaxed);
             let to = format!("/ui/drills/run?id={}", run.id);
             if let Ok(mut drills) = c.drills.lock() {
                 drills.push_front(run);
@@ -307,9 +298,13 @@ async fn start_drill(State(c): Shared, request: Request) -> Response {
         // The form again, each bad field named, with what was typed (escaped) kept.
         Err(problems) => {
             let runs = c.runs();
-            let body =
-                pages::drills(&c.admin, c.credentials.csrf(), &runs, Some((&fields, &problems)))
-                    .await;
+            let body = pages::drills(
+                &c.admin,
+                c.credentials.csrf(),
+                &runs,
+                Some((fields.as_slice(), &problems)),
+            )
+            .await;
             match body {
                 Ok(body) => html(
                     StatusCode::UNPROCESSABLE_ENTITY,

@@ -402,7 +402,7 @@ pub async fn drills(
         admin.list_faults(Request::new(pb::ListFaultsRequest {})).await?.into_inner().faults_json;
 
     let typed =
-        |name: &str| retry.and_then(|(f, _)| super::field(f, name)).unwrap_or("").to_owned();
+        |name: &str| retry.and_then(|(f, _)| super::form::field(f, name)).unwrap_or("").to_owned();
     let mut out = String::new();
     if let Some((_, problems)) = retry {
         out.push_str("<div class=\"error\" role=\"alert\" id=\"form-errors\"><p>The drill was not started:</p><ul>");
@@ -487,7 +487,7 @@ pub async fn drills(
     out.push_str(&table(
         "faults",
         "Injected faults (drills and switchyard chaos)",
-        &["Name", "Target", "Key", "Kind", "Rate", "Expires", ""],
+        &["Name", "Target", "Key", "Kind", "Rate", "Expires", "Action"],
         &fault_rows,
         "No fault is in force.",
     ));
@@ -536,7 +536,7 @@ pub async fn start_drill(
             problems.push((name.clone(), "unknown field".into()));
         }
     }
-    let value = |name: &str| super::field(fields, name).map(str::trim).unwrap_or("");
+    let value = |name: &str| super::form::field(fields, name).map(str::trim).unwrap_or("");
     let missing = |name: &str, problems: &mut FieldProblems| {
         let v = value(name);
         if v.is_empty() {
