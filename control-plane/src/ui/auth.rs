@@ -172,7 +172,7 @@ mod tests {
         let c = Credentials::new("0123456789abcdef", false);
         let csrf = c.csrf().to_owned();
         let host = (http::header::HOST, "127.0.0.1:7400");
-        assert!(c.form_is_ours(&headers(&[host.clone()]), Some(&csrf)));
+        assert!(c.form_is_ours(&headers(std::slice::from_ref(&host)), Some(&csrf)));
         assert!(c.form_is_ours(
             &headers(&[host.clone(), (http::header::ORIGIN, "http://127.0.0.1:7400")]),
             Some(&csrf)
@@ -181,7 +181,7 @@ mod tests {
             &headers(&[host.clone(), (http::header::ORIGIN, "https://evil.example")]),
             Some(&csrf)
         ));
-        assert!(!c.form_is_ours(&headers(&[host.clone()]), None));
+        assert!(!c.form_is_ours(&headers(std::slice::from_ref(&host)), None));
         assert!(!c.form_is_ours(&headers(&[host]), Some("forged")));
         assert_ne!(Credentials::new("another token!!!", false).csrf(), csrf);
     }

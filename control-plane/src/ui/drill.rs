@@ -121,7 +121,8 @@ impl Verdict {
         match self {
             Verdict::Waiting => {
                 "no request of this key through this node has met the drill's faults yet: send \
-                 some traffic with the key"
+                 some traffic with the key (while the model's breaker on the node is open, \
+                 requests skip the model and meet no fault)"
             }
             Verdict::Pass(d) | Verdict::Fail(d) => d,
         }

@@ -101,7 +101,9 @@ fn secured(mut response: Response) -> Response {
     let h = response.headers_mut();
     h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // `same-origin`, not `no-referrer`: under `no-referrer` a browser sends `Origin: null`
+    // with the console's own form posts, and the origin check of its forms would refuse them.
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     // Pages hold fleet data: never kept by the browser or a proxy for the next user.
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

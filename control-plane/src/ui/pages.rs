@@ -169,7 +169,7 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
                 esc(&served),
                 format!("{} / {}", esc(provider), esc(upstream)),
                 state_cell(state),
-                format!("{open} open, {half} half-open of {nodes}"),
+                format!("{open} open, {half} half-open of {nodes} reporting"),
             ]
         })
         .collect();
@@ -198,7 +198,7 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
         })
         .collect();
     let mut recent: Vec<&pb::Breaker> = breakers.iter().filter(|b| b.since_unix_ms > 0).collect();
-    recent.sort_by(|a, b| b.since_unix_ms.cmp(&a.since_unix_ms));
+    recent.sort_by_key(|b| std::cmp::Reverse(b.since_unix_ms));
     let recent_rows: Vec<Vec<String>> = recent
         .iter()
         .take(RECENT_TRANSITIONS)
@@ -718,7 +718,7 @@ pub async fn keys(admin: &AdminService) -> Result<String, Status> {
         .keys
         .iter()
         .map(|k| {
-            let limits = k.limits.clone().unwrap_or_default();
+            let limits = k.limits.unwrap_or_default();
             vec![
                 esc(&k.id),
                 esc(&k.name),
