@@ -19,6 +19,7 @@ import urllib.request
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -134,8 +135,9 @@ try:
     go("/ui/fleet")
     assert driver.current_url.endswith("/ui/login"), driver.current_url
     shot("login")
-    driver.find_element(By.ID, "token").send_keys(TOKEN)
-    driver.find_element(By.CSS_SELECTOR, "form.login button").click()
+    # By keyboard alone: the field has the focus, Enter sends the form.
+    assert driver.switch_to.active_element.get_attribute("id") == "token"
+    driver.switch_to.active_element.send_keys(TOKEN + Keys.ENTER)
     wait("the fleet page", lambda: driver.current_url.endswith("/ui/fleet"))
     only_local()
     cookie = driver.get_cookie("switchyard_console")

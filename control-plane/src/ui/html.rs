@@ -83,7 +83,8 @@ pub fn page(current: Option<Page>, csrf: Option<&str>, body: &str) -> String {
          <title>{title} · Switchyard console</title>\
          <link rel=\"stylesheet\" href=\"/ui/static/console.css\">\
          <script src=\"/ui/static/console.js\" defer></script></head>\
-         <body><header><a class=\"brand\" href=\"/ui/fleet\">Switchyard</a>{nav}</header>\
+         <body><a class=\"skip\" href=\"#main\">Skip to the page</a>\
+         <header><a class=\"brand\" href=\"/ui/fleet\">Switchyard</a>{nav}</header>\
          <main id=\"main\"><h1>{title}</h1>{body}</main></body></html>\n"
     )
 }
