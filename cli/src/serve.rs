@@ -417,6 +417,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     println!();
     println!("  node (OpenAI-compatible HTTP):  {url}");
     println!("  control plane (gRPC):           {control_url}");
+    println!("  web console (admin token):      {control_url}/ui");
     println!("  simulated providers:            {}", sim.base_url());
     println!("  demo API key (shown once):      {demo_key}");
     println!();
