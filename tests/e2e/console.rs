@@ -121,3 +121,45 @@ async fn no_ui_turns_the_console_off() {
     // The rest of the listener is still there.
     assert_eq!(http_get(cp.addr, "/metrics", None).await.unwrap().status, 200);
 }
+
+#[tokio::test]
+async fn under_tls_the_console_is_served_on_the_same_port_with_a_secure_cookie() {
+    let ca = switchyard_e2e::pki::Ca::new("switchyard test CA");
+    let server = ca.leaf("control", &["localhost", "127.0.0.1"]);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let cp = start_control_with(
+        &store,
+        "127.0.0.1:0",
+        dir.path(),
+        "cp",
+        &[],
+        &["--tls-cert", &cert, "--tls-key", &key],
+    )
+    .await;
+    let https = |method: &'static str, path: &'static str, body: Option<String>| {
+        let ca = ca.cert_path().to_owned();
+        async move {
+            switchyard_e2e::tls::https_request(
+                cp.addr,
+                &ca,
+                method,
+                path,
+                None,
+                body.as_deref().map(str::as_bytes),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let page = https("GET", "/ui/fleet", None).await;
+    assert_eq!(page.status, 303, "{}", page.headers);
+    assert_eq!(page.header("location").as_deref(), Some("/ui/login"));
+    let signed_in = https("POST", "/ui/login", Some(format!("token={ADMIN_TOKEN}"))).await;
+    assert_eq!(signed_in.status, 303, "{}", signed_in.body);
+    let cookie = signed_in.header("set-cookie").unwrap();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/ui"] {
+        assert!(cookie.split("; ").any(|a| a == attribute), "{attribute} missing: {cookie}");
+    }
+}
