@@ -113,6 +113,9 @@ pub struct ControlArgs {
     /// one (mutual TLS; the join and admin tokens still apply). Needs --tls-cert.
     #[arg(long, env = "SWITCHYARD_CLIENT_CA", value_name = "FILE", requires = "tls_cert")]
     pub client_ca: Option<PathBuf>,
+    /// Turns the web console (`/ui` on this listener) off.
+    #[arg(long)]
+    pub no_ui: bool,
 }
 
 #[derive(Debug, Args)]
@@ -260,6 +263,7 @@ pub async fn control(args: ControlArgs) -> Result<(), ServeError> {
         disconnect_grace: args.node_grace,
         drain_timeout: args.drain_timeout,
         tls,
+        ui: !args.no_ui,
     })
     .await?;
     // The one line on stdout: scripts and tests read the bound address from it.
@@ -377,6 +381,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
         disconnect_grace: BREAKER_GRACE,
         drain_timeout: server::DEFAULT_DRAIN_TIMEOUT,
         tls: None,
+        ui: true,
     })
     .await?;
     let control_url = format!("http://{}", control.local_addr);
@@ -412,6 +417,7 @@ pub async fn dev(args: DevArgs) -> Result<(), ServeError> {
     println!();
     println!("  node (OpenAI-compatible HTTP):  {url}");
     println!("  control plane (gRPC):           {control_url}");
+    println!("  web console (admin token):      {control_url}/ui");
     println!("  simulated providers:            {}", sim.base_url());
     println!("  demo API key (shown once):      {demo_key}");
     println!();

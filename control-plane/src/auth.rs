@@ -15,7 +15,7 @@ impl Token {
         Self(Sha256::digest(secret.as_bytes()).into())
     }
 
-    fn matches(&self, presented: &str) -> bool {
+    pub fn matches(&self, presented: &str) -> bool {
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         digest.iter().zip(self.0.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }

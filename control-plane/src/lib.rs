@@ -18,4 +18,5 @@ pub mod peer;
 pub mod reports;
 pub mod server;
 pub mod store;
+pub mod ui;
 pub mod webhooks;

@@ -46,6 +46,7 @@ use crate::limits::{self, FleetLedger};
 use crate::metrics::ControlMetrics;
 use crate::nodes::{NodeService, NodeShared, Presence};
 use crate::store::{self, LeaseId, Store, StoreError, election};
+use crate::ui;
 use crate::webhooks::{self, DeliveryOptions, Interest};
 
 /// The replica's lease: node presence records vanish this long after a replica dies.
@@ -77,6 +78,8 @@ pub struct ControlOptions {
     /// TLS on the gRPC listener (`--tls-cert`, `--tls-key`, `--client-ca`); plaintext
     /// without.
     pub tls: Option<Acceptor>,
+    /// Serves the web console at `/ui` (`--no-ui` turns it off).
+    pub ui: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -257,15 +260,30 @@ pub async fn start_with_store(
         stopping: stop.clone(),
         fleet,
     };
+    // The console reads through its own handle on the same store, cache and shutdown.
+    let console = options.ui.then(|| {
+        let service = AdminService {
+            store: Arc::clone(&admin.store),
+            layout: admin.layout.clone(),
+            cache: Arc::clone(&admin.cache),
+            stopping: stop.clone(),
+            fleet: admin.fleet.clone(),
+        };
+        ui::router(service, &options.admin_token, options.tls.is_some())
+    });
     let admin = AdminServer::with_interceptor(admin, AdminAuth(Token::new(&options.admin_token)));
 
     let nodes = ClosingNodeStreams { inner: nodes, stop: stop.clone() };
     info!(addr = %local_addr, tls = options.tls.is_some(), "control plane listening");
     // `/metrics` shares the gRPC port, over HTTP/1.1 too, so a scraper needs no other port.
-    let routes = tonic::service::Routes::new(admin)
+    let mut routes = tonic::service::Routes::new(admin)
         .add_service(NodeControlServer::new(nodes))
         .into_axum_router()
         .route("/metrics", axum::routing::get(scrape_metrics).with_state(scrape));
+    // The console shares the port and TLS too: its pages are plain HTTP/1.1 routes.
+    if let Some(console) = console {
+        routes = routes.merge(console);
+    }
     let server = tonic::transport::Server::builder()
         .trace_fn(admin_span)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
