@@ -105,7 +105,11 @@ pub struct Model {
     pub upstream_model: String,
     /// Several deployments serving this one model (docs/catalog.md, "Deployments"), in
     /// place of `provider`/`upstream_model`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "listed_deployments"
+    )]
     pub deployments: Vec<Deployment>,
     /// How an attempt picks among `deployments`.
     #[serde(default, skip_serializing_if = "Balance::is_weighted")]
@@ -192,6 +196,18 @@ impl Deployment {
     pub fn id(&self) -> String {
         format!("{}/{}", self.provider, self.upstream_model)
     }
+}
+
+/// `deployments`: absent, or at least one. `[]` would read as absent and then be refused for
+/// a missing `provider`, naming the wrong field.
+fn listed_deployments<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Deployment>, D::Error> {
+    let listed = Vec::<Deployment>::deserialize(d)?;
+    if listed.is_empty() {
+        return Err(serde::de::Error::custom(
+            "must list at least one deployment (or leave deployments out and name the model's provider)",
+        ));
+    }
+    Ok(listed)
 }
 
 fn one() -> u32 {
@@ -1350,7 +1366,10 @@ mod tests {
                 serde_json::json!({"name": "gpt", "deployments": [{"provider": "east", "upstream_model": "x", "max_concurrency": 0}]}),
                 "models[0].deployments[0].max_concurrency: must be at least 1",
             ),
-            (serde_json::json!({"name": "gpt", "deployments": []}), "models[0].provider: required"),
+            (
+                serde_json::json!({"name": "gpt", "deployments": []}),
+                "must list at least one deployment",
+            ),
         ];
         for (model, expected) in cases {
             let err = with_deployments(model.clone()).unwrap_err();

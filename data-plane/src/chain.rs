@@ -14,7 +14,7 @@ use switchyard_catalog::{
 
 use crate::chaos;
 use crate::config::NodeConfig;
-use crate::deployment::Pool;
+use crate::deployment::{Member, Pool};
 use crate::error::ApiError;
 use crate::keys::Key;
 use crate::providers::CallError;
@@ -60,19 +60,21 @@ pub struct Target<'a> {
     pub model: &'a Arc<Model>,
     pub body: Option<&'a Bytes>,
     pub faults: &'a [Arc<Fault>],
-    /// The deployment's id, for a model with `deployments`.
-    pub deployment: Option<&'a Arc<str>>,
+    /// The deployment, for a model with `deployments`.
+    pub member: Option<&'a Member>,
+}
+
+impl<'a> Target<'a> {
+    /// The deployment's id (`<provider>/<upstream_model>`), for a model with `deployments`.
+    pub fn deployment(&self) -> Option<&'a Arc<str>> {
+        self.member.map(|m| &m.id)
+    }
 }
 
 impl Entry {
     /// The entry's one target, for a model without `deployments`.
     pub fn target(&self) -> Target<'_> {
-        Target {
-            model: &self.model,
-            body: self.body.as_ref(),
-            faults: &self.faults,
-            deployment: None,
-        }
+        Target { model: &self.model, body: self.body.as_ref(), faults: &self.faults, member: None }
     }
 }
 
@@ -82,9 +84,10 @@ impl Deployments {
         let member = &self.pool.members[i];
         Target {
             model: &member.model,
-            body: self.bodies[i].as_ref(),
-            faults: &self.faults[i],
-            deployment: Some(&member.id),
+            // Empty when no member's adapter translates, or no drill is on.
+            body: self.bodies.get(i).and_then(Option::as_ref),
+            faults: self.faults.get(i).map_or(&[], Vec::as_slice),
+            member: Some(member),
         }
     }
 }
@@ -310,12 +313,10 @@ fn deployments(
                 bodies.push(None);
             }
         }
-        faults.push(chaos::matching(
-            &config.faults,
-            &member.model.name,
-            &member.model.provider,
-            &key.id,
-        ));
+        if !config.faults.is_empty() {
+            let (name, provider) = (&member.model.name, &member.model.provider);
+            faults.push(chaos::matching(&config.faults, name, provider, &key.id));
+        }
     }
     if allowed == 0 {
         let name = &spec.model;
@@ -332,6 +333,11 @@ fn deployments(
                 param: spec.param.clone(),
             },
         });
+    }
+    // Kept only when they hold something: most requests carry neither a translated body
+    // nor a fault.
+    if bodies.iter().all(Option::is_none) {
+        bodies = Vec::new();
     }
     Ok(Deployments {
         pool: Arc::clone(pool),

@@ -13,12 +13,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use rand::Rng as _;
 
 use switchyard_catalog::{Balance, Catalog, Model};
 
-use crate::metrics::{Metrics, UpstreamLabels};
+use crate::metrics::{DeploymentAttemptLabels, Metrics, UpstreamLabels};
 
 /// Most deployments a model may list: the members a request may use are a bit set.
 pub const MAX_DEPLOYMENTS: usize = 64;
@@ -53,6 +54,38 @@ pub struct Member {
     /// The deployment's region, else its provider's: what keys' `allowed_regions` check.
     pub region: Option<String>,
     load: OnceLock<Arc<Load>>,
+    /// `switchyard_deployment_attempts_total` of its served attempts: resolved once, as the
+    /// request path counts one on almost every request.
+    served: OnceLock<Counter>,
+}
+
+impl Member {
+    /// Its load, looked up once per config version.
+    pub fn load(&self, loads: &Loads) -> &Arc<Load> {
+        self.load.get_or_init(|| loads.deployment(&self.model.provider, &self.id))
+    }
+
+    /// The counter of its attempts with `status` and `reason`.
+    pub fn attempts(
+        &self,
+        metrics: &Metrics,
+        status: &'static str,
+        reason: &'static str,
+    ) -> Counter {
+        let labels = |status, reason| DeploymentAttemptLabels {
+            model: self.model.name.clone(),
+            deployment: self.id.to_string(),
+            status,
+            reason,
+        };
+        if status == "served" && reason.is_empty() {
+            let served = self.served.get_or_init(|| {
+                metrics.deployment_attempts.get_or_create(&labels(status, reason)).clone()
+            });
+            return served.clone();
+        }
+        metrics.deployment_attempts.get_or_create(&labels(status, reason)).clone()
+    }
 }
 
 impl Pool {
@@ -75,6 +108,7 @@ impl Pool {
                 weight: d.weight.max(1),
                 model: Arc::new(m),
                 load: OnceLock::new(),
+                served: OnceLock::new(),
             })
             .collect();
         Some(Pool {
@@ -94,52 +128,48 @@ impl Pool {
     /// the rest are where a failure goes next. With a `session`, the session's own order
     /// (rendezvous hashing: each member's score for the session, highest first), so every
     /// node sends a session to the same deployment while it is healthy.
-    pub fn order(
-        &self,
-        allowed: u64,
-        session: Option<&str>,
-        loads: &Loads,
-        now: Instant,
-    ) -> Vec<usize> {
-        let mut order: Vec<usize> =
-            (0..self.members.len()).filter(|i| allowed & (1 << i) != 0).collect();
-        if order.len() < 2 {
+    pub fn order(&self, allowed: u64, session: Option<&str>, loads: &Loads, now: Instant) -> Order {
+        let mut order = Order::default();
+        for i in (0..self.members.len()).filter(|i| allowed & (1 << i) != 0) {
+            order.items[order.len] = i as u8;
+            order.len += 1;
+        }
+        let slice = &mut order.items[..order.len];
+        if slice.len() < 2 {
             return order;
         }
         if let Some(session) = session {
-            let score = |i: usize| rendezvous(session, &self.members[i]);
-            order.sort_by(|a, b| score(*b).total_cmp(&score(*a)));
+            let score = |i: u8| rendezvous(session, &self.members[usize::from(i)]);
+            slice.sort_by(|a, b| score(*b).total_cmp(&score(*a)));
             return order;
         }
         match self.balance {
             Balance::Weighted => {
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
-                let first = usize::from(self.schedule[(n % self.schedule.len() as u64) as usize]);
+                let first = self.schedule[(n % self.schedule.len() as u64) as usize];
                 // The pick first, then the rest in catalog order from it.
-                let at = order.iter().position(|i| *i >= first).unwrap_or(0);
-                order.rotate_left(at);
+                let at = slice.iter().position(|i| *i >= first).unwrap_or(0);
+                slice.rotate_left(at);
             }
             Balance::LeastBusy => {
                 // Ties go round, so equally idle deployments share the traffic.
-                let start = self.next.fetch_add(1, Ordering::Relaxed) as usize % order.len();
-                order.rotate_left(start);
-                order.sort_by_key(|i| self.load(*i, loads).in_flight());
+                let start = self.next.fetch_add(1, Ordering::Relaxed) as usize % slice.len();
+                slice.rotate_left(start);
+                slice.sort_by_key(|i| self.load(usize::from(*i), loads).in_flight());
             }
             Balance::LeastLatency => {
-                let cost = |i: usize| self.load(i, loads).cost(now);
+                let cost = |i: u8| self.load(usize::from(i), loads).cost(now);
                 // Power of two choices: two members at random, the cheaper first; then the
                 // rest, cheapest first, for failover.
                 let mut rng = rand::rng();
-                let a = rng.random_range(0..order.len());
-                let mut b = rng.random_range(0..order.len() - 1);
+                let a = rng.random_range(0..slice.len());
+                let mut b = rng.random_range(0..slice.len() - 1);
                 if b >= a {
                     b += 1;
                 }
-                let (a, b) = (order[a], order[b]);
-                let first = if cost(b) < cost(a) { b } else { a };
-                order.retain(|i| *i != first);
-                order.sort_by(|x, y| cost(*x).total_cmp(&cost(*y)));
-                order.insert(0, first);
+                let first = if cost(slice[b]) < cost(slice[a]) { b } else { a };
+                slice[..=first].rotate_right(1);
+                slice[1..].sort_by(|x, y| cost(*x).total_cmp(&cost(*y)));
             }
         }
         order
@@ -147,8 +177,7 @@ impl Pool {
 
     /// The load of member `i`, looked up once per config version.
     pub fn load(&self, i: usize, loads: &Loads) -> &Arc<Load> {
-        let m = &self.members[i];
-        m.load.get_or_init(|| loads.deployment(&m.model.provider, &m.id))
+        self.members[i].load(loads)
     }
 }
 
@@ -212,6 +241,30 @@ pub fn session_key(headers: &http::HeaderMap) -> Option<&str> {
         .find_map(|name| headers.get(*name)?.to_str().ok())
         .map(str::trim)
         .filter(|s| !s.is_empty())
+}
+
+/// The members an attempt tries, in order: on the stack, a model has at most
+/// [`MAX_DEPLOYMENTS`].
+#[derive(Clone, Copy, Debug)]
+pub struct Order {
+    items: [u8; MAX_DEPLOYMENTS],
+    len: usize,
+}
+
+impl Default for Order {
+    fn default() -> Self {
+        Self { items: [0; MAX_DEPLOYMENTS], len: 0 }
+    }
+}
+
+impl Order {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.items[..self.len]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.as_slice().iter().map(|i| usize::from(*i))
+    }
 }
 
 // === Load ===
@@ -455,6 +508,16 @@ impl Loads {
 mod tests {
     use super::*;
 
+    fn ordered(
+        pool: &Pool,
+        allowed: u64,
+        session: Option<&str>,
+        loads: &Loads,
+        now: Instant,
+    ) -> Vec<usize> {
+        pool.order(allowed, session, loads, now).iter().collect()
+    }
+
     fn pool(yaml: serde_json::Value) -> (Pool, Loads) {
         let catalog: Catalog = serde_json::from_value(serde_json::json!({
             "providers": [
@@ -487,12 +550,12 @@ mod tests {
         let now = Instant::now();
         let mut counts = [0; 3];
         for _ in 0..600 {
-            counts[pool.order(pool.all(), None, &loads, now)[0]] += 1;
+            counts[ordered(&pool, pool.all(), None, &loads, now)[0]] += 1;
         }
         assert_eq!(counts, [300, 100, 200]);
         // Spread out, not in runs: the heaviest never takes a whole round's share in a row.
         let firsts: Vec<usize> =
-            (0..6).map(|_| pool.order(pool.all(), None, &loads, now)[0]).collect();
+            (0..6).map(|_| ordered(&pool, pool.all(), None, &loads, now)[0]).collect();
         assert!(firsts.windows(3).all(|w| w.iter().any(|i| *i != 0)), "{firsts:?}");
     }
 
@@ -501,7 +564,7 @@ mod tests {
         let (pool, loads) = three("weighted", [1, 1, 1]);
         let now = Instant::now();
         for _ in 0..3 {
-            let mut order = pool.order(0b101, None, &loads, now);
+            let mut order = ordered(&pool, 0b101, None, &loads, now);
             assert_eq!(order.len(), 2);
             order.sort();
             assert_eq!(order, [0, 2], "a member the key may not use is never tried");
@@ -516,17 +579,17 @@ mod tests {
     fn a_session_keeps_its_deployment_and_moves_to_its_own_next_choice() {
         let (pool, loads) = three("least_busy", [1, 1, 1]);
         let now = Instant::now();
-        let order = pool.order(pool.all(), Some("session-1"), &loads, now);
+        let order = ordered(&pool, pool.all(), Some("session-1"), &loads, now);
         for _ in 0..20 {
-            assert_eq!(pool.order(pool.all(), Some("session-1"), &loads, now), order);
+            assert_eq!(ordered(&pool, pool.all(), Some("session-1"), &loads, now), order);
         }
         // Without its first choice, the session's second, every time.
         let without = pool.all() & !(1 << order[0]);
-        assert_eq!(pool.order(without, Some("session-1"), &loads, now)[0], order[1]);
+        assert_eq!(ordered(&pool, without, Some("session-1"), &loads, now)[0], order[1]);
         // Sessions spread over the deployments.
         let mut firsts = [0; 3];
         for s in 0..300 {
-            firsts[pool.order(pool.all(), Some(&format!("s{s}")), &loads, now)[0]] += 1;
+            firsts[ordered(&pool, pool.all(), Some(&format!("s{s}")), &loads, now)[0]] += 1;
         }
         assert!(firsts.iter().all(|n| *n > 50), "{firsts:?}");
     }
@@ -540,7 +603,7 @@ mod tests {
             .map(|i| Slot::take(Some((Arc::clone(pool.load(*i, &loads)), None)), None).unwrap())
             .collect();
         for _ in 0..10 {
-            assert_eq!(pool.order(pool.all(), None, &loads, now)[0], 1);
+            assert_eq!(ordered(&pool, pool.all(), None, &loads, now)[0], 1);
         }
         drop(busy);
         assert_eq!(pool.load(0, &loads).in_flight(), 0, "a dropped slot leaves");
@@ -556,12 +619,12 @@ mod tests {
         pool.load(0, &loads).answered(Answered::Ok(Duration::from_millis(100)), None, now);
         pool.load(1, &loads).answered(Answered::Ok(Duration::from_millis(500)), None, now);
         for _ in 0..20 {
-            assert_eq!(pool.order(pool.all(), None, &loads, now), [0, 1]);
+            assert_eq!(ordered(&pool, pool.all(), None, &loads, now), [0, 1]);
         }
         // The fast one stays fed; the slow one fades while nobody calls it.
         let later = now + Duration::from_secs(30);
         pool.load(0, &loads).answered(Answered::Ok(Duration::from_millis(100)), None, later);
-        assert_eq!(pool.order(pool.all(), None, &loads, later)[0], 1);
+        assert_eq!(ordered(&pool, pool.all(), None, &loads, later)[0], 1);
     }
 
     #[test]

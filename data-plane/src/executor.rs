@@ -22,8 +22,7 @@ use crate::deployment::{Answered, Cap, Full, Loads, Slot};
 use crate::error::ApiError;
 use crate::failure::{self, Code, Failure, Verdict};
 use crate::metrics::{
-    BreakerLabels, DeploymentAttemptLabels, InjectedLabels, Metrics, ProviderModelLabels,
-    RetryLabels, TransitionLabels,
+    BreakerLabels, InjectedLabels, Metrics, ProviderModelLabels, RetryLabels, TransitionLabels,
 };
 use crate::otel;
 use crate::providers::{
@@ -148,7 +147,7 @@ impl Tally {
                 Next::Answer(Ok(Served {
                     output,
                     model: Arc::clone(target.model),
-                    deployment: target.deployment.cloned(),
+                    deployment: target.deployment().cloned(),
                     attempts,
                 }))
             }
@@ -271,7 +270,7 @@ impl Executor {
             };
             tried = true;
             let target = entry.target();
-            let slot = match self.slot(config, target, None) {
+            let slot = match self.slot(config, target) {
                 Ok(slot) => slot,
                 Err(full) => {
                     drop(permit);
@@ -345,7 +344,7 @@ impl Executor {
             };
             self.report_transition(transition);
             let mut probe_report = Vec::with_capacity(1);
-            let slot = match self.slot(config, target, entry.deployments.as_ref()) {
+            let slot = match self.slot(config, target) {
                 Ok(slot) => slot,
                 Err(_full) => continue,
             };
@@ -776,7 +775,7 @@ impl Executor {
         let mut tried = false;
         let mut ready_at: Option<Instant> = None;
         let mut last = None;
-        for k in order {
+        for k in order.iter() {
             let left = end.saturating_duration_since(Instant::now());
             // A deployment after a failed one gets what is left, if that is enough to work.
             if tried && left < FAIR_MINIMUM.min(timeout) {
@@ -796,7 +795,7 @@ impl Executor {
                 }
             };
             tried = true;
-            let slot = match self.slot(config, target, Some(deployments)) {
+            let slot = match self.slot(config, target) {
                 Ok(slot) => slot,
                 Err(full) => {
                     drop(permit);
@@ -837,12 +836,7 @@ impl Executor {
     /// Counts a call to `target` in flight at its deployment and provider, under their caps
     /// (docs/catalog.md, "Upstream concurrency"). `None` when nothing needs counting: a model
     /// with one deployment, no cap on it or its provider.
-    fn slot(
-        &self,
-        config: &NodeConfig,
-        target: Target<'_>,
-        deployments: Option<&Deployments>,
-    ) -> Result<Option<Slot>, Full> {
+    fn slot(&self, config: &NodeConfig, target: Target<'_>) -> Result<Option<Slot>, Full> {
         let model = target.model;
         let cap = Cap::of(model.max_concurrency, model.adaptive);
         let provider = config
@@ -850,16 +844,9 @@ impl Executor {
             .get(&model.provider)
             .and_then(|p| Cap::of(p.def.max_concurrency, p.def.adaptive))
             .map(|cap| (self.loads.provider(&model.provider), cap));
-        let deployment = match (target.deployment, deployments) {
-            (Some(id), Some(d)) => {
-                let member = d.pool.members.iter().position(|m| Arc::ptr_eq(&m.id, id));
-                let load = match member {
-                    Some(k) => Arc::clone(d.pool.load(k, &self.loads)),
-                    None => self.loads.deployment(&model.provider, id),
-                };
-                Some((load, cap))
-            }
-            _ => cap.map(|cap| {
+        let deployment = match target.member {
+            Some(member) => Some((Arc::clone(member.load(&self.loads)), cap)),
+            None => cap.map(|cap| {
                 let id = format!("{}/{}", model.provider, model.upstream_model);
                 (self.loads.deployment(&model.provider, &id), Some(cap))
             }),
@@ -880,16 +867,16 @@ impl Executor {
         attempts: &mut Vec<AttemptReport>,
     ) -> Next {
         let model = target.model;
-        debug!(model = %model.name, deployment = ?target.deployment, ?full, "over the cap on requests in flight");
+        debug!(model = %model.name, deployment = ?target.deployment(), ?full, "over the cap on requests in flight");
         let reason = FailoverReason::RateLimit;
         let metrics = self.metrics.model(&model.name);
         metrics.attempt(AttemptStatus::Failed.as_str(), reason.as_str()).inc();
-        if let Some(deployment) = target.deployment {
-            self.deployment_attempt(model, deployment, AttemptStatus::Failed, reason.as_str());
+        if let Some(member) = target.member {
+            member.attempts(&self.metrics, AttemptStatus::Failed.as_str(), reason.as_str()).inc();
         }
         attempts.push(AttemptReport {
             status: AttemptStatus::Failed,
-            deployment: target.deployment.cloned(),
+            deployment: target.deployment().cloned(),
             local_limit: true,
             ..skipped(model, AttemptReason::Failover(reason))
         });
@@ -922,8 +909,8 @@ impl Executor {
         let metrics = self.metrics.model(&model.name);
         metrics.attempt(status.as_str(), reason_str).inc();
         metrics.duration.observe(started.elapsed().as_secs_f64());
-        if let Some(deployment) = target.deployment {
-            self.deployment_attempt(model, deployment, status, reason_str);
+        if let Some(member) = target.member {
+            member.attempts(&self.metrics, status.as_str(), reason_str).inc();
         }
         attempts.push(AttemptReport {
             model: model.name.clone(),
@@ -933,25 +920,9 @@ impl Executor {
             retries,
             probe: false,
             injected: injector.first().map(|f| f.name.clone()),
-            deployment: target.deployment.cloned(),
+            deployment: target.deployment().cloned(),
             local_limit: false,
         });
-    }
-
-    fn deployment_attempt(
-        &self,
-        model: &Model,
-        deployment: &str,
-        status: AttemptStatus,
-        reason: &'static str,
-    ) {
-        let labels = DeploymentAttemptLabels {
-            model: model.name.clone(),
-            deployment: deployment.to_owned(),
-            status: status.as_str(),
-            reason,
-        };
-        self.metrics.deployment_attempts.get_or_create(&labels).inc();
     }
 
     /// Logs a breaker transition, updates its metrics and queues it for the control plane.

@@ -135,13 +135,19 @@ fn state_cell(state: &str) -> String {
 }
 
 pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
-    let breakers =
-        admin.list_breakers(Request::new(pb::ListBreakersRequest {})).await?.into_inner().breakers;
+    let listed = admin.list_breakers(Request::new(pb::ListBreakersRequest {})).await?.into_inner();
+    let breakers = listed.breakers;
+    // Deployments open for the whole fleet (docs/operating.md, "The fleet's breaker view").
+    let open_for_fleet: BTreeMap<(String, String), _> =
+        listed.fleet.iter().map(|f| ((f.provider.clone(), f.upstream_model.clone()), f)).collect();
     let models = models_by_deployment(admin).await.unwrap_or_default();
     let now = now_ms();
     // The fleet's view of a deployment: open when any node holds it open (every node then
     // skips it), half-open while one probes it, closed otherwise.
     let mut fleet: BTreeMap<(String, String), (usize, usize, usize)> = BTreeMap::new();
+    for key in open_for_fleet.keys() {
+        fleet.entry(key.clone()).or_default();
+    }
     for b in &breakers {
         let e = fleet.entry((b.provider.clone(), b.upstream_model.clone())).or_default();
         e.0 += 1;
@@ -154,7 +160,10 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
     let fleet_rows: Vec<Vec<String>> = fleet
         .iter()
         .map(|((provider, upstream), (nodes, open, half))| {
-            let state = if *open > 0 {
+            let shared = open_for_fleet.get(&(provider.clone(), upstream.clone()));
+            let state = if shared.is_some() {
+                "open (fleet)"
+            } else if *open > 0 {
                 "open"
             } else if *half > 0 {
                 "half_open"
@@ -170,6 +179,11 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
                 format!("{} / {}", esc(provider), esc(upstream)),
                 state_cell(state),
                 format!("{open} open, {half} half-open of {nodes} reporting"),
+                shared.map_or_else(
+                    || "—".to_owned(),
+                    |f| format!("{} ({} ago)", esc(&f.opened_by), age(now, f.since_unix_ms)),
+                ),
+                shared.map_or_else(|| "—".to_owned(), |f| esc(&f.prober)),
             ]
         })
         .collect();
@@ -217,7 +231,7 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
         table(
             "fleet-breakers",
             "The fleet's view, per model and deployment",
-            &["Models", "Deployment", "Fleet state", "Nodes"],
+            &["Models", "Deployment", "Fleet state", "Nodes", "Opened by", "Prober"],
             &fleet_rows,
             "No breaker reported yet."
         ),
