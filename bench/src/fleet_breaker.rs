@@ -220,6 +220,8 @@ struct Round {
     calls_after_stop: u64,
     /// The failure → the last node seen skipping it.
     all_skip_ms: f64,
+    /// The first node seen skipping it → the last: how long the fleet took to follow it.
+    first_to_all_ms: f64,
     /// Each node's time to skip it.
     node_skip_ms: Vec<f64>,
     /// Probes counted by the nodes over the observation window, and that window.
@@ -278,11 +280,12 @@ async fn run_mode(o: &Options, fleet: bool, refused: bool) -> Result<Mode> {
     for r in 0..o.rounds {
         let round = run_round(o, &fleet_procs, &nodes, r).await?;
         eprintln!(
-            "  round {}: {} failed calls before every node skipped it ({} by the answers), all skipping after {:.0} ms, {} probes in {:.1} s ({:.1}/min), {} calls after the stop, {} non-200",
+            "  round {}: {} failed calls before every node skipped it ({} by the answers), all skipping after {:.0} ms ({:.0} ms after the first), {} probes in {:.1} s ({:.1}/min), {} calls after the stop, {} non-200",
             r + 1,
             round.failed_calls,
             round.answers_failed_calls,
             round.all_skip_ms,
+            round.first_to_all_ms,
             round.probes,
             round.window_secs,
             round.probes_per_min(),
@@ -455,6 +458,7 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
     let stops = stop_times(&records, &seen_open);
     let (answers_failed_calls, calls_after_stop) = split_calls(&records, &stops);
     let user_calls = (calls_to - calls_before) as i64 - (probes_to - probes_before) as i64;
+    let first_stopped = stops.iter().flatten().min().copied().unwrap_or(all_stopped);
     let ms = |t: Option<Instant>| {
         t.map_or(f64::NAN, |t| t.saturating_duration_since(failed_at).as_secs_f64() * 1e3)
     };
@@ -463,6 +467,7 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
         answers_failed_calls,
         calls_after_stop,
         all_skip_ms: ms(Some(all_stopped)),
+        first_to_all_ms: all_stopped.saturating_duration_since(first_stopped).as_secs_f64() * 1e3,
         node_skip_ms: stops.into_iter().map(ms).collect(),
         probes: probes_to.saturating_sub(probes_from),
         window_secs,
@@ -580,27 +585,29 @@ fn print_table(o: &Options, modes: &[Mode]) {
         o.observe.as_secs()
     );
     println!(
-        "| breaker view | failed calls before the fleet stops, median | p99 | every node skipping after ms, median | p99 | probes/min while down, median | p99 | calls after a node stopped | non-200 |"
+        "| breaker view | failed calls before the fleet stops, median | p99 | every node skipping after ms, median | p99 | first → every node ms, median | probes/min while down, median | p99 | calls after a node stopped | non-200 |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for m in modes {
         if m.pending {
             println!(
-                "| {} | pending: this `switchyard` has no `breaker_policy.fleet` | | | | | | | |",
+                "| {} | pending: this `switchyard` has no `breaker_policy.fleet` | | | | | | | | |",
                 label(m)
             );
             continue;
         }
         let (calls50, calls99) = spread(&m.rounds, |r| r.failed_calls as f64);
         let (skip50, skip99) = spread(&m.rounds, |r| r.all_skip_ms);
+        let (follow50, _) = spread(&m.rounds, |r| r.first_to_all_ms);
         let (probes50, probes99) = spread(&m.rounds, Round::probes_per_min);
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             label(m),
             fmt(calls50, 0),
             fmt(calls99, 0),
             fmt(skip50, 0),
             fmt(skip99, 0),
+            fmt(follow50, 0),
             fmt(probes50, 1),
             fmt(probes99, 1),
             m.rounds.iter().map(|r| r.calls_after_stop).sum::<u64>(),
@@ -624,12 +631,14 @@ fn report_json(o: &Options, modes: &[Mode]) -> Value {
                 "pending": m.pending,
                 "failed_calls": figure(&|r| r.failed_calls as f64),
                 "all_skip_ms": figure(&|r| r.all_skip_ms),
+                "first_to_all_ms": figure(&|r| r.first_to_all_ms),
                 "probes_per_min": figure(&Round::probes_per_min),
                 "rounds": m.rounds.iter().map(|r| json!({
                     "failed_calls": r.failed_calls,
                     "answers_failed_calls": r.answers_failed_calls,
                     "calls_after_stop": r.calls_after_stop,
                     "all_skip_ms": r.all_skip_ms,
+                    "first_to_all_ms": r.first_to_all_ms,
                     "node_skip_ms": r.node_skip_ms,
                     "probes": r.probes,
                     "window_secs": r.window_secs,
