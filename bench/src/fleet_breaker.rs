@@ -6,8 +6,8 @@
 //! Per mode, one simulator, one control plane (embedded store) and `--nodes` nodes, the
 //! catalog below. Each round kills a model of its own (`sim/dying-R`, so that every round
 //! starts from closed breakers with full windows): `--clients` connections per node send
-//! it requests at `--rps` per node in all (with `sim/secondary` as the fallback that
-//! serves), the simulator is scripted to answer it 503, and the round measures
+//! it requests at `--rps` per node in all (the first node at `--hot-rps`, when given: one busy
+//! node among quiet ones), with `sim/secondary` as the fallback that serves; the simulator is scripted to answer it 503, and the round measures
 //!
 //! - the failed user calls it received before the whole fleet stopped sending: the
 //!   simulator's request counter for the model, less the probes the nodes counted
@@ -34,7 +34,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, header};
 use serde_json::{Value, json};
-use tokio::sync::Barrier;
+use tokio::sync::{Barrier, RwLock};
 use tokio::task::JoinSet;
 
 use crate::client::{connect, http, metrics_text};
@@ -45,7 +45,7 @@ use crate::proc::{Proc, default_switchyard};
 use crate::stats::{fmt, median, pct, sum_labelled};
 
 const USAGE: &str = "usage: switchyard-bench fleet-breaker [--switchyard PATH] [--nodes 10] \
-[--clients 3] [--rps 5] [--rounds 3] [--observe-secs 20] [--fleet off,on] [--json]";
+[--clients 3] [--rps 5] [--hot-rps N] [--rounds 3] [--observe-secs 20] [--fleet off,on] [--json]";
 
 /// The breaker policy every mode shares (the catalog's defaults, written out so that the
 /// figures say what they were measured with): a node's breaker opens on its 10th failed
@@ -69,6 +69,8 @@ struct Options {
     nodes: usize,
     clients: usize,
     rps: usize,
+    /// The first node's rate (`--rps` unless given).
+    hot_rps: Option<usize>,
     rounds: usize,
     observe: Duration,
     /// `fleet:` values to measure, in this order.
@@ -82,6 +84,7 @@ fn parse(args: &[String]) -> Result<Options> {
         nodes: 10,
         clients: 3,
         rps: 5,
+        hot_rps: None,
         rounds: 3,
         observe: Duration::from_secs(20),
         modes: vec![false, true],
@@ -95,6 +98,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--nodes" => o.nodes = bounded(value()?, 1, 100, "--nodes")?,
             "--clients" => o.clients = bounded(value()?, 1, 64, "--clients")?,
             "--rps" => o.rps = bounded(value()?, 1, 1_000, "--rps")?,
+            "--hot-rps" => o.hot_rps = Some(bounded(value()?, 1, 1_000, "--hot-rps")?),
             "--rounds" => o.rounds = bounded(value()?, 1, 50, "--rounds")?,
             "--observe-secs" => {
                 o.observe =
@@ -375,12 +379,14 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
     let records = Arc::new(Mutex::new(Vec::<Record>::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let warmed = Arc::new(Barrier::new(nodes.len() * o.clients + 1));
+    let gate = Arc::new(RwLock::new(()));
     // Every node's breaker window full of successes before the failure: its breaker then
     // opens on its MIN_REQUESTS-th failure (ratio WINDOW_SIZE × threshold), as in service.
     let warm_each = (WINDOW_SIZE + 2).div_ceil(o.clients);
-    let every = Duration::from_secs_f64(o.clients as f64 / o.rps as f64);
     let mut clients = JoinSet::new();
     for (n, &addr) in nodes.iter().enumerate() {
+        let rps = if n == 0 { o.hot_rps.unwrap_or(o.rps) } else { o.rps };
+        let every = Duration::from_secs_f64(o.clients as f64 / rps as f64);
         for c in 0..o.clients {
             // Spread over the interval, so a node's requests (and the fleet's) are evenly
             // spaced rather than in bursts.
@@ -394,6 +400,7 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
                 records: Arc::clone(&records),
                 stop: Arc::clone(&stop),
                 warmed: Arc::clone(&warmed),
+                gate: Arc::clone(&gate),
             };
             clients.spawn(client.run(warm_each, every, every.mul_f64(slot)));
         }
@@ -402,9 +409,15 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
     tokio::time::sleep(LEAD_IN).await;
 
     let probes_before = probes(nodes, &upstream).await?;
-    let calls_before = sim_requests(fleet.sim.addr, &upstream).await?;
-    let failed_at = Instant::now();
-    fleet.script(&upstream, json!({"kind": "status", "status": 503})).await?;
+    // No request in flight between reading the counter and the failure (a few ms the
+    // clients wait out): every call it counts from here on failed.
+    let (calls_before, failed_at) = {
+        let _failing = gate.write().await;
+        let calls = sim_requests(fleet.sim.addr, &upstream).await?;
+        let at = Instant::now();
+        fleet.script(&upstream, json!({"kind": "status", "status": 503})).await?;
+        (calls, at)
+    };
 
     // Until every node skips the model.
     let mut seen_open: Vec<Option<Instant>> = vec![None; nodes.len()];
@@ -485,6 +498,8 @@ struct Client {
     records: Arc<Mutex<Vec<Record>>>,
     stop: Arc<AtomicBool>,
     warmed: Arc<Barrier>,
+    /// Held (shared) by each request, and by the failure alone: see [`run_round`].
+    gate: Arc<RwLock<()>>,
 }
 
 impl Client {
@@ -515,8 +530,12 @@ impl Client {
             if self.stop.load(Ordering::Relaxed) {
                 return Ok(non_200);
             }
-            let sent = Instant::now();
-            let (status, body) = self.send(&mut sender).await?;
+            let (sent, status, body) = {
+                let _sending = self.gate.read().await;
+                let sent = Instant::now();
+                let (status, body) = self.send(&mut sender).await?;
+                (sent, status, body)
+            };
             let (failed_calls, skipped) = classify(&body, &self.model);
             non_200 += u64::from(status != 200);
             lock(&self.records).push(Record { sent, node: self.node, failed_calls, skipped });
@@ -576,8 +595,9 @@ fn spread(rounds: &[Round], figure: impl Fn(&Round) -> f64) -> (Option<f64>, Opt
 }
 
 fn print_table(o: &Options, modes: &[Mode]) {
+    let hot = o.hot_rps.map_or_else(String::new, |r| format!(" (the first node {r})"));
     println!(
-        "### A deployment that dies: {} nodes, {} clients each, {} req/s per node, {} rounds per mode, probes over {} s\n",
+        "### A deployment that dies: {} nodes, {} clients each, {} req/s per node{hot}, {} rounds per mode, probes over {} s\n",
         o.nodes,
         o.clients,
         o.rps,
@@ -652,6 +672,7 @@ fn report_json(o: &Options, modes: &[Mode]) -> Value {
         "nodes": o.nodes,
         "clients_per_node": o.clients,
         "rps_per_node": o.rps,
+        "first_node_rps": o.hot_rps.unwrap_or(o.rps),
         "rounds": o.rounds,
         "observe_secs": o.observe.as_secs(),
         "breaker_policy": {"window_size": WINDOW_SIZE, "min_requests": MIN_REQUESTS,
