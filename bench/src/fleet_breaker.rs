@@ -213,7 +213,7 @@ struct Mode {
 }
 
 /// What one round measured.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug)]
 struct Round {
     /// User calls the simulator received for the dead model before the fleet stopped
     /// (its counter, less probes, less the calls made after a node had stopped).
@@ -246,11 +246,11 @@ async fn run_mode(o: &Options, fleet: bool, refused: bool) -> Result<Mode> {
         .prefix("switchyard-bench-fleet-breaker-")
         .tempdir()
         .map_err(|e| format!("temp dir: {e}"))?;
-    let d = dir.path();
+    let mut d = dir.path().to_path_buf();
     let bin = o.switchyard.as_path();
     let rounds = o.rounds;
     let mut field = (!refused).then_some(fleet);
-    let fleet_procs = match Fleet::start(bin, d, |sim| catalog(sim, rounds, field)).await {
+    let fleet_procs = match Fleet::start(bin, &d, |sim| catalog(sim, rounds, field)).await {
         Err(e) if field.is_some() && refuses_fleet_field(&e) => {
             eprintln!(
                 "switchyard-bench fleet-breaker: this switchyard refuses breaker_policy.fleet (a build from before the fleet view)"
@@ -260,16 +260,15 @@ async fn run_mode(o: &Options, fleet: bool, refused: bool) -> Result<Mode> {
             }
             // Each node alone is all such a build does: measure it without the field.
             field = None;
-            let dir = d.join("without-field");
-            std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            Fleet::start(bin, &dir, |sim| catalog(sim, rounds, None)).await?
+            d = d.join("without-field");
+            std::fs::create_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+            Fleet::start(bin, &d, |sim| catalog(sim, rounds, None)).await?
         }
         other => other?,
     };
-    let fleet_procs = fleet_procs;
     let mut extra: Vec<Proc> = Vec::new();
     for i in 1..o.nodes {
-        extra.push(fleet_procs.add_node(bin, d, &format!("node{i}")).await?);
+        extra.push(fleet_procs.add_node(bin, &d, &format!("node{i}")).await?);
     }
     let nodes: Vec<SocketAddr> =
         std::iter::once(fleet_procs.node.addr).chain(extra.iter().map(|p| p.addr)).collect();
@@ -407,6 +406,12 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
     }
     warmed.wait().await;
     tokio::time::sleep(LEAD_IN).await;
+    // A client that ended already failed its warm-up (or lost its node).
+    if let Some(ended) = clients.try_join_next() {
+        stop.store(true, Ordering::Relaxed);
+        ended.map_err(|e| format!("client: {e}"))??;
+        return Err("a client ended before the failure".into());
+    }
 
     let probes_before = probes(nodes, &upstream).await?;
     // No request in flight between reading the counter and the failure (a few ms the
@@ -470,7 +475,8 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
     let records = std::mem::take(&mut *lock(&records));
     let stops = stop_times(&records, &seen_open);
     let (answers_failed_calls, calls_after_stop) = split_calls(&records, &stops);
-    let user_calls = (calls_to - calls_before) as i64 - (probes_to - probes_before) as i64;
+    let user_calls = calls_to.saturating_sub(calls_before) as i64
+        - probes_to.saturating_sub(probes_before) as i64;
     let first_stopped = stops.iter().flatten().min().copied().unwrap_or(all_stopped);
     let ms = |t: Option<Instant>| {
         t.map_or(f64::NAN, |t| t.saturating_duration_since(failed_at).as_secs_f64() * 1e3)
@@ -506,22 +512,23 @@ impl Client {
     /// `warm` requests back to back (each must be served by the model itself), then one
     /// every `every` from `offset` after everyone has warmed up. Returns the non-200 count.
     async fn run(self, warm: usize, every: Duration, offset: Duration) -> Result<u64> {
-        let mut sender = connect(self.addr).await?;
-        let mut warm_error = None;
-        for _ in 0..warm {
-            let (status, body) = self.send(&mut sender).await?;
-            if status != 200 || body["model"] != self.model.as_str() {
-                warm_error = Some(format!(
-                    "warm-up on {}: {} was not served by {}: {status} {body}",
-                    self.addr, self.model, self.model
-                ));
+        let warmed_up = async {
+            let mut sender = connect(self.addr).await?;
+            for _ in 0..warm {
+                let (status, body) = self.send(&mut sender).await?;
+                if status != 200 || body["model"] != self.model.as_str() {
+                    return Err(format!(
+                        "warm-up on {}: {} was not served by itself: {status} {body}",
+                        self.addr, self.model
+                    ));
+                }
             }
+            Ok(sender)
         }
+        .await;
         // Waited for even after an error, so the other clients are not left waiting.
         self.warmed.wait().await;
-        if let Some(e) = warm_error {
-            return Err(e);
-        }
+        let mut sender = warmed_up?;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + offset, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut non_200 = 0;
