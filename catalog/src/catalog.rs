@@ -304,6 +304,12 @@ pub struct BreakerPolicy {
     pub max_cooldown_ms: u64,
     /// Requests admitted while half-open; all must succeed for the breaker to close.
     pub half_open_probes: u32,
+    /// One breaker view for the fleet: a deployment one node's breaker opens is open on
+    /// every node, and one node probes it for all. `false`: each node goes by its own
+    /// breakers only. Left out of the stored catalog while on, so that a catalog from
+    /// before the field reads (and diffs) the same.
+    #[serde(skip_serializing_if = "is_true")]
+    pub fleet: bool,
 }
 
 impl Default for BreakerPolicy {
@@ -316,6 +322,7 @@ impl Default for BreakerPolicy {
             cooldown_ms: 30_000,
             max_cooldown_ms: 300_000,
             half_open_probes: 1,
+            fleet: true,
         }
     }
 }
@@ -350,6 +357,8 @@ impl BreakerPolicy {
             cooldown_ms: o.cooldown_ms.unwrap_or(self.cooldown_ms),
             max_cooldown_ms: o.max_cooldown_ms.unwrap_or(self.max_cooldown_ms),
             half_open_probes: o.half_open_probes.unwrap_or(self.half_open_probes),
+            // Fleet-wide by nature: no model overrides it.
+            fleet: self.fleet,
         }
     }
 

@@ -23,7 +23,7 @@ use switchyard_tls::words;
 use crate::error::CliError;
 use crate::output;
 use crate::output::apply::{ApplyView, apply_result};
-use crate::output::breakers::{BreakerView, breakers_table};
+use crate::output::breakers::{BreakerView, FleetView, breakers_table, fleet_table};
 use crate::output::events::{EventView, event_line};
 use crate::output::keys::{
     KeySecretView, KeyView, KeyWithWarnings, key_details, key_secret, keys_rows, keys_table,
@@ -163,6 +163,10 @@ fn page_token(text: &str) -> Result<String, String> {
 
 #[derive(Debug, Args)]
 pub struct BreakersArgs {
+    /// Only the fleet's view: the deployments open for every node, who opened each and
+    /// which node probes it (with --json: `{"enabled", "open": [...]}`).
+    #[arg(long)]
+    pub fleet: bool,
     #[command(flatten)]
     pub opts: AdminOpts,
 }
@@ -796,12 +800,18 @@ pub async fn breakers(args: BreakersArgs) -> Result<(), CliError> {
     let mut admin = Admin::connect(&args.opts).await?;
     let request = admin.request(pb::ListBreakersRequest {});
     let reply = admin.client.list_breakers(request).await.map_err(|s| admin.status(s))?;
-    let breakers: Vec<BreakerView> =
-        reply.into_inner().breakers.into_iter().map(Into::into).collect();
-    if args.opts.json {
-        print(&output::json(&breakers)?)
-    } else {
-        print(&breakers_table(&breakers, switchyard_time::now_ms()))
+    let reply = reply.into_inner();
+    let fleet = FleetView::from_reply(reply.fleet_enabled, reply.fleet);
+    let breakers: Vec<BreakerView> = reply.breakers.into_iter().map(Into::into).collect();
+    let now = switchyard_time::now_ms();
+    match (args.fleet, args.opts.json) {
+        (true, true) => print(&output::json(&fleet)?),
+        (true, false) => print(&fleet_table(&fleet, now)),
+        // The array of node rows, as before the fleet view: scripts keep working.
+        (false, true) => print(&output::json(&breakers)?),
+        (false, false) => {
+            print(&format!("{}\n{}", breakers_table(&breakers, now), fleet_table(&fleet, now)))
+        }
     }
 }
 

@@ -109,12 +109,51 @@ pub struct AdminService {
     /// Turns `true` when the replica shuts down: `events --follow` streams end then, with
     /// a status saying so, rather than holding the shutdown until its drain timeout.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// The fleet's breaker view, for `ListBreakers`.
+    pub fleet: Arc<crate::fleet::Fleet>,
 }
 
 /// How a replica that is shutting down ends an `events --follow` stream: `Unavailable`,
 /// which the CLI reports as the control plane going away, with where to follow again.
 fn replica_stopping() -> Status {
     Status::unavailable("this control plane is shutting down")
+}
+
+/// Each connected node treats a deployment open for the fleet as open: its row says so
+/// (state `open`, cause `fleet`: `open (fleet)` in the table) unless its own breaker of it
+/// is open or half-open already. The prober's own breaker opens as it starts probing.
+fn with_fleet(
+    breakers: &mut Vec<pb::Breaker>,
+    open: &[switchyard_proto::node::v1::FleetBreaker],
+    nodes: &std::collections::BTreeSet<String>,
+) {
+    for deployment in open {
+        for node in nodes {
+            let own = breakers.iter_mut().find(|b| {
+                &b.node_id == node
+                    && b.provider == deployment.provider
+                    && b.upstream_model == deployment.upstream_model
+            });
+            let row = match own {
+                Some(b) if b.state == "open" || b.state == "half_open" => continue,
+                Some(b) => b,
+                None => {
+                    breakers.push(pb::Breaker {
+                        node_id: node.clone(),
+                        provider: deployment.provider.clone(),
+                        upstream_model: deployment.upstream_model.clone(),
+                        ..Default::default()
+                    });
+                    let Some(row) = breakers.last_mut() else { continue };
+                    row
+                }
+            };
+            row.state = "open".to_owned();
+            row.cause = "fleet".to_owned();
+            row.since_unix_ms = deployment.since_unix_ms;
+            row.next_probe_unix_ms = 0;
+        }
+    }
 }
 
 /// Whether the replica started shutting down (`false` once its sender is gone: it never will).
@@ -370,8 +409,7 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::ListBreakersResponse>, Status> {
         let listing =
             self.store.list(&self.layout.breakers_prefix()).await.map_err(AdminError::from)?;
-        // Keys sort by node, provider, model: the order the table shows.
-        let breakers = listing
+        let mut breakers: Vec<pb::Breaker> = listing
             .kvs
             .iter()
             .filter_map(|kv| serde_json::from_slice::<BreakerRecord>(&kv.value).ok())
@@ -390,7 +428,21 @@ impl Admin for AdminService {
                 last_probe_latency_ms: b.last_probe_latency_ms,
             })
             .collect();
-        Ok(Response::new(pb::ListBreakersResponse { breakers }))
+        let fleet = self.fleet.current();
+        with_fleet(&mut breakers, &fleet.view.open, &fleet.nodes);
+        // By node, provider, model: the order the table shows.
+        breakers.sort_by(|a, b| {
+            (&a.node_id, &a.provider, &a.upstream_model).cmp(&(
+                &b.node_id,
+                &b.provider,
+                &b.upstream_model,
+            ))
+        });
+        Ok(Response::new(pb::ListBreakersResponse {
+            breakers,
+            fleet: fleet.view.open.clone(),
+            fleet_enabled: fleet.view.enabled,
+        }))
     }
 
     async fn list_events(
@@ -1404,7 +1456,13 @@ mod tests {
     async fn service(dir: &std::path::Path) -> AdminService {
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir).await.unwrap());
         let (_, stopping) = tokio::sync::watch::channel(false);
-        AdminService { store, layout: Layout::new("/t"), cache: ConfigCache::new(), stopping }
+        AdminService {
+            store,
+            layout: Layout::new("/t"),
+            cache: ConfigCache::new(),
+            stopping,
+            fleet: crate::fleet::Fleet::new(),
+        }
     }
 
     fn catalog_with_webhook(url: &str) -> String {

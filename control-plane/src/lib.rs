@@ -8,6 +8,7 @@ pub mod auth;
 pub mod events;
 pub mod fanout;
 pub mod faults;
+pub mod fleet;
 pub mod layout;
 pub mod limits;
 pub mod metrics;

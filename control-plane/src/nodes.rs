@@ -47,6 +47,7 @@ use crate::audit;
 use crate::auth::TokenCheck;
 use crate::events::{AuditEvent, BreakerRecord, Interest};
 use crate::fanout::{self, ConfigCache, ConfigUpdate, Start};
+use crate::fleet::Fleet;
 use crate::layout::Layout;
 use crate::limits::FleetLedger;
 use crate::metrics::ControlMetrics;
@@ -118,6 +119,8 @@ pub struct NodeShared {
     pub limits: Arc<FleetLedger>,
     /// This replica's presence records, written by one task ([`Presence::run`]).
     pub presence: Arc<Presence>,
+    /// The fleet's breaker view, relayed to every node stream as it changes.
+    pub fleet: Arc<Fleet>,
 }
 
 /// The `NodeControl` gRPC service; each stream runs as a task over the shared state.
@@ -268,8 +271,23 @@ impl NodeShared {
         tx: Outbox,
     ) {
         let mut ping = tokio::time::interval(PING_INTERVAL);
+        // The fleet's breaker view at the stream's start, then each change, like config.
+        let mut fleet = self.fleet.subscribe();
+        let first = fleet.borrow_and_update().message.clone();
+        if !tx.push(first).await {
+            return;
+        }
         loop {
             let behind = tokio::select! {
+                Ok(()) = fleet.changed() => {
+                    let message = fleet.borrow_and_update().message.clone();
+                    match tx.try_push(message) {
+                        Pushed::Queued => false,
+                        // The resync below sends the view as it is then.
+                        Pushed::Full => true,
+                        Pushed::Closed => return,
+                    }
+                }
                 update = updates.recv() => match update {
                     Ok(update) if update.version <= sent_version => false,
                     Ok(update) => match &update.encoded {
@@ -306,6 +324,10 @@ impl NodeShared {
                 let (start, fresh) = self.cache.subscribe(sent_version);
                 updates = fresh;
                 if !send_start(&self.cache, &tx, start, &mut sent_version).await {
+                    return;
+                }
+                let view = fleet.borrow_and_update().message.clone();
+                if !tx.push(view).await {
                     return;
                 }
             }

@@ -40,6 +40,7 @@ use crate::audit::{self, AuditRetention};
 use crate::auth::{AdminAuth, Token, TokenCheck};
 use crate::fanout::{self, ConfigCache};
 use crate::faults;
+use crate::fleet::{self, Fleet};
 use crate::layout::Layout;
 use crate::limits::{self, FleetLedger};
 use crate::metrics::ControlMetrics;
@@ -204,6 +205,13 @@ pub async fn start_with_store(
     ));
     let presence = Presence::new();
     tokio::spawn(Arc::clone(&presence).run(Arc::clone(&store), layout.clone(), lease));
+    let fleet = Fleet::new();
+    tokio::spawn(fleet::run(
+        Arc::clone(&fleet),
+        Arc::clone(&store),
+        layout.clone(),
+        Arc::clone(&cache),
+    ));
     let nodes = NodeService(Arc::new(NodeShared {
         cache: Arc::clone(&cache),
         store: Arc::clone(&store),
@@ -222,6 +230,7 @@ pub async fn start_with_store(
         metrics: Arc::clone(&metrics),
         limits: fleet_limits,
         presence,
+        fleet: Arc::clone(&fleet),
     }));
     let webhooks = tokio::spawn(webhooks::run(
         Arc::clone(&store),
@@ -246,6 +255,7 @@ pub async fn start_with_store(
         layout: layout.clone(),
         cache,
         stopping: stop.clone(),
+        fleet,
     };
     let admin = AdminServer::with_interceptor(admin, AdminAuth(Token::new(&options.admin_token)));
 

@@ -15,6 +15,14 @@
 //! breaker's own record of the node's last real call. With open probing off
 //! (`open_interval_ms: 0`) the cool-down, doubled on every failed half-open test, decides
 //! when a user request may test the model.
+//!
+//! The fleet's view (docs/operating.md, "The fleet's breaker view") lies over a breaker as a
+//! [`FleetOpen`]: while the control plane says a deployment is open, every node rejects its
+//! calls as if its own breaker were open, and only the node named its prober tests it (that
+//! node opens its own breaker to run the open-breaker probes, [`Breaker::mirror_fleet`]). A
+//! probe that closes it anywhere closes it everywhere: a node closes its own open breaker on
+//! the control plane's word ([`FleetView::closed`]). Kept in the breaker's own state, under
+//! the lock `try_acquire` takes anyway, so the request path pays one comparison for it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
@@ -73,6 +81,11 @@ pub enum Cause {
     /// so the executor forced a probe (docs/http-api.md, "Failover"). A forced probe that
     /// fails leaves the cool-down as it was: it never doubles it.
     ForcedProbe,
+    /// Closed → open: the deployment is open for the fleet and this node is its prober, so
+    /// it runs the open-breaker probes for every node.
+    FleetOpen,
+    /// Open or half-open → closed: another node's probe closed the deployment for the fleet.
+    FleetClosed,
 }
 
 impl Cause {
@@ -85,6 +98,8 @@ impl Cause {
             Cause::CooldownElapsed => "cooldown_elapsed",
             Cause::ProbesSucceeded => "probe_succeeded",
             Cause::ForcedProbe => "forced_probe",
+            Cause::FleetOpen => "fleet_open",
+            Cause::FleetClosed => "fleet_closed",
         }
     }
 }
@@ -236,6 +251,31 @@ struct Inner {
     idle_since: Instant,
     /// The last probe, and when it started (an `Instant`, for the idle clock).
     last_probe: Option<(Instant, ProbeOutcome, Duration)>,
+    /// The fleet's word: open for every node until `until` (see [`FleetOpen`]).
+    fleet: Option<FleetOpen>,
+}
+
+/// A deployment the control plane says is open for the whole fleet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetOpen {
+    /// When the first node opened it, and which.
+    pub since: SystemTime,
+    pub opened_by: String,
+    /// The node that probes it for the fleet ("" while none is connected).
+    pub prober: String,
+    /// This node is the prober.
+    pub probing: bool,
+    /// Open for this node until then, unless the control plane says more: past it, the
+    /// node's own breaker decides again.
+    pub until: Instant,
+}
+
+impl Inner {
+    /// The fleet's word while it holds and this node is not the prober (the prober goes by
+    /// its own breaker, which it opened to probe).
+    fn fleet_rejects(&self, now: Instant) -> Option<Instant> {
+        self.fleet.as_ref().filter(|f| !f.probing && now < f.until).map(|f| f.until)
+    }
 }
 
 impl Breaker {
@@ -262,6 +302,7 @@ impl Breaker {
                 forced_early: None,
                 idle_since: now,
                 last_probe: None,
+                fleet: None,
             }),
         })
     }
@@ -278,6 +319,10 @@ impl Breaker {
     /// here (and says so in the transition).
     pub fn try_acquire(self: &Arc<Self>, now: Instant) -> (Admission, Option<Transition>) {
         let mut inner = self.lock();
+        // Open for the fleet: skipped like an open breaker whose prober is another node.
+        if let Some(until) = inner.fleet_rejects(now) {
+            return (Admission::Rejected { ready_at: until, probed: true }, None);
+        }
         let mut transition = None;
         if inner.state == State::Open {
             if now < inner.ready_at || inner.probed {
@@ -318,7 +363,10 @@ impl Breaker {
         let mut inner = self.lock();
         // The prober owns this breaker's test (it may have since the request was turned
         // away), or a probe is in flight: concurrent forced probes are one probe.
-        if inner.probed || (inner.state == State::HalfOpen && inner.probes_in_flight > 0) {
+        if inner.probed
+            || (inner.state == State::HalfOpen && inner.probes_in_flight > 0)
+            || inner.fleet_rejects(now).is_some()
+        {
             return None;
         }
         let mut transition = None;
@@ -360,6 +408,36 @@ impl Breaker {
         }
     }
 
+    /// Lays the fleet's word over this breaker (`None`: the deployment is not open for the
+    /// fleet, or the node has no fleet view).
+    pub fn set_fleet(&self, fleet: Option<FleetOpen>) {
+        self.lock().fleet = fleet;
+    }
+
+    pub fn fleet(&self) -> Option<FleetOpen> {
+        self.lock().fleet.clone()
+    }
+
+    /// This node is the fleet's prober of an open deployment: its own breaker opens (if it
+    /// is closed), so that its open-breaker probes (or, unprobed, its cool-down) test the
+    /// deployment for every node.
+    pub fn mirror_fleet(&self, now: Instant) -> Option<Transition> {
+        let mut inner = self.lock();
+        let probing = inner.fleet.as_ref().is_some_and(|f| f.probing && now < f.until);
+        (probing && inner.state == State::Closed)
+            .then(|| self.transition(&mut inner, State::Open, Cause::FleetOpen, now))
+    }
+
+    /// Another node's probe closed the deployment for the fleet at `at`: this node's own
+    /// breaker closes too if it opened before then (one that opened since saw failures of
+    /// its own after the closing, and stays open). A probe in flight here loses its slot.
+    pub fn close_for_fleet(&self, at: SystemTime, now: Instant) -> Option<Transition> {
+        let mut inner = self.lock();
+        let opened_before = wall(inner.since) <= at;
+        (inner.state != State::Closed && opened_before)
+            .then(|| self.transition(&mut inner, State::Closed, Cause::FleetClosed, now))
+    }
+
     /// A permit for the prober's call, when one is due at `now` (see [`Due`]); `idle` is the
     /// probe's `interval_ms` for a model probed when idle, `None` for one probed only while
     /// open. An open breaker whose next probe is due turns half-open here and the probe
@@ -371,6 +449,10 @@ impl Breaker {
         idle: Option<Duration>,
     ) -> Option<(Permit, Due, Option<Transition>)> {
         let mut inner = self.lock();
+        // Another node probes it for the fleet.
+        if inner.fleet_rejects(now).is_some() {
+            return None;
+        }
         let mut transition = None;
         let (kind, due) = match inner.state {
             State::Open if now >= inner.ready_at => {
@@ -703,12 +785,25 @@ impl std::fmt::Debug for Permit {
 
 // === impl Breakers ===
 
+/// The control plane's fleet view as a node holds it (the node proto's `FleetBreakers`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FleetView {
+    /// Deployments open for the fleet, by (provider, upstream model).
+    pub open: HashMap<(String, String), FleetOpen>,
+    /// Deployments a probe closed, and when: (provider, upstream model, at).
+    pub closed: Vec<(String, String, SystemTime)>,
+}
+
+type Deployments = HashMap<(String, String), FleetOpen>;
+
 /// Every breaker of the node, created on first use.
 #[derive(Debug, Default)]
 pub struct Breakers {
     // Nested so a hit looks up by borrowed `&str`s and allocates nothing; read on every
     // request, written once per new (provider, model).
     by_provider: RwLock<HashMap<String, HashMap<String, Arc<Breaker>>>>,
+    /// The fleet's open deployments, for breakers created after the view arrived.
+    fleet: Mutex<Deployments>,
 }
 
 impl Breakers {
@@ -736,9 +831,47 @@ impl Breakers {
             .entry(provider.to_owned())
             .or_default()
             .entry(upstream_model.to_owned())
-            .or_insert_with(|| Breaker::new(provider, upstream_model, policy));
+            .or_insert_with(|| {
+                let breaker = Breaker::new(provider, upstream_model, policy);
+                // Read under the registry's write lock: a view applied meanwhile either is
+                // read here or reaches this breaker through `apply_fleet`'s walk after it.
+                let key = (provider.to_owned(), upstream_model.to_owned());
+                breaker.set_fleet(self.fleet_lock().get(&key).cloned());
+                breaker
+            });
         breaker.set_policy(policy);
         Arc::clone(breaker)
+    }
+
+    /// Takes in the control plane's fleet view (`None`: the node has none, cut off from the
+    /// control plane or with `breaker_policy.fleet` off; every breaker goes by itself
+    /// again). Returns the transitions of breakers it closed (a probe elsewhere closed their
+    /// deployment), for the caller to report.
+    pub fn apply_fleet(&self, view: Option<&FleetView>, now: Instant) -> Vec<Transition> {
+        let open = view.map(|v| v.open.clone()).unwrap_or_default();
+        // Before the walk: a breaker created meanwhile reads the new view.
+        *self.fleet_lock() = open.clone();
+        let all = self.all();
+        for breaker in &all {
+            let key = (breaker.provider.clone(), breaker.upstream_model.clone());
+            breaker.set_fleet(open.get(&key).cloned());
+        }
+        let Some(view) = view else { return Vec::new() };
+        let mut transitions = Vec::new();
+        for (provider, upstream_model, at) in &view.closed {
+            // Open for the fleet again since: that opening stands.
+            if open.contains_key(&(provider.clone(), upstream_model.clone())) {
+                continue;
+            }
+            let found =
+                all.iter().find(|b| &b.provider == provider && &b.upstream_model == upstream_model);
+            transitions.extend(found.and_then(|b| b.close_for_fleet(*at, now)));
+        }
+        transitions
+    }
+
+    fn fleet_lock(&self) -> MutexGuard<'_, Deployments> {
+        self.fleet.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Every breaker, in no particular order.
@@ -775,6 +908,7 @@ mod tests {
             cooldown_ms: 1_000,
             max_cooldown_ms: 3_000,
             half_open_probes: 1,
+            fleet: true,
         }
     }
 
@@ -1354,5 +1488,135 @@ mod tests {
         assert_eq!(t.to, State::Closed);
         // Closed and probed only while open: no idle probe, however long it stays unused.
         assert!(b.acquire_probe(t0 + ms(3_600_000), None).is_none());
+    }
+
+    // === the fleet's view ===
+
+    fn fleet_open(prober: &str, probing: bool, until: Instant) -> FleetOpen {
+        FleetOpen {
+            since: SystemTime::UNIX_EPOCH,
+            opened_by: "n1".into(),
+            prober: prober.into(),
+            probing,
+            until,
+        }
+    }
+
+    #[test]
+    fn a_deployment_open_for_the_fleet_is_skipped_here_until_the_word_runs_out() {
+        let t0 = Instant::now();
+        // Open probing on, as by default; this node's own breaker never saw a failure.
+        let b = open_probed(t0, ms(1_000));
+        b.set_fleet(Some(fleet_open("n2", false, t0 + ms(5_000))));
+        match b.try_acquire(t0 + ms(10)) {
+            // Skipped like a breaker another node probes: never forced onto a request.
+            (Admission::Rejected { ready_at, probed: true }, None) => {
+                assert_eq!(ready_at, t0 + ms(5_000))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(b.force_probe(t0 + ms(10)).is_none());
+        assert!(b.acquire_probe(t0 + ms(10), Some(ms(1))).is_none(), "n2 probes, not this node");
+        assert_eq!(state(&b), State::Closed, "its own breaker is left as it was");
+        // Past the word with no news: its own breaker decides again.
+        assert!(!is_rejected(&b, t0 + ms(5_000)));
+        // And at once when the view is dropped (cut off from the control plane).
+        b.set_fleet(Some(fleet_open("n2", false, t0 + ms(60_000))));
+        assert!(is_rejected(&b, t0 + ms(5_001)));
+        b.set_fleet(None);
+        assert!(!is_rejected(&b, t0 + ms(5_001)));
+    }
+
+    #[test]
+    fn only_the_prober_probes_an_open_deployment_and_it_opens_its_own_breaker_to_do_so() {
+        let t0 = Instant::now();
+        let interval = ms(1_000);
+        // This node is the prober; its own breaker is closed.
+        let prober = open_probed(t0, interval);
+        prober.set_fleet(Some(fleet_open("me", true, t0 + ms(30_000))));
+        let t = prober.mirror_fleet(t0).expect("opens its own breaker");
+        assert_eq!((t.from, t.to, t.cause), (State::Closed, State::Open, Cause::FleetOpen));
+        assert_eq!(t.cause.as_str(), "fleet_open");
+        assert!(prober.mirror_fleet(t0 + ms(1)).is_none(), "once");
+        // Its open-breaker probes run as its own would, every interval (jittered).
+        assert!(prober.acquire_probe(t0 + ms(799), None).is_none());
+        let (probe, due, _) = prober.acquire_probe(t0 + interval, None).expect("due");
+        assert_eq!(due, Due::HalfOpen);
+        let t = probe.record(Outcome::Success, t0 + interval).expect("closes");
+        assert_eq!((t.to, t.cause), (State::Closed, Cause::ProbesSucceeded));
+
+        // Another node, whose own breaker opened before it heard the fleet: its probes wait
+        // while the fleet's prober is another node, and resume once it has no fleet view.
+        let other = open_probed(t0, interval);
+        for _ in 0..4 {
+            call(&other, Outcome::Failure, t0);
+        }
+        other.set_fleet(Some(fleet_open("me", false, t0 + ms(30_000))));
+        assert!(other.mirror_fleet(t0).is_none(), "not its prober");
+        assert!(other.acquire_probe(t0 + ms(10_000), None).is_none());
+        other.set_fleet(None);
+        assert!(other.acquire_probe(t0 + ms(10_000), None).is_some(), "its own probing again");
+    }
+
+    #[test]
+    fn a_probe_elsewhere_closes_breakers_that_opened_before_it_and_no_later_one() {
+        let t0 = Instant::now();
+        let breakers = Breakers::new();
+        let before = breakers.get("azure-east", "gpt-4o", policy());
+        for _ in 0..4 {
+            call(&before, Outcome::Failure, t0);
+        }
+        let closing = wall(t0 + ms(2_000));
+        let after = breakers.get("azure-west", "gpt-4o", policy());
+        for _ in 0..4 {
+            call(&after, Outcome::Failure, t0 + ms(3_000));
+        }
+        let view = FleetView {
+            open: HashMap::new(),
+            closed: vec![
+                ("azure-east".into(), "gpt-4o".into(), closing),
+                ("azure-west".into(), "gpt-4o".into(), closing),
+            ],
+        };
+        let closed = breakers.apply_fleet(Some(&view), t0 + ms(3_100));
+        assert_eq!(closed.len(), 1, "{closed:?}");
+        assert_eq!(
+            (closed[0].provider.as_str(), closed[0].to, closed[0].cause),
+            ("azure-east", State::Closed, Cause::FleetClosed)
+        );
+        assert_eq!(state(&before), State::Closed);
+        assert!(!is_rejected(&before, t0 + ms(3_100)), "serves again at once");
+        assert_eq!(state(&after), State::Open, "failures after the closing stand");
+        // The view again (it is resent whole): nothing more to close.
+        assert!(breakers.apply_fleet(Some(&view), t0 + ms(3_200)).is_empty());
+    }
+
+    #[test]
+    fn the_view_reaches_breakers_made_before_and_after_it_and_leaves_with_the_control_plane() {
+        let t0 = Instant::now();
+        let breakers = Breakers::new();
+        let existing = breakers.get("azure-east", "gpt-4o", policy());
+        let word = fleet_open("n2", false, t0 + ms(5_000));
+        let view = FleetView {
+            open: [
+                (("azure-east".to_owned(), "gpt-4o".to_owned()), word.clone()),
+                (("openai".to_owned(), "gpt-4o".to_owned()), word.clone()),
+            ]
+            .into(),
+            closed: vec![],
+        };
+        assert!(breakers.apply_fleet(Some(&view), t0).is_empty());
+        assert_eq!(existing.fleet(), Some(word.clone()));
+        // First used after the view came: it takes the view in as it is made.
+        let later = breakers.get("openai", "gpt-4o", policy());
+        assert_eq!(later.fleet(), Some(word));
+        assert!(is_rejected(&later, t0));
+        let untouched = breakers.get("openai", "gpt-5", policy());
+        assert!(!is_rejected(&untouched, t0));
+        // Cut off: every breaker goes by itself.
+        breakers.apply_fleet(None, t0);
+        assert!(existing.fleet().is_none() && later.fleet().is_none());
+        assert!(!is_rejected(&later, t0));
+        assert!(breakers.get("azure-east", "gpt-4o", policy()).fleet().is_none());
     }
 }

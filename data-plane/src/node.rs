@@ -249,6 +249,8 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         .local_addr()
         .map_err(|source| NodeError::Listen { addr: options.listen, source })?;
     let (handoff, handoff_rx) = watch::channel(false);
+    // The config stream hears the fleet's breaker view; the prober lays it over the breakers.
+    let (fleet, fleet_view) = watch::channel(None);
     let mut metrics = Metrics::new();
     let sync_options = SyncOptions {
         controls: options.controls,
@@ -261,6 +263,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
             connected: metrics.config_stream_connected.clone(),
             rejected: metrics.config_rejected_version.clone(),
         },
+        fleet,
     };
     let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone())
         .with_max_events(options.event_buffer_events);
@@ -323,7 +326,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         },
         max_body_bytes: options.max_body_bytes,
     });
-    let prober = tokio::spawn(probe::run(Arc::clone(&app)));
+    let prober = tokio::spawn(probe::run(Arc::clone(&app), fleet_view));
     info!(addr = %local_addr, node = %node_id, tls = options.listen_tls.is_some(), "node listening");
     Ok(Node {
         local_addr,

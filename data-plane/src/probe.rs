@@ -9,18 +9,24 @@
 //! included, is dropped: a probe belongs to no key and is never billed. The request path
 //! pays nothing for any of this: the idle clock is kept by the breaker under the lock a
 //! request takes anyway.
+//!
+//! With a fleet view (docs/operating.md, "The fleet's breaker view") the prober also lays
+//! it over the node's breakers as it arrives, and probes a deployment open for the fleet
+//! only when the control plane named this node its prober; with none (cut off, or
+//! `breaker_policy.fleet: false`) it probes its own open breakers as before.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::debug;
 
 use switchyard_catalog::Model;
 
 use crate::app::App;
-use crate::breaker::{Breaker, Due, Outcome, Permit, ProbeOutcome};
+use crate::breaker::{Breaker, Due, FleetView, Outcome, Permit, ProbeOutcome};
 use crate::chaos::{self, Injector};
 use crate::config::NodeConfig;
 use crate::failure::{self, Failure, Verdict};
@@ -49,18 +55,35 @@ pub struct Target {
 }
 
 /// Runs until the node drains; in-flight probes are dropped with it (their permits free
-/// their half-open slots).
-pub async fn run(app: Arc<App>) {
+/// their half-open slots). `fleet` is the control plane's fleet view (`None` while the node
+/// has none), laid over the breakers as it changes.
+pub async fn run(app: Arc<App>, mut fleet: watch::Receiver<Option<FleetView>>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut version = None;
     let mut targets = Vec::new();
     let mut in_flight = JoinSet::new();
+    let mut fleet_open = true;
     loop {
+        let fleet_changed = async {
+            match fleet_open {
+                true => fleet.changed().await.is_ok(),
+                false => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = tick.tick() => {}
             // A new config: its breakers are marked now, before requests meet them.
             () = app.state.published() => {}
+            // The fleet's word reaches the breakers at once: the bound on calls to a dead
+            // deployment counts from here.
+            changed = fleet_changed => {
+                fleet_open = changed;
+                let view = fleet.borrow_and_update().clone();
+                for t in app.executor.breakers.apply_fleet(view.as_ref(), Instant::now()) {
+                    app.executor.report_transition(Some(t));
+                }
+            }
         }
         while in_flight.try_join_next().is_some() {}
         if app.state.is_draining() {
@@ -73,6 +96,8 @@ pub async fn run(app: Arc<App>) {
         }
         let now = Instant::now();
         for target in &targets {
+            // Named the fleet's prober: its own breaker opens, and is probed from here on.
+            app.executor.report_transition(target.breaker.mirror_fleet(now));
             let Some((permit, due, transition)) = target.breaker.acquire_probe(now, target.idle)
             else {
                 continue;
@@ -522,7 +547,8 @@ mod tests {
     async fn the_prober_probes_on_its_own_and_stops_when_the_node_drains() {
         let up = upstream().await;
         let app = Arc::new(app(&up.url, true));
-        let prober = tokio::spawn(run(Arc::clone(&app)));
+        let (_fleet, view) = watch::channel(None);
+        let prober = tokio::spawn(run(Arc::clone(&app), view));
         // Interval 1 s from the first plan: the first probe within a few ticks after it.
         tokio::time::timeout(Duration::from_secs(5), async {
             while probes(&app, "success") == 0 {

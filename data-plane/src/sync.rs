@@ -19,6 +19,7 @@ use switchyard_tls::connect::{ClientTls, is_https};
 use switchyard_tls::files::TlsError;
 use switchyard_tls::words;
 
+use crate::breaker::{FleetOpen, FleetView};
 use crate::config::{Change, ConfigError, NodeConfig, SnapshotBuilder};
 use crate::state::{Changed, NodeState};
 use crate::telemetry::Telemetry;
@@ -77,6 +78,9 @@ pub struct SyncOptions {
     /// [`hand_off`]) and returns.
     pub handoff: watch::Receiver<bool>,
     pub gauges: SyncGauges,
+    /// The control plane's fleet breaker view, as this task last heard it; `None` while no
+    /// stream is open (a node cut off goes by its own breakers) or the fleet view is off.
+    pub fleet: watch::Sender<Option<FleetView>>,
 }
 
 /// What the config stream shows at `/metrics` for the alerts (deploy/prometheus): set here,
@@ -125,6 +129,8 @@ pub async fn run(options: SyncOptions, state: Arc<NodeState>, telemetry: Arc<Tel
     for endpoint in options.controls.iter().cycle() {
         let started = tokio::time::Instant::now();
         let result = session(endpoint, &options, &boot_id, &state, &telemetry).await;
+        // Nobody relays the fleet's word any more: this node's own breakers decide.
+        options.fleet.send_replace(None);
         telemetry.set_connected(false);
         options.gauges.connected.set(0);
         // Whatever was sent but not acked goes out again on the next stream.
@@ -239,6 +245,10 @@ async fn session(
                     Some(control_message::Msg::Limits(view)) => {
                         telemetry.limits.apply(view, switchyard_time::now_ms(), std::time::Instant::now());
                         forget_unlimited(state, telemetry);
+                        continue;
+                    }
+                    Some(control_message::Msg::FleetBreakers(view)) => {
+                        options.fleet.send_replace(fleet_view(view, &options.node_id));
                         continue;
                     }
                     Some(control_message::Msg::Ping(_)) | None => continue,
@@ -472,6 +482,37 @@ fn outbound(telemetry: &Telemetry, usage: bool) -> Vec<pb::NodeMessage> {
         out.push(node_msg(node_message::Msg::Usage(report)));
     }
     out
+}
+
+/// The proto's fleet view as the breakers take it (`None` when the fleet view is off).
+/// Times come as Unix milliseconds of the control plane's clock: `until` becomes an instant
+/// of this node's, as far ahead as it was then.
+fn fleet_view(view: pb::FleetBreakers, node_id: &str) -> Option<FleetView> {
+    if !view.enabled {
+        return None;
+    }
+    let (now_ms, now) = (switchyard_time::now_ms(), std::time::Instant::now());
+    let open = view
+        .open
+        .into_iter()
+        .map(|b| {
+            let ahead = u64::try_from(b.until_unix_ms.saturating_sub(now_ms)).unwrap_or(0);
+            let open = FleetOpen {
+                since: switchyard_time::system_time(b.since_unix_ms),
+                probing: b.prober == node_id,
+                opened_by: b.opened_by,
+                prober: b.prober,
+                until: now + Duration::from_millis(ahead),
+            };
+            ((b.provider, b.upstream_model), open)
+        })
+        .collect();
+    let closed = view
+        .closed
+        .into_iter()
+        .map(|c| (c.provider, c.upstream_model, switchyard_time::system_time(c.at_unix_ms)))
+        .collect();
+    Some(FleetView { open, closed })
 }
 
 fn node_msg(msg: node_message::Msg) -> pb::NodeMessage {

@@ -19,6 +19,12 @@ pub fn unix_ms(t: SystemTime) -> i64 {
     }
 }
 
+/// Milliseconds since the unix epoch as a `SystemTime` (the inverse of [`unix_ms`]); a time
+/// before the epoch is the epoch.
+pub fn system_time(unix_ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(unix_ms).unwrap_or(0))
+}
+
 /// Seconds since the unix epoch, now (the `created` field of OpenAI responses).
 pub fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())

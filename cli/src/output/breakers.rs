@@ -1,8 +1,10 @@
 //! `breakers`: every node's circuit breakers, when each next probes and how its last probe
-//! went.
+//! went; and the fleet's view (the deployments open for every node, who opened each, which
+//! node probes it).
 
 use serde::Serialize;
 use switchyard_proto::admin::v1 as pb;
+use switchyard_proto::node::v1 as node_pb;
 
 use super::text::{Table, ago};
 
@@ -49,6 +51,77 @@ impl From<pb::Breaker> for BreakerView {
             }),
         }
     }
+}
+
+/// The fleet's breaker view (`switchyard breakers --fleet --json`).
+#[derive(Debug, Serialize)]
+pub struct FleetView {
+    /// `false` when `breaker_policy.fleet` is off: each node goes by its own breakers.
+    pub enabled: bool,
+    pub open: Vec<FleetOpenView>,
+}
+
+/// One deployment open for the fleet.
+#[derive(Debug, Serialize)]
+pub struct FleetOpenView {
+    /// `<provider>/<upstream_model>`.
+    pub deployment: String,
+    pub provider: String,
+    pub upstream_model: String,
+    /// Always `open (fleet)`: listed only while open.
+    pub state: &'static str,
+    pub since_unix_ms: i64,
+    pub opened_by: String,
+    /// The node that probes it for the fleet; `null` while no node is connected.
+    pub prober: Option<String>,
+    /// Nodes whose own breaker of it is open or half-open.
+    pub open_on: Vec<String>,
+    /// Open for every node until then, unless the prober reports sooner.
+    pub until_unix_ms: i64,
+}
+
+impl FleetView {
+    pub fn from_reply(enabled: bool, open: Vec<node_pb::FleetBreaker>) -> Self {
+        let open = open
+            .into_iter()
+            .map(|b| FleetOpenView {
+                deployment: format!("{}/{}", b.provider, b.upstream_model),
+                provider: b.provider,
+                upstream_model: b.upstream_model,
+                state: "open (fleet)",
+                since_unix_ms: b.since_unix_ms,
+                opened_by: b.opened_by,
+                prober: (!b.prober.is_empty()).then_some(b.prober),
+                open_on: b.open_on,
+                until_unix_ms: b.until_unix_ms,
+            })
+            .collect();
+        Self { enabled, open }
+    }
+}
+
+/// The fleet's view: one row per deployment open for every node.
+pub fn fleet_table(fleet: &FleetView, now_ms: i64) -> String {
+    if !fleet.enabled {
+        return "fleet: off (breaker_policy.fleet: false): each node goes by its own breakers\n"
+            .to_owned();
+    }
+    if fleet.open.is_empty() {
+        return "fleet: no deployment open\n".to_owned();
+    }
+    let mut t =
+        Table::new(["DEPLOYMENT", "FLEET STATE", "SINCE", "OPENED BY", "PROBER", "OPEN ON"]);
+    for b in &fleet.open {
+        t.row(vec![
+            b.deployment.clone(),
+            b.state.to_owned(),
+            ago(b.since_unix_ms, now_ms),
+            b.opened_by.clone(),
+            b.prober.clone().unwrap_or_else(|| "-".to_owned()),
+            if b.open_on.is_empty() { "-".to_owned() } else { b.open_on.join(",") },
+        ]);
+    }
+    t.render()
 }
 
 /// `failure 12ms, 3s ago`; `-` when never probed.
@@ -118,6 +191,61 @@ pub fn breakers_table(breakers: &[BreakerView], now_ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fleet_view_shows_each_open_deployment_its_opener_and_prober() {
+        let fleet = FleetView::from_reply(
+            true,
+            vec![node_pb::FleetBreaker {
+                provider: "azure-east".into(),
+                upstream_model: "gpt-4o".into(),
+                since_unix_ms: 5_000,
+                opened_by: "n2".into(),
+                prober: "n2".into(),
+                until_unix_ms: 40_000,
+                open_on: vec!["n2".into(), "n3".into()],
+            }],
+        );
+        let text = fleet_table(&fleet, 10_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "DEPLOYMENT         FLEET STATE   SINCE   OPENED BY  PROBER  OPEN ON",
+                "azure-east/gpt-4o  open (fleet)  5s ago  n2         n2      n2,n3",
+            ]
+        );
+        let json = serde_json::to_value(&fleet).unwrap();
+        assert_eq!(json["open"][0]["prober"], "n2");
+        assert_eq!(json["open"][0]["deployment"], "azure-east/gpt-4o");
+        // No node connected: nobody probes.
+        let orphan = FleetView::from_reply(
+            true,
+            vec![node_pb::FleetBreaker { opened_by: "n2".into(), ..Default::default() }],
+        );
+        assert!(serde_json::to_value(&orphan).unwrap()["open"][0]["prober"].is_null());
+        assert!(fleet_table(&orphan, 10_000).lines().nth(1).unwrap().contains(" -"));
+        assert_eq!(
+            fleet_table(&FleetView::from_reply(true, vec![]), 0),
+            "fleet: no deployment open\n"
+        );
+        assert!(fleet_table(&FleetView::from_reply(false, vec![]), 0).starts_with("fleet: off"));
+    }
+
+    #[test]
+    fn a_node_that_goes_by_the_fleet_shows_open_fleet() {
+        let b = BreakerView::from(pb::Breaker {
+            node_id: "n3".into(),
+            provider: "azure-east".into(),
+            upstream_model: "gpt-4o".into(),
+            state: "open".into(),
+            cause: "fleet".into(),
+            since_unix_ms: 5_000,
+            ..Default::default()
+        });
+        let text = breakers_table(&[b], 10_000);
+        assert!(text.lines().nth(1).unwrap().contains("open (fleet)"), "{text}");
+    }
 
     #[test]
     fn breakers_show_rate_and_time_to_the_next_probe() {

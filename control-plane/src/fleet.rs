@@ -1,0 +1,573 @@
+//! The fleet's breaker view (docs/operating.md, "The fleet's breaker view").
+//!
+//! Every replica follows the stored breaker records (`breakers/`, each node's own breakers
+//! as it last reported them) and the presence records (`nodes/`, the connected nodes) and
+//! derives from them, in [`View`], one view: the deployments some node's breaker holds
+//! open, who opened each, and which connected node probes it for the fleet (the opener
+//! while it is connected, else the lowest node id). The view goes to every node stream of
+//! the replica as one `FleetBreakers` message, encoded once, at the stream's start and
+//! whenever it changes ([`Fleet::subscribe`]). Replicas read the same records, so nodes on
+//! different replicas hear the same view.
+//!
+//! A deployment stays open for the fleet until a probe closes it (a node's record turns
+//! closed with cause `probe_succeeded`): from then on, records of it that opened before the
+//! closing no longer count (those nodes close their own breakers on hearing the closing),
+//! and one that opens after it opens it for the fleet again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use switchyard_backoff::Backoff;
+use switchyard_proto::node::encoded::EncodedControlMessage;
+use switchyard_proto::node::v1::{self as pb, control_message};
+
+use crate::events::BreakerRecord;
+use crate::fanout::ConfigCache;
+use crate::layout::Layout;
+use crate::store::{EventKind, Revision, Store, StoreError};
+
+/// A deployment open for the fleet is open for each node until the prober's next probe
+/// plus this: time for the probe to be made (its timeout is 5 s by default) and its outcome
+/// to come back. A prober that goes silent for longer leaves every node to its own breaker.
+pub const PROBE_SLACK: Duration = Duration::from_secs(10);
+/// A closing is sent this long, so a node that reconnects meanwhile still hears it.
+const CLOSING_KEPT_MS: i64 = 60_000;
+/// The view is derived again at least this often: a catalog change that turns
+/// `breaker_policy.fleet` on or off, and closings that age out.
+const TICK: Duration = Duration::from_secs(1);
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+
+/// A deployment: (provider, upstream model).
+type Deployment = (String, String);
+
+/// One deployment open for the fleet.
+#[derive(Clone, Debug, PartialEq)]
+struct Opening {
+    since_unix_ms: i64,
+    opened_by: String,
+    /// The latest `until` given, kept while every node's record is half-open (which names
+    /// no next probe).
+    until_unix_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Closing {
+    at_unix_ms: i64,
+    closed_by: String,
+}
+
+/// What the view is derived from, and what it keeps between derivations (the openings and
+/// closings). No I/O and no clock of its own: the tests drive it.
+#[derive(Debug)]
+pub struct View {
+    enabled: bool,
+    /// By store key (one per node and deployment).
+    records: BTreeMap<String, BreakerRecord>,
+    /// Connected nodes, by store key → node id.
+    nodes: BTreeMap<String, String>,
+    open: BTreeMap<Deployment, Opening>,
+    closed: BTreeMap<Deployment, Closing>,
+}
+
+impl Default for View {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            records: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            open: BTreeMap::new(),
+            closed: BTreeMap::new(),
+        }
+    }
+}
+
+fn is_open(record: &BreakerRecord) -> bool {
+    record.state == "open" || record.state == "half_open"
+}
+
+impl View {
+    pub fn set_enabled(&mut self, enabled: bool) {
+        self.enabled = enabled;
+    }
+
+    pub fn put_record(&mut self, key: String, record: BreakerRecord) {
+        self.records.insert(key, record);
+    }
+
+    pub fn remove_record(&mut self, key: &str) {
+        self.records.remove(key);
+    }
+
+    pub fn put_node(&mut self, key: String, node_id: String) {
+        self.nodes.insert(key, node_id);
+    }
+
+    pub fn remove_node(&mut self, key: &str) {
+        self.nodes.remove(key);
+    }
+
+    /// The prober of an opening: its opener while connected, else the lowest connected
+    /// node id; "" when no node is connected.
+    fn prober(&self, opened_by: &str) -> String {
+        let connected: BTreeSet<&String> = self.nodes.values().collect();
+        if connected.iter().any(|n| n.as_str() == opened_by) {
+            return opened_by.to_owned();
+        }
+        connected.first().map_or_else(String::new, |n| (*n).clone())
+    }
+
+    /// Derives the view from the records as they are now, and the message for the nodes.
+    pub fn derive(&mut self, now_ms: i64) -> pb::FleetBreakers {
+        if !self.enabled {
+            self.open.clear();
+            self.closed.clear();
+            return pb::FleetBreakers { enabled: false, open: vec![], closed: vec![] };
+        }
+        let mut by_deployment: BTreeMap<Deployment, Vec<&BreakerRecord>> = BTreeMap::new();
+        for record in self.records.values() {
+            let key = (record.provider.clone(), record.upstream_model.clone());
+            by_deployment.entry(key).or_default().push(record);
+        }
+        self.closed.retain(|_, c| now_ms - c.at_unix_ms < CLOSING_KEPT_MS);
+        // Gone from every node (the nodes left, or restarted): nothing to keep open.
+        self.open.retain(|d, _| by_deployment.contains_key(d));
+        let mut open = Vec::new();
+        for (deployment, records) in &by_deployment {
+            // A probe closed it since it opened: closed for the fleet.
+            if let Some(opening) = self.open.get(deployment) {
+                let closing = records
+                    .iter()
+                    .filter(|r| {
+                        r.state == "closed"
+                            && r.cause == "probe_succeeded"
+                            && r.since_unix_ms >= opening.since_unix_ms
+                    })
+                    .max_by_key(|r| r.since_unix_ms);
+                if let Some(r) = closing {
+                    let closing =
+                        Closing { at_unix_ms: r.since_unix_ms, closed_by: r.node_id.clone() };
+                    self.closed.insert(deployment.clone(), closing);
+                    self.open.remove(deployment);
+                }
+            }
+            let closed_at = self.closed.get(deployment).map_or(i64::MIN, |c| c.at_unix_ms);
+            // Records that opened before the last closing are old news: their nodes close
+            // them on hearing it.
+            let opened: Vec<&&BreakerRecord> =
+                records.iter().filter(|r| is_open(r) && r.since_unix_ms > closed_at).collect();
+            if opened.is_empty() {
+                // Every node's own breaker closed (their own probes, with the fleet view
+                // off or cut off): nothing is open any more.
+                self.open.remove(deployment);
+                continue;
+            }
+            let first = opened.iter().min_by_key(|r| (r.since_unix_ms, &r.node_id));
+            let opening = self.open.entry(deployment.clone()).or_insert_with(|| Opening {
+                since_unix_ms: first.map_or(now_ms, |r| r.since_unix_ms),
+                opened_by: first.map_or_else(String::new, |r| r.node_id.clone()),
+                until_unix_ms: 0,
+            });
+            let opened_by = opening.opened_by.clone();
+            let prober = self.prober(&opened_by);
+            // The prober's next probe says how long (none while its probe is in flight);
+            // while it has not opened its breaker to probe yet, the latest any node named.
+            let of_prober: Vec<i64> = opened
+                .iter()
+                .filter(|r| r.node_id == prober)
+                .map(|r| r.next_probe_unix_ms)
+                .collect();
+            let next_probe = match of_prober.is_empty() {
+                false => of_prober.into_iter().max(),
+                true => opened.iter().map(|r| r.next_probe_unix_ms).max(),
+            }
+            .unwrap_or(0);
+            let slack = i64::try_from(PROBE_SLACK.as_millis()).unwrap_or(i64::MAX);
+            let Some(opening) = self.open.get_mut(deployment) else { continue };
+            if next_probe > 0 {
+                // Never earlier than already given: a node may already count on it.
+                opening.until_unix_ms = opening.until_unix_ms.max(next_probe.saturating_add(slack));
+            } else if opening.until_unix_ms == 0 {
+                // Half-open everywhere, no next probe named yet: a probe is in flight.
+                opening.until_unix_ms = now_ms.saturating_add(slack);
+            }
+            let mut open_on: Vec<String> = opened.iter().map(|r| r.node_id.clone()).collect();
+            open_on.sort();
+            open_on.dedup();
+            open.push(pb::FleetBreaker {
+                provider: deployment.0.clone(),
+                upstream_model: deployment.1.clone(),
+                since_unix_ms: opening.since_unix_ms,
+                opened_by,
+                prober,
+                until_unix_ms: opening.until_unix_ms,
+                open_on,
+            });
+        }
+        let closed = self
+            .closed
+            .iter()
+            .filter(|(d, _)| !self.open.contains_key(*d))
+            .map(|((provider, upstream_model), c)| pb::FleetClosing {
+                provider: provider.clone(),
+                upstream_model: upstream_model.clone(),
+                at_unix_ms: c.at_unix_ms,
+                closed_by: c.closed_by.clone(),
+            })
+            .collect();
+        pb::FleetBreakers { enabled: true, open, closed }
+    }
+}
+
+/// The view as derived last, for node streams and the admin API.
+#[derive(Debug)]
+pub struct Published {
+    pub view: pb::FleetBreakers,
+    /// The connected nodes, by id: each treats the open deployments as open.
+    pub nodes: BTreeSet<String>,
+    /// The `FleetBreakers` control message, encoded once for every node stream.
+    pub message: EncodedControlMessage,
+}
+
+impl Published {
+    fn new(view: pb::FleetBreakers, nodes: BTreeSet<String>) -> Self {
+        let message = EncodedControlMessage::new(&pb::ControlMessage {
+            msg: Some(control_message::Msg::FleetBreakers(view.clone())),
+        });
+        Self { view, nodes, message }
+    }
+}
+
+/// The replica's fleet view: derived from the store by [`run`], read by node streams and
+/// `ListBreakers`.
+pub struct Fleet {
+    view: Mutex<View>,
+    published: watch::Sender<Arc<Published>>,
+    /// The catalog revision `breaker_policy.fleet` was last read at.
+    catalog: Mutex<Option<Revision>>,
+}
+
+impl Fleet {
+    pub fn new() -> Arc<Self> {
+        // Until the records are read: on, nothing open.
+        let nothing = pb::FleetBreakers { enabled: true, open: vec![], closed: vec![] };
+        let (published, _) = watch::channel(Arc::new(Published::new(nothing, BTreeSet::new())));
+        Arc::new(Self { view: Mutex::new(View::default()), published, catalog: Mutex::new(None) })
+    }
+
+    /// The current view, and every later one.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Published>> {
+        self.published.subscribe()
+    }
+
+    pub fn current(&self) -> Arc<Published> {
+        Arc::clone(&self.published.borrow())
+    }
+
+    /// Changes the inputs with `change`, derives the view and publishes it if it changed.
+    fn update(&self, change: impl FnOnce(&mut View)) {
+        let mut view = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        change(&mut view);
+        let derived = view.derive(switchyard_time::now_ms());
+        let nodes: BTreeSet<String> = view.nodes.values().cloned().collect();
+        // Published under the lock, so two updates never publish out of order.
+        self.published.send_if_modified(|current| {
+            if current.view == derived && current.nodes == nodes {
+                return false;
+            }
+            *current = Arc::new(Published::new(derived, nodes));
+            true
+        });
+    }
+
+    /// Reads `breaker_policy.fleet` from the cached catalog when it changed.
+    fn read_catalog(&self, cache: &ConfigCache) {
+        let Some((value, revision)) = cache.resource("catalog") else { return };
+        let mut seen = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
+        if *seen == Some(revision) {
+            return;
+        }
+        *seen = Some(revision);
+        drop(seen);
+        /// Only the one field: the rest of the catalog is the nodes' to read.
+        #[derive(Deserialize)]
+        struct Catalog {
+            #[serde(default)]
+            breaker_policy: Policy,
+        }
+        #[derive(Deserialize)]
+        struct Policy {
+            #[serde(default = "on")]
+            fleet: bool,
+        }
+        impl Default for Policy {
+            fn default() -> Self {
+                Self { fleet: true }
+            }
+        }
+        fn on() -> bool {
+            true
+        }
+        match serde_json::from_slice::<Catalog>(&value) {
+            Ok(catalog) => {
+                let enabled = catalog.breaker_policy.fleet;
+                info!(enabled, "fleet breaker view");
+                self.update(|v| v.set_enabled(enabled));
+            }
+            Err(e) => warn!(error = %e, "cannot read breaker_policy.fleet from the catalog"),
+        }
+    }
+}
+
+/// Keeps `fleet` derived from the store until the process ends.
+pub async fn run(
+    fleet: Arc<Fleet>,
+    store: Arc<dyn Store>,
+    layout: Layout,
+    cache: Arc<ConfigCache>,
+) {
+    tokio::spawn(follow(
+        Arc::clone(&fleet),
+        Arc::clone(&store),
+        layout.breakers_prefix(),
+        Input::Breakers,
+    ));
+    tokio::spawn(follow(Arc::clone(&fleet), store, layout.nodes_prefix(), Input::Nodes));
+    let mut tick = tokio::time::interval(TICK);
+    loop {
+        tick.tick().await;
+        fleet.read_catalog(&cache);
+        fleet.update(|_| {});
+    }
+}
+
+/// The one field of a presence record (`nodes::NodeRecord`) the view needs.
+#[derive(Deserialize)]
+struct Presence {
+    node_id: String,
+}
+
+#[derive(Clone, Copy)]
+enum Input {
+    Breakers,
+    Nodes,
+}
+
+impl Input {
+    fn put(self, view: &mut View, key: String, value: &[u8]) {
+        match self {
+            Input::Breakers => match serde_json::from_slice::<BreakerRecord>(value) {
+                Ok(record) => view.put_record(key, record),
+                Err(e) => warn!(key, error = %e, "unreadable breaker record"),
+            },
+            Input::Nodes => match serde_json::from_slice::<Presence>(value) {
+                Ok(record) => view.put_node(key, record.node_id),
+                Err(e) => warn!(key, error = %e, "unreadable node record"),
+            },
+        }
+    }
+
+    fn remove(self, view: &mut View, key: &str) {
+        match self {
+            Input::Breakers => view.remove_record(key),
+            Input::Nodes => view.remove_node(key),
+        }
+    }
+
+    fn clear(self, view: &mut View) {
+        match self {
+            Input::Breakers => view.records.clear(),
+            Input::Nodes => view.nodes.clear(),
+        }
+    }
+}
+
+/// Lists `prefix`, then watches it; lists again after any failure.
+async fn follow(fleet: Arc<Fleet>, store: Arc<dyn Store>, prefix: String, input: Input) {
+    let mut failures = 0;
+    loop {
+        match follow_once(&fleet, store.as_ref(), &prefix, input).await {
+            Ok(()) => warn!(%prefix, "fleet view watch ended; listing again"),
+            Err(e) => warn!(%prefix, error = %e, "fleet view watch failed; listing again"),
+        }
+        tokio::time::sleep(RECONNECT.delay(failures)).await;
+        failures = failures.saturating_add(1);
+    }
+}
+
+async fn follow_once(
+    fleet: &Fleet,
+    store: &dyn Store,
+    prefix: &str,
+    input: Input,
+) -> Result<(), StoreError> {
+    let listing = store.list(prefix).await?;
+    fleet.update(|view| {
+        input.clear(view);
+        for kv in &listing.kvs {
+            input.put(view, kv.key.clone(), &kv.value);
+        }
+    });
+    let mut watch = store.watch(prefix, listing.revision + 1).await?;
+    while let Some(batch) = watch.next().await {
+        let batch = batch?;
+        fleet.update(|view| {
+            for event in batch.events {
+                match event.kind {
+                    EventKind::Put => input.put(view, event.kv.key, &event.kv.value),
+                    EventKind::Delete => input.remove(view, &event.kv.key),
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const SLACK: i64 = PROBE_SLACK.as_millis() as i64;
+
+    fn record(node: &str, state: &str, cause: &str, since: i64, next_probe: i64) -> BreakerRecord {
+        BreakerRecord {
+            node_id: node.into(),
+            provider: "azure-east".into(),
+            upstream_model: "gpt-4o".into(),
+            state: state.into(),
+            since_unix_ms: since,
+            failure_rate: 1.0,
+            calls_in_window: 20,
+            next_probe_unix_ms: next_probe,
+            cause: cause.into(),
+            cooldown_ms: 5_000,
+            last_probe_unix_ms: 0,
+            last_probe_outcome: String::new(),
+            last_probe_latency_ms: 0,
+            boot_id: String::new(),
+        }
+    }
+
+    fn report(view: &mut View, r: BreakerRecord) {
+        view.put_record(format!("breakers/{}/{}/{}", r.node_id, r.provider, r.upstream_model), r);
+    }
+
+    fn connect(view: &mut View, node: &str) {
+        view.put_node(format!("nodes/{node}"), node.into());
+    }
+
+    fn view_of(nodes: &[&str]) -> View {
+        let mut view = View::default();
+        for node in nodes {
+            connect(&mut view, node);
+        }
+        view
+    }
+
+    #[test]
+    fn the_first_node_to_open_a_deployment_opens_it_for_the_fleet_and_probes_it() {
+        let mut view = view_of(&["n1", "n2", "n3", "n4"]);
+        assert!(view.derive(1_000).open.is_empty());
+        report(&mut view, record("n3", "open", "failure_rate", 1_000, 6_000));
+        report(&mut view, record("n2", "open", "failure_rate", 1_200, 6_200));
+        let derived = view.derive(1_300);
+        assert!(derived.enabled);
+        assert_eq!(derived.open.len(), 1, "{derived:?}");
+        let open = &derived.open[0];
+        assert_eq!(
+            (open.provider.as_str(), open.upstream_model.as_str()),
+            ("azure-east", "gpt-4o")
+        );
+        assert_eq!((open.opened_by.as_str(), open.prober.as_str()), ("n3", "n3"));
+        assert_eq!(open.since_unix_ms, 1_000);
+        assert_eq!(open.open_on, ["n2", "n3"]);
+        // Until the prober's next probe, and time for it to be made and reported.
+        assert_eq!(open.until_unix_ms, 6_000 + SLACK);
+        // Its probe fails: open again, until its next one.
+        report(&mut view, record("n3", "half_open", "cooldown_elapsed", 6_000, 0));
+        assert_eq!(view.derive(6_000).open[0].until_unix_ms, 6_000 + SLACK, "kept half-open");
+        report(&mut view, record("n3", "open", "probe_failed", 6_100, 11_100));
+        let open = &view.derive(6_100).open[0];
+        assert_eq!((open.since_unix_ms, open.opened_by.as_str()), (1_000, "n3"));
+        assert_eq!(open.until_unix_ms, 11_100 + SLACK);
+    }
+
+    #[test]
+    fn the_prober_is_the_opener_while_connected_else_the_lowest_node_and_moves_when_it_leaves() {
+        let mut view = view_of(&["n2", "n3", "n4"]);
+        report(&mut view, record("n3", "open", "failure_rate", 1_000, 6_000));
+        assert_eq!(view.derive(1_000).open[0].prober, "n3");
+        // The opener leaves (its record stays for the grace period): the lowest node id.
+        view.remove_node("nodes/n3");
+        assert_eq!(view.derive(2_000).open[0].prober, "n2");
+        view.remove_node("nodes/n2");
+        assert_eq!(view.derive(2_000).open[0].prober, "n4");
+        // The opener is back: it probes again.
+        connect(&mut view, "n3");
+        assert_eq!(view.derive(3_000).open[0].prober, "n3");
+        // Nobody connected: nobody probes; still open (the records say so).
+        for node in ["n3", "n4"] {
+            view.remove_node(&format!("nodes/{node}"));
+        }
+        let open = &view.derive(3_000).open[0];
+        assert_eq!((open.prober.as_str(), open.opened_by.as_str()), ("", "n3"));
+    }
+
+    #[test]
+    fn a_probe_that_succeeds_closes_the_deployment_for_the_fleet_and_later_failures_open_it_again()
+    {
+        let mut view = view_of(&["n1", "n2"]);
+        report(&mut view, record("n1", "open", "failure_rate", 1_000, 6_000));
+        report(&mut view, record("n2", "open", "failure_rate", 1_100, 6_100));
+        assert_eq!(view.derive(1_100).open.len(), 1);
+        // n1's probe closes it; n2's own breaker is still open from before.
+        report(&mut view, record("n1", "closed", "probe_succeeded", 6_050, 0));
+        let derived = view.derive(6_060);
+        assert!(derived.open.is_empty(), "{derived:?}");
+        assert_eq!(derived.closed.len(), 1);
+        let closed = &derived.closed[0];
+        assert_eq!((closed.at_unix_ms, closed.closed_by.as_str()), (6_050, "n1"));
+        // n2 closes on hearing it; the closing is still listed for a node reconnecting.
+        report(&mut view, record("n2", "closed", "fleet_closed", 6_200, 0));
+        let derived = view.derive(6_300);
+        assert!(derived.open.is_empty() && derived.closed.len() == 1);
+        // Failures after the closing open it again, for everyone.
+        report(&mut view, record("n2", "open", "failure_rate", 9_000, 14_000));
+        let derived = view.derive(9_000);
+        assert_eq!(derived.open[0].opened_by, "n2");
+        assert!(derived.closed.is_empty(), "open again: not listed as closed");
+        // A closing ages out after a minute.
+        report(&mut view, record("n2", "closed", "probe_succeeded", 10_000, 0));
+        assert_eq!(view.derive(10_000).closed.len(), 1);
+        assert!(view.derive(10_000 + CLOSING_KEPT_MS).closed.is_empty());
+    }
+
+    #[test]
+    fn a_success_from_before_the_opening_closes_nothing_and_gone_nodes_leave_nothing_open() {
+        let mut view = view_of(&["n1", "n2"]);
+        // n2 recovered an earlier outage on its own; then n1 opens the deployment.
+        report(&mut view, record("n2", "closed", "probe_succeeded", 500, 0));
+        report(&mut view, record("n1", "open", "failure_rate", 1_000, 6_000));
+        assert_eq!(view.derive(1_000).open.len(), 1);
+        // n1 is gone for good: its records go, and nothing holds the deployment open.
+        view.remove_record("breakers/n1/azure-east/gpt-4o");
+        view.remove_node("nodes/n1");
+        assert!(view.derive(40_000).open.is_empty());
+    }
+
+    #[test]
+    fn with_the_fleet_view_off_nothing_is_listed() {
+        let mut view = view_of(&["n1"]);
+        report(&mut view, record("n1", "open", "failure_rate", 1_000, 6_000));
+        view.set_enabled(false);
+        let derived = view.derive(1_000);
+        assert!(!derived.enabled && derived.open.is_empty() && derived.closed.is_empty());
+        view.set_enabled(true);
+        assert_eq!(view.derive(1_000).open.len(), 1);
+    }
+}
