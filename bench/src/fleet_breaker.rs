@@ -1,7 +1,7 @@
 //! `switchyard-bench fleet-breaker`: what a deployment that dies costs a fleet, with the
 //! fleet's breaker view (`breaker_policy.fleet: true`: a breaker opening on one node is
-//! relayed to every node, and one node probes for the fleet) and with each node alone
-//! (`fleet: false`).
+//! relayed to every node, and one node probes for the fleet; docs/operating.md, "The
+//! fleet's breaker view") and with each node alone (`fleet: false`).
 //!
 //! Per mode, one simulator, one control plane (embedded store) and `--nodes` nodes, the
 //! catalog below. Each round kills a model of its own (`sim/dying-R`, so that every round
