@@ -9,6 +9,14 @@
 //! whenever it changes ([`Fleet::subscribe`]). Replicas read the same records, so nodes on
 //! different replicas hear the same view.
 //!
+//! A deployment also opens for the fleet before any node's own breaker does: nodes report
+//! what their breakers counted while a window holds a failure (`BreakerWindows`), and the
+//! replica adds up the fleet's newest calls of each deployment into one window of
+//! `window_size` calls, judged by the breaker policy. A deployment that dies thus costs the
+//! fleet one window of failed calls (plus those made while the word travels), not one per
+//! node. The node whose failures weighed most is named its opener (and prober); it opens its
+//! own breaker to probe, and its record carries the opening to the other replicas.
+//!
 //! A deployment stays open for the fleet until a probe closes it (a node's record turns
 //! closed with cause `probe_succeeded`): from then on, records of it that opened before the
 //! closing no longer count (those nodes close their own breakers on hearing the closing),
@@ -26,6 +34,8 @@ use switchyard_backoff::Backoff;
 use switchyard_proto::node::encoded::EncodedControlMessage;
 use switchyard_proto::node::v1::{self as pb, control_message};
 
+use switchyard_catalog::{BreakerPolicy, Catalog};
+
 use crate::events::BreakerRecord;
 use crate::fanout::ConfigCache;
 use crate::layout::Layout;
@@ -37,9 +47,10 @@ use crate::store::{EventKind, Revision, Store, StoreError};
 pub const PROBE_SLACK: Duration = Duration::from_secs(10);
 /// A closing is sent this long, so a node that reconnects meanwhile still hears it.
 const CLOSING_KEPT_MS: i64 = 60_000;
-/// The view is derived again at least this often: a catalog change that turns
-/// `breaker_policy.fleet` on or off, and closings that age out.
+/// The view is derived again at least this often, so that closings age out.
 const TICK: Duration = Duration::from_secs(1);
+/// Window reports older than this no longer count toward the fleet's window.
+const WINDOW_KEPT_MS: i64 = 60_000;
 const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// A deployment: (provider, upstream model).
@@ -72,6 +83,15 @@ pub struct View {
     nodes: BTreeMap<String, String>,
     open: BTreeMap<Deployment, Opening>,
     closed: BTreeMap<Deployment, Closing>,
+    /// The breaker policy of the catalog, and of deployments a model overrides it for.
+    policy: BreakerPolicy,
+    policies: BTreeMap<Deployment, BreakerPolicy>,
+    /// The fleet's newest window reports of each deployment, oldest first: (at, node,
+    /// calls, failures).
+    windows: BTreeMap<Deployment, std::collections::VecDeque<(i64, String, u32, u32)>>,
+    /// Deployments the fleet's window opened: when, and the node whose failures weighed
+    /// most. They count as that node's open record until its own record says more.
+    tripped: BTreeMap<Deployment, (i64, String)>,
 }
 
 impl Default for View {
@@ -82,6 +102,10 @@ impl Default for View {
             nodes: BTreeMap::new(),
             open: BTreeMap::new(),
             closed: BTreeMap::new(),
+            policy: BreakerPolicy::default(),
+            policies: BTreeMap::new(),
+            windows: BTreeMap::new(),
+            tripped: BTreeMap::new(),
         }
     }
 }
@@ -93,6 +117,63 @@ fn is_open(record: &BreakerRecord) -> bool {
 impl View {
     pub fn set_enabled(&mut self, enabled: bool) {
         self.enabled = enabled;
+    }
+
+    /// The breaker policy: the catalog's, and a model's override for its deployment.
+    pub fn set_policies(&mut self, catalog: &Catalog) {
+        self.policy = catalog.breaker_policy;
+        self.policies = catalog
+            .models
+            .iter()
+            .filter_map(|m| {
+                let policy = catalog.breaker_policy.with_override(m.breaker.as_ref()?);
+                Some(((m.provider.clone(), m.upstream_model.clone()), policy))
+            })
+            .collect();
+    }
+
+    /// Takes in what a node's breakers counted; opens a deployment for the fleet when the
+    /// fleet's newest `window_size` calls of it trip the policy.
+    pub fn observe(&mut self, node: &str, windows: Vec<pb::BreakerWindow>, now_ms: i64) {
+        if !self.enabled {
+            return;
+        }
+        for w in windows {
+            let deployment = (w.provider, w.upstream_model);
+            if self.open.contains_key(&deployment) || self.tripped.contains_key(&deployment) {
+                continue;
+            }
+            let reports = self.windows.entry(deployment.clone()).or_default();
+            reports.push_back((now_ms, node.to_owned(), w.calls, w.failures));
+            while reports.front().is_some_and(|r| now_ms - r.0 >= WINDOW_KEPT_MS) {
+                reports.pop_front();
+            }
+            let policy = self.policies.get(&deployment).copied().unwrap_or(self.policy);
+            // The newest reports, until they hold a window of calls.
+            let (mut calls, mut failures) = (0u64, 0u64);
+            let mut by_node: BTreeMap<&str, u64> = BTreeMap::new();
+            for (_, node, c, f) in reports.iter().rev() {
+                calls += u64::from(*c);
+                failures += u64::from(*f);
+                *by_node.entry(node.as_str()).or_default() += u64::from(*f);
+                if calls >= u64::from(policy.window_size) {
+                    break;
+                }
+            }
+            let trips = calls >= u64::from(policy.min_requests)
+                && calls > 0
+                && failures as f64 / calls as f64 >= policy.failure_rate_threshold;
+            if !trips {
+                continue;
+            }
+            // The node that saw most of the failures (the lowest id of equals).
+            let opener = by_node
+                .iter()
+                .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+                .map_or_else(String::new, |(n, _)| (*n).to_owned());
+            self.windows.remove(&deployment);
+            self.tripped.insert(deployment, (now_ms, opener));
+        }
     }
 
     pub fn put_record(&mut self, key: String, record: BreakerRecord) {
@@ -128,12 +209,40 @@ impl View {
             self.closed.clear();
             return pb::FleetBreakers { enabled: false, open: vec![], closed: vec![] };
         }
+        self.closed.retain(|_, c| now_ms - c.at_unix_ms < CLOSING_KEPT_MS);
+        // A trip holds until a probe closes the deployment after it, or a minute passes
+        // (the opener's own record holds it open from when it opens its breaker to probe).
+        let closed = &self.closed;
+        self.tripped.retain(|d, (at, _)| {
+            now_ms - *at < CLOSING_KEPT_MS && closed.get(d).is_none_or(|c| c.at_unix_ms < *at)
+        });
+        self.windows
+            .retain(|_, reports| reports.back().is_some_and(|r| now_ms - r.0 < WINDOW_KEPT_MS));
+        let trips: Vec<BreakerRecord> = self
+            .tripped
+            .iter()
+            .map(|((provider, upstream_model), (at, node))| BreakerRecord {
+                node_id: node.clone(),
+                provider: provider.clone(),
+                upstream_model: upstream_model.clone(),
+                state: "open".to_owned(),
+                since_unix_ms: *at,
+                failure_rate: 0.0,
+                calls_in_window: 0,
+                next_probe_unix_ms: 0,
+                cause: "fleet_window".to_owned(),
+                cooldown_ms: 0,
+                last_probe_unix_ms: 0,
+                last_probe_outcome: String::new(),
+                last_probe_latency_ms: 0,
+                boot_id: String::new(),
+            })
+            .collect();
         let mut by_deployment: BTreeMap<Deployment, Vec<&BreakerRecord>> = BTreeMap::new();
-        for record in self.records.values() {
+        for record in self.records.values().chain(&trips) {
             let key = (record.provider.clone(), record.upstream_model.clone());
             by_deployment.entry(key).or_default().push(record);
         }
-        self.closed.retain(|_, c| now_ms - c.at_unix_ms < CLOSING_KEPT_MS);
         // Gone from every node (the nodes left, or restarted): nothing to keep open.
         self.open.retain(|d, _| by_deployment.contains_key(d));
         let mut open = Vec::new();
@@ -195,7 +304,12 @@ impl View {
                 // Half-open everywhere, no next probe named yet: a probe is in flight.
                 opening.until_unix_ms = now_ms.saturating_add(slack);
             }
-            let mut open_on: Vec<String> = opened.iter().map(|r| r.node_id.clone()).collect();
+            // Nodes whose own breaker is open (a trip is the fleet's, not a node's).
+            let mut open_on: Vec<String> = opened
+                .iter()
+                .filter(|r| r.cause != "fleet_window")
+                .map(|r| r.node_id.clone())
+                .collect();
             open_on.sort();
             open_on.dedup();
             open.push(pb::FleetBreaker {
@@ -293,33 +407,23 @@ impl Fleet {
         }
         *seen = Some(revision);
         drop(seen);
-        /// Only the one field: the rest of the catalog is the nodes' to read.
-        #[derive(Deserialize)]
-        struct Catalog {
-            #[serde(default)]
-            breaker_policy: Policy,
-        }
-        #[derive(Deserialize)]
-        struct Policy {
-            #[serde(default = "on")]
-            fleet: bool,
-        }
-        impl Default for Policy {
-            fn default() -> Self {
-                Self { fleet: true }
-            }
-        }
-        fn on() -> bool {
-            true
-        }
         match serde_json::from_slice::<Catalog>(&value) {
             Ok(catalog) => {
                 let enabled = catalog.breaker_policy.fleet;
                 info!(enabled, "fleet breaker view");
-                self.update(|v| v.set_enabled(enabled));
+                self.update(|v| {
+                    v.set_enabled(enabled);
+                    v.set_policies(&catalog);
+                });
             }
-            Err(e) => warn!(error = %e, "cannot read breaker_policy.fleet from the catalog"),
+            Err(e) => warn!(error = %e, "cannot read the breaker policy from the catalog"),
         }
+    }
+
+    /// A node's window report (see [`View::observe`]).
+    pub fn observe(&self, node: &str, windows: pb::BreakerWindows) {
+        let now = switchyard_time::now_ms();
+        self.update(|v| v.observe(node, windows.windows, now));
     }
 }
 
@@ -338,8 +442,17 @@ pub async fn run(
     ));
     tokio::spawn(follow(Arc::clone(&fleet), store, layout.nodes_prefix(), Input::Nodes));
     let mut tick = tokio::time::interval(TICK);
+    // Config changes, for `breaker_policy` as soon as it is applied.
+    let (_, mut config) = cache.subscribe(Revision::MAX);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = config.recv() => {
+                if let Err(tokio::sync::broadcast::error::RecvError::Closed) = changed {
+                    (_, config) = cache.subscribe(Revision::MAX);
+                }
+            }
+        }
         fleet.read_catalog(&cache);
         fleet.update(|_| {});
     }
@@ -569,5 +682,79 @@ mod tests {
         assert!(!derived.enabled && derived.open.is_empty() && derived.closed.is_empty());
         view.set_enabled(true);
         assert_eq!(view.derive(1_000).open.len(), 1);
+    }
+
+    fn counted(calls: u32, failures: u32) -> Vec<pb::BreakerWindow> {
+        vec![pb::BreakerWindow {
+            provider: "azure-east".into(),
+            upstream_model: "gpt-4o".into(),
+            calls,
+            failures,
+        }]
+    }
+
+    #[test]
+    fn the_fleets_newest_calls_make_one_window_that_opens_the_deployment_for_every_node() {
+        let mut view = view_of(&["n1", "n2", "n3", "n4"]);
+        view.set_policies(&Catalog {
+            breaker_policy: BreakerPolicy {
+                window_size: 20,
+                min_requests: 20,
+                ..BreakerPolicy::default()
+            },
+            ..Catalog::default()
+        });
+        // Four nodes, four failures each: 16 calls, no node near its own window of 20.
+        for node in ["n1", "n2", "n3", "n4"] {
+            view.observe(node, counted(4, 4), 1_000);
+        }
+        assert!(view.derive(1_000).open.is_empty(), "16 calls: fewer than min_requests");
+        // n3 fails three more, n2 one: the fleet's window of 20 calls is all failures.
+        view.observe("n3", counted(3, 3), 1_100);
+        view.observe("n2", counted(1, 1), 1_100);
+        let derived = view.derive(1_100);
+        assert_eq!(derived.open.len(), 1, "{derived:?}");
+        let open = &derived.open[0];
+        // The node with most of the failures opened it and probes it.
+        assert_eq!((open.opened_by.as_str(), open.prober.as_str()), ("n3", "n3"));
+        assert_eq!(open.since_unix_ms, 1_100);
+        assert!(open.open_on.is_empty(), "no node's own breaker is open: {open:?}");
+        assert_eq!(open.until_unix_ms, 1_100 + SLACK);
+        // The prober opens its own breaker to probe: its next probe sets the time.
+        report(&mut view, record("n3", "open", "fleet_open", 1_200, 2_200));
+        let open = &view.derive(1_200).open[0];
+        assert_eq!((open.opened_by.as_str(), open.since_unix_ms), ("n3", 1_100));
+        assert_eq!(open.open_on, ["n3"]);
+        // Its probe succeeds: closed for everyone, and the trip with it.
+        report(&mut view, record("n3", "closed", "probe_succeeded", 2_250, 0));
+        let derived = view.derive(2_300);
+        assert!(derived.open.is_empty() && derived.closed.len() == 1, "{derived:?}");
+    }
+
+    #[test]
+    fn successes_in_the_fleets_window_weigh_against_its_failures() {
+        let mut view = view_of(&["n1", "n2"]);
+        view.set_policies(&Catalog {
+            breaker_policy: BreakerPolicy {
+                window_size: 10,
+                min_requests: 10,
+                failure_rate_threshold: 0.5,
+                ..BreakerPolicy::default()
+            },
+            ..Catalog::default()
+        });
+        // 10 calls, 4 failures: 40 %.
+        view.observe("n1", counted(5, 2), 1_000);
+        view.observe("n2", counted(5, 2), 1_000);
+        assert!(view.derive(1_000).open.is_empty());
+        // The newest 10: 5 + 5 with 5 failures, 50 %.
+        view.observe("n2", counted(5, 3), 1_100);
+        assert_eq!(view.derive(1_100).open[0].opened_by, "n2");
+        // Off: reports are not counted.
+        let mut off = view_of(&["n1"]);
+        off.set_enabled(false);
+        off.observe("n1", counted(100, 100), 1_000);
+        off.set_enabled(true);
+        assert!(off.derive(1_000).open.is_empty());
     }
 }

@@ -368,6 +368,7 @@ impl NodeShared {
             Some(node_message::Msg::Probed(report)) => {
                 self.on_breaker(node_id, &record.boot_id, report, None, tx).await?
             }
+            Some(node_message::Msg::Windows(windows)) => self.fleet.observe(node_id, windows),
             Some(node_message::Msg::Limits(usage)) => {
                 let state = self.limits.on_report(node_id, usage);
                 let msg = pb::ControlMessage { msg: Some(control_message::Msg::Limits(state)) };

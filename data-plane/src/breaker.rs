@@ -253,6 +253,9 @@ struct Inner {
     last_probe: Option<(Instant, ProbeOutcome, Duration)>,
     /// The fleet's word: open for every node until `until` (see [`FleetOpen`]).
     fleet: Option<FleetOpen>,
+    /// Calls counted in the window since the last [`Breaker::take_window_report`], and
+    /// failures among them: the control plane adds up the fleet's.
+    unreported: (u32, u32),
 }
 
 /// A deployment the control plane says is open for the whole fleet.
@@ -303,6 +306,7 @@ impl Breaker {
                 idle_since: now,
                 last_probe: None,
                 fleet: None,
+                unreported: (0, 0),
             }),
         })
     }
@@ -406,6 +410,16 @@ impl Breaker {
                 inner.ready_at = inner.ready_at.min(now + interval);
             }
         }
+    }
+
+    /// The calls counted in the window since the last report and the failures among them,
+    /// when the control plane should hear of them: some failed, or the window still holds a
+    /// failure (its successes then weigh against the failures). `None` for a clean window:
+    /// a healthy fleet reports nothing.
+    pub fn take_window_report(&self) -> Option<(u32, u32)> {
+        let mut inner = self.lock();
+        let (calls, failures) = std::mem::take(&mut inner.unreported);
+        (calls > 0 && (failures > 0 || inner.failures > 0)).then_some((calls, failures))
     }
 
     /// Lays the fleet's word over this breaker (`None`: the deployment is not open for the
@@ -525,6 +539,11 @@ impl Breaker {
         match (kind, inner.state) {
             (Kind::Call, State::Closed) => {
                 inner.push(outcome);
+                let (calls, failures) = inner.unreported;
+                inner.unreported = (
+                    calls.saturating_add(1),
+                    failures.saturating_add(u32::from(outcome != Outcome::Success)),
+                );
                 let cause = if inner.timeouts_in_a_row >= inner.policy.consecutive_timeouts {
                     // Checked first: the more specific cause when both hold.
                     Some(Cause::ConsecutiveTimeouts)
@@ -796,9 +815,13 @@ pub struct FleetView {
 
 type Deployments = HashMap<(String, String), FleetOpen>;
 
-/// Every breaker of the node, created on first use.
+/// Every breaker of the node, created on first use. Cloning shares the registry: the config
+/// stream reads the breakers' window reports from its clone.
+#[derive(Clone, Debug, Default)]
+pub struct Breakers(Arc<Registry>);
+
 #[derive(Debug, Default)]
-pub struct Breakers {
+pub struct Registry {
     // Nested so a hit looks up by borrowed `&str`s and allocates nothing; read on every
     // request, written once per new (provider, model).
     by_provider: RwLock<HashMap<String, HashMap<String, Arc<Breaker>>>>,
@@ -806,9 +829,31 @@ pub struct Breakers {
     fleet: Mutex<Deployments>,
 }
 
+impl std::ops::Deref for Breakers {
+    type Target = Registry;
+
+    fn deref(&self) -> &Registry {
+        &self.0
+    }
+}
+
 impl Breakers {
     pub fn new() -> Self {
         Self::default()
+    }
+}
+
+impl Registry {
+    /// Each breaker's [`Breaker::take_window_report`]: (provider, upstream model, calls,
+    /// failures).
+    pub fn window_reports(&self) -> Vec<(String, String, u32, u32)> {
+        self.all()
+            .iter()
+            .filter_map(|b| {
+                let (calls, failures) = b.take_window_report()?;
+                Some((b.provider.clone(), b.upstream_model.clone(), calls, failures))
+            })
+            .collect()
     }
 
     /// The breaker of (`provider`, `upstream_model`), with `policy` (the catalog's, with the
@@ -1618,5 +1663,21 @@ mod tests {
         assert!(existing.fleet().is_none() && later.fleet().is_none());
         assert!(!is_rejected(&later, t0));
         assert!(breakers.get("azure-east", "gpt-4o", policy()).fleet().is_none());
+    }
+
+    #[test]
+    fn window_reports_cover_calls_while_the_window_holds_a_failure_and_nothing_when_clean() {
+        let t0 = Instant::now();
+        let breakers = Breakers::new();
+        let b = breakers.get("azure-east", "gpt-4o", policy());
+        call(&b, Outcome::Success, t0);
+        assert!(breakers.window_reports().is_empty(), "a clean window is not reported");
+        call(&b, Outcome::Failure, t0);
+        call(&b, Outcome::Success, t0);
+        assert_eq!(breakers.window_reports(), [("azure-east".into(), "gpt-4o".into(), 2, 1)]);
+        // The failure is still in the window: its successes go up too, once each.
+        call(&b, Outcome::Success, t0);
+        assert_eq!(breakers.window_reports(), [("azure-east".into(), "gpt-4o".into(), 1, 0)]);
+        assert!(breakers.window_reports().is_empty());
     }
 }

@@ -251,6 +251,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     let (handoff, handoff_rx) = watch::channel(false);
     // The config stream hears the fleet's breaker view; the prober lays it over the breakers.
     let (fleet, fleet_view) = watch::channel(None);
+    let breakers = Breakers::new();
     let mut metrics = Metrics::new();
     let sync_options = SyncOptions {
         controls: options.controls,
@@ -264,6 +265,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
             rejected: metrics.config_rejected_version.clone(),
         },
         fleet,
+        breakers: breakers.clone(),
     };
     let mut telemetry = Telemetry::new(node_id.clone(), metrics.events_dropped.clone())
         .with_max_events(options.event_buffer_events);
@@ -319,11 +321,7 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
     });
     let app = Arc::new(App {
         state: Arc::clone(&state),
-        executor: Executor {
-            breakers: Breakers::new(),
-            telemetry: Arc::clone(&telemetry),
-            metrics,
-        },
+        executor: Executor { breakers, telemetry: Arc::clone(&telemetry), metrics },
         max_body_bytes: options.max_body_bytes,
     });
     let prober = tokio::spawn(probe::run(Arc::clone(&app), fleet_view));

@@ -19,7 +19,7 @@ use switchyard_tls::connect::{ClientTls, is_https};
 use switchyard_tls::files::TlsError;
 use switchyard_tls::words;
 
-use crate::breaker::{FleetOpen, FleetView};
+use crate::breaker::{Breakers, FleetOpen, FleetView};
 use crate::config::{Change, ConfigError, NodeConfig, SnapshotBuilder};
 use crate::state::{Changed, NodeState};
 use crate::telemetry::Telemetry;
@@ -81,6 +81,9 @@ pub struct SyncOptions {
     /// The control plane's fleet breaker view, as this task last heard it; `None` while no
     /// stream is open (a node cut off goes by its own breakers) or the fleet view is off.
     pub fleet: watch::Sender<Option<FleetView>>,
+    /// The node's breakers, whose window reports go up with each flush while the fleet
+    /// view is on.
+    pub breakers: Breakers,
 }
 
 /// What the config stream shows at `/metrics` for the alerts (deploy/prometheus): set here,
@@ -261,7 +264,14 @@ async fn session(
             }
             _ = flush.tick() => {
                 telemetry.refill_from_spool().await;
-                for message in outbound(telemetry, false) {
+                let mut messages = outbound(telemetry, false);
+                // Taken even with the fleet view off, so that turning it on does not send
+                // what was counted before.
+                let windows = options.breakers.window_reports();
+                if options.fleet.borrow().is_some() && !windows.is_empty() {
+                    messages.push(node_msg(node_message::Msg::Windows(window_report(windows))));
+                }
+                for message in messages {
                     if tx.send(message).await.is_err() {
                         return Err(SessionError::Closed);
                     }
@@ -482,6 +492,19 @@ fn outbound(telemetry: &Telemetry, usage: bool) -> Vec<pb::NodeMessage> {
         out.push(node_msg(node_message::Msg::Usage(report)));
     }
     out
+}
+
+fn window_report(windows: Vec<(String, String, u32, u32)>) -> pb::BreakerWindows {
+    let windows = windows
+        .into_iter()
+        .map(|(provider, upstream_model, calls, failures)| pb::BreakerWindow {
+            provider,
+            upstream_model,
+            calls,
+            failures,
+        })
+        .collect();
+    pb::BreakerWindows { windows }
 }
 
 /// The proto's fleet view as the breakers take it (`None` when the fleet view is off).
