@@ -744,9 +744,12 @@ mod tests {
         let without = catalog(sim, 2, None);
         assert!(!without.contains("fleet"));
         assert!(without.contains("upstream_model: dying-1\n"));
-        // What this source tree's catalog makes of it (the field is the only difference).
+        // What this source tree's catalog makes of them.
         let parsed = switchyard_catalog::file::parse("bench.yaml", &without).unwrap();
         parsed.validate().unwrap();
         assert_eq!(parsed.models.len(), 3);
+        assert!(parsed.breaker_policy.fleet, "on unless the catalog says otherwise");
+        let off = switchyard_catalog::file::parse("bench.yaml", &catalog(sim, 2, Some(false)));
+        assert!(!off.unwrap().breaker_policy.fleet);
     }
 }
