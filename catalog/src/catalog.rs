@@ -1172,6 +1172,29 @@ mod tests {
     }
 
     #[test]
+    fn the_fleet_breaker_view_is_on_unless_turned_off_and_stored_only_when_off() {
+        let on = sample();
+        assert!(on.breaker_policy.fleet);
+        assert!(serde_json::to_value(&on).unwrap()["breaker_policy"].get("fleet").is_none());
+        let off: Catalog = serde_json::from_value(serde_json::json!({
+            "breaker_policy": {"fleet": false, "cooldown_ms": 1000}
+        }))
+        .unwrap();
+        assert!(!off.breaker_policy.fleet);
+        assert_eq!(serde_json::to_value(&off).unwrap()["breaker_policy"]["fleet"], false);
+        // A model's override keeps the catalog's: the view is the fleet's, not a model's.
+        let o = BreakerOverride { cooldown_ms: Some(500), ..Default::default() };
+        assert!(!off.breaker_policy.with_override(&o).fleet);
+        let mut new = sample();
+        new.breaker_policy.fleet = false;
+        assert_eq!(on.diff(&new), ["~ breaker_policy: fleet"]);
+        let wrong = serde_json::from_value::<Catalog>(serde_json::json!({
+            "breaker_policy": {"fleet": "yes"}
+        }));
+        assert!(wrong.unwrap_err().to_string().contains("invalid type"));
+    }
+
+    #[test]
     fn diff_lists_added_changed_and_removed_resources() {
         let old = sample();
         let mut new = sample();
