@@ -35,8 +35,10 @@ const OPEN_INTERVAL: Duration = Duration::from_millis(1_000);
 const NODES: [&str; 4] = ["n1", "n2", "n3", "n4"];
 /// Clients per node, each one request at a time: the requests in flight at most.
 const CLIENTS_PER_NODE: usize = 2;
-/// Each client's pause between requests: the fleet sends about 30 requests a second.
-const PACE: Duration = Duration::from_millis(250);
+/// Each client's pause between requests (the fleet sends about 16 a second): longer than the
+/// fleet's word takes to reach every node, so that each client has at most the one request
+/// in flight when it arrives.
+const PACE: Duration = Duration::from_millis(500);
 
 fn chain() -> Value {
     json!({"model": PRIMARY, "fallback_models": [SECONDARY],
