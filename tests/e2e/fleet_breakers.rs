@@ -1,8 +1,10 @@
 //! The fleet's breaker view (docs/operating.md, "The fleet's breaker view"): one control
 //! plane, four real node processes and the simulator, all on loopback. A deployment that
 //! dies costs the fleet one breaker window of failed calls (plus those in flight), not one
-//! per node; one node probes it for all; its recovery reaches every node within one probe
-//! interval and a second; a node cut off from the control plane still opens its own breaker.
+//! per node; one node probes it for all, another once that node leaves; its recovery
+//! reaches every node within one probe interval and a second; a node cut off from the
+//! control plane still opens its own breaker. With `breaker_policy.fleet: false` each node
+//! fills its own window and probes on its own.
 //!
 //! Probe calls are told apart per node by each node's own `switchyard_probes_total`: the
 //! simulator counts every call to the upstream model, the nodes count the probes they made.
@@ -161,7 +163,7 @@ async fn kill_primary(gw: &Gateway, addrs: &[std::net::SocketAddr]) -> (Vec<usiz
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_deployment_costs_the_fleet_one_window_one_node_probes_it_and_recovery_reaches_all()
 {
-    let (mut gw, others, addrs) = fleet_of_four(POLICY).await;
+    let (mut gw, mut others, addrs) = fleet_of_four(POLICY).await;
     let (per_node, took) = kill_primary(&gw, &addrs).await;
     let failed: usize = per_node.iter().sum();
     let in_flight = (NODES.len() * CLIENTS_PER_NODE) as u64;
@@ -213,6 +215,40 @@ async fn a_dead_deployment_costs_the_fleet_one_window_one_node_probes_it_and_rec
     let fleet_row = table.lines().find(|l| l.starts_with("sim-us/primary")).unwrap();
     assert!(fleet_row.contains(probers[0]), "{table}");
 
+    // === the prober leaves: another node probes for the fleet ===
+    let gone = NODES.iter().position(|id| *id == probers[0]).unwrap();
+    match gone {
+        0 => gw.node.child.kill().await.unwrap(),
+        n => others[n - 1].child.kill().await.unwrap(),
+    }
+    let alive: Vec<(usize, std::net::SocketAddr)> =
+        addrs.iter().copied().enumerate().filter(|(n, _)| *n != gone).collect();
+    let before: Vec<u64> = {
+        let mut counts = Vec::new();
+        for (_, addr) in &alive {
+            counts.push(probes(*addr).await);
+        }
+        counts
+    };
+    let next = eventually(PATIENCE, "another node to probe for the fleet", || {
+        let (alive, before) = (alive.clone(), before.clone());
+        async move {
+            let mut probing = Vec::new();
+            for ((n, addr), was) in alive.iter().zip(&before) {
+                if probes(*addr).await > *was {
+                    probing.push(NODES[*n]);
+                }
+            }
+            (!probing.is_empty()).then_some(probing)
+        }
+    })
+    .await;
+    assert_eq!(next.len(), 1, "{next:?} probe after {} left", probers[0]);
+    let fleet = cli(&gw.cp.url(), &["breakers", "--fleet", "--json"]).await.json();
+    assert_eq!(fleet["open"][0]["prober"], next[0], "{fleet}");
+    println!("fleet view: {} left; {} probes for the fleet", probers[0], next[0]);
+    let addrs: Vec<std::net::SocketAddr> = alive.iter().map(|(_, a)| *a).collect();
+
     // === it recovers: every node serves it again within one probe interval and a second ===
     gw.script("primary", json!({"kind": "ok"})).await;
     let recovered = Instant::now();
@@ -246,9 +282,11 @@ async fn a_dead_deployment_costs_the_fleet_one_window_one_node_probes_it_and_rec
 
     // === cut off from the control plane, a node goes by its own breaker ===
     gw.cp.child.kill().await.unwrap();
-    let n2 = addrs[1];
-    eventually(PATIENCE, "n2 to notice the control plane is gone", || async {
-        let metrics = http_get(n2, "/metrics", None).await?.body;
+    // A node other than the prober (whose own breaker is open already).
+    let (cut, cut_addr) = *alive.iter().find(|(n, _)| NODES[*n] != next[0]).unwrap();
+    let cut_id = NODES[cut];
+    eventually(PATIENCE, "the node to notice the control plane is gone", || async {
+        let metrics = http_get(cut_addr, "/metrics", None).await?.body;
         metrics.lines().any(|l| l == "switchyard_config_stream_connected 0").then_some(())
     })
     .await;
@@ -256,16 +294,16 @@ async fn a_dead_deployment_costs_the_fleet_one_window_one_node_probes_it_and_rec
     let mut failed = 0;
     let cut_off = Instant::now();
     loop {
-        let (status, _) = primary_attempt(&chat(n2, &gw.key).await);
+        let (status, _) = primary_attempt(&chat(cut_addr, &gw.key).await);
         match status.as_str() {
             "skipped" => break,
             "failed" => failed += 1,
             other => panic!("the primary's attempt was {other}"),
         }
-        assert!(cut_off.elapsed() < PATIENCE, "n2 never opened its own breaker");
+        assert!(cut_off.elapsed() < PATIENCE, "{cut_id} never opened its own breaker");
     }
-    assert!(failed as u64 <= WINDOW, "n2 opened on its own window: {failed} failed calls");
-    println!("cut off: n2 opened its own breaker after {failed} failed calls");
+    assert!(failed as u64 <= WINDOW, "{cut_id} opened on its own window: {failed} failed calls");
+    println!("cut off: {cut_id} opened its own breaker after {failed} failed calls");
     drop(others);
 }
 
