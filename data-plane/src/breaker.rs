@@ -253,6 +253,10 @@ struct Inner {
     last_probe: Option<(Instant, ProbeOutcome, Duration)>,
     /// The fleet's word: open for every node until `until` (see [`FleetOpen`]).
     fleet: Option<FleetOpen>,
+    /// The fleet opening (by its `since`) this node last took up as prober: it opens its
+    /// own breaker once per opening, so that its own probe's closing is not undone before
+    /// the control plane's word of it comes back.
+    mirrored: Option<SystemTime>,
     /// Calls counted in the window since the last [`Breaker::take_window_report`], and
     /// failures among them: the control plane adds up the fleet's.
     unreported: (u32, u32),
@@ -307,6 +311,7 @@ impl Breaker {
                 last_probe: None,
                 fleet: None,
                 unreported: (0, 0),
+                mirrored: None,
             }),
         })
     }
@@ -437,8 +442,12 @@ impl Breaker {
     /// deployment for every node.
     pub fn mirror_fleet(&self, now: Instant) -> Option<Transition> {
         let mut inner = self.lock();
-        let probing = inner.fleet.as_ref().is_some_and(|f| f.probing && now < f.until);
-        (probing && inner.state == State::Closed)
+        let since = inner.fleet.as_ref().filter(|f| f.probing && now < f.until)?.since;
+        if inner.mirrored == Some(since) {
+            return None;
+        }
+        inner.mirrored = Some(since);
+        (inner.state == State::Closed)
             .then(|| self.transition(&mut inner, State::Open, Cause::FleetOpen, now))
     }
 
@@ -1589,6 +1598,16 @@ mod tests {
         assert_eq!(due, Due::HalfOpen);
         let t = probe.record(Outcome::Success, t0 + interval).expect("closes");
         assert_eq!((t.to, t.cause), (State::Closed, Cause::ProbesSucceeded));
+        // The fleet's word of its closing is still on its way: it stays closed.
+        assert!(prober.mirror_fleet(t0 + interval + ms(250)).is_none());
+        assert_eq!(state(&prober), State::Closed);
+        // A new opening (a later `since`) is taken up again.
+        let again = FleetOpen {
+            since: SystemTime::UNIX_EPOCH + ms(1),
+            ..fleet_open("me", true, t0 + ms(30_000))
+        };
+        prober.set_fleet(Some(again));
+        assert!(prober.mirror_fleet(t0 + interval + ms(500)).is_some());
 
         // Another node, whose own breaker opened before it heard the fleet: its probes wait
         // while the fleet's prober is another node, and resume once it has no fleet view.

@@ -562,6 +562,78 @@ mod tests {
         assert_eq!(up.requests(), 1, "one probe in the interval, none after the drain");
     }
 
+    /// Polls `done` every 20 ms for up to 5 s.
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    #[tokio::test]
+    async fn the_prober_probes_only_what_the_fleet_names_it_for_and_closes_on_the_fleets_word() {
+        use crate::breaker::{FleetOpen, FleetView};
+        let up = upstream().await;
+        let probe = json!({"interval_ms": 3_600_000, "timeout_ms": 500, "open_interval_ms": 1_000});
+        let app = Arc::new(app_with(&up.url, Some(probe)));
+        let (fleet, view) = watch::channel(None);
+        let prober = tokio::spawn(run(Arc::clone(&app), view));
+        let config = app.state.current().unwrap();
+        let breaker = app.executor.breaker(&config, &config.models["m"]);
+        let key = ("p".to_owned(), "up".to_owned());
+        let word = |probing: bool| FleetOpen {
+            since: std::time::SystemTime::now(),
+            opened_by: "n2".into(),
+            prober: if probing { "n1".into() } else { "n2".into() },
+            probing,
+            until: Instant::now() + Duration::from_secs(60),
+        };
+        let open_for_fleet = |probing: bool| FleetView {
+            open: [(key.clone(), word(probing))].into(),
+            closed: vec![],
+        };
+
+        // Open here too, but another node is the fleet's prober: no probe from this node over
+        // two of its open intervals (a wait: what is shown is that nothing happens).
+        open(&app, &up).await;
+        fleet.send_replace(Some(open_for_fleet(false)));
+        tokio::time::sleep(Duration::from_millis(2_200)).await;
+        assert_eq!(up.requests(), 2, "the two failures, no probe");
+
+        // The prober elsewhere closed it: closed here without a test of its own.
+        let closed = FleetView {
+            open: Default::default(),
+            closed: vec![(key.0.clone(), key.1.clone(), std::time::SystemTime::now())],
+        };
+        fleet.send_replace(Some(closed));
+        until("closed on the fleet's word", || breaker.snapshot().state == State::Closed).await;
+        assert_eq!(breaker.snapshot().cause.map(|c| c.as_str()), Some("fleet_closed"));
+        assert_eq!(up.requests(), 2);
+
+        // Named the prober of a deployment open for the fleet: its own breaker opens and it
+        // probes within one open interval; the upstream is back, so the probe closes it.
+        up.status.store(200, Ordering::SeqCst);
+        fleet.send_replace(Some(open_for_fleet(true)));
+        until("a probe from the fleet's prober", || up.requests() == 3).await;
+        until("closed by its probe", || breaker.snapshot().state == State::Closed).await;
+        assert_eq!(breaker.snapshot().cause.map(|c| c.as_str()), Some("probe_succeeded"));
+        // The view still names it until the control plane hears of the closing: the prober
+        // does not open its breaker again meanwhile (a few of its ticks).
+        tokio::time::sleep(TICK * 3).await;
+        assert_eq!(breaker.snapshot().state, State::Closed);
+
+        // Cut off from the control plane: it probes its own open breaker again.
+        open(&app, &up).await;
+        fleet.send_replace(Some(open_for_fleet(false)));
+        let failed = up.requests();
+        fleet.send_replace(None);
+        until("its own probe once cut off", || up.requests() > failed).await;
+        prober.abort();
+    }
+
     #[test]
     fn the_probe_body_is_one_user_message_and_one_token() {
         let request = ChatRequest::parse(PROBE_BODY).unwrap();
