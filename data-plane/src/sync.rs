@@ -541,3 +541,55 @@ fn fleet_view(view: pb::FleetBreakers, node_id: &str) -> Option<FleetView> {
 fn node_msg(msg: node_message::Msg) -> pb::NodeMessage {
     pb::NodeMessage { msg: Some(msg) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fleet_view_names_this_node_prober_and_keeps_the_time_left_on_this_nodes_clock() {
+        let now_ms = switchyard_time::now_ms();
+        let view = pb::FleetBreakers {
+            enabled: true,
+            open: vec![
+                pb::FleetBreaker {
+                    provider: "azure-east".into(),
+                    upstream_model: "gpt-4o".into(),
+                    since_unix_ms: now_ms - 1_000,
+                    opened_by: "n2".into(),
+                    prober: "n1".into(),
+                    until_unix_ms: now_ms + 10_000,
+                    open_on: vec!["n2".into()],
+                },
+                pb::FleetBreaker {
+                    provider: "azure-west".into(),
+                    upstream_model: "gpt-4o".into(),
+                    prober: "n2".into(),
+                    // Already past on the control plane's clock: over at once here.
+                    until_unix_ms: now_ms - 5_000,
+                    ..Default::default()
+                },
+            ],
+            closed: vec![pb::FleetClosing {
+                provider: "openai".into(),
+                upstream_model: "gpt-4o".into(),
+                at_unix_ms: now_ms - 2_000,
+                closed_by: "n3".into(),
+            }],
+        };
+        let before = std::time::Instant::now();
+        let fleet = fleet_view(view.clone(), "n1").expect("on");
+        let east = &fleet.open[&("azure-east".to_owned(), "gpt-4o".to_owned())];
+        assert!(east.probing && east.prober == "n1" && east.opened_by == "n2");
+        assert_eq!(switchyard_time::unix_ms(east.since), now_ms - 1_000);
+        let left = east.until - before;
+        assert!(left > Duration::from_millis(9_000) && left < Duration::from_millis(11_000));
+        let west = &fleet.open[&("azure-west".to_owned(), "gpt-4o".to_owned())];
+        assert!(!west.probing && west.until <= std::time::Instant::now());
+        let (provider, _, at) = &fleet.closed[0];
+        assert_eq!((provider.as_str(), switchyard_time::unix_ms(*at)), ("openai", now_ms - 2_000));
+        // Another node reads the same view as not its own to probe; off is no view at all.
+        assert!(!fleet_view(view.clone(), "n3").unwrap().open.values().any(|o| o.probing));
+        assert!(fleet_view(pb::FleetBreakers { enabled: false, ..view }, "n1").is_none());
+    }
+}
