@@ -26,6 +26,7 @@ mod etcd;
 mod fanout;
 mod flags;
 mod fleet;
+mod fleet_breaker;
 mod host;
 mod keys;
 mod limits;
@@ -49,6 +50,7 @@ const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 
 [--baseline-switchyard PATH]
        switchyard-bench keys [--count 100000] [--store embedded,etcd] [--runs 3] [--changes 5]
        switchyard-bench fleet [--nodes 1000] [--store embedded,etcd] [--changes 20] [--slow 100] [--keys 0]
+       switchyard-bench fleet-breaker [--nodes 10] [--clients 3] [--rps 5] [--hot-rps N] [--rounds 3] [--observe-secs 20] [--fleet off,on] [--json]
        switchyard-bench streams [--streams 2000] [--chunks 200] [--chunk-delay-ms 20] [--runs 3] [--prefill]
        switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] [--conns 1] [--e2e-secs 4]
        switchyard-bench retries [--requests 3000] [--concurrency 8] [--models 16]
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
             .and_then(|(listen, upstream)| passthrough::main(listen, upstream)),
         Some("keys") => keys::main(&args[1..]),
         Some("fleet") => fanout::main(&args[1..]),
+        Some("fleet-breaker") => fleet_breaker::main(&args[1..]),
         Some("streams") => streams::main(&args[1..]),
         Some("translate") => translate::main(&args[1..]),
         Some("chaos") => chaos::main(&args[1..]),

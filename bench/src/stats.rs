@@ -46,6 +46,19 @@ pub fn sum_metric(text: &str, name: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// The sum of a metric's samples whose label sets include every one of `labels`, from
+/// Prometheus text (a gauge's value when they name one series).
+pub fn sum_labelled(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+        .filter_map(|rest| rest.split_once('}'))
+        .filter(|(set, _)| {
+            labels.iter().all(|(k, v)| set.split(',').any(|kv| kv == format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -56,5 +69,20 @@ mod tests {
                     switchyard_upstream_retries_totalx 100\n";
         assert_eq!(super::sum_metric(text, "switchyard_upstream_retries_total"), 7);
         assert_eq!(super::sum_metric(text, "switchyard_retry_budget_refusals_total"), 0);
+    }
+
+    #[test]
+    fn sum_labelled_adds_the_series_that_carry_every_label() {
+        let text = "# TYPE switchyard_probes counter\n\
+                    switchyard_probes_total{provider=\"sim\",upstream_model=\"dying-1\",outcome=\"failure\"} 3\n\
+                    switchyard_probes_total{provider=\"sim\",upstream_model=\"dying-1\",outcome=\"success\"} 1\n\
+                    switchyard_probes_total{provider=\"sim\",upstream_model=\"dying-10\",outcome=\"failure\"} 50\n\
+                    switchyard_probes_total_x{provider=\"sim\",upstream_model=\"dying-1\"} 70\n";
+        let dying_1 = [("provider", "sim"), ("upstream_model", "dying-1")];
+        assert_eq!(super::sum_labelled(text, "switchyard_probes_total", &dying_1), 4.0);
+        assert_eq!(
+            super::sum_labelled(text, "switchyard_probes_total", &[("upstream_model", "dying-2")]),
+            0.0
+        );
     }
 }
