@@ -21,7 +21,7 @@ use tokio::process::Command;
 use switchyard_e2e::*;
 
 /// The uid the image runs as (its Dockerfile's `USER`, the manifests' `runAsUser`).
-const NONROOT_UID: &str = "65532";
+const NONROOT_UID: u64 = 65532;
 /// The ports `switchyard dev` listens on inside the container, published on loopback.
 const NODE_PORT: u16 = 8080;
 const SIM_PORT: u16 = 9000;
@@ -122,11 +122,28 @@ fn run_args(name: &str, tag: &str) -> Vec<String> {
     args
 }
 
-/// The process's real, effective, saved and file-system uids, from the host's /proc.
-fn uids(pid: &str) -> Vec<String> {
+/// The process's real, effective, saved and file-system uids as its container sees them:
+/// /proc/PID/status gives them as this (the host's) user namespace sees them, and the
+/// process's uid_map turns them back (the identity for a rootful container, a subordinate
+/// range for a rootless one).
+fn uids_inside(pid: &str) -> Vec<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
-    line.split_whitespace().skip(1).map(str::to_owned).collect()
+    let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
+    let ranges: Vec<[u64; 3]> = map
+        .lines()
+        .map(|l| {
+            let n: Vec<u64> = l.split_whitespace().map(|n| n.parse().unwrap()).collect();
+            [n[0], n[1], n[2]]
+        })
+        .collect();
+    let inside = |host: u64| -> u64 {
+        let range =
+            ranges.iter().find(|[_, outside, len]| (*outside..outside + len).contains(&host));
+        let [inside, outside, _] = range.unwrap_or_else(|| panic!("uid {host} not in {map}"));
+        host - outside + inside
+    };
+    line.split_whitespace().skip(1).map(|uid| inside(uid.parse().unwrap())).collect()
 }
 
 /// The process's PID inside its own (innermost) PID namespace.
@@ -224,12 +241,11 @@ async fn the_image_runs_dev_as_a_non_root_pid_1_and_drains_a_stream_on_sigterm()
     assert_eq!(r.json()["secureai"]["served_model"], "demo/steady-fallback", "{}", r.body);
     assert_eq!(r.json()["secureai"]["failover"]["occurred"], true, "{}", r.body);
 
-    // The process is the container's PID 1 and runs as the non-root user: its uids as the
-    // kernel holds them (podman runs it without a user namespace, so the host's /proc shows
-    // the uid it has inside).
+    // The process is the container's PID 1 and runs as the non-root user (what `id -u` would
+    // print inside, had the image a shell): its uids as the kernel holds them.
     let pid = podman(&["inspect", "--format", "{{.State.Pid}}", &name]).await;
     assert_eq!(pid_in_namespace(&pid), "1", "switchyard is the container's init");
-    assert_eq!(uids(&pid), vec![NONROOT_UID; 4], "real, effective, saved and fs uid");
+    assert_eq!(uids_inside(&pid), vec![NONROOT_UID; 4], "real, effective, saved and fs uid");
 
     // A slow stream, in flight when SIGTERM comes, is finished before the process exits 0.
     let text = "one two three four five six seven eight";
