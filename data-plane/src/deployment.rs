@@ -158,7 +158,12 @@ impl Pool {
                 slice.sort_by_key(|i| self.load(usize::from(*i), loads).in_flight());
             }
             Balance::LeastLatency => {
-                let cost = |i: u8| self.load(usize::from(i), loads).cost(now);
+                // Each member's cost read once, not once per comparison.
+                let mut costs = [0f64; MAX_DEPLOYMENTS];
+                for i in slice.iter() {
+                    costs[usize::from(*i)] = self.load(usize::from(*i), loads).cost(now);
+                }
+                let cost = |i: u8| costs[usize::from(i)];
                 // Power of two choices: two members at random, the cheaper first; then the
                 // rest, cheapest first, for failover.
                 let mut rng = rand::rng();
