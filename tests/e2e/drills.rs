@@ -115,19 +115,29 @@ async fn primary_down_on_etcd_opens_the_breaker_within_one_window_then_the_next_
     let opened = metric(node1.addr, "switchyard_breaker_transitions_total", r#"to="open""#).await;
     assert_eq!(opened, 1.0);
 
-    // The fault is gone from the store and from both nodes: node 2 serves the primary.
+    // The fault is gone from the store and from both nodes. The breaker it opened on node 1
+    // was open for the whole fleet (docs/operating.md, "The fleet's breaker view"), so node 2
+    // serves the primary again once the fleet's prober has found it healthy: within one
+    // open-probe interval (5 s) and the relay.
     assert_eq!(faults_in_force(&cp1.url()).await, Vec::<Value>::new());
-    let v = http_request(
-        node2.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&key),
-        Some(body(PRIMARY).to_string().as_bytes()),
-    )
-    .await
-    .unwrap()
-    .json();
-    assert_eq!(v["model"], PRIMARY, "{v}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let v = http_request(
+            node2.addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(&key),
+            Some(body(PRIMARY).to_string().as_bytes()),
+        )
+        .await
+        .unwrap()
+        .json();
+        if v["model"] == PRIMARY {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "node 2 never served the primary: {v}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
