@@ -1136,8 +1136,14 @@ mod embedded_only {
         loop {
             match tokio::time::timeout(WAIT, watch.next()).await.unwrap() {
                 Some(Ok(batch)) => delivered += batch.events.len(),
+                // The floor of retained history when the watcher was cut off: how far the
+                // writer had got by then depends on scheduling, so it is bounded, not fixed.
                 Some(Err(StoreError::Compacted { compact_revision })) => {
-                    assert_eq!(compact_revision, s.current_revision().await.unwrap() - 9);
+                    let floor_now = s.current_revision().await.unwrap() - 9;
+                    assert!(
+                        (1..=floor_now).contains(&compact_revision),
+                        "compacted at {compact_revision}, retained history starts at {floor_now}"
+                    );
                     break;
                 }
                 other => panic!("expected batches then Compacted, got {other:?}"),
