@@ -218,6 +218,10 @@ fn is_one(w: &u32) -> bool {
     *w == 1
 }
 
+/// The most deployments one model may list: a node keeps the set a request may use as a
+/// 64-bit set, so `apply` refuses more rather than a node ignoring the rest.
+pub const MAX_DEPLOYMENTS: usize = 64;
+
 const MUST_BE_CAP: &str = "must be at least 1 (requests in flight)";
 const MUST_BE_WEIGHT: &str = "must be a positive integer (a share of the model's requests)";
 
@@ -1098,6 +1102,15 @@ impl Catalog {
                 "a model with deployments caps each deployment: set max_concurrency there",
             ));
         }
+        if m.deployments.len() > MAX_DEPLOYMENTS {
+            errors.push(FieldError::new(
+                format!("{path}.deployments"),
+                format!(
+                    "{} deployments: a model lists at most {MAX_DEPLOYMENTS}",
+                    m.deployments.len()
+                ),
+            ));
+        }
         for (j, d) in m.deployments.iter().enumerate() {
             let path = format!("{path}.deployments[{j}]");
             if self.provider(&d.provider).is_none() {
@@ -1369,6 +1382,12 @@ mod tests {
             (
                 serde_json::json!({"name": "gpt", "deployments": []}),
                 "must list at least one deployment",
+            ),
+            (
+                serde_json::json!({"name": "gpt", "deployments": (0..=MAX_DEPLOYMENTS)
+                    .map(|i| serde_json::json!({"provider": "east", "upstream_model": format!("gpt-{i}")}))
+                    .collect::<Vec<_>>()}),
+                "models[0].deployments: 65 deployments: a model lists at most 64",
             ),
         ];
         for (model, expected) in cases {

@@ -16,8 +16,9 @@ pub mod keys;
 pub mod wildcard;
 
 pub use catalog::{
-    Balance, BreakerOverride, BreakerPolicy, Catalog, Deployment, Model, ModelType, Price,
-    ProbeOverride, ProbePolicy, Provider, ProviderKind, RetryOverride, RetryPolicy, Webhook,
+    Balance, BreakerOverride, BreakerPolicy, Catalog, Deployment, MAX_DEPLOYMENTS, Model,
+    ModelType, Price, ProbeOverride, ProbePolicy, Provider, ProviderKind, RetryOverride,
+    RetryPolicy, Webhook,
 };
 pub use credential::CredentialRef;
 pub use error::{FieldError, ValidationErrors};

@@ -21,8 +21,9 @@ use switchyard_catalog::{Balance, Catalog, Model};
 
 use crate::metrics::{DeploymentAttemptLabels, Metrics, UpstreamLabels};
 
-/// Most deployments a model may list: the members a request may use are a bit set.
-pub const MAX_DEPLOYMENTS: usize = 64;
+/// Most deployments a model may list (`apply` refuses more): the members a request may use
+/// are a bit set.
+pub use switchyard_catalog::MAX_DEPLOYMENTS;
 
 /// How fast the latency average follows new answers: each weighs this much.
 const LATENCY_WEIGHT: f64 = 0.3;
