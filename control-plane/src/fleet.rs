@@ -119,15 +119,19 @@ impl View {
         self.enabled = enabled;
     }
 
-    /// The breaker policy: the catalog's, and a model's override for its deployment.
+    /// The breaker policy: the catalog's, and a model's override for each of its
+    /// deployments (its own provider and upstream model, or each of its `deployments`), as
+    /// the nodes' breakers have it.
     pub fn set_policies(&mut self, catalog: &Catalog) {
         self.policy = catalog.breaker_policy;
         self.policies = catalog
             .models
             .iter()
-            .filter_map(|m| {
-                let policy = catalog.breaker_policy.with_override(m.breaker.as_ref()?);
-                Some(((m.provider.clone(), m.upstream_model.clone()), policy))
+            .filter_map(|m| Some((m, catalog.breaker_policy.with_override(m.breaker.as_ref()?))))
+            .flat_map(|(m, policy)| {
+                m.deployment_models()
+                    .into_iter()
+                    .map(move |d| ((d.provider, d.upstream_model), policy))
             })
             .collect();
     }
@@ -729,6 +733,34 @@ mod tests {
         report(&mut view, record("n3", "closed", "probe_succeeded", 2_250, 0));
         let derived = view.derive(2_300);
         assert!(derived.open.is_empty() && derived.closed.len() == 1, "{derived:?}");
+    }
+
+    #[test]
+    fn a_models_breaker_override_holds_for_each_of_its_deployments() {
+        let mut view = view_of(&["n1"]);
+        let model: switchyard_catalog::Model = serde_json::from_value(serde_json::json!({
+            "name": "gpt",
+            "deployments": [
+                {"provider": "azure-west", "upstream_model": "gpt-4o"},
+                {"provider": "azure-east", "upstream_model": "gpt-4o"},
+            ],
+            "breaker": {"window_size": 4, "min_requests": 4},
+        }))
+        .unwrap();
+        view.set_policies(&Catalog {
+            breaker_policy: BreakerPolicy {
+                window_size: 20,
+                min_requests: 20,
+                ..BreakerPolicy::default()
+            },
+            models: vec![model],
+            ..Catalog::default()
+        });
+        // Four failures: far from the catalog's 20, but the model's window of 4.
+        view.observe("n1", counted(4, 4), 1_000);
+        let derived = view.derive(1_000);
+        assert_eq!(derived.open.len(), 1, "{derived:?}");
+        assert_eq!(derived.open[0].provider, "azure-east");
     }
 
     #[test]
