@@ -190,12 +190,14 @@ async fn stream_stall_ends_every_stream_with_an_error_frame_within_the_stall_tim
         &["every_stream_ends_with_an_error_frame", "error_frame_within_stall_timeout"],
     );
     // The catalog gives the model stall_timeout_ms 1000: each stream waited it out, no more.
+    // Wall time (a real node): 5 s of slack for a loaded machine, against the default 30 s
+    // a node that missed the model's stall timeout would wait.
     let p50 = report["latency_ms"]["p50"].as_f64().unwrap();
-    assert!((1000.0..3500.0).contains(&p50), "p50 {p50} ms");
+    assert!((1000.0..6000.0).contains(&p50), "p50 {p50} ms");
 
     // Every stalled stream's upstream connection was closed by the node while the
     // simulator was still sending (it would have finished 2 s in), not left open or pooled.
-    // A connection left open or pooled stays open far longer than this wait.
+    // A connection left open or pooled (kept 90 s when idle) outlasts this wait by far.
     let addr = gw.sim.addr;
     let stats = eventually(
         Duration::from_secs(10),
