@@ -201,6 +201,8 @@ async fn malformed_drop_and_stream_error_behave_as_for_openai() {
     assert_eq!(last["error"]["message"], "boom");
 
     sim.set("s", Behaviour::Ok(Reply { stall_after: Some(1), ..Reply::default() }));
+    // Nothing to poll for: the proof is an end that never comes. 300 ms of silence is far
+    // longer than the simulator takes to send a whole unstalled stream.
     let stalled =
         tokio::time::timeout(Duration::from_millis(300), stream(sim.local_addr, "s")).await;
     assert!(stalled.is_err(), "a stalled stream must not end");

@@ -180,7 +180,10 @@ async fn expires_by_itself(control: &str, model: &str) {
     assert_eq!(received["expires_at_unix_ms"], expires_at);
     let late = ended - expires_at;
     eprintln!("the end of a 1s fault reached the node {late} ms after its expiry");
-    assert!((-50..1_000).contains(&late), "the end reached the node {late} ms after the expiry");
+    // Wall time (a real control plane). The bound tells an end at the expiry from one left
+    // to the next relisting (a minute) and leaves a loaded machine its slack; how fast an
+    // ending reaches every node is measured by `switchyard-bench chaos` (docs/BENCHMARKS.md).
+    assert!((-50..5_000).contains(&late), "the end reached the node {late} ms after the expiry");
     assert!(listed(control).await.is_empty());
 }
 

@@ -147,12 +147,15 @@ async fn entry_timeouts_override_chain_wide_ones_for_that_attempt() {
         attempts(&v),
         [triple(PRIMARY, "failed", "timeout"), triple(SECONDARY, "served", "")]
     );
+    // Wall time: a real node times out a real hung upstream. The bounds only have to tell
+    // the entry's 1 s from the chain's 30 s, so they leave a loaded machine many seconds.
     let first = v["secureai"]["failover"]["attempts"][0]["latency_ms"].as_u64().unwrap();
     assert!(
-        (1000..5000).contains(&first),
+        (1000..10_000).contains(&first),
         "the entry's 1000 ms applied, not the chain's 30 s: {first}"
     );
-    assert!(started.elapsed() < Duration::from_secs(10));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(15), "the chain's 30 s applied: {took:?}");
 }
 
 #[tokio::test]
@@ -253,7 +256,10 @@ async fn the_deadline_bounds_the_whole_chain() {
         [triple(PRIMARY, "failed", "timeout"), triple(SECONDARY, "failed", "timeout")]
     );
     assert_eq!(gw.upstream_requests("tertiary").await, 0);
-    assert!(took < Duration::from_millis(2500 + 1500), "the chain kept to its deadline: {took:?}");
+    // Wall time (a real node and simulator): the answer is not held past the deadline. The
+    // attempts above show the third model was never started; 3.5 s past the 2.5 s deadline
+    // is a loaded machine's slack and still far below an answer that waited for anything.
+    assert!(took < Duration::from_millis(2500 + 3500), "the chain kept to its deadline: {took:?}");
 }
 
 // === Failover triggers ===
@@ -922,6 +928,8 @@ async fn a_node_stopped_with_ctrl_c_finishes_the_request_in_flight_then_exits() 
     let r = in_flight.await.unwrap().expect("the in-flight request got a response");
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["model"], PRIMARY);
+    // Wall time (a real process): 5 s is a loaded machine's slack, against the 30 s drain
+    // timeout a node that waited it out would take.
     let exit = tokio::time::timeout(Duration::from_secs(5), gw.node.child.wait())
         .await
         .expect("the node exits once its last request is answered")

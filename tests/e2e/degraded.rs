@@ -157,7 +157,7 @@ async fn when_every_breaker_is_open_the_answer_comes_at_once_without_an_upstream
             .find(|l| {
                 l.starts_with("switchyard_http_request_duration_seconds_bucket{")
                     && l.contains(r#"endpoint="/v1/chat/completions""#)
-                    && l.contains(r#"le="0.008""#)
+                    && l.contains(r#"le="0.256""#)
             })
             .and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
             .unwrap_or(0.0)
@@ -177,10 +177,13 @@ async fn when_every_breaker_is_open_the_answer_comes_at_once_without_an_upstream
         ]
     );
     assert_eq!(gw.upstream_total().await, calls, "no upstream call, not even a probe");
-    // At the node: the request's time, from its head to the answer's, fell in the
-    // 8 ms bucket of the request-duration histogram.
+    // At the node: the request's time, from its head to the answer's, fell in the 256 ms
+    // bucket of the request-duration histogram. Wall time in a real process: a loaded
+    // machine keeps that bound, and an answer that waited for a probe or an upstream timeout
+    // would take seconds. What the node itself costs per request is measured by
+    // `switchyard-bench` on a release build (docs/BENCHMARKS.md).
     let after = bucket(&http_get(gw.node.addr, "/metrics", None).await.unwrap().body);
-    assert_eq!(after - before, 1.0, "the node answered within 8 ms (client saw {took:?})");
+    assert_eq!(after - before, 1.0, "the node answered within 256 ms (client saw {took:?})");
 
     // Without when_all_open the chain ends as all_models_failed, still without a call: the
     // node's own probes, not this request, test the open models.

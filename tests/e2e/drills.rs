@@ -118,7 +118,8 @@ async fn primary_down_on_etcd_opens_the_breaker_within_one_window_then_the_next_
     // The fault is gone from the store and from both nodes. The breaker it opened on node 1
     // was open for the whole fleet (docs/operating.md, "The fleet's breaker view"), so node 2
     // serves the primary again once the fleet's prober has found it healthy: within one
-    // open-probe interval (5 s) and the relay.
+    // open-probe interval (5 s) and the relay. Wall time (real nodes' probes and heartbeats),
+    // with 10 s to spare for a loaded machine.
     assert_eq!(faults_in_force(&cp1.url()).await, Vec::<Value>::new());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
@@ -189,14 +190,17 @@ async fn stream_stall_ends_every_stream_with_an_error_frame_within_the_stall_tim
         &["every_stream_ends_with_an_error_frame", "error_frame_within_stall_timeout"],
     );
     // The catalog gives the model stall_timeout_ms 1000: each stream waited it out, no more.
+    // Wall time (a real node): 5 s of slack for a loaded machine, against the default 30 s
+    // a node that missed the model's stall timeout would wait.
     let p50 = report["latency_ms"]["p50"].as_f64().unwrap();
-    assert!((1000.0..3500.0).contains(&p50), "p50 {p50} ms");
+    assert!((1000.0..6000.0).contains(&p50), "p50 {p50} ms");
 
     // Every stalled stream's upstream connection was closed by the node while the
     // simulator was still sending (it would have finished 2 s in), not left open or pooled.
+    // A connection left open or pooled (kept 90 s when idle) outlasts this wait by far.
     let addr = gw.sim.addr;
     let stats = eventually(
-        Duration::from_secs(2),
+        Duration::from_secs(10),
         "the stalled streams' upstream connections to close",
         || async move {
             let stats = http_get(addr, "/_sim/stats", None).await?.json();
@@ -219,6 +223,8 @@ async fn all_down_answers_every_request_within_3s_and_a_model_outside_the_chain_
     let report = drill(&gw.cp.url(), &args).await.json();
     all_hold(&report, &["answered_within_3s", "a_model_outside_the_chain_serves"]);
     assert_eq!(report["faults"].as_array().unwrap().len(), 2, "one fault per model of the chain");
+    // The report's own figure agrees with its verdict (the drill's 3 s is its rule, judged
+    // by the drill on the real node's answers).
     assert!(report["latency_ms"]["p99"].as_f64().unwrap() < 3000.0);
     // The model outside the chain is the catalog's next one, and it really served: once
     // before the drill and five times during it.
@@ -252,16 +258,15 @@ async fn all_down_then_primary_down_passes_twice_in_a_row_and_every_recovered_mo
         }
         if round == 1 {
             // No request at all: the node's own probes find both recovered within one open
-            // probe interval (5 s by default) and a prober tick. Wall time, with 2 s to spare
-            // for a loaded machine.
-            let started = std::time::Instant::now();
-            eventually(Duration::from_secs(7), "both breakers closed by probes", || async {
+            // probe interval (5 s by default) and a prober tick. Wall time (a real node's
+            // probes): 5 s to spare for a loaded machine, and still well below the 30 s
+            // cool-down after which requests, not probes, would test the models.
+            eventually(Duration::from_secs(10), "both breakers closed by probes", || async {
                 let primary = breaker_state(gw.node.addr, "primary").await;
                 let secondary = breaker_state(gw.node.addr, "secondary").await;
                 (primary == 0.0 && secondary == 0.0).then_some(())
             })
             .await;
-            assert!(started.elapsed() < Duration::from_secs(7));
         }
         // Straight after (round 0) or after the probes (round 1): the healthy fallback serves
         // every request while the primary is down, none fails on a breaker left open.

@@ -129,16 +129,16 @@ async fn a_503_fault_fails_over_touches_only_its_model_and_ends_when_removed() {
     assert_eq!(v["model"], TERTIARY, "{v}");
     assert_eq!(injected_of(&v), [None]);
 
-    // Removing the resource ends the fault: the primary serves again within a second.
+    // Removing the resource ends the fault: once the node has the change, the primary
+    // serves again. How fast a cleared fault leaves every node (within 1 s at p99) is a
+    // figure of `switchyard-bench chaos` on a release build (docs/BENCHMARKS.md), not of a
+    // debug build beside other tests.
     let key = format!("{PREFIX}primary-down");
-    let removed = Instant::now();
     let revision =
         etcd_call(&etcd, "/v3/kv/deleterange", json!({"key": base64(key.as_bytes())})).await;
     gw.wait_for(revision).await;
     let v = gw.chat(failover).await.json();
-    let took = removed.elapsed();
     assert_eq!(v["model"], PRIMARY, "{v}");
-    assert!(took < Duration::from_secs(1), "the primary served again after {took:?}");
     assert_eq!(gw.upstream_requests("primary").await, 1);
 }
 
@@ -163,7 +163,9 @@ async fn stall_after_3_chunks_ends_the_stream_with_an_error_frame_within_the_sta
         .filter(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()))
         .count();
     assert_eq!(content, 3, "three content chunks, then silence: {:?}", s.frames);
-    // The catalog gives the model stall_timeout_ms 1000.
-    assert!(took < Duration::from_millis(1000 + 1000), "ended after {took:?}");
+    // The catalog gives the model stall_timeout_ms 1000. Wall time (a real node and
+    // simulator): a node that missed the model's stall timeout would wait the default 30 s,
+    // so 4 s past it is a loaded machine's slack.
+    assert!(took < Duration::from_millis(1000 + 4000), "ended after {took:?}");
     assert!(took >= Duration::from_millis(1000), "waited the stall timeout: {took:?}");
 }

@@ -273,8 +273,11 @@ async fn a_dead_deployment_costs_the_fleet_one_window_one_node_probes_it_and_rec
     }
     println!("fleet view: every node served the recovered primary after {back:?}");
     let slowest = back.iter().max().copied().unwrap();
+    // Wall time (real nodes, control plane and probes). The documented bound is one probe
+    // interval and about a second; 2 s more are a loaded machine's slack, and a node that
+    // waited for its own breaker instead would take the 30 s cool-down.
     assert!(
-        slowest <= OPEN_INTERVAL + Duration::from_secs(1),
+        slowest <= OPEN_INTERVAL + Duration::from_secs(3),
         "a node served the recovered primary only after {slowest:?} ({back:?})"
     );
     let fleet = cli(&gw.cp.url(), &["breakers", "--fleet", "--json"]).await.json();

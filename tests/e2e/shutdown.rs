@@ -20,6 +20,11 @@ use switchyard_e2e::*;
 /// The drain timeout the tests give nodes: long enough for every request they start.
 const DRAIN: Duration = Duration::from_secs(10);
 
+/// How soon after its last answer a draining node must have exited. Wall time (a real
+/// process): a loaded machine's slack, yet half the drain timeout, which a node that
+/// waited the timeout out would run into (its requests take 2 s at most).
+const EXIT_AFTER_LAST_ANSWER: Duration = Duration::from_secs(5);
+
 fn sigterm(pid: u32) {
     signal(pid, "TERM");
 }
@@ -43,7 +48,7 @@ async fn exits_within(child: &mut Child, limit: Duration, what: &str) -> (ExitSt
 
 /// Polls the node's `/readyz` until it answers 503 `draining`.
 async fn reports_draining(addr: SocketAddr) {
-    eventually(Duration::from_secs(5), "/readyz to answer 503 draining", || async move {
+    eventually(PATIENCE, "/readyz to answer 503 draining", || async move {
         let r = http_get(addr, "/readyz", None).await?;
         (r.status == 503 && r.json()["reason"] == "draining").then_some(())
     })
@@ -135,9 +140,9 @@ async fn a_node_under_load_finishes_every_request_in_flight_on_sigterm_and_hands
     for r in responses.iter().flatten() {
         assert_eq!(r.json()["secureai"]["served_model"], SECONDARY, "{}", r.body);
     }
-    let (status, took) = exits_within(&mut gw.node.child, DRAIN, "the node").await;
+    let (status, took) = exits_within(&mut gw.node.child, PATIENCE, "the node").await;
     assert!(status.success(), "the node exits 0, not {status}; log:\n{}", gw.node.log_text());
-    assert!(took < DRAIN, "exited in {took:?}");
+    assert!(took < EXIT_AFTER_LAST_ANSWER, "exited {took:?} after its last answer");
 
     // Handed over before the node exited: the events and the usage of the drained requests
     // are stored, although usage reports otherwise go out every 5 s.
@@ -157,16 +162,18 @@ async fn a_node_under_load_finishes_every_request_in_flight_on_sigterm_and_hands
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_ctrl_c_stops_the_node_without_finishing_the_drain() {
     let mut gw = Gateway::start_with(node_options(vec![])).await;
-    gw.script("primary", json!({"kind": "ok", "delay_ms": 8000})).await;
+    // Longer than the drain timeout: a node that finished the drain would exit at its end.
+    gw.script("primary", json!({"kind": "ok", "delay_ms": 30000})).await;
     let requests = start_requests(gw.node.addr, &gw.key, &chat_body(PRIMARY, &[], false), 1);
     in_flight(&gw, "primary", 1).await;
     let pid = gw.node.child.id().unwrap();
     signal(pid, "INT");
     reports_draining(gw.node.addr).await;
     signal(pid, "INT");
-    let (status, took) = exits_within(&mut gw.node.child, Duration::from_secs(5), "the node").await;
+    // Wall time (a real process): at once, with a loaded machine's slack, against the 10 s
+    // drain timeout.
+    let (status, _) = exits_within(&mut gw.node.child, Duration::from_secs(5), "the node").await;
     assert_eq!(status.code(), Some(130), "{status}");
-    assert!(took < Duration::from_secs(5), "{took:?}");
     drop(requests);
 }
 
@@ -217,9 +224,9 @@ async fn a_stream_in_flight_runs_to_its_end_on_sigterm() {
         assert_eq!(content, 10, "every chunk arrived: {frames:?}");
         assert!(!frames.iter().any(|f| f.contains("\"error\"")), "{frames:?}");
     }
-    let (status, took) = exits_within(&mut gw.node.child, DRAIN, "the node").await;
+    let (status, took) = exits_within(&mut gw.node.child, PATIENCE, "the node").await;
     assert!(status.success(), "the node exits 0, not {status}; log:\n{}", gw.node.log_text());
-    assert!(took < DRAIN, "exited in {took:?}");
+    assert!(took < EXIT_AFTER_LAST_ANSWER, "exited {took:?} after its last answer");
 }
 
 /// Starts `switchyard node` as PID 1 of a new PID namespace, as in a container without an
@@ -282,10 +289,10 @@ async fn a_node_running_as_pid_1_drains_and_exits_on_sigterm() {
     sigterm(pid);
     reports_draining(addr).await;
     assert_eq!(failed(&responses(requests).await), Vec::<String>::new());
-    let (status, took) = exits_within(&mut unshare, DRAIN, "the PID-1 node").await;
+    let (status, took) = exits_within(&mut unshare, PATIENCE, "the PID-1 node").await;
     let log = std::fs::read_to_string(gw.path().join("pid1-node.log")).unwrap_or_default();
     assert!(status.success(), "the node exits 0, not {status}; log:\n{log}");
-    assert!(took < DRAIN, "exited in {took:?}");
+    assert!(took < EXIT_AFTER_LAST_ANSWER, "exited {took:?} after its last answer");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,6 +316,8 @@ async fn a_stalled_request_body_is_cut_off_after_the_body_read_timeout() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("request_timeout"), "{text}");
     assert!(took >= Duration::from_millis(900), "cut off after the timeout, not before: {took:?}");
+    // Wall time (a real process): the 1 s timeout and a loaded machine's slack, against the
+    // 30 s default a node that ignored the flag would wait.
     assert!(took < Duration::from_secs(5), "{took:?}");
 
     // A body that arrives in time is not affected by the timer.
@@ -373,9 +382,11 @@ async fn half_open_and_idle_connections_do_not_hold_up_the_drain() {
     sigterm(gw.node.child.id().unwrap());
     let (status, took) = exits_within(&mut gw.node.child, DRAIN, "the node").await;
     assert!(status.success(), "the node exits 0, not {status}; log:\n{}", gw.node.log_text());
+    // Wall time (a real process): at once, with a loaded machine's slack, against the 10 s
+    // drain timeout and the 30 s header-read timeout that would hold the half-open one.
     assert!(took < Duration::from_secs(5), "the drain waited for nothing: {took:?}");
     for (name, socket) in [("half-open", &mut half_open), ("idle", &mut idle)] {
-        let read = tokio::time::timeout(Duration::from_secs(1), socket.read(&mut buf)).await;
+        let read = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await;
         assert!(matches!(read, Ok(Ok(0) | Err(_))), "the {name} connection is closed: {read:?}");
     }
 }
@@ -418,7 +429,9 @@ async fn a_control_plane_stopped_with_sigterm_leaves_its_elections_and_its_nodes
     let etcd = EtcdProcess::start().await;
     let store = etcd.endpoint().replace("http://", "etcd://");
     let token = [("SWITCHYARD_ADMIN_TOKEN", ADMIN_TOKEN)];
-    let args = ["control", "--store", &store, "--listen", "127.0.0.1:0", "--drain-timeout", "5s"];
+    // A drain timeout far beyond the bound asserted: only a replica that does not wait it
+    // out passes.
+    let args = ["control", "--store", &store, "--listen", "127.0.0.1:0", "--drain-timeout", "30s"];
     let mut cp1 = Proc::start(&args, &token, dir.path().join("cp1.log")).await;
     let cp2 = Proc::start(&args, &token, dir.path().join("cp2.log")).await;
     let catalog = dir.path().join("catalog.yaml");
@@ -440,12 +453,13 @@ async fn a_control_plane_stopped_with_sigterm_leaves_its_elections_and_its_nodes
     })
     .await;
 
+    // Wall time below (real processes and etcd): at once means within a loaded machine's
+    // slack, against the drain timeout and the 10 s lease of the candidacies.
     let stopped = Instant::now();
     sigterm(cp1.child.id().unwrap());
-    let (status, took) =
+    let (status, _) =
         exits_within(&mut cp1.child, Duration::from_secs(5), "the control plane").await;
     assert!(status.success(), "cp1 exits 0, not {status}; log:\n{}", cp1.log_text());
-    assert!(took < Duration::from_secs(5), "{took:?}");
     // Its candidacies are gone at once, not when its 10 s lease expires: cp2 leads both.
     eventually(Duration::from_secs(2), "cp1 to leave the elections", || async {
         (election_candidates(etcd.endpoint()).await? == 2).then_some(())
@@ -454,13 +468,13 @@ async fn a_control_plane_stopped_with_sigterm_leaves_its_elections_and_its_nodes
     assert!(stopped.elapsed() < Duration::from_secs(5), "{:?}", stopped.elapsed());
 
     // The node moved to cp2 and takes changes from it.
-    eventually(Duration::from_secs(5), "the node to move to cp2", || async {
+    eventually(PATIENCE, "the node to move to cp2", || async {
         (connected_to(&cp2.url(), &node_id).await? == cp2_addr).then_some(())
     })
     .await;
     let created = cli(&cp2.url(), &["keys", "create", "--name", "after", "--json"]).await.json();
     let version = created["version"].as_i64().unwrap();
-    eventually(Duration::from_secs(5), "the node to apply a change made on cp2", || async {
+    eventually(PATIENCE, "the node to apply a change made on cp2", || async {
         node_version(node.addr).await.filter(|v| *v >= version)
     })
     .await;
@@ -484,8 +498,9 @@ async fn a_control_plane_on_the_embedded_store_ends_its_node_streams_at_once_and
     fake.send_next(vec![failover_event("evt-1", 1, "key_1")]).await;
 
     sigterm(cp.child.id().unwrap());
-    // Node streams end at once, with a status that sends nodes elsewhere.
-    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+    // Node streams end at once, with a status that sends nodes elsewhere. Wall time (a real
+    // process): 5 s is a loaded machine's slack, against the 10 s drain timeout.
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             match fake.reply().await {
                 Ok(Some(_)) => {}
@@ -496,11 +511,11 @@ async fn a_control_plane_on_the_embedded_store_ends_its_node_streams_at_once_and
     .await
     .expect("the node stream ends at once");
     assert_eq!(ended.unwrap_err().code(), tonic::Code::Unavailable);
-    // Nothing else is open: no need to wait out the 10 s drain timeout.
-    let (status, took) =
+    // Nothing else is open: no need to wait out the 10 s drain timeout. Wall time (a real
+    // process), with a loaded machine's slack.
+    let (status, _) =
         exits_within(&mut cp.child, Duration::from_secs(5), "the control plane").await;
     assert!(status.success(), "exits 0, not {status}; log:\n{}", cp.log_text());
-    assert!(took < Duration::from_secs(5), "{took:?}");
     // Its replacement opens the same store.
     let again = start_control(&store, "127.0.0.1:0", dir.path(), "cp-again").await;
     assert_eq!(cli(&again.url(), &["nodes", "--json"]).await.code, Some(0));
@@ -535,10 +550,11 @@ async fn an_events_follow_client_ends_at_once_in_words_when_its_control_plane_st
     assert!(matches!(first, Ok(Ok(Some(_)))), "the follower is connected: {first:?}");
     let mut stderr = follower.stderr.take().unwrap();
 
+    // Wall time below (real processes): 10 s leaves a loaded machine its slack against the
+    // 30 s drain timeout that a follower holding the stream would run into.
     let stopped = Instant::now();
     sigterm(cp.child.id().unwrap());
     let (status, _) = exits_within(&mut follower, Duration::from_secs(10), "the follower").await;
-    let follower_took = stopped.elapsed();
     let mut said = String::new();
     stderr.read_to_string(&mut said).await.unwrap();
     assert_eq!(status.code(), Some(1), "{said}");
@@ -554,7 +570,6 @@ async fn an_events_follow_client_ends_at_once_in_words_when_its_control_plane_st
                 .to_owned(),
         ],
     );
-    assert!(follower_took < Duration::from_secs(10), "{follower_took:?}");
     let (status, _) =
         exits_within(&mut cp.child, Duration::from_secs(10), "the control plane").await;
     assert!(status.success(), "exits 0, not {status}; log:\n{}", cp.log_text());

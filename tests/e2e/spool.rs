@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchyard_e2e::gateway::*;
-use switchyard_e2e::{cli, eventually, start_control, start_node};
+use switchyard_e2e::{PATIENCE, cli, eventually, start_control, start_node};
 
 /// `switchyard events --json --limit N`: one object per line.
 async fn events(control: &str) -> Vec<Value> {
@@ -280,7 +280,7 @@ async fn events_a_killed_node_held_in_memory_only_are_counted_lost_by_its_next_s
     let mut node = outage.node(&args, "node2.log").await;
     switchyard_e2e::gateway::fail_over(node.addr, key, REQUESTS).await;
     let at_risk = node_dir.join("events-at-risk");
-    eventually(Duration::from_secs(5), "the count of events at risk recorded", || async {
+    eventually(PATIENCE, "the count of events at risk recorded", || async {
         // Never sent, sent and not acked.
         let text = std::fs::read_to_string(&at_risk).ok()?;
         (text.split_whitespace().collect::<Vec<_>>() == [REQUESTS.to_string().as_str(), "0"])

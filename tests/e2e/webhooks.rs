@@ -602,7 +602,7 @@ async fn one_event_the_receiver_keeps_failing_does_not_hold_back_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_that_never_answers_does_not_delay_another_subscription() {
-    let cluster = Cluster::start(&["--webhook-timeout-ms", "10000"]).await;
+    let cluster = Cluster::start(&["--webhook-timeout-ms", "30000"]).await;
     let receiver = Receiver::start(cluster.dir.path()).await;
     // Accepts connections and never answers: every request runs into the timeout.
     let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -626,9 +626,10 @@ async fn an_endpoint_that_never_answers_does_not_delay_another_subscription() {
     let start = Instant::now();
     send_all(&mut node, &all, 10).await;
     let want: BTreeSet<String> = all.into_iter().collect();
-    // Well within one request timeout (10 s here) of the slow subscription.
+    // Well within one request timeout (30 s here) of the slow subscription. Wall time (real
+    // control planes and receiver): 15 s leaves a loaded machine its slack.
     wait_for_ids(&receiver.log, "/fast", &want, WAIT).await;
-    assert!(start.elapsed() < Duration::from_secs(8), "took {:?}", start.elapsed());
+    assert!(start.elapsed() < Duration::from_secs(15), "took {:?}", start.elapsed());
     let slow = cluster.deliveries("slow").await;
     assert_eq!(slow["delivered"], 0);
     held.abort();
@@ -1141,7 +1142,7 @@ async fn a_subscription_added_just_before_an_event_on_another_replica_gets_it() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_for_one_subscription_does_not_starve_another() {
-    let cluster = Cluster::start(&["--webhook-timeout-ms", "10000"]).await;
+    let cluster = Cluster::start(&["--webhook-timeout-ms", "30000"]).await;
     let receiver = Receiver::start(cluster.dir.path()).await;
     // The storm's subscriptions: one endpoint that never answers (its backlog only grows,
     // holding the outbox), one that takes it in batches.
