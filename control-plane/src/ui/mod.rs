@@ -276,17 +276,24 @@ async fn drill_run(State(c): Shared, headers: HeaderMap, uri: http::Uri) -> Resp
     show(&c, &headers, Page::Drills, pages::drill_run(&c.admin, c.credentials.csrf(), &run)).await
 }
 
-async fn start_drill(State(c): Shared, request: Request) -> Response {
-    let (headers, fields) = match read_form(request).await {
-        Ok(form) => form,
-        Err(response) => return response,
-    };
+/// The fields of a form posted by a signed-in admin from one of our pages; else the answer
+/// to send instead (the sign-in page, or a refusal of a form posted from elsewhere).
+async fn signed_form(c: &Console, request: Request) -> Result<Vec<(String, String)>, Response> {
+    let (headers, fields) = read_form(request).await?;
     if !c.credentials.signed_in(&headers) {
-        return redirect("/ui/login");
+        return Err(redirect("/ui/login"));
     }
     if !c.credentials.form_is_ours(&headers, field(&fields, "csrf")) {
-        return forbidden();
+        return Err(forbidden());
     }
+    Ok(fields)
+}
+
+async fn start_drill(State(c): Shared, request: Request) -> Response {
+    let fields = match signed_form(&c, request).await {
+        Ok(fields) => fields,
+        Err(response) => return response,
+    };
     let id = c.next_drill.fetch_add(1, Ordering::Relaxed);
     match pages::start_drill(&c.admin, &fields, id).await {
         Ok(run) => {
@@ -326,16 +333,10 @@ async fn start_drill(State(c): Shared, request: Request) -> Response {
 }
 
 async fn clear_faults(State(c): Shared, request: Request) -> Response {
-    let (headers, fields) = match read_form(request).await {
-        Ok(form) => form,
+    let fields = match signed_form(&c, request).await {
+        Ok(fields) => fields,
         Err(response) => return response,
     };
-    if !c.credentials.signed_in(&headers) {
-        return redirect("/ui/login");
-    }
-    if !c.credentials.form_is_ours(&headers, field(&fields, "csrf")) {
-        return forbidden();
-    }
     let names: Vec<String> =
         fields.iter().filter(|(n, _)| n == "name").map(|(_, v)| v.clone()).collect();
     let all = field(&fields, "all") == Some("1");
