@@ -80,8 +80,8 @@ pub async fn run(app: Arc<App>, mut fleet: watch::Receiver<Option<FleetView>>) {
             changed = fleet_changed => {
                 fleet_open = changed;
                 let view = fleet.borrow_and_update().clone();
-                for t in app.executor.breakers.apply_fleet(view.as_ref(), Instant::now()) {
-                    app.executor.report_transition(Some(t));
+                for t in app.services.breakers.apply_fleet(view.as_ref(), Instant::now()) {
+                    app.services.report_transition(Some(t));
                 }
             }
         }
@@ -97,12 +97,12 @@ pub async fn run(app: Arc<App>, mut fleet: watch::Receiver<Option<FleetView>>) {
         let now = Instant::now();
         for target in &targets {
             // Named the fleet's prober: its own breaker opens, and is probed from here on.
-            app.executor.report_transition(target.breaker.mirror_fleet(now));
+            app.services.report_transition(target.breaker.mirror_fleet(now));
             let Some((permit, due, transition)) = target.breaker.acquire_probe(now, target.idle)
             else {
                 continue;
             };
-            app.executor.report_transition(transition);
+            app.services.report_transition(transition);
             let (app, config, target) = (Arc::clone(&app), Arc::clone(&config), target.clone());
             in_flight.spawn(async move { probe(&app, &config, &target, permit, due).await });
         }
@@ -134,7 +134,7 @@ pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
             if !seen.insert((model.provider.clone(), model.upstream_model.clone())) {
                 continue;
             }
-            let breaker = app.executor.breaker(config, model);
+            let breaker = app.services.breaker(config, model);
             let open = open.map(|(interval, _)| Duration::from_millis(interval));
             breaker.set_probed(true, open, now);
             targets.push(Target {
@@ -145,7 +145,7 @@ pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
             });
         }
     }
-    for breaker in app.executor.breakers.all() {
+    for breaker in app.services.breakers.all() {
         let key = (breaker.provider().to_owned(), breaker.upstream_model().to_owned());
         if !seen.contains(&key) {
             breaker.set_probed(false, None, now);
@@ -173,7 +173,7 @@ pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Perm
     };
     let ended = Instant::now();
     let transition = permit.record_probe(outcome, started, ended);
-    let metrics = &app.executor.metrics;
+    let metrics = &app.services.metrics;
     let outcome = ProbeOutcome::of(outcome);
     let (provider, upstream_model) = (&model.provider, &model.upstream_model);
     metrics
@@ -205,8 +205,8 @@ pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Perm
     );
     // A transition carries the last probe with it; otherwise the probe is reported alone.
     match transition {
-        Some(t) => app.executor.report_transition(Some(t)),
-        None => app.executor.report_probed(target.breaker.snapshot()),
+        Some(t) => app.services.report_transition(Some(t)),
+        None => app.services.report_probed(target.breaker.snapshot()),
     }
 }
 
@@ -261,12 +261,13 @@ mod tests {
     use switchyard_proto::node::v1::node_message::Msg;
 
     use super::*;
+    use crate::breaker::Breakers;
     use crate::breaker::State;
     use crate::chain::{Chain, Entry};
     use crate::config::Change;
-    use crate::executor::Executor;
     use crate::metrics::Metrics;
     use crate::report::{AttemptReason, AttemptStatus};
+    use crate::services::Services;
     use crate::state::NodeState;
     use crate::telemetry::Telemetry;
 
@@ -353,19 +354,14 @@ mod tests {
             resources: vec![("catalog".into(), serde_json::to_vec(&catalog).unwrap())],
         };
         let config = NodeConfig::default().apply(change).unwrap();
-        App {
-            state: NodeState::new(Some(config)),
-            executor: Executor::new(
-                Arc::new(Telemetry::new("n".into(), Counter::default())),
-                Arc::new(Metrics::new()),
-            ),
-            max_body_bytes: 1 << 20,
-        }
+        let telemetry = Arc::new(Telemetry::new("n".into(), Counter::default()));
+        let services = Services::new(telemetry, Arc::new(Metrics::new()), Breakers::new());
+        App::new(NodeState::new(Some(config)), services, 1 << 20)
     }
 
     fn probes(app: &App, outcome: &'static str) -> u64 {
         let labels = ProbeLabels { provider: "p".into(), upstream_model: "up".into(), outcome };
-        app.executor.metrics.probes.get_or_create(&labels).get()
+        app.services.metrics.probes.get_or_create(&labels).get()
     }
 
     /// A user request for `m` alone, as the executor runs it: its attempts.
@@ -406,7 +402,7 @@ mod tests {
         }
         let config = app.state.current().unwrap();
         assert_eq!(
-            app.executor.breaker(&config, &config.models["m"]).snapshot().state,
+            app.services.breaker(&config, &config.models["m"]).snapshot().state,
             State::Open
         );
     }
@@ -454,9 +450,9 @@ mod tests {
         assert_eq!(bodies[0]["model"], "up");
         assert_eq!(bodies[0]["messages"], json!([{"role": "user", "content": "ping"}]));
         assert_eq!(probes(&app, "success"), 1);
-        assert!(app.executor.telemetry.usage_report(0).is_none(), "no usage for a probe");
+        assert!(app.services.telemetry.usage_report(0).is_none(), "no usage for a probe");
         // The control plane hears of it: the breaker, closed, with its last probe.
-        let reports = app.executor.telemetry.take_breaker_reports();
+        let reports = app.services.telemetry.take_breaker_reports();
         match reports.as_slice() {
             [Msg::Probed(r)] => {
                 assert_eq!((r.from.as_str(), r.to.as_str()), ("closed", "closed"));
@@ -512,7 +508,7 @@ mod tests {
         assert_eq!(probes(&app, "success"), 1);
         assert_eq!(user_request(&app).await, [(AttemptStatus::Served, None, false)]);
         // Every breaker report went out, the transitions carrying the probe that made them.
-        let reports = app.executor.telemetry.take_breaker_reports();
+        let reports = app.services.telemetry.take_breaker_reports();
         let last = reports.iter().rev().find_map(|m| match m {
             Msg::Breaker(t) if t.to == "closed" => Some(t),
             _ => None,
@@ -532,7 +528,7 @@ mod tests {
         // it is the probe, and its success closes the breaker.
         assert_eq!(user_request(&app).await, [(AttemptStatus::Served, None, true)]);
         assert_eq!(up.requests(), 3);
-        let breaker = app.executor.breaker(&config, &config.models["m"]);
+        let breaker = app.services.breaker(&config, &config.models["m"]);
         assert_eq!(breaker.snapshot().state, State::Closed);
     }
 
@@ -590,7 +586,7 @@ mod tests {
         let (fleet, view) = watch::channel(None);
         let prober = tokio::spawn(run(Arc::clone(&app), view));
         let config = app.state.current().unwrap();
-        let breaker = app.executor.breaker(&config, &config.models["m"]);
+        let breaker = app.services.breaker(&config, &config.models["m"]);
         let key = ("p".to_owned(), "up".to_owned());
         let word = |probing: bool| FleetOpen {
             since: std::time::SystemTime::now(),
