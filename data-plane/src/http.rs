@@ -282,6 +282,7 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
         if too_large {
             ApiError::PayloadTooLarge { limit }
         } else {
+            tracing::debug!(error = %e, "the request body broke off before its end");
             ApiError::BodyIncomplete(e.to_string())
         }
     })

@@ -44,6 +44,13 @@ const PROBE_BODY: &[u8] = br#"{"messages":[{"role":"user","content":"ping"}],"ma
 /// An embedding model's probe: one short input.
 const EMBEDDINGS_PROBE_BODY: &[u8] = br#"{"input":"ping"}"#;
 
+/// Now on tokio's clock: the time itself in production, a test's paused clock under
+/// `start_paused`, so that the prober's waits (ticks, intervals, cool-downs) are tested
+/// without waiting.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 /// One breaker the prober watches, with the probe of the model that names it.
 #[derive(Clone)]
 pub struct Target {
@@ -80,7 +87,7 @@ pub async fn run(app: Arc<App>, mut fleet: watch::Receiver<Option<FleetView>>) {
             changed = fleet_changed => {
                 fleet_open = changed;
                 let view = fleet.borrow_and_update().clone();
-                for t in app.services.breakers.apply_fleet(view.as_ref(), Instant::now()) {
+                for t in app.services.breakers.apply_fleet(view.as_ref(), now()) {
                     app.services.report_transition(Some(t));
                 }
             }
@@ -91,10 +98,10 @@ pub async fn run(app: Arc<App>, mut fleet: watch::Receiver<Option<FleetView>>) {
         }
         let Some(config) = app.state.current() else { continue };
         if version != Some(config.version) {
-            targets = plan(&app, &config, Instant::now());
+            targets = plan(&app, &config, now());
             version = Some(config.version);
         }
-        let now = Instant::now();
+        let now = now();
         for target in &targets {
             // Named the fleet's prober: its own breaker opens, and is probed from here on.
             app.services.report_transition(target.breaker.mirror_fleet(now));
@@ -158,7 +165,7 @@ pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
 /// state with its last probe for the control plane.
 pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Permit, due: Due) {
     let model = &target.model;
-    let started = Instant::now();
+    let started = now();
     let faults = chaos::matching_probe(&config.faults, &model.name, &model.provider);
     let mut injector = Injector::new(&faults);
     let outcome = match call(config, model, target.timeout, &mut injector).await {
@@ -171,7 +178,7 @@ pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Perm
             }
         }
     };
-    let ended = Instant::now();
+    let ended = now();
     let transition = permit.record_probe(outcome, started, ended);
     let metrics = &app.services.metrics;
     let outcome = ProbeOutcome::of(outcome);
@@ -547,7 +554,7 @@ mod tests {
         assert_eq!(up.requests(), 2, "the prober, not a request, tests it");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_prober_probes_on_its_own_and_stops_when_the_node_drains() {
         let up = upstream().await;
         let app = Arc::new(app(&up.url, true));
@@ -566,7 +573,7 @@ mod tests {
         assert_eq!(up.requests(), 1, "one probe in the interval, none after the drain");
     }
 
-    /// Polls `done` every 20 ms for up to 5 s.
+    /// Polls `done` every 20 ms for up to 5 s (of the test's clock).
     async fn until(what: &str, mut done: impl FnMut() -> bool) {
         tokio::time::timeout(Duration::from_secs(5), async {
             while !done() {
@@ -577,7 +584,7 @@ mod tests {
         .unwrap_or_else(|_| panic!("{what}"));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_prober_probes_only_what_the_fleet_names_it_for_and_closes_on_the_fleets_word() {
         use crate::breaker::{FleetOpen, FleetView};
         let up = upstream().await;
@@ -601,7 +608,9 @@ mod tests {
         };
 
         // Open here too, but another node is the fleet's prober: no probe from this node over
-        // two of its open intervals (a wait: what is shown is that nothing happens).
+        // two of its open intervals (a wait, on the paused clock: what is shown is that
+        // nothing happens). The user requests opened the breaker on the real clock, which
+        // the paused one passes by those two intervals.
         open(&app, &up).await;
         fleet.send_replace(Some(open_for_fleet(false)));
         tokio::time::sleep(Duration::from_millis(2_200)).await;
