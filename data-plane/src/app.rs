@@ -1,6 +1,6 @@
-//! What every request of a node shares: its config, its executor, its limits; and the
-//! helpers both the plain and the streaming response use. Below `http` and `stream`, so
-//! neither reaches into the other.
+//! What every request of a node shares: its config, the node's services (telemetry,
+//! limits, metrics, breakers), its executor; and the helpers both the plain and the
+//! streaming response use. Below `http` and `stream`, so neither reaches into the other.
 
 use std::sync::Arc;
 
@@ -11,12 +11,24 @@ use switchyard_catalog::Model;
 
 use crate::executor::Executor;
 use crate::providers::Usage;
+use crate::services::Services;
 use crate::state::NodeState;
 
 pub struct App {
     pub state: Arc<NodeState>,
+    /// What the node owns: telemetry, limits, metrics, breakers, loads.
+    pub services: Arc<Services>,
+    /// Runs each request's chain, on those services.
     pub executor: Executor,
     pub max_body_bytes: usize,
+}
+
+impl App {
+    pub fn new(state: Arc<NodeState>, services: Services, max_body_bytes: usize) -> Self {
+        let services = Arc::new(services);
+        let executor = Executor::new(Arc::clone(&services));
+        Self { state, services, executor, max_body_bytes }
+    }
 }
 
 /// Usage is billed to the model that served, at the catalog's prices.
@@ -26,11 +38,17 @@ pub fn record_usage(app: &App, key_id: &str, model: &Model, usage: Usage) {
             + usage.completion_tokens as f64 * p.output_per_mtok)
             / 1_000_000.0
     });
-    let telemetry = &app.executor.telemetry;
-    telemetry.record_usage(key_id, &model.name, usage.prompt_tokens, usage.completion_tokens, cost);
+    let services = &app.services;
+    services.telemetry.record_usage(
+        key_id,
+        &model.name,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        cost,
+    );
     // A key's limits count what the model that served used (docs/limits.md). The counts
     // are the upstream's: a sum that would overflow saturates rather than panic or wrap.
-    telemetry.limits.record(
+    services.limits.record(
         key_id,
         usage.prompt_tokens.saturating_add(usage.completion_tokens),
         (cost * 1e6).round() as u64,

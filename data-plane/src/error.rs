@@ -353,6 +353,22 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_the_node_cannot_encode_is_an_internal_error_not_a_failed_chain() {
+        let e = ApiError::Internal;
+        assert_eq!((e.status(), e.label()), (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"));
+        assert!(!e.is_all_models_failed(), "no degraded answer replaces it");
+        let (body, attempts) = e.envelope();
+        assert_eq!(
+            (&body["error"]["type"], &body["error"]["code"]),
+            (&json!("server_error"), &json!("internal_error"))
+        );
+        assert!(attempts.is_none());
+        assert_eq!(e.retry_headers(Instant::now()), None);
+        let anthropic = e.render(Flavor::Anthropic);
+        assert_eq!(anthropic.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[test]
     fn the_attempts_of_a_failed_chain_are_under_error_too() {
         let (body, _) = failed(StatusCode::BAD_GATEWAY, None).envelope();
         assert_eq!(body["error"]["attempts"][0]["model"], "a", "{body}");

@@ -9,21 +9,16 @@ use http::{HeaderValue, StatusCode};
 use opentelemetry::context::FutureExt as _;
 use tracing::{Instrument, debug, debug_span};
 
-use switchyard_catalog::{BreakerPolicy, FailoverReason, Model};
-use switchyard_proto::node::v1 as pb;
+use switchyard_catalog::{FailoverReason, Model};
 
-use crate::breaker::{
-    Admission, Breakers, LastProbe, Outcome, Permit, Snapshot, State, Transition,
-};
+use crate::breaker::{Admission, Outcome, Permit, State};
 use crate::chain::{Chain, Deployments, Entry, Target};
 use crate::chaos::Injector;
 use crate::config::NodeConfig;
-use crate::deployment::{Answered, Cap, Full, Loads, Slot};
+use crate::deployment::{Answered, Cap, Full, Slot};
 use crate::error::ApiError;
 use crate::failure::{self, Code, Failure, Verdict};
-use crate::metrics::{
-    BreakerLabels, InjectedLabels, Metrics, ProviderModelLabels, RetryLabels, TransitionLabels,
-};
+use crate::metrics::{InjectedLabels, ProviderModelLabels, RetryLabels};
 use crate::otel;
 use crate::providers::{
     CallError, Completion, NativeCall, ProviderRuntime, StreamError, StreamEvent, UpstreamError,
@@ -32,8 +27,8 @@ use crate::providers::{
 use crate::report::{AttemptReason, AttemptReport, AttemptStatus, all_failed_message};
 use crate::request::ChatRequest;
 use crate::retry::{self, FailedCall, NoRetry};
+use crate::services::Services;
 use crate::structured::OutputCheck;
-use crate::telemetry::Telemetry;
 
 /// An attempt is not started with less than `min(1000 ms, its timeout)` left of the
 /// chain's `deadline_ms`: it could not do useful work (docs/http-api.md,
@@ -81,13 +76,20 @@ pub struct Failed {
     pub all_open: bool,
 }
 
-/// What is shared by every request of a node.
+/// Runs a request's chain; what the request path holds of the node's [`Services`].
 pub struct Executor {
-    pub breakers: Breakers,
-    /// Requests in flight per deployment and provider, and their caps.
-    pub loads: Loads,
-    pub telemetry: Arc<Telemetry>,
-    pub metrics: Arc<Metrics>,
+    services: Arc<Services>,
+}
+
+/// One request's run through its chain: what each of its attempts and calls reads.
+#[derive(Clone, Copy)]
+struct Run<'r> {
+    services: &'r Services,
+    chain: &'r Chain,
+    request: &'r ChatRequest<'r>,
+    config: &'r NodeConfig,
+    /// Goes upstream with every call (docs/http-api.md, "Response headers").
+    request_id: &'r HeaderValue,
 }
 
 /// What one call of an attempt brought.
@@ -180,13 +182,8 @@ enum Step {
 }
 
 impl Executor {
-    pub fn new(telemetry: Arc<Telemetry>, metrics: Arc<Metrics>) -> Self {
-        Self {
-            breakers: Breakers::new(),
-            loads: Loads::new(Arc::clone(&metrics)),
-            telemetry,
-            metrics,
-        }
+    pub fn new(services: Arc<Services>) -> Self {
+        Self { services }
     }
 
     /// `request_id` goes upstream with every call (docs/http-api.md, "Response headers").
@@ -197,6 +194,15 @@ impl Executor {
         config: &NodeConfig,
         request_id: &HeaderValue,
     ) -> Result<Served, Failed> {
+        let services = &self.services;
+        Run { services, chain, request, config, request_id }.execute().await
+    }
+}
+
+impl Run<'_> {
+    /// The chain's entries in order, then the entries skipped on a breaker no prober tests.
+    async fn execute(self) -> Result<Served, Failed> {
+        let Self { chain, config, .. } = self;
         let started = Instant::now();
         // The budget grows with requests, not attempts: a request that fails over must not
         // earn its failing model more retries than one that does not.
@@ -219,20 +225,8 @@ impl Executor {
             }
             let Some(timeout) = budget(chain, entry, started) else { break };
             if let Some(deployments) = &entry.deployments {
-                let step = self
-                    .deployments(
-                        chain,
-                        i,
-                        entry,
-                        deployments,
-                        timeout,
-                        request,
-                        config,
-                        request_id,
-                        &mut tally,
-                        &mut attempts,
-                    )
-                    .await;
+                let step =
+                    self.deployments(i, deployments, timeout, &mut tally, &mut attempts).await;
                 let next = match step {
                     Step::Next(next) => next,
                     Step::Skipped(ready_at) => {
@@ -253,9 +247,9 @@ impl Executor {
                 }
                 continue;
             }
-            let breaker = self.breaker(config, &entry.model);
+            let breaker = self.services.breaker(config, &entry.model);
             let (admission, transition) = breaker.try_acquire(Instant::now());
-            self.report_transition(transition);
+            self.services.report_transition(transition);
             let permit = match admission {
                 Admission::Admitted(permit) => permit,
                 Admission::Rejected { ready_at, probed } => {
@@ -270,29 +264,17 @@ impl Executor {
             };
             tried = true;
             let target = entry.target();
-            let slot = match self.slot(config, target) {
+            let slot = match self.slot(target) {
                 Ok(slot) => slot,
                 Err(full) => {
                     drop(permit);
-                    match self.turned_away(chain, target, full, &mut tally, &mut attempts) {
+                    match self.turned_away(target, full, &mut tally, &mut attempts) {
                         Next::Stop => break,
                         _ => continue,
                     }
                 }
             };
-            let result = self.attempt(
-                chain,
-                i,
-                entry,
-                target,
-                timeout,
-                permit,
-                slot,
-                request,
-                config,
-                request_id,
-                &mut attempts,
-            );
+            let result = self.attempt(i, target, timeout, permit, slot, &mut attempts);
             match tally.after(chain, target, result.await, &mut attempts) {
                 Next::Answer(answer) => return answer,
                 Next::Stop => break,
@@ -338,31 +320,17 @@ impl Executor {
                 Some(d) => d.target(d.allowed.trailing_zeros() as usize),
                 None => entry.target(),
             };
-            let breaker = self.breaker(config, target.model);
+            let breaker = self.services.breaker(config, target.model);
             let Some((permit, transition)) = breaker.force_probe(Instant::now()) else {
                 continue;
             };
-            self.report_transition(transition);
+            self.services.report_transition(transition);
             let mut probe_report = Vec::with_capacity(1);
-            let slot = match self.slot(config, target) {
+            let slot = match self.slot(target) {
                 Ok(slot) => slot,
                 Err(_full) => continue,
             };
-            let result = self
-                .attempt(
-                    chain,
-                    i,
-                    entry,
-                    target,
-                    timeout,
-                    permit,
-                    slot,
-                    request,
-                    config,
-                    request_id,
-                    &mut probe_report,
-                )
-                .await;
+            let result = self.attempt(i, target, timeout, permit, slot, &mut probe_report).await;
             if let Some(mut report) = probe_report.pop() {
                 report.probe = true;
                 // The skipped line of this entry: entries with deployments push one line
@@ -385,38 +353,22 @@ impl Executor {
         Err(all_failed(chain, attempts, tally.last_failure, tally.retry_at))
     }
 
-    /// The breaker of `model`'s (provider, upstream model), with the catalog's policy and
-    /// the model's override in force.
-    pub fn breaker(&self, config: &NodeConfig, model: &Model) -> Arc<crate::breaker::Breaker> {
-        let policy: BreakerPolicy = match &model.breaker {
-            Some(o) => config.catalog.breaker_policy.with_override(o),
-            None => config.catalog.breaker_policy,
-        };
-        // Names folded into their wildcard (chain::lookup) share its one breaker, `*`.
-        let upstream = if model.is_wildcard() { "*" } else { model.upstream_model.as_str() };
-        self.breakers.get(&model.provider, upstream, policy)
-    }
-
     /// One attempt: a call to the entry's model and, when its retry policy, the time left,
     /// the node's retry budget and the breaker allow, more calls to the same model. Every
     /// call counts in the breaker. Retries happen only before a stream commits (nothing has
     /// reached the client yet); a client that goes away drops this future, and with it any
     /// backoff in progress.
-    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
-        chain: &Chain,
         index: usize,
-        entry: &Entry,
         target: Target<'_>,
         timeout: Duration,
         permit: Permit,
         mut slot: Option<Slot>,
-        request: &ChatRequest<'_>,
-        config: &NodeConfig,
-        request_id: &HeaderValue,
         attempts: &mut Vec<AttemptReport>,
     ) -> AttemptResult {
+        let Self { chain, request, config, .. } = *self;
+        let entry = &chain.entries[index];
         let model = target.model;
         let span = debug_span!("attempt", model = %model.name, provider = %model.provider);
         let started = Instant::now();
@@ -435,7 +387,6 @@ impl Executor {
         // the attempt reports the first one that touched it.
         let mut injector = Injector::new(target.faults);
         loop {
-            let output = chain.output.as_deref();
             // With OpenTelemetry on, each call is a CLIENT span of its own, current while the
             // call runs so that its context goes upstream as `traceparent`.
             let call_cx = otel::client_span(
@@ -447,17 +398,7 @@ impl Executor {
             let drawn = injector.injected().len();
             let called_at = Instant::now();
             let call = self
-                .call(
-                    target,
-                    timeout,
-                    deadline,
-                    first_token,
-                    request,
-                    config,
-                    request_id,
-                    output,
-                    &mut injector,
-                )
+                .call(target, timeout, deadline, first_token, &mut injector)
                 .instrument(span.clone());
             // Two awaits rather than a wrapper on both paths: without OpenTelemetry the call
             // is polled as it was before spans were made on the OpenTelemetry API.
@@ -475,16 +416,9 @@ impl Executor {
             let failure = match called {
                 Ok(Called::Completion(completion)) => {
                     otel::call_answered(call_span, Some(&completion));
-                    self.report_transition(permit.record(Outcome::Success, Instant::now()));
-                    self.finish_attempt(
-                        target,
-                        started,
-                        AttemptStatus::Served,
-                        None,
-                        retries,
-                        &injector,
-                        attempts,
-                    );
+                    self.services
+                        .report_transition(permit.record(Outcome::Success, Instant::now()));
+                    self.finish_attempt(target, started, None, retries, &injector, attempts);
                     return AttemptResult::Served(Output::Completion(completion));
                 }
                 Ok(Called::Stream(buffered, upstream)) => {
@@ -500,22 +434,14 @@ impl Executor {
                         stall,
                         slot,
                     };
-                    self.finish_attempt(
-                        target,
-                        started,
-                        AttemptStatus::Served,
-                        None,
-                        retries,
-                        &injector,
-                        attempts,
-                    );
+                    self.finish_attempt(target, started, None, retries, &injector, attempts);
                     return AttemptResult::Served(Output::Stream(Box::new(stream)));
                 }
                 Err(failure) => failure,
             };
             debug!(model = %model.name, ?failure, retries, "call failed");
             if let Failure::InvalidOutput(invalid) = &failure {
-                self.metrics.invalid_output(&model.name, invalid.kind()).inc();
+                self.services.metrics.invalid_output(&model.name, invalid.kind()).inc();
             }
             let retry_after = failure.retry_after();
             let retry_at = retry_after.map(|wait| Instant::now() + wait);
@@ -559,7 +485,7 @@ impl Executor {
                 Some(outcome) => {
                     let transition = permit.record(outcome, Instant::now());
                     let opened = transition.as_ref().is_some_and(|t| t.to == State::Open);
-                    self.report_transition(transition);
+                    self.services.report_transition(transition);
                     opened
                 }
                 None => {
@@ -572,9 +498,11 @@ impl Executor {
                 None => None,
                 Some(failed) => {
                     let time = limit.saturating_duration_since(started);
-                    let next = self
-                        .next_call(&policy, retries, failed, opened, limit, time, config, model)
-                        .await;
+                    let next = if opened {
+                        Err(NoRetry::BreakerOpen)
+                    } else {
+                        self.next_call(&policy, retries, failed, limit, time, model).await
+                    };
                     next.inspect_err(|why| {
                         if policy.max_retries > 0 {
                             debug!(model = %model.name, why = why.as_str(), retries, "not retried");
@@ -594,35 +522,24 @@ impl Executor {
                 _ if too_long => AttemptReason::Failover(FailoverReason::ContextLength),
                 _ => AttemptReason::ClientError,
             };
-            self.finish_attempt(
-                target,
-                started,
-                AttemptStatus::Failed,
-                Some(reason),
-                retries,
-                &injector,
-                attempts,
-            );
+            self.finish_attempt(target, started, Some(reason), retries, &injector, attempts);
             return result;
         }
     }
 
     /// One upstream call of an attempt: a plain completion, checked against the request's
-    /// `response_format` when the chain asks (`output`), or a stream read up to its first
-    /// content.
-    #[allow(clippy::too_many_arguments)]
+    /// `response_format` when the chain asks (its `output`), or a stream read up to its
+    /// first content.
     async fn call(
         &self,
         target: Target<'_>,
         timeout: Duration,
         deadline: Instant,
         first_token: Instant,
-        request: &ChatRequest<'_>,
-        config: &NodeConfig,
-        request_id: &HeaderValue,
-        output: Option<&OutputCheck>,
         injector: &mut Injector<'_>,
     ) -> Result<Called, Failure> {
+        let Self { chain, request, config, request_id, .. } = *self;
+        let output: Option<&OutputCheck> = chain.output.as_deref();
         let model = target.model;
         let Some(provider) = config.providers.get(&model.provider) else {
             return Err(Failure::Unconfigured(model.provider.clone()));
@@ -646,7 +563,7 @@ impl Executor {
             );
             let (buffered, upstream) = opened.await.map_err(|(failure, skipped)| {
                 // A committed stream counts its own when it ends.
-                if skipped > 0 && self.metrics.malformed_frames(&model.name, skipped, Instant::now()) {
+                if skipped > 0 && self.services.metrics.malformed_frames(&model.name, skipped, Instant::now()) {
                     tracing::warn!(model = %model.name, skipped, "upstream stream frames did not parse and were skipped before the stream failed (this warning repeats at most once a minute per model)");
                 }
                 failure
@@ -688,26 +605,23 @@ impl Executor {
 
     /// Decides whether retry number `retries` follows the failed call; if so, waits and
     /// returns the breaker's permit for it. `limit` is when the attempt's time (or a
-    /// stream's first-token time) runs out, `time` how long the attempt had in all.
-    #[allow(clippy::too_many_arguments)]
+    /// stream's first-token time) runs out, `time` how long the attempt had in all. Not
+    /// called when the failed call opened the breaker: that is never retried.
     async fn next_call(
         &self,
         policy: &retry::Policy,
         retries: u32,
         failed: FailedCall,
-        opened: bool,
         limit: Instant,
         time: Duration,
-        config: &NodeConfig,
         model: &Model,
     ) -> Result<Permit, NoRetry> {
-        if opened {
-            return Err(NoRetry::BreakerOpen);
-        }
+        let config = self.config;
         let left = limit.saturating_duration_since(Instant::now());
         let wait = retry::decide(policy, retries, failed, left, FAIR_MINIMUM.min(time))?;
         if !config.retry_budget.try_withdraw(policy.budget, Instant::now()) {
-            self.metrics
+            self.services
+                .metrics
                 .retry_budget_refusals
                 .get_or_create(&ProviderModelLabels {
                     provider: model.provider.clone(),
@@ -722,10 +636,12 @@ impl Executor {
         tokio::time::sleep(wait).await;
         // The breaker may have opened meanwhile (other requests' failures): never retry
         // into an open one.
-        let (admission, transition) = self.breaker(config, model).try_acquire(Instant::now());
-        self.report_transition(transition);
+        let (admission, transition) =
+            self.services.breaker(config, model).try_acquire(Instant::now());
+        self.services.report_transition(transition);
         let Admission::Admitted(permit) = admission else { return Err(NoRetry::BreakerOpen) };
-        self.metrics
+        self.services
+            .metrics
             .retries
             .get_or_create(&RetryLabels {
                 provider: model.provider.clone(),
@@ -739,13 +655,13 @@ impl Executor {
     /// Reports a model passed over after a context-length refusal: its window is no larger
     /// than the one the prompt did not fit in.
     fn skip_smaller_window(&self, model: &Model, attempts: &mut Vec<AttemptReport>) {
-        self.metrics.model(&model.name).attempt("skipped", "context_window").inc();
+        self.services.metrics.model(&model.name).attempt("skipped", "context_window").inc();
         attempts.push(skipped(model, AttemptReason::ContextWindow));
     }
 
     /// Reports a model passed over because its breaker (every deployment's) is open.
     fn skip_open(&self, model: &Model, attempts: &mut Vec<AttemptReport>) {
-        self.metrics.model(&model.name).attempt("skipped", "circuit_open").inc();
+        self.services.metrics.model(&model.name).attempt("skipped", "circuit_open").inc();
         attempts.push(skipped(model, AttemptReason::CircuitOpen));
     }
 
@@ -754,24 +670,25 @@ impl Executor {
     /// a failover-class failure goes on to the next deployment inside the attempt's time,
     /// anything else ends the attempt as it would on one deployment. Every deployment tried
     /// is a line of the report.
-    #[allow(clippy::too_many_arguments)]
     async fn deployments(
         &self,
-        chain: &Chain,
         index: usize,
-        entry: &Entry,
         deployments: &Deployments,
         timeout: Duration,
-        request: &ChatRequest<'_>,
-        config: &NodeConfig,
-        request_id: &HeaderValue,
         tally: &mut Tally,
         attempts: &mut Vec<AttemptReport>,
     ) -> Step {
+        let Self { chain, config, .. } = *self;
+        let entry = &chain.entries[index];
         let started = Instant::now();
         let end = started + timeout;
         let pool = &deployments.pool;
-        let order = pool.order(deployments.allowed, chain.session.as_deref(), &self.loads, started);
+        let order = pool.order(
+            deployments.allowed,
+            chain.session.as_deref(),
+            &self.services.loads,
+            started,
+        );
         let mut tried = false;
         let mut ready_at: Option<Instant> = None;
         let mut last = None;
@@ -782,9 +699,9 @@ impl Executor {
                 break;
             }
             let target = deployments.target(k);
-            let breaker = self.breaker(config, target.model);
+            let breaker = self.services.breaker(config, target.model);
             let (admission, transition) = breaker.try_acquire(Instant::now());
-            self.report_transition(transition);
+            self.services.report_transition(transition);
             let permit = match admission {
                 Admission::Admitted(permit) => permit,
                 Admission::Rejected { ready_at: at, probed } => {
@@ -795,11 +712,11 @@ impl Executor {
                 }
             };
             tried = true;
-            let slot = match self.slot(config, target) {
+            let slot = match self.slot(target) {
                 Ok(slot) => slot,
                 Err(full) => {
                     drop(permit);
-                    match self.turned_away(chain, target, full, tally, attempts) {
+                    match self.turned_away(target, full, tally, attempts) {
                         Next::GoOn(reason) => {
                             last = Some(reason);
                             continue;
@@ -808,12 +725,7 @@ impl Executor {
                     }
                 }
             };
-            let result = self
-                .attempt(
-                    chain, index, entry, target, left, permit, slot, request, config, request_id,
-                    attempts,
-                )
-                .await;
+            let result = self.attempt(index, target, left, permit, slot, attempts).await;
             match tally.after(chain, target, result, attempts) {
                 // Another deployment of the model has the same window: on to the next model.
                 Next::GoOn(FailoverReason::ContextLength) => {
@@ -836,19 +748,20 @@ impl Executor {
     /// Counts a call to `target` in flight at its deployment and provider, under their caps
     /// (docs/catalog.md, "Upstream concurrency"). `None` when nothing needs counting: a model
     /// with one deployment, no cap on it or its provider.
-    fn slot(&self, config: &NodeConfig, target: Target<'_>) -> Result<Option<Slot>, Full> {
+    fn slot(&self, target: Target<'_>) -> Result<Option<Slot>, Full> {
         let model = target.model;
+        let config = self.config;
         let cap = Cap::of(model.max_concurrency, model.adaptive);
         let provider = config
             .providers
             .get(&model.provider)
             .and_then(|p| Cap::of(p.def.max_concurrency, p.def.adaptive))
-            .map(|cap| (self.loads.provider(&model.provider), cap));
+            .map(|cap| (self.services.loads.provider(&model.provider), cap));
         let deployment = match target.member {
-            Some(member) => Some((Arc::clone(member.load(&self.loads)), cap)),
+            Some(member) => Some((Arc::clone(member.load(&self.services.loads)), cap)),
             None => cap.map(|cap| {
                 let id = format!("{}/{}", model.provider, model.upstream_model);
-                (self.loads.deployment(&model.provider, &id), Some(cap))
+                (self.services.loads.deployment(&model.provider, &id), Some(cap))
             }),
         };
         if deployment.is_none() && provider.is_none() {
@@ -860,7 +773,6 @@ impl Executor {
     /// A call a cap turned away: reported as a local rate limit, failed over at once.
     fn turned_away(
         &self,
-        chain: &Chain,
         target: Target<'_>,
         full: Full,
         tally: &mut Tally,
@@ -869,10 +781,12 @@ impl Executor {
         let model = target.model;
         debug!(model = %model.name, deployment = ?target.deployment(), ?full, "over the cap on requests in flight");
         let reason = FailoverReason::RateLimit;
-        let metrics = self.metrics.model(&model.name);
+        let metrics = self.services.metrics.model(&model.name);
         metrics.attempt(AttemptStatus::Failed.as_str(), reason.as_str()).inc();
         if let Some(member) = target.member {
-            member.attempts(&self.metrics, AttemptStatus::Failed.as_str(), reason.as_str()).inc();
+            member
+                .attempts(&self.services.metrics, AttemptStatus::Failed.as_str(), reason.as_str())
+                .inc();
         }
         attempts.push(AttemptReport {
             status: AttemptStatus::Failed,
@@ -881,21 +795,24 @@ impl Executor {
             ..skipped(model, AttemptReason::Failover(reason))
         });
         tally.last_failure = Some((reason, Code::RateLimited));
-        if chain.fails_over_on(reason) { Next::GoOn(reason) } else { Next::Stop }
+        if self.chain.fails_over_on(reason) { Next::GoOn(reason) } else { Next::Stop }
     }
 
-    /// Reports an attempt: metrics, and its line in the failover report.
-    #[allow(clippy::too_many_arguments)]
+    /// Reports an attempt: metrics, and its line in the failover report. `failed` says why
+    /// it failed; `None`: it served.
     fn finish_attempt(
         &self,
         target: Target<'_>,
         started: Instant,
-        status: AttemptStatus,
-        reason: Option<AttemptReason>,
+        failed: Option<AttemptReason>,
         retries: u32,
         injector: &Injector<'_>,
         attempts: &mut Vec<AttemptReport>,
     ) {
+        let (status, reason) = match failed {
+            None => (AttemptStatus::Served, None),
+            Some(reason) => (AttemptStatus::Failed, Some(reason)),
+        };
         let model = target.model;
         for fault in injector.injected() {
             let labels = InjectedLabels {
@@ -903,14 +820,14 @@ impl Executor {
                 model: model.name.clone(),
                 kind: fault.kind.flag(),
             };
-            self.metrics.injected_faults.get_or_create(&labels).inc();
+            self.services.metrics.injected_faults.get_or_create(&labels).inc();
         }
         let reason_str = reason.map_or("", AttemptReason::as_str);
-        let metrics = self.metrics.model(&model.name);
+        let metrics = self.services.metrics.model(&model.name);
         metrics.attempt(status.as_str(), reason_str).inc();
         metrics.duration.observe(started.elapsed().as_secs_f64());
         if let Some(member) = target.member {
-            member.attempts(&self.metrics, status.as_str(), reason_str).inc();
+            member.attempts(&self.services.metrics, status.as_str(), reason_str).inc();
         }
         attempts.push(AttemptReport {
             model: model.name.clone(),
@@ -924,91 +841,6 @@ impl Executor {
             local_limit: false,
         });
     }
-
-    /// Logs a breaker transition, updates its metrics and queues it for the control plane.
-    pub fn report_transition(&self, transition: Option<Transition>) {
-        let Some(t) = transition else { return };
-        let state = match t.to {
-            State::Closed => 0,
-            State::HalfOpen => 1,
-            State::Open => 2,
-        };
-        self.metrics
-            .breaker_state
-            .get_or_create(&BreakerLabels {
-                provider: t.provider.clone(),
-                upstream_model: t.upstream_model.clone(),
-            })
-            .set(state);
-        self.metrics
-            .breaker_transitions
-            .get_or_create(&TransitionLabels {
-                provider: t.provider.clone(),
-                upstream_model: t.upstream_model.clone(),
-                to: t.to.as_str(),
-            })
-            .inc();
-        tracing::info!(
-            provider = %t.provider, model = %t.upstream_model,
-            from = t.from.as_str(), to = t.to.as_str(), cause = t.cause.as_str(),
-            "circuit breaker changed state"
-        );
-        let (last_probe_unix_ms, last_probe_outcome, last_probe_latency_ms) =
-            last_probe_fields(t.last_probe);
-        self.telemetry.push_transition(pb::BreakerTransition {
-            provider: t.provider,
-            upstream_model: t.upstream_model,
-            from: t.from.as_str().to_owned(),
-            to: t.to.as_str().to_owned(),
-            cause: t.cause.as_str().to_owned(),
-            at_unix_ms: switchyard_time::unix_ms(t.at),
-            failure_rate: t.failure_rate,
-            calls_in_window: t.calls_in_window,
-            next_probe_unix_ms: t.next_probe.map_or(0, switchyard_time::unix_ms),
-            cooldown_ms: t.cooldown.as_millis() as u64,
-            last_probe_unix_ms,
-            last_probe_outcome,
-            last_probe_latency_ms,
-            // Numbered by the telemetry queue.
-            seq: 0,
-        });
-    }
-
-    /// Queues a breaker for the control plane as it is after a probe that changed nothing
-    /// of its state (`probed` in the node proto): its last probe shows in `switchyard
-    /// breakers`.
-    pub fn report_probed(&self, s: Snapshot) {
-        let (last_probe_unix_ms, last_probe_outcome, last_probe_latency_ms) =
-            last_probe_fields(s.last_probe);
-        self.telemetry.push_probed(pb::BreakerTransition {
-            provider: s.provider,
-            upstream_model: s.upstream_model,
-            from: s.state.as_str().to_owned(),
-            to: s.state.as_str().to_owned(),
-            cause: s.cause.map_or("", |c| c.as_str()).to_owned(),
-            at_unix_ms: switchyard_time::unix_ms(s.since),
-            failure_rate: s.failure_rate,
-            calls_in_window: s.calls_in_window,
-            next_probe_unix_ms: s.next_probe.map_or(0, switchyard_time::unix_ms),
-            cooldown_ms: s.cooldown.as_millis() as u64,
-            last_probe_unix_ms,
-            last_probe_outcome,
-            last_probe_latency_ms,
-            // Numbered by the telemetry queue.
-            seq: 0,
-        });
-    }
-}
-
-/// A breaker's last probe as the node proto carries it: 0 and empty when never probed.
-fn last_probe_fields(probe: Option<LastProbe>) -> (i64, String, u64) {
-    probe.map_or((0, String::new(), 0), |p| {
-        (
-            switchyard_time::unix_ms(p.at),
-            p.outcome.as_str().to_owned(),
-            p.latency.as_millis() as u64,
-        )
-    })
 }
 
 /// Whether a model after entry `index` has a larger `context_window` than its model: a
@@ -1158,9 +990,11 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::breaker::Breakers;
     use crate::config::Change;
     use crate::metrics::InvalidOutputLabels;
     use crate::structured;
+    use crate::telemetry::Telemetry;
 
     /// An OpenAI-style upstream on loopback answering each upstream model with its own
     /// content, and counting the calls each got.
@@ -1214,10 +1048,9 @@ mod tests {
     }
 
     fn executor() -> Executor {
-        Executor::new(
-            Arc::new(Telemetry::new("n".into(), Counter::default())),
-            Arc::new(crate::metrics::Metrics::new()),
-        )
+        let telemetry = Arc::new(Telemetry::new("n".into(), Counter::default()));
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        Executor::new(Arc::new(Services::new(telemetry, metrics, Breakers::new())))
     }
 
     fn key() -> crate::keys::Key {
@@ -1275,17 +1108,20 @@ mod tests {
         );
         assert_eq!(*calls.lock().unwrap(), ["a", "b", "c"], "no retry of an invalid output");
         for model in ["a", "b", "c"] {
-            let breaker = executor.breaker(&config, &config.models[model]);
+            let breaker = executor.services.breaker(&config, &config.models[model]);
             let snapshot = breaker.snapshot();
             assert_eq!(snapshot.state, State::Closed, "{model}");
             assert_eq!(snapshot.failure_rate, 0.0, "{model}: the provider answered");
         }
         let counted = |model: &str, kind| {
             let labels = InvalidOutputLabels { model: model.into(), kind };
-            executor.metrics.invalid_outputs.get_or_create(&labels).get()
+            executor.services.metrics.invalid_outputs.get_or_create(&labels).get()
         };
         assert_eq!((counted("a", "not_json"), counted("b", "schema")), (1, 1));
-        assert_eq!(executor.metrics.model("a").attempt("failed", "invalid_output").get(), 1);
+        assert_eq!(
+            executor.services.metrics.model("a").attempt("failed", "invalid_output").get(),
+            1
+        );
     }
 
     #[tokio::test]
@@ -1458,7 +1294,7 @@ mod tests {
         let chain = crate::chain::resolve(&request, &key(), &config).unwrap();
         // The dead deployment's one place is taken.
         let pool = &chain.entries[0].deployments.as_ref().unwrap().pool;
-        let load = Arc::clone(pool.load(0, &executor.loads));
+        let load = Arc::clone(pool.load(0, &executor.services.loads));
         let held = Slot::take(Some((load, Cap::of(Some(1), false))), None).unwrap();
         let Ok(served) =
             executor.run(&chain, &request, &config, &crate::request_id::generate()).await
@@ -1474,7 +1310,7 @@ mod tests {
         );
         assert_eq!(*calls.lock().unwrap(), ["a"], "no call to the full one");
         drop(held);
-        assert_eq!(pool.load(0, &executor.loads).in_flight(), 0);
-        assert_eq!(pool.load(1, &executor.loads).in_flight(), 0, "the served call left");
+        assert_eq!(pool.load(0, &executor.services.loads).in_flight(), 0);
+        assert_eq!(pool.load(1, &executor.services.loads).in_flight(), 0, "the served call left");
     }
 }

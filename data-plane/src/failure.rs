@@ -50,7 +50,13 @@ impl Failure {
 pub enum Code {
     Timeout,
     Stalled,
+    /// The upstream connection broke while a stream was being read.
     Disconnected,
+    /// The call got no whole answer: the connection was refused or failed (DNS, TLS), or
+    /// broke before the answer was read. Only ever the code of a failure before a stream
+    /// commits, where no code reaches the client (a committed stream's codes are
+    /// [`after_commit`]'s): it decides whether the call is retried.
+    ConnectionFailed,
     Malformed,
     /// An error event from the upstream.
     UpstreamError,
@@ -75,6 +81,7 @@ impl Code {
             Self::Timeout => "timeout",
             Self::Stalled => "stream_stalled",
             Self::Disconnected => "upstream_disconnected",
+            Self::ConnectionFailed => "upstream_connection_failed",
             Self::Malformed => "upstream_malformed",
             Self::UpstreamError => "upstream_error",
             Self::RateLimited => "upstream_rate_limited",
@@ -95,6 +102,7 @@ impl Code {
         match self {
             Self::Timeout
             | Self::Disconnected
+            | Self::ConnectionFailed
             | Self::Malformed
             | Self::UpstreamError
             | Self::RateLimited
@@ -175,7 +183,7 @@ pub fn classify(failure: Failure) -> Verdict {
                 failover(R::ServerError, None, Code::GatewayError)
             }
             CallError::Transport(_) => {
-                failover(R::ConnectionError, Some(Outcome::Failure), Code::Disconnected)
+                failover(R::ConnectionError, Some(Outcome::Failure), Code::ConnectionFailed)
             }
             CallError::Timeout(_) => failover(R::Timeout, Some(Outcome::Timeout), Code::Timeout),
             CallError::Malformed(_) => {
@@ -347,7 +355,7 @@ mod tests {
             (
                 "transport",
                 Failure::Call(CallError::Transport("connection refused".into())),
-                Some((R::ConnectionError, Some(O::Failure), C::Disconnected)),
+                Some((R::ConnectionError, Some(O::Failure), C::ConnectionFailed)),
             ),
             (
                 "timeout",

@@ -46,6 +46,17 @@ enum Surface {
     Responses(responses::Translated),
 }
 
+/// One request on its way through the node, from its head on: what each step of it reads.
+struct Inbound<'a> {
+    app: &'a Arc<App>,
+    headers: &'a HeaderMap,
+    /// The endpoint it came to, which shapes its answer and errors.
+    flavor: Flavor,
+    /// Its `x-request-id`, as sent or made here.
+    id: &'a HeaderValue,
+    started: Instant,
+}
+
 /// Request bodies above this are refused with 413 (configurable with `--max-body-bytes`).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// How long a client may take to send a request's head, or keep an idle connection open
@@ -84,7 +95,7 @@ async fn unknown_url(
     uri: http::Uri,
     status: StatusCode,
 ) -> Response {
-    app.executor
+    app.services
         .metrics
         .requests
         .get_or_create(&RequestLabels { endpoint: "unknown", status: status.as_u16() })
@@ -94,11 +105,11 @@ async fn unknown_url(
 }
 
 async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    app.executor.metrics.config_version.set(app.state.version());
-    let held = app.executor.telemetry.events_held();
-    app.executor.metrics.events_held.set(i64::try_from(held).unwrap_or(i64::MAX));
+    app.services.metrics.config_version.set(app.state.version());
+    let held = app.services.telemetry.events_held();
+    app.services.metrics.events_held.set(i64::try_from(held).unwrap_or(i64::MAX));
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    let (content_type, body) = app.executor.metrics.render(accept);
+    let (content_type, body) = app.services.metrics.render(accept);
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
@@ -116,7 +127,7 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
             // Still ready when events are being lost: serving matters more than auditing,
             // and the loss is counted and reported (docs/operating.md, "No event lost
             // silently").
-            let losses = &app.executor.telemetry.losses;
+            let losses = &app.services.telemetry.losses;
             let (spool, lost) = (losses.spool(), losses.total());
             if spool != SpoolState::None || lost > 0 {
                 body["event_spool"] = json!({"state": spool.as_str(), "lost": lost});
@@ -124,7 +135,7 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
             if config.limited_keys > 0 {
                 // How fresh this node's view of the fleet's use of limited keys is
                 // (docs/limits.md); null until the first view arrives.
-                let age = app.executor.telemetry.limits.view_age(Instant::now());
+                let age = app.services.limits.view_age(Instant::now());
                 body["limits_view_age_ms"] = json!(age.map(|a| a.as_millis() as u64));
             }
             Json(body).into_response()
@@ -207,13 +218,14 @@ async fn chat(
     let server = otel::server_span(endpoint, &headers, id.to_str().unwrap_or_default());
     let served = async move {
         let started = Instant::now();
-        let (mut response, error) = match handle(&app, &headers, body, flavor, &id, started).await {
+        let inbound = Inbound { app: &app, headers: &headers, flavor, id: &id, started };
+        let (mut response, error) = match handle(&inbound, body).await {
             Ok(response) => (response, None),
             Err(e) => (e.render(flavor), Some(e.label())),
         };
         otel::finished(otel::current().as_ref(), response.status().as_u16(), error);
         response.headers_mut().insert(request_id::HEADER, id);
-        let metrics = &app.executor.metrics;
+        let metrics = &app.services.metrics;
         metrics
             .requests
             .get_or_create(&RequestLabels { endpoint, status: response.status().as_u16() })
@@ -234,14 +246,8 @@ async fn chat(
     }
 }
 
-async fn handle(
-    app: &Arc<App>,
-    headers: &HeaderMap,
-    body: Body,
-    flavor: Flavor,
-    id: &HeaderValue,
-    started: Instant,
-) -> Result<Response, ApiError> {
+async fn handle(inbound: &Inbound<'_>, body: Body) -> Result<Response, ApiError> {
+    let Inbound { app, headers, flavor, .. } = *inbound;
     let config = app.state.current().ok_or(ApiError::NotReady)?;
     // The key is checked before the body is read or validated.
     let key = authenticate(&config, headers)?;
@@ -250,17 +256,16 @@ async fn handle(
     // The key's own limits are decided here, from counts the node holds: no network call,
     // and before anything else is done for the request (docs/limits.md).
     let Some(limits) = key.settings.limits.as_ref().filter(|l| !l.is_empty()) else {
-        return serve(app, &config, &key, headers, body, flavor, id, started).await;
+        return serve_admitted(inbound, &config, &key, body).await;
     };
-    let telemetry = &app.executor.telemetry;
-    let decision = telemetry.limits.admit(&key.id, limits, now_ms(), Instant::now());
+    let decision = app.services.limits.admit(&key.id, limits, now_ms(), Instant::now());
     let (mut response, rate) = match decision {
         Decision::Admitted(rate) => {
-            let response = serve(app, &config, &key, headers, body, flavor, id, started).await;
+            let response = serve_admitted(inbound, &config, &key, body).await;
             (response.unwrap_or_else(|e| e.render(flavor)), rate)
         }
         Decision::Blocked { limit, retry_after, headers: rate } => {
-            app.executor.metrics.limit_blocked(&key.id, limit.as_str()).inc();
+            app.services.metrics.limit_blocked(&key.id, limit.as_str()).inc();
             (ApiError::Limited { limit, limits: *limits, retry_after }.render(flavor), rate)
         }
     };
@@ -277,23 +282,20 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
         if too_large {
             ApiError::PayloadTooLarge { limit }
         } else {
+            tracing::debug!(error = %e, "the request body broke off before its end");
             ApiError::BodyIncomplete(e.to_string())
         }
     })
 }
 
 /// The request once its key is known and admitted: body, chain, executor, answer.
-#[allow(clippy::too_many_arguments)]
-async fn serve(
-    app: &Arc<App>,
+async fn serve_admitted(
+    inbound: &Inbound<'_>,
     config: &Arc<NodeConfig>,
     key: &Arc<Key>,
-    headers: &HeaderMap,
     body: Body,
-    flavor: Flavor,
-    id: &HeaderValue,
-    started: Instant,
 ) -> Result<Response, ApiError> {
+    let Inbound { app, headers, flavor, id, started } = *inbound;
     let (config, key) = (Arc::clone(config), Arc::clone(key));
     let bytes = read_body(body, app.max_body_bytes).await?;
     // A `/v1/messages` or `/v1/responses` body is translated into the unified form, its
@@ -323,19 +325,16 @@ async fn serve(
     let span = cx.as_ref();
     otel::requested(span, chain.requested_model());
     let outcome = app.executor.run(&chain, &request, &config, id).await;
-    // Valid ids are visible ASCII, so this is the id as sent.
-    let id_text = id.to_str().unwrap_or_default();
     if let Err(failed) = &outcome
         && let Some(degraded) = &chain.degraded
         && failed.error.is_all_models_failed()
     {
         let reason =
             if failed.all_open { Reason::AllBreakersOpen } else { Reason::AllModelsFailed };
-        app.executor.metrics.degraded(chain.requested_model(), reason.as_str()).inc();
+        app.services.metrics.degraded(chain.requested_model(), reason.as_str()).inc();
         let mut event = failover_event(
-            app,
+            inbound,
             request.stream,
-            flavor,
             &key,
             &chain,
             &failed.attempts,
@@ -343,9 +342,8 @@ async fn serve(
             200,
         );
         event.degraded = reason.as_str().to_owned();
-        event.request_id = id_text.to_owned();
         otel::failover_log(&event);
-        app.executor.telemetry.push_event(event);
+        app.services.telemetry.push_event(event);
         // Never billed: no model served, so no usage is recorded.
         return Ok(degraded::respond(Answer {
             message: &degraded.message,
@@ -370,25 +368,16 @@ async fn serve(
             Ok(s) => (s.model.name.clone(), 200),
             Err(f) => (String::new(), u32::from(f.error.status().as_u16())),
         };
-        app.executor
+        app.services
             .metrics
             .model(chain.requested_model())
             .failover(&served_model, flavor.surface());
-        let mut event = failover_event(
-            app,
-            request.stream,
-            flavor,
-            &key,
-            &chain,
-            attempts,
-            served_model,
-            status,
-        );
-        event.request_id = id_text.to_owned();
+        let event =
+            failover_event(inbound, request.stream, &key, &chain, attempts, served_model, status);
         otel::failover_log(&event);
-        app.executor.telemetry.push_event(event);
+        app.services.telemetry.push_event(event);
     }
-    let metrics = &app.executor.metrics;
+    let metrics = &app.services.metrics;
     let served = match outcome {
         Ok(served) => served,
         Err(failed) => {
@@ -478,7 +467,7 @@ async fn count_tokens(State(app): State<Arc<App>>, request: axum::extract::Reque
         count(&app, &parts.headers, body).await.unwrap_or_else(|e| e.render(Flavor::Anthropic));
     response.headers_mut().insert(request_id::HEADER, id);
     let endpoint = "/v1/messages/count_tokens";
-    app.executor
+    app.services
         .metrics
         .requests
         .get_or_create(&RequestLabels { endpoint, status: response.status().as_u16() })
@@ -529,21 +518,22 @@ fn report(chain: &Chain, attempts: &[AttemptReport]) -> FailoverReport {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The failover event of a request whose chain failed over (or, on a degraded answer,
+/// failed).
 fn failover_event(
-    app: &App,
+    inbound: &Inbound<'_>,
     stream: bool,
-    flavor: Flavor,
     key: &Key,
     chain: &Chain,
     attempts: &[AttemptReport],
     served_model: String,
     status: u32,
 ) -> pb::FailoverEvent {
+    let Inbound { app, flavor, id, .. } = *inbound;
     pb::FailoverEvent {
         id: format!("evt_{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
         at_unix_ms: switchyard_time::now_ms(),
-        node_id: app.executor.telemetry.node_id.clone(),
+        node_id: app.services.telemetry.node_id.clone(),
         key_id: key.id.to_string(),
         requested_model: chain.requested_model().to_owned(),
         served_model,
@@ -551,7 +541,8 @@ fn failover_event(
         stream,
         status,
         degraded: String::new(),
-        request_id: String::new(),
+        // Valid ids are visible ASCII, so this is the id as sent.
+        request_id: id.to_str().unwrap_or_default().to_owned(),
         // Only the admin listing sets it.
         lost: None,
         continued: vec![],
@@ -638,16 +629,13 @@ mod tests {
 
     #[test]
     fn the_failover_event_names_the_fault_that_touched_an_attempt() {
-        use crate::executor::Executor;
         use crate::report::AttemptStatus;
-        let app = App {
-            state: crate::state::NodeState::new(None),
-            executor: Executor::new(
-                Arc::new(crate::telemetry::Telemetry::new("n1".into(), Default::default())),
-                Arc::new(crate::metrics::Metrics::new()),
-            ),
-            max_body_bytes: 1,
-        };
+        let services = crate::services::Services::new(
+            Arc::new(crate::telemetry::Telemetry::new("n1".into(), Default::default())),
+            Arc::new(crate::metrics::Metrics::new()),
+            crate::breaker::Breakers::new(),
+        );
+        let app = Arc::new(App::new(crate::state::NodeState::new(None), services, 1));
         let key = Key {
             id: "k1".into(),
             digest: [0; 32],
@@ -678,8 +666,16 @@ mod tests {
             attempt("a", AttemptStatus::Failed, Some("drill")),
             attempt("b", AttemptStatus::Served, None),
         ];
-        let event =
-            failover_event(&app, false, Flavor::OpenAi, &key, &chain, &attempts, "b".into(), 200);
+        let (headers, id) = (HeaderMap::new(), HeaderValue::from_static("req-1"));
+        let inbound = Inbound {
+            app: &app,
+            headers: &headers,
+            flavor: Flavor::OpenAi,
+            id: &id,
+            started: Instant::now(),
+        };
+        let event = failover_event(&inbound, false, &key, &chain, &attempts, "b".into(), 200);
+        assert_eq!(event.request_id, "req-1");
         assert_eq!(event.attempts[0].injected, "drill");
         assert_eq!(event.attempts[1].injected, "");
         let report = serde_json::to_value(&attempts).unwrap();

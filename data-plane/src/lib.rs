@@ -8,11 +8,13 @@
 //! applies it); `structured` checks answers against a request's `response_format` (below
 //! `failure` and `chain`); `spool` keeps on disk the failover events `telemetry` cannot hold,
 //! and `custody` moves there those a kill of the process would lose; `probe`
-//! is the node's prober, beside the request path, using the executor's breakers and the
+//! is the node's prober, beside the request path, using the node's breakers and the
 //! providers.
 //! `deployment` orders a model's deployments for an attempt and counts their requests in
 //! flight (below `chain` and `executor`).
 //! `otel` makes the OpenTelemetry spans and log records (below `executor` and `http`).
+//! `services` is what the node owns once (telemetry, limits, metrics, breakers, loads), below
+//! `executor`, `stream`, `probe` and `http`, which all use it.
 //! `python3 .ci/module-cycles.py --layers data-plane` prints the layers.
 #![forbid(unsafe_code)]
 
@@ -48,6 +50,7 @@ pub mod request_id;
 pub mod responses;
 pub mod retry;
 pub mod serve;
+pub mod services;
 pub mod shards;
 pub mod spool;
 pub mod state;

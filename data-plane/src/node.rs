@@ -21,11 +21,11 @@ use switchyard_tls::accept::Acceptor;
 use switchyard_tls::connect::ClientTls;
 
 use crate::breaker::Breakers;
-use crate::executor::Executor;
 use crate::http::App;
 use crate::loss::{self, SpoolState};
 use crate::metrics::Metrics;
 use crate::serve::ServeOptions;
+use crate::services::Services;
 use crate::spool::Spool;
 use crate::state::NodeState;
 use crate::sync::{self, SyncGauges, SyncOptions};
@@ -115,9 +115,10 @@ impl Node {
             shutdown.await;
             state.start_draining();
         };
-        let drained = serve::serve(self.listener, self.tls, self.router, self.serve, shutdown)
-            .await
-            .map_err(NodeError::Serve)?;
+        let drained =
+            serve::serve_listener(self.listener, self.tls, self.router, self.serve, shutdown)
+                .await
+                .map_err(NodeError::Serve)?;
         self.prober.abort();
         let budget = self.serve.drain_timeout.saturating_sub(drained.started.elapsed());
         let _ = self.handoff.send(true);
@@ -319,11 +320,8 @@ pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         let (stop, stopped) = watch::channel(false);
         (stop, tokio::spawn(custody::run(Arc::clone(&telemetry), dir, stopped)))
     });
-    let app = Arc::new(App {
-        state: Arc::clone(&state),
-        executor: Executor { breakers, ..Executor::new(Arc::clone(&telemetry), metrics) },
-        max_body_bytes: options.max_body_bytes,
-    });
+    let services = Services::new(Arc::clone(&telemetry), metrics, breakers);
+    let app = Arc::new(App::new(Arc::clone(&state), services, options.max_body_bytes));
     let prober = tokio::spawn(probe::run(Arc::clone(&app), fleet_view));
     info!(addr = %local_addr, node = %node_id, tls = options.listen_tls.is_some(), "node listening");
     Ok(Node {

@@ -44,6 +44,13 @@ const PROBE_BODY: &[u8] = br#"{"messages":[{"role":"user","content":"ping"}],"ma
 /// An embedding model's probe: one short input.
 const EMBEDDINGS_PROBE_BODY: &[u8] = br#"{"input":"ping"}"#;
 
+/// Now on tokio's clock: the time itself in production, a test's paused clock under
+/// `start_paused`, so that the prober's waits (ticks, intervals, cool-downs) are tested
+/// without waiting.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 /// One breaker the prober watches, with the probe of the model that names it.
 #[derive(Clone)]
 pub struct Target {
@@ -80,8 +87,8 @@ pub async fn run(app: Arc<App>, mut fleet: watch::Receiver<Option<FleetView>>) {
             changed = fleet_changed => {
                 fleet_open = changed;
                 let view = fleet.borrow_and_update().clone();
-                for t in app.executor.breakers.apply_fleet(view.as_ref(), Instant::now()) {
-                    app.executor.report_transition(Some(t));
+                for t in app.services.breakers.apply_fleet(view.as_ref(), now()) {
+                    app.services.report_transition(Some(t));
                 }
             }
         }
@@ -91,18 +98,18 @@ pub async fn run(app: Arc<App>, mut fleet: watch::Receiver<Option<FleetView>>) {
         }
         let Some(config) = app.state.current() else { continue };
         if version != Some(config.version) {
-            targets = plan(&app, &config, Instant::now());
+            targets = plan(&app, &config, now());
             version = Some(config.version);
         }
-        let now = Instant::now();
+        let now = now();
         for target in &targets {
             // Named the fleet's prober: its own breaker opens, and is probed from here on.
-            app.executor.report_transition(target.breaker.mirror_fleet(now));
+            app.services.report_transition(target.breaker.mirror_fleet(now));
             let Some((permit, due, transition)) = target.breaker.acquire_probe(now, target.idle)
             else {
                 continue;
             };
-            app.executor.report_transition(transition);
+            app.services.report_transition(transition);
             let (app, config, target) = (Arc::clone(&app), Arc::clone(&config), target.clone());
             in_flight.spawn(async move { probe(&app, &config, &target, permit, due).await });
         }
@@ -134,7 +141,7 @@ pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
             if !seen.insert((model.provider.clone(), model.upstream_model.clone())) {
                 continue;
             }
-            let breaker = app.executor.breaker(config, model);
+            let breaker = app.services.breaker(config, model);
             let open = open.map(|(interval, _)| Duration::from_millis(interval));
             breaker.set_probed(true, open, now);
             targets.push(Target {
@@ -145,7 +152,7 @@ pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
             });
         }
     }
-    for breaker in app.executor.breakers.all() {
+    for breaker in app.services.breakers.all() {
         let key = (breaker.provider().to_owned(), breaker.upstream_model().to_owned());
         if !seen.contains(&key) {
             breaker.set_probed(false, None, now);
@@ -158,7 +165,7 @@ pub fn plan(app: &App, config: &NodeConfig, now: Instant) -> Vec<Target> {
 /// state with its last probe for the control plane.
 pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Permit, due: Due) {
     let model = &target.model;
-    let started = Instant::now();
+    let started = now();
     let faults = chaos::matching_probe(&config.faults, &model.name, &model.provider);
     let mut injector = Injector::new(&faults);
     let outcome = match call(config, model, target.timeout, &mut injector).await {
@@ -171,9 +178,9 @@ pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Perm
             }
         }
     };
-    let ended = Instant::now();
+    let ended = now();
     let transition = permit.record_probe(outcome, started, ended);
-    let metrics = &app.executor.metrics;
+    let metrics = &app.services.metrics;
     let outcome = ProbeOutcome::of(outcome);
     let (provider, upstream_model) = (&model.provider, &model.upstream_model);
     metrics
@@ -205,8 +212,8 @@ pub async fn probe(app: &App, config: &NodeConfig, target: &Target, permit: Perm
     );
     // A transition carries the last probe with it; otherwise the probe is reported alone.
     match transition {
-        Some(t) => app.executor.report_transition(Some(t)),
-        None => app.executor.report_probed(target.breaker.snapshot()),
+        Some(t) => app.services.report_transition(Some(t)),
+        None => app.services.report_probed(target.breaker.snapshot()),
     }
 }
 
@@ -261,12 +268,13 @@ mod tests {
     use switchyard_proto::node::v1::node_message::Msg;
 
     use super::*;
+    use crate::breaker::Breakers;
     use crate::breaker::State;
     use crate::chain::{Chain, Entry};
     use crate::config::Change;
-    use crate::executor::Executor;
     use crate::metrics::Metrics;
     use crate::report::{AttemptReason, AttemptStatus};
+    use crate::services::Services;
     use crate::state::NodeState;
     use crate::telemetry::Telemetry;
 
@@ -353,19 +361,14 @@ mod tests {
             resources: vec![("catalog".into(), serde_json::to_vec(&catalog).unwrap())],
         };
         let config = NodeConfig::default().apply(change).unwrap();
-        App {
-            state: NodeState::new(Some(config)),
-            executor: Executor::new(
-                Arc::new(Telemetry::new("n".into(), Counter::default())),
-                Arc::new(Metrics::new()),
-            ),
-            max_body_bytes: 1 << 20,
-        }
+        let telemetry = Arc::new(Telemetry::new("n".into(), Counter::default()));
+        let services = Services::new(telemetry, Arc::new(Metrics::new()), Breakers::new());
+        App::new(NodeState::new(Some(config)), services, 1 << 20)
     }
 
     fn probes(app: &App, outcome: &'static str) -> u64 {
         let labels = ProbeLabels { provider: "p".into(), upstream_model: "up".into(), outcome };
-        app.executor.metrics.probes.get_or_create(&labels).get()
+        app.services.metrics.probes.get_or_create(&labels).get()
     }
 
     /// A user request for `m` alone, as the executor runs it: its attempts.
@@ -406,7 +409,7 @@ mod tests {
         }
         let config = app.state.current().unwrap();
         assert_eq!(
-            app.executor.breaker(&config, &config.models["m"]).snapshot().state,
+            app.services.breaker(&config, &config.models["m"]).snapshot().state,
             State::Open
         );
     }
@@ -454,9 +457,9 @@ mod tests {
         assert_eq!(bodies[0]["model"], "up");
         assert_eq!(bodies[0]["messages"], json!([{"role": "user", "content": "ping"}]));
         assert_eq!(probes(&app, "success"), 1);
-        assert!(app.executor.telemetry.usage_report(0).is_none(), "no usage for a probe");
+        assert!(app.services.telemetry.usage_report(0).is_none(), "no usage for a probe");
         // The control plane hears of it: the breaker, closed, with its last probe.
-        let reports = app.executor.telemetry.take_breaker_reports();
+        let reports = app.services.telemetry.take_breaker_reports();
         match reports.as_slice() {
             [Msg::Probed(r)] => {
                 assert_eq!((r.from.as_str(), r.to.as_str()), ("closed", "closed"));
@@ -512,7 +515,7 @@ mod tests {
         assert_eq!(probes(&app, "success"), 1);
         assert_eq!(user_request(&app).await, [(AttemptStatus::Served, None, false)]);
         // Every breaker report went out, the transitions carrying the probe that made them.
-        let reports = app.executor.telemetry.take_breaker_reports();
+        let reports = app.services.telemetry.take_breaker_reports();
         let last = reports.iter().rev().find_map(|m| match m {
             Msg::Breaker(t) if t.to == "closed" => Some(t),
             _ => None,
@@ -532,7 +535,7 @@ mod tests {
         // it is the probe, and its success closes the breaker.
         assert_eq!(user_request(&app).await, [(AttemptStatus::Served, None, true)]);
         assert_eq!(up.requests(), 3);
-        let breaker = app.executor.breaker(&config, &config.models["m"]);
+        let breaker = app.services.breaker(&config, &config.models["m"]);
         assert_eq!(breaker.snapshot().state, State::Closed);
     }
 
@@ -551,7 +554,7 @@ mod tests {
         assert_eq!(up.requests(), 2, "the prober, not a request, tests it");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_prober_probes_on_its_own_and_stops_when_the_node_drains() {
         let up = upstream().await;
         let app = Arc::new(app(&up.url, true));
@@ -570,7 +573,7 @@ mod tests {
         assert_eq!(up.requests(), 1, "one probe in the interval, none after the drain");
     }
 
-    /// Polls `done` every 20 ms for up to 5 s.
+    /// Polls `done` every 20 ms for up to 5 s (of the test's clock).
     async fn until(what: &str, mut done: impl FnMut() -> bool) {
         tokio::time::timeout(Duration::from_secs(5), async {
             while !done() {
@@ -581,7 +584,7 @@ mod tests {
         .unwrap_or_else(|_| panic!("{what}"));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_prober_probes_only_what_the_fleet_names_it_for_and_closes_on_the_fleets_word() {
         use crate::breaker::{FleetOpen, FleetView};
         let up = upstream().await;
@@ -590,7 +593,7 @@ mod tests {
         let (fleet, view) = watch::channel(None);
         let prober = tokio::spawn(run(Arc::clone(&app), view));
         let config = app.state.current().unwrap();
-        let breaker = app.executor.breaker(&config, &config.models["m"]);
+        let breaker = app.services.breaker(&config, &config.models["m"]);
         let key = ("p".to_owned(), "up".to_owned());
         let word = |probing: bool| FleetOpen {
             since: std::time::SystemTime::now(),
@@ -605,7 +608,9 @@ mod tests {
         };
 
         // Open here too, but another node is the fleet's prober: no probe from this node over
-        // two of its open intervals (a wait: what is shown is that nothing happens).
+        // two of its open intervals (a wait, on the paused clock: what is shown is that
+        // nothing happens). The user requests opened the breaker on the real clock, which
+        // the paused one passes by those two intervals.
         open(&app, &up).await;
         fleet.send_replace(Some(open_for_fleet(false)));
         tokio::time::sleep(Duration::from_millis(2_200)).await;

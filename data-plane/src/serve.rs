@@ -97,7 +97,7 @@ pub struct Drained {
 /// Serves `router` on `listener` (over TLS with `tls`) until `shutdown` completes, then
 /// drains: stops taking new requests, lets every request in flight finish (up to
 /// `drain_timeout`) and returns.
-pub async fn serve(
+pub async fn serve_listener(
     listener: TcpListener,
     tls: Option<Acceptor>,
     router: Router,
@@ -230,9 +230,9 @@ impl Conn {
         }
     }
 
-    /// Serves the connection: HTTP/2 if the TLS client chose it, else HTTP/1.1.
-    /// `keep_alive: false` closes an HTTP/1.1 connection after one request.
-    async fn serve<S>(
+    /// Serves the connection's requests: over HTTP/2 if the TLS client chose it, else over
+    /// HTTP/1.1. `keep_alive: false` closes an HTTP/1.1 connection after one request.
+    async fn serve_requests<S>(
         self,
         options: ServeOptions,
         service: S,
@@ -319,7 +319,7 @@ fn serve_connection(
     tokio::spawn(async move {
         let conn = async move {
             let conn = Conn::open(tcp, peer, tls).await?;
-            Some(conn.serve(options, service, Some(watcher), true).await)
+            Some(conn.serve_requests(options, service, Some(watcher), true).await)
         };
         tokio::select! {
             result = conn => {
@@ -370,7 +370,7 @@ fn serve_while_draining(
     let tls = tls.cloned();
     tokio::spawn(async move {
         let Some(conn) = Conn::open(tcp, peer, tls).await else { return };
-        if let Err(e) = conn.serve(options, service, None, false).await {
+        if let Err(e) = conn.serve_requests(options, service, None, false).await {
             debug!(error = %e, "client connection ended with an error");
         }
     });
@@ -569,7 +569,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, None, router, options(), async {
+        let server = tokio::spawn(serve_listener(listener, None, router, options(), async {
             let _ = stopped.await;
         }));
         (addr, stop, server)
@@ -647,7 +647,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let options = ServeOptions { body_read_timeout: Duration::from_secs(3600), ..options() };
-        let server = tokio::spawn(serve(listener, None, router, options, async {
+        let server = tokio::spawn(serve_listener(listener, None, router, options, async {
             let _ = stopped.await;
         }));
         let mut busy = TcpStream::connect(addr).await.unwrap();

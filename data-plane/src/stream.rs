@@ -460,9 +460,9 @@ impl Pump {
             },
             Err(_) => return Some("failed"),
         };
-        let breaker = self.app.executor.breaker(&config, &entry.model);
+        let breaker = self.app.services.breaker(&config, &entry.model);
         let (admission, transition) = breaker.try_acquire(now);
-        self.app.executor.report_transition(transition);
+        self.app.services.report_transition(transition);
         let Admission::Admitted(permit) = admission else { return Some("skipped") };
         let first_token = now + entry.first_token_timeout.min(timeout);
         let request_id = self.ctx.request_id.clone();
@@ -511,7 +511,7 @@ impl Pump {
                     Verdict::Stop { breaker, .. } => (breaker, "refused"),
                 };
                 if let Some(b) = breaker {
-                    self.app.executor.report_transition(permit.record(b, Instant::now()));
+                    self.app.services.report_transition(permit.record(b, Instant::now()));
                 }
                 Some(outcome)
             }
@@ -537,7 +537,7 @@ impl Pump {
 
     fn count_continuation(&self, model: &str, outcome: &'static str) {
         let labels = ContinuationLabels { model: model.to_owned(), outcome };
-        self.app.executor.metrics.stream_continuations.get_or_create(&labels).inc();
+        self.app.services.metrics.stream_continuations.get_or_create(&labels).inc();
     }
 
     /// The stream ended after one or more continuations: the last one's outcome is counted
@@ -554,7 +554,7 @@ impl Pump {
         let event = pb::FailoverEvent {
             id: format!("evt_{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
             at_unix_ms: switchyard_time::now_ms(),
-            node_id: self.app.executor.telemetry.node_id.clone(),
+            node_id: self.app.services.telemetry.node_id.clone(),
             key_id: self.ctx.key_id.clone(),
             requested_model: report.requested_model.clone(),
             served_model,
@@ -567,7 +567,7 @@ impl Pump {
             continued: self.continued.clone(),
             surface: self.ctx.flavor.surface().to_owned(),
         };
-        self.app.executor.telemetry.push_event(event);
+        self.app.services.telemetry.push_event(event);
     }
 
     fn fail(&mut self, failure: &Failure, message: &str) -> Bytes {
@@ -630,7 +630,7 @@ impl Pump {
     /// what it sent billed to it.
     fn end_part(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
-            self.app.executor.report_transition(permit.record(outcome, Instant::now()));
+            self.app.services.report_transition(permit.record(outcome, Instant::now()));
         }
         self.bill_part();
         self.content_chunks = 0;
@@ -644,7 +644,7 @@ impl Pump {
             return;
         }
         let model = &self.ctx.model.name;
-        let metrics = &self.app.executor.metrics;
+        let metrics = &self.app.services.metrics;
         if metrics.malformed_frames(model, skipped, Instant::now()) {
             let request_id = self.ctx.request_id.to_str().unwrap_or_default();
             tracing::warn!(%model, request_id, skipped, "upstream stream frames did not parse and were skipped (switchyard_upstream_malformed_frames_total counts them; this warning repeats at most once a minute per model)");
@@ -659,7 +659,7 @@ impl Pump {
         self.settled = true;
         self.count_skipped();
         if let Some(permit) = self.permit.take() {
-            self.app.executor.report_transition(permit.record(outcome, Instant::now()));
+            self.app.services.report_transition(permit.record(outcome, Instant::now()));
         }
         self.bill();
     }

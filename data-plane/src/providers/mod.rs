@@ -763,14 +763,17 @@ mod tests {
             .complete(&model(), plain(), None, None, &mut Injector::new(&faults))
             .await
             .unwrap_err();
-        assert_eq!(verdict(e), "failover connection_error Some(Failure) upstream_disconnected");
+        assert_eq!(
+            verdict(e),
+            "failover connection_error Some(Failure) upstream_connection_failed"
+        );
         let e = provider
             .open_stream(&model(), streamed(), None, None, &mut Injector::new(&faults))
             .await
             .err();
         assert_eq!(
             verdict(e.unwrap()),
-            "failover connection_error Some(Failure) upstream_disconnected"
+            "failover connection_error Some(Failure) upstream_connection_failed"
         );
         assert_eq!(up.requests.load(Ordering::SeqCst), 0);
     }
