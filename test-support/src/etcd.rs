@@ -1,12 +1,12 @@
 //! A real, throw-away `etcd` for tests: one member on loopback ports reserved for it (see
-//! `port.rs`: no other process can take them between reserving and etcd's bind) with a
+//! [`crate::port`]: no other process can take them between reserving and etcd's bind) with a
 //! temporary data directory, killed when the handle is dropped.
 //!
 //! [`EtcdCluster`] starts several members instead, optionally with TLS on client and peer
 //! URLs, and turns etcd authentication on through its Auth RPCs (for which, and for finding
 //! the leader, it also uses tonic and `switchyard-proto`'s etcd client).
 //!
-//! The single member needs only std + tokio + tempfile and `port.rs` next to it:
+//! The single member needs only std, tokio and tempfile:
 //!
 //! ```ignore
 //! let etcd = EtcdProcess::start().await;
@@ -15,7 +15,6 @@
 //!
 //! The binary is `$SWITCHYARD_ETCD_BIN`, else `etcd` on `PATH`, else `/usr/bin/etcd`. A
 //! missing binary fails the test with install instructions: these tests are never skipped.
-#![allow(dead_code, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,9 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-#[path = "port.rs"]
-pub mod port;
-use port::ReservedPort;
+use crate::port::ReservedPort;
 
 /// How long a started member may take to elect itself and answer.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
