@@ -491,48 +491,53 @@ impl Streamed {
 impl Gateway {
     /// POSTs a streaming request and reads the whole event stream (bounded by 30 s).
     pub async fn stream(&self, body: Value) -> Streamed {
-        use http_body_util::BodyExt;
-        let started = std::time::Instant::now();
-        let payload = body.to_string();
-        let socket = tokio::net::TcpStream::connect(self.node.addr).await.unwrap();
-        let (head, body) = tokio::time::timeout(std::time::Duration::from_secs(30), async {
-            let (response, body) = crate::http_send(
-                socket,
-                self.node.addr,
-                "POST",
-                "/v1/chat/completions",
-                Some(&self.key),
-                &[],
-                Some(payload.as_bytes()),
-            )
-            .await
-            .expect("the node answers");
-            // A stream cut off mid-way is an answer too: what came before the cut is kept.
-            let mut bytes = Vec::new();
-            let mut body = body;
-            while let Some(Ok(frame)) = body.frame().await {
-                if let Ok(data) = frame.into_data() {
-                    bytes.extend_from_slice(&data);
-                }
-            }
-            (response, bytes)
-        })
-        .await
-        .expect("the stream ended within 30 s");
-        let took = started.elapsed();
-        let status = head.status.as_u16();
-        let body = String::from_utf8_lossy(&body).into_owned();
-        let frames = body
-            .split("\n\n")
-            .filter_map(|f| {
-                f.trim()
-                    .strip_prefix("data: ")
-                    .or_else(|| f.trim().strip_prefix("data:"))
-                    .map(str::to_owned)
-            })
-            .collect();
-        Streamed { status, headers: crate::response_head(&head), frames, took }
+        stream_chat(self.node.addr, &self.key, body.to_string().as_bytes()).await
     }
+}
+
+/// POSTs a streaming chat completion to the node at `addr` with `key` and reads the whole
+/// event stream (bounded by 30 s).
+pub async fn stream_chat(addr: SocketAddr, key: &str, payload: &[u8]) -> Streamed {
+    use http_body_util::BodyExt;
+    let started = std::time::Instant::now();
+    let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (head, body) = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        let (response, body) = crate::http_send(
+            socket,
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(key),
+            &[],
+            Some(payload),
+        )
+        .await
+        .expect("the node answers");
+        // A stream cut off mid-way is an answer too: what came before the cut is kept.
+        let mut bytes = Vec::new();
+        let mut body = body;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                bytes.extend_from_slice(&data);
+            }
+        }
+        (response, bytes)
+    })
+    .await
+    .expect("the stream ended within 30 s");
+    let took = started.elapsed();
+    let status = head.status.as_u16();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    let frames = body
+        .split("\n\n")
+        .filter_map(|f| {
+            f.trim()
+                .strip_prefix("data: ")
+                .or_else(|| f.trim().strip_prefix("data:"))
+                .map(str::to_owned)
+        })
+        .collect();
+    Streamed { status, headers: crate::response_head(&head), frames, took }
 }
 
 /// A simulator and two control planes on one etcd, with the test catalog applied: the

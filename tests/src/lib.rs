@@ -346,29 +346,19 @@ pub async fn http_request_with(
     body: Option<&[u8]>,
 ) -> Option<HttpResponse> {
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    http_exchange(stream, addr, method, path, bearer, headers, body).await
+    read_response(http_send(stream, addr, method, path, bearer, headers, body).await?).await
 }
 
-/// One HTTP/1.1 request and its response on `stream` (plain TCP, or TLS from [`tls`]), on
-/// hyper's client: `None` if the connection or the exchange fails.
-pub async fn http_exchange<S>(
-    stream: S,
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    bearer: Option<&str>,
-    headers: &[(&str, &[u8])],
-    body: Option<&[u8]>,
-) -> Option<HttpResponse>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (response, body) = http_send(stream, addr, method, path, bearer, headers, body).await?;
+/// A response read to its end; `None` if the body could not be.
+pub async fn read_response(
+    (head, body): (hyper::http::response::Parts, hyper::body::Incoming),
+) -> Option<HttpResponse> {
     let body = String::from_utf8_lossy(&body.collect().await.ok()?.to_bytes()).into_owned();
-    Some(HttpResponse { status: response.status.as_u16(), headers: response_head(&response), body })
+    Some(HttpResponse { status: head.status.as_u16(), headers: response_head(&head), body })
 }
 
-/// Sends one request on `stream` and returns the response's head and its body, unread.
+/// One HTTP/1.1 request on `stream` (plain TCP, or TLS from [`tls`]), on hyper's client:
+/// the response's head and its body, unread; `None` if the connection or the exchange fails.
 pub async fn http_send<S>(
     stream: S,
     addr: SocketAddr,
