@@ -498,7 +498,6 @@ impl Gateway {
 /// POSTs a streaming chat completion to the node at `addr` with `key` and reads the whole
 /// event stream (bounded by 30 s).
 pub async fn stream_chat(addr: SocketAddr, key: &str, payload: &[u8]) -> Streamed {
-    use http_body_util::BodyExt;
     let started = std::time::Instant::now();
     let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (head, body) = tokio::time::timeout(std::time::Duration::from_secs(30), async {
@@ -513,14 +512,9 @@ pub async fn stream_chat(addr: SocketAddr, key: &str, payload: &[u8]) -> Streame
         )
         .await
         .expect("the node answers");
-        // A stream cut off mid-way is an answer too: what came before the cut is kept.
-        let mut bytes = Vec::new();
-        let mut body = body;
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Ok(data) = frame.into_data() {
-                bytes.extend_from_slice(&data);
-            }
-        }
+        // A stream cut off mid-way is an answer too.
+        let (mut body, mut bytes) = (body, Vec::new());
+        crate::read_body_until(&mut body, &mut bytes, |_| false).await;
         (response, bytes)
     })
     .await

@@ -349,6 +349,22 @@ pub async fn http_request_with(
     read_response(http_send(stream, addr, method, path, bearer, headers, body).await?).await
 }
 
+/// Reads `body` into `received` until `enough` holds for what came so far, or the body ends
+/// (cut off, too: what came before the cut is kept); whether `enough` was reached.
+pub async fn read_body_until(
+    body: &mut hyper::body::Incoming,
+    received: &mut Vec<u8>,
+    enough: impl Fn(&[u8]) -> bool,
+) -> bool {
+    while !enough(received) {
+        let Some(Ok(frame)) = body.frame().await else { return false };
+        if let Ok(data) = frame.into_data() {
+            received.extend_from_slice(&data);
+        }
+    }
+    true
+}
+
 /// A response read to its end; `None` if the body could not be.
 pub async fn read_response(
     (head, body): (hyper::http::response::Parts, hyper::body::Incoming),
@@ -452,20 +468,6 @@ pub async fn http_receiver(
         }
     });
     addr
-}
-
-/// Decodes an HTTP/1.1 chunked body.
-pub fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// Polls `check` every 10 ms until it returns `Some`, or panics after `timeout` naming `what`.
