@@ -45,9 +45,9 @@ use crate::fleet::{Fleet, FleetTls};
 use crate::host::thread_cpu_ns;
 use crate::load::{Kind, Target};
 use crate::overhead::{Bench, Sample};
-use crate::pki::Ca;
 use crate::proc::{Proc, default_switchyard};
 use crate::stats::{fmt, median, pct};
+use switchyard_test_support::pki::Ca;
 
 const USAGE: &str = "usage: switchyard-bench limit-cost|otel-cost|tls-cost|deployment-cost|build-cost [--switchyard PATH] \
 [--baseline PATH (build-cost)] [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]";

@@ -4,7 +4,7 @@
 //!
 //! Per store: a control plane started (etcd through the harness's throw-away etcd, as
 //! `keys` does), `--nodes` lean node clients connected from this process
-//! (tests/src/node_fleet.rs: real `NodeControl.Connect` streams, each on its own
+//! (switchyard-test-support's `node_fleet`: real `NodeControl.Connect` streams, each on its own
 //! connection, acking what they receive) and at the current version. Then `--changes` keys
 //! created through the admin API, one at a time, each timed from the request until every
 //! node had it; the control plane's VmRSS/VmHWM and CPU ticks, and the store revisions
@@ -23,12 +23,12 @@ use tonic::transport::Channel;
 
 use crate::backend::Backend;
 use crate::error::Result;
-use crate::etcd;
 use crate::flags::bounded;
 use crate::host::{clock_ticks, cpu_ticks, mib, status_kib};
-use crate::node_clients::{FleetNode, connect_fleet, time_to_all, wait_all};
 use crate::proc::{Proc, default_switchyard};
 use crate::stats::{fmt, pct, sum_metric};
+use switchyard_test_support::etcd;
+use switchyard_test_support::node_fleet::{FleetNode, connect_fleet, time_to_all, wait_all};
 
 const USAGE: &str = "usage: switchyard-bench fleet [--nodes 1000] [--store embedded,etcd] \
 [--changes 20] [--slow 100] [--keys 0] [--switchyard PATH]";

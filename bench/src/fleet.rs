@@ -86,7 +86,7 @@ impl Fleet {
         tls: Option<&FleetTls<'_>>,
     ) -> Result<Fleet> {
         let logs = |name: &str| dir.join(format!("{name}.log"));
-        let sim = Proc::start(bin, &["sim", "--listen", "127.0.0.1:0"], &[], &logs("sim"))?;
+        let sim = Proc::start_sim(bin, &logs("sim"))?;
         let token = format!("bench-admin-token-{}", std::process::id());
         let path = |p: &Path| p.display().to_string();
         let (cp_flags, ca) = match tls {

@@ -24,7 +24,7 @@ use switchyard_control_plane::layout::Layout;
 use switchyard_control_plane::store::{self, Txn, TxnOp};
 
 use crate::backend::Backend;
-use crate::etcd;
+use switchyard_test_support::etcd;
 
 use crate::catalog::{PRIMARY, SECONDARY};
 use crate::client::{connect, get_status};

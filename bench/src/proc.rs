@@ -79,6 +79,12 @@ impl Proc {
         }
     }
 
+    /// Starts the simulator (`bin sim`, as every test and benchmark starts it) with its log
+    /// in `log`.
+    pub fn start_sim(bin: &Path, log: &Path) -> Result<Proc> {
+        Proc::start(bin, &switchyard_test_support::sim::SIM_ARGS, &[], log)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

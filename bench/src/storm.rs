@@ -23,12 +23,12 @@ use serde_json::json;
 use crate::catalog::{FAILING, SECONDARY, catalog_yaml};
 use crate::client::{connect_many, metrics_text};
 use crate::error::Result;
-use crate::etcd::EtcdProcess;
 use crate::fleet::{Fleet, start_control};
 use crate::host::{mib, status_kib};
 use crate::load::{Kind, Target, phase};
 use crate::proc::default_switchyard;
 use crate::stats::sum_metric;
+use switchyard_test_support::etcd::EtcdProcess;
 
 use switchyard_control_plane::audit;
 use switchyard_control_plane::layout::Layout;

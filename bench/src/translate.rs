@@ -274,8 +274,7 @@ async fn run(o: Options) -> Result<()> {
         .tempdir()
         .map_err(|e| format!("temp dir: {e}"))?;
     let bin = o.switchyard.as_path();
-    let sim =
-        Proc::start(bin, &["sim", "--listen", "127.0.0.1:0"], &[], &dir.path().join("sim.log"))?;
+    let sim = Proc::start_sim(bin, &dir.path().join("sim.log"))?;
     // The same answer from every format: ~40 words in 20 streamed chunks.
     let text = "Your order 48213 left our warehouse on Monday and is with the carrier; the tracking page updates once it is scanned at the depot. I have opened a check with them and will write to you by tomorrow noon.";
     for model in ["primary", "claude-sim", "gemini-sim"] {

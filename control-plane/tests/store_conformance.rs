@@ -1,14 +1,9 @@
 //! One suite, both backends: every case in `cases` runs against the embedded store, against
-//! a real etcd started for the test (see `support/etcd.rs`), and against an etcd with TLS
+//! a real etcd started for the test (switchyard-test-support's `etcd`), and against an etcd with TLS
 //! (client certificates required) and authentication on, reached as a non-root user. Cases
 //! that only make sense for one backend (restart, directory lock, retention, TLS and auth
 //! errors, token expiry) are at the end.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-#[path = "support/etcd.rs"]
-mod etcd_process;
-#[path = "support/pki.rs"]
-mod pki;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,6 +15,8 @@ use switchyard_control_plane::store::{
     Compare, CompareOp, CompareTarget, EventKind, Store, StoreError, Txn, TxnOp, WatchBatch,
     WatchEvent, WatchStream, election,
 };
+use switchyard_test_support::etcd as etcd_process;
+use switchyard_test_support::{pki, port};
 
 /// A backend under test plus whatever must outlive it (its directory or its etcd process).
 pub struct Backend {
@@ -207,7 +204,8 @@ where
     let started = Instant::now();
     while !condition().await {
         assert!(started.elapsed() < WAIT, "timed out waiting until {what}");
-        // The polling interval.
+        // The polling interval: the stores under test (etcd, or the embedded store's writer
+        // thread) run on the wall clock, so a paused tokio clock could not hurry them.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -727,7 +725,8 @@ mod cases {
             let ttl = s.keep_alive(lease).await.unwrap();
             assert!(ttl >= SHORT_TTL, "keep_alive returns the full TTL, got {ttl:?}");
             assert!(s.get("ka").await.unwrap().is_some(), "key gone at {:?}", started.elapsed());
-            // The renewal cadence is the scenario (a client renewing well within the TTL).
+            // The renewal cadence is the scenario (a client renewing well within the TTL), in
+            // the wall time both stores expire leases by.
             tokio::time::sleep(SHORT_TTL / 4).await;
         }
         // Without renewals the key goes, so the renewals are what kept it.
@@ -789,14 +788,16 @@ mod cases {
         let la = s.grant_lease(Duration::from_secs(60)).await.unwrap();
         let lb = s.grant_lease(Duration::from_secs(60)).await.unwrap();
         let a = election::campaign(s.clone(), "/election/x", "a", la).await.unwrap();
-        let b_campaign = tokio::spawn(election::campaign(s.clone(), "/election/x", "b", lb));
+        let mut b_campaign = tokio::spawn(election::campaign(s.clone(), "/election/x", "b", lb));
         eventually("b is in line", || async {
             s.list("/election/x/").await.unwrap().kvs.len() == 2
         })
         .await;
-        // As above: a wrong leader would finish its campaign within this while.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(!b_campaign.is_finished(), "b must not lead while a does");
+        // As above: leading shows only as a finished campaign, and a wrong one finishes at once.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), &mut b_campaign).await.is_err(),
+            "b must not lead while a does"
+        );
         s.revoke_lease(la).await.unwrap();
         tokio::time::timeout(WAIT, a.lost()).await.unwrap().unwrap();
         let b_lead = tokio::time::timeout(WAIT, b_campaign).await.unwrap().unwrap().unwrap();
@@ -831,7 +832,7 @@ mod etcd_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connect_to_a_dead_endpoint_fails_fast_and_clearly() {
         // Held, never listening: refused for as long as the test runs.
-        let dead = etcd_process::port::ReservedPort::new();
+        let dead = port::ReservedPort::new();
         let endpoint = format!("http://{}", dead.addr());
         let started = Instant::now();
         match EtcdStore::connect(std::slice::from_ref(&endpoint)).await {
@@ -847,7 +848,7 @@ mod etcd_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connect_balances_over_endpoints_when_one_is_dead() {
         let etcd = etcd_process::EtcdProcess::start().await;
-        let dead = etcd_process::port::ReservedPort::new();
+        let dead = port::ReservedPort::new();
         let endpoints = [format!("http://{}", dead.addr()), etcd.endpoint().to_owned()];
         let store = EtcdStore::connect(&endpoints).await.unwrap();
         for i in 0..5 {

@@ -878,6 +878,7 @@ async fn a_stalled_request_head_is_cut_off_by_the_header_read_timeout_a_slow_ans
         ..GatewayOptions::default()
     })
     .await;
+    // A raw socket: half a request head, which no HTTP client sends.
     let mut slow = tokio::net::TcpStream::connect(gw.node.addr).await.unwrap();
     slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: node\r\n").await.unwrap();
     let sent_at = Instant::now();

@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::Command;
 
@@ -168,13 +168,6 @@ fn streamed_content(body: &str) -> (String, bool) {
     (content, done)
 }
 
-/// Whether the response read so far holds a chunk with content (past the role chunk).
-fn first_content_arrived(received: &[u8]) -> bool {
-    let raw = String::from_utf8_lossy(received);
-    let Some((_, body)) = raw.split_once("\r\n\r\n") else { return false };
-    !streamed_content(&dechunk(body)).0.is_empty()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_runs_dev_as_a_non_root_pid_1_and_drains_a_stream_on_sigterm() {
     require("buildah");
@@ -265,25 +258,24 @@ async fn the_image_runs_dev_as_a_non_root_pid_1_and_drains_a_stream_on_sigterm()
     let stream_body = json!({"model": "demo/steady-fallback", "stream": true,
         "messages": [{"role": "user", "content": "Hello"}]})
     .to_string();
-    let mut socket = TcpStream::connect(node).await.unwrap();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {node}\r\nAuthorization: Bearer {key}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        stream_body.len()
+    let socket = TcpStream::connect(node).await.unwrap();
+    let stream = http_send(
+        socket,
+        node,
+        "POST",
+        "/v1/chat/completions",
+        Some(&key),
+        &[],
+        Some(stream_body.as_bytes()),
     );
-    socket.write_all(head.as_bytes()).await.unwrap();
-    socket.write_all(stream_body.as_bytes()).await.unwrap();
+    let (head, mut body) = stream.await.expect("the node answers");
+    assert_eq!(head.status, 200, "{}", response_head(&head));
+    // The event stream as it arrives, read a frame at a time so that SIGTERM can come between.
     let mut received = Vec::new();
-    let mut buf = [0u8; 8192];
-    tokio::time::timeout(PATIENCE, async {
-        while !first_content_arrived(&received) {
-            let n = socket.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&received));
-            received.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await
-    .expect("the stream's first content chunk");
+    let content = |r: &[u8]| !streamed_content(&String::from_utf8_lossy(r)).0.is_empty();
+    let first = tokio::time::timeout(PATIENCE, read_body_until(&mut body, &mut received, content));
+    let first = first.await.expect("the stream's first content chunk");
+    assert!(first, "the stream ended early: {}", String::from_utf8_lossy(&received));
 
     podman(&["kill", "--signal", "TERM", &name]).await;
     eventually(Duration::from_secs(10), "/readyz to answer 503 draining", || async move {
@@ -291,14 +283,11 @@ async fn the_image_runs_dev_as_a_non_root_pid_1_and_drains_a_stream_on_sigterm()
         (r.status == 503 && r.json()["reason"] == "draining").then_some(())
     })
     .await;
-    tokio::time::timeout(PATIENCE, socket.read_to_end(&mut received))
+    tokio::time::timeout(PATIENCE, read_body_until(&mut body, &mut received, |_| false))
         .await
-        .expect("the stream finishes during the drain")
-        .unwrap();
-    let raw = String::from_utf8_lossy(&received);
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{raw}");
-    let (content, done) = streamed_content(&dechunk(body));
+        .expect("the stream finishes during the drain");
+    let raw = &*String::from_utf8_lossy(&received);
+    let (content, done) = streamed_content(raw);
     assert_eq!(content, text, "every chunk arrived: {raw}");
     assert!(done, "the stream ended with [DONE]: {raw}");
 

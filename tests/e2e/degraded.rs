@@ -222,8 +222,7 @@ async fn receiver(dir: &std::path::Path) -> (tokio::process::Child, String, Path
 async fn a_degraded_answer_is_an_api_degraded_response_event_in_the_audit_log_and_at_a_webhook() {
     let dir = tempfile::tempdir().unwrap();
     let (_receiver, addr, log) = receiver(dir.path()).await;
-    let sim =
-        Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
+    let sim = start_sim(dir.path().join("sim.log")).await;
     let cp = Proc::start(
         &[
             "control",

@@ -22,7 +22,9 @@ use serde_json::{Value, json};
 use switchyard_e2e::etcd::{AuthSetup, ClusterOptions, EtcdCluster, TlsFiles};
 use switchyard_e2e::gateway::*;
 use switchyard_e2e::pki::Ca;
-use switchyard_e2e::{ADMIN_TOKEN, PATIENCE, Proc, cli, eventually, http_request, node_version};
+use switchyard_e2e::{
+    ADMIN_TOKEN, PATIENCE, Proc, cli, eventually, http_request, node_version, start_sim,
+};
 
 const ETCD_USER: &str = "switchyard";
 const ETCD_PASSWORD: &str = "etcd-password-e2e-7c1d0b";
@@ -178,8 +180,7 @@ async fn a_three_member_etcd_cluster_loses_its_leader_then_quorum_and_recovers_w
     cluster.enable_auth(&auth_setup()).await;
 
     let dir = tempfile::tempdir().unwrap();
-    let sim =
-        Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
+    let sim = start_sim(dir.path().join("sim.log")).await;
     let cp1 = start_control(&cluster, &ca, dir.path(), "cp1").await;
     let cp2 = start_control(&cluster, &ca, dir.path(), "cp2").await;
     let catalog = dir.path().join("catalog.yaml");

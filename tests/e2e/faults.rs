@@ -16,8 +16,7 @@ const PREFIX: &str = "/switchyard/config/faults/";
 /// A gateway like [`Gateway::start`], with its control plane on a real etcd.
 async fn gateway_on_etcd(etcd: &EtcdProcess) -> Gateway {
     let dir = tempfile::tempdir().unwrap();
-    let sim =
-        Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
+    let sim = start_sim(dir.path().join("sim.log")).await;
     let store = etcd.endpoint().replace("http://", "etcd://");
     let cp = start_control(&store, "127.0.0.1:0", dir.path(), "cp").await;
     let catalog = dir.path().join("catalog.yaml");

@@ -1,6 +1,6 @@
 //! End to end: one control plane serving a fleet (docs/BENCHMARKS.md, "A thousand nodes on
 //! one control plane") — a thousand real node streams from one test process
-//! (tests/src/node_fleet.rs) against one real `switchyard control` process. Every node
+//! (switchyard-test-support's `node_fleet`) against one real `switchyard control` process. Every node
 //! receives a key change; a group of nodes that stop reading fall behind, are resynced once
 //! they read again, and meanwhile do not delay the others; the control plane's memory stays
 //! bounded; `switchyard nodes` lists the fleet.

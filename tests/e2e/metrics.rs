@@ -9,33 +9,15 @@ use std::time::Duration;
 
 use serde_json::json;
 use switchyard_e2e::gateway::*;
-use switchyard_e2e::{PATIENCE, ReservedPort, eventually, http_get, promtool};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use switchyard_e2e::{PATIENCE, ReservedPort, eventually, http_get, http_request_with, promtool};
 
 /// A GET of `/metrics` with an `Accept` header: (content type, body).
 async fn scrape_accepting(addr: SocketAddr, accept: &str) -> (String, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let content_type = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-type").then(|| value.trim().to_owned())
-        })
-        .unwrap_or_default();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        switchyard_e2e::dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    (content_type, body)
+    let response =
+        http_request_with(addr, "GET", "/metrics", None, &[("accept", accept.as_bytes())], None)
+            .await
+            .expect("/metrics answers");
+    (response.header("content-type").unwrap_or_default(), response.body)
 }
 
 async fn scrape(addr: SocketAddr) -> String {

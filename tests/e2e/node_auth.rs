@@ -4,35 +4,28 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use switchyard_e2e::gateway::*;
-use switchyard_e2e::{HttpResponse, dechunk, http_request};
+use switchyard_e2e::{HttpResponse, http_request, http_request_with};
 
 fn msg() -> Value {
     json!([{"role": "user", "content": "hello"}])
 }
 
-/// A chat request with `Authorization` exactly as given (the shared client always writes
-/// `Bearer`).
+/// A chat request with `Authorization` exactly as given (not the `Bearer` the `bearer`
+/// argument writes).
 async fn chat_with_authorization(gw: &Gateway, authorization: &str) -> HttpResponse {
     let body = json!({"model": PRIMARY, "messages": msg()}).to_string();
-    let mut stream = tokio::net::TcpStream::connect(gw.node.addr).await.unwrap();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nAuthorization: {authorization}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+    http_request_with(
         gw.node.addr,
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(body.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(body) } else { body.to_owned() };
-    HttpResponse { status, headers: head.to_owned(), body }
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &[("authorization", authorization.as_bytes())],
+        Some(body.as_bytes()),
+    )
+    .await
+    .expect("the node answers")
 }
 
 #[tokio::test]

@@ -400,6 +400,8 @@ async fn a_client_disconnect_cancels_the_backoff() {
     let gw = gateway(POLICY).await;
     gw.script("primary", fails_then_ok(&[rate_limited(2)])).await;
     let payload = body(PRIMARY).to_string();
+    // A raw socket: the test closes the connection under the node, before any answer, at
+    // the moment it chooses.
     let mut socket = tokio::net::TcpStream::connect(gw.node.addr).await.unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",

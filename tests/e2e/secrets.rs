@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 use switchyard_e2e::{
     CliOutput, HttpResponse, PATIENCE, Proc, cli_with_env, eventually, http_get, http_request,
-    node_version,
+    node_version, start_sim,
 };
 
 // Each secret is a value no process would print by chance; `core` (its middle) is searched
@@ -209,7 +209,7 @@ async fn no_secret_reaches_a_log_an_error_an_answer_or_a_metric() {
     let base = dir.path().to_owned();
     let log = |name: &str| base.join(format!("{name}.log"));
 
-    let mut sim = Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], log("sim")).await;
+    let mut sim = start_sim(log("sim")).await;
     let accepted = json!([PROVIDER_RESERVE]).to_string();
     let r =
         http_request(sim.addr, "PUT", "/_sim/keys", None, Some(accepted.as_bytes())).await.unwrap();

@@ -14,7 +14,7 @@ use tokio::process::{Child, Command};
 
 use switchyard_e2e::etcd::EtcdProcess;
 use switchyard_e2e::fake_node::{FakeNode, failover_event};
-use switchyard_e2e::gateway::{Gateway, GatewayOptions, PRIMARY, SECONDARY};
+use switchyard_e2e::gateway::{Gateway, GatewayOptions, PRIMARY, SECONDARY, stream_chat};
 use switchyard_e2e::*;
 
 /// The drain timeout the tests give nodes: long enough for every request they start.
@@ -177,25 +177,10 @@ async fn a_second_ctrl_c_stops_the_node_without_finishing_the_drain() {
     drop(requests);
 }
 
-/// A streaming request's raw response: status and `data:` payloads.
+/// A streaming request's status and `data:` payloads.
 async fn stream_request(addr: SocketAddr, key: String, body: Vec<u8>) -> (u16, Vec<String>) {
-    let mut socket = TcpStream::connect(addr).await.unwrap();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    socket.write_all(head.as_bytes()).await.unwrap();
-    socket.write_all(&body).await.unwrap();
-    let mut raw = Vec::new();
-    let _ = socket.read_to_end(&mut raw).await;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let frames = dechunk(rest)
-        .split("\n\n")
-        .filter_map(|f| f.trim().strip_prefix("data: ").map(str::to_owned))
-        .collect();
-    (status, frames)
+    let streamed = stream_chat(addr, &key, &body).await;
+    (streamed.status, streamed.frames)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,6 +283,8 @@ async fn a_node_running_as_pid_1_drains_and_exits_on_sigterm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_request_body_is_cut_off_after_the_body_read_timeout() {
     let gw = Gateway::start_with(node_options(vec!["--body-read-timeout", "1s"])).await;
+    // A raw socket: the point is a body that stops short of its Content-Length, which an HTTP
+    // client does not send.
     let mut socket = TcpStream::connect(gw.node.addr).await.unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
@@ -339,6 +326,7 @@ async fn a_body_still_arriving_at_sigterm_gets_503_after_the_work_in_flight_and_
     gw.script("primary", json!({"kind": "ok", "delay_ms": 1500})).await;
     let requests = start_requests(gw.node.addr, &gw.key, &chat_body(PRIMARY, &[], false), 1);
     in_flight(&gw, "primary", 1).await;
+    // A raw socket, as above: a body that stops short.
     let mut half = TcpStream::connect(gw.node.addr).await.unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
@@ -369,7 +357,7 @@ async fn a_body_still_arriving_at_sigterm_gets_503_after_the_work_in_flight_and_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_and_idle_connections_do_not_hold_up_the_drain() {
     let mut gw = Gateway::start_with(node_options(vec![])).await;
-    // Half a head: the header-read timeout (30 s) would hold it.
+    // Half a head (raw bytes no HTTP client sends): the header-read timeout (30 s) would hold it.
     let mut half_open = TcpStream::connect(gw.node.addr).await.unwrap();
     half_open.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n").await.unwrap();
     // An idle keep-alive connection that has served a request.

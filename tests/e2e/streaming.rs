@@ -197,6 +197,8 @@ async fn a_client_that_disconnects_closes_the_upstream_connection_at_once() {
     let before = switchyard_e2e::http_get(gw.sim.addr, "/_sim/stats", None).await.unwrap().json();
     let closed_before = before["connections"]["closed"].as_u64().unwrap();
     let payload = streaming(PRIMARY, &[]).to_string();
+    // A raw socket: the test reads the answer's first bytes and closes the connection under
+    // the node mid-stream, at the moment it chooses.
     let mut socket = tokio::net::TcpStream::connect(gw.node.addr).await.unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",

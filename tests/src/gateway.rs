@@ -224,8 +224,7 @@ impl Gateway {
 
     pub async fn start_with(options: GatewayOptions) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
-        let sim =
-            Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
+        let sim = start_sim(dir.path().join("sim.log")).await;
         let store = format!("file://{}", dir.path().join("store").display());
         let env: Vec<(&str, &str)> = options.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let path = |p: &Path| p.display().to_string();
@@ -492,42 +491,47 @@ impl Streamed {
 impl Gateway {
     /// POSTs a streaming request and reads the whole event stream (bounded by 30 s).
     pub async fn stream(&self, body: Value) -> Streamed {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let started = std::time::Instant::now();
-        let payload = body.to_string();
-        let mut socket = tokio::net::TcpStream::connect(self.node.addr).await.unwrap();
-        let head = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            self.key,
-            payload.len()
-        );
-        socket.write_all(head.as_bytes()).await.unwrap();
-        socket.write_all(payload.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        tokio::time::timeout(std::time::Duration::from_secs(30), socket.read_to_end(&mut raw))
-            .await
-            .expect("the stream ended within 30 s")
-            .unwrap();
-        let took = started.elapsed();
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            crate::dechunk(rest)
-        } else {
-            rest.to_owned()
-        };
-        let frames = body
-            .split("\n\n")
-            .filter_map(|f| {
-                f.trim()
-                    .strip_prefix("data: ")
-                    .or_else(|| f.trim().strip_prefix("data:"))
-                    .map(str::to_owned)
-            })
-            .collect();
-        Streamed { status, headers: head.to_owned(), frames, took }
+        stream_chat(self.node.addr, &self.key, body.to_string().as_bytes()).await
     }
+}
+
+/// POSTs a streaming chat completion to the node at `addr` with `key` and reads the whole
+/// event stream (bounded by 30 s).
+pub async fn stream_chat(addr: SocketAddr, key: &str, payload: &[u8]) -> Streamed {
+    let started = std::time::Instant::now();
+    let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (head, body) = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        let (response, body) = crate::http_send(
+            socket,
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(key),
+            &[],
+            Some(payload),
+        )
+        .await
+        .expect("the node answers");
+        // A stream cut off mid-way is an answer too.
+        let (mut body, mut bytes) = (body, Vec::new());
+        crate::read_body_until(&mut body, &mut bytes, |_| false).await;
+        (response, bytes)
+    })
+    .await
+    .expect("the stream ended within 30 s");
+    let took = started.elapsed();
+    let status = head.status.as_u16();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    let frames = body
+        .split("\n\n")
+        .filter_map(|f| {
+            f.trim()
+                .strip_prefix("data: ")
+                .or_else(|| f.trim().strip_prefix("data:"))
+                .map(str::to_owned)
+        })
+        .collect();
+    Streamed { status, headers: crate::response_head(&head), frames, took }
 }
 
 /// A simulator and two control planes on one etcd, with the test catalog applied: the
@@ -543,8 +547,7 @@ impl EtcdPair {
     pub async fn start(etcd: &crate::etcd::EtcdProcess) -> EtcdPair {
         let dir = tempfile::tempdir().unwrap();
         let store = etcd.endpoint().replace("http://", "etcd://");
-        let sim =
-            Proc::start(&["sim", "--listen", "127.0.0.1:0"], &[], dir.path().join("sim.log")).await;
+        let sim = start_sim(dir.path().join("sim.log")).await;
         let cp1 = start_control(&store, "127.0.0.1:0", dir.path(), "cp1").await;
         let cp2 = start_control(&store, "127.0.0.1:0", dir.path(), "cp2").await;
         let catalog = dir.path().join("catalog.yaml");

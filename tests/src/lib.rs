@@ -8,23 +8,23 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
-#[path = "../../control-plane/tests/support/etcd.rs"]
-pub mod etcd;
 pub mod fake_node;
 pub mod gateway;
-pub mod node_fleet;
 pub mod otlp;
-#[path = "../../control-plane/tests/support/pki.rs"]
-pub mod pki;
 pub mod tls;
 
 /// For a process that must come back on the address it had (a control plane that nodes look
 /// for, a webhook receiver a subscription points at); every other process binds port 0 and
 /// [`Proc::start`] reads the address it bound.
-pub use etcd::port::ReservedPort;
+pub use switchyard_test_support::port::ReservedPort;
+/// A throw-away etcd, a fleet of lean node clients and test certificates, shared with the
+/// store tests and the bench.
+pub use switchyard_test_support::{etcd, node_fleet, pki};
 /// Wall-clock milliseconds since the Unix epoch, as the processes under test stamp them.
 pub use switchyard_time::now_ms;
 
@@ -220,6 +220,12 @@ fn stdout_path(log: &Path) -> PathBuf {
     log.with_extension("stdout")
 }
 
+/// Starts the simulator (`switchyard sim`, as every test and benchmark starts it) with its
+/// log in `log`.
+pub async fn start_sim(log: PathBuf) -> Proc {
+    Proc::start(&switchyard_test_support::sim::SIM_ARGS, &[], log).await
+}
+
 /// Starts a control plane on `store` (`etcd://…` or `file://…`), listening on `listen`.
 pub async fn start_control(store: &str, listen: &str, dir: &Path, name: &str) -> Proc {
     start_control_with_env(store, listen, dir, name, &[]).await
@@ -314,12 +320,12 @@ impl HttpResponse {
     }
 }
 
-/// A minimal HTTP/1.1 GET (connection closed after one request); `None` if nothing answers.
+/// An HTTP/1.1 GET on a connection of its own; `None` if nothing answers.
 pub async fn http_get(addr: SocketAddr, path: &str, bearer: Option<&str>) -> Option<HttpResponse> {
     http_request(addr, "GET", path, bearer, None).await
 }
 
-/// A minimal HTTP/1.1 request with an optional JSON body.
+/// An HTTP/1.1 request on a connection of its own, with an optional JSON body.
 pub async fn http_request(
     addr: SocketAddr,
     method: &str,
@@ -340,45 +346,82 @@ pub async fn http_request_with(
     body: Option<&[u8]>,
 ) -> Option<HttpResponse> {
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    http_exchange(stream, addr, method, path, bearer, headers, body).await
+    read_response(http_send(stream, addr, method, path, bearer, headers, body).await?).await
 }
 
-/// One HTTP/1.1 request and its response on `stream` (plain TCP, or TLS from [`tls`]).
-pub async fn http_exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    mut stream: S,
+/// Reads `body` into `received` until `enough` holds for what came so far, or the body ends
+/// (cut off, too: what came before the cut is kept); whether `enough` was reached.
+pub async fn read_body_until(
+    body: &mut hyper::body::Incoming,
+    received: &mut Vec<u8>,
+    enough: impl Fn(&[u8]) -> bool,
+) -> bool {
+    while !enough(received) {
+        let Some(Ok(frame)) = body.frame().await else { return false };
+        if let Ok(data) = frame.into_data() {
+            received.extend_from_slice(&data);
+        }
+    }
+    true
+}
+
+/// A response read to its end; `None` if the body could not be.
+pub async fn read_response(
+    (head, body): (hyper::http::response::Parts, hyper::body::Incoming),
+) -> Option<HttpResponse> {
+    let body = String::from_utf8_lossy(&body.collect().await.ok()?.to_bytes()).into_owned();
+    Some(HttpResponse { status: head.status.as_u16(), headers: response_head(&head), body })
+}
+
+/// One HTTP/1.1 request on `stream` (plain TCP, or TLS from [`tls`]), on hyper's client:
+/// the response's head and its body, unread; `None` if the connection or the exchange fails.
+pub async fn http_send<S>(
+    stream: S,
     addr: SocketAddr,
     method: &str,
     path: &str,
     bearer: Option<&str>,
     headers: &[(&str, &[u8])],
     body: Option<&[u8]>,
-) -> Option<HttpResponse> {
-    let auth = bearer.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
-    let length = body
-        .map(|b| format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()))
-        .unwrap_or_default();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}{length}Connection: close\r\n\r\n"
-    );
-    let (head, end) = request.split_at(request.len() - 2);
-    stream.write_all(head.as_bytes()).await.ok()?;
+) -> Option<(hyper::http::response::Parts, hyper::body::Incoming)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.ok()?;
+    // The connection ends when the response has been read and `sender` is dropped.
+    tokio::spawn(connection);
+    let mut request =
+        hyper::Request::builder().method(method).uri(path).header(HOST, addr.to_string());
+    if let Some(key) = bearer {
+        request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+    }
+    if body.is_some() {
+        request = request.header(CONTENT_TYPE, "application/json");
+    }
     for (name, value) in headers {
-        stream.write_all(format!("{name}: ").as_bytes()).await.ok()?;
-        stream.write_all(value).await.ok()?;
-        stream.write_all(b"\r\n").await.ok()?;
+        // As given: a test's malformed value (a tab, UTF-8) is what the node must judge.
+        request = request.header(*name, hyper::header::HeaderValue::from_bytes(value).ok()?);
     }
-    stream.write_all(end.as_bytes()).await.ok()?;
-    if let Some(body) = body {
-        stream.write_all(body).await.ok()?;
+    let body = Full::new(Bytes::copy_from_slice(body.unwrap_or_default()));
+    let response = sender.send_request(request.body(body).ok()?).await.ok()?;
+    Some(response.into_parts())
+}
+
+/// A response's status line and headers as they came on the wire (header names lower-case),
+/// one per line.
+pub fn response_head(response: &hyper::http::response::Parts) -> String {
+    let mut head = format!(
+        "{:?} {} {}",
+        response.version,
+        response.status.as_u16(),
+        response.status.canonical_reason().unwrap_or_default()
+    );
+    for (name, value) in &response.headers {
+        head.push_str(&format!("\r\n{name}: {}", String::from_utf8_lossy(value.as_bytes())));
     }
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.ok()?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(body) } else { body.to_owned() };
-    Some(HttpResponse { status, headers: head.to_owned(), body })
+    head
 }
 
 /// A minimal HTTP/1.1 keep-alive server on loopback (a webhook receiver, say): each request's
@@ -425,20 +468,6 @@ pub async fn http_receiver(
         }
     });
     addr
-}
-
-/// Decodes an HTTP/1.1 chunked body.
-pub fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// Polls `check` every 10 ms until it returns `Some`, or panics after `timeout` naming `what`.

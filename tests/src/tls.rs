@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use crate::{HttpResponse, http_exchange};
+use crate::{HttpResponse, http_send, read_response};
 
 /// A TLS connection to `addr` for the name `host`, trusting `ca`, offering `alpn`; the
 /// negotiated protocol comes back with it. `Err` says why the handshake failed.
@@ -49,7 +49,7 @@ pub async fn https_request(
     body: Option<&[u8]>,
 ) -> Option<HttpResponse> {
     let (tls, _) = connect(addr, "localhost", ca, &[b"http/1.1"]).await.ok()?;
-    http_exchange(tls, addr, method, path, bearer, &[], body).await
+    read_response(http_send(tls, addr, method, path, bearer, &[], body).await?).await
 }
 
 /// The config version an HTTPS node reports on /readyz (`None`: not ready or not answering).

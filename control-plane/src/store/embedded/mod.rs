@@ -247,19 +247,16 @@ mod tests {
     }
 
     #[tokio::test]
-    #[allow(clippy::await_holding_lock)] // holding the writer back is the point
     async fn transactions_queued_together_commit_as_one_group_in_queue_order() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(EmbeddedStore::open(dir.path()).await.unwrap());
-        // Hold the state while the first transaction reaches the writer, so the writer waits
-        // to plan it and the rest queue up behind it: they are then taken as one group.
+        let store = EmbeddedStore::open(dir.path()).await.unwrap();
+        // Hold the state while every transaction is queued, so the writer cannot plan any of
+        // them until all are waiting: the queue fixes their order (sent here, one after the
+        // other, rather than from tasks whose order the scheduler would choose), and the
+        // writer takes what waits behind the first as one group.
         let held = lock(&store.state);
-        let first = tokio::spawn({
-            let store = Arc::clone(&store);
-            async move { store.put("a", b"1".to_vec(), None).await }
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
         let txns = vec![
+            Txn { success: vec![put_op("a", "1")], ..Txn::default() },
             Txn { success: vec![put_op("b", "1")], ..Txn::default() },
             // Depends on `a` and `b`, both written just before it: planned after they commit.
             Txn {
@@ -292,18 +289,18 @@ mod tests {
         }
         drop(held);
 
-        // A new store is at revision 1, as etcd is.
-        assert_eq!(first.await.unwrap().unwrap(), 2);
         let mut results = Vec::new();
         for rx in replies {
             results.push(rx.await.unwrap());
         }
         let ok = |i: usize| *results[i].as_ref().unwrap();
-        assert_eq!(ok(0), TxnResult { succeeded: true, revision: 3 });
-        assert_eq!(ok(1), TxnResult { succeeded: true, revision: 4 }, "it saw a and b");
-        assert!(matches!(results[2], Err(StoreError::InvalidRequest(_))), "{:?}", results[2]);
-        assert_eq!(ok(3), TxnResult { succeeded: false, revision: 4 });
-        assert_eq!(ok(4), TxnResult { succeeded: true, revision: 5 });
+        // A new store is at revision 1, as etcd is.
+        assert_eq!(ok(0), TxnResult { succeeded: true, revision: 2 });
+        assert_eq!(ok(1), TxnResult { succeeded: true, revision: 3 });
+        assert_eq!(ok(2), TxnResult { succeeded: true, revision: 4 }, "it saw a and b");
+        assert!(matches!(results[3], Err(StoreError::InvalidRequest(_))), "{:?}", results[3]);
+        assert_eq!(ok(4), TxnResult { succeeded: false, revision: 4 });
+        assert_eq!(ok(5), TxnResult { succeeded: true, revision: 5 });
         assert_eq!(&store.get("b").await.unwrap().unwrap().value[..], b"2");
         assert!(store.get("failed").await.unwrap().is_none());
         assert!(store.get("c").await.unwrap().is_none());

@@ -3,15 +3,13 @@
 //! leaf certificates it signs, written as PEM files into a temporary directory, as an
 //! operator's PKI would hand them over.
 //!
-//! Self-contained (std + rcgen + tempfile) so the store tests and the end-to-end harness
-//! share it through `#[path]`:
+//! Used by the store tests, the end-to-end harness and the bench's `tls-cost`:
 //!
 //! ```ignore
 //! let ca = Ca::new("switchyard test CA");
 //! let server = ca.leaf("control", &["localhost", "127.0.0.1"]);
 //! // server.cert / server.key are PEM file paths; ca.cert_path() is the CA's PEM file.
 //! ```
-#![allow(dead_code, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};

@@ -1,12 +1,12 @@
 //! A real, throw-away `etcd` for tests: one member on loopback ports reserved for it (see
-//! `port.rs`: no other process can take them between reserving and etcd's bind) with a
+//! [`crate::port`]: no other process can take them between reserving and etcd's bind) with a
 //! temporary data directory, killed when the handle is dropped.
 //!
 //! [`EtcdCluster`] starts several members instead, optionally with TLS on client and peer
 //! URLs, and turns etcd authentication on through its Auth RPCs (for which, and for finding
 //! the leader, it also uses tonic and `switchyard-proto`'s etcd client).
 //!
-//! The single member needs only std + tokio + tempfile and `port.rs` next to it:
+//! The single member needs only std, tokio and tempfile:
 //!
 //! ```ignore
 //! let etcd = EtcdProcess::start().await;
@@ -15,7 +15,6 @@
 //!
 //! The binary is `$SWITCHYARD_ETCD_BIN`, else `etcd` on `PATH`, else `/usr/bin/etcd`. A
 //! missing binary fails the test with install instructions: these tests are never skipped.
-#![allow(dead_code, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,9 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-#[path = "port.rs"]
-pub mod port;
-use port::ReservedPort;
+use crate::port::ReservedPort;
 
 /// How long a started member may take to elect itself and answer.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -76,8 +73,8 @@ impl EtcdProcess {
         let peer_url = format!("http://{}", peer.addr());
         let log_path = data.path().join("etcd.log");
         let log = std::fs::File::create(&log_path).map_err(|e| format!("log file: {e}"))?;
-        let log_err = log.try_clone().map_err(|e| format!("log file: {e}"))?;
-        let mut child = Command::new(binary)
+        let mut child = etcd_command(binary, log)
+            .map_err(|e| format!("log file: {e}"))?
             .arg("--name=test")
             .arg(format!("--data-dir={}", data.path().join("data").display()))
             .arg(format!("--listen-client-urls={client_url}"))
@@ -90,11 +87,6 @@ impl EtcdProcess {
             // etcd's minimum lease TTL (1.5 election timeouts, rounded up) to 1 s.
             .arg("--heartbeat-interval=10")
             .arg("--election-timeout=100")
-            .env_remove("ETCD_DATA_DIR")
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("spawning {}: {e}", binary.display()))?;
 
@@ -124,6 +116,20 @@ impl EtcdProcess {
 
 const INSTALL_HINT: &str = "Install it with `apt-get install etcd-server` (Debian/Ubuntu), put an \
     etcd 3.4+ binary on PATH, or point $SWITCHYARD_ETCD_BIN at one.";
+
+/// `binary` with its output in `log`, killed with its handle, and without a data directory
+/// of the environment's choosing.
+fn etcd_command(binary: &Path, log: std::fs::File) -> std::io::Result<Command> {
+    let log_err = log.try_clone()?;
+    let mut command = Command::new(binary);
+    command
+        .env_remove("ETCD_DATA_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(log_err))
+        .kill_on_drop(true);
+    Ok(command)
+}
 
 fn find_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("SWITCHYARD_ETCD_BIN") {
@@ -382,14 +388,9 @@ impl EtcdCluster {
             .append(true)
             .open(&m.log)
             .expect("etcd log file");
-        let log_err = log.try_clone().expect("etcd log file");
-        let child = Command::new(binary)
+        let child = etcd_command(binary, log)
+            .expect("etcd log file")
             .args(&m.args)
-            .env_remove("ETCD_DATA_DIR")
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("spawning {}: {e}", binary.display()));
         m.child = Some(child);

@@ -4,8 +4,8 @@
 //! applied it), heartbeats, and notes when each version arrived. A node can stop reading
 //! its stream ([`FleetNode::pause`]) and read again later ([`FleetNode::resume`]).
 //!
-//! Shared by the e2e harness and `switchyard-bench fleet` (`#[path]`): std, tokio, tonic,
-//! tokio-stream and the generated client only, and no panics.
+//! Used by the e2e tests and `switchyard-bench fleet`; it never panics, so a benchmark gets
+//! an error it can report.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

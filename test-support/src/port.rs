@@ -12,8 +12,6 @@
 //!
 //! So a process can be killed and started again on the same address with no window in which
 //! the port is free for someone else.
-#![allow(dead_code, clippy::expect_used)]
-
 use std::net::{Ipv4Addr, SocketAddr};
 
 pub struct ReservedPort {
