@@ -647,8 +647,8 @@ pub fn batch_id<'a>(event_ids: impl Iterator<Item = &'a str>) -> String {
 /// `<prefix>_<hex of the digest's first 12 bytes>`: an id derived from what identifies an
 /// event, so that the same event written twice is one event to receivers.
 pub fn digest_id(prefix: &str, digest: &[u8]) -> String {
-    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}_{hex}")
+    let id = &digest[..digest.len().min(12)];
+    format!("{prefix}_{}", hex::encode(id))
 }
 
 #[cfg(test)]
