@@ -25,14 +25,15 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, header};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::{Barrier, RwLock};
 use tokio::task::JoinSet;
@@ -362,10 +363,6 @@ fn split_calls(records: &[Record], stops: &[Option<Instant>]) -> (u64, u64) {
     (before, after)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -> Result<Round> {
     let upstream = dying(r);
     let model = format!("sim/{upstream}");
@@ -440,7 +437,7 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
                 }
             }
         }
-        let stops = stop_times(&lock(&records), &seen_open);
+        let stops = stop_times(&records.lock(), &seen_open);
         if let Some(last) = stops.iter().copied().collect::<Option<Vec<_>>>() {
             break last.into_iter().max().unwrap_or(failed_at);
         }
@@ -472,7 +469,7 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
     // Healed: its breakers close at their next probe and stay out of the later rounds.
     fleet.script(&upstream, json!({"kind": "ok"})).await?;
 
-    let records = std::mem::take(&mut *lock(&records));
+    let records = std::mem::take(&mut *records.lock());
     let stops = stop_times(&records, &seen_open);
     let (answers_failed_calls, calls_after_stop) = split_calls(&records, &stops);
     let user_calls = calls_to.saturating_sub(calls_before) as i64
@@ -545,7 +542,7 @@ impl Client {
             };
             let (failed_calls, skipped) = classify(&body, &self.model);
             non_200 += u64::from(status != 200);
-            lock(&self.records).push(Record { sent, node: self.node, failed_calls, skipped });
+            self.records.lock().push(Record { sent, node: self.node, failed_calls, skipped });
         }
     }
 
