@@ -71,10 +71,8 @@ pub struct Args {
     /// `build-cost`: the `switchyard` binary of the build to compare with.
     #[arg(long, value_name = "PATH")]
     baseline: Option<PathBuf>,
-    /// Concurrencies to measure, comma-separated (each 1–1024).
-    #[arg(long, value_name = "N,N", value_delimiter = ',', default_value = "1,8",
-        value_parser = bounded::<usize>(1, 1024))]
-    concurrency: Vec<usize>,
+    #[command(flatten)]
+    concurrency: flags::Concurrency,
     /// Alternating pairs of measurements (AB, BA, …), 1–100.
     #[arg(long, value_name = "N", default_value = "8", value_parser = bounded::<usize>(1, 100))]
     pairs: usize,
@@ -90,7 +88,7 @@ fn options(a: Args) -> Result<Options> {
     Ok(Options {
         switchyard: a.switchyard.path()?,
         baseline: a.baseline,
-        concurrency: a.concurrency,
+        concurrency: a.concurrency.list,
         pairs: a.pairs,
         warmup: Duration::from_secs(a.warmup_secs),
         duration: Duration::from_secs(a.duration_secs),

@@ -16,3 +16,16 @@ impl Backend {
         }
     }
 }
+
+/// `--store`: the stores to run the control plane on, in this order.
+#[derive(clap::Args)]
+pub struct Stores {
+    /// Stores to run the control plane on, comma-separated.
+    #[arg(
+        long = "store",
+        value_name = "STORE,STORE",
+        value_delimiter = ',',
+        default_value = "embedded,etcd"
+    )]
+    pub list: Vec<Backend>,
+}

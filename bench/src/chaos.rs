@@ -62,10 +62,8 @@ pub struct Args {
     /// A `switchyard` built without fault injection, for the cost.
     #[arg(long, value_name = "PATH")]
     baseline: Option<PathBuf>,
-    /// Concurrencies to measure, comma-separated (each 1–1024).
-    #[arg(long, value_name = "N,N", value_delimiter = ',', default_value = "1,8",
-        value_parser = bounded::<usize>(1, 1024))]
-    concurrency: Vec<usize>,
+    #[command(flatten)]
+    concurrency: flags::Concurrency,
     /// Runs per target (1–20).
     #[arg(long, value_name = "N", default_value = "3", value_parser = bounded::<usize>(1, 20))]
     runs: usize,
@@ -93,7 +91,7 @@ fn options(a: Args) -> Result<Options> {
     let o = Options {
         switchyard: a.switchyard.existing()?,
         baseline: a.baseline,
-        concurrency: a.concurrency,
+        concurrency: a.concurrency.list,
         runs: a.runs,
         warmup: a.warmup_secs,
         duration: a.duration_secs,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use switchyard_proto::admin::v1::{self as admin, admin_client::AdminClient};
 use tonic::transport::Channel;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Stores};
 use crate::error::Result;
 use crate::etcd;
 use crate::flags::{self, bounded};
@@ -54,14 +54,8 @@ pub struct Args {
     /// Nodes connected to the control plane (1–10000).
     #[arg(long, value_name = "N", default_value = "1000", value_parser = bounded::<usize>(1, 10_000))]
     nodes: usize,
-    /// Stores to run the control plane on, comma-separated.
-    #[arg(
-        long,
-        value_name = "STORE,STORE",
-        value_delimiter = ',',
-        default_value = "embedded,etcd"
-    )]
-    store: Vec<Backend>,
+    #[command(flatten)]
+    store: Stores,
     /// Changes timed to every node (1–1000).
     #[arg(long, value_name = "N", default_value = "20", value_parser = bounded::<usize>(1, 1_000))]
     changes: usize,
@@ -77,7 +71,7 @@ fn options(a: Args) -> Result<Options> {
     let o = Options {
         switchyard: a.switchyard.existing()?,
         nodes: a.nodes,
-        backends: a.store,
+        backends: a.store.list,
         changes: a.changes,
         slow: a.slow,
         keys: a.keys,

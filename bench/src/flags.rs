@@ -27,6 +27,15 @@ pub fn secs(v: &str) -> std::result::Result<Duration, String> {
         .ok_or_else(|| format!("expected seconds in (0, 600], got {v:?}"))
 }
 
+/// `--concurrency` of the A/B comparisons and `chaos`.
+#[derive(clap::Args)]
+pub struct Concurrency {
+    /// Concurrencies to measure, comma-separated (each 1–1024).
+    #[arg(long = "concurrency", value_name = "N,N", value_delimiter = ',', default_value = "1,8",
+        value_parser = bounded::<usize>(1, 1024))]
+    pub list: Vec<usize>,
+}
+
 /// `--switchyard PATH`: the binary every subcommand starts its processes from.
 #[derive(clap::Args)]
 pub struct Switchyard {

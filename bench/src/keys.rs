@@ -23,7 +23,7 @@ use switchyard_catalog::{ApiKeyRecord, FailoverDefaults, KeyStatus};
 use switchyard_control_plane::layout::Layout;
 use switchyard_control_plane::store::{self, Txn, TxnOp};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Stores};
 use crate::etcd;
 
 use crate::catalog::{PRIMARY, SECONDARY};
@@ -53,14 +53,8 @@ pub struct Args {
     #[arg(long, value_name = "N,N", value_delimiter = ',', default_value = "100000",
         value_parser = bounded::<usize>(0, 1_000_000))]
     count: Vec<usize>,
-    /// Stores to run the control plane on, comma-separated.
-    #[arg(
-        long,
-        value_name = "STORE,STORE",
-        value_delimiter = ',',
-        default_value = "embedded,etcd"
-    )]
-    store: Vec<Backend>,
+    #[command(flatten)]
+    store: Stores,
     /// Runs per store and count (1–20).
     #[arg(long, value_name = "N", default_value = "3", value_parser = bounded::<usize>(1, 20))]
     runs: usize,
@@ -73,7 +67,7 @@ fn options(a: Args) -> Result<Options> {
     Ok(Options {
         switchyard: a.switchyard.existing()?,
         counts: a.count,
-        backends: a.store,
+        backends: a.store.list,
         runs: a.runs,
         changes: a.changes,
     })
