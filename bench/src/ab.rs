@@ -32,7 +32,7 @@ use switchyard_catalog::keys::Limits;
 use switchyard_data_plane::limits::{Decision, Ledger};
 use switchyard_time::now_ms;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::catalog::{
     DEPLOYED, DEPLOYED_LEAST_LATENCY, PRIMARY, SECONDARY, catalog_with_deployments_yaml,
@@ -40,17 +40,14 @@ use crate::catalog::{
 };
 use crate::client::{Tls, connect_tls, get_status};
 use crate::error::Result;
-use crate::flags::bounded;
+use crate::flags::{self, bounded};
 use crate::fleet::{Fleet, FleetTls};
 use crate::host::thread_cpu_ns;
 use crate::load::{Kind, Target};
 use crate::overhead::{Bench, Sample};
-use crate::proc::{Proc, default_switchyard};
+use crate::proc::Proc;
 use crate::stats::{fmt, median, pct};
 use switchyard_test_support::pki::Ca;
-
-const USAGE: &str = "usage: switchyard-bench limit-cost|otel-cost|tls-cost|deployment-cost|build-cost [--switchyard PATH] \
-[--baseline PATH (build-cost)] [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]";
 
 /// Calls of the limit path timed in-process, per repetition.
 const PATH_CALLS: u32 = 200_000;
@@ -65,40 +62,37 @@ struct Options {
     duration: Duration,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        switchyard: default_switchyard()?,
-        baseline: None,
-        concurrency: vec![1, 8],
-        pairs: 8,
-        warmup: Duration::from_secs(1),
-        duration: Duration::from_secs(3),
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = value()?.into(),
-            "--baseline" => o.baseline = Some(value()?.into()),
-            "--concurrency" => {
-                o.concurrency = value()?
-                    .split(',')
-                    .map(|c| bounded(c.trim(), 1, 1024, "--concurrency"))
-                    .collect::<Result<Vec<_>>>()?;
-            }
-            "--pairs" => o.pairs = bounded(value()?, 1, 100, "--pairs")?,
-            "--warmup-secs" => {
-                o.warmup = Duration::from_secs(bounded(value()?, 0, 60, "--warmup-secs")? as u64);
-            }
-            "--duration-secs" => {
-                o.duration =
-                    Duration::from_secs(bounded(value()?, 1, 600, "--duration-secs")? as u64);
-            }
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    Ok(o)
+/// The A/B comparisons' flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// `build-cost`: the `switchyard` binary of the build to compare with.
+    #[arg(long, value_name = "PATH")]
+    baseline: Option<PathBuf>,
+    #[command(flatten)]
+    concurrency: flags::Concurrency,
+    /// Alternating pairs of measurements (AB, BA, …), 1–100.
+    #[arg(long, value_name = "N", default_value = "8", value_parser = bounded::<usize>(1, 100))]
+    pairs: usize,
+    /// Warm-up before each measurement, in seconds (0–60).
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = bounded::<u64>(0, 60))]
+    warmup_secs: u64,
+    /// Length of each measurement, in seconds (1–600).
+    #[arg(long, value_name = "SECS", default_value = "3", value_parser = bounded::<u64>(1, 600))]
+    duration_secs: u64,
+}
+
+fn options(a: Args) -> Result<Options> {
+    Ok(Options {
+        switchyard: a.switchyard.path()?,
+        baseline: a.baseline,
+        concurrency: a.concurrency.list,
+        pairs: a.pairs,
+        warmup: Duration::from_secs(a.warmup_secs),
+        duration: Duration::from_secs(a.duration_secs),
+    })
 }
 
 /// Which comparison to run.
@@ -111,8 +105,8 @@ pub enum Compare {
     Deployments,
 }
 
-pub fn main(compare: Compare, args: &[String]) -> Result<()> {
-    let options = parse(args)?;
+pub fn main(compare: Compare, args: Args) -> Result<()> {
+    let options = options(args)?;
     // The load generator's one thread, as in the default run.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,9 +1,9 @@
-//! Which store a benchmark runs its control plane on: `--store embedded,etcd`.
+//! Which store a benchmark runs its control plane on: `--store embedded,etcd` (`file` is
+//! `embedded`).
 
-use crate::error::Result;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum Backend {
+    #[value(alias = "file")]
     Embedded,
     Etcd,
 }
@@ -15,16 +15,17 @@ impl Backend {
             Backend::Etcd => "etcd",
         }
     }
+}
 
-    /// The value of `--store`: comma-separated `embedded` (or `file`) and `etcd`.
-    pub fn parse_list(value: &str) -> Result<Vec<Backend>> {
-        value
-            .split(',')
-            .map(|b| match b.trim() {
-                "embedded" | "file" => Ok(Backend::Embedded),
-                "etcd" => Ok(Backend::Etcd),
-                other => Err(format!("--store: unknown backend {other:?}")),
-            })
-            .collect()
-    }
+/// `--store`: the stores to run the control plane on, in this order.
+#[derive(clap::Args)]
+pub struct Stores {
+    /// Stores to run the control plane on, comma-separated.
+    #[arg(
+        long = "store",
+        value_name = "STORE,STORE",
+        value_delimiter = ',',
+        default_value = "embedded,etcd"
+    )]
+    pub list: Vec<Backend>,
 }

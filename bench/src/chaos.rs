@@ -25,15 +25,12 @@ use serde_json::{Value, json};
 use crate::catalog::{FAILING, PRIMARY, SECONDARY, catalog_yaml};
 use crate::client::{connect, http};
 use crate::error::Result;
+use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
 use crate::host::{clock_ticks, cpu_ticks};
 use crate::load::{Kind, Target, phase};
-use crate::proc::{Proc, cli, default_switchyard};
+use crate::proc::{Proc, cli};
 use crate::stats::{fmt, median, percentile};
-
-const USAGE: &str = "usage: switchyard-bench chaos --baseline PATH [--switchyard PATH] \
-[--concurrency 1,8] [--runs 3] [--warmup-secs 2] [--duration-secs 5] [--nodes 3] [--changes 20] \
-[--no-cost] [--no-reach]";
 
 /// The goal for the feature's cost: this build's node CPU per request within this share of
 /// the baseline's, with and without a fault in force elsewhere.
@@ -56,71 +53,68 @@ struct Options {
     reach: bool,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        switchyard: default_switchyard()?,
-        baseline: None,
-        concurrency: vec![1, 8],
-        runs: 3,
-        warmup: Duration::from_secs(2),
-        duration: Duration::from_secs(5),
-        nodes: 3,
-        changes: 20,
-        cost: true,
-        reach: true,
+/// `switchyard-bench chaos`'s flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// A `switchyard` built without fault injection, for the cost.
+    #[arg(long, value_name = "PATH")]
+    baseline: Option<PathBuf>,
+    #[command(flatten)]
+    concurrency: flags::Concurrency,
+    /// Runs per target (1–20).
+    #[arg(long, value_name = "N", default_value = "3", value_parser = bounded::<usize>(1, 20))]
+    runs: usize,
+    /// Warm-up before each measurement, in seconds.
+    #[arg(long, value_name = "SECS", default_value = "2", value_parser = flags::secs)]
+    warmup_secs: Duration,
+    /// Length of each measurement, in seconds.
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = flags::secs)]
+    duration_secs: Duration,
+    /// Nodes in the fleet the faults reach (1–32).
+    #[arg(long, value_name = "N", default_value = "3", value_parser = bounded::<usize>(1, 32))]
+    nodes: usize,
+    /// Fault changes timed to every node (1–1000).
+    #[arg(long, value_name = "N", default_value = "20", value_parser = bounded::<usize>(1, 1000))]
+    changes: usize,
+    /// Skip the cost (no --baseline needed).
+    #[arg(long)]
+    no_cost: bool,
+    /// Skip the reach.
+    #[arg(long)]
+    no_reach: bool,
+}
+
+fn options(a: Args) -> Result<Options> {
+    let o = Options {
+        switchyard: a.switchyard.existing()?,
+        baseline: a.baseline,
+        concurrency: a.concurrency.list,
+        runs: a.runs,
+        warmup: a.warmup_secs,
+        duration: a.duration_secs,
+        nodes: a.nodes,
+        changes: a.changes,
+        cost: !a.no_cost,
+        reach: !a.no_reach,
     };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        let count = |v: &str, lo: usize, hi: usize| {
-            v.parse::<usize>()
-                .ok()
-                .filter(|n| (lo..=hi).contains(n))
-                .ok_or_else(|| format!("{flag}: expected {lo}–{hi}, got {v:?}"))
-        };
-        let secs = |v: &str| {
-            v.parse::<f64>()
-                .ok()
-                .filter(|s| *s > 0.0 && *s <= 600.0)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| format!("{flag}: expected seconds in (0, 600], got {v:?}"))
-        };
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = PathBuf::from(value()?),
-            "--baseline" => o.baseline = Some(PathBuf::from(value()?)),
-            "--concurrency" => {
-                o.concurrency = value()?
-                    .split(',')
-                    .map(|c| c.trim().parse::<usize>().ok().filter(|c| (1..=1024).contains(c)))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| "--concurrency: expected e.g. 1,8 (each 1–1024)".to_owned())?;
-            }
-            "--runs" => o.runs = count(value()?, 1, 20)?,
-            "--warmup-secs" => o.warmup = secs(value()?)?,
-            "--duration-secs" => o.duration = secs(value()?)?,
-            "--nodes" => o.nodes = count(value()?, 1, 32)?,
-            "--changes" => o.changes = count(value()?, 1, 1000)?,
-            "--no-cost" => o.cost = false,
-            "--no-reach" => o.reach = false,
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    for bin in std::iter::once(&o.switchyard).chain(o.baseline.as_ref()) {
-        if !bin.is_file() {
-            return Err(format!("{} not found: build it or pass its path", bin.display()));
-        }
+    if let Some(baseline) = &o.baseline
+        && !baseline.is_file()
+    {
+        return Err(format!("{} not found: build it or pass its path", baseline.display()));
     }
     if o.cost && o.baseline.is_none() {
-        return Err(format!(
-            "--baseline PATH (a `switchyard` built without fault injection) is needed for the \
-             cost; pass --no-cost to measure only the reach\n{USAGE}"
-        ));
+        return Err("--baseline PATH (a `switchyard` built without fault injection) is needed \
+                    for the cost; pass --no-cost to measure only the reach"
+            .to_owned());
     }
     Ok(o)
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let options = parse(args)?;
+pub fn main(args: Args) -> Result<()> {
+    let options = options(args)?;
     // One thread for the load generator, as in the default run.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

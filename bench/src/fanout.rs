@@ -21,17 +21,14 @@ use std::time::{Duration, Instant};
 use switchyard_proto::admin::v1::{self as admin, admin_client::AdminClient};
 use tonic::transport::Channel;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Stores};
 use crate::error::Result;
-use crate::flags::bounded;
+use crate::flags::{self, bounded};
 use crate::host::{clock_ticks, cpu_ticks, mib, status_kib};
-use crate::proc::{Proc, default_switchyard};
+use crate::proc::Proc;
 use crate::stats::{fmt, pct, sum_metric};
 use switchyard_test_support::etcd;
 use switchyard_test_support::node_fleet::{FleetNode, connect_fleet, time_to_all, wait_all};
-
-const USAGE: &str = "usage: switchyard-bench fleet [--nodes 1000] [--store embedded,etcd] \
-[--changes 20] [--slow 100] [--keys 0] [--switchyard PATH]";
 
 /// How long every node may take to have one change before the run fails.
 const CHANGE_LIMIT: Duration = Duration::from_secs(60);
@@ -48,42 +45,45 @@ struct Options {
     keys: usize,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        switchyard: default_switchyard()?,
-        nodes: 1000,
-        backends: vec![Backend::Embedded, Backend::Etcd],
-        changes: 20,
-        slow: 100,
-        keys: 0,
+/// `switchyard-bench fleet`'s flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// Nodes connected to the control plane (1–10000).
+    #[arg(long, value_name = "N", default_value = "1000", value_parser = bounded::<usize>(1, 10_000))]
+    nodes: usize,
+    #[command(flatten)]
+    store: Stores,
+    /// Changes timed to every node (1–1000).
+    #[arg(long, value_name = "N", default_value = "20", value_parser = bounded::<usize>(1, 1_000))]
+    changes: usize,
+    /// Nodes that read their stream slowly (0–10000, below --nodes).
+    #[arg(long, value_name = "N", default_value = "100", value_parser = bounded::<usize>(0, 10_000))]
+    slow: usize,
+    /// Keys created before the nodes connect: the size of each node's snapshot (0–1000000).
+    #[arg(long, value_name = "N", default_value = "0", value_parser = bounded::<usize>(0, 1_000_000))]
+    keys: usize,
+}
+
+fn options(a: Args) -> Result<Options> {
+    let o = Options {
+        switchyard: a.switchyard.existing()?,
+        nodes: a.nodes,
+        backends: a.store.list,
+        changes: a.changes,
+        slow: a.slow,
+        keys: a.keys,
     };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = value()?.into(),
-            "--nodes" => o.nodes = bounded(value()?, 1, 10_000, "--nodes")?,
-            "--changes" => o.changes = bounded(value()?, 1, 1_000, "--changes")?,
-            "--slow" => o.slow = bounded(value()?, 0, 10_000, "--slow")?,
-            "--keys" => o.keys = bounded(value()?, 0, 1_000_000, "--keys")?,
-            "--store" => {
-                o.backends = Backend::parse_list(value()?)?;
-            }
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
     if o.slow >= o.nodes {
         return Err(format!("--slow {} must be below --nodes {}", o.slow, o.nodes));
-    }
-    if !o.switchyard.is_file() {
-        return Err(format!("{} not found", o.switchyard.display()));
     }
     Ok(o)
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let options = parse(args)?;
+pub fn main(args: Args) -> Result<()> {
+    let options = options(args)?;
     // Every node client lives on this runtime; two workers, like the machine's two cores.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

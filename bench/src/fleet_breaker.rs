@@ -25,27 +25,25 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, header};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::{Barrier, RwLock};
 use tokio::task::JoinSet;
 
 use crate::client::{connect, http, metrics_text};
 use crate::error::Result;
-use crate::flags::bounded;
+use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
-use crate::proc::{Proc, default_switchyard};
+use crate::proc::Proc;
 use crate::stats::{fmt, median, pct, sum_labelled};
-
-const USAGE: &str = "usage: switchyard-bench fleet-breaker [--switchyard PATH] [--nodes 10] \
-[--clients 3] [--rps 5] [--hot-rps N] [--rounds 3] [--observe-secs 20] [--fleet off,on] [--json]";
 
 /// The breaker policy every mode shares (the catalog's defaults, written out so that the
 /// figures say what they were measured with): a node's breaker opens on its 10th failed
@@ -78,61 +76,66 @@ struct Options {
     json: bool,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        switchyard: default_switchyard()?,
-        nodes: 10,
-        clients: 3,
-        rps: 5,
-        hot_rps: None,
-        rounds: 3,
-        observe: Duration::from_secs(20),
-        modes: vec![false, true],
-        json: false,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = value()?.into(),
-            "--nodes" => o.nodes = bounded(value()?, 1, 100, "--nodes")?,
-            "--clients" => o.clients = bounded(value()?, 1, 64, "--clients")?,
-            "--rps" => o.rps = bounded(value()?, 1, 1_000, "--rps")?,
-            "--hot-rps" => o.hot_rps = Some(bounded(value()?, 1, 1_000, "--hot-rps")?),
-            "--rounds" => o.rounds = bounded(value()?, 1, 50, "--rounds")?,
-            "--observe-secs" => {
-                o.observe =
-                    Duration::from_secs(bounded(value()?, 5, 600, "--observe-secs")? as u64);
-            }
-            "--fleet" => o.modes = parse_modes(value()?)?,
-            "--json" => o.json = true,
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    if !o.switchyard.is_file() {
-        return Err(format!(
-            "{} not found: build it with `cargo build -p switchyard-cli` or pass --switchyard PATH",
-            o.switchyard.display()
-        ));
-    }
-    Ok(o)
+/// `switchyard-bench fleet-breaker`'s flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// Nodes in the fleet (1–100).
+    #[arg(long, value_name = "N", default_value = "10", value_parser = bounded::<usize>(1, 100))]
+    nodes: usize,
+    /// Clients sending to each node (1–64).
+    #[arg(long, value_name = "N", default_value = "3", value_parser = bounded::<usize>(1, 64))]
+    clients: usize,
+    /// Requests per second to each node (1–1000).
+    #[arg(long, value_name = "N", default_value = "5", value_parser = bounded::<usize>(1, 1_000))]
+    rps: usize,
+    /// The first node's rate (1–1000; --rps unless given).
+    #[arg(long, value_name = "N", value_parser = bounded::<usize>(1, 1_000))]
+    hot_rps: Option<usize>,
+    /// Rounds per mode (1–50).
+    #[arg(long, value_name = "N", default_value = "3", value_parser = bounded::<usize>(1, 50))]
+    rounds: usize,
+    /// How long each round watches, in seconds (5–600).
+    #[arg(long, value_name = "SECS", default_value = "20", value_parser = bounded::<u64>(5, 600))]
+    observe_secs: u64,
+    /// The catalog's `fleet:` values to measure, in this order (on and/or off).
+    #[arg(long, value_name = "off,on", value_delimiter = ',', default_value = "off,on",
+        value_parser = fleet_mode)]
+    fleet: Vec<bool>,
+    /// The figures, every round's too, as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
-/// `--fleet`: comma-separated `on` (`fleet: true`) and `off` (`fleet: false`).
-fn parse_modes(value: &str) -> Result<Vec<bool>> {
+fn options(a: Args) -> Result<Options> {
     let mut modes = Vec::new();
-    for mode in value.split(',') {
-        let fleet = match mode.trim() {
-            "on" | "true" => true,
-            "off" | "false" => false,
-            other => return Err(format!("--fleet: expected on and/or off, got {other:?}")),
-        };
+    for fleet in a.fleet {
         if !modes.contains(&fleet) {
             modes.push(fleet);
         }
     }
-    Ok(modes)
+    Ok(Options {
+        switchyard: a.switchyard.existing()?,
+        nodes: a.nodes,
+        clients: a.clients,
+        rps: a.rps,
+        hot_rps: a.hot_rps,
+        rounds: a.rounds,
+        observe: Duration::from_secs(a.observe_secs),
+        modes,
+        json: a.json,
+    })
+}
+
+/// One `--fleet` value: `on` (`fleet: true`) or `off` (`fleet: false`).
+fn fleet_mode(value: &str) -> std::result::Result<bool, String> {
+    match value.trim() {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        other => Err(format!("expected on and/or off, got {other:?}")),
+    }
 }
 
 /// The catalog of one mode: the secondary and one model per round, and the breaker policy
@@ -174,8 +177,8 @@ fn dying(r: usize) -> String {
     format!("dying-{r}")
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+pub fn main(args: Args) -> Result<()> {
+    let o = options(args)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -362,10 +365,6 @@ fn split_calls(records: &[Record], stops: &[Option<Instant>]) -> (u64, u64) {
     (before, after)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -> Result<Round> {
     let upstream = dying(r);
     let model = format!("sim/{upstream}");
@@ -440,7 +439,7 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
                 }
             }
         }
-        let stops = stop_times(&lock(&records), &seen_open);
+        let stops = stop_times(&records.lock(), &seen_open);
         if let Some(last) = stops.iter().copied().collect::<Option<Vec<_>>>() {
             break last.into_iter().max().unwrap_or(failed_at);
         }
@@ -472,7 +471,7 @@ async fn run_round(o: &Options, fleet: &Fleet, nodes: &[SocketAddr], r: usize) -
     // Healed: its breakers close at their next probe and stay out of the later rounds.
     fleet.script(&upstream, json!({"kind": "ok"})).await?;
 
-    let records = std::mem::take(&mut *lock(&records));
+    let records = std::mem::take(&mut *records.lock());
     let stops = stop_times(&records, &seen_open);
     let (answers_failed_calls, calls_after_stop) = split_calls(&records, &stops);
     let user_calls = calls_to.saturating_sub(calls_before) as i64
@@ -545,7 +544,7 @@ impl Client {
             };
             let (failed_calls, skipped) = classify(&body, &self.model);
             non_200 += u64::from(status != 200);
-            lock(&self.records).push(Record { sent, node: self.node, failed_calls, skipped });
+            self.records.lock().push(Record { sent, node: self.node, failed_calls, skipped });
         }
     }
 

@@ -23,16 +23,16 @@ use switchyard_catalog::{ApiKeyRecord, FailoverDefaults, KeyStatus};
 use switchyard_control_plane::layout::Layout;
 use switchyard_control_plane::store::{self, Txn, TxnOp};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Stores};
 use switchyard_test_support::etcd;
 
 use crate::catalog::{PRIMARY, SECONDARY};
 use crate::client::{connect, get_status};
 use crate::error::Result;
-use crate::flags::bounded;
+use crate::flags::{self, bounded};
 use crate::fleet::wait_ready;
 use crate::host::{clock_ticks, cpu_ticks, mib, status_kib};
-use crate::proc::{Proc, cli, default_switchyard};
+use crate::proc::{Proc, cli};
 use crate::stats::{fmt, median, pct};
 
 struct Options {
@@ -43,46 +43,38 @@ struct Options {
     changes: usize,
 }
 
-const USAGE: &str = "usage: switchyard-bench keys [--count 100000] (comma-separated, e.g. 0,100000) \
-[--store embedded,etcd] [--runs 3] [--changes 20] [--switchyard PATH]";
-
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        switchyard: default_switchyard()?,
-        counts: vec![100_000],
-        backends: vec![Backend::Embedded, Backend::Etcd],
-        runs: 3,
-        changes: 20,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = value()?.into(),
-            "--count" => {
-                o.counts = value()?
-                    .split(',')
-                    .map(|c| c.trim().parse::<usize>().ok().filter(|c| *c <= 1_000_000))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or("--count: expected e.g. 0,100000 (each at most 1000000)")?;
-            }
-            "--store" => {
-                o.backends = Backend::parse_list(value()?)?;
-            }
-            "--runs" => o.runs = bounded(value()?, 1, 20, "--runs")?,
-            "--changes" => o.changes = bounded(value()?, 1, 50, "--changes")?,
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    if !o.switchyard.is_file() {
-        return Err(format!("{} not found", o.switchyard.display()));
-    }
-    Ok(o)
+/// `switchyard-bench keys`'s flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// Keys in the store, comma-separated, e.g. 0,100000 (each at most 1000000).
+    #[arg(long, value_name = "N,N", value_delimiter = ',', default_value = "100000",
+        value_parser = bounded::<usize>(0, 1_000_000))]
+    count: Vec<usize>,
+    #[command(flatten)]
+    store: Stores,
+    /// Runs per store and count (1–20).
+    #[arg(long, value_name = "N", default_value = "3", value_parser = bounded::<usize>(1, 20))]
+    runs: usize,
+    /// Changes timed per run (1–50).
+    #[arg(long, value_name = "N", default_value = "20", value_parser = bounded::<usize>(1, 50))]
+    changes: usize,
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let options = parse(args)?;
+fn options(a: Args) -> Result<Options> {
+    Ok(Options {
+        switchyard: a.switchyard.existing()?,
+        counts: a.count,
+        backends: a.store.list,
+        runs: a.runs,
+        changes: a.changes,
+    })
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let options = options(args)?;
     // Multi-threaded: the store clients and the etcd harness use tokio's process and I/O
     // drivers; nothing here is a load generator that must stay on one core.
     let rt = tokio::runtime::Builder::new_multi_thread()

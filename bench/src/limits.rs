@@ -14,11 +14,9 @@ use serde_json::json;
 use crate::catalog::{PRIMARY, catalog_yaml};
 use crate::client::{connect, http};
 use crate::error::Result;
+use crate::flags;
 use crate::fleet::Fleet;
-use crate::proc::{cli, default_switchyard};
-
-const USAGE: &str = "usage: switchyard-bench limits [--switchyard PATH] [--nodes 3] [--rpm 6000] \
-[--concurrency 12] [--duration-secs 75]";
+use crate::proc::cli;
 
 struct Options {
     switchyard: std::path::PathBuf,
@@ -28,33 +26,38 @@ struct Options {
     duration: Duration,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        switchyard: default_switchyard()?,
-        nodes: 3,
-        rpm: 6000,
-        concurrency: 12,
-        duration: Duration::from_secs(75),
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        let number = |v: &String| v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"));
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = value()?.into(),
-            "--nodes" => o.nodes = number(value()?)?.max(1) as usize,
-            "--rpm" => o.rpm = number(value()?)?.max(1),
-            "--concurrency" => o.concurrency = number(value()?)?.max(1) as usize,
-            "--duration-secs" => o.duration = Duration::from_secs(number(value()?)?.max(61)),
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    Ok(o)
+/// `switchyard-bench limits`'s flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// Nodes sharing the key (at least 1).
+    #[arg(long, value_name = "N", default_value = "3")]
+    nodes: u64,
+    /// The key's requests per minute (at least 1).
+    #[arg(long, value_name = "N", default_value = "6000")]
+    rpm: u64,
+    /// Connections sending, over all nodes (at least 1).
+    #[arg(long, value_name = "N", default_value = "12")]
+    concurrency: u64,
+    /// How long to send, in seconds (at least 61: more than one minute's window).
+    #[arg(long, value_name = "SECS", default_value = "75")]
+    duration_secs: u64,
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let options = parse(args)?;
+fn options(a: Args) -> Result<Options> {
+    Ok(Options {
+        switchyard: a.switchyard.path()?,
+        nodes: a.nodes.max(1) as usize,
+        rpm: a.rpm.max(1),
+        concurrency: a.concurrency.max(1) as usize,
+        duration: Duration::from_secs(a.duration_secs.max(61)),
+    })
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let options = options(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

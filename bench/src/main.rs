@@ -11,7 +11,6 @@
 //! `/v1/embeddings`, native and translated, each with its pass-through floor); `--baseline-switchyard PATH` a node of another build beside this one's. See
 //! docs/BENCHMARKS.md for what each column means.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -39,24 +38,10 @@ mod storm;
 mod streams;
 mod translate;
 
+use clap::{Parser, Subcommand};
+
 use error::Result;
 use overhead::Options;
-
-const USAGE: &str = "usage: switchyard-bench [--switchyard PATH] [--concurrency 1,32] \
-[--warmup-secs 2] [--duration-secs 5] [--runs 3] [--max-steal-pct 5] [--surfaces] \
-[--baseline-switchyard PATH]
-       switchyard-bench keys [--count 100000] [--store embedded,etcd] [--runs 3] [--changes 5]
-       switchyard-bench fleet [--nodes 1000] [--store embedded,etcd] [--changes 20] [--slow 100] [--keys 0]
-       switchyard-bench fleet-breaker [--nodes 10] [--clients 3] [--rps 5] [--hot-rps N] [--rounds 3] [--observe-secs 20] [--fleet off,on] [--json]
-       switchyard-bench streams [--streams 2000] [--chunks 200] [--chunk-delay-ms 20] [--runs 3] [--prefill]
-       switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] [--conns 1] [--e2e-secs 4]
-       switchyard-bench retries [--requests 3000] [--concurrency 8] [--models 16]
-       switchyard-bench limits [--nodes 3] [--rpm 6000] [--concurrency 12] [--duration-secs 75]
-       switchyard-bench limit-cost|otel-cost|tls-cost|deployment-cost [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]
-       switchyard-bench build-cost --baseline PATH [--concurrency 1,8] [--pairs 8] [--warmup-secs 1] [--duration-secs 3]
-       switchyard-bench chaos --baseline PATH [--concurrency 1,8] [--runs 3] [--nodes 3] [--changes 20]
-       switchyard-bench storm [--concurrency 32] [--duration-secs 60] [--outage-secs 120] [--store embedded,etcd]
-       switchyard-bench passthrough --listen ADDR --upstream ADDR   (started by the bench)";
 
 /// A concurrency's targets are measured again when the hypervisor took more than this share
 /// of the machine's CPU time (steal) during any of them (`--max-steal-pct`).
@@ -67,30 +52,114 @@ const DEFAULT_MAX_STEAL_PCT: f64 = 5.0;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// What a node costs per request, and the benchmarks behind docs/BENCHMARKS.md. Without a
+/// subcommand: the simulator direct, a bare pass-through and the node, at each concurrency.
+#[derive(Parser)]
+#[command(
+    name = "switchyard-bench",
+    args_conflicts_with_subcommands = true,
+    args_override_self = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The control plane with many keys: start-up, snapshot and change latency per store.
+    Keys(keys::Args),
+    /// Many nodes on one control plane: how fast a change reaches them all.
+    Fleet(fanout::Args),
+    /// The fleet's breakers: failed requests before every node skips a dead deployment.
+    FleetBreaker(fleet_breaker::Args),
+    /// Many concurrent streams through one node.
+    Streams(streams::Args),
+    /// What translating between wire formats costs per request.
+    Translate(translate::Args),
+    /// Fault injection: its cost per request, and how fast a fault reaches a fleet.
+    Chaos(chaos::Args),
+    /// A retry storm, bounded by the retry budget.
+    Retries(retry_storm::Args),
+    /// A key's limit under load, over several nodes.
+    Limits(limits::Args),
+    /// A/B: a key with limits against one without.
+    LimitCost(ab::Args),
+    /// A/B: OpenTelemetry exporting to a collector that is down, against it off.
+    OtelCost(ab::Args),
+    /// A/B: a node of another build (`--baseline PATH`) against one of this build.
+    BuildCost(ab::Args),
+    /// A/B: a model of three deployments against a model of one.
+    DeploymentCost(ab::Args),
+    /// A/B: TLS on the node's two network sides against plaintext.
+    TlsCost(ab::Args),
+    /// Failover events during a control-plane outage.
+    Storm(storm::Args),
+    /// The bare pass-through proxy (started by the default run).
+    #[command(hide = true)]
+    Passthrough(passthrough::Args),
+}
+
+/// The default run's flags.
+#[derive(clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// Concurrencies to measure, comma-separated (each 1–1024).
+    #[arg(long, value_name = "N,N", value_delimiter = ',', default_value = "1,32",
+        value_parser = flags::bounded::<usize>(1, 1024))]
+    concurrency: Vec<usize>,
+    /// Warm-up before each measurement, in seconds.
+    #[arg(long, value_name = "SECS", default_value = "2", value_parser = flags::secs)]
+    warmup_secs: Duration,
+    /// Length of each measurement, in seconds.
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = flags::secs)]
+    duration_secs: Duration,
+    /// Runs per target (1–20); the tables give medians.
+    #[arg(long, value_name = "N", default_value = "3", value_parser = flags::bounded::<usize>(1, 20))]
+    runs: usize,
+    /// Measure a concurrency again when the hypervisor took more than this share of CPU
+    /// time (steal), in (0, 100].
+    #[arg(long, value_name = "PCT", default_value_t = DEFAULT_MAX_STEAL_PCT, value_parser = steal_pct)]
+    max_steal_pct: f64,
+    /// Add Messages, Responses and embeddings requests, native and translated.
+    #[arg(long)]
+    surfaces: bool,
+    /// A node of another build beside this one's: its `switchyard` binary.
+    #[arg(long, value_name = "PATH")]
+    baseline_switchyard: Option<PathBuf>,
+}
+
+fn steal_pct(v: &str) -> std::result::Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|p| *p > 0.0 && *p <= 100.0)
+        .ok_or_else(|| format!("expected a percentage in (0, 100], got {v:?}"))
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("passthrough") => parse_passthrough(&args[1..])
-            .and_then(|(listen, upstream)| passthrough::main(listen, upstream)),
-        Some("keys") => keys::main(&args[1..]),
-        Some("fleet") => fanout::main(&args[1..]),
-        Some("fleet-breaker") => fleet_breaker::main(&args[1..]),
-        Some("streams") => streams::main(&args[1..]),
-        Some("translate") => translate::main(&args[1..]),
-        Some("chaos") => chaos::main(&args[1..]),
-        Some("retries") => retry_storm::main(&args[1..]),
-        Some("limits") => limits::main(&args[1..]),
-        Some("limit-cost") => ab::main(ab::Compare::Limits, &args[1..]),
-        Some("otel-cost") => ab::main(ab::Compare::Otel, &args[1..]),
-        Some("build-cost") => ab::main(ab::Compare::Build, &args[1..]),
-        Some("deployment-cost") => ab::main(ab::Compare::Deployments, &args[1..]),
-        Some("tls-cost") => ab::main(ab::Compare::Tls, &args[1..]),
-        Some("storm") => storm::main(&args[1..]),
-        Some("-h" | "--help") => {
-            println!("{USAGE}");
-            Ok(())
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Passthrough(args)) => {
+            args.addrs().and_then(|(listen, upstream)| passthrough::main(listen, upstream))
         }
-        _ => parse_options(&args).and_then(overhead::main),
+        Some(Command::Keys(args)) => keys::main(args),
+        Some(Command::Fleet(args)) => fanout::main(args),
+        Some(Command::FleetBreaker(args)) => fleet_breaker::main(args),
+        Some(Command::Streams(args)) => streams::main(args),
+        Some(Command::Translate(args)) => translate::main(args),
+        Some(Command::Chaos(args)) => chaos::main(args),
+        Some(Command::Retries(args)) => retry_storm::main(args),
+        Some(Command::Limits(args)) => limits::main(args),
+        Some(Command::LimitCost(args)) => ab::main(ab::Compare::Limits, args),
+        Some(Command::OtelCost(args)) => ab::main(ab::Compare::Otel, args),
+        Some(Command::BuildCost(args)) => ab::main(ab::Compare::Build, args),
+        Some(Command::DeploymentCost(args)) => ab::main(ab::Compare::Deployments, args),
+        Some(Command::TlsCost(args)) => ab::main(ab::Compare::Tls, args),
+        Some(Command::Storm(args)) => storm::main(args),
+        None => options(cli.run).and_then(overhead::main),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -101,110 +170,110 @@ fn main() -> ExitCode {
     }
 }
 
-fn parse_options(args: &[String]) -> Result<Options> {
-    let mut switchyard = None;
-    let mut concurrency = vec![1, 32];
-    let mut warmup = Duration::from_secs(2);
-    let mut duration = Duration::from_secs(5);
-    let mut runs = 3;
-    let mut max_steal_pct = DEFAULT_MAX_STEAL_PCT;
-    let mut surfaces = false;
-    let mut baseline = None;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        let secs = |v: &str| {
-            v.parse::<f64>()
-                .ok()
-                .filter(|s| *s > 0.0 && *s <= 600.0)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| format!("{flag}: expected seconds in (0, 600], got {v:?}"))
-        };
-        match flag.as_str() {
-            "--switchyard" => switchyard = Some(PathBuf::from(value()?)),
-            "--concurrency" => {
-                concurrency = value()?
-                    .split(',')
-                    .map(|c| c.trim().parse::<usize>().ok().filter(|c| (1..=1024).contains(c)))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| "--concurrency: expected e.g. 1,32 (each 1–1024)".to_owned())?;
-            }
-            "--warmup-secs" => warmup = secs(value()?)?,
-            "--duration-secs" => duration = secs(value()?)?,
-            "--runs" => {
-                let v = value()?;
-                runs = v
-                    .parse()
-                    .ok()
-                    .filter(|r| (1..=20).contains(r))
-                    .ok_or_else(|| format!("--runs: expected 1–20, got {v:?}"))?;
-            }
-            "--max-steal-pct" => {
-                let v = value()?;
-                max_steal_pct =
-                    v.parse::<f64>().ok().filter(|p| *p > 0.0 && *p <= 100.0).ok_or_else(|| {
-                        format!("--max-steal-pct: expected a percentage in (0, 100], got {v:?}")
-                    })?;
-            }
-            "--surfaces" => surfaces = true,
-            "--baseline-switchyard" => {
-                let path = PathBuf::from(value()?);
-                if !path.is_file() {
-                    return Err(format!(
-                        "--baseline-switchyard: {} is not a file (the `switchyard` binary of the build to compare with)",
-                        path.display()
-                    ));
-                }
-                baseline = Some(path);
-            }
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    let switchyard = match switchyard {
-        Some(p) => p,
-        // `cargo run --release -p switchyard-bench` puts us in target/release, next to the
-        // `switchyard` binary `cargo build --release -p switchyard-cli` made.
-        None => std::env::current_exe()
-            .map_err(|e| format!("cannot find our own path: {e}"))?
-            .with_file_name("switchyard"),
-    };
-    if !switchyard.is_file() {
+fn options(a: RunArgs) -> Result<Options> {
+    if let Some(path) = &a.baseline_switchyard
+        && !path.is_file()
+    {
         return Err(format!(
-            "{} not found: build it with `cargo build --release -p switchyard-cli` or pass --switchyard PATH",
-            switchyard.display()
+            "--baseline-switchyard: {} is not a file (the `switchyard` binary of the build to compare with)",
+            path.display()
         ));
     }
     Ok(Options {
-        switchyard,
-        concurrency,
-        warmup,
-        duration,
-        runs,
-        max_steal_pct,
-        surfaces,
-        baseline,
+        switchyard: a.switchyard.existing()?,
+        concurrency: a.concurrency,
+        warmup: a.warmup_secs,
+        duration: a.duration_secs,
+        runs: a.runs,
+        max_steal_pct: a.max_steal_pct,
+        surfaces: a.surfaces,
+        baseline: a.baseline_switchyard,
     })
 }
 
-/// `passthrough --listen ADDR --upstream ADDR`, both on loopback.
-fn parse_passthrough(args: &[String]) -> Result<(SocketAddr, SocketAddr)> {
-    let mut listen = None;
-    let mut upstream = None;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let addr = value.parse::<SocketAddr>().map_err(|e| format!("{flag} {value}: {e}"))?;
-        match flag.as_str() {
-            "--listen" => listen = Some(addr),
-            "--upstream" => upstream = Some(addr),
-            other => return Err(format!("passthrough: unknown argument {other:?}")),
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Every `switchyard-bench` command line in docs/BENCHMARKS.md's code blocks, as words.
+    fn documented() -> Vec<Vec<String>> {
+        let doc = include_str!("../../docs/BENCHMARKS.md");
+        let mut lines = Vec::new();
+        let mut in_code = false;
+        let mut pending = String::new();
+        for line in doc.lines() {
+            if line.starts_with("```") {
+                in_code = !in_code;
+                continue;
+            }
+            if !in_code {
+                continue;
+            }
+            let code = line.split(" #").next().unwrap_or("").trim_end();
+            pending.push_str(code.strip_suffix('\\').unwrap_or(code));
+            pending.push(' ');
+            if code.ends_with('\\') {
+                continue;
+            }
+            let command = std::mem::take(&mut pending);
+            if let Some(at) = command.find("target/release/switchyard-bench") {
+                lines.push(command[at..].split_whitespace().map(str::to_owned).collect());
+            } else if let Some(at) = command.find("target/debug/switchyard-bench") {
+                lines.push(command[at..].split_whitespace().map(str::to_owned).collect());
+            }
+        }
+        lines
+    }
+
+    #[test]
+    fn every_documented_command_line_parses() {
+        let lines = documented();
+        assert!(lines.len() >= 20, "found only {} command lines", lines.len());
+        for words in lines {
+            if let Err(e) = Cli::try_parse_from(&words) {
+                panic!("{}: {e}", words.join(" "));
+            }
         }
     }
-    let (Some(listen), Some(upstream)) = (listen, upstream) else {
-        return Err(format!("passthrough needs --listen and --upstream\n{USAGE}"));
-    };
-    if !listen.ip().is_loopback() || !upstream.ip().is_loopback() {
-        return Err("passthrough: loopback addresses only".into());
+
+    #[test]
+    fn a_bad_value_is_refused_naming_its_flag() {
+        for words in [
+            &["switchyard-bench", "--runs", "0"][..],
+            &["switchyard-bench", "--concurrency", "1,2000"],
+            &["switchyard-bench", "fleet", "--store", "sqlite"],
+            &["switchyard-bench", "fleet-breaker", "--fleet", "maybe"],
+            &["switchyard-bench", "streams", "--chunks", "x"],
+            &["switchyard-bench", "storm", "--duration-secs", "1"],
+        ] {
+            let flag = words[words.len() - 2];
+            let Err(e) = Cli::try_parse_from(words) else {
+                panic!("{} was accepted", words.join(" "));
+            };
+            assert!(e.to_string().contains(flag), "{}: {e}", words.join(" "));
+            assert_ne!(e.exit_code(), 0);
+        }
     }
-    Ok((listen, upstream))
+
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let cli = Cli::try_parse_from(["switchyard-bench"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.run.concurrency, [1, 32]);
+        assert_eq!(cli.run.warmup_secs, Duration::from_secs(2));
+        assert_eq!(cli.run.duration_secs, Duration::from_secs(5));
+        assert_eq!(cli.run.runs, 3);
+        assert_eq!(cli.run.max_steal_pct, DEFAULT_MAX_STEAL_PCT);
+    }
+
+    #[test]
+    fn a_subcommands_flags_belong_to_it() {
+        // The default run's flags are not a subcommand's, nor the other way round.
+        assert!(Cli::try_parse_from(["switchyard-bench", "--surfaces", "keys"]).is_err());
+        assert!(Cli::try_parse_from(["switchyard-bench", "--pairs", "4"]).is_err());
+        assert!(Cli::try_parse_from(["switchyard-bench", "limit-cost", "--pairs", "4"]).is_ok());
+        // `file` is the embedded store's other name.
+        assert!(Cli::try_parse_from(["switchyard-bench", "keys", "--store", "file,etcd"]).is_ok());
+    }
 }

@@ -13,6 +13,28 @@ use tokio::net::TcpListener;
 
 use crate::error::Result;
 
+/// `passthrough --listen ADDR --upstream ADDR`, both on loopback.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    /// Where to listen.
+    #[arg(long, value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Where to forward every request.
+    #[arg(long, value_name = "ADDR")]
+    upstream: SocketAddr,
+}
+
+impl Args {
+    /// The listening and the upstream address, refused unless both are on loopback.
+    pub fn addrs(&self) -> Result<(SocketAddr, SocketAddr)> {
+        if !self.listen.ip().is_loopback() || !self.upstream.ip().is_loopback() {
+            return Err("passthrough: loopback addresses only".into());
+        }
+        Ok((self.listen, self.upstream))
+    }
+}
+
 /// Serves until the bench that started us is gone.
 pub fn main(listen: SocketAddr, upstream: SocketAddr) -> Result<()> {
     // Stop when the bench is gone (its end of our stdin closes), whatever killed it.

@@ -21,12 +21,9 @@ use serde_json::json;
 
 use crate::client::{connect, http, metrics_text};
 use crate::error::Result;
+use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
-use crate::proc::default_switchyard;
 use crate::stats::sum_metric;
-
-const USAGE: &str = "usage: switchyard-bench retries [--switchyard PATH] [--requests 3000] \
-[--concurrency 8] [--models 16]";
 
 const MAX_RETRIES: u32 = 3;
 const BUDGET_RATIO: f64 = 0.2;
@@ -43,26 +40,30 @@ struct Options {
     models: usize,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o =
-        Options { switchyard: default_switchyard()?, requests: 3000, concurrency: 8, models: 16 };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        let count = |v: &str, lo: usize, hi: usize| {
-            v.parse::<usize>()
-                .ok()
-                .filter(|n| (lo..=hi).contains(n))
-                .ok_or_else(|| format!("{flag}: expected {lo}–{hi}, got {v:?}"))
-        };
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = PathBuf::from(value()?),
-            "--requests" => o.requests = count(value()?, 100, 1_000_000)?,
-            "--concurrency" => o.concurrency = count(value()?, 1, 1024)?,
-            "--models" => o.models = count(value()?, 1, 256)?,
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
+/// `switchyard-bench retries`'s flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// Requests sent (100–1000000).
+    #[arg(long, value_name = "N", default_value = "3000", value_parser = bounded::<usize>(100, 1_000_000))]
+    requests: usize,
+    /// Connections sending (1–1024).
+    #[arg(long, value_name = "N", default_value = "8", value_parser = bounded::<usize>(1, 1024))]
+    concurrency: usize,
+    /// Failing models the requests are spread over (1–256).
+    #[arg(long, value_name = "N", default_value = "16", value_parser = bounded::<usize>(1, 256))]
+    models: usize,
+}
+
+fn options(a: Args) -> Result<Options> {
+    let o = Options {
+        switchyard: a.switchyard.existing()?,
+        requests: a.requests,
+        concurrency: a.concurrency,
+        models: a.models,
+    };
     // Without a budget every request makes 1 + MAX_RETRIES calls to its failing model.
     let per_model = o.requests.div_ceil(o.models) * (1 + MAX_RETRIES as usize);
     if per_model >= BREAKER_WINDOW {
@@ -72,14 +73,11 @@ fn parse(args: &[String]) -> Result<Options> {
             o.requests, o.models
         ));
     }
-    if !o.switchyard.is_file() {
-        return Err(format!("{} not found: build it or pass --switchyard", o.switchyard.display()));
-    }
     Ok(o)
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let options = parse(args)?;
+pub fn main(args: Args) -> Result<()> {
+    let options = options(args)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -23,23 +23,20 @@ use serde_json::json;
 use crate::catalog::{FAILING, SECONDARY, catalog_yaml};
 use crate::client::{connect_many, metrics_text};
 use crate::error::Result;
+use crate::flags::{self, bounded};
 use crate::fleet::{Fleet, start_control};
 use crate::host::{mib, status_kib};
 use crate::load::{Kind, Target, phase};
-use crate::proc::default_switchyard;
 use crate::stats::sum_metric;
 use switchyard_test_support::etcd::EtcdProcess;
 
 use switchyard_control_plane::audit;
 use switchyard_control_plane::layout::Layout;
 
-const USAGE: &str = "usage: switchyard-bench storm [--switchyard PATH] [--concurrency 32] \
-[--duration-secs 60] [--outage-secs 120] [--store embedded,etcd] [--spool-mib 256]";
-
 /// How long a backlog may take to reach the audit log before the run gives up on it.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Store {
     Embedded,
     Etcd,
@@ -64,62 +61,43 @@ struct Options {
     spool_mib: u64,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        switchyard: default_switchyard()?,
-        concurrency: 32,
-        duration: Duration::from_secs(60),
-        outage: Duration::from_secs(120),
-        stores: vec![Store::Embedded, Store::Etcd],
-        spool_mib: 256,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        let secs = |v: &str, lo: u64, hi: u64| {
-            v.parse::<u64>()
-                .ok()
-                .filter(|n| (lo..=hi).contains(n))
-                .map(Duration::from_secs)
-                .ok_or_else(|| format!("{flag}: expected {lo}–{hi} seconds, got {v:?}"))
-        };
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = PathBuf::from(value()?),
-            "--concurrency" => {
-                let v = value()?;
-                o.concurrency = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=1024).contains(n))
-                    .ok_or_else(|| format!("--concurrency: expected 1–1024, got {v:?}"))?;
-            }
-            "--duration-secs" => o.duration = secs(value()?, 2, 3_600)?,
-            "--outage-secs" => o.outage = secs(value()?, 1, 3_600)?,
-            "--spool-mib" => {
-                let v = value()?;
-                o.spool_mib = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=1_048_576).contains(n))
-                    .ok_or_else(|| format!("--spool-mib: expected 1–1048576, got {v:?}"))?;
-            }
-            "--store" => {
-                o.stores = value()?
-                    .split(',')
-                    .map(|s| match s.trim() {
-                        "embedded" => Ok(Store::Embedded),
-                        "etcd" => Ok(Store::Etcd),
-                        other => Err(format!("--store: unknown store {other:?}")),
-                    })
-                    .collect::<Result<_>>()?;
-            }
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    if !o.switchyard.is_file() {
-        return Err(format!("{} not found: build it or pass --switchyard", o.switchyard.display()));
-    }
-    Ok(o)
+/// `switchyard-bench storm`'s flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// Connections sending (1–1024).
+    #[arg(long, value_name = "N", default_value = "32", value_parser = bounded::<usize>(1, 1024))]
+    concurrency: usize,
+    /// Seconds of load before the outage (2–3600).
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = bounded::<u64>(2, 3_600))]
+    duration_secs: u64,
+    /// Seconds the control plane is away (1–3600).
+    #[arg(long, value_name = "SECS", default_value = "120", value_parser = bounded::<u64>(1, 3_600))]
+    outage_secs: u64,
+    /// Stores to run the control plane on, comma-separated.
+    #[arg(
+        long,
+        value_name = "STORE,STORE",
+        value_delimiter = ',',
+        default_value = "embedded,etcd"
+    )]
+    store: Vec<Store>,
+    /// The node's `--event-spool-max-mib` (1–1048576).
+    #[arg(long, value_name = "MIB", default_value = "256", value_parser = bounded::<u64>(1, 1_048_576))]
+    spool_mib: u64,
+}
+
+fn options(a: Args) -> Result<Options> {
+    Ok(Options {
+        switchyard: a.switchyard.existing()?,
+        concurrency: a.concurrency,
+        duration: Duration::from_secs(a.duration_secs),
+        outage: Duration::from_secs(a.outage_secs),
+        stores: a.store,
+        spool_mib: a.spool_mib,
+    })
 }
 
 struct Row {
@@ -140,8 +118,8 @@ struct Row {
     ingest_per_sec: f64,
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+pub fn main(args: Args) -> Result<()> {
+    let o = options(args)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

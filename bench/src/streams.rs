@@ -23,10 +23,10 @@ use serde_json::json;
 use crate::catalog::{PREFILL, PRIMARY, catalog_yaml};
 use crate::client::connect_many;
 use crate::error::Result;
-use crate::flags::bounded;
+use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
 use crate::host::{clock_ticks, cpu_ticks, mib, open_files_limit, status_kib};
-use crate::proc::{Proc, default_switchyard};
+use crate::proc::Proc;
 use crate::stats::{fmt, median, pct};
 
 struct Options {
@@ -41,44 +41,47 @@ struct Options {
     prefill: bool,
 }
 
-const USAGE: &str = "usage: switchyard-bench streams [--streams 2000] [--chunks 200] \
-[--chunk-delay-ms 20] [--ramp-ms 1000] [--runs 3] [--switchyard PATH]";
-
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        switchyard: default_switchyard()?,
-        streams: 2000,
-        chunks: 200,
-        chunk_delay_ms: 20,
-        ramp_ms: 1000,
-        runs: 3,
-        prefill: false,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = value()?.into(),
-            "--streams" => o.streams = bounded(value()?, 1, 20_000, "--streams")?,
-            "--chunks" => o.chunks = bounded(value()?, 1, 2_000, "--chunks")? as u32,
-            "--chunk-delay-ms" => {
-                o.chunk_delay_ms = bounded(value()?, 0, 1_000, "--chunk-delay-ms")? as u64
-            }
-            "--ramp-ms" => o.ramp_ms = bounded(value()?, 0, 60_000, "--ramp-ms")? as u64,
-            "--runs" => o.runs = bounded(value()?, 1, 20, "--runs")?,
-            "--prefill" => o.prefill = true,
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    if !o.switchyard.is_file() {
-        return Err(format!("{} not found", o.switchyard.display()));
-    }
-    Ok(o)
+/// `switchyard-bench streams`'s flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// Concurrent streams (1–20000).
+    #[arg(long, value_name = "N", default_value = "2000", value_parser = bounded::<usize>(1, 20_000))]
+    streams: usize,
+    /// Chunks per stream (1–2000).
+    #[arg(long, value_name = "N", default_value = "200", value_parser = bounded::<u32>(1, 2_000))]
+    chunks: u32,
+    /// The simulator's delay between chunks, in milliseconds (0–1000).
+    #[arg(long, value_name = "MS", default_value = "20", value_parser = bounded::<u64>(0, 1_000))]
+    chunk_delay_ms: u64,
+    /// Time over which the streams are opened, in milliseconds (0–60000).
+    #[arg(long, value_name = "MS", default_value = "1000", value_parser = bounded::<u64>(0, 60_000))]
+    ramp_ms: u64,
+    /// Runs (1–20).
+    #[arg(long, value_name = "N", default_value = "3", value_parser = bounded::<usize>(1, 20))]
+    runs: usize,
+    /// Stream from a model that can continue an answer (the node keeps what each stream
+    /// delivered).
+    #[arg(long)]
+    prefill: bool,
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+fn options(a: Args) -> Result<Options> {
+    Ok(Options {
+        switchyard: a.switchyard.existing()?,
+        streams: a.streams,
+        chunks: a.chunks,
+        chunk_delay_ms: a.chunk_delay_ms,
+        ramp_ms: a.ramp_ms,
+        runs: a.runs,
+        prefill: a.prefill,
+    })
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let o = options(args)?;
     // The node holds a client and an upstream socket per stream, the simulator one (plus the
     // node's idle pool), the bench one: all inherit this process's limit.
     let need = (o.streams as u64) * 2 + 256;

@@ -33,11 +33,11 @@ use switchyard_data_plane::request::ChatRequest;
 use crate::catalog::{PRIMARY, SECONDARY};
 use crate::client::{connect, connect_many, http};
 use crate::error::Result;
-use crate::flags::bounded;
+use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
 use crate::host::{clock_ticks, cpu_ticks};
 use crate::load::{Kind, Target, phase};
-use crate::proc::{Proc, default_switchyard};
+use crate::proc::Proc;
 use crate::stats::{fmt, median, percentile};
 
 struct Options {
@@ -49,40 +49,42 @@ struct Options {
     e2e_secs: f64,
 }
 
-const USAGE: &str = "usage: switchyard-bench translate [--runs 5] [--ms 200] [--no-e2e] \
-[--conns 1] [--e2e-secs 4] [--switchyard PATH]";
-
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        switchyard: default_switchyard()?,
-        runs: 5,
-        ms: 200,
-        e2e: true,
-        conns: 1,
-        e2e_secs: 4.0,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        match flag.as_str() {
-            "--switchyard" => o.switchyard = value()?.into(),
-            "--runs" => o.runs = bounded(value()?, 1, 20, "--runs")?,
-            "--ms" => o.ms = bounded(value()?, 10, 5_000, "--ms")? as u64,
-            "--no-e2e" => o.e2e = false,
-            "--conns" => o.conns = bounded(value()?, 1, 256, "--conns")?,
-            "--e2e-secs" => o.e2e_secs = bounded(value()?, 1, 60, "--e2e-secs")? as f64,
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    if !o.switchyard.is_file() {
-        return Err(format!("{} not found", o.switchyard.display()));
-    }
-    Ok(o)
+/// `switchyard-bench translate`'s flags.
+#[derive(clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    switchyard: flags::Switchyard,
+    /// Runs (1–20).
+    #[arg(long, value_name = "N", default_value = "5", value_parser = bounded::<usize>(1, 20))]
+    runs: usize,
+    /// Milliseconds each in-process figure is timed over (10–5000).
+    #[arg(long, value_name = "MS", default_value = "200", value_parser = bounded::<u64>(10, 5_000))]
+    ms: u64,
+    /// In-process only: no node, no simulator.
+    #[arg(long)]
+    no_e2e: bool,
+    /// Connections to the node end to end (1–256).
+    #[arg(long, value_name = "N", default_value = "1", value_parser = bounded::<usize>(1, 256))]
+    conns: usize,
+    /// Seconds each end-to-end figure is measured over (1–60).
+    #[arg(long, value_name = "SECS", default_value = "4", value_parser = bounded::<u32>(1, 60))]
+    e2e_secs: u32,
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+fn options(a: Args) -> Result<Options> {
+    Ok(Options {
+        switchyard: a.switchyard.existing()?,
+        runs: a.runs,
+        ms: a.ms,
+        e2e: !a.no_e2e,
+        conns: a.conns,
+        e2e_secs: f64::from(a.e2e_secs),
+    })
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let o = options(args)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -4,8 +4,9 @@
 //! `reports`, `nodes`) and the ones that read them (`admin`, `webhooks`) all sit above
 //! this one.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -558,17 +559,13 @@ impl Interest {
         Self { cache, memo: Mutex::new(memo) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Memo> {
-        self.memo.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The subscriptions, and the catalog revision they are of (for [`Interest::guard`]).
     pub fn current(&self) -> (Revision, Arc<Vec<Webhook>>) {
         let (bytes, revision) = match self.cache.resource(layout::CATALOG) {
             Some((bytes, revision)) => (Some(bytes), revision),
             None => (None, 0),
         };
-        let mut memo = self.lock();
+        let mut memo = self.memo.lock();
         if memo.cache_revision != revision {
             let webhooks = parse_webhooks(bytes.as_deref());
             *memo = Memo { cache_revision: revision, revision, webhooks: Arc::new(webhooks) };
@@ -597,7 +594,7 @@ impl Interest {
         let kv = store.get(&layout.catalog()).await?;
         let revision = kv.as_ref().map_or(0, |kv| kv.mod_revision);
         let webhooks = parse_webhooks(kv.as_ref().map(|kv| &kv.value[..]));
-        let mut memo = self.lock();
+        let mut memo = self.memo.lock();
         let changed = memo.revision != revision;
         memo.revision = revision;
         memo.webhooks = Arc::new(webhooks);
@@ -647,8 +644,8 @@ pub fn batch_id<'a>(event_ids: impl Iterator<Item = &'a str>) -> String {
 /// `<prefix>_<hex of the digest's first 12 bytes>`: an id derived from what identifies an
 /// event, so that the same event written twice is one event to receivers.
 pub fn digest_id(prefix: &str, digest: &[u8]) -> String {
-    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}_{hex}")
+    let id = &digest[..digest.len().min(12)];
+    format!("{prefix}_{}", hex::encode(id))
 }
 
 #[cfg(test)]

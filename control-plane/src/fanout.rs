@@ -15,9 +15,10 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::RwLock;
 use tokio::sync::broadcast;
 use tracing::{info, warn};
 
@@ -105,11 +106,11 @@ impl ConfigCache {
     }
 
     pub fn revision(&self) -> Revision {
-        self.read().revision
+        self.state.read().revision
     }
 
     pub fn latest_change(&self) -> Revision {
-        self.read().latest_change
+        self.state.read().latest_change
     }
 
     /// The starting point for a node at `node_version`, and the updates after it.
@@ -117,7 +118,7 @@ impl ConfigCache {
         &self,
         node_version: Revision,
     ) -> (Start, broadcast::Receiver<Arc<ConfigUpdate>>) {
-        let state = self.read();
+        let state = self.state.read();
         let rx = self.updates.subscribe();
         (start_for(&state, node_version), rx)
     }
@@ -125,7 +126,7 @@ impl ConfigCache {
     /// Up to [`CHUNK_RESOURCES`] resources (and about [`CHUNK_BYTES`]) in name order, after
     /// `after` (from the first when `None`).
     pub fn snapshot_chunk(&self, after: Option<&str>) -> Chunk {
-        let state = self.read();
+        let state = self.state.read();
         let mut resources = Vec::new();
         let mut bytes = 0;
         let mut range = state.resources.range::<str, _>(lower(after));
@@ -146,7 +147,7 @@ impl ConfigCache {
     /// Resources changed after revision `since`, looking at up to [`SCAN_STEP`] resources
     /// after `after`; `next` says where to continue.
     pub fn changed_since(&self, since: Revision, after: Option<&str>) -> Chunk {
-        let state = self.read();
+        let state = self.state.read();
         let mut resources = Vec::new();
         let mut last = None;
         let mut range = state.resources.range::<str, _>(lower(after));
@@ -165,19 +166,13 @@ impl ConfigCache {
 
     /// One resource (a name below `config/`) and the revision that last changed it.
     pub fn resource(&self, name: &str) -> Option<(Arc<[u8]>, Revision)> {
-        self.read().resources.get(name).map(|(value, rev)| (Arc::clone(value), *rev))
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        // A poisoned lock means a panic mid-update elsewhere; the data is still the last
-        // consistent state because updates are built before the lock is taken.
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+        self.state.read().resources.get(name).map(|(value, rev)| (Arc::clone(value), *rev))
     }
 
     fn publish(&self, version: Revision, upserts: Vec<(String, Arc<[u8]>)>, deletes: Vec<String>) {
         // Encoded before the lock is taken, once for every node stream.
         let encoded = encode_update(version, &upserts, &deletes);
-        let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state.write();
         let changed = !upserts.is_empty() || !deletes.is_empty();
         for (name, value) in upserts {
             state.tombstones.remove(&name);
@@ -205,7 +200,7 @@ impl ConfigCache {
 
     /// Replaces the whole cache from a fresh listing, publishing the difference as one update.
     fn reload(&self, revision: Revision, listing: BTreeMap<String, (Arc<[u8]>, Revision)>) {
-        let state = self.read();
+        let state = self.state.read();
         let upserts = listing
             .iter()
             .filter(|(name, (_, rev))| state.resources.get(*name).is_none_or(|(_, old)| old != rev))
@@ -216,14 +211,14 @@ impl ConfigCache {
         let first = state.revision == 0;
         drop(state);
         if first {
-            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.state.write();
             state.latest_change = listing.values().map(|(_, rev)| *rev).max().unwrap_or(0);
             state.resources = listing;
             state.revision = revision;
             state.tombstone_floor = revision;
         } else {
             self.publish(revision, upserts, deletes);
-            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.state.write();
             // Deletes that happened while the watch was down are not individually known.
             state.tombstone_floor = revision;
         }

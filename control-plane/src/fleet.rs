@@ -23,9 +23,10 @@
 //! and one that opens after it opens it for the fleet again.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -388,7 +389,7 @@ impl Fleet {
 
     /// Changes the inputs with `change`, derives the view and publishes it if it changed.
     fn update(&self, change: impl FnOnce(&mut View)) {
-        let mut view = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        let mut view = self.view.lock();
         change(&mut view);
         let derived = view.derive(switchyard_time::now_ms());
         let nodes: BTreeSet<String> = view.nodes.values().cloned().collect();
@@ -405,7 +406,7 @@ impl Fleet {
     /// Reads `breaker_policy.fleet` from the cached catalog when it changed.
     fn read_catalog(&self, cache: &ConfigCache) {
         let Some((value, revision)) = cache.resource("catalog") else { return };
-        let mut seen = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.catalog.lock();
         if *seen == Some(revision) {
             return;
         }

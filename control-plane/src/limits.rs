@@ -8,10 +8,11 @@
 //! counted twice — when two replicas hold the same (node, run), the newer wins.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
@@ -105,10 +106,6 @@ pub struct FleetLedger {
     changed: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Default for FleetLedger {
     fn default() -> Self {
         Self::new()
@@ -131,7 +128,7 @@ impl FleetLedger {
             keys: usage.keys.into_iter().map(KeyWindow::from_pb).collect(),
             ended: false,
         };
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         inner.local.insert(run.clone(), windows);
         self.changed.store(true, Ordering::Relaxed);
         let totals = fleet(&inner, now, Some(&run));
@@ -162,7 +159,7 @@ impl FleetLedger {
     /// A node's stream ended: its runs keep counting until their seconds age out, but no
     /// longer take a share of what is left.
     pub fn ended(&self, node_id: &str) {
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         for (run, w) in inner.local.iter_mut() {
             if run.0 == node_id {
                 w.ended = true;
@@ -177,7 +174,7 @@ impl FleetLedger {
             return None;
         }
         let now = now_ms();
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         inner.local.retain(|_, w| keep(w, now));
         Some(inner.local.values().cloned().collect())
     }
@@ -185,11 +182,11 @@ impl FleetLedger {
     /// Forgets every other replica's windows, before a fresh listing replaces them (a
     /// replica gone while the watch was down must not linger).
     fn clear_peers(&self) {
-        lock(&self.inner).peers.clear();
+        self.inner.lock().peers.clear();
     }
 
     fn set_peer(&self, replica: String, runs: Option<Vec<RunWindows>>) {
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         match runs {
             Some(runs) => inner.peers.insert(replica, runs),
             None => inner.peers.remove(&replica),

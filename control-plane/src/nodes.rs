@@ -28,11 +28,12 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 use tonic::{Request, Response, Status, Streaming};
@@ -762,11 +763,6 @@ impl Presence {
         self.next_stream.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, PresenceQueue> {
-        // The queue is only swapped or pushed to under the lock: still consistent after a panic.
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Queues `record` for writing, replacing any record of the node not yet written.
     fn write(&self, stream: u64, record: &NodeRecord) {
         self.enqueue(stream, record, None);
@@ -780,7 +776,7 @@ impl Presence {
     }
 
     fn enqueue(&self, stream: u64, record: &NodeRecord, done: Option<oneshot::Sender<()>>) {
-        let mut queue = self.lock();
+        let mut queue = self.queue.lock();
         let put = queue.puts.entry(record.node_id.clone()).or_insert_with(|| PendingPut {
             stream,
             record: record.clone(),
@@ -795,7 +791,7 @@ impl Presence {
 
     /// Removes the record `stream` wrote for `node_id`, unless another stream wrote one since.
     fn remove(&self, stream: u64, node_id: &str) {
-        let mut queue = self.lock();
+        let mut queue = self.queue.lock();
         if queue.puts.get(node_id).is_some_and(|put| put.stream == stream) {
             queue.puts.remove(node_id);
         }
@@ -814,7 +810,7 @@ impl Presence {
             let wake = self.wake.notified();
             tokio::pin!(wake);
             wake.as_mut().enable();
-            let queue = std::mem::take(&mut *self.lock());
+            let queue = std::mem::take(&mut *self.queue.lock());
             if queue.puts.is_empty() && queue.removals.is_empty() {
                 wake.await;
                 continue;

@@ -75,11 +75,7 @@ pub fn mode(listing: Listing, limit: u32, token: &str) -> Result<Mode, PagingErr
 
 /// The token that continues after the record whose key below the prefix is `suffix`.
 pub fn encode_token(listing: Listing, suffix: &str) -> String {
-    let mut token = listing.tag().to_owned();
-    for byte in suffix.bytes() {
-        token.push_str(&format!("{byte:02x}"));
-    }
-    token
+    format!("{}{}", listing.tag(), hex::encode(suffix))
 }
 
 pub fn decode_token(listing: Listing, token: &str) -> Result<String, PagingError> {
@@ -88,15 +84,11 @@ pub fn decode_token(listing: Listing, token: &str) -> Result<String, PagingError
         Listing::Nodes => "nodes",
     };
     let bad = || PagingError::BadToken(what);
-    let hex = token.strip_prefix(listing.tag()).ok_or_else(bad)?;
-    if hex.is_empty() || hex.len() % 2 != 0 {
+    let digits = token.strip_prefix(listing.tag()).ok_or_else(bad)?;
+    if digits.is_empty() {
         return Err(bad());
     }
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-        .collect::<Option<Vec<u8>>>()
-        .ok_or_else(bad)?;
+    let bytes = hex::decode(digits).map_err(|_| bad())?;
     String::from_utf8(bytes).map_err(|_| bad())
 }
 

@@ -25,8 +25,10 @@
 //! the lock `try_acquire` takes anyway, so the request path pays one comparison for it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::{Mutex, RwLock};
 
 use switchyard_catalog::BreakerPolicy;
 
@@ -211,7 +213,9 @@ pub enum Admission {
 pub struct Breaker {
     provider: String,
     upstream_model: String,
-    // Held for a few comparisons at a time, never across an await.
+    // Held for a few comparisons at a time, never across an await. A panic elsewhere while
+    // holding it leaves counters still coherent enough for a breaker (parking_lot's locks
+    // are not poisoned); failing every request after it would be worse.
     inner: Mutex<Inner>,
 }
 
@@ -327,7 +331,7 @@ impl Breaker {
     /// Admit a call or reject it. An open breaker whose cool-down has passed turns half-open
     /// here (and says so in the transition).
     pub fn try_acquire(self: &Arc<Self>, now: Instant) -> (Admission, Option<Transition>) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         // Open for the fleet: skipped like an open breaker whose prober is another node.
         if let Some(until) = inner.fleet_rejects(now) {
             return (Admission::Rejected { ready_at: until, probed: true }, None);
@@ -369,7 +373,7 @@ impl Breaker {
     /// forced probe that fails before the cool-down ended leaves the cool-down as it was.
     /// The permit reports itself as a probe in every case, as the attempt report does.
     pub fn force_probe(self: &Arc<Self>, now: Instant) -> Option<(Permit, Option<Transition>)> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         // The prober owns this breaker's test (it may have since the request was turned
         // away), or a probe is in flight: concurrent forced probes are one probe.
         if inner.probed
@@ -403,7 +407,7 @@ impl Breaker {
     /// probing's interval, `None` for a cool-down's end only). Turning probing on starts the
     /// idle clock now; an open breaker's next probe moves no later than one interval away.
     pub fn set_probed(&self, probed: bool, open_interval: Option<Duration>, now: Instant) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         let open_interval = open_interval.filter(|_| probed);
         if inner.probed != probed && probed {
             inner.idle_since = inner.idle_since.max(now);
@@ -422,7 +426,7 @@ impl Breaker {
     /// failure (its successes then weigh against the failures). `None` for a clean window:
     /// a healthy fleet reports nothing.
     pub fn take_window_report(&self) -> Option<(u32, u32)> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         let (calls, failures) = std::mem::take(&mut inner.unreported);
         (calls > 0 && (failures > 0 || inner.failures > 0)).then_some((calls, failures))
     }
@@ -430,18 +434,18 @@ impl Breaker {
     /// Lays the fleet's word over this breaker (`None`: the deployment is not open for the
     /// fleet, or the node has no fleet view).
     pub fn set_fleet(&self, fleet: Option<FleetOpen>) {
-        self.lock().fleet = fleet;
+        self.inner.lock().fleet = fleet;
     }
 
     pub fn fleet(&self) -> Option<FleetOpen> {
-        self.lock().fleet.clone()
+        self.inner.lock().fleet.clone()
     }
 
     /// This node is the fleet's prober of an open deployment: its own breaker opens (if it
     /// is closed), so that its open-breaker probes (or, unprobed, its cool-down) test the
     /// deployment for every node.
     pub fn mirror_fleet(&self, now: Instant) -> Option<Transition> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         let since = inner.fleet.as_ref().filter(|f| f.probing && now < f.until)?.since;
         if inner.mirrored == Some(since) {
             return None;
@@ -455,7 +459,7 @@ impl Breaker {
     /// breaker closes too if it opened before then (one that opened since saw failures of
     /// its own after the closing, and stays open). A probe in flight here loses its slot.
     pub fn close_for_fleet(&self, at: SystemTime, now: Instant) -> Option<Transition> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         let opened_before = wall(inner.since) <= at;
         (inner.state != State::Closed && opened_before)
             .then(|| self.transition(&mut inner, State::Closed, Cause::FleetClosed, now))
@@ -471,7 +475,7 @@ impl Breaker {
         now: Instant,
         idle: Option<Duration>,
     ) -> Option<(Permit, Due, Option<Transition>)> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         // Another node probes it for the fleet.
         if inner.fleet_rejects(now).is_some() {
             return None;
@@ -499,7 +503,7 @@ impl Breaker {
     }
 
     pub fn snapshot(&self) -> Snapshot {
-        let inner = self.lock();
+        let inner = self.inner.lock();
         Snapshot {
             provider: self.provider.clone(),
             upstream_model: self.upstream_model.clone(),
@@ -517,7 +521,7 @@ impl Breaker {
     /// Use `policy` from the next call on; the state, window and cool-down carry over. A
     /// smaller window drops its oldest outcomes.
     pub fn set_policy(&self, policy: BreakerPolicy) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         if inner.policy != policy {
             inner.policy = policy;
             inner.trim_window();
@@ -541,7 +545,7 @@ impl Breaker {
         outcome: Outcome,
         now: Instant,
     ) -> Option<Transition> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         if inner.generation != generation {
             return None;
         }
@@ -582,7 +586,7 @@ impl Breaker {
 
     /// A permit went away without an outcome (the client hung up): free its probe slot.
     fn abandon(&self, kind: Kind, generation: u64) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         if kind == Kind::Probe && inner.generation == generation && inner.state == State::HalfOpen {
             inner.probes_in_flight = inner.probes_in_flight.saturating_sub(1);
             // A forced probe that went away: the next test is an ordinary half-open test.
@@ -653,12 +657,6 @@ impl Breaker {
             last_probe: inner.last_probe(),
         }
     }
-
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic elsewhere while holding the lock leaves counters that are still coherent
-        // enough for a breaker; failing every request after it would be worse.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 impl std::fmt::Debug for Breaker {
@@ -666,7 +664,7 @@ impl std::fmt::Debug for Breaker {
         f.debug_struct("Breaker")
             .field("provider", &self.provider)
             .field("upstream_model", &self.upstream_model)
-            .field("state", &self.lock().state)
+            .field("state", &self.inner.lock().state)
             .finish()
     }
 }
@@ -776,7 +774,7 @@ impl Permit {
     ) -> Option<Transition> {
         self.settled = true;
         let latency = now.saturating_duration_since(started);
-        self.breaker.lock().last_probe = Some((started, ProbeOutcome::of(outcome), latency));
+        self.breaker.inner.lock().last_probe = Some((started, ProbeOutcome::of(outcome), latency));
         match outcome {
             Some(outcome) => self.breaker.record(self.kind, self.generation, outcome, now),
             None => {
@@ -871,7 +869,6 @@ impl Registry {
         let found = self
             .by_provider
             .read()
-            .unwrap_or_else(PoisonError::into_inner)
             .get(provider)
             .and_then(|models| models.get(upstream_model))
             .cloned();
@@ -879,7 +876,7 @@ impl Registry {
             breaker.set_policy(policy);
             return breaker;
         }
-        let mut map = self.by_provider.write().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self.by_provider.write();
         // Another request may have created it between the two locks.
         let breaker = map
             .entry(provider.to_owned())
@@ -890,7 +887,7 @@ impl Registry {
                 // Read under the registry's write lock: a view applied meanwhile either is
                 // read here or reaches this breaker through `apply_fleet`'s walk after it.
                 let key = (provider.to_owned(), upstream_model.to_owned());
-                breaker.set_fleet(self.fleet_lock().get(&key).cloned());
+                breaker.set_fleet(self.fleet.lock().get(&key).cloned());
                 breaker
             });
         breaker.set_policy(policy);
@@ -904,7 +901,7 @@ impl Registry {
     pub fn apply_fleet(&self, view: Option<&FleetView>, now: Instant) -> Vec<Transition> {
         let open = view.map(|v| v.open.clone()).unwrap_or_default();
         // Before the walk: a breaker created meanwhile reads the new view.
-        *self.fleet_lock() = open.clone();
+        *self.fleet.lock() = open.clone();
         let all = self.all();
         for breaker in &all {
             let key = (breaker.provider.clone(), breaker.upstream_model.clone());
@@ -924,18 +921,9 @@ impl Registry {
         transitions
     }
 
-    fn fleet_lock(&self) -> MutexGuard<'_, Deployments> {
-        self.fleet.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Every breaker, in no particular order.
     pub fn all(&self) -> Vec<Arc<Breaker>> {
-        self.by_provider
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .flat_map(|models| models.values().cloned())
-            .collect()
+        self.by_provider.read().values().flat_map(|models| models.values().cloned()).collect()
     }
 
     /// Every breaker, sorted by provider then model.

@@ -2,9 +2,10 @@
 //! swapped in whole. Requests read it without taking a lock.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use serde::Deserialize;
 
 use switchyard_catalog::{Catalog, Fault, Model};
@@ -317,7 +318,7 @@ impl WildcardNames {
         if full(&current) {
             return false;
         }
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writer = self.writer.lock();
         let current = self.admitted.load_full();
         if current.names.contains(name) {
             return true;

@@ -10,9 +10,10 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher as _;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use rand::Rng as _;
@@ -495,11 +496,11 @@ impl Loads {
 
     fn get(&self, provider: &str, deployment: &str) -> Arc<Load> {
         let key = (provider.to_owned(), deployment.to_owned());
-        if let Some(load) = self.by_key.read().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        if let Some(load) = self.by_key.read().get(&key) {
             return Arc::clone(load);
         }
         let labels = UpstreamLabels { provider: key.0.clone(), deployment: key.1.clone() };
-        let mut map = self.by_key.write().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self.by_key.write();
         let load = map.entry(key).or_insert_with(|| {
             Arc::new(Load::new(
                 self.metrics.upstream_in_flight.get_or_create(&labels).clone(),

@@ -11,8 +11,10 @@
 //! what it knew of the others and holds itself to an even share of the limit.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
 
 use switchyard_catalog::Limits;
 use switchyard_proto::node::v1 as pb;
@@ -267,10 +269,6 @@ pub struct Ledger {
     viewed_at: Mutex<Option<Instant>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Default for Ledger {
     fn default() -> Self {
         Self::new()
@@ -283,10 +281,10 @@ impl Ledger {
     }
 
     fn key(&self, key_id: &str) -> Arc<Mutex<KeyLedger>> {
-        if let Some(k) = self.keys.read().unwrap_or_else(|e| e.into_inner()).get(key_id) {
+        if let Some(k) = self.keys.read().get(key_id) {
             return Arc::clone(k);
         }
-        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        let mut keys = self.keys.write();
         Arc::clone(keys.entry(key_id.to_owned()).or_default())
     }
 
@@ -296,7 +294,7 @@ impl Ledger {
         let now_s = now_ms.div_euclid(1000);
         let day = now_s.div_euclid(SECONDS_PER_DAY);
         let ledger = self.key(key_id);
-        let mut k = lock(&ledger);
+        let mut k = ledger.lock();
         k.roll_day(day);
         k.budgets = (limits.micro_usd_per_day(), limits.tokens_per_day);
         let fresh = k.state_at.is_some_and(|at| now.duration_since(at) < STALE);
@@ -381,10 +379,10 @@ impl Ledger {
     /// budget). Keys this node has had no request for since it started are not in it.
     pub fn budget_use(&self, now_ms: i64) -> Vec<(String, &'static str, f64)> {
         let day = now_ms.div_euclid(1000).div_euclid(SECONDS_PER_DAY);
-        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let keys = self.keys.read();
         let mut used = Vec::new();
         for (key_id, ledger) in keys.iter() {
-            let k = lock(ledger);
+            let k = ledger.lock();
             let (own_tokens, own_micro_usd) =
                 if k.day == day { (k.day_tokens, k.day_micro_usd) } else { (0, 0) };
             let (others_tokens, others_micro_usd) = k.others_day(day);
@@ -405,13 +403,11 @@ impl Ledger {
     /// Counts what a served request used (its tokens, at its served model's prices). Free
     /// for keys without limits: they have no ledger.
     pub fn record(&self, key_id: &str, tokens: u64, micro_usd: u64, now_ms: i64) {
-        let Some(ledger) =
-            self.keys.read().unwrap_or_else(|e| e.into_inner()).get(key_id).map(Arc::clone)
-        else {
+        let Some(ledger) = self.keys.read().get(key_id).map(Arc::clone) else {
             return;
         };
         let now_s = now_ms.div_euclid(1000);
-        let mut k = lock(&ledger);
+        let mut k = ledger.lock();
         k.roll_day(now_s.div_euclid(SECONDS_PER_DAY));
         // Token counts come from upstream answers: they saturate, never wrap or panic.
         let slot = k.own_slot(now_s);
@@ -427,13 +423,13 @@ impl Ledger {
     pub fn report(&self, boot_id: &str, now_ms: i64, limited: bool) -> Option<pb::LimitUsage> {
         let now_s = now_ms.div_euclid(1000);
         let day = now_s.div_euclid(SECONDS_PER_DAY);
-        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let keys = self.keys.read();
         if keys.is_empty() && !limited {
             return None;
         }
         let mut windows = Vec::with_capacity(keys.len());
         for (key_id, ledger) in keys.iter() {
-            let k = lock(ledger);
+            let k = ledger.lock();
             let slots: Vec<pb::LimitSlot> = k
                 .own
                 .iter()
@@ -454,12 +450,12 @@ impl Ledger {
 
     /// How old the last view of the fleet is (`/readyz` shows it); `None` before the first.
     pub fn view_age(&self, now: Instant) -> Option<Duration> {
-        lock(&self.viewed_at).map(|at| now.saturating_duration_since(at))
+        self.viewed_at.lock().map(|at| now.saturating_duration_since(at))
     }
 
     /// Takes the control plane's view of every other node, received at `now`.
     pub fn apply(&self, state: pb::LimitState, now_ms: i64, now: Instant) {
-        *lock(&self.viewed_at) = Some(now);
+        *self.viewed_at.lock() = Some(now);
         let now_s = now_ms.div_euclid(1000);
         let shares: HashMap<&str, (u32, u64)> = state
             .shares
@@ -470,7 +466,7 @@ impl Ledger {
         for window in &state.others {
             seen.insert(window.key_id.clone());
             let ledger = self.key(&window.key_id);
-            let mut k = lock(&ledger);
+            let mut k = ledger.lock();
             k.others = window
                 .slots
                 .iter()
@@ -484,10 +480,10 @@ impl Ledger {
             settle(&mut k, now_s, now);
         }
         // Keys nobody else used: the view is that the others used nothing.
-        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let keys = self.keys.read();
         for (key_id, ledger) in keys.iter() {
             if !seen.contains(key_id) {
-                let mut k = lock(ledger);
+                let mut k = ledger.lock();
                 k.others.clear();
                 k.others_day_tokens = 0;
                 k.others_day_micro_usd = 0;
@@ -500,7 +496,7 @@ impl Ledger {
 
     /// Forgets keys that no longer have limits (their ledgers would only be reported).
     pub fn retain(&self, limited: impl Fn(&str) -> bool) {
-        self.keys.write().unwrap_or_else(|e| e.into_inner()).retain(|k, _| limited(k));
+        self.keys.write().retain(|k, _| limited(k));
     }
 }
 

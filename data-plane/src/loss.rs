@@ -17,10 +17,10 @@
 use std::io;
 use std::path::Path;
 
+use parking_lot::Mutex;
 use prost::Message;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
@@ -161,10 +161,6 @@ impl Losses {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Counts `n` events of `what` discarded for `reason`, and logs it (rate-limited).
     pub fn lose(&self, what: Lost, reason: Reason, n: u64) {
         if n == 0 {
@@ -176,7 +172,7 @@ impl Losses {
         if what == Lost::Failover {
             self.counter.inc_by(n);
         }
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         inner.total += n;
         inner.unwarned += n;
         inner.changes += 1;
@@ -205,21 +201,21 @@ impl Losses {
 
     /// Everything lost since the node started.
     pub fn total(&self) -> u64 {
-        self.lock().total
+        self.inner.lock().total
     }
 
     pub fn set_spool(&self, state: SpoolState) {
-        self.lock().spool = state;
+        self.inner.lock().spool = state;
     }
 
     pub fn spool(&self) -> SpoolState {
-        self.lock().spool
+        self.inner.lock().spool
     }
 
     /// Reports to send on the current stream: those not sent on it yet, including new ones
     /// for what was lost since (one per (events, reason) with none in flight).
     pub fn reports_to_send(&self) -> Vec<pb::EventsLost> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         let busy: Vec<(String, String)> = inner
             .in_flight
             .values()
@@ -265,7 +261,7 @@ impl Losses {
 
     /// The control plane stored report `id`.
     pub fn ack(&self, id: &str) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         if inner.in_flight.remove(id).is_some() {
             inner.changes += 1;
         }
@@ -274,12 +270,12 @@ impl Losses {
     /// Changes the unacked losses since the node started: a different value than before,
     /// something to save.
     pub fn changes(&self) -> u64 {
-        self.lock().changes
+        self.inner.lock().changes
     }
 
     /// A stream ended: the reports it did not ack go out again on the next.
     pub fn requeue(&self) {
-        for r in self.lock().in_flight.values_mut() {
+        for r in self.inner.lock().in_flight.values_mut() {
             r.sent = false;
         }
     }
@@ -287,7 +283,7 @@ impl Losses {
     /// Every report not yet acked, what is counted but not yet in a report included (for
     /// [`save`]).
     pub fn unacked(&self) -> Vec<pb::EventsLost> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         let keys: Vec<(Lost, Reason)> = inner.pending.keys().copied().collect();
         for key in keys {
             self.report_pending(&mut inner, key);
@@ -297,7 +293,7 @@ impl Losses {
 
     /// Reports an earlier run of the node saved: sent, under their ids, like its own.
     pub fn restore(&self, reports: Vec<pb::EventsLost>) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         for report in reports {
             inner.in_flight.insert(report.id.clone(), Report { report, sent: false });
         }
@@ -306,7 +302,7 @@ impl Losses {
 
     /// Whether some loss is not yet acked by a control plane.
     pub fn unreported(&self) -> bool {
-        let inner = self.lock();
+        let inner = self.inner.lock();
         !inner.pending.is_empty() || !inner.in_flight.is_empty()
     }
 }

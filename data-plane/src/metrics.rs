@@ -207,7 +207,7 @@ impl GenAiSeries {
     }
 }
 
-type GenAiCache = std::sync::RwLock<
+type GenAiCache = parking_lot::RwLock<
     std::collections::HashMap<
         String,
         std::collections::HashMap<String, std::sync::Arc<GenAiSeries>>,
@@ -226,7 +226,7 @@ pub struct ModelMetrics {
     pub duration: Histogram,
     /// Failovers of requests that asked for this model, by the model that served ("" when
     /// none did).
-    failovers_to: std::sync::RwLock<std::collections::HashMap<(String, &'static str), Counter>>,
+    failovers_to: parking_lot::RwLock<std::collections::HashMap<(String, &'static str), Counter>>,
     failovers: Family<FailoverLabels, Counter>,
     name: String,
 }
@@ -236,7 +236,7 @@ impl ModelMetrics {
     /// `served` ("" when none was).
     pub fn failover(&self, served: &str, surface: &'static str) {
         let key = (served.to_owned(), surface);
-        if let Some(c) = self.failovers_to.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if let Some(c) = self.failovers_to.read().get(&key) {
             c.inc();
             return;
         }
@@ -249,7 +249,7 @@ impl ModelMetrics {
             })
             .clone();
         counter.inc();
-        self.failovers_to.write().unwrap_or_else(|e| e.into_inner()).insert(key, counter);
+        self.failovers_to.write().insert(key, counter);
     }
 
     const REASONS: [&'static str; 8] = [
@@ -280,7 +280,7 @@ impl ModelMetrics {
 
 pub struct Metrics {
     registry: Registry,
-    models: std::sync::RwLock<std::collections::HashMap<String, std::sync::Arc<ModelMetrics>>>,
+    models: parking_lot::RwLock<std::collections::HashMap<String, std::sync::Arc<ModelMetrics>>>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<EndpointLabels, Histogram>,
     pub attempts: Family<AttemptLabels, Counter>,
@@ -323,7 +323,7 @@ pub struct Metrics {
     /// asked and how it went. Created only when one happens.
     pub stream_continuations: Family<ContinuationLabels, Counter>,
     /// When each model's last warning about such frames was logged: at most one a minute.
-    malformed_warned: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    malformed_warned: parking_lot::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     pub events_dropped: Counter,
     /// Failover events held in memory for the control plane (queued or awaiting its ack).
     pub events_held: Gauge,
@@ -627,7 +627,7 @@ impl Metrics {
         self.malformed_frames
             .get_or_create(&ModelLabels { model: model.to_owned() })
             .inc_by(u64::from(n));
-        let mut warned = self.malformed_warned.lock().unwrap_or_else(|e| e.into_inner());
+        let mut warned = self.malformed_warned.lock();
         match warned.get_mut(model) {
             Some(last) if now.saturating_duration_since(*last) < MALFORMED_WARNING_EVERY => false,
             Some(last) => {
@@ -649,12 +649,8 @@ impl Metrics {
         served: &str,
         provider: impl FnOnce() -> &'static str,
     ) -> std::sync::Arc<GenAiSeries> {
-        if let Some(series) = self
-            .gen_ai
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(requested)
-            .and_then(|by_served| by_served.get(served))
+        if let Some(series) =
+            self.gen_ai.read().get(requested).and_then(|by_served| by_served.get(served))
         {
             return std::sync::Arc::clone(series);
         }
@@ -683,7 +679,7 @@ impl Metrics {
             input_tokens: tokens("input"),
             output_tokens: tokens("output"),
         });
-        let mut cache = self.gen_ai.write().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.gen_ai.write();
         let by_served = match cache.get_mut(requested) {
             Some(by_served) => by_served,
             None => cache.entry(requested.to_owned()).or_default(),
@@ -713,7 +709,7 @@ impl Metrics {
 
     /// The metrics of the model named `model`, created on first use.
     pub fn model(&self, model: &str) -> std::sync::Arc<ModelMetrics> {
-        if let Some(m) = self.models.read().unwrap_or_else(|e| e.into_inner()).get(model) {
+        if let Some(m) = self.models.read().get(model) {
             return std::sync::Arc::clone(m);
         }
         let counter = |status: &'static str, reason: &'static str| {
@@ -734,7 +730,7 @@ impl Metrics {
             failovers: self.failovers.clone(),
             name: model.to_owned(),
         });
-        let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
+        let mut models = self.models.write();
         std::sync::Arc::clone(models.entry(model.to_owned()).or_insert(built))
     }
 

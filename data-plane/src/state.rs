@@ -2,10 +2,11 @@
 //! last-known-good file does not hold yet.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::config::NodeConfig;
@@ -67,7 +68,7 @@ impl NodeState {
     pub fn publish(&self, config: NodeConfig, changed: Changed) {
         let config = Arc::new(config);
         self.config.store(Some(Arc::clone(&config)));
-        let mut unsaved = self.unsaved.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unsaved = self.unsaved.lock();
         unsaved.config = Some(config);
         match changed {
             Changed::All => unsaved.all = true,
@@ -95,7 +96,7 @@ impl NodeState {
 
     /// Marks the whole config in force as not yet on disk (a file of an older format).
     pub fn unsaved_all(&self) {
-        let mut unsaved = self.unsaved.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unsaved = self.unsaved.lock();
         unsaved.config = self.current();
         unsaved.all = true;
         unsaved.names.clear();
@@ -106,8 +107,7 @@ impl NodeState {
     /// Waits until something is published, then takes what is not saved yet.
     pub async fn next_unsaved(&self) -> Unsaved {
         loop {
-            let unsaved =
-                std::mem::take(&mut *self.unsaved.lock().unwrap_or_else(|e| e.into_inner()));
+            let unsaved = std::mem::take(&mut *self.unsaved.lock());
             if unsaved.config.is_some() {
                 return unsaved;
             }

@@ -10,8 +10,9 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
+use parking_lot::RwLock;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::Value;
@@ -273,12 +274,12 @@ impl Compiled {
         let Some(raw) = response_format else { return Ok(None) };
         let text = raw.get();
         let keep = text.len() <= KEPT_MAX_BYTES;
-        if keep && let Some(check) = self.kept.read().unwrap_or_else(|e| e.into_inner()).get(text) {
+        if keep && let Some(check) = self.kept.read().get(text) {
             return Ok(Some(Arc::clone(check)));
         }
         let Some(check) = OutputCheck::compile(Some(raw))?.map(Arc::new) else { return Ok(None) };
         if keep {
-            let mut kept = self.kept.write().unwrap_or_else(|e| e.into_inner());
+            let mut kept = self.kept.write();
             if kept.len() >= KEPT {
                 kept.clear();
             }
@@ -416,12 +417,12 @@ pub(crate) mod tests {
         for i in 0..KEPT {
             cache.get(Some(&format(i))).unwrap();
         }
-        assert_eq!(cache.kept.read().unwrap().len(), KEPT);
+        assert_eq!(cache.kept.read().len(), KEPT);
         cache.get(Some(&format(KEPT))).unwrap();
-        assert_eq!(cache.kept.read().unwrap().len(), 1, "started again, empty");
+        assert_eq!(cache.kept.read().len(), 1, "started again, empty");
         let long = schema_format(json!({"type": "object", "title": "x".repeat(KEPT_MAX_BYTES)}));
         cache.get(Some(&long)).unwrap();
-        assert_eq!(cache.kept.read().unwrap().len(), 1, "a long format is not kept");
+        assert_eq!(cache.kept.read().len(), 1, "a long format is not kept");
     }
 
     #[test]

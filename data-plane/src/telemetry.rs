@@ -6,9 +6,10 @@
 //! plane takes them; so do events held in memory that no control plane acked in time
 //! ([`Telemetry::spill_held`], called by [`crate::custody`]).
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
 use prometheus_client::metrics::counter::Counter;
@@ -113,10 +114,6 @@ pub struct Telemetry {
     pub limits: Arc<Ledger>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Telemetry {
     /// `events_dropped` counts the failover events lost (`switchyard_failover_events_dropped_total`).
     pub fn new(node_id: String, events_dropped: Counter) -> Self {
@@ -152,7 +149,7 @@ impl Telemetry {
     /// Keeps failover events that do not fit in memory in `spool`, counting `records` an
     /// earlier run left there as not yet sent.
     pub fn with_spool(mut self, spool: Spool, records: u64) -> Self {
-        let q = self.events.get_mut().unwrap_or_else(|e| e.into_inner());
+        let q = self.events.get_mut();
         q.spooling = records > 0;
         q.spooled = records;
         self.spool = Some(spool);
@@ -164,7 +161,7 @@ impl Telemetry {
         // to the spool, whose thread writes it at once, where memory would lose it to a kill
         // ([`crate::custody`]). One atomic load: no lock and no disk on this path.
         let spool_first = self.spool.is_some() && !self.connected();
-        let mut q = lock(&self.events);
+        let mut q = self.events.lock();
         let room = !q.spooling && q.held < self.max_events;
         if room && !spool_first {
             q.held += 1;
@@ -206,7 +203,7 @@ impl Telemetry {
         let Some(spool) = &self.spool else { return };
         let _io = self.spool_io.lock().await;
         let room = {
-            let q = lock(&self.events);
+            let q = self.events.lock();
             if !q.spooling || !q.pending.is_empty() {
                 return;
             }
@@ -218,7 +215,7 @@ impl Telemetry {
         let Some(batch) = spool.read(room).await else { return };
         // Nothing reached `pending` meanwhile: while spooling, new events go to the spool,
         // and a requeue after a reconnect puts older ones in front, where they belong.
-        let mut q = lock(&self.events);
+        let mut q = self.events.lock();
         q.held += batch.events.len();
         q.entered += batch.events.len() as u64;
         q.pending.extend(batch.events);
@@ -244,7 +241,7 @@ impl Telemetry {
         let _io = self.spool_io.lock().await;
         // Taken whole under the lock (no decoding there: requests wait on it to push).
         let (in_flight, pending, held) = {
-            let mut q = lock(&self.events);
+            let mut q = self.events.lock();
             let held = q.held;
             q.left += held as u64;
             q.held = 0;
@@ -269,7 +266,7 @@ impl Telemetry {
         }
         events.extend(pending);
         if events.len() < held {
-            let mut q = lock(&self.events);
+            let mut q = self.events.lock();
             q.spooled = q.spooled.saturating_sub((held - events.len()) as u64);
         }
         let n = events.len();
@@ -278,7 +275,7 @@ impl Telemetry {
         {
             // Counted, and reported like any loss (saved for the next start if the node stops).
             self.losses.lose(Lost::Failover, Reason::SpoolUnwritable, n as u64);
-            let mut q = lock(&self.events);
+            let mut q = self.events.lock();
             q.spooled = q.spooled.saturating_sub(n as u64);
             return Err(e);
         }
@@ -299,10 +296,10 @@ impl Telemetry {
     pub fn held_longer_than(&self, bound: std::time::Duration) -> bool {
         let now = Instant::now();
         let (entered, left) = {
-            let q = lock(&self.events);
+            let q = self.events.lock();
             (q.entered, q.left)
         };
-        let mut seen = lock(&self.entered_at);
+        let mut seen = self.entered_at.lock();
         seen.push_back((now, entered));
         // The newest mark at least `bound` old says which events are that old: those that
         // had entered by then. It stays (the older ones go) for the next call.
@@ -343,7 +340,7 @@ impl Telemetry {
     pub fn drop_held(&self) -> usize {
         self.requeue_in_flight();
         let n = {
-            let mut q = lock(&self.events);
+            let mut q = self.events.lock();
             q.left += q.held as u64;
             q.held = 0;
             let n = q.pending.len();
@@ -365,7 +362,7 @@ impl Telemetry {
     /// The next batch to send, now in flight until [`Self::ack_events`].
     pub fn next_event_batch(&self) -> Option<pb::FailoverEvents> {
         let batch = {
-            let mut q = lock(&self.events);
+            let mut q = self.events.lock();
             if q.pending.is_empty() {
                 return None;
             }
@@ -378,13 +375,13 @@ impl Telemetry {
         // task acks, requeues and takes batches, so nothing can miss the batch meanwhile.
         let encoded = batch.encode_to_vec();
         let events = batch.events.len();
-        lock(&self.events).in_flight.insert(batch.seq, InFlight { events, encoded });
+        self.events.lock().in_flight.insert(batch.seq, InFlight { events, encoded });
         Some(batch)
     }
 
     /// The control plane stored every batch up to `seq`.
     pub fn ack_events(&self, seq: u64) {
-        let mut q = lock(&self.events);
+        let mut q = self.events.lock();
         let acked: Vec<u64> = q.in_flight.range(..=seq).map(|(s, _)| *s).collect();
         for s in acked {
             if let Some(batch) = q.in_flight.remove(&s) {
@@ -396,11 +393,11 @@ impl Telemetry {
 
     /// A stream ended: whatever was sent but not acked goes out again, first.
     pub fn requeue_in_flight(&self) {
-        for r in lock(&self.transitions).reports.iter_mut() {
+        for r in self.transitions.lock().reports.iter_mut() {
             r.sent = false;
         }
         self.losses.requeue();
-        let mut q = lock(&self.events);
+        let mut q = self.events.lock();
         let batches = std::mem::take(&mut q.in_flight);
         for (seq, batch) in batches.into_iter().rev() {
             match pb::FailoverEvents::decode(batch.encoded.as_slice()) {
@@ -421,12 +418,12 @@ impl Telemetry {
     }
 
     pub fn events_held(&self) -> usize {
-        lock(&self.events).held
+        self.events.lock().held
     }
 
     /// The events held in memory only, by whether they were sent.
     pub fn events_at_risk(&self) -> crate::loss::AtRiskCount {
-        let q = lock(&self.events);
+        let q = self.events.lock();
         let unsent = q.pending.len();
         crate::loss::AtRiskCount {
             unsent: unsent as u64,
@@ -444,7 +441,7 @@ impl Telemetry {
     }
 
     fn push_breaker_report(&self, mut report: node_message::Msg) {
-        let mut t = lock(&self.transitions);
+        let mut t = self.transitions.lock();
         let dropped = if t.reports.len() >= MAX_TRANSITIONS { t.reports.pop_front() } else { None };
         t.next_seq += 1;
         let seq = t.next_seq;
@@ -463,7 +460,7 @@ impl Telemetry {
     /// Breaker transitions and probe reports not yet sent on this stream, oldest first, as
     /// node messages; they stay held until [`Self::ack_breakers`].
     pub fn take_breaker_reports(&self) -> Vec<node_message::Msg> {
-        let mut t = lock(&self.transitions);
+        let mut t = self.transitions.lock();
         t.reports
             .iter_mut()
             .filter(|r| !r.sent)
@@ -476,7 +473,7 @@ impl Telemetry {
 
     /// The control plane stored every breaker report up to `seq`.
     pub fn ack_breakers(&self, seq: u64) {
-        let mut t = lock(&self.transitions);
+        let mut t = self.transitions.lock();
         while t.reports.front().is_some_and(|r| r.seq <= seq) {
             t.reports.pop_front();
         }
@@ -484,12 +481,12 @@ impl Telemetry {
 
     /// Breaker reports sent or queued, not yet acked.
     pub fn breakers_held(&self) -> usize {
-        lock(&self.transitions).reports.len()
+        self.transitions.lock().reports.len()
     }
 
     /// Usage is billed to the model that served.
     pub fn record_usage(&self, key_id: &str, model: &str, prompt: u64, completion: u64, cost: f64) {
-        let mut usage = lock(&self.usage);
+        let mut usage = self.usage.lock();
         let models = match usage.get_mut(key_id) {
             Some(models) => models,
             None => usage.entry(key_id.to_owned()).or_default(),
@@ -511,7 +508,7 @@ impl Telemetry {
         if !self.usage_dirty.swap(false, Ordering::Relaxed) {
             return None;
         }
-        let usage = lock(&self.usage);
+        let usage = self.usage.lock();
         let entries = usage
             .iter()
             .flat_map(|(key_id, models)| models.iter().map(move |(model, t)| (key_id, model, t)))

@@ -350,11 +350,9 @@ fn percent_decode(value: &str) -> Option<String> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                return None;
-            }
-            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            let mut byte = [0u8];
+            hex::decode_to_slice(bytes.get(i + 1..i + 3)?, &mut byte).ok()?;
+            out.extend(byte);
             i += 3;
         } else {
             out.push(bytes[i]);

@@ -36,7 +36,7 @@ pub(crate) mod state;
 
 use conn::{ConnFlags, CountedStream};
 use response::HttpResponse;
-use state::{LastRequest, State, Stats, lock};
+use state::{LastRequest, State, Stats};
 
 // === Public handle ===
 
@@ -85,12 +85,12 @@ impl SimServer {
 
     /// Only these bearer keys are accepted; empty accepts any request.
     pub fn set_keys(&self, keys: Vec<String>) {
-        *lock(&self.state.keys) = keys;
+        *self.state.keys.lock() = keys;
     }
 
     /// Chat requests received for `model` (including ones rejected for their key).
     pub fn requests(&self, model: &str) -> u64 {
-        lock(&self.state.models).get(model).map_or(0, |m| m.requests)
+        self.state.models.lock().get(model).map_or(0, |m| m.requests)
     }
 
     pub fn stats(&self) -> Stats {
@@ -99,7 +99,7 @@ impl SimServer {
 
     /// The last chat request received for `model`.
     pub fn last_request(&self, model: &str) -> Option<LastRequest> {
-        lock(&self.state.models).get(model).and_then(|m| m.last.clone())
+        self.state.models.lock().get(model).and_then(|m| m.last.clone())
     }
 
     /// Forgets scripts, keys, request counters and last requests; connection counters restart

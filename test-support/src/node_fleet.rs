@@ -7,8 +7,10 @@
 //! Used by the e2e tests and `switchyard-bench fleet`; it never panics, so a benchmark gets
 //! an error it can report.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use switchyard_proto::node::v1::{
@@ -136,7 +138,7 @@ impl FleetNode {
 
     /// When this node first had a version at or past `version`.
     pub fn reached(&self, version: i64) -> Option<Instant> {
-        let received = self.state.received.lock().unwrap_or_else(|e| e.into_inner());
+        let received = self.state.received.lock();
         received.iter().find(|(v, _)| *v >= version).map(|(_, at)| *at)
     }
 
@@ -147,7 +149,7 @@ impl FleetNode {
 
     /// Why the stream ended (`None` while it is open).
     pub fn ended(&self) -> Option<String> {
-        self.state.ended.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.state.ended.lock().clone()
     }
 
     /// Stops reading the stream (heartbeats go on): the control plane's writes back up.
@@ -163,11 +165,11 @@ impl FleetNode {
 impl NodeState {
     fn received(&self, version: i64) {
         self.version.fetch_max(version, Ordering::AcqRel);
-        self.received.lock().unwrap_or_else(|e| e.into_inner()).push((version, Instant::now()));
+        self.received.lock().push((version, Instant::now()));
     }
 
     fn end(&self, why: String) {
-        *self.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        *self.ended.lock() = Some(why);
     }
 }
 

@@ -276,5 +276,5 @@ pub fn strings_attr(attributes: &[KeyValue], key: &str) -> Option<Vec<String>> {
 
 /// Bytes as lower-case hex, as ids are written in a `traceparent`.
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }

@@ -6,10 +6,11 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -213,7 +214,7 @@ impl Default for Window {
 
 impl Refusals {
     fn log(&self, peer: SocketAddr, reason: &str) {
-        let mut window = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut window = self.0.lock();
         if window.started.elapsed() >= WINDOW {
             if window.unlogged > 0 {
                 warn!(
@@ -243,7 +244,7 @@ mod tests {
         for _ in 0..15 {
             refusals.log(peer, "no client certificate presented");
         }
-        let window = refusals.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let window = refusals.0.lock();
         assert_eq!((window.logged, window.unlogged), (LOGGED_PER_MINUTE, 5));
     }
 }

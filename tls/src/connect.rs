@@ -55,15 +55,15 @@ pub struct ClientTls {
 /// the client learns it on its first read, and hyper reports that only as "connection
 /// closed". This keeps the words for whoever reports the failed call.
 #[derive(Clone, Default)]
-struct Refusal(Arc<std::sync::Mutex<Option<String>>>);
+struct Refusal(Arc<parking_lot::Mutex<Option<String>>>);
 
 impl Refusal {
     fn set(&self, text: String) {
-        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(text);
+        *self.0.lock() = Some(text);
     }
 
     fn take(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+        self.0.lock().take()
     }
 }
 

@@ -8,9 +8,10 @@
 //! half-written file) keeps the last good value and logs why, naming the file; the files are
 //! tried again when they change next.
 
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{info, warn};
@@ -75,7 +76,7 @@ impl<T> Reloading<T> {
     /// The current value, rebuilt first if the files changed since the last look (unless
     /// another caller is looking right now: then the value as it is).
     pub fn get(&self) -> Arc<T> {
-        if let Some(mut check) = self.try_check()
+        if let Some(mut check) = self.check.try_lock()
             && check.checked.elapsed() >= CHECK_INTERVAL
         {
             check.checked = Instant::now();
@@ -105,15 +106,6 @@ impl<T> Reloading<T> {
     fn names(&self) -> String {
         self.files.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     }
-
-    fn try_check(&self) -> Option<MutexGuard<'_, Check>> {
-        match self.check.try_lock() {
-            Ok(check) => Some(check),
-            // A panic while holding the lock leaves a whole record behind: use it.
-            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -141,13 +133,13 @@ mod tests {
         std::fs::write(&path, "two!").unwrap();
         // Not looked at again within the interval.
         assert_eq!(*r.get(), "one");
-        r.check.lock().unwrap().checked -= CHECK_INTERVAL;
+        r.check.lock().checked -= CHECK_INTERVAL;
         assert_eq!(*r.get(), "two!");
         std::fs::write(&path, "").unwrap();
-        r.check.lock().unwrap().checked -= CHECK_INTERVAL;
+        r.check.lock().checked -= CHECK_INTERVAL;
         assert_eq!(*r.get(), "two!", "an unusable file keeps the last good value");
         std::fs::write(&path, "three").unwrap();
-        r.check.lock().unwrap().checked -= CHECK_INTERVAL;
+        r.check.lock().checked -= CHECK_INTERVAL;
         assert_eq!(*r.get(), "three");
     }
 
@@ -159,7 +151,7 @@ mod tests {
         let r =
             Reloading::open("test", vec![Source::new("--f", &path)], Box::new(text_file)).unwrap();
         std::fs::write(&path, "two!").unwrap();
-        let mut looking = r.check.lock().unwrap();
+        let mut looking = r.check.lock();
         looking.checked -= CHECK_INTERVAL;
         // Another handshake is looking (it holds the check): this one takes the value as it
         // is instead of waiting, and the change is seen once the look is over.

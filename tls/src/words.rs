@@ -92,7 +92,9 @@ fn time(t: UnixTime) -> String {
 }
 
 /// An error and its causes on one line, each said once (tonic's transport error says only
-/// "transport error", and hyper's connect error repeats itself one level down).
+/// "transport error", and hyper's connect error repeats itself one level down). The one
+/// error-chain formatter of the workspace: the node's upstream calls, the control plane's
+/// webhook deliveries and the CLI's messages all say their errors through it.
 pub fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut last = text.clone();
@@ -119,6 +121,37 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use rustls::pki_types::ServerName;
+
+    /// An error whose text is `text` and whose cause is `source`.
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as &(dyn std::error::Error + 'static))
+        }
+    }
+
+    #[test]
+    fn a_chain_says_each_cause_once() {
+        let refused = Layer("Connection refused (os error 111)", None);
+        // hyper-util's connect error prints its cause and also returns it as its source.
+        let connect =
+            Layer("tcp connect error: Connection refused (os error 111)", Some(Box::new(refused)));
+        let client = Layer("client error (Connect)", Some(Box::new(connect)));
+        assert_eq!(
+            chain(&client),
+            "client error (Connect): tcp connect error: Connection refused (os error 111)"
+        );
+        let plain = Layer("transport error", Some(Box::new(Layer("timed out", None))));
+        assert_eq!(chain(&plain), "transport error: timed out");
+    }
 
     #[test]
     fn the_common_refusals_read_as_words() {

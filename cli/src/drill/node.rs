@@ -12,6 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
+use switchyard_tls::words;
 
 use crate::drill::observe::{Observation, StreamTiming, attempts, continued, error_code};
 use crate::drill::report::Surface;
@@ -100,7 +101,7 @@ impl Node {
         let response = tokio::time::timeout(Duration::from_secs(10), self.client.request(request))
             .await
             .map_err(|_| self.unreachable("no answer within 10 s"))?
-            .map_err(|e| self.unreachable(error_chain(&e)))?;
+            .map_err(|e| self.unreachable(words::chain(&e)))?;
         let status = response.status();
         let body = response.into_body().collect().await.map_err(|e| self.unreachable(e))?;
         Ok((status, body.to_bytes()))
@@ -214,7 +215,7 @@ impl Node {
             }
         };
         let answer = tokio::time::timeout(give_up, async {
-            let response = self.client.request(request).await.map_err(|e| error_chain(&e))?;
+            let response = self.client.request(request).await.map_err(|e| words::chain(&e))?;
             Ok::<_, String>(response)
         })
         .await;
@@ -391,17 +392,6 @@ fn find_event_end(buf: &[u8]) -> Option<usize> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Reads `switchyard_breaker_transitions_total{provider=…,upstream_model=…,to=…} N` lines.

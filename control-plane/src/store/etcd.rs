@@ -27,11 +27,12 @@
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use switchyard_proto::etcd as pb;
 use switchyard_proto::etcd::auth_client::AuthClient;
 use switchyard_proto::etcd::kv_client::KvClient;
@@ -633,18 +634,12 @@ impl Session {
     }
 
     fn token(&self) -> Token {
-        match self.token.lock() {
-            Ok(token) => token.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.token.lock().clone()
     }
 
     /// Drops the token of `generation` (etcd refused it), unless another call replaced it.
     fn expire(&self, generation: u64) {
-        let mut token = match self.token.lock() {
-            Ok(token) => token,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut token = self.token.lock();
         if token.generation == generation {
             token.authenticated = false;
         }
@@ -727,10 +722,7 @@ impl Session {
             }
         };
         self.authentications.fetch_add(1, Ordering::Relaxed);
-        let mut token = match self.token.lock() {
-            Ok(token) => token,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut token = self.token.lock();
         *token = Token { generation: token.generation + 1, value, authenticated: true };
         Ok(Meta { generation: token.generation, token: token.value.clone() })
     }

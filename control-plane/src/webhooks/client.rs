@@ -24,6 +24,7 @@ use hyper_util::rt::TokioExecutor;
 
 use switchyard_catalog::address::{self, is_private_ip};
 use switchyard_time::now_ms;
+use switchyard_tls::words;
 
 use super::signing::sign;
 
@@ -133,7 +134,7 @@ pub async fn send(client: &WebhookClient, req: Request<'_>) -> Outcome {
         Err(e) => return Outcome::Refused { status: 0, error: format!("invalid request: {e}") },
     };
     let exchange = async {
-        let response = client.request(request).await.map_err(|e| error_chain(&e))?;
+        let response = client.request(request).await.map_err(|e| words::chain(&e))?;
         let status = response.status().as_u16();
         let retry_after = response
             .headers()
@@ -182,20 +183,6 @@ pub fn target(url: &str, internal: bool) -> Result<http::Uri, String> {
     let _ = parsed.set_username("");
     let _ = parsed.set_password(None);
     http::Uri::try_from(parsed.as_str()).map_err(|e| format!("invalid URL: {e}"))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let line = cause.to_string();
-        if !text.ends_with(&line) {
-            text.push_str(": ");
-            text.push_str(&line);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -31,11 +31,12 @@
 //! [`GC_MAX_TXNS`] transactions per [`GC_INTERVAL`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::RwLock;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -211,17 +212,13 @@ struct Shared {
 }
 
 impl Shared {
-    fn view(&self) -> std::sync::RwLockReadGuard<'_, OutboxView> {
-        self.outbox.read().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn reload(&self, listing: &Listing) {
         let mut view = OutboxView::default();
         for kv in &listing.kvs {
             view.upsert(&kv.key, kv.create_revision, &kv.value);
         }
         view.horizon = listing.revision;
-        let mut current = self.outbox.write().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.outbox.write();
         view.epoch = current.epoch + 1;
         *current = view;
         drop(current);
@@ -230,7 +227,7 @@ impl Shared {
 
     fn apply(&self, batch: &WatchBatch) {
         let horizon = {
-            let mut view = self.outbox.write().unwrap_or_else(|e| e.into_inner());
+            let mut view = self.outbox.write();
             for e in &batch.events {
                 view.horizon = view.horizon.max(e.kv.mod_revision);
                 match e.kind {
@@ -473,7 +470,7 @@ async fn collect_garbage(
     }
     let guard = Compare::mod_revision(catalog_key, stored);
     let keys: Vec<String> = {
-        let view = shared.view();
+        let view = shared.outbox.read();
         let floor = workers
             .values()
             .map(|w| w.cursor.load(Ordering::Acquire))
@@ -500,7 +497,7 @@ async fn collect_garbage(
         if !shared.store.txn(Txn { compare, success, failure: vec![] }).await?.succeeded {
             return Ok(());
         }
-        let mut view = shared.outbox.write().unwrap_or_else(|e| e.into_inner());
+        let mut view = shared.outbox.write();
         for key in chunk {
             view.remove(key);
         }
@@ -629,7 +626,7 @@ impl Worker {
     /// changed subscription builds the queue again from the cursor (entries in flight
     /// stay, whatever the filter now says, until their outcome is known).
     fn sync_queue(&mut self, webhook: &Webhook) {
-        let view = self.shared.view();
+        let view = self.shared.outbox.read();
         if view.epoch != self.epoch || self.filter.as_ref() != Some(webhook) {
             self.queue.retain(|slot, _| self.in_flight.contains(slot));
             self.scanned = None;
@@ -1008,7 +1005,7 @@ mod tests {
             metrics: WebhookMetrics::default(),
         });
         {
-            let mut view = shared.outbox.write().unwrap_or_else(|e| e.into_inner());
+            let mut view = shared.outbox.write();
             for (rev, key) in [(5, "a"), (5, "b"), (7, "c")] {
                 let value = serde_json::to_vec(&entry(key)).unwrap_or_default();
                 view.upsert(key, rev, &value);
@@ -1120,7 +1117,7 @@ mod queue_tests {
             metrics: WebhookMetrics::default(),
         });
         let put = |rev: Revision, entries: Vec<OutboxEntry>| {
-            let mut view = shared.outbox.write().unwrap();
+            let mut view = shared.outbox.write();
             view.upsert(&format!("/o/{rev}"), rev, &serde_json::to_vec(&entries).unwrap());
             view.horizon = rev;
         };

@@ -74,15 +74,3 @@ pub enum StreamError {
     #[error("malformed upstream stream: {0}")]
     Malformed(String),
 }
-
-/// An error with its causes ("connection refused"), which hyper keeps in `source`.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}

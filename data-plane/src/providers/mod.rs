@@ -18,6 +18,7 @@ use hyper_util::rt::TokioExecutor;
 use tracing::warn;
 
 use switchyard_catalog::{Fault, FaultKind, Model, Provider, ProviderKind};
+use switchyard_tls::words;
 
 use crate::chaos::{self, Cut, Injector};
 use crate::embeddings::Embeddings;
@@ -304,7 +305,7 @@ impl ProviderRuntime {
             .client
             .request(upstream)
             .await
-            .map_err(|e| CallError::Transport(error::error_chain(&e)))?;
+            .map_err(|e| CallError::Transport(words::chain(&e)))?;
         let status = response.status();
         let body = read_body(response).await?;
         if status.is_success() { Ok(body) } else { Err(self.http_error(status, &body, None)) }
@@ -389,7 +390,7 @@ impl ProviderRuntime {
             .client
             .request(upstream)
             .await
-            .map_err(|e| CallError::Transport(error::error_chain(&e)))?;
+            .map_err(|e| CallError::Transport(words::chain(&e)))?;
         let status = response.status();
         if status.is_success() {
             return Ok(Answer::Upstream(response));

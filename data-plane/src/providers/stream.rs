@@ -4,9 +4,10 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use switchyard_tls::words;
 
 use super::adapter::StreamDecoder;
-use super::error::{StreamError, error_chain};
+use super::error::StreamError;
 use super::sse;
 use super::unified::StreamEvent;
 use crate::chaos::{Cut, CutKind};
@@ -26,7 +27,7 @@ impl Source {
             Self::Upstream(body) => match body.frame().await? {
                 // Trailers carry no events.
                 Ok(frame) => Some(Ok(frame.into_data().unwrap_or_default())),
-                Err(e) => Some(Err(StreamError::Connection(error_chain(&e)))),
+                Err(e) => Some(Err(StreamError::Connection(words::chain(&e)))),
             },
             Self::Injected(bytes) => bytes.take().map(Ok),
         }

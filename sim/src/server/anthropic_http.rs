@@ -14,7 +14,7 @@ use super::conn::ConnFlags;
 use super::response::{
     HttpResponse, insert_header, json_response, reply_text, status, stream_response,
 };
-use super::state::{State, lock};
+use super::state::State;
 use crate::anthropic::{self, MessagesRequest};
 use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, continues_at, sleep_ms};
 use crate::body::Aborted;
@@ -35,7 +35,7 @@ pub fn not_found(state: &State, method: &str, path: &str) -> HttpResponse {
 /// Anthropic authenticates with `x-api-key` (checked, as for OpenAI, only when accepted keys
 /// are set, and before the body).
 fn authorize(state: &State, headers: &HeaderMap) -> Result<(), ApiError> {
-    let keys = lock(&state.keys);
+    let keys = state.keys.lock();
     if keys.is_empty() {
         return Ok(());
     }

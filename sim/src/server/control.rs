@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::query::{percent_decode, query_param};
 use super::response::{HttpResponse, json_value, no_content};
-use super::state::{State, lock};
+use super::state::State;
 use crate::behaviour::{Behaviour, Script};
 
 #[derive(Deserialize)]
@@ -41,12 +41,12 @@ pub async fn handle(state: &State, req: Request<Incoming>) -> HttpResponse {
         }
         (&Method::PUT, "keys") => match serde_json::from_slice::<Vec<String>>(&body) {
             Ok(keys) => {
-                *lock(&state.keys) = keys;
+                *state.keys.lock() = keys;
                 no_content()
             }
             Err(e) => control_error(StatusCode::BAD_REQUEST, &format!("keys: {e}")),
         },
-        (&Method::GET, "keys") => json_value(StatusCode::OK, &*lock(&state.keys)),
+        (&Method::GET, "keys") => json_value(StatusCode::OK, &*state.keys.lock()),
         (&Method::POST, "script") => match serde_json::from_slice::<ScriptBody>(&body) {
             Ok(ScriptBody::One(one)) => {
                 state.set(one.model, one.behaviour);
@@ -73,7 +73,7 @@ pub async fn handle(state: &State, req: Request<Incoming>) -> HttpResponse {
             let Some(model) = query.as_deref().and_then(|q| query_param(q, "model")) else {
                 return control_error(StatusCode::BAD_REQUEST, "last_request needs ?model=<model>");
             };
-            let last = lock(&state.models).get(&model).and_then(|m| m.last.clone());
+            let last = state.models.lock().get(&model).and_then(|m| m.last.clone());
             match last {
                 Some(last) => json_value(
                     StatusCode::OK,

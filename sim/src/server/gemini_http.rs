@@ -15,7 +15,7 @@ use super::query::query_param;
 use super::response::{
     HttpResponse, insert_header, json_response, reply_text, status, stream_response,
 };
-use super::state::{State, lock};
+use super::state::State;
 use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, continues_at, sleep_ms};
 use crate::body::Aborted;
 use crate::embed;
@@ -32,7 +32,7 @@ pub fn not_found(state: &State, method: &str, path: &str) -> HttpResponse {
 /// Google reads the key from `x-goog-api-key` or `?key=`; checked only when accepted keys
 /// are set, and before the body, as for OpenAI.
 fn authorize(state: &State, parts: &hyper::http::request::Parts) -> Result<(), ApiError> {
-    let keys = lock(&state.keys);
+    let keys = state.keys.lock();
     if keys.is_empty() {
         return Ok(());
     }

@@ -16,7 +16,7 @@ use super::conn::ConnFlags;
 use super::response::{
     HttpResponse, insert_header, json_response, reply_text, status, stream_response,
 };
-use super::state::{State, lock};
+use super::state::State;
 use crate::behaviour::{Behaviour, DEFAULT_CHUNKS, Reply, StatusReply, continues_at, sleep_ms};
 use crate::body::Aborted;
 use crate::embed;
@@ -121,7 +121,7 @@ pub fn models(state: &State, headers: &HeaderMap) -> HttpResponse {
         return error_response(&err, &state.request_id());
     }
     let names: Vec<String> = {
-        let models = lock(&state.models);
+        let models = state.models.lock();
         let mut names: Vec<String> = models.keys().cloned().collect();
         names.sort();
         names
@@ -144,7 +144,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 fn authorize(state: &State, headers: &HeaderMap) -> Result<(), ApiError> {
-    let keys = lock(&state.keys);
+    let keys = state.keys.lock();
     if keys.is_empty() {
         return Ok(());
     }

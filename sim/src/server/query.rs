@@ -16,16 +16,14 @@ pub fn percent_decode(s: &str) -> String {
     while i < bytes.len() {
         match bytes[i] {
             b'%' if i + 2 < bytes.len() => {
-                match std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
-                    Some(b) => {
-                        out.push(b);
+                let mut byte = [0u8];
+                match hex::decode_to_slice(&bytes[i + 1..i + 3], &mut byte) {
+                    Ok(()) => {
+                        out.extend(byte);
                         i += 3;
                         continue;
                     }
-                    None => out.push(b'%'),
+                    Err(_) => out.push(b'%'),
                 }
             }
             b'+' => out.push(b' '),

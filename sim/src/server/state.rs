@@ -3,11 +3,12 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use hyper::header::HeaderMap;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -108,11 +109,6 @@ pub struct ModelState {
     pub last: Option<LastRequest>,
 }
 
-/// A poisoned lock only means a panic elsewhere; the counters inside are still usable.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl State {
     pub fn new() -> Self {
         State {
@@ -127,56 +123,58 @@ impl State {
     }
 
     pub fn set(&self, model: String, behaviour: Behaviour) {
-        let mut models = lock(&self.models);
+        let mut models = self.models.lock();
         let entry = models.entry(model).or_default();
         entry.script = Some(Arc::new(behaviour));
         entry.position = 0;
     }
 
     pub fn unset(&self, model: &str) {
-        if let Some(entry) = lock(&self.models).get_mut(model) {
+        if let Some(entry) = self.models.lock().get_mut(model) {
             entry.script = None;
             entry.position = 0;
         }
     }
 
     pub fn behaviour(&self, model: &str) -> Behaviour {
-        lock(&self.models).get(model).and_then(|m| m.script.as_deref().cloned()).unwrap_or_default()
+        self.models.lock().get(model).and_then(|m| m.script.as_deref().cloned()).unwrap_or_default()
     }
 
     /// Clears scripts, keys and request counters. Connection counters restart from the
     /// connections open now (`opened = open`, `closed = 0`), so `open` stays true.
     pub fn reset(&self) {
-        lock(&self.models).clear();
-        lock(&self.keys).clear();
+        self.models.lock().clear();
+        self.keys.lock().clear();
         self.requests.store(0, Ordering::Relaxed);
         self.token_counts.store(0, Ordering::Relaxed);
-        let mut conns = lock(&self.connections);
+        let mut conns = self.connections.lock();
         *conns = ConnectionStats { opened: conns.open, closed: 0, open: conns.open };
     }
 
     pub fn stats(&self) -> Stats {
-        let models = lock(&self.models)
+        let models = self
+            .models
+            .lock()
             .iter()
             .filter(|(_, m)| m.requests > 0 || m.script.is_some())
             .map(|(name, m)| (name.clone(), ModelStats { requests: m.requests }))
             .collect();
         Stats {
             models,
-            connections: *lock(&self.connections),
+            connections: *self.connections.lock(),
             requests: self.requests.load(Ordering::Relaxed),
             token_counts: self.token_counts.load(Ordering::Relaxed),
         }
     }
 
     pub fn connection_opened(&self) {
-        let mut c = lock(&self.connections);
+        let mut c = self.connections.lock();
         c.opened += 1;
         c.open += 1;
     }
 
     pub fn connection_closed(&self) {
-        let mut c = lock(&self.connections);
+        let mut c = self.connections.lock();
         c.closed += 1;
         c.open = c.open.saturating_sub(1);
     }
@@ -202,7 +200,7 @@ impl State {
         body: &Bytes,
         advance: bool,
     ) -> (Option<Arc<Behaviour>>, u64) {
-        let mut models = lock(&self.models);
+        let mut models = self.models.lock();
         let entry = match models.get_mut(&*model) {
             Some(entry) => entry,
             None => models.entry(model.into_owned()).or_default(),

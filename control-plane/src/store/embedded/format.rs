@@ -185,7 +185,7 @@ mod value_encoding {
         } else {
             match std::str::from_utf8(bytes) {
                 Ok(text) => map.serialize_entry("text", text)?,
-                Err(_) => map.serialize_entry("hex", &to_hex(bytes))?,
+                Err(_) => map.serialize_entry("hex", &hex::encode(bytes))?,
             }
         }
         map.end()
@@ -233,29 +233,11 @@ mod value_encoding {
         }
     }
 
-    fn to_hex(bytes: &[u8]) -> String {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut out = String::with_capacity(bytes.len() * 2);
-        for b in bytes {
-            out.push(char::from(DIGITS[usize::from(b >> 4)]));
-            out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-        }
-        out
-    }
-
     fn from_hex<E: de::Error>(s: &str) -> Result<Bytes, E> {
-        if !s.len().is_multiple_of(2) {
-            return Err(E::custom("odd-length hex value"));
-        }
-        (0..s.len())
-            .step_by(2)
-            .map(|i| {
-                s.get(i..i + 2)
-                    .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                    .ok_or_else(|| E::custom("invalid hex value"))
-            })
-            .collect::<Result<Vec<u8>, E>>()
-            .map(Bytes::from)
+        hex::decode(s).map(Bytes::from).map_err(|e| match e {
+            hex::FromHexError::OddLength => E::custom("odd-length hex value"),
+            _ => E::custom("invalid hex value"),
+        })
     }
 }
 
@@ -306,12 +288,11 @@ mod tests {
     #[tokio::test]
     async fn a_directory_written_with_hex_values_still_opens() {
         let dir = tempfile::tempdir().unwrap();
-        let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
         std::fs::write(
             dir.path().join(SNAPSHOT_FILE),
             format!(
                 r#"{{"seq":1,"revision":2,"floor":0,"kvs":[{{"key":"a","value":"{}","create_revision":2,"mod_revision":2,"version":1,"lease":0}}],"leases":[]}}"#,
-                hex(r#"{"x":1}"#)
+                hex::encode(r#"{"x":1}"#)
             ),
         )
         .unwrap();
@@ -321,7 +302,7 @@ mod tests {
                 "{}\n",
                 format_args!(
                     r#"{{"seq":2,"record":{{"op":"commit","changes":[{{"kind":"put","key":"b","value":"{}","lease":0}}]}}}}"#,
-                    hex("plain text")
+                    hex::encode("plain text")
                 )
             ),
         )

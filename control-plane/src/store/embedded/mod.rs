@@ -46,16 +46,17 @@ mod watcher;
 mod writer;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use self::options::Options;
 use self::recovery::recover;
-use self::state::{State, lock};
+use self::state::State;
 use self::watcher::Watcher;
 use self::writer::{Command, Writer};
 use crate::store::api::{
@@ -89,7 +90,7 @@ impl EmbeddedStore {
                 StoreError::Unavailable(format!("embedded store recovery task failed: {e}"))
             })??;
         let state = Arc::new(Mutex::new(recovered.state));
-        let current = lock(&state).revision;
+        let current = state.lock().revision;
         let (rev_tx, rev_rx) = watch::channel(current);
         let (cmd_tx, cmd_rx) = std_mpsc::channel();
         let writer = Writer::new(
@@ -139,11 +140,11 @@ fn closed() -> StoreError {
 #[async_trait]
 impl Store for EmbeddedStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        Ok(lock(&self.state).kvs.get(key).cloned())
+        Ok(self.state.lock().kvs.get(key).cloned())
     }
 
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         let kvs = st.under(prefix, prefix).map(|(_, kv)| kv.clone()).collect();
         Ok(Listing { kvs, revision: st.revision })
     }
@@ -154,7 +155,7 @@ impl Store for EmbeddedStore {
         from: &str,
         limit: usize,
     ) -> Result<KeyListing, StoreError> {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         let keys = st.under(prefix, from).take(limit).map(|(k, _)| k.clone()).collect();
         Ok(KeyListing { keys, revision: st.revision })
     }
@@ -165,13 +166,13 @@ impl Store for EmbeddedStore {
         from: &str,
         limit: usize,
     ) -> Result<Listing, StoreError> {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         let kvs = st.under(prefix, from).take(limit).map(|(_, kv)| kv.clone()).collect();
         Ok(Listing { kvs, revision: st.revision })
     }
 
     async fn count(&self, prefix: &str) -> Result<(usize, Revision), StoreError> {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         Ok((st.under(prefix, prefix).count(), st.revision))
     }
 
@@ -204,7 +205,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError> {
-        let cursor = if from <= 0 { lock(&self.state).revision + 1 } else { from };
+        let cursor = if from <= 0 { self.state.lock().revision + 1 } else { from };
         let (tx, rx) = mpsc::channel(self.watch_buffer);
         let watcher = Watcher {
             state: self.state.clone(),
@@ -222,7 +223,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {
-        Ok(lock(&self.state).revision)
+        Ok(self.state.lock().revision)
     }
 
     async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
@@ -254,7 +255,7 @@ mod tests {
         // them until all are waiting: the queue fixes their order (sent here, one after the
         // other, rather than from tasks whose order the scheduler would choose), and the
         // writer takes what waits behind the first as one group.
-        let held = lock(&store.state);
+        let held = store.state.lock();
         let txns = vec![
             Txn { success: vec![put_op("a", "1")], ..Txn::default() },
             Txn { success: vec![put_op("b", "1")], ..Txn::default() },

@@ -8,7 +8,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -51,12 +50,6 @@ pub(super) struct LeaseState {
 pub(super) fn deadline(now: Instant, ttl: Duration) -> Instant {
     // Only a hand-edited file can hold a TTL past MAX_LEASE_TTL; such a lease never expires.
     now.checked_add(ttl).unwrap_or(now + MAX_LEASE_TTL)
-}
-
-pub(super) fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    // The state is only mutated by `apply`, which does not panic midway on valid records; a
-    // poisoned lock therefore still guards consistent data.
-    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl State {

@@ -6,11 +6,12 @@
 //! reads on at its own pace and is cut off with [`StoreError::Compacted`] only once
 //! retention passes its cursor, as an etcd watcher is.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
-use super::state::{State, lock};
+use super::state::State;
 use crate::store::api::{Revision, StoreError, WatchBatch, WatchEvent};
 
 /// Most revisions a watcher copies out of history per lock acquisition.
@@ -33,7 +34,7 @@ impl Watcher {
         loop {
             self.revisions.borrow_and_update();
             let gathered = {
-                let st = lock(&self.state);
+                let st = self.state.lock();
                 if self.cursor < st.floor {
                     Err(st.floor)
                 } else {

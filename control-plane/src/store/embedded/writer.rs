@@ -11,17 +11,18 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::Write;
+use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{oneshot, watch};
 
 use super::format::{Change, LogEntry, Record, SNAPSHOT_FILE, SNAPSHOT_TMP_FILE};
 use super::options::Options;
 use super::recovery::{Files, in_dir, sync_dir};
-use super::state::{MAX_LEASE_TTL, State, deadline, lock};
+use super::state::{MAX_LEASE_TTL, State, deadline};
 use crate::store::api::{LeaseId, Revision, StoreError, Txn, TxnOp, TxnResult};
 
 /// How often the writer thread looks for expired leases.
@@ -164,7 +165,7 @@ impl Writer {
                 self.commit_group(std::mem::take(&mut group));
                 written.clear();
             }
-            match lock(&self.state).plan_txn(txn) {
+            match self.state.lock().plan_txn(txn) {
                 Ok((succeeded, changes)) => {
                     if track {
                         written.extend(changes.iter().map(|c| c.key().to_owned()));
@@ -196,7 +197,7 @@ impl Writer {
                 records.push(Record::Commit { changes: planned.changes });
             }
         }
-        let start = lock(&self.state).revision;
+        let start = self.state.lock().revision;
         match self.write_records(records) {
             Ok(revisions) => {
                 for (reply, succeeded, applied) in replies {
@@ -253,7 +254,7 @@ impl Writer {
         }
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let id = {
-            let st = lock(&self.state);
+            let st = self.state.lock();
             loop {
                 // etcd lease IDs are positive; 0 means "no lease".
                 let id = self.rng.random::<i64>() & i64::MAX;
@@ -268,7 +269,7 @@ impl Writer {
 
     fn keep_alive(&mut self, id: LeaseId) -> Result<Duration, StoreError> {
         // Deadlines are not persisted (a restart renews every lease), so this needs no write.
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let now = Instant::now();
         match st.leases.get_mut(&id) {
             Some(lease) if lease.deadline > now => {
@@ -280,7 +281,7 @@ impl Writer {
     }
 
     fn revoke(&mut self, id: LeaseId) -> Result<(), StoreError> {
-        if !lock(&self.state).leases.contains_key(&id) {
+        if !self.state.lock().leases.contains_key(&id) {
             return Err(StoreError::LeaseNotFound(id));
         }
         self.write(Record::Revoke { id })
@@ -288,7 +289,7 @@ impl Writer {
 
     fn compact(&mut self, revision: Revision) -> Result<(), StoreError> {
         let (current, floor) = {
-            let st = lock(&self.state);
+            let st = self.state.lock();
             (st.revision, st.floor)
         };
         if revision > current {
@@ -304,7 +305,9 @@ impl Writer {
 
     fn expire_leases(&mut self) {
         let now = Instant::now();
-        let expired: Vec<LeaseId> = lock(&self.state)
+        let expired: Vec<LeaseId> = self
+            .state
+            .lock()
             .leases
             .iter()
             .filter(|(_, l)| l.deadline <= now)
@@ -361,7 +364,7 @@ impl Writer {
         self.log_len += line_len;
         let mut revisions = Vec::with_capacity(entries.len());
         {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             let now = Instant::now();
             for entry in entries {
                 self.seq = entry.seq;
@@ -384,7 +387,7 @@ impl Writer {
 
     fn rewrite(&mut self) -> Result<(), StoreError> {
         // Copied under the lock, encoded outside it: readers wait for a copy, not for JSON.
-        let snapshot = lock(&self.state).snapshot(self.seq);
+        let snapshot = self.state.lock().snapshot(self.seq);
         // Streamed to the file: a snapshot of a full audit log is large, and as one buffer it
         // would be allocated, page-faulted in and freed on every rewrite.
         let tmp = self.files.dir.join(SNAPSHOT_TMP_FILE);
