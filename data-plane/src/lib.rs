@@ -55,3 +55,4 @@ pub mod stream;
 pub mod structured;
 pub mod sync;
 pub mod telemetry;
+pub mod wake;
