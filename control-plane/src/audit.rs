@@ -101,17 +101,23 @@ pub async fn write_events(
     events: Vec<AuditEvent>,
     outbox: Option<&Interest>,
 ) -> Result<usize, StoreError> {
-    let mut seen = std::collections::HashSet::new();
-    let events: Vec<AuditEvent> = events
-        .into_iter()
-        .filter(|event| {
+    // Keyed as `Layout::audit` keys an event (its time, floored at 0, and its id), without
+    // formatting a key per event: a storm's round holds thousands.
+    let mut seen = std::collections::HashSet::with_capacity(events.len());
+    let keep: Vec<bool> = events
+        .iter()
+        .map(|event| {
             if event.id.is_empty() {
                 warn!(node = %event.node_id, "failover event without an id; not recorded");
                 return false;
             }
-            seen.insert(layout.audit(event.at_unix_ms, &event.id))
+            seen.insert((event.at_unix_ms.max(0), event.id.as_str()))
         })
         .collect();
+    drop(seen);
+    let mut keep = keep.into_iter();
+    let events: Vec<AuditEvent> =
+        events.into_iter().filter(|_| keep.next().unwrap_or(false)).collect();
     let written = events.len();
     let mut pending: Vec<&AuditEvent> = events.iter().collect();
     for _ in 0..=MAX_GUARD_RETRIES {
@@ -165,8 +171,11 @@ fn event_txns<'e>(
     let mut txns = Vec::new();
     let mut members = Vec::new();
     let mut batch = Batch::default();
+    // One buffer for every event's JSON, reused: the batch copies it into its own array.
+    let mut audit = Vec::with_capacity(512);
     for &event in events {
-        let audit = serde_json::to_vec(event)
+        audit.clear();
+        serde_json::to_writer(&mut audit, event)
             .map_err(|e| StoreError::InvalidRequest(format!("cannot encode event: {e}")))?;
         let wanted = webhooks
             .as_ref()
@@ -187,7 +196,8 @@ fn event_txns<'e>(
         }
         batch.bytes += size;
         batch.newest = batch.newest.max(event.at_unix_ms);
-        batch.audit.push(audit);
+        batch.audit.push(if batch.audit.is_empty() { b'[' } else { b',' });
+        batch.audit.extend_from_slice(&audit);
         if let Some(outbox) = outbox {
             batch.outbox.push(outbox);
             batch.outbox_ids.push(event.id.as_str());
@@ -206,7 +216,9 @@ fn event_txns<'e>(
 #[derive(Default)]
 struct Batch<'e> {
     events: Vec<&'e AuditEvent>,
-    audit: Vec<Vec<u8>>,
+    /// The JSON array of the events' entries as it is built: `[` and the entries so far,
+    /// comma-separated, without the closing `]`.
+    audit: Vec<u8>,
     outbox: Vec<Vec<u8>>,
     outbox_ids: Vec<&'e str>,
     newest: i64,
@@ -215,10 +227,11 @@ struct Batch<'e> {
 
 impl<'e> Batch<'e> {
     /// One put of the audit batch, and one of the outbox batch if any event is wanted.
-    fn into_txn(self, layout: &Layout, guard: &[Compare]) -> (Txn, Vec<&'e AuditEvent>) {
+    fn into_txn(mut self, layout: &Layout, guard: &[Compare]) -> (Txn, Vec<&'e AuditEvent>) {
         let id = batch_id(self.events.iter().map(|e| e.id.as_str()));
         let key = layout.audit_batch(self.newest, &id, self.events.len());
-        let mut success = vec![TxnOp::Put { key, value: encode_batch(&self.audit), lease: None }];
+        self.audit.push(b']');
+        let mut success = vec![TxnOp::Put { key, value: self.audit, lease: None }];
         if !self.outbox.is_empty() {
             let id = batch_id(self.outbox_ids.into_iter());
             let key = layout.outbox_batch(self.newest, &id, self.outbox.len());

@@ -58,3 +58,4 @@ pub mod stream;
 pub mod structured;
 pub mod sync;
 pub mod telemetry;
+pub mod wake;

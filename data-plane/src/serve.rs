@@ -57,6 +57,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::error::{ApiError, Flavor};
 use crate::request_id;
+use crate::wake::Repoll;
 
 /// How often an idle HTTP/2 client is pinged, and how long its answer may take.
 const H2_PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
@@ -317,10 +318,12 @@ fn serve_connection(
     let watcher = graceful.watcher();
     let tls = tls.cloned();
     tokio::spawn(async move {
-        let conn = async move {
+        // Under `Repoll`: the wake-up a connection gives itself on each request body
+        // (crate::wake) is answered in this poll instead of unparking another worker.
+        let conn = Repoll::new(async move {
             let conn = Conn::open(tcp, peer, tls).await?;
             Some(conn.serve_requests(options, service, Some(watcher), true).await)
-        };
+        });
         tokio::select! {
             result = conn => {
                 if let Some(Err(e)) = result {
