@@ -816,4 +816,45 @@ mod tests {
             assert!(switchyard_catalog::catalog::WEBHOOK_EVENTS.contains(&t), "{t}");
         }
     }
+    /// Audit records as this release and the ones before it write them: every field set, an
+    /// `events.lost` entry, and one from before the optional fields existed.
+    const STORED_FULL: &str = r#"{"id":"ev1","at_unix_ms":1796219557000,"node_id":"n1","key_id":"key_1","requested_model":"a","served_model":"b","attempts":[{"model":"a","status":"failed","reason":"timeout","latency_ms":30011,"probe":true,"injected":"drill-1","retries":2,"deployment":"p/up","local_limit":true},{"model":"b","status":"served","reason":"","latency_ms":734,"probe":false}],"stream":true,"status":200,"degraded":"all_models_failed","request_id":"req-1","continued":[{"model":"b","reason":"upstream_stalled","at_char":120,"outcome":"served"}],"surface":"messages"}"#;
+    const STORED_LOST: &str = r#"{"id":"lost_b_1","at_unix_ms":20,"node_id":"n1","key_id":"","requested_model":"","served_model":"","attempts":[],"stream":false,"status":0,"lost":{"count":15,"reason":"spool_unwritable","events":"failover","first_unix_ms":10,"last_unix_ms":20}}"#;
+    const STORED_OLD: &str = r#"{"id":"ev0","at_unix_ms":3,"node_id":"n0","key_id":"k","requested_model":"a","attempts":[{"model":"a","status":"failed"}]}"#;
+
+    #[test]
+    fn stored_records_read_and_write_back_byte_for_byte() {
+        for stored in [STORED_FULL, STORED_LOST] {
+            let event: AuditEvent = serde_json::from_str(stored).unwrap();
+            assert_eq!(serde_json::to_string(&event).unwrap(), stored);
+        }
+        let old: AuditEvent = serde_json::from_str(STORED_OLD).unwrap();
+        assert_eq!((old.served_model.as_str(), old.status, old.stream), ("", 0, false));
+        assert_eq!((old.attempts[0].reason.as_str(), old.attempts[0].latency_ms), ("", 0));
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"id":"ev0","at_unix_ms":3,"node_id":"n0","key_id":"k","requested_model":"a","served_model":"","attempts":[{"model":"a","status":"failed","reason":"","latency_ms":0,"probe":false}],"stream":false,"status":0}"#
+        );
+        // What a record must hold: a request's id and model; a loss entry's whole count.
+        let without = |field: &str| STORED_FULL.replace(&format!(r#""{field}":"#), r#""x":"#);
+        for field in ["id", "at_unix_ms", "node_id", "key_id", "requested_model"] {
+            assert!(serde_json::from_str::<AuditEvent>(&without(field)).is_err(), "{field}");
+        }
+        let lost = STORED_LOST.replace(r#""count":"#, r#""x":"#);
+        assert!(serde_json::from_str::<AuditEvent>(&lost).is_err());
+    }
+
+    #[test]
+    fn webhook_payloads_keep_their_form() {
+        let full: AuditEvent = serde_json::from_str(STORED_FULL).unwrap();
+        assert_eq!(
+            serde_json::to_string(&OutboxEntry::from_audit(&full, 6).payload()).unwrap(),
+            r#"{"data":{"at_unix_ms":1796219557000,"continued":[{"at_char":120,"model":"b","outcome":"served","reason":"upstream_stalled"}],"degraded":{"reason":"all_models_failed"},"event_id":"ev1","failover":{"attempts":[{"injected":"drill-1","latency_ms":30011,"model":"a","probe":true,"reason":"timeout","retries":2,"status":"failed"},{"latency_ms":734,"model":"b","status":"served"}],"occurred":true},"key_id":"key_1","node_id":"n1","request_id":"req-1","requested_model":"a","served_model":"b","status":200,"stream":true,"surface":"messages"},"timestamp":"2026-12-02T13:52:37.000Z","type":"api:degraded_response"}"#
+        );
+        let lost: AuditEvent = serde_json::from_str(STORED_LOST).unwrap();
+        assert_eq!(
+            serde_json::to_string(&OutboxEntry::from_audit(&lost, 6)).unwrap(),
+            r#"{"id":"lost_b_1","type":"events.lost","at_unix_ms":20,"enqueued_unix_ms":6,"key_id":"","data":{"at_unix_ms":20,"count":15,"event_id":"lost_b_1","events":"failover","first_unix_ms":10,"last_unix_ms":20,"node_id":"n1","reason":"spool_unwritable"}}"#
+        );
+    }
 }

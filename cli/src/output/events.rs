@@ -335,4 +335,95 @@ mod tests {
         assert_eq!(json["node_id"], "node-a");
         assert!(json.get("attempts").is_none(), "no request fields: {json}");
     }
+    #[test]
+    fn json_and_text_lines_keep_their_form() {
+        use switchyard_proto::node::v1 as pb;
+        let full = pb::FailoverEvent {
+            id: "ev1".into(),
+            at_unix_ms: 1_796_219_557_000,
+            node_id: "n1".into(),
+            key_id: "key_1".into(),
+            requested_model: "a".into(),
+            served_model: "b".into(),
+            attempts: vec![
+                pb::Attempt {
+                    model: "a".into(),
+                    status: "failed".into(),
+                    reason: "timeout".into(),
+                    latency_ms: 30_011,
+                    probe: true,
+                    injected: "drill-1".into(),
+                    retries: 2,
+                    deployment: "p/up".into(),
+                    local_limit: true,
+                },
+                pb::Attempt {
+                    model: "b".into(),
+                    status: "served".into(),
+                    latency_ms: 734,
+                    ..Default::default()
+                },
+                pb::Attempt {
+                    model: "c".into(),
+                    status: "skipped".into(),
+                    reason: "circuit_open".into(),
+                    ..Default::default()
+                },
+            ],
+            stream: true,
+            status: 200,
+            degraded: "all_models_failed".into(),
+            request_id: "req-1".into(),
+            lost: None,
+            continued: vec![pb::Continuation {
+                model: "b".into(),
+                reason: "upstream_stalled".into(),
+                at_char: 120,
+                outcome: "served".into(),
+            }],
+            surface: "messages".into(),
+        };
+        let plain = pb::FailoverEvent {
+            degraded: String::new(),
+            continued: vec![],
+            surface: String::new(),
+            request_id: String::new(),
+            ..full.clone()
+        };
+        let full = EventView::from(full);
+        assert_eq!(
+            full.json().unwrap(),
+            r#"{"id":"ev1","at_unix_ms":1796219557000,"node_id":"n1","key_id":"key_1","requested_model":"a","served_model":"b","attempts":[{"model":"a","status":"failed","reason":"timeout","latency_ms":30011,"probe":true,"injected":"drill-1","retries":2,"deployment":"p/up","local_limit":true},{"model":"b","status":"served","reason":"","latency_ms":734,"probe":false},{"model":"c","status":"skipped","reason":"circuit_open","latency_ms":0,"probe":false}],"stream":true,"status":200,"degraded":"all_models_failed","request_id":"req-1","surface":"messages","type":"api:degraded_response","continued":[{"model":"b","reason":"upstream_stalled","at_char":120,"outcome":"served"}]}"#
+        );
+        assert_eq!(
+            event_line(&full),
+            "2026-12-02 13:52:37 UTC  key_1  a → degraded answer (all_models_failed)  \
+             a@p/up failed(timeout 30011ms retries=2 probe injected=drill-1 local_limit) → \
+             b served(734ms) → c skipped(circuit_open) → \
+             b continued(upstream_stalled at_char=120 served)  surface=messages  request_id=req-1\n"
+        );
+        let plain = EventView::from(plain);
+        assert_eq!(
+            plain.json().unwrap(),
+            r#"{"id":"ev1","at_unix_ms":1796219557000,"node_id":"n1","key_id":"key_1","requested_model":"a","served_model":"b","attempts":[{"model":"a","status":"failed","reason":"timeout","latency_ms":30011,"probe":true,"injected":"drill-1","retries":2,"deployment":"p/up","local_limit":true},{"model":"b","status":"served","reason":"","latency_ms":734,"probe":false},{"model":"c","status":"skipped","reason":"circuit_open","latency_ms":0,"probe":false}],"stream":true,"status":200,"type":"api:model_failover"}"#
+        );
+        let lost = EventView::from(pb::FailoverEvent {
+            id: "lost_b_1".into(),
+            at_unix_ms: 20,
+            node_id: "n1".into(),
+            lost: Some(Box::new(pb::EventsLost {
+                id: "lost_b_1".into(),
+                count: 15,
+                reason: "spool_unwritable".into(),
+                events: "failover".into(),
+                first_unix_ms: 10,
+                last_unix_ms: 20,
+            })),
+            ..Default::default()
+        });
+        assert_eq!(
+            lost.json().unwrap(),
+            r#"{"type":"events.lost","id":"lost_b_1","at_unix_ms":20,"node_id":"n1","count":15,"reason":"spool_unwritable","events":"failover","first_unix_ms":10,"last_unix_ms":20}"#
+        );
+    }
 }
