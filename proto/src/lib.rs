@@ -12,6 +12,40 @@ pub mod node {
         tonic::include_proto!("switchyard.node.v1");
     }
 
+    /// The names of the audit log's entries, which are their webhook events' types too.
+    pub mod event_types {
+        /// A request was served by another model than the first of its chain, or failed
+        /// after trying several.
+        pub const FAILOVER: &str = "api:model_failover";
+        /// A node answered with a key's or request's designed degraded answer: no model
+        /// could serve.
+        pub const DEGRADED: &str = "api:degraded_response";
+        /// A node continued a stream that broke after content reached the client.
+        pub const STREAM_CONTINUED: &str = "api:stream_continued";
+        /// A node discarded events (a bound of its memory or spool, an unwritable spool, an
+        /// unreadable record) and counted them: stored in the audit log like a failover
+        /// event.
+        pub const EVENTS_LOST: &str = "events.lost";
+    }
+
+    impl v1::FailoverEvent {
+        /// The entry's type: `events.lost` for a count of lost events (`lost`),
+        /// `api:degraded_response` for a degraded answer, `api:stream_continued` for a
+        /// continued stream, else `api:model_failover`.
+        pub fn event_type(&self) -> &'static str {
+            use event_types::*;
+            if self.lost.is_some() {
+                EVENTS_LOST
+            } else if !self.degraded.is_empty() {
+                DEGRADED
+            } else if !self.continued.is_empty() {
+                STREAM_CONTINUED
+            } else {
+                FAILOVER
+            }
+        }
+    }
+
     /// `NodeControl`'s server with pre-encoded responses (proto/build.rs): the control plane
     /// encodes a config change once for all its nodes. Beside `v1` rather than inside it: it
     /// uses `v1`'s messages, and `v1` knows nothing of it.
@@ -97,6 +131,13 @@ pub mod node {
                 assert_eq!(ControlMessage::decode(encoded.0.clone()), Ok(message));
             }
         }
+    }
+}
+
+/// Helpers of the failover event's JSON form (proto/build.rs).
+mod json {
+    pub fn is_zero(n: &u32) -> bool {
+        *n == 0
     }
 }
 

@@ -54,20 +54,7 @@ pub(super) async fn list_breakers(
         .kvs
         .iter()
         .filter_map(|kv| serde_json::from_slice::<BreakerRecord>(&kv.value).ok())
-        .map(|b| pb::Breaker {
-            node_id: b.node_id,
-            provider: b.provider,
-            upstream_model: b.upstream_model,
-            state: b.state,
-            since_unix_ms: b.since_unix_ms,
-            failure_rate: b.failure_rate,
-            next_probe_unix_ms: b.next_probe_unix_ms,
-            cause: b.cause,
-            cooldown_ms: b.cooldown_ms,
-            last_probe_unix_ms: b.last_probe_unix_ms,
-            last_probe_outcome: b.last_probe_outcome,
-            last_probe_latency_ms: b.last_probe_latency_ms,
-        })
+        .map(pb::Breaker::from)
         .collect();
     let fleet = admin.fleet.current();
     with_fleet(&mut breakers, &fleet.view.open, &fleet.nodes);

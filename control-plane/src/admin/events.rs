@@ -190,7 +190,7 @@ pub(super) async fn list_events(
             None
         };
         for event in first {
-            if tx.send(Ok(event.to_pb())).await.is_err() {
+            if tx.send(Ok(event)).await.is_err() {
                 return;
             }
         }
@@ -219,7 +219,7 @@ pub(super) async fn list_events(
                             seen.clear();
                         }
                         for event in new {
-                            if tx.send(Ok(event.to_pb())).await.is_err() {
+                            if tx.send(Ok(event)).await.is_err() {
                                 return;
                             }
                         }

@@ -265,15 +265,8 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
 
 /// The event's kind as its webhook names it, without the `api:` prefix.
 fn kind(e: &FailoverEvent) -> &'static str {
-    if e.lost.is_some() {
-        "events.lost"
-    } else if !e.degraded.is_empty() {
-        "degraded_response"
-    } else if !e.continued.is_empty() {
-        "stream_continued"
-    } else {
-        "model_failover"
-    }
+    let event_type = e.event_type();
+    event_type.strip_prefix("api:").unwrap_or(event_type)
 }
 
 /// One audit-log event as plain-text table cells (escaped by whoever renders them).
