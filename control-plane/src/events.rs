@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use switchyard_catalog::{Catalog, Webhook};
 use switchyard_proto::admin::v1 as admin_pb;
+use switchyard_proto::node::BreakerState;
 use switchyard_proto::node::v1 as pb;
 use switchyard_time::{now_ms, rfc3339_ms};
 
@@ -112,7 +113,7 @@ pub struct BreakerRecord {
     pub node_id: String,
     pub provider: String,
     pub upstream_model: String,
-    /// `closed`, `open` or `half_open`.
+    /// `closed`, `open` or `half_open` ([`BreakerState`]).
     pub state: String,
     pub since_unix_ms: i64,
     pub failure_rate: f64,
@@ -272,11 +273,10 @@ impl OutboxEntry {
 
     /// `None` for a state this release does not know.
     pub fn breaker(record: &BreakerRecord, from: &str, now_ms: i64) -> Option<Self> {
-        let event_type = match record.state.as_str() {
-            "open" => BREAKER_OPENED,
-            "half_open" => BREAKER_HALF_OPEN,
-            "closed" => BREAKER_CLOSED,
-            _ => return None,
+        let event_type = match BreakerState::parse(&record.state)? {
+            BreakerState::Open => BREAKER_OPENED,
+            BreakerState::HalfOpen => BREAKER_HALF_OPEN,
+            BreakerState::Closed => BREAKER_CLOSED,
         };
         // Deterministic, so that a transition written twice is one event to receivers.
         let digest = Sha256::digest(

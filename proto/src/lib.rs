@@ -28,6 +28,51 @@ pub mod node {
         pub const EVENTS_LOST: &str = "events.lost";
     }
 
+    /// A circuit breaker's state as the node stream (`BreakerTransition.from`, `to`), the
+    /// stored breaker record and the admin API (`Breaker.state`) spell it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum BreakerState {
+        Closed,
+        Open,
+        HalfOpen,
+    }
+
+    impl BreakerState {
+        pub fn as_str(self) -> &'static str {
+            match self {
+                Self::Closed => "closed",
+                Self::Open => "open",
+                Self::HalfOpen => "half_open",
+            }
+        }
+
+        /// `None` for a state this release does not know.
+        pub fn parse(state: &str) -> Option<Self> {
+            [Self::Closed, Self::Open, Self::HalfOpen].into_iter().find(|s| s.as_str() == state)
+        }
+
+        /// Whether `state` keeps ordinary requests off the deployment: open, or half-open
+        /// while its probe runs.
+        pub fn is_open(state: &str) -> bool {
+            matches!(Self::parse(state), Some(Self::Open | Self::HalfOpen))
+        }
+    }
+
+    #[cfg(test)]
+    mod breaker_state_tests {
+        use super::BreakerState;
+
+        #[test]
+        fn breaker_states_read_as_they_are_written() {
+            for state in [BreakerState::Closed, BreakerState::Open, BreakerState::HalfOpen] {
+                assert_eq!(BreakerState::parse(state.as_str()), Some(state));
+            }
+            assert_eq!(BreakerState::parse("ajar"), None);
+            assert!(BreakerState::is_open("half_open") && BreakerState::is_open("open"));
+            assert!(!BreakerState::is_open("closed") && !BreakerState::is_open(""));
+        }
+    }
+
     impl v1::FailoverEvent {
         /// The entry's type: `events.lost` for a count of lost events (`lost`),
         /// `api:degraded_response` for a degraded answer, `api:stream_continued` for a

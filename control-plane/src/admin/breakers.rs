@@ -3,6 +3,7 @@
 use tonic::{Request, Response, Status};
 
 use switchyard_proto::admin::v1 as pb;
+use switchyard_proto::node::BreakerState;
 
 use super::service::{AdminError, AdminService};
 use crate::events::BreakerRecord;
@@ -23,7 +24,7 @@ fn with_fleet(
                     && b.upstream_model == deployment.upstream_model
             });
             let row = match own {
-                Some(b) if b.state == "open" || b.state == "half_open" => continue,
+                Some(b) if BreakerState::is_open(&b.state) => continue,
                 Some(b) => b,
                 None => {
                     breakers.push(pb::Breaker {
@@ -36,7 +37,7 @@ fn with_fleet(
                     row
                 }
             };
-            row.state = "open".to_owned();
+            row.state = BreakerState::Open.as_str().to_owned();
             row.cause = "fleet".to_owned();
             row.since_unix_ms = deployment.since_unix_ms;
             row.next_probe_unix_ms = 0;
