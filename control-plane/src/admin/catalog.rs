@@ -1,13 +1,15 @@
 //! `ApplyCatalog` and `GetCatalog`: the catalog in the store, applied as a compare-and-swap
 //! on the version that was read.
 
+use std::ops::ControlFlow;
+
 use tonic::{Request, Response, Status};
 use tracing::info;
 
-use switchyard_catalog::{ApiKeyRecord, Catalog, FieldError, KeyStatus, ValidationErrors};
+use switchyard_catalog::{Catalog, FieldError, KeyStatus, ValidationErrors};
 use switchyard_proto::admin::v1 as pb;
 
-use super::service::{AdminError, AdminService, KEYS_SLICE, decode};
+use super::service::{AdminError, AdminService};
 use crate::store::{Compare, Txn, TxnOp};
 use crate::webhooks::SubscriptionState;
 
@@ -115,33 +117,27 @@ impl AdminService {
         if !changed {
             return Ok(Vec::new());
         }
-        let prefix = self.layout.keys_prefix();
-        let mut from = prefix.clone();
         let mut broken = Vec::new();
-        loop {
-            let slice = self.store.list_page(&prefix, &from, KEYS_SLICE).await?;
-            let Some(last) = slice.kvs.last() else { break };
-            from = format!("{}\0", last.key);
-            for kv in &slice.kvs {
-                let record: ApiKeyRecord = decode(&kv.value, "API key")?;
-                let Some(defaults) = &record.failover_defaults else { continue };
-                if record.status != KeyStatus::Active {
-                    continue;
-                }
-                if let Err(e) = defaults.check_kinds(|m| kind(new, m)) {
-                    broken.push(FieldError::new(
-                        format!("key {} ({}): {}", record.id, record.name, e.path),
-                        format!(
-                            "{} after this change; change the key's defaults first (switchyard keys set-defaults {})",
-                            e.message, record.id
-                        ),
-                    ));
-                    if broken.len() == BROKEN_SHOWN {
-                        return Ok(broken);
-                    }
+        self.scan_keys(|record| {
+            let Some(defaults) = &record.failover_defaults else { return ControlFlow::Continue(()) };
+            if record.status != KeyStatus::Active {
+                return ControlFlow::Continue(());
+            }
+            if let Err(e) = defaults.check_kinds(|m| kind(new, m)) {
+                broken.push(FieldError::new(
+                    format!("key {} ({}): {}", record.id, record.name, e.path),
+                    format!(
+                        "{} after this change; change the key's defaults first (switchyard keys set-defaults {})",
+                        e.message, record.id
+                    ),
+                ));
+                if broken.len() == BROKEN_SHOWN {
+                    return ControlFlow::Break(());
                 }
             }
-        }
+            ControlFlow::Continue(())
+        })
+        .await?;
         Ok(broken)
     }
 }

@@ -572,13 +572,9 @@ mod tests {
         assert!(e.message().contains("status"), "{e:?}");
     }
 
-    #[tokio::test]
-    async fn a_key_stored_before_the_index_is_found_and_the_index_filled_in() {
-        let dir = tempfile::tempdir().unwrap();
-        let admin = testing::service(dir.path()).await;
-        let created = create(&admin, "new").await;
-        // A key as releases before the index stored it: no entry.
-        let old = ApiKeyRecord {
+    /// A key as releases before the secret index stored it: no index entry.
+    fn key_from_before_the_index() -> ApiKeyRecord {
+        ApiKeyRecord {
             id: "key_old".into(),
             name: "old".into(),
             created_unix_ms: 1,
@@ -590,7 +586,15 @@ mod tests {
             allowed_models: vec![],
             allowed_regions: vec![],
             limits: None,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_stored_before_the_index_is_found_and_the_index_filled_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = testing::service(dir.path()).await;
+        let created = create(&admin, "new").await;
+        let old = key_from_before_the_index();
         let value = serde_json::to_vec(&old).unwrap();
         admin.store.put(&admin.layout.key("key_old"), value, None).await.unwrap();
 
@@ -617,19 +621,7 @@ mod tests {
         let b = testing::service(dir_b.path()).await;
         // `a` is filling in its index; `b`, on another store, has a key from before the index.
         a.backfilling.store(true, std::sync::atomic::Ordering::Release);
-        let old = ApiKeyRecord {
-            id: "key_old".into(),
-            name: "old".into(),
-            created_unix_ms: 1,
-            updated_unix_ms: 1,
-            status: KeyStatus::Active,
-            secret_sha256: hash_secret("sy-old-secret"),
-            secret_hint: "cret".into(),
-            failover_defaults: None,
-            allowed_models: vec![],
-            allowed_regions: vec![],
-            limits: None,
-        };
+        let old = key_from_before_the_index();
         let value = serde_json::to_vec(&old).unwrap();
         b.store.put(&b.layout.key("key_old"), value, None).await.unwrap();
 

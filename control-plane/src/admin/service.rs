@@ -1,12 +1,13 @@
 //! The admin service's state and what every resource's calls share: its errors and how
 //! they become gRPC statuses, the catalog read, stored JSON decoded.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use tonic::Status;
 
-use switchyard_catalog::{Catalog, FieldError, ValidationErrors};
+use switchyard_catalog::{ApiKeyRecord, Catalog, FieldError, ValidationErrors};
 
 use crate::fanout::ConfigCache;
 use crate::faults::FaultError;
@@ -108,9 +109,31 @@ impl AdminService {
     }
 }
 
-/// Keys read at a time by the scans that look for some of them (the limited ones, the ones a
-/// catalog change would break).
+/// Keys read at a time by [`AdminService::scan_keys`].
 pub(super) const KEYS_SLICE: usize = 1_000;
+
+impl AdminService {
+    /// Every stored API key, read a slice of [`KEYS_SLICE`] at a time and handed to `visit`
+    /// until it breaks: the scans that look for a few keys (the limited ones, the ones a
+    /// catalog change would break) never hold a million keys in memory.
+    pub(super) async fn scan_keys(
+        &self,
+        mut visit: impl FnMut(ApiKeyRecord) -> ControlFlow<()>,
+    ) -> Result<(), AdminError> {
+        let prefix = self.layout.keys_prefix();
+        let mut from = prefix.clone();
+        loop {
+            let slice = self.store.list_page(&prefix, &from, KEYS_SLICE).await?;
+            let Some(last) = slice.kvs.last() else { return Ok(()) };
+            from = format!("{}\0", last.key);
+            for kv in &slice.kvs {
+                if visit(decode(&kv.value, "API key")?).is_break() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
 
 pub(super) fn decode<T: serde::de::DeserializeOwned>(
     bytes: &[u8],

@@ -2,6 +2,7 @@
 //! limits across the fleet.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 
 use tonic::{Request, Response, Status};
 
@@ -9,7 +10,7 @@ use switchyard_catalog::ApiKeyRecord;
 use switchyard_proto::admin::v1 as pb;
 use switchyard_time::now_ms;
 
-use super::service::{AdminError, AdminService, KEYS_SLICE, decode};
+use super::service::{AdminError, AdminService, decode};
 use crate::limits;
 use crate::reports::{self, UsageRecord};
 
@@ -133,20 +134,14 @@ impl AdminService {
             let record: ApiKeyRecord = decode(&kv.value, "API key")?;
             return Ok(record.limits.is_some().then_some(record).into_iter().collect());
         }
-        let prefix = self.layout.keys_prefix();
-        let mut from = prefix.clone();
         let mut limited = Vec::new();
-        loop {
-            let slice = self.store.list_page(&prefix, &from, KEYS_SLICE).await?;
-            let Some(last) = slice.kvs.last() else { break };
-            from = format!("{}\0", last.key);
-            for kv in &slice.kvs {
-                let record: ApiKeyRecord = decode(&kv.value, "API key")?;
-                if record.limits.is_some() {
-                    limited.push(record);
-                }
+        self.scan_keys(|record| {
+            if record.limits.is_some() {
+                limited.push(record);
             }
-        }
+            ControlFlow::Continue(())
+        })
+        .await?;
         Ok(limited)
     }
 }
