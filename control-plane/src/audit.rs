@@ -48,7 +48,9 @@ use tracing::{debug, info, warn};
 
 use switchyard_time::now_ms;
 
-use crate::events::{AuditEvent, Interest, OutboxEntry, batch_id, decode_entries, encode_batch};
+use crate::events::{
+    AuditEvent, Interest, OutboxEntry, batch_id, decode_entries, encode_batch, restored,
+};
 use crate::layout::{Layout, batch_trimmed, events_in_key};
 use crate::metrics::ControlMetrics;
 use crate::store::election::{self, Leadership};
@@ -333,7 +335,7 @@ impl EventWriter {
 /// a warning) for one this release cannot read.
 pub fn decode(kv: &KeyValue) -> Vec<AuditEvent> {
     match decode_entries(&kv.value) {
-        Ok(events) => events,
+        Ok(events) => events.into_iter().map(restored).collect(),
         Err(e) => {
             warn!(key = %kv.key, error = %e, "unreadable audit entry; skipped");
             Vec::new()

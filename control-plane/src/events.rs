@@ -12,6 +12,8 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use switchyard_catalog::{Catalog, Webhook};
+use switchyard_proto::admin::v1 as admin_pb;
+use switchyard_proto::node::BreakerState;
 use switchyard_proto::node::v1 as pb;
 use switchyard_time::{now_ms, rfc3339_ms};
 
@@ -21,252 +23,87 @@ use crate::store::{Compare, Revision, Store, StoreError, TxnOp};
 
 // === event types ===
 
-/// A request was served by another model than the first of its chain, or failed after
-/// trying several.
-pub const FAILOVER: &str = "api:model_failover";
-/// A node answered with a key's or request's designed degraded answer: no model could serve.
-pub const DEGRADED: &str = "api:degraded_response";
-/// A node continued a stream that broke after content reached the client.
-pub const STREAM_CONTINUED: &str = "api:stream_continued";
+pub use switchyard_proto::node::event_types::{DEGRADED, EVENTS_LOST, FAILOVER, STREAM_CONTINUED};
 pub const BREAKER_OPENED: &str = "breaker.opened";
 pub const BREAKER_HALF_OPEN: &str = "breaker.half_open";
 pub const BREAKER_CLOSED: &str = "breaker.closed";
 /// A node stayed away longer than its grace period.
 pub const NODE_DISCONNECTED: &str = "node.disconnected";
-/// A node discarded events (a bound of its memory or spool, an unwritable spool, an
-/// unreadable record) and counted them: stored in the audit log like a failover event.
-pub const EVENTS_LOST: &str = "events.lost";
 
 // === failover events ===
 
-/// One entry of the audit log as stored (JSON): a failover event, or with `lost` a node's
-/// count of events it discarded (`events.lost`, the request fields then empty). Unknown
-/// fields are tolerated, so a log written by a newer release still reads.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AuditEvent {
-    pub id: String,
-    pub at_unix_ms: i64,
-    pub node_id: String,
-    pub key_id: String,
-    pub requested_model: String,
-    #[serde(default)]
-    pub served_model: String,
-    #[serde(default)]
-    pub attempts: Vec<AuditAttempt>,
-    #[serde(default)]
-    pub stream: bool,
-    #[serde(default)]
-    pub status: u32,
-    /// Why the node answered with its degraded answer (`all_models_failed`,
-    /// `all_breakers_open`); empty, and left out of the record, for a failover event.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub degraded: String,
-    /// The request's `x-request-id`, as the client got it back; empty, and left out of the
-    /// record, for an event from a node older than the field.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub request_id: String,
-    /// Set on an `events.lost` entry: what the node counted as lost.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lost: Option<LostCount>,
-    /// Set on an `api:stream_continued` entry: each continuation of the broken stream.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub continued: Vec<AuditContinuation>,
-    /// The API the request came through (`chat`, `messages`); empty, and left out of the
-    /// record, for `events.lost` entries and events from nodes older than the field.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub surface: String,
-}
+/// One entry of the audit log: a failover event as the node reported it, or with `lost` a
+/// node's count of events it discarded (`events.lost`, the request fields then empty). Its
+/// stored JSON is the node proto's message in the form proto/build.rs gives it, so a new
+/// field of the event is added in the .proto alone. Unknown fields are tolerated, so a log
+/// written by a newer release still reads.
+pub type AuditEvent = pb::FailoverEvent;
 
-/// One continuation of a broken stream (the node's `Continuation`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AuditContinuation {
-    pub model: String,
-    pub reason: String,
-    pub at_char: u64,
-    pub outcome: String,
-}
-
-/// What an `events.lost` entry counts (the node's `EventsLost` report).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LostCount {
-    pub count: u64,
-    /// `memory_full`, `spool_busy`, `spool_full`, `spool_unwritable`, `unreadable`,
-    /// `node_killed`, `node_killed_unacked`.
-    pub reason: String,
-    /// `failover` (failover and degraded-answer events) or `breaker` (transitions).
-    pub events: String,
-    pub first_unix_ms: i64,
-    pub last_unix_ms: i64,
-}
-
-impl AuditEvent {
-    /// `events.lost` for a count of lost events, `api:degraded_response` for a degraded
-    /// answer, else `api:model_failover`.
-    pub fn event_type(&self) -> &'static str {
-        if self.lost.is_some() {
-            EVENTS_LOST
-        } else if !self.degraded.is_empty() {
-            DEGRADED
-        } else if !self.continued.is_empty() {
-            STREAM_CONTINUED
-        } else {
-            FAILOVER
-        }
+/// The event as reported by `node_id`: an event that names no node gets the stream's.
+pub fn reported(mut event: pb::FailoverEvent, node_id: &str) -> AuditEvent {
+    if event.node_id.is_empty() {
+        node_id.clone_into(&mut event.node_id);
     }
+    // A node reports losses in messages of their own, never inside an event.
+    event.lost = None;
+    event
+}
 
-    /// A node's loss report as an audit entry. Its time is the last loss's (the node's
-    /// clock), which a resend carries unchanged: the entry's key is the same each time.
-    pub fn from_lost(r: pb::EventsLost, node_id: &str) -> Self {
+/// A node's loss report as an audit entry. Its time is the last loss's (the node's clock),
+/// which a resend carries unchanged: the entry's key is the same each time.
+pub fn lost_entry(report: pb::EventsLost, node_id: &str) -> AuditEvent {
+    AuditEvent {
+        id: report.id.clone(),
+        at_unix_ms: report.last_unix_ms,
+        node_id: node_id.to_owned(),
+        lost: Some(Box::new(report)),
+        ..AuditEvent::default()
+    }
+}
+
+/// An entry as read back from the store: the id of its `lost` report, stored once as the
+/// entry's own, filled in again.
+pub fn restored(mut event: AuditEvent) -> AuditEvent {
+    if let Some(lost) = event.lost.as_mut() {
+        lost.id.clone_from(&event.id);
+    }
+    event
+}
+
+/// An attempt as webhook payloads show it: the reason only when there is one, `probe` only
+/// when set; without the deployment and the local cap, which the payloads never carried.
+#[derive(Serialize)]
+struct WebhookAttempt<'a> {
+    model: &'a String,
+    status: &'a String,
+    latency_ms: u64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    reason: &'a String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    probe: bool,
+    /// A drill must never read as an outage: the fault is named.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    injected: &'a String,
+    #[serde(skip_serializing_if = "is_zero")]
+    retries: u32,
+}
+
+impl<'a> From<&'a pb::Attempt> for WebhookAttempt<'a> {
+    fn from(a: &'a pb::Attempt) -> Self {
         Self {
-            id: r.id,
-            at_unix_ms: r.last_unix_ms,
-            node_id: node_id.to_owned(),
-            key_id: String::new(),
-            requested_model: String::new(),
-            served_model: String::new(),
-            attempts: vec![],
-            stream: false,
-            status: 0,
-            degraded: String::new(),
-            request_id: String::new(),
-            lost: Some(LostCount {
-                count: r.count,
-                reason: r.reason,
-                events: r.events,
-                first_unix_ms: r.first_unix_ms,
-                last_unix_ms: r.last_unix_ms,
-            }),
-            continued: vec![],
-            surface: String::new(),
+            model: &a.model,
+            status: &a.status,
+            latency_ms: a.latency_ms,
+            reason: &a.reason,
+            probe: a.probe,
+            injected: &a.injected,
+            retries: a.retries,
         }
     }
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AuditAttempt {
-    pub model: String,
-    pub status: String,
-    #[serde(default)]
-    pub reason: String,
-    #[serde(default)]
-    pub latency_ms: u64,
-    #[serde(default)]
-    pub probe: bool,
-    /// The injected fault (`switchyard chaos`) that affected the attempt; empty for a real
-    /// call, and then left out of the stored record.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub injected: String,
-    /// Extra calls to the same model inside the attempt; left out of the record when 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub retries: u32,
-    /// The deployment tried, for a model with `deployments`; left out when empty.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub deployment: String,
-    /// Turned away by the node's cap on requests in flight, without an upstream call.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub local_limit: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
-}
-
-impl AuditEvent {
-    /// The event as reported by `node_id`; an event that names no node gets the stream's.
-    pub fn from_pb(e: pb::FailoverEvent, node_id: &str) -> Self {
-        Self {
-            id: e.id,
-            at_unix_ms: e.at_unix_ms,
-            node_id: if e.node_id.is_empty() { node_id.to_owned() } else { e.node_id },
-            key_id: e.key_id,
-            requested_model: e.requested_model,
-            served_model: e.served_model,
-            attempts: e
-                .attempts
-                .into_iter()
-                .map(|a| AuditAttempt {
-                    model: a.model,
-                    status: a.status,
-                    reason: a.reason,
-                    latency_ms: a.latency_ms,
-                    probe: a.probe,
-                    injected: a.injected,
-                    retries: a.retries,
-                    deployment: a.deployment,
-                    local_limit: a.local_limit,
-                })
-                .collect(),
-            stream: e.stream,
-            status: e.status,
-            degraded: e.degraded,
-            request_id: e.request_id,
-            // A node reports losses in messages of their own, never inside an event.
-            lost: None,
-            continued: e
-                .continued
-                .into_iter()
-                .map(|c| AuditContinuation {
-                    model: c.model,
-                    reason: c.reason,
-                    at_char: c.at_char,
-                    outcome: c.outcome,
-                })
-                .collect(),
-            surface: e.surface,
-        }
-    }
-
-    /// The entry as the admin API lists it.
-    pub fn to_pb(&self) -> pb::FailoverEvent {
-        pb::FailoverEvent {
-            id: self.id.clone(),
-            at_unix_ms: self.at_unix_ms,
-            node_id: self.node_id.clone(),
-            key_id: self.key_id.clone(),
-            requested_model: self.requested_model.clone(),
-            served_model: self.served_model.clone(),
-            attempts: self
-                .attempts
-                .iter()
-                .map(|a| pb::Attempt {
-                    model: a.model.clone(),
-                    status: a.status.clone(),
-                    reason: a.reason.clone(),
-                    latency_ms: a.latency_ms,
-                    probe: a.probe,
-                    injected: a.injected.clone(),
-                    retries: a.retries,
-                    deployment: a.deployment.clone(),
-                    local_limit: a.local_limit,
-                })
-                .collect(),
-            stream: self.stream,
-            status: self.status,
-            degraded: self.degraded.clone(),
-            request_id: self.request_id.clone(),
-            lost: self.lost.as_ref().map(|l| {
-                Box::new(pb::EventsLost {
-                    id: self.id.clone(),
-                    count: l.count,
-                    reason: l.reason.clone(),
-                    events: l.events.clone(),
-                    first_unix_ms: l.first_unix_ms,
-                    last_unix_ms: l.last_unix_ms,
-                })
-            }),
-            continued: self
-                .continued
-                .iter()
-                .map(|c| pb::Continuation {
-                    model: c.model.clone(),
-                    reason: c.reason.clone(),
-                    at_char: c.at_char,
-                    outcome: c.outcome.clone(),
-                })
-                .collect(),
-            surface: self.surface.clone(),
-        }
-    }
 }
 
 // === breaker transitions ===
@@ -277,7 +114,7 @@ pub struct BreakerRecord {
     pub node_id: String,
     pub provider: String,
     pub upstream_model: String,
-    /// `closed`, `open` or `half_open`.
+    /// `closed`, `open` or `half_open` ([`BreakerState`]).
     pub state: String,
     pub since_unix_ms: i64,
     pub failure_rate: f64,
@@ -324,6 +161,26 @@ impl BreakerRecord {
     }
 }
 
+impl From<BreakerRecord> for admin_pb::Breaker {
+    /// The record as `ListBreakers` answers it.
+    fn from(b: BreakerRecord) -> Self {
+        Self {
+            node_id: b.node_id,
+            provider: b.provider,
+            upstream_model: b.upstream_model,
+            state: b.state,
+            since_unix_ms: b.since_unix_ms,
+            failure_rate: b.failure_rate,
+            next_probe_unix_ms: b.next_probe_unix_ms,
+            cause: b.cause,
+            cooldown_ms: b.cooldown_ms,
+            last_probe_unix_ms: b.last_probe_unix_ms,
+            last_probe_outcome: b.last_probe_outcome,
+            last_probe_latency_ms: b.last_probe_latency_ms,
+        }
+    }
+}
+
 // === the outbox ===
 
 /// One event waiting for delivery, as stored in the outbox (JSON).
@@ -357,7 +214,7 @@ impl OutboxEntry {
         }
     }
 
-    fn lost(event: &AuditEvent, lost: &LostCount, now_ms: i64) -> Self {
+    fn lost(event: &AuditEvent, lost: &pb::EventsLost, now_ms: i64) -> Self {
         Self {
             id: event.id.clone(),
             event_type: EVENTS_LOST.to_owned(),
@@ -379,28 +236,8 @@ impl OutboxEntry {
     }
 
     pub fn failover(event: &AuditEvent, now_ms: i64) -> Self {
-        let attempts: Vec<_> = event
-            .attempts
-            .iter()
-            .map(|a| {
-                let mut v =
-                    json!({"model": a.model, "status": a.status, "latency_ms": a.latency_ms});
-                if !a.reason.is_empty() {
-                    v["reason"] = json!(a.reason);
-                }
-                if a.probe {
-                    v["probe"] = json!(true);
-                }
-                // A drill must never read as an outage: the fault is named.
-                if !a.injected.is_empty() {
-                    v["injected"] = json!(a.injected);
-                }
-                if a.retries > 0 {
-                    v["retries"] = json!(a.retries);
-                }
-                v
-            })
-            .collect();
+        let attempts: Vec<WebhookAttempt<'_>> =
+            event.attempts.iter().map(WebhookAttempt::from).collect();
         let mut data = json!({
             "event_id": event.id,
             "key_id": event.key_id,
@@ -437,11 +274,10 @@ impl OutboxEntry {
 
     /// `None` for a state this release does not know.
     pub fn breaker(record: &BreakerRecord, from: &str, now_ms: i64) -> Option<Self> {
-        let event_type = match record.state.as_str() {
-            "open" => BREAKER_OPENED,
-            "half_open" => BREAKER_HALF_OPEN,
-            "closed" => BREAKER_CLOSED,
-            _ => return None,
+        let event_type = match BreakerState::parse(&record.state)? {
+            BreakerState::Open => BREAKER_OPENED,
+            BreakerState::HalfOpen => BREAKER_HALF_OPEN,
+            BreakerState::Closed => BREAKER_CLOSED,
         };
         // Deterministic, so that a transition written twice is one event to receivers.
         let digest = Sha256::digest(
@@ -681,17 +517,17 @@ mod tests {
             continued: vec![],
             surface: String::new(),
         };
-        let event = AuditEvent::from_pb(pb_event.clone(), "n1");
+        let event = reported(pb_event.clone(), "n1");
         assert_eq!(event.request_id, "req-1");
         assert_eq!(event.node_id, "n1");
         let back: AuditEvent =
             serde_json::from_slice(&serde_json::to_vec(&event).unwrap()).unwrap();
-        assert_eq!(back.to_pb(), pb::FailoverEvent { node_id: "n1".into(), ..pb_event });
+        assert_eq!(restored(back), pb::FailoverEvent { node_id: "n1".into(), ..pb_event });
     }
 
     #[test]
     fn an_injected_attempt_names_its_fault_and_a_real_one_says_nothing() {
-        let attempt = |model: &str, injected: &str| AuditAttempt {
+        let attempt = |model: &str, injected: &str| pb::Attempt {
             model: model.into(),
             status: "failed".into(),
             reason: "server_error".into(),
@@ -739,7 +575,7 @@ mod tests {
 
     #[test]
     fn the_request_id_is_stored_and_delivered_when_the_node_sent_one() {
-        let mut event = AuditEvent::from_pb(
+        let mut event = reported(
             pb::FailoverEvent { id: "ev1".into(), key_id: "k".into(), ..Default::default() },
             "n1",
         );
@@ -750,12 +586,12 @@ mod tests {
         assert_eq!(stored["request_id"], "req-7");
         assert_eq!(OutboxEntry::failover(&event, 1).data["request_id"], "req-7");
         let read: AuditEvent = serde_json::from_value(stored).unwrap();
-        assert_eq!(read.to_pb().request_id, "req-7");
+        assert_eq!(read.request_id, "req-7");
     }
 
     #[test]
     fn a_degraded_answer_is_its_own_event_type_and_names_its_reason() {
-        let mut event = AuditEvent::from_pb(
+        let mut event = reported(
             pb::FailoverEvent { id: "ev1".into(), key_id: "k".into(), ..Default::default() },
             "n1",
         );
@@ -779,11 +615,11 @@ mod tests {
             first_unix_ms: 10,
             last_unix_ms: 20,
         };
-        let event = AuditEvent::from_lost(report.clone(), "n1");
+        let event = lost_entry(report.clone(), "n1");
         assert_eq!((event.event_type(), event.at_unix_ms), (EVENTS_LOST, 20));
         let stored: AuditEvent =
             serde_json::from_slice(&serde_json::to_vec(&event).unwrap()).unwrap();
-        assert_eq!(stored.to_pb().lost, Some(Box::new(report)));
+        assert_eq!(restored(stored.clone()).lost, Some(Box::new(report)));
         let entry = OutboxEntry::from_audit(&stored, 30);
         assert_eq!(entry.event_type, EVENTS_LOST);
         assert_eq!(entry.data["count"], 15);
@@ -812,5 +648,46 @@ mod tests {
         ] {
             assert!(switchyard_catalog::catalog::WEBHOOK_EVENTS.contains(&t), "{t}");
         }
+    }
+    /// Audit records as this release and the ones before it write them: every field set, an
+    /// `events.lost` entry, and one from before the optional fields existed.
+    const STORED_FULL: &str = r#"{"id":"ev1","at_unix_ms":1796219557000,"node_id":"n1","key_id":"key_1","requested_model":"a","served_model":"b","attempts":[{"model":"a","status":"failed","reason":"timeout","latency_ms":30011,"probe":true,"injected":"drill-1","retries":2,"deployment":"p/up","local_limit":true},{"model":"b","status":"served","reason":"","latency_ms":734,"probe":false}],"stream":true,"status":200,"degraded":"all_models_failed","request_id":"req-1","continued":[{"model":"b","reason":"upstream_stalled","at_char":120,"outcome":"served"}],"surface":"messages"}"#;
+    const STORED_LOST: &str = r#"{"id":"lost_b_1","at_unix_ms":20,"node_id":"n1","key_id":"","requested_model":"","served_model":"","attempts":[],"stream":false,"status":0,"lost":{"count":15,"reason":"spool_unwritable","events":"failover","first_unix_ms":10,"last_unix_ms":20}}"#;
+    const STORED_OLD: &str = r#"{"id":"ev0","at_unix_ms":3,"node_id":"n0","key_id":"k","requested_model":"a","attempts":[{"model":"a","status":"failed"}]}"#;
+
+    #[test]
+    fn stored_records_read_and_write_back_byte_for_byte() {
+        for stored in [STORED_FULL, STORED_LOST] {
+            let event: AuditEvent = serde_json::from_str(stored).unwrap();
+            assert_eq!(serde_json::to_string(&event).unwrap(), stored);
+        }
+        let old: AuditEvent = serde_json::from_str(STORED_OLD).unwrap();
+        assert_eq!((old.served_model.as_str(), old.status, old.stream), ("", 0, false));
+        assert_eq!((old.attempts[0].reason.as_str(), old.attempts[0].latency_ms), ("", 0));
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"id":"ev0","at_unix_ms":3,"node_id":"n0","key_id":"k","requested_model":"a","served_model":"","attempts":[{"model":"a","status":"failed","reason":"","latency_ms":0,"probe":false}],"stream":false,"status":0}"#
+        );
+        // What a record must hold: a request's id and model; a loss entry's whole count.
+        let without = |field: &str| STORED_FULL.replace(&format!(r#""{field}":"#), r#""x":"#);
+        for field in ["id", "at_unix_ms", "node_id", "key_id", "requested_model"] {
+            assert!(serde_json::from_str::<AuditEvent>(&without(field)).is_err(), "{field}");
+        }
+        let lost = STORED_LOST.replace(r#""count":"#, r#""x":"#);
+        assert!(serde_json::from_str::<AuditEvent>(&lost).is_err());
+    }
+
+    #[test]
+    fn webhook_payloads_keep_their_form() {
+        let full: AuditEvent = serde_json::from_str(STORED_FULL).unwrap();
+        assert_eq!(
+            serde_json::to_string(&OutboxEntry::from_audit(&full, 6).payload()).unwrap(),
+            r#"{"data":{"at_unix_ms":1796219557000,"continued":[{"at_char":120,"model":"b","outcome":"served","reason":"upstream_stalled"}],"degraded":{"reason":"all_models_failed"},"event_id":"ev1","failover":{"attempts":[{"injected":"drill-1","latency_ms":30011,"model":"a","probe":true,"reason":"timeout","retries":2,"status":"failed"},{"latency_ms":734,"model":"b","status":"served"}],"occurred":true},"key_id":"key_1","node_id":"n1","request_id":"req-1","requested_model":"a","served_model":"b","status":200,"stream":true,"surface":"messages"},"timestamp":"2026-12-02T13:52:37.000Z","type":"api:degraded_response"}"#
+        );
+        let lost: AuditEvent = serde_json::from_str(STORED_LOST).unwrap();
+        assert_eq!(
+            serde_json::to_string(&OutboxEntry::from_audit(&lost, 6)).unwrap(),
+            r#"{"id":"lost_b_1","type":"events.lost","at_unix_ms":20,"enqueued_unix_ms":6,"key_id":"","data":{"at_unix_ms":20,"count":15,"event_id":"lost_b_1","events":"failover","first_unix_ms":10,"last_unix_ms":20,"node_id":"n1","reason":"spool_unwritable"}}"#
+        );
     }
 }

@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use switchyard_backoff::Backoff;
+use switchyard_proto::node::BreakerState;
 use switchyard_proto::node::encoded::EncodedControlMessage;
 use switchyard_proto::node::v1::{self as pb, control_message};
 
@@ -112,7 +113,7 @@ impl Default for View {
 }
 
 fn is_open(record: &BreakerRecord) -> bool {
-    record.state == "open" || record.state == "half_open"
+    BreakerState::is_open(&record.state)
 }
 
 impl View {
@@ -230,7 +231,7 @@ impl View {
                 node_id: node.clone(),
                 provider: provider.clone(),
                 upstream_model: upstream_model.clone(),
-                state: "open".to_owned(),
+                state: BreakerState::Open.as_str().to_owned(),
                 since_unix_ms: *at,
                 failure_rate: 0.0,
                 calls_in_window: 0,
@@ -257,7 +258,7 @@ impl View {
                 let closing = records
                     .iter()
                     .filter(|r| {
-                        r.state == "closed"
+                        r.state == BreakerState::Closed.as_str()
                             && r.cause == "probe_succeeded"
                             && r.since_unix_ms >= opening.since_unix_ms
                     })

@@ -46,7 +46,7 @@ use switchyard_time::now_ms;
 
 use crate::audit;
 use crate::auth::TokenCheck;
-use crate::events::{AuditEvent, BreakerRecord, Interest};
+use crate::events::{self, BreakerRecord, Interest};
 use crate::fanout::{self, ConfigCache, ConfigUpdate, Start};
 use crate::fleet::Fleet;
 use crate::layout::Layout;
@@ -454,7 +454,7 @@ impl NodeShared {
         }
         let id = report.id.clone();
         warn!(node = %node_id, count = report.count, reason = %report.reason, events = %report.events, "the node lost events; recording events.lost");
-        match self.events.write(vec![AuditEvent::from_lost(report, node_id)]).await {
+        match self.events.write(vec![events::lost_entry(report, node_id)]).await {
             Ok(_) => {
                 let ack = pb::EventsLostAck { id };
                 let msg = pb::ControlMessage { msg: Some(control_message::Msg::LostAck(ack)) };
@@ -477,7 +477,7 @@ impl NodeShared {
         batch: pb::FailoverEvents,
         tx: &Outbox,
     ) -> Result<(), Status> {
-        let events = batch.events.into_iter().map(|e| AuditEvent::from_pb(e, node_id)).collect();
+        let events = batch.events.into_iter().map(|e| events::reported(e, node_id)).collect();
         match self.events.write(events).await {
             Ok(written) => {
                 debug!(node = %node_id, seq = batch.seq, written, "failover events stored");

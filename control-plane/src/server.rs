@@ -253,24 +253,11 @@ pub async fn start_with_store(
     ));
     let scrape = Scrape { metrics, cache: Arc::clone(&cache) };
     let (stopping, stop) = watch::channel(false);
-    let admin = AdminService {
-        store: Arc::clone(&store),
-        layout: layout.clone(),
-        cache,
-        stopping: stop.clone(),
-        fleet,
-    };
-    // The console reads through its own handle on the same store, cache and shutdown.
-    let console = options.ui.then(|| {
-        let service = AdminService {
-            store: Arc::clone(&admin.store),
-            layout: admin.layout.clone(),
-            cache: Arc::clone(&admin.cache),
-            stopping: stop.clone(),
-            fleet: admin.fleet.clone(),
-        };
-        ui::router(service, &options.admin_token, options.tls.is_some())
-    });
+    let admin = AdminService::new(Arc::clone(&store), layout.clone(), cache, stop.clone(), fleet);
+    // The console reads through its own handle on the same store, cache and shutdown (and
+    // the same secret-index backfill: one per replica).
+    let console =
+        options.ui.then(|| ui::router(admin.clone(), &options.admin_token, options.tls.is_some()));
     let admin = AdminServer::with_interceptor(admin, AdminAuth(Token::new(&options.admin_token)));
 
     let nodes = ClosingNodeStreams { inner: nodes, stop: stop.clone() };

@@ -12,6 +12,85 @@ pub mod node {
         tonic::include_proto!("switchyard.node.v1");
     }
 
+    /// The names of the audit log's entries, which are their webhook events' types too.
+    pub mod event_types {
+        /// A request was served by another model than the first of its chain, or failed
+        /// after trying several.
+        pub const FAILOVER: &str = "api:model_failover";
+        /// A node answered with a key's or request's designed degraded answer: no model
+        /// could serve.
+        pub const DEGRADED: &str = "api:degraded_response";
+        /// A node continued a stream that broke after content reached the client.
+        pub const STREAM_CONTINUED: &str = "api:stream_continued";
+        /// A node discarded events (a bound of its memory or spool, an unwritable spool, an
+        /// unreadable record) and counted them: stored in the audit log like a failover
+        /// event.
+        pub const EVENTS_LOST: &str = "events.lost";
+    }
+
+    /// A circuit breaker's state as the node stream (`BreakerTransition.from`, `to`), the
+    /// stored breaker record and the admin API (`Breaker.state`) spell it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum BreakerState {
+        Closed,
+        Open,
+        HalfOpen,
+    }
+
+    impl BreakerState {
+        pub fn as_str(self) -> &'static str {
+            match self {
+                Self::Closed => "closed",
+                Self::Open => "open",
+                Self::HalfOpen => "half_open",
+            }
+        }
+
+        /// `None` for a state this release does not know.
+        pub fn parse(state: &str) -> Option<Self> {
+            [Self::Closed, Self::Open, Self::HalfOpen].into_iter().find(|s| s.as_str() == state)
+        }
+
+        /// Whether `state` keeps ordinary requests off the deployment: open, or half-open
+        /// while its probe runs.
+        pub fn is_open(state: &str) -> bool {
+            matches!(Self::parse(state), Some(Self::Open | Self::HalfOpen))
+        }
+    }
+
+    #[cfg(test)]
+    mod breaker_state_tests {
+        use super::BreakerState;
+
+        #[test]
+        fn breaker_states_read_as_they_are_written() {
+            for state in [BreakerState::Closed, BreakerState::Open, BreakerState::HalfOpen] {
+                assert_eq!(BreakerState::parse(state.as_str()), Some(state));
+            }
+            assert_eq!(BreakerState::parse("ajar"), None);
+            assert!(BreakerState::is_open("half_open") && BreakerState::is_open("open"));
+            assert!(!BreakerState::is_open("closed") && !BreakerState::is_open(""));
+        }
+    }
+
+    impl v1::FailoverEvent {
+        /// The entry's type: `events.lost` for a count of lost events (`lost`),
+        /// `api:degraded_response` for a degraded answer, `api:stream_continued` for a
+        /// continued stream, else `api:model_failover`.
+        pub fn event_type(&self) -> &'static str {
+            use event_types::*;
+            if self.lost.is_some() {
+                EVENTS_LOST
+            } else if !self.degraded.is_empty() {
+                DEGRADED
+            } else if !self.continued.is_empty() {
+                STREAM_CONTINUED
+            } else {
+                FAILOVER
+            }
+        }
+    }
+
     /// `NodeControl`'s server with pre-encoded responses (proto/build.rs): the control plane
     /// encodes a config change once for all its nodes. Beside `v1` rather than inside it: it
     /// uses `v1`'s messages, and `v1` knows nothing of it.
@@ -97,6 +176,13 @@ pub mod node {
                 assert_eq!(ControlMessage::decode(encoded.0.clone()), Ok(message));
             }
         }
+    }
+}
+
+/// Helpers of the failover event's JSON form (proto/build.rs).
+mod json {
+    pub fn is_zero(n: &u32) -> bool {
+        *n == 0
     }
 }
 

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 use switchyard_proto::admin::v1 as pb;
+use switchyard_proto::node::BreakerState;
 use switchyard_proto::node::v1 as node_pb;
 
 use super::text::{Table, ago};
@@ -136,7 +137,11 @@ fn last_probe(probe: Option<&LastProbe>, now_ms: i64) -> String {
 /// closed breaker, whose window the node cleared on closing (the rate it reported is the
 /// window before, which no longer counts).
 fn failure_rate(b: &BreakerView) -> String {
-    if b.state == "closed" { "-".to_owned() } else { format!("{:.0}%", b.failure_rate * 100.0) }
+    if b.state == BreakerState::Closed.as_str() {
+        "-".to_owned()
+    } else {
+        format!("{:.0}%", b.failure_rate * 100.0)
+    }
 }
 
 /// `in 12s`, `due` once passed; `-` when no probe is scheduled (the breaker is not open).

@@ -2,43 +2,9 @@
 //! per `events.lost` entry, with the node's count of events it could not keep.
 
 use serde::Serialize;
+use switchyard_proto::node::v1 as pb;
 
 use super::text::utc;
-
-#[derive(Debug, Serialize)]
-pub struct AttemptView {
-    pub model: String,
-    pub status: String,
-    pub reason: String,
-    pub latency_ms: u64,
-    pub probe: bool,
-    /// The injected fault (`switchyard chaos`) that affected the attempt; absent for a
-    /// real call.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub injected: String,
-    /// Extra calls to the same model inside the attempt; absent when none.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub retries: u32,
-    /// The deployment tried, for a model with deployments; absent otherwise.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub deployment: String,
-    /// Turned away by the node's cap on requests in flight; absent when not.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub local_limit: bool,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-/// One continuation of a broken stream.
-#[derive(Debug, Serialize)]
-pub struct ContinuationView {
-    pub model: String,
-    pub reason: String,
-    pub at_char: u64,
-    pub outcome: String,
-}
 
 /// A failover event; field names follow the stored audit record.
 #[derive(Debug, Serialize)]
@@ -49,7 +15,8 @@ pub struct EventView {
     pub key_id: String,
     pub requested_model: String,
     pub served_model: String,
-    pub attempts: Vec<AttemptView>,
+    /// In the stored record's form (the node proto's, proto/build.rs).
+    pub attempts: Vec<pb::Attempt>,
     pub stream: bool,
     pub status: u32,
     /// Why the node sent its degraded answer instead (`api:degraded_response`); absent for
@@ -69,7 +36,7 @@ pub struct EventView {
     pub event_type: &'static str,
     /// An `api:stream_continued` entry's continuations, in order; absent for other entries.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub continued: Vec<ContinuationView>,
+    pub continued: Vec<pb::Continuation>,
     /// An `events.lost` entry's count, reason (`memory_full`, `spool_busy`, `spool_full`,
     /// `spool_unwritable`, `unreadable`, `node_killed`, `node_killed_unacked`), which events
     /// (`failover`, `breaker`) and when the first and last were lost; absent for other
@@ -86,19 +53,10 @@ pub struct EventView {
     pub last_unix_ms: Option<i64>,
 }
 
-impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
-    fn from(e: switchyard_proto::node::v1::FailoverEvent) -> Self {
+impl From<pb::FailoverEvent> for EventView {
+    fn from(e: pb::FailoverEvent) -> Self {
+        let event_type = e.event_type();
         let lost = e.lost;
-        // The audit entry's type, as the control plane names it (its `events` module).
-        let event_type = if lost.is_some() {
-            "events.lost"
-        } else if !e.degraded.is_empty() {
-            "api:degraded_response"
-        } else if !e.continued.is_empty() {
-            "api:stream_continued"
-        } else {
-            "api:model_failover"
-        };
         Self {
             event_type,
             count: lost.as_ref().map(|l| l.count),
@@ -112,36 +70,13 @@ impl From<switchyard_proto::node::v1::FailoverEvent> for EventView {
             key_id: e.key_id,
             requested_model: e.requested_model,
             served_model: e.served_model,
-            attempts: e
-                .attempts
-                .into_iter()
-                .map(|a| AttemptView {
-                    model: a.model,
-                    status: a.status,
-                    reason: a.reason,
-                    latency_ms: a.latency_ms,
-                    probe: a.probe,
-                    injected: a.injected,
-                    retries: a.retries,
-                    deployment: a.deployment,
-                    local_limit: a.local_limit,
-                })
-                .collect(),
+            attempts: e.attempts,
             stream: e.stream,
             status: e.status,
             degraded: e.degraded,
             request_id: e.request_id,
             surface: e.surface,
-            continued: e
-                .continued
-                .into_iter()
-                .map(|c| ContinuationView {
-                    model: c.model,
-                    reason: c.reason,
-                    at_char: c.at_char,
-                    outcome: c.outcome,
-                })
-                .collect(),
+            continued: e.continued,
         }
     }
 }
@@ -185,7 +120,7 @@ impl EventView {
 
 /// `failed(timeout 30011ms)`, `served(734ms)`, `skipped(circuit_open)`; `probe` marks an
 /// attempt made through an open breaker, `injected=NAME` one a drill's fault affected.
-fn attempt(a: &AttemptView) -> String {
+fn attempt(a: &pb::Attempt) -> String {
     let mut detail = Vec::new();
     if !a.reason.is_empty() {
         detail.push(a.reason.clone());
@@ -334,5 +269,96 @@ mod tests {
         assert_eq!(json["reason"], "spool_unwritable");
         assert_eq!(json["node_id"], "node-a");
         assert!(json.get("attempts").is_none(), "no request fields: {json}");
+    }
+    #[test]
+    fn json_and_text_lines_keep_their_form() {
+        use switchyard_proto::node::v1 as pb;
+        let full = pb::FailoverEvent {
+            id: "ev1".into(),
+            at_unix_ms: 1_796_219_557_000,
+            node_id: "n1".into(),
+            key_id: "key_1".into(),
+            requested_model: "a".into(),
+            served_model: "b".into(),
+            attempts: vec![
+                pb::Attempt {
+                    model: "a".into(),
+                    status: "failed".into(),
+                    reason: "timeout".into(),
+                    latency_ms: 30_011,
+                    probe: true,
+                    injected: "drill-1".into(),
+                    retries: 2,
+                    deployment: "p/up".into(),
+                    local_limit: true,
+                },
+                pb::Attempt {
+                    model: "b".into(),
+                    status: "served".into(),
+                    latency_ms: 734,
+                    ..Default::default()
+                },
+                pb::Attempt {
+                    model: "c".into(),
+                    status: "skipped".into(),
+                    reason: "circuit_open".into(),
+                    ..Default::default()
+                },
+            ],
+            stream: true,
+            status: 200,
+            degraded: "all_models_failed".into(),
+            request_id: "req-1".into(),
+            lost: None,
+            continued: vec![pb::Continuation {
+                model: "b".into(),
+                reason: "upstream_stalled".into(),
+                at_char: 120,
+                outcome: "served".into(),
+            }],
+            surface: "messages".into(),
+        };
+        let plain = pb::FailoverEvent {
+            degraded: String::new(),
+            continued: vec![],
+            surface: String::new(),
+            request_id: String::new(),
+            ..full.clone()
+        };
+        let full = EventView::from(full);
+        assert_eq!(
+            full.json().unwrap(),
+            r#"{"id":"ev1","at_unix_ms":1796219557000,"node_id":"n1","key_id":"key_1","requested_model":"a","served_model":"b","attempts":[{"model":"a","status":"failed","reason":"timeout","latency_ms":30011,"probe":true,"injected":"drill-1","retries":2,"deployment":"p/up","local_limit":true},{"model":"b","status":"served","reason":"","latency_ms":734,"probe":false},{"model":"c","status":"skipped","reason":"circuit_open","latency_ms":0,"probe":false}],"stream":true,"status":200,"degraded":"all_models_failed","request_id":"req-1","surface":"messages","type":"api:degraded_response","continued":[{"model":"b","reason":"upstream_stalled","at_char":120,"outcome":"served"}]}"#
+        );
+        assert_eq!(
+            event_line(&full),
+            "2026-12-02 13:52:37 UTC  key_1  a → degraded answer (all_models_failed)  \
+             a@p/up failed(timeout 30011ms retries=2 probe injected=drill-1 local_limit) → \
+             b served(734ms) → c skipped(circuit_open) → \
+             b continued(upstream_stalled at_char=120 served)  surface=messages  request_id=req-1\n"
+        );
+        let plain = EventView::from(plain);
+        assert_eq!(
+            plain.json().unwrap(),
+            r#"{"id":"ev1","at_unix_ms":1796219557000,"node_id":"n1","key_id":"key_1","requested_model":"a","served_model":"b","attempts":[{"model":"a","status":"failed","reason":"timeout","latency_ms":30011,"probe":true,"injected":"drill-1","retries":2,"deployment":"p/up","local_limit":true},{"model":"b","status":"served","reason":"","latency_ms":734,"probe":false},{"model":"c","status":"skipped","reason":"circuit_open","latency_ms":0,"probe":false}],"stream":true,"status":200,"type":"api:model_failover"}"#
+        );
+        let lost = EventView::from(pb::FailoverEvent {
+            id: "lost_b_1".into(),
+            at_unix_ms: 20,
+            node_id: "n1".into(),
+            lost: Some(Box::new(pb::EventsLost {
+                id: "lost_b_1".into(),
+                count: 15,
+                reason: "spool_unwritable".into(),
+                events: "failover".into(),
+                first_unix_ms: 10,
+                last_unix_ms: 20,
+            })),
+            ..Default::default()
+        });
+        assert_eq!(
+            lost.json().unwrap(),
+            r#"{"type":"events.lost","id":"lost_b_1","at_unix_ms":20,"node_id":"n1","count":15,"reason":"spool_unwritable","events":"failover","first_unix_ms":10,"last_unix_ms":20}"#
+        );
     }
 }

@@ -7,6 +7,7 @@ use axum::body::Bytes;
 use futures_util::StreamExt;
 use switchyard_proto::admin::v1 as pb;
 use switchyard_proto::admin::v1::admin_server::Admin;
+use switchyard_proto::node::BreakerState;
 use switchyard_proto::node::v1::FailoverEvent;
 use switchyard_time::now_ms;
 use tonic::{Request, Status};
@@ -151,9 +152,9 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
     for b in &breakers {
         let e = fleet.entry((b.provider.clone(), b.upstream_model.clone())).or_default();
         e.0 += 1;
-        match b.state.as_str() {
-            "open" => e.1 += 1,
-            "half_open" => e.2 += 1,
+        match BreakerState::parse(&b.state) {
+            Some(BreakerState::Open) => e.1 += 1,
+            Some(BreakerState::HalfOpen) => e.2 += 1,
             _ => {}
         }
     }
@@ -164,11 +165,11 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
             let state = if shared.is_some() {
                 "open (fleet)"
             } else if *open > 0 {
-                "open"
+                BreakerState::Open.as_str()
             } else if *half > 0 {
-                "half_open"
+                BreakerState::HalfOpen.as_str()
             } else {
-                "closed"
+                BreakerState::Closed.as_str()
             };
             let served = models
                 .get(&(provider.clone(), upstream.clone()))
@@ -197,7 +198,11 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
                 format!("{} ({} ago)", time(b.since_unix_ms), age(now, b.since_unix_ms)),
                 format!("{:.0} %", b.failure_rate * 100.0),
                 esc(&b.cause),
-                if b.state == "open" { time(b.next_probe_unix_ms) } else { "—".into() },
+                if b.state == BreakerState::Open.as_str() {
+                    time(b.next_probe_unix_ms)
+                } else {
+                    "—".into()
+                },
                 if b.last_probe_unix_ms > 0 {
                     format!(
                         "{} {} ({} ms)",
@@ -265,15 +270,8 @@ pub async fn breakers(admin: &AdminService) -> Result<String, Status> {
 
 /// The event's kind as its webhook names it, without the `api:` prefix.
 fn kind(e: &FailoverEvent) -> &'static str {
-    if e.lost.is_some() {
-        "events.lost"
-    } else if !e.degraded.is_empty() {
-        "degraded_response"
-    } else if !e.continued.is_empty() {
-        "stream_continued"
-    } else {
-        "model_failover"
-    }
+    let event_type = e.event_type();
+    event_type.strip_prefix("api:").unwrap_or(event_type)
 }
 
 /// One audit-log event as plain-text table cells (escaped by whoever renders them).
