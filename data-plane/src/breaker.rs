@@ -44,26 +44,9 @@ pub enum Outcome {
     Timeout,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum State {
-    /// Calls flow; outcomes fill the window.
-    Closed,
-    /// Calls are rejected with no network call until the cool-down has passed.
-    Open,
-    /// A few probes are let through; the rest are rejected.
-    HalfOpen,
-}
-
-impl State {
-    /// The wire name (`BreakerTransition.from`/`to` in the node proto).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Closed => "closed",
-            State::Open => "open",
-            State::HalfOpen => "half_open",
-        }
-    }
-}
+/// A breaker's state: the one type the node stream, the control plane's records, the admin
+/// API and the CLI spell it with.
+pub use switchyard_proto::node::BreakerState as State;
 
 /// Why a breaker changed state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

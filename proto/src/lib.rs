@@ -32,8 +32,11 @@ pub mod node {
     /// stored breaker record and the admin API (`Breaker.state`) spell it.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub enum BreakerState {
+        /// Calls flow; outcomes fill the window.
         Closed,
+        /// Calls are rejected with no network call until the cool-down has passed.
         Open,
+        /// A few probes are let through; the rest are rejected.
         HalfOpen,
     }
 
