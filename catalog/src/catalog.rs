@@ -840,8 +840,9 @@ impl Catalog {
         self.wildcard_for(name).and_then(|w| w.under(name)).map(Cow::Owned)
     }
 
-    /// [`Catalog::validate`], and no URL whose credentials are still hidden (`***`): what the
-    /// control plane checks after [`Catalog::restore_redacted`], before it stores a catalog.
+    /// [`Catalog::validate`], no URL whose credentials are still hidden (`***`) and no model
+    /// of more than [`MAX_DEPLOYMENTS`] deployments: what the control plane checks after
+    /// [`Catalog::restore_redacted`], before it stores a catalog.
     /// A file re-applied from `switchyard catalog` passes `validate` in the CLI, and the
     /// control plane, which holds the credentials, puts them back or refuses here.
     pub fn validate_for_store(&self) -> Result<(), ValidationErrors> {
@@ -860,6 +861,19 @@ impl Catalog {
         for (i, w) in self.webhooks.iter().enumerate() {
             if address::is_redacted(&w.url) {
                 errors.push(FieldError::new(format!("webhooks[{i}].url"), REDACTED_NOT_RESTORED));
+            }
+        }
+        // Here, not in `validate`: a node still takes a catalog stored before the limit
+        // (and serves the first MAX_DEPLOYMENTS of such a model) rather than refusing it whole.
+        for (i, m) in self.models.iter().enumerate() {
+            if m.deployments.len() > MAX_DEPLOYMENTS {
+                errors.push(FieldError::new(
+                    format!("models[{i}].deployments"),
+                    format!(
+                        "{} deployments: a model lists at most {MAX_DEPLOYMENTS}",
+                        m.deployments.len()
+                    ),
+                ));
             }
         }
         if errors.is_empty() { Ok(()) } else { Err(ValidationErrors(errors)) }
@@ -1102,15 +1116,6 @@ impl Catalog {
                 "a model with deployments caps each deployment: set max_concurrency there",
             ));
         }
-        if m.deployments.len() > MAX_DEPLOYMENTS {
-            errors.push(FieldError::new(
-                format!("{path}.deployments"),
-                format!(
-                    "{} deployments: a model lists at most {MAX_DEPLOYMENTS}",
-                    m.deployments.len()
-                ),
-            ));
-        }
         for (j, d) in m.deployments.iter().enumerate() {
             let path = format!("{path}.deployments[{j}]");
             if self.provider(&d.provider).is_none() {
@@ -1324,6 +1329,21 @@ mod tests {
     }
 
     #[test]
+    fn a_model_of_more_than_64_deployments_is_refused_for_the_store_but_still_read_by_nodes() {
+        let c = with_deployments(
+            serde_json::json!({"name": "gpt", "deployments": (0..=MAX_DEPLOYMENTS)
+            .map(|i| serde_json::json!({"provider": "east", "upstream_model": format!("gpt-{i}")}))
+            .collect::<Vec<_>>()}),
+        )
+        .unwrap();
+        let err = c.validate_for_store().unwrap_err().to_string();
+        assert!(
+            err.contains("models[0].deployments: 65 deployments: a model lists at most 64"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_model_with_deployments_is_one_model_per_deployment_underneath() {
         let c = with_deployments(serde_json::json!({
             "name": "gpt", "balance": "least_latency",
@@ -1382,12 +1402,6 @@ mod tests {
             (
                 serde_json::json!({"name": "gpt", "deployments": []}),
                 "must list at least one deployment",
-            ),
-            (
-                serde_json::json!({"name": "gpt", "deployments": (0..=MAX_DEPLOYMENTS)
-                    .map(|i| serde_json::json!({"provider": "east", "upstream_model": format!("gpt-{i}")}))
-                    .collect::<Vec<_>>()}),
-                "models[0].deployments: 65 deployments: a model lists at most 64",
             ),
         ];
         for (model, expected) in cases {

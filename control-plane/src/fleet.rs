@@ -131,9 +131,11 @@ impl View {
             .iter()
             .filter_map(|m| Some((m, catalog.breaker_policy.with_override(m.breaker.as_ref()?))))
             .flat_map(|(m, policy)| {
-                m.deployment_models()
-                    .into_iter()
-                    .map(move |d| ((d.provider, d.upstream_model), policy))
+                m.deployment_models().into_iter().map(move |d| {
+                    // A wildcard's names share its one breaker, `*`.
+                    let upstream = if d.is_wildcard() { "*".to_owned() } else { d.upstream_model };
+                    ((d.provider, upstream), policy)
+                })
             })
             .collect();
     }
@@ -763,6 +765,31 @@ mod tests {
         let derived = view.derive(1_000);
         assert_eq!(derived.open.len(), 1, "{derived:?}");
         assert_eq!(derived.open[0].provider, "azure-east");
+
+        // A wildcard's override holds for its one breaker, `*`.
+        let wildcard: switchyard_catalog::Model = serde_json::from_value(serde_json::json!({
+            "name": "azure-east/*", "provider": "azure-east",
+            "breaker": {"window_size": 4, "min_requests": 4},
+        }))
+        .unwrap();
+        let mut view = view_of(&["n1"]);
+        view.set_policies(&Catalog {
+            breaker_policy: BreakerPolicy {
+                window_size: 20,
+                min_requests: 20,
+                ..BreakerPolicy::default()
+            },
+            models: vec![wildcard],
+            ..Catalog::default()
+        });
+        let star = vec![pb::BreakerWindow {
+            provider: "azure-east".into(),
+            upstream_model: "*".into(),
+            calls: 4,
+            failures: 4,
+        }];
+        view.observe("n1", star, 1_000);
+        assert_eq!(view.derive(1_000).open.len(), 1);
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //!
 //! [`Repoll`] gives the inner future a waker of its own. A wake-up that arrives while the
 //! inner future is being polled only sets a flag, and the inner future is polled again
-//! before `poll` returns; a wake-up at any other time goes straight to the task. The number
-//! of extra polls is bounded and they stop when tokio's cooperative budget is spent, so a
-//! future that keeps waking itself still yields to the runtime as it would without us.
+//! before `poll` returns; a wake-up at any other time goes straight to the task. A future
+//! that keeps waking itself is polled again at most `MAX_POLLS` times, or until tokio's
+//! cooperative budget is spent, and then yields to the runtime (a yield it asks for, such as
+//! hyper's after many loop turns, is answered the same way, within that bound).
 //! Nothing here depends on how hyper works inside: without the self-wake it costs one
 //! atomic store and one compare-exchange per poll.
 

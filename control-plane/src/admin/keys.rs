@@ -370,9 +370,9 @@ impl AdminService {
 
     /// Writes the secret-index entry of every stored key, then the mark that the index is
     /// complete; in the background, one at a time per service (its clones, the console's,
-    /// share it). Entries are written
-    /// unconditionally: an entry maps a hash to the key that had it, so writing it twice,
-    /// or after a rotation moved the key on, is harmless (lookups check the key's hash).
+    /// share it). Entries are written unconditionally: an entry maps a hash to the key that
+    /// had it, so writing it twice, or after a rotation moved the key on, is harmless
+    /// (lookups check the key's hash).
     fn spawn_backfill(&self) {
         use std::sync::atomic::Ordering;
         if self.backfilling.swap(true, Ordering::AcqRel) {
