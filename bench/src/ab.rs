@@ -42,7 +42,7 @@ use crate::client::{Tls, connect_tls, get_status};
 use crate::error::Result;
 use crate::flags::{self, bounded};
 use crate::fleet::{Fleet, FleetTls};
-use crate::host::thread_cpu_ns;
+use crate::host::{self, thread_cpu_ns};
 use crate::load::{Kind, Target};
 use crate::overhead::{Bench, Sample};
 use crate::proc::Proc;
@@ -108,10 +108,7 @@ pub enum Compare {
 pub fn main(compare: Compare, args: Args) -> Result<()> {
     let options = options(args)?;
     // The load generator's one thread, as in the default run.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let runtime = host::runtime(host::Threads::Current)?;
     runtime.block_on(run(compare, options))
 }
 

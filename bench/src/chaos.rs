@@ -27,7 +27,7 @@ use crate::client::{connect, http};
 use crate::error::Result;
 use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
-use crate::host::{clock_ticks, cpu_ticks};
+use crate::host::{self, clock_ticks, cpu_ticks};
 use crate::load::{Kind, Target, phase};
 use crate::proc::{Proc, cli};
 use crate::stats::{fmt, median, percentile};
@@ -116,10 +116,7 @@ fn options(a: Args) -> Result<Options> {
 pub fn main(args: Args) -> Result<()> {
     let options = options(args)?;
     // One thread for the load generator, as in the default run.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::Current)?;
     rt.block_on(async {
         if let (true, Some(baseline)) = (options.cost, &options.baseline) {
             cost(&options, baseline).await?;

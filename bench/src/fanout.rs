@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 use crate::backend::{Backend, Stores};
 use crate::error::Result;
 use crate::flags::{self, bounded};
-use crate::host::{clock_ticks, cpu_ticks, mib, status_kib};
+use crate::host::{self, clock_ticks, cpu_ticks, mib, status_kib};
 use crate::proc::Proc;
 use crate::stats::{fmt, pct, sum_metric};
 use switchyard_test_support::etcd;
@@ -85,11 +85,7 @@ fn options(a: Args) -> Result<Options> {
 pub fn main(args: Args) -> Result<()> {
     let options = options(args)?;
     // Every node client lives on this runtime; two workers, like the machine's two cores.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::Two)?;
     rt.block_on(run(options))
 }
 

@@ -42,6 +42,7 @@ use crate::client::{connect, http, metrics_text};
 use crate::error::Result;
 use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
+use crate::host;
 use crate::proc::Proc;
 use crate::stats::{fmt, median, pct, sum_labelled};
 
@@ -179,11 +180,7 @@ fn dying(r: usize) -> String {
 
 pub fn main(args: Args) -> Result<()> {
     let o = options(args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::Two)?;
     let mut modes = Vec::new();
     // Whether this `switchyard` refused `breaker_policy.fleet`: found out by the first
     // mode, believed by the next.

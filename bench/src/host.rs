@@ -1,9 +1,33 @@
 //! What /proc says about a process and the machine: CPU ticks, steal time, memory, context
-//! switches and the open-files limit.
+//! switches and the open-files limit; and the runtime a subcommand's own work runs on.
 
 use std::process::Command;
 
 use crate::error::Result;
+
+/// The threads a subcommand's runtime drives its own work (load, clients) with.
+pub enum Threads {
+    /// One: the load generator stays on one core, as the tables say.
+    Current,
+    /// Two workers, for the benchmarks that hold many connections or processes at once.
+    Two,
+    /// One worker per core (tokio's default).
+    PerCore,
+}
+
+/// A runtime with I/O and timers, of `threads`.
+pub fn runtime(threads: Threads) -> Result<tokio::runtime::Runtime> {
+    let mut builder = match threads {
+        Threads::Current => tokio::runtime::Builder::new_current_thread(),
+        Threads::Two => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(2);
+            b
+        }
+        Threads::PerCore => tokio::runtime::Builder::new_multi_thread(),
+    };
+    builder.enable_all().build().map_err(|e| format!("runtime: {e}"))
+}
 
 /// utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/PID/stat).
 pub fn cpu_ticks(pid: u32) -> Result<u64> {

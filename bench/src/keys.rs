@@ -31,7 +31,7 @@ use crate::client::{connect, get_status};
 use crate::error::Result;
 use crate::flags::{self, bounded};
 use crate::fleet::wait_ready;
-use crate::host::{clock_ticks, cpu_ticks, mib, status_kib};
+use crate::host::{self, clock_ticks, cpu_ticks, mib, status_kib};
 use crate::proc::{Proc, cli};
 use crate::stats::{fmt, median, pct};
 
@@ -77,11 +77,7 @@ pub fn main(args: Args) -> Result<()> {
     let options = options(args)?;
     // Multi-threaded: the store clients and the etcd harness use tokio's process and I/O
     // drivers; nothing here is a load generator that must stay on one core.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::Two)?;
     rt.block_on(run(options))
 }
 

@@ -16,6 +16,7 @@ use crate::client::{connect, http};
 use crate::error::Result;
 use crate::flags;
 use crate::fleet::Fleet;
+use crate::host;
 use crate::proc::cli;
 
 struct Options {
@@ -58,10 +59,7 @@ fn options(a: Args) -> Result<Options> {
 
 pub fn main(args: Args) -> Result<()> {
     let options = options(args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let runtime = host::runtime(host::Threads::PerCore)?;
     runtime.block_on(run(options))
 }
 

@@ -19,7 +19,7 @@ use crate::catalog::{
 use crate::client::{connect, http, metrics_text, post};
 use crate::error::Result;
 use crate::fleet::Fleet;
-use crate::host::{clock_ticks, cpu_ticks, ctx_switches, mib, status_kib, steal_ticks};
+use crate::host::{self, clock_ticks, cpu_ticks, ctx_switches, mib, status_kib, steal_ticks};
 use crate::load::{Api, Kind, Target, phase};
 use crate::proc::Proc;
 use crate::stats::{fmt, median, pct, percentile};
@@ -184,10 +184,7 @@ impl Bench {
 pub fn main(options: Options) -> Result<()> {
     // One thread for the load generator: on a small machine it should take at most one
     // core away from the processes it measures, and the same core for every target.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::Current)?;
     rt.block_on(bench(options))
 }
 

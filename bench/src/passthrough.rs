@@ -12,6 +12,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
 use crate::error::Result;
+use crate::host;
 
 /// `passthrough --listen ADDR --upstream ADDR`, both on loopback.
 #[derive(clap::Args)]
@@ -44,10 +45,7 @@ pub fn main(listen: SocketAddr, upstream: SocketAddr) -> Result<()> {
         std::process::exit(0);
     });
     // The same runtime shape as the node's `#[tokio::main]`: one worker per core.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::PerCore)?;
     rt.block_on(passthrough(listen, upstream))
 }
 

@@ -23,6 +23,7 @@ use crate::client::{connect, http, metrics_text};
 use crate::error::Result;
 use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
+use crate::host;
 use crate::stats::sum_metric;
 
 const MAX_RETRIES: u32 = 3;
@@ -78,10 +79,7 @@ fn options(a: Args) -> Result<Options> {
 
 pub fn main(args: Args) -> Result<()> {
     let options = options(args)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::Current)?;
     rt.block_on(async {
         println!(
             "### Retry storm: first model 503 on every call, max_retries {MAX_RETRIES}, {} requests at {} connections\n",

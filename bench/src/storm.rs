@@ -25,7 +25,7 @@ use crate::client::{connect_many, metrics_text};
 use crate::error::Result;
 use crate::flags::{self, bounded};
 use crate::fleet::{Fleet, start_control};
-use crate::host::{mib, status_kib};
+use crate::host::{self, mib, status_kib};
 use crate::load::{Kind, Target, phase};
 use crate::stats::sum_metric;
 use switchyard_test_support::etcd::EtcdProcess;
@@ -120,11 +120,7 @@ struct Row {
 
 pub fn main(args: Args) -> Result<()> {
     let o = options(args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::Two)?;
     let mut rows = Vec::new();
     for &store in &o.stores {
         for outage in [None, Some(o.outage)] {

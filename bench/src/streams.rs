@@ -25,7 +25,7 @@ use crate::client::connect_many;
 use crate::error::Result;
 use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
-use crate::host::{clock_ticks, cpu_ticks, mib, open_files_limit, status_kib};
+use crate::host::{self, clock_ticks, cpu_ticks, mib, open_files_limit, status_kib};
 use crate::proc::Proc;
 use crate::stats::{fmt, median, pct};
 
@@ -96,10 +96,7 @@ pub fn main(args: Args) -> Result<()> {
         _ => {}
     }
     // One thread, like the load benchmark: the client takes at most one core.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::Current)?;
     rt.block_on(run(o))
 }
 

@@ -35,7 +35,7 @@ use crate::client::{connect, connect_many, http};
 use crate::error::Result;
 use crate::flags::{self, bounded};
 use crate::fleet::Fleet;
-use crate::host::{clock_ticks, cpu_ticks};
+use crate::host::{self, clock_ticks, cpu_ticks};
 use crate::load::{Kind, Target, phase};
 use crate::proc::Proc;
 use crate::stats::{fmt, median, percentile};
@@ -85,10 +85,7 @@ fn options(a: Args) -> Result<Options> {
 
 pub fn main(args: Args) -> Result<()> {
     let o = options(args)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let rt = host::runtime(host::Threads::Current)?;
     rt.block_on(run(o))
 }
 
