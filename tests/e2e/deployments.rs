@@ -37,19 +37,6 @@ async fn gateway(models: &'static str, policy: &'static str) -> Gateway {
         .await
 }
 
-fn ask(model: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "hello"}]})
-}
-
-/// The report's attempt objects.
-fn attempt_objects(v: &Value) -> Vec<Value> {
-    v["secureai"]["failover"]["attempts"]
-        .as_array()
-        .or_else(|| v["secureai"]["attempts"].as_array())
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// Each attempt as (model, deployment, status, reason).
 fn deployment_attempts(v: &Value) -> Vec<(String, String, String, String)> {
     attempt_objects(v)
@@ -117,7 +104,7 @@ async fn weights_share_the_requests_between_deployments() {
     let gw = gateway(WEIGHTED, "").await;
     let mut by_header: BTreeMap<String, u32> = BTreeMap::new();
     for _ in 0..400 {
-        let r = served(&gw, &[], ask("dep/weighted")).await;
+        let r = served(&gw, &[], body("dep/weighted")).await;
         assert_eq!(r.json()["model"], "dep/weighted", "{}", r.body);
         *by_header.entry(served_deployment(&r)).or_default() += 1;
     }
@@ -150,7 +137,7 @@ async fn least_latency_sends_little_to_a_deployment_five_times_slower() {
     gw.script("dep-quick", json!({"kind": "ok", "delay_ms": 40})).await;
     gw.script("dep-sluggish", json!({"kind": "ok", "delay_ms": 200})).await;
     for _ in 0..100 {
-        served(&gw, &[], ask("dep/fastest")).await;
+        served(&gw, &[], body("dep/fastest")).await;
     }
     let quick = gw.upstream_requests("dep-quick").await;
     let sluggish = gw.upstream_requests("dep-sluggish").await;
@@ -242,7 +229,7 @@ async fn spread(
     headers: &[(&str, &[u8])],
     body_extra: Value,
 ) -> BTreeMap<String, u32> {
-    let mut body = ask("dep/sticky");
+    let mut body = body("dep/sticky");
     if let (Some(body), Some(extra)) = (body.as_object_mut(), body_extra.as_object()) {
         body.extend(extra.clone());
     }
@@ -281,7 +268,7 @@ async fn a_session_stays_on_one_deployment_and_moves_to_one_other_when_it_fails(
         format!("switchyard_breaker_state{{provider=\"sim-us\",upstream_model=\"{upstream}\"}} 2");
     let open = &open;
     eventually(PATIENCE, "the failing deployment's breaker to open", || async move {
-        served(gw, header, ask("dep/sticky")).await;
+        served(gw, header, body("dep/sticky")).await;
         metrics(gw).await.contains(open).then_some(())
     })
     .await;

@@ -36,15 +36,6 @@ fn rate_limited(retry_after_secs: u64) -> Value {
     json!({"kind": "status", "status": 429, "retry_after": retry_after_secs})
 }
 
-/// The report's attempt objects.
-fn attempt_objects(v: &Value) -> Vec<Value> {
-    v["secureai"]["failover"]["attempts"]
-        .as_array()
-        .or_else(|| v["secureai"]["attempts"].as_array())
-        .cloned()
-        .unwrap_or_default()
-}
-
 async fn gateway(extra: &'static str) -> Gateway {
     Gateway::start_with(GatewayOptions { breaker_policy: extra, ..GatewayOptions::default() }).await
 }

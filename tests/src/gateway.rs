@@ -405,25 +405,31 @@ pub fn body(model: &str) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": "hello"}]})
 }
 
-/// The `secureai.failover.attempts` of a response, as (model, status, reason) triples.
-pub fn attempts(response: &Value) -> Vec<(String, String, String)> {
+/// The attempt objects of a response's report: `secureai.failover.attempts`, else
+/// `secureai.attempts`, `metadata.failover.attempts` or a bare `attempts`.
+pub fn attempt_objects(response: &Value) -> Vec<Value> {
     response["secureai"]["failover"]["attempts"]
         .as_array()
         .or_else(|| response["secureai"]["attempts"].as_array())
         .or_else(|| response["metadata"]["failover"]["attempts"].as_array())
         .or_else(|| response["attempts"].as_array())
-        .map(|list| {
-            list.iter()
-                .map(|a| {
-                    (
-                        a["model"].as_str().unwrap_or_default().to_owned(),
-                        a["status"].as_str().unwrap_or_default().to_owned(),
-                        a["reason"].as_str().unwrap_or_default().to_owned(),
-                    )
-                })
-                .collect()
-        })
+        .cloned()
         .unwrap_or_default()
+}
+
+/// A response's attempts (as [`attempt_objects`] finds them) as (model, status, reason)
+/// triples.
+pub fn attempts(response: &Value) -> Vec<(String, String, String)> {
+    attempt_objects(response)
+        .iter()
+        .map(|a| {
+            (
+                a["model"].as_str().unwrap_or_default().to_owned(),
+                a["status"].as_str().unwrap_or_default().to_owned(),
+                a["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
 }
 
 pub fn triple(model: &str, status: &str, reason: &str) -> (String, String, String) {
