@@ -549,17 +549,7 @@ async fn every_other_openai_field_passes_through_untouched() {
 
 // === Circuit breakers ===
 
-const BREAKER: &str = "breaker_policy:
-  window_size: 4
-  min_requests: 4
-  failure_rate_threshold: 0.5
-  consecutive_timeouts: 5
-  cooldown_ms: 1500
-  max_cooldown_ms: 6000
-  half_open_probes: 1
-";
-
-/// [`BREAKER`] with the node's probes off: a user request is the half-open test.
+/// [`BREAKER_OF_FOUR`] with the node's probes off: a user request is the half-open test.
 const BREAKER_UNPROBED: &str = "breaker_policy:
   window_size: 4
   min_requests: 4
@@ -586,7 +576,7 @@ async fn node_counter(gw: &Gateway, name: &str, needle: &str) -> u64 {
 async fn an_open_breaker_skips_its_entry_then_the_nodes_probe_closes_it_when_the_primary_recovers()
 {
     let gw = Gateway::start_with(GatewayOptions {
-        breaker_policy: BREAKER,
+        breaker_policy: BREAKER_OF_FOUR,
         ..GatewayOptions::default()
     })
     .await;

@@ -8,21 +8,13 @@
 use switchyard_e2e::gateway::*;
 use switchyard_e2e::*;
 
-/// Breakers that open after four failed calls, so that a short outage opens one.
-const BREAKER: &str = "breaker_policy:
-  window_size: 4
-  min_requests: 4
-  failure_rate_threshold: 0.5
-  consecutive_timeouts: 5
-  cooldown_ms: 1500
-  max_cooldown_ms: 6000
-  half_open_probes: 1
-";
-
 #[tokio::test]
 async fn the_console_shows_the_fleet_a_breaker_opening_failovers_live_and_a_drills_verdict() {
-    let gw =
-        Gateway::start_with(GatewayOptions { breaker_policy: BREAKER, ..Default::default() }).await;
+    let gw = Gateway::start_with(GatewayOptions {
+        breaker_policy: BREAKER_OF_FOUR,
+        ..Default::default()
+    })
+    .await;
     gw.set_defaults(&["--models", &format!("{PRIMARY},{SECONDARY}")]).await;
     let node2 = start_node(
         &gw.control,

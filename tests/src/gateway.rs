@@ -82,6 +82,18 @@ pub struct GatewayTls {
     pub node: Option<(crate::pki::Leaf, PathBuf)>,
 }
 
+/// A breaker policy that opens after four calls, half of them failed, and tries again after
+/// 1.5 s: a short outage opens a breaker and its recovery closes it within a test.
+pub const BREAKER_OF_FOUR: &str = "breaker_policy:
+  window_size: 4
+  min_requests: 4
+  failure_rate_threshold: 0.5
+  consecutive_timeouts: 5
+  cooldown_ms: 1500
+  max_cooldown_ms: 6000
+  half_open_probes: 1
+";
+
 pub struct GatewayOptions {
     /// Extra YAML appended to the catalog's top level (e.g. a `breaker_policy:` block).
     pub breaker_policy: &'static str,
