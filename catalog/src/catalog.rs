@@ -388,6 +388,12 @@ impl Model {
         wildcard_prefix(&self.name).is_some()
     }
 
+    /// The upstream model its breaker is kept under, with its provider: the upstream model,
+    /// or `*` for a wildcard, whose names all share one breaker.
+    pub fn breaker_upstream(&self) -> &str {
+        if self.is_wildcard() { "*" } else { &self.upstream_model }
+    }
+
     /// The model `name` names under this wildcard: this entry's settings, `name` as its
     /// gateway name, and the rest of `name` after the prefix as its upstream model (none when
     /// `name` is itself a narrower wildcard, `openrouter/anthropic/*` under `openrouter/*`).

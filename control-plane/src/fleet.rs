@@ -131,11 +131,9 @@ impl View {
             .iter()
             .filter_map(|m| Some((m, catalog.breaker_policy.with_override(m.breaker.as_ref()?))))
             .flat_map(|(m, policy)| {
-                m.deployment_models().into_iter().map(move |d| {
-                    // A wildcard's names share its one breaker, `*`.
-                    let upstream = if d.is_wildcard() { "*".to_owned() } else { d.upstream_model };
-                    ((d.provider, upstream), policy)
-                })
+                m.deployment_models()
+                    .into_iter()
+                    .map(move |d| ((d.provider.clone(), d.breaker_upstream().to_owned()), policy))
             })
             .collect();
     }

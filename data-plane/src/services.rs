@@ -47,9 +47,8 @@ impl Services {
             Some(o) => config.catalog.breaker_policy.with_override(o),
             None => config.catalog.breaker_policy,
         };
-        // Names folded into their wildcard (chain::lookup) share its one breaker, `*`.
-        let upstream = if model.is_wildcard() { "*" } else { model.upstream_model.as_str() };
-        self.breakers.get(&model.provider, upstream, policy)
+        // Names folded into their wildcard (chain::lookup) share its one breaker.
+        self.breakers.get(&model.provider, model.breaker_upstream(), policy)
     }
 
     /// Logs a breaker transition, updates its metrics and queues it for the control plane.
